@@ -1,0 +1,101 @@
+"""The ``floodwall`` command line: every flag has a FLOODWALL_* variable and a config-file key."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from proxy import __version__
+from proxy.config import ConfigError, ManagementCredentials, ProxySettings, parse_hostport
+from proxy.logs import setup_logging
+
+
+def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """--config FILE: its keys (flag names, - or _) become defaults below flags and env vars."""
+    if not value:
+        return
+    try:
+        doc = yaml.safe_load(Path(value).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="--config") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise click.BadParameter(f"{value}: expected a mapping of settings", ctx=ctx,
+                                 param_hint="--config")
+    known = {p.name for p in ctx.command.params if p.name}
+    defaults: dict[str, Any] = {}
+    for key, val in doc.items():
+        name = str(key).replace("-", "_")
+        if name not in known or name == "config":
+            raise click.BadParameter(
+                f"{value}: unknown setting {key!r}; known: "
+                + ", ".join(sorted(k for k in known if k != "config")),
+                ctx=ctx, param_hint="--config")
+        defaults[name] = val
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="floodwall")
+def main() -> None:
+    """floodwall: per-queue producer flow control for AMQP brokers, as a sidecar proxy."""
+
+
+@main.command()
+@click.option("--config", "config", type=click.Path(dir_okay=False), is_eager=True,
+              expose_value=False, callback=_load_config_file, envvar="FLOODWALL_CONFIG",
+              help="YAML file of settings (keys are these flags' names).")
+@click.option("--listen", default="0.0.0.0:5673", show_default=True, envvar="FLOODWALL_LISTEN",
+              help="Where clients connect (AMQP 0-9-1 and 1.0 on one port).")
+@click.option("--upstream", default="127.0.0.1:5672", show_default=True,
+              envvar="FLOODWALL_UPSTREAM", help="The broker's AMQP port.")
+@click.option("--admin", default="127.0.0.1:9090", show_default=True, envvar="FLOODWALL_ADMIN",
+              help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
+@click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
+              help="The broker's management API URL (credentials from "
+                   "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE).")
+@click.option("--policies", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_POLICIES", help="YAML policies file.")
+@click.option("--connect-timeout", type=float, default=5.0, show_default=True,
+              envvar="FLOODWALL_CONNECT_TIMEOUT", help="Seconds to reach the broker.")
+@click.option("--handshake-timeout", type=float, default=10.0, show_default=True,
+              envvar="FLOODWALL_HANDSHAKE_TIMEOUT",
+              help="Seconds a client has to send its protocol header.")
+@click.option("--event-loop", type=click.Choice(["auto", "uvloop", "asyncio"]), default="auto",
+              show_default=True, envvar="FLOODWALL_EVENT_LOOP")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True, envvar="FLOODWALL_LOG_LEVEL")
+@click.option("--log-format", type=click.Choice(["logfmt", "json"]), default="logfmt",
+              show_default=True, envvar="FLOODWALL_LOG_FORMAT")
+def run(listen: str, upstream: str, admin: str, management: str | None, policies: str | None,
+        connect_timeout: float, handshake_timeout: float, event_loop: str, log_level: str,
+        log_format: str) -> None:
+    """Relay AMQP between clients and the broker, policing queues by the policies."""
+    setup_logging(log_level, log_format)
+    try:
+        settings = ProxySettings(
+            listen=parse_hostport(listen, "--listen"),
+            upstream=parse_hostport(upstream, "--upstream", default_host="127.0.0.1"),
+            admin=None if admin.lower() == "off" else parse_hostport(admin, "--admin",
+                                                                      "127.0.0.1"),
+            management_url=management,
+            credentials=ManagementCredentials.from_environment(),
+            policies=Path(policies) if policies else None,
+            connect_timeout=connect_timeout,
+            handshake_timeout=handshake_timeout,
+            event_loop=event_loop,
+        )
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    from proxy.io.app import run_proxy
+
+    run_proxy(settings)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""A throwaway RabbitMQ node from Debian's package, for the tests, the demo and benchmarks.
+
+Runs the package's own server script as an ordinary process (not the wrapper that switches
+user) with every path in a private directory and every port chosen free, so several nodes
+can run side by side and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVER_SCRIPT_CANDIDATES = (
+    "/usr/lib/rabbitmq/bin/rabbitmq-server",
+    "/usr/lib/rabbitmq/sbin/rabbitmq-server",
+)
+PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_amqp1_0")
+# RabbitMQ's CLI tools take 35672-35682 for their own distribution ports.
+_CLI_PORTS = range(35672, 35683)
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started or did not become ready."""
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now, outside the CLI tools' range."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _CLI_PORTS and port + 20000 not in _CLI_PORTS:
+            return port
+
+
+def server_script() -> str:
+    """Path of the package's own server script, or a BrokerError saying how to get it."""
+    for path in SERVER_SCRIPT_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    raise BrokerError(
+        "rabbitmq-server is not installed: `apt-get install rabbitmq-server` "
+        "(make test and make demo do this)"
+    )
+
+
+@dataclass
+class BrokerEndpoint:
+    """Where a broker listens and how to log in to its management API."""
+
+    host: str
+    amqp_port: int
+    management_port: int
+    username: str = "guest"
+    password: str = "guest"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://{self.host}:{self.management_port}"
+
+    def api(self, method: str, path: str, body: object | None = None, timeout: float = 10) -> object:
+        """Call the management API; returns decoded JSON (or None for an empty reply)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.management_url + path, data=data, method=method)
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    @classmethod
+    def from_env(cls, value: str) -> BrokerEndpoint:
+        """Parse FLOODWALL_TEST_BROKER: ``HOST:AMQP_PORT:MANAGEMENT_PORT[:USER:PASSWORD]``."""
+        parts = value.split(":")
+        if len(parts) not in (3, 5):
+            raise BrokerError(
+                f"FLOODWALL_TEST_BROKER={value!r}: expected HOST:AMQP_PORT:MANAGEMENT_PORT"
+                "[:USER:PASSWORD]"
+            )
+        ep = cls(parts[0], int(parts[1]), int(parts[2]))
+        if len(parts) == 5:
+            ep.username, ep.password = parts[3], parts[4]
+        return ep
+
+
+@dataclass
+class LocalBroker:
+    """One RabbitMQ node running from ``workdir``; ``start()`` then ``stop()``."""
+
+    workdir: Path
+    config_extra: str = ""
+    endpoint: BrokerEndpoint = field(init=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)
+        self.endpoint = BrokerEndpoint("127.0.0.1", free_port(), free_port())
+        self.dist_port = free_port()
+        self.nodename = f"floodwall-{self.endpoint.amqp_port}@localhost"
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        w = self.workdir
+        env.update(
+            HOME=str(w),
+            RABBITMQ_NODENAME=self.nodename,
+            RABBITMQ_CONFIG_FILE=str(w / "rabbitmq.conf"),
+            RABBITMQ_MNESIA_BASE=str(w / "mnesia"),
+            RABBITMQ_LOG_BASE=str(w / "log"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(w / "enabled_plugins"),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_PID_FILE=str(w / "rabbit.pid"),
+        )
+        # Erlang's cookie lives in HOME; a private HOME gets a private cookie.
+        return env
+
+    def start(self, timeout: float = 90.0) -> BrokerEndpoint:
+        script = server_script()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = {self.endpoint.amqp_port}\n"
+            f"management.tcp.port = {self.endpoint.management_port}\n"
+            "management.tcp.ip = 127.0.0.1\n"
+            "loopback_users = none\n"
+            "log.console = false\n"
+            "log.file.level = info\n" + self.config_extra
+        )
+        (self.workdir / "enabled_plugins").write_text("[" + ",".join(PLUGINS) + "].\n")
+        out = open(self.workdir / "server.out", "wb")  # noqa: SIM115 - kept for the process' life
+        self.process = subprocess.Popen(
+            [script],
+            env=self._environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        out.close()
+        self._wait_ready(timeout)
+        return self.endpoint
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise BrokerError(
+                    f"rabbitmq-server exited with {self.process.returncode}; "
+                    f"see {self.workdir / 'server.out'} and {self.workdir / 'log'}:\n"
+                    + self.output_tail()
+                )
+            try:
+                self.endpoint.api("GET", "/api/overview", timeout=2)
+                with socket.create_connection(("127.0.0.1", self.endpoint.amqp_port), 2):
+                    return
+            except (OSError, urllib.error.URLError) as exc:
+                last_error = str(exc)
+            time.sleep(0.2)
+        self.stop()
+        raise BrokerError(
+            f"rabbitmq-server not ready after {timeout:.0f}s ({last_error}):\n" + self.output_tail()
+        )
+
+    def output_tail(self, lines: int = 30) -> str:
+        try:
+            text = (self.workdir / "server.out").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the node and every process it started (its own process group)."""
+        proc = self.process
+        if proc is None:
+            return
+        self.process = None
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        # beam may leave children (erl_child_setup, inet_gethost) in the group.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)

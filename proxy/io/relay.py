@@ -1,0 +1,258 @@
+"""The relay's socket side: one client connection and its upstream, driven by a sans-IO core."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from proxy.core import FrameCounts, RelayCore, Side
+from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
+from proxy.logs import event
+
+if TYPE_CHECKING:
+    from proxy.metrics import RelayStats
+
+log = logging.getLogger("floodwall.relay")
+
+_NO_COUNTS = FrameCounts()
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """What every relayed connection needs to know."""
+
+    upstream_host: str
+    upstream_port: int
+    connect_timeout: float = 5.0
+    handshake_timeout: float = 10.0
+    write_high_water: int = 256 * 1024
+
+
+def make_core(detected: Detected, header: bytes) -> RelayCore:
+    """The sans-IO core for a detected protocol."""
+    if detected is Detected.AMQP091:
+        from proxy.amqp091.connection import Connection as Amqp091Connection
+
+        return Amqp091Connection()
+    from proxy.amqp10.connection import Connection as Amqp10Connection
+
+    return Amqp10Connection(header)
+
+
+class RelayedConnection(asyncio.Protocol):
+    """A client's socket: detects the protocol, opens the upstream, relays through the core.
+
+    Reading stops on one side while the other side's write buffer is over its high-water
+    mark (explicit backpressure, never unbounded buffering). Either side closing closes the
+    other once what was queued for it has been written.
+    """
+
+    def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
+        self.settings = settings
+        self.stats = stats
+        self.conn_id = conn_id
+        self.protocol = "unknown"
+        self.peer = "?"
+        self.client: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.core: RelayCore | None = None
+        self.from_client = _NO_COUNTS
+        self.from_server = _NO_COUNTS
+        self._head = b""
+        self._pending = bytearray()  # client bytes read before the upstream was connected
+        self._connect_task: asyncio.Task[None] | None = None
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # -- client side -----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.client = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        transport.set_write_buffer_limits(high=self.settings.write_high_water)
+        loop = asyncio.get_running_loop()
+        self._handshake_timer = loop.call_later(self.settings.handshake_timeout, self._no_header)
+
+    def data_received(self, data: bytes) -> None:
+        core = self.core
+        if core is not None and self.upstream is not None:
+            core.receive_from_client(data)
+            self._flush(core)
+            return
+        if core is None:
+            self._detect(data)
+        else:
+            self._pending += data
+
+    def _detect(self, data: bytes) -> None:
+        self._head += data
+        found = detect(self._head)
+        if found is Detected.NEED_DATA:
+            return
+        self._cancel_handshake_timer()
+        if found is Detected.UNSUPPORTED:
+            self.stats.rejected_headers += 1
+            event(log, "unsupported_protocol_header", logging.WARNING, conn=self.conn_id,
+                  peer=self.peer, header=self._head[:HEADER_SIZE])
+            assert self.client is not None
+            self.client.write(header_reply(self._head))
+            self.client.close()
+            self._closed = True
+            return
+        header, rest = self._head[:HEADER_SIZE], self._head[HEADER_SIZE:]
+        self._head = b""
+        self.protocol = found.value
+        self.core = core = make_core(found, header)
+        self.from_client, self.from_server = core.from_client, core.from_server
+        self.stats.accepted[self.protocol] += 1
+        self.stats.live.add(self)
+        self._pending += header + rest
+        assert self.client is not None
+        self.client.pause_reading()  # until the upstream is there
+        self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
+
+    async def _connect_upstream(self) -> None:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        try:
+            _, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: UpstreamSide(self), s.upstream_host,
+                                       s.upstream_port),
+                s.connect_timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            self.stats.upstream_connect_failures += 1
+            reason = str(exc) or type(exc).__name__
+            event(log, "upstream_unreachable", logging.ERROR, conn=self.conn_id, peer=self.peer,
+                  upstream=f"{s.upstream_host}:{s.upstream_port}", reason=reason)
+            self._close_both()
+        finally:
+            self._connect_task = None
+
+    def upstream_connected(self, transport: asyncio.Transport) -> None:
+        self.upstream = transport
+        transport.set_write_buffer_limits(high=self.settings.write_high_water)
+        if self._closed:
+            transport.close()
+            return
+        pending, self._pending = bytes(self._pending), bytearray()
+        # The protocol header goes upstream as the client sent it; the core starts after it.
+        transport.write(pending[:HEADER_SIZE])
+        assert self.core is not None and self.client is not None
+        if len(pending) > HEADER_SIZE:
+            self.core.receive_from_client(pending[HEADER_SIZE:])
+            self._flush(self.core)
+        if not self._closed:
+            self.client.resume_reading()
+
+    def _flush(self, core: RelayCore) -> None:
+        to_server = core.data_for_server()
+        if to_server and self.upstream is not None:
+            self.upstream.write(to_server)
+        to_client = core.data_for_client()
+        if to_client and self.client is not None:
+            self.client.write(to_client)
+        if core.failure is not None:
+            f = core.failure
+            self.stats.protocol_errors[(self.protocol, f.side.value)] += 1
+            event(log, "protocol_error", logging.WARNING, conn=self.conn_id, peer=self.peer,
+                  protocol=self.protocol, side=f.side.value, condition=f.condition,
+                  reason=f.reason)
+            self._close_both()
+
+    def pause_writing(self) -> None:  # the client's write buffer is full
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and not self._closed:
+            self.upstream.resume_reading()
+
+    def eof_received(self) -> bool:
+        return False  # close our side; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._close_both()
+
+    # -- upstream side (called by UpstreamSide) ----------------------------------------
+    def server_data(self, data: bytes) -> None:
+        core = self.core
+        assert core is not None
+        core.receive_from_server(data)
+        self._flush(core)
+
+    def upstream_paused(self, paused: bool) -> None:
+        if self.client is not None and not self._closed:
+            if paused:
+                self.client.pause_reading()
+            else:
+                self.client.resume_reading()
+
+    def upstream_lost(self) -> None:
+        self._close_both()
+
+    # -- both ----------------------------------------------------------------------------
+    def _no_header(self) -> None:
+        self._handshake_timer = None
+        event(log, "handshake_timeout", logging.WARNING, conn=self.conn_id, peer=self.peer,
+              seconds=self.settings.handshake_timeout, received=len(self._head))
+        self._close_both()
+
+    def _cancel_handshake_timer(self) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+
+    def _close_both(self) -> None:
+        if self._closed and self.client is None and self.upstream is None:
+            return
+        self._closed = True
+        self._cancel_handshake_timer()
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+            self._connect_task = None
+        # close() writes out what is buffered first; abort would drop a queued close frame.
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
+        if self in self.stats.live:
+            self.stats.retire(self)
+
+    def close(self) -> None:
+        """Close both sockets (shutdown)."""
+        self._close_both()
+
+
+class UpstreamSide(asyncio.Protocol):
+    """The proxy's socket to the broker for one client connection."""
+
+    def __init__(self, owner: RelayedConnection) -> None:
+        self.owner = owner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.owner.upstream_connected(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.owner.server_data(data)
+
+    def pause_writing(self) -> None:
+        self.owner.upstream_paused(True)
+
+    def resume_writing(self) -> None:
+        self.owner.upstream_paused(False)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.upstream_lost()
+
+
+__all__ = ["RelaySettings", "RelayedConnection", "Side", "make_core"]
