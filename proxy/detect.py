@@ -47,8 +47,10 @@ def header_reply(head: bytes) -> bytes:
     another revision) is told the 1.0 header nearest to its request; anything else, including
     0-9-1 variants (0-8, 0-9) and non-AMQP bytes, gets the 0-9-1 header, as RabbitMQ does.
     """
-    if head[:4] == b"AMQP" and len(head) >= 6 and head[5:6] == b"\x01" and head[4:5] != b"\x00":
-        return AMQP10_SASL_HEADER
-    if head[:4] == b"AMQP" and len(head) >= 6 and head[4:6] == b"\x00\x01":
-        return AMQP10_HEADER
+    if head[:4] == b"AMQP" and len(head) >= 6 and head[5] == 1:
+        # A 1.0 header: protocol id 0 (AMQP), 2 (TLS) or 3 (SASL), major version 1.
+        if head[4] == 0:
+            return AMQP10_HEADER
+        if head[4] in (2, 3):
+            return AMQP10_SASL_HEADER  # we do not terminate TLS; SASL is the nearest
     return AMQP091_HEADER
