@@ -1,0 +1,168 @@
+"""How full each policed queue is: broker samples reconciled with the proxy's own ledger.
+
+Three sources, freshest first:
+- the ledger: message-body bytes the proxy forwarded to a queue, each with the time it was
+  forwarded, and deliveries/acks it relayed from/to the broker;
+- a *ready count* (a passive ``queue.declare`` on the proxy's own connection): real time,
+  messages ready only, no bytes;
+- a *management sample* (the HTTP API): bytes and unacknowledged counts, but only as fresh as
+  the broker's statistics interval (5 s by default).
+
+The estimate starts from the newest sample and adds what the ledger forwarded since that
+sample was taken (less a safety margin, so a publish still in flight inside the broker when
+the sample was taken is counted rather than missed). Consumption since the sample is not
+subtracted: the estimate errs high, so a queue trips early rather than late, and the next
+sample brings it back down. All times are the caller's monotonic clock, in seconds.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+
+# A publish forwarded this long before a sample was requested may still not be in it.
+IN_FLIGHT_MARGIN = 0.25
+# Ledger entries this much older than the newest sample are dropped.
+LEDGER_HORIZON = 5.0
+# Publishes this close together share one ledger entry.
+LEDGER_BUCKET = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """A queue's depth: message-body bytes and messages, ready plus unacknowledged."""
+
+    bytes: int
+    messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementSample:
+    """The figures the management API gave for one queue, and when we asked."""
+
+    taken_at: float
+    messages_ready: int
+    messages_unacknowledged: int
+    message_bytes: int
+    message_bytes_ready: int
+    message_bytes_unacknowledged: int
+
+
+@dataclass
+class QueueDepth:
+    """Depth estimate of one queue; O(1) per publish, O(log n) per sample."""
+
+    # (forwarded_at, cumulative body bytes, cumulative messages), oldest first; publishes
+    # within LEDGER_BUCKET of each other share an entry, so the ledger stays small.
+    _ledger: deque[tuple[float, int, int]] = field(default_factory=deque)
+    management: ManagementSample | None = None
+    ready_count: int | None = None
+    ready_count_at: float | None = None
+    forwarded_bytes_total: int = 0
+    forwarded_messages_total: int = 0
+    delivered_messages_total: int = 0
+    acked_messages_total: int = 0
+    _base: Depth | None = None  # depth per the newest sample ...
+    _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
+    _base_messages_mark: int = 0
+
+    # -- inputs --------------------------------------------------------------------------
+    def forwarded(self, now: float, body_bytes: int) -> None:
+        """The proxy forwarded one publish to this queue."""
+        self.forwarded_bytes_total += body_bytes
+        self.forwarded_messages_total += 1
+        entry = (now, self.forwarded_bytes_total, self.forwarded_messages_total)
+        ledger = self._ledger
+        if ledger and now - ledger[-1][0] < LEDGER_BUCKET:
+            ledger[-1] = (ledger[-1][0], entry[1], entry[2])
+        else:
+            ledger.append(entry)
+
+    def delivered(self, count: int = 1) -> None:
+        """The broker delivered messages from this queue through the proxy (telemetry)."""
+        self.delivered_messages_total += count
+
+    def acked(self, count: int = 1) -> None:
+        self.acked_messages_total += count
+
+    def sampled_ready_count(self, requested_at: float, ready: int) -> None:
+        """A real-time count of ready messages, asked for at ``requested_at``."""
+        if self.ready_count_at is not None and requested_at < self.ready_count_at:
+            return  # an older answer overtaken by a newer one
+        self.ready_count, self.ready_count_at = ready, requested_at
+        self._rebase()
+
+    def sampled_management(self, sample: ManagementSample) -> None:
+        if self.management is not None and sample.taken_at < self.management.taken_at:
+            return
+        self.management = sample
+        self._rebase()
+
+    # -- output --------------------------------------------------------------------------
+    def estimate(self) -> Depth | None:
+        """Best estimate now, or None when no sample has arrived yet (depth unknown)."""
+        base = self._base
+        if base is None:
+            return None
+        return Depth(base.bytes + self.forwarded_bytes_total - self._base_bytes_mark,
+                     base.messages + self.forwarded_messages_total - self._base_messages_mark)
+
+    def broker_depth(self) -> Depth | None:
+        """The broker's own last word (management API), unadjusted."""
+        m = self.management
+        if m is None:
+            return None
+        return Depth(m.message_bytes, m.messages_ready + m.messages_unacknowledged)
+
+    def average_body_bytes(self) -> int:
+        """Mean body size: from the broker's figures when it has messages, else our ledger."""
+        m = self.management
+        if m is not None and m.messages_ready > 0:
+            return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
+        if self.forwarded_messages_total:
+            return -(-self.forwarded_bytes_total // self.forwarded_messages_total)
+        return 0
+
+    # -- reconciliation ------------------------------------------------------------------
+    def _rebase(self) -> None:
+        """Take the newest sample as the base; the ledger adds what came after it."""
+        mgmt = self.management
+        if self.ready_count is not None and self.ready_count_at is not None and (
+            mgmt is None or self.ready_count_at >= mgmt.taken_at
+        ):
+            since = self.ready_count_at
+            unacked_msgs = mgmt.messages_unacknowledged if mgmt else 0
+            unacked_bytes = mgmt.message_bytes_unacknowledged if mgmt else 0
+            self._base = Depth(self.ready_count * self.average_body_bytes() + unacked_bytes,
+                               self.ready_count + unacked_msgs)
+        elif mgmt is not None:
+            since = mgmt.taken_at
+            self._base = Depth(mgmt.message_bytes,
+                               mgmt.messages_ready + mgmt.messages_unacknowledged)
+        else:
+            return
+        self._base_bytes_mark, self._base_messages_mark = self._totals_before(
+            since - IN_FLIGHT_MARGIN)
+        self._trim(since - IN_FLIGHT_MARGIN - LEDGER_HORIZON)
+
+    def _totals_before(self, t: float) -> tuple[int, int]:
+        """Ledger totals as they stood just before time ``t``."""
+        ledger = self._ledger
+        i = bisect_left(ledger, t, key=lambda e: e[0])
+        if i == 0:
+            # Nothing recorded before t (or it was trimmed): count every known publish.
+            first = ledger[0] if ledger else None
+            if first is None:
+                return self.forwarded_bytes_total, self.forwarded_messages_total
+            return self._trimmed_bytes, self._trimmed_messages
+        _, cum_bytes, cum_msgs = ledger[i - 1]
+        return cum_bytes, cum_msgs
+
+    _trimmed_bytes: int = 0
+    _trimmed_messages: int = 0
+
+    def _trim(self, before: float) -> None:
+        ledger = self._ledger
+        while len(ledger) > 1 and ledger[0][0] < before:
+            _, self._trimmed_bytes, self._trimmed_messages = ledger.popleft()

@@ -1,0 +1,71 @@
+"""The depth estimate: samples reconciled with the ledger of forwarded publishes."""
+
+from __future__ import annotations
+
+from proxy.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
+
+
+def _mgmt(at: float, ready: int, unacked: int = 0, body: int = 100) -> ManagementSample:
+    return ManagementSample(at, ready, unacked, (ready + unacked) * body, ready * body,
+                            unacked * body)
+
+
+def test_unknown_until_a_sample_arrives() -> None:
+    q = QueueDepth()
+    q.forwarded(1.0, 100)
+    assert q.estimate() is None
+
+
+def test_management_sample_plus_what_was_forwarded_after_it() -> None:
+    q = QueueDepth()
+    q.forwarded(0.0, 100)  # long before the sample: already in it
+    q.sampled_management(_mgmt(10.0, ready=5))
+    assert q.estimate() == Depth(500, 5)
+    q.forwarded(10.5, 100)
+    q.forwarded(10.6, 300)
+    assert q.estimate() == Depth(900, 7)
+
+
+def test_publishes_in_flight_when_sampled_are_counted_not_missed() -> None:
+    q = QueueDepth()
+    q.forwarded(10.0 - IN_FLIGHT_MARGIN / 2, 100)  # maybe not yet enqueued at 10.0
+    q.sampled_management(_mgmt(10.0, ready=0))
+    assert q.estimate() == Depth(100, 1)
+
+
+def test_ready_count_is_fresher_than_management_and_uses_its_sizes() -> None:
+    q = QueueDepth()
+    q.sampled_management(_mgmt(10.0, ready=50, unacked=2, body=200))
+    q.sampled_ready_count(12.0, ready=10)
+    assert q.estimate() == Depth(10 * 200 + 2 * 200, 12)
+    q.forwarded(12.5, 200)
+    assert q.estimate() == Depth(12 * 200 + 200, 13)
+
+
+def test_an_older_answer_never_replaces_a_newer_one() -> None:
+    q = QueueDepth()
+    q.sampled_ready_count(5.0, ready=3)
+    q.sampled_ready_count(4.0, ready=99)
+    est = q.estimate()
+    assert est is not None and est.messages == 3
+
+
+def test_average_size_falls_back_to_the_ledger() -> None:
+    q = QueueDepth()
+    for t in range(4):
+        q.forwarded(float(t), 250)
+    q.sampled_ready_count(100.0, ready=4)
+    assert q.estimate() == Depth(1000, 4)
+
+
+def test_ledger_stays_small_under_a_firehose() -> None:
+    q = QueueDepth()
+    t = 0.0
+    for i in range(100_000):
+        t = i * 0.0001  # 10k msg/s for 10 s
+        q.forwarded(t, 1024)
+        if i % 2000 == 0:
+            q.sampled_ready_count(t, ready=i)
+    assert len(q._ledger) < 2_000
+    est = q.estimate()
+    assert est is not None and est.messages >= 98_000
