@@ -68,7 +68,9 @@ class BrokerEndpoint:
     def management_url(self) -> str:
         return f"http://{self.host}:{self.management_port}"
 
-    def api(self, method: str, path: str, body: object | None = None, timeout: float = 10) -> object:
+    def api(
+        self, method: str, path: str, body: object | None = None, timeout: float = 10
+    ) -> object:
         """Call the management API; returns decoded JSON (or None for an empty reply)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.management_url + path, data=data, method=method)
@@ -107,6 +109,7 @@ class LocalBroker:
         self.workdir = Path(self.workdir)
         self.endpoint = BrokerEndpoint("127.0.0.1", free_port(), free_port())
         self.dist_port = free_port()
+        self.prometheus_port = free_port()
         self.nodename = f"floodwall-{self.endpoint.amqp_port}@localhost"
 
     def _environment(self) -> dict[str, str]:
@@ -132,12 +135,14 @@ class LocalBroker:
             f"listeners.tcp.default = {self.endpoint.amqp_port}\n"
             f"management.tcp.port = {self.endpoint.management_port}\n"
             "management.tcp.ip = 127.0.0.1\n"
+            f"prometheus.tcp.port = {self.prometheus_port}\n"
+            "prometheus.tcp.ip = 127.0.0.1\n"
             "loopback_users = none\n"
             "log.console = false\n"
             "log.file.level = info\n" + self.config_extra
         )
         (self.workdir / "enabled_plugins").write_text("[" + ",".join(PLUGINS) + "].\n")
-        out = open(self.workdir / "server.out", "wb")  # noqa: SIM115 - kept for the process' life
+        out = open(self.workdir / "server.out", "wb")
         self.process = subprocess.Popen(
             [script],
             env=self._environment(),
