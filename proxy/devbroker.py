@@ -145,6 +145,7 @@ class LocalBroker:
         out = open(self.workdir / "server.out", "wb")
         self.process = subprocess.Popen(
             [script],
+            cwd=self.workdir,  # crash dumps land here, not in the caller's directory
             env=self._environment(),
             stdout=out,
             stderr=subprocess.STDOUT,
