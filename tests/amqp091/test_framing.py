@@ -1,0 +1,168 @@
+"""Tests for the 0-9-1 frame scanner: walking, need-data, every frame error, decoding."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.amqp091.errors import FrameError, MethodSyntaxError, ProtocolError, UnexpectedFrame
+from proxy.amqp091.framing import (
+    FRAME_MIN_SIZE,
+    NEED_DATA,
+    count_frames,
+    decode_method,
+    frame_at,
+    method_ids,
+    method_key,
+    payload_limit,
+    scan,
+)
+from tests.amqp091.wire import CH, HEARTBEAT, C, conversation, method, publish, raw_frame
+
+NOTHING: frozenset[int] = frozenset()
+
+
+def test_scan_walks_every_complete_frame_to_the_end() -> None:
+    talk = conversation()
+    data = talk.client_bytes
+    assert scan(data, 0, 0, NOTHING) == (len(data), len(talk.client), NEED_DATA)
+
+
+def test_scan_of_nothing_or_a_partial_header_needs_data() -> None:
+    assert scan(b"", 0, 0, NOTHING) == (0, 0, NEED_DATA)
+    assert scan(HEARTBEAT[:6], 0, 0, NOTHING) == (0, 0, NEED_DATA)
+
+
+@pytest.mark.parametrize("cut", [1, 6, 7, 8, 1031])
+def test_scan_stops_at_an_incomplete_frame(cut: int) -> None:
+    frames = publish(1, b"x" * 1024)
+    data = frames[0] + frames[1] + frames[2][:cut]
+    assert scan(data, 0, 0, NOTHING) == (len(frames[0]) + len(frames[1]), 2, NEED_DATA)
+
+
+def test_scan_starts_at_the_offset_given() -> None:
+    frames = publish(1, b"abc")
+    data = b"".join(frames)
+    assert scan(data, len(frames[0]), 0, NOTHING) == (len(data), 2, NEED_DATA)
+
+
+def test_scan_stops_at_a_method_of_interest_and_resumes_after_it() -> None:
+    frames = [HEARTBEAT, method(C.TuneOk(0, FRAME_MIN_SIZE, 0)), HEARTBEAT]
+    data = b"".join(frames)
+    key = method_key(10, 31)
+    assert key == C.TuneOk.index
+    assert scan(data, 0, 0, {key}) == (8, 1, key)
+    assert scan(data, 8 + len(frames[1]), 0, {key}) == (len(data), 1, NEED_DATA)
+
+
+def test_method_ids_and_frame_at() -> None:
+    data = HEARTBEAT + method(CH.Close(200, "", 0, 0), 7)
+    assert frame_at(data, 8) == (1, 7, len(data) - 8 - 8)
+    assert method_ids(data, 8) == (20, 40)
+
+
+def test_count_frames_between_boundaries() -> None:
+    talk = conversation()
+    data = talk.client_bytes
+    second = len(talk.client[0])
+    assert count_frames(data, second, len(data)) == len(talk.client) - 1
+    assert count_frames(data, 0, 0) == 0
+
+
+def test_payload_limit() -> None:
+    assert payload_limit(4096) == 4088
+    assert payload_limit(0) == 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("frame_max", [FRAME_MIN_SIZE, 131072])
+def test_a_frame_of_exactly_frame_max_passes_one_more_byte_fails(frame_max: int) -> None:
+    fits = raw_frame(3, 1, b"b" * (frame_max - 8))
+    assert len(fits) == frame_max
+    assert scan(fits, 0, frame_max, NOTHING) == (frame_max, 1, NEED_DATA)
+    over = raw_frame(3, 1, b"b" * (frame_max - 7))
+    with pytest.raises(FrameError) as caught:
+        scan(HEARTBEAT + over, 0, frame_max, NOTHING, base_offset=100)
+    assert caught.value.offset == 8
+    assert caught.value.reason == (
+        f"content body frame of {frame_max + 1} bytes on channel 1 at offset 108 "
+        f"exceeds frame_max {frame_max}"
+    )
+
+
+def test_oversize_is_found_from_the_header_alone() -> None:
+    header_only = raw_frame(3, 1, b"b" * 5000)[:7]
+    with pytest.raises(FrameError, match="exceeds frame_max 4096"):
+        scan(header_only, 0, FRAME_MIN_SIZE, NOTHING)
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "reason"),
+    [
+        (
+            raw_frame(1, 0, b"\x00\x0a\x00\x33", end=0x00),
+            FrameError,
+            "frame end octet 0x00 at offset 19, expected 0xce (method frame on channel 0 "
+            "at offset 8)",
+        ),
+        (raw_frame(4, 1, b"abc"), FrameError, "unknown frame type 0x04 at offset 8"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", FrameError, "unknown frame type 0x47 at offset 8"),
+        (raw_frame(1, 0, b"\x00\x0a"), FrameError, "2-byte payload, too short"),
+        (raw_frame(8, 3, b""), FrameError, "heartbeat frame on channel 3 at offset 8, must be 0"),
+        (raw_frame(8, 0, b"x"), FrameError, "heartbeat frame with a 1-byte payload at offset 8"),
+        (raw_frame(3, 0, b"body"), UnexpectedFrame, "content body frame on channel 0 at offset 8"),
+        (raw_frame(2, 0, b"x" * 14), UnexpectedFrame, "content header frame on channel 0"),
+        # header problems outrank a bad frame end, as they do when the end has not arrived
+        (raw_frame(9, 0, b"", end=0x00), FrameError, "unknown frame type 0x09"),
+    ],
+)
+def test_frame_errors_name_the_problem_and_the_bad_frame(
+    data: bytes, error: type[ProtocolError], reason: str
+) -> None:
+    stream = HEARTBEAT + data
+    with pytest.raises(error) as caught:
+        scan(stream, 0, 0, NOTHING)
+    assert type(caught.value) is error
+    assert reason in caught.value.reason
+    assert caught.value.offset == 8
+    # The same error once only the header is in, when the header shows it.
+    if error is UnexpectedFrame or "frame end" not in reason:
+        with pytest.raises(error) as early:
+            scan(stream[:15], 0, 0, NOTHING)
+        assert early.value.reason == caught.value.reason
+
+
+def test_error_codes_and_texts() -> None:
+    err = FrameError("frame end octet 0x00 at offset 3, expected 0xce", 0)
+    assert (err.reply_code, err.condition) == (501, "501 FRAME_ERROR")
+    assert err.reply_text == "FRAME_ERROR - frame end octet 0x00 at offset 3, expected 0xce"
+    assert MethodSyntaxError("x", 0).condition == "502 SYNTAX_ERROR"
+    assert UnexpectedFrame("x", 0).condition == "505 UNEXPECTED_FRAME"
+
+
+def test_decode_method_reads_fields() -> None:
+    data = HEARTBEAT + method(C.TuneOk(channel_max=7, frame_max=8192, heartbeat=30))
+    tune = decode_method(data, 8, C.TuneOk)
+    assert (tune.channel_max, tune.frame_max, tune.heartbeat) == (7, 8192, 30)
+
+
+def test_decode_method_raises_syntax_error_with_the_method_ids() -> None:
+    data = HEARTBEAT + raw_frame(1, 0, b"\x00\x0a\x00\x1f\x00\x01")  # tune-ok cut short
+    with pytest.raises(MethodSyntaxError) as caught:
+        decode_method(data, 8, C.TuneOk, base_offset=50)
+    err = caught.value
+    assert (err.class_id, err.method_id, err.offset) == (10, 31, 8)
+    assert err.reason.startswith("cannot decode Connection.TuneOk on channel 0 at offset 58")
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300), frame_max=st.sampled_from([0, 4096, 20]))
+def test_scan_of_anything_returns_or_raises_a_protocol_error(data: bytes, frame_max: int) -> None:
+    try:
+        stop, frames, status = scan(data, 0, frame_max, NOTHING)
+    except ProtocolError as err:
+        assert 0 <= err.offset < len(data)
+    else:
+        assert status == NEED_DATA
+        assert count_frames(data, 0, stop) == frames
+        assert len(data) - stop < 7 or stop + 8 + frame_at(data, stop)[2] > len(data)
