@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from proxy.core import FrameCounts, RelayCore, Side
 from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
@@ -68,8 +68,8 @@ class RelayedConnection(asyncio.Protocol):
 
     # -- client side -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.client = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
+        self.client = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         transport.set_write_buffer_limits(high=self.settings.write_high_water)
@@ -236,8 +236,7 @@ class UpstreamSide(asyncio.Protocol):
         self.owner = owner
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.owner.upstream_connected(transport)
+        self.owner.upstream_connected(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         self.owner.server_data(data)
