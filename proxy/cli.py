@@ -12,6 +12,7 @@ import yaml
 from proxy import __version__
 from proxy.config import ConfigError, ManagementCredentials, ProxySettings, parse_hostport
 from proxy.logs import setup_logging
+from proxy.policy import PolicyError, load_policies, render_policies
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -95,6 +96,25 @@ def run(listen: str, upstream: str, admin: str, management: str | None, policies
     from proxy.io.app import run_proxy
 
     run_proxy(settings)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--queue", "queues", multiple=True, metavar="QUEUE",
+              help="Also say which policy polices this queue (repeatable).")
+@click.option("--vhost", default="/", show_default=True, help="The vhost of --queue.")
+def check(file: str, queues: tuple[str, ...], vhost: str) -> None:
+    """Validate a policies FILE and print the effective policies (exit 1 if it is bad)."""
+    try:
+        policies = load_policies(file)
+    except PolicyError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(1) from None
+    click.echo(render_policies(policies), nl=False)
+    for queue in queues:
+        found = policies.for_queue(vhost, queue)
+        verdict = f"policy {found.name!r}" if found is not None else "not policed"
+        click.echo(f"# queue {queue!r} in vhost {vhost!r}: {verdict}")
 
 
 if __name__ == "__main__":  # pragma: no cover

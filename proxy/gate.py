@@ -1,0 +1,277 @@
+"""Who may publish: tripped queues, the channels blocked on them, and the broker alarm.
+
+Seed 000's design, moved out of the broker: a channel that publishes to a full queue is
+blocked on that queue; a channel can be blocked on a *set* of queues and is released only
+when the set is empty. Pure: the I/O layer feeds it depth samples and the time; protocol
+cores ask it about each publish and are told, through their ``ChannelOwner`` interface,
+when a channel of theirs is free again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from proxy.depth import Depth, ManagementSample, QueueDepth
+from proxy.logs import event
+from proxy.policy import EMPTY_POLICIES, Policy, PolicySet, decide
+
+log = logging.getLogger("floodwall.gate")
+
+QueueKey = tuple[str, str]  # (vhost, queue)
+#: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
+ALARM: QueueKey = ("", "broker resource alarm")
+
+
+class ChannelOwner(Protocol):
+    """A connection's protocol core, as the gate sees it."""
+
+    conn_id: int
+
+    def channel_released(self, channel: int) -> None:
+        """Every queue ``channel`` was blocked on has drained: let its held frames go."""
+
+
+@dataclass
+class PolicedQueue:
+    """One queue under a policy: its depth, whether it is tripped, and for how long."""
+
+    key: QueueKey
+    policy: Policy
+    depth: QueueDepth = field(default_factory=QueueDepth)
+    tripped: bool = False
+    tripped_since: float | None = None
+    tripped_seconds: float = 0.0  # closed trip intervals; see seconds_tripped()
+    trips: int = 0
+    exists: bool = True
+
+    def seconds_tripped(self, now: float) -> float:
+        open_interval = now - self.tripped_since if self.tripped_since is not None else 0.0
+        return self.tripped_seconds + open_interval
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """One blocked channel, for /state and logs."""
+
+    conn_id: int
+    channel: int
+    queues: frozenset[QueueKey]
+    since: float
+
+
+class Router(Protocol):
+    """Destination to queues (proxy.routing.Topology)."""
+
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: dict[str, object] | None = None) -> frozenset[str]: ...
+
+
+class FlowController:
+    """The shared state behind every gate decision."""
+
+    def __init__(self, router: Router, clock: Callable[[], float],
+                 policies: PolicySet = EMPTY_POLICIES) -> None:
+        self.router = router
+        self.clock = clock
+        self.policies = policies
+        self.queues: dict[QueueKey, PolicedQueue] = {}
+        self._tripped: set[QueueKey] = set()
+        self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
+        self._blocked_since: dict[tuple[int, int], float] = {}
+        self._owners: dict[int, ChannelOwner] = {}
+        self.alarm_reason: str | None = None
+        self.signals_sent = 0
+
+    # -- policies and queues -----------------------------------------------------------
+    def set_policies(self, policies: PolicySet, known_queues: Iterable[QueueKey]) -> None:
+        """Apply a (re)loaded policy file to the queues that exist now."""
+        self.policies = policies
+        for key in list(self.queues):
+            if policies.for_queue(*key) is None:
+                self._unpolice(key)
+        for key in known_queues:
+            self.queue_seen(key)
+        for q in self.queues.values():
+            new = policies.for_queue(*q.key)
+            if new is not None and new != q.policy:
+                q.policy = new
+                self._evaluate(q)
+
+    def queue_seen(self, key: QueueKey) -> PolicedQueue | None:
+        """A queue exists (declared, or found in the topology); police it if a policy says."""
+        q = self.queues.get(key)
+        if q is not None:
+            q.exists = True
+            return q
+        policy = self.policies.for_queue(*key)
+        if policy is None:
+            return None
+        q = self.queues[key] = PolicedQueue(key, policy)
+        return q
+
+    def queue_deleted(self, key: QueueKey) -> None:
+        if key in self.queues:
+            self._unpolice(key)
+
+    def _unpolice(self, key: QueueKey) -> None:
+        q = self.queues.pop(key)
+        if q.tripped:
+            self._set_tripped(q, False, "no longer policed")
+
+    # -- the publish path --------------------------------------------------------------
+    def destinations(self, vhost: str, exchange: str, routing_key: str,
+                     headers: dict[str, object] | None = None) -> frozenset[str]:
+        return self.router.route(vhost, exchange, routing_key, headers)
+
+    def blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """The tripped queues among ``queues`` (plus ALARM while the broker has one)."""
+        tripped = self._tripped
+        if not tripped:
+            return frozenset()
+        found = {(vhost, q) for q in queues if (vhost, q) in tripped}
+        if ALARM in tripped:
+            found.add(ALARM)
+        return frozenset(found)
+
+    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int) -> None:
+        """A publish went to the broker; book it on each policed queue it lands in."""
+        if not self.queues:
+            return
+        now = self.clock()
+        for name in queues:
+            q = self.queues.get((vhost, name))
+            if q is not None:
+                q.depth.forwarded(now, body_bytes)
+                if not q.tripped:
+                    self._evaluate(q)
+
+    # -- blocking ----------------------------------------------------------------------
+    def register(self, owner: ChannelOwner) -> None:
+        self._owners[owner.conn_id] = owner
+
+    def unregister(self, owner: ChannelOwner) -> None:
+        self._owners.pop(owner.conn_id, None)
+        for ref in [r for r in self._blocked if r[0] == owner.conn_id]:
+            self._blocked.pop(ref, None)
+            self._blocked_since.pop(ref, None)
+
+    def block(self, owner: ChannelOwner, channel: int, queues: frozenset[QueueKey]) -> bool:
+        """Block ``channel`` on ``queues``; True if it was not blocked before.
+
+        Re-checks at once (seed 000's race): any of the queues that released meanwhile is
+        dropped from the set again, and if none is left the channel is not blocked.
+        """
+        ref = (owner.conn_id, channel)
+        still = {k for k in queues if k in self._tripped}
+        if not still:
+            return False
+        blocked_on = self._blocked.get(ref)
+        if blocked_on is None:
+            self._blocked[ref] = still
+            self._blocked_since[ref] = self.clock()
+            return True
+        blocked_on |= still
+        return False
+
+    def is_blocked(self, owner: ChannelOwner, channel: int) -> bool:
+        return (owner.conn_id, channel) in self._blocked
+
+    def channel_closed(self, owner: ChannelOwner, channel: int) -> None:
+        self._blocked.pop((owner.conn_id, channel), None)
+        self._blocked_since.pop((owner.conn_id, channel), None)
+
+    def blocked_channels(self) -> list[Blocked]:
+        return [Blocked(ref[0], ref[1], frozenset(qs), self._blocked_since[ref])
+                for ref, qs in self._blocked.items()]
+
+    # -- depth and alarms --------------------------------------------------------------
+    def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int) -> None:
+        q = self.queues.get(key)
+        if q is not None:
+            q.depth.sampled_ready_count(requested_at, ready)
+            self._evaluate(q)
+
+    def sampled_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        q = self.queues.get(key)
+        if q is not None:
+            q.depth.sampled_management(sample)
+            self._evaluate(q)
+
+    def depth_unknown(self, key: QueueKey) -> None:
+        """The depth could not be read; the policy's on_unknown_depth decides."""
+        q = self.queues.get(key)
+        if q is not None:
+            self._apply(q, decide(q.policy, None, None, q.tripped))
+
+    def set_alarm(self, reason: str | None) -> None:
+        """The broker raised (reason) or cleared (None) a memory or disk alarm."""
+        if reason == self.alarm_reason:
+            return
+        self.alarm_reason = reason
+        if reason is not None:
+            self._tripped.add(ALARM)
+            event(log, "broker_alarm", logging.WARNING, reason=reason,
+                  action="every publish is held until it clears")
+        else:
+            self._tripped.discard(ALARM)
+            event(log, "broker_alarm_cleared")
+            self._released(ALARM)
+
+    def _evaluate(self, q: PolicedQueue) -> None:
+        est = q.depth.estimate()
+        if est is None:
+            self._apply(q, decide(q.policy, None, None, q.tripped))
+        else:
+            self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped))
+
+    def _apply(self, q: PolicedQueue, tripped: bool) -> None:
+        if tripped != q.tripped:
+            self._set_tripped(q, tripped, "depth")
+
+    def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str) -> None:
+        now = self.clock()
+        est = q.depth.estimate() or Depth(-1, -1)
+        q.tripped = tripped
+        if tripped:
+            q.trips += 1
+            q.tripped_since = now
+            self._tripped.add(q.key)
+            event(log, "queue_tripped", logging.WARNING, vhost=q.key[0], queue=q.key[1],
+                  depth_bytes=est.bytes, depth_messages=est.messages,
+                  capacity=q.policy.capacity, max_messages=q.policy.max_messages,
+                  policy=q.policy.name, publishers=self._publishers_of(q.key))
+        else:
+            if q.tripped_since is not None:
+                q.tripped_seconds += now - q.tripped_since
+            q.tripped_since = None
+            self._tripped.discard(q.key)
+            event(log, "queue_released", vhost=q.key[0], queue=q.key[1],
+                  depth_bytes=est.bytes, depth_messages=est.messages, resume=q.policy.resume,
+                  policy=q.policy.name, reason=why, blocked=self._publishers_of(q.key))
+            self._released(q.key)
+
+    def _publishers_of(self, key: QueueKey) -> str:
+        return ",".join(f"{c}/{ch}" for (c, ch), qs in self._blocked.items() if key in qs)
+
+    def _released(self, key: QueueKey) -> None:
+        """Drop ``key`` from every blocked set; tell owners whose channel is free again."""
+        freed: list[tuple[int, int]] = []
+        for ref, qs in self._blocked.items():
+            if key in qs:
+                qs.discard(key)
+                if not qs:
+                    freed.append(ref)
+        for ref in freed:
+            del self._blocked[ref]
+            self._blocked_since.pop(ref, None)
+            owner = self._owners.get(ref[0])
+            if owner is not None:
+                owner.channel_released(ref[1])
+
+    # -- views -------------------------------------------------------------------------
+    @property
+    def tripped(self) -> frozenset[QueueKey]:
+        return frozenset(self._tripped)
