@@ -83,7 +83,12 @@ class FlowController:
         self._blocked_since: dict[tuple[int, int], float] = {}
         self._owners: dict[int, ChannelOwner] = {}
         self.alarm_reason: str | None = None
-        self.signals_sent = 0
+        # Counters the protocol cores keep up to date (plain ints: read at scrape time).
+        self.held_bytes = 0  # body bytes of publishes held right now, all connections
+        self.held_messages = 0
+        self.signals: dict[str, int] = {"flow_off": 0, "flow_on": 0}
+        self.rejects = 0  # publishes refused under overflow: reject
+        self.deadline_expiries = 0  # publishes refused because they waited too long
 
     # -- policies and queues -----------------------------------------------------------
     def set_policies(self, policies: PolicySet, known_queues: Iterable[QueueKey]) -> None:
