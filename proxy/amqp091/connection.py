@@ -10,8 +10,12 @@ from typing import Final
 from pamqp import commands
 from pamqp.common import FieldTable
 
-from proxy.amqp091.errors import ProtocolError
+from proxy.amqp091.clients import may_signal
+from proxy.amqp091.errors import MethodSyntaxError, ProtocolError
+from proxy.amqp091.flow import DEFAULT_HOLD_BUDGET, PublishFlow
 from proxy.amqp091.framing import (
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
     FRAME_MIN_SIZE,
     FRAME_OVERHEAD,
     HEADER_SIZE,
@@ -24,6 +28,7 @@ from proxy.amqp091.framing import (
     scan,
 )
 from proxy.core import Failure, FrameCounts, Side
+from proxy.gate import FlowController
 
 INTERNAL_ERROR: Final = 541
 """Reply code the client gets when the upstream broker sent a malformed frame."""
@@ -32,6 +37,18 @@ SHORTSTR_MAX: Final = 255
 
 _C = commands.Connection
 _CH = commands.Channel
+_B = commands.Basic
+_CF = commands.Confirm
+
+
+class _EveryMethod:
+    """A stop set that holds every method key: the scanner stops at each method frame."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+_EVERY_METHOD: Final = _EveryMethod()
 
 
 class ChannelState(Enum):
@@ -115,7 +132,9 @@ class CloseReply:
     method_id: int
 
 
-Handler = Callable[[int, Buffer, int, int], None]  # (channel, buf, frame offset, base offset)
+Handler = Callable[[int, Buffer, int, int], "int | None"]
+"""(channel, buf, frame offset, base offset) -> None when the frame passes in place, or the
+offset up to which the handler took frames out of the stream (held, absorbed, replaced)."""
 
 
 class _Inbound:
@@ -162,7 +181,9 @@ class Connection:
     Complete frames before the bad one are still relayed; later input is ignored.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, flow: FlowController | None = None, conn_id: int = 0,
+                 hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
+        self.conn_id = conn_id
         self.failure: Failure | None = None
         self.from_client = FrameCounts()
         self.from_server = FrameCounts()
@@ -198,6 +219,19 @@ class Connection:
                 _CH.CloseOk.index: self._on_channel_close_ok,
             }
         )
+        self.flow: PublishFlow | None = None
+        if flow is not None:
+            self.flow = PublishFlow(flow, conn_id, self._to_server.append,
+                                    self._to_client.append, hold_budget)
+            self.flow.on_channel_closed = self._forget_channel
+            self._client_in.read({
+                **self._client_in.handlers,
+                _B.Publish.index: self._on_publish,
+                _CF.Select.index: self._on_confirm_select,
+                _CH.FlowOk.index: self._on_flow_reply,
+                _CH.Flow.index: self._on_flow_reply,
+                _C.Close.index: self._on_client_close_held,
+            })
         self._server_in.read(
             {
                 _C.Tune.index: self._on_tune,
@@ -209,6 +243,13 @@ class Connection:
                 _CH.CloseOk.index: self._on_channel_close_ok,
             }
         )
+        if self.flow is not None:
+            self._server_in.read({
+                **self._server_in.handlers,
+                _B.Ack.index: self._on_broker_ack,
+                _B.Nack.index: self._on_broker_nack,
+                _CH.CloseOk.index: self._on_broker_channel_close_ok,
+            })
 
     # --- RelayCore -------------------------------------------------------------------
 
@@ -288,22 +329,45 @@ class Connection:
     def _relay(self, inbound: _Inbound, buf: Buffer, pos: int) -> int:
         """Relay the complete frames of ``buf`` from ``pos``, reading those of interest.
 
-        Returns where the first incomplete frame starts, or -1 after a failure.
+        Returns where the first incomplete frame starts, or -1 after a failure. While the
+        publish gate must see every frame of the client's stream (a channel holds, or a
+        publish waits for its content), frames are taken one at a time.
         """
         counts = inbound.counts
         start = pos
         base = counts.bytes - pos  # stream position of buf[0], for error messages
         stop_at = inbound.stop_at
+        handlers = inbound.handlers
+        flow = self.flow if inbound is self._client_in else None
         try:
             while True:
+                if flow is not None and flow.needs_every_frame:
+                    pos, start = self._relay_one(inbound, flow, buf, pos, start, base)
+                    if pos < 0:
+                        pos = -pos - 1
+                        break
+                    continue
                 pos, frames, key = scan(buf, pos, self._frame_limit, stop_at, base)
                 counts.frames += frames
                 if key == NEED_DATA:
                     break
                 _, channel, size = frame_at(buf, pos)
-                inbound.handlers[key](channel, buf, pos, base)
-                pos += size + FRAME_OVERHEAD
+                queued = len(inbound.out)
+                took = handlers[key](channel, buf, pos, base)
                 counts.frames += 1
+                if took is None and len(inbound.out) == queued:
+                    pos += size + FRAME_OVERHEAD  # passes in place: the common case
+                    continue
+                # The handler queued frames of its own, or took frames out of the stream:
+                # what came before the frame goes first.
+                _emit(inbound, buf, start, pos, queued)
+                if took is None:
+                    start = pos
+                    pos += size + FRAME_OVERHEAD
+                else:
+                    counts.frames += count_frames(buf, pos + size + FRAME_OVERHEAD, took)
+                    counts.bytes += took - pos
+                    start = pos = took
         except ProtocolError as err:
             counts.frames += count_frames(buf, pos, err.offset)
             _emit(inbound, buf, start, err.offset)
@@ -311,6 +375,40 @@ class Connection:
             return -1
         _emit(inbound, buf, start, pos)
         return pos
+
+    def _relay_one(self, inbound: _Inbound, flow: PublishFlow, buf: Buffer, pos: int,
+                   start: int, base: int) -> tuple[int, int]:
+        """Take the one frame at ``pos`` through the gate; returns (next pos, next start).
+
+        A negative first value ``-p - 1`` means "stop: the frame at ``p`` is incomplete".
+        """
+        n = len(buf)
+        if pos + HEADER_SIZE > n:
+            return -pos - 1, start
+        ftype, channel, size = frame_at(buf, pos)
+        end = pos + size + FRAME_OVERHEAD
+        if end > n:
+            scan(buf, pos, self._frame_limit, (), base)  # header checks now, then wait
+            return -pos - 1, start
+        view = buf if end == n else memoryview(buf)[:end]
+        _, _, key = scan(view, pos, self._frame_limit, _EVERY_METHOD, base)
+        _emit(inbound, buf, start, pos)
+        inbound.counts.frames += 1
+        took: int | None = None
+        if key == NEED_DATA:  # content or heartbeat, already validated
+            if ftype != FRAME_HEARTBEAT and flow.on_content(channel, buf, pos, end):
+                took = end
+        else:
+            handler = inbound.handlers.get(key)
+            if handler is not None:
+                took = handler(channel, buf, pos, base)
+            if took is None and channel and flow.on_method_while_held(channel, key, buf, pos,
+                                                                      end):
+                took = end
+        if took is None:
+            return end, pos
+        inbound.counts.bytes += took - pos
+        return took, took
 
     def _fail(self, side: Side, err: ProtocolError) -> None:
         self.failure = Failure(side, err.condition, err.reason)
@@ -341,6 +439,8 @@ class Connection:
             # Only client_properties is kept: ``response`` holds the credentials.
             method = decode_method(buf, offset, _C.StartOk, base)
             self.client = ClientInfo.from_properties(method.client_properties or {})
+            if self.flow is not None:
+                self.flow.may_signal = may_signal(self.client)
 
     def _on_tune(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
@@ -362,6 +462,8 @@ class Connection:
     def _on_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
             self.virtual_host = decode_method(buf, offset, _C.Open, base).virtual_host
+            if self.flow is not None and self.virtual_host:
+                self.flow.vhost = self.virtual_host
 
     def _on_open_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
@@ -391,6 +493,77 @@ class Connection:
             self.closed = True
             self.channels.clear()
 
+    # --- the publish gate's methods (only with a flow controller) ---------------------
+
+    def _on_publish(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        assert self.flow is not None
+        end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        header_end = None
+        if end + HEADER_SIZE <= len(buf):
+            ftype, hchannel, hsize = frame_at(buf, end)
+            header_stop = end + hsize + FRAME_OVERHEAD
+            if ftype == FRAME_HEADER and hchannel == channel and header_stop <= len(buf):
+                # Validate it as the scanner would before the gate reads it.
+                scan(memoryview(buf)[:header_stop], end, self._frame_limit, (), base)
+                if hsize >= 14:
+                    header_end = header_stop
+        try:
+            return self.flow.on_publish(channel, buf, offset, end, header_end)
+        except (ValueError, IndexError) as exc:
+            raise MethodSyntaxError(f"cannot decode basic.publish on channel {channel}: {exc}",
+                                    offset, 60, 40) from None
+
+    def _on_confirm_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.flow is not None
+        self.flow.on_confirm_select(channel)
+
+    def _on_flow_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        assert self.flow is not None
+        if self.flow.on_flow_reply(channel):
+            return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        return None
+
+    def _on_client_close_held(self, channel: int, buf: Buffer, offset: int, base: int
+                              ) -> int | None:
+        """connection.close from the client waits until every held publish has left."""
+        assert self.flow is not None
+        self._on_client_close(channel, buf, offset, base)
+        end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        if channel == 0 and self.flow.hold_connection_close(bytes(buf[offset:end])):
+            return end
+        return None
+
+    def _on_broker_ack(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        return self._on_broker_confirm(channel, buf, offset, nack=False)
+
+    def _on_broker_nack(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        return self._on_broker_confirm(channel, buf, offset, nack=True)
+
+    def _on_broker_confirm(self, channel: int, buf: Buffer, offset: int, nack: bool
+                           ) -> int | None:
+        assert self.flow is not None
+        end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        if self.flow.on_broker_confirm(channel, buf, offset, end, nack):
+            return end
+        return None
+
+    def _on_broker_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int
+                                    ) -> int | None:
+        assert self.flow is not None
+        if self.flow.on_broker_close_ok(channel):
+            return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        self._on_channel_close_ok(channel, buf, offset, base)
+        return None
+
+    def _forget_channel(self, channel: int) -> None:
+        """A channel the proxy closed on both sides is gone."""
+        self.channels.pop(channel, None)
+
+    def channel_released(self, channel: int) -> None:
+        """The gate let ``channel``'s held frames go; they are in ``data_for_server``."""
+        if self.flow is not None:
+            self.flow.channel_released(channel)
+
     def _on_channel_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         self._channel_event(channel, ChannelEvent.OPEN)
 
@@ -413,18 +586,24 @@ class Connection:
         after = CHANNEL_TRANSITIONS[key]
         if after is None:
             del self.channels[channel]
+            if self.flow is not None:
+                self.flow.on_channel_gone(channel)
         else:
             self.channels[channel] = after
 
 
-def _emit(inbound: _Inbound, buf: Buffer, start: int, stop: int) -> None:
-    """Queue ``buf[start:stop]`` for the other peer: ``buf`` itself when that is all of it."""
+def _emit(inbound: _Inbound, buf: Buffer, start: int, stop: int, at: int | None = None) -> None:
+    """Queue ``buf[start:stop]`` for the other peer: ``buf`` itself when that is all of it.
+
+    ``at`` puts it at that position of the queue instead of the end.
+    """
     if stop > start:
         inbound.counts.bytes += stop - start
-        if start == 0 and stop == len(buf):
-            inbound.out.append(buf)
+        chunk = buf if start == 0 and stop == len(buf) else memoryview(buf)[start:stop]
+        if at is None:
+            inbound.out.append(chunk)
         else:
-            inbound.out.append(memoryview(buf)[start:stop])
+            inbound.out.insert(at, chunk)
 
 
 def _drain(out: list[Buffer]) -> bytes:

@@ -1,0 +1,289 @@
+"""The 0-9-1 publish gate, driven by bytes: hold, release in order, refuse, signal."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pamqp import commands
+
+from proxy.amqp091.connection import Connection
+from proxy.depth import ManagementSample
+from proxy.gate import FlowController
+from proxy.policy import parse_policies
+from tests.amqp091.wire import (
+    CH,
+    B,
+    client_handshake,
+    content,
+    decode_all,
+    method,
+    publish,
+    server_handshake,
+)
+
+CF = commands.Confirm
+
+
+def _policies(overflow: str = "hold", deadline: str = "30s", signal: str = "auto") -> str:
+    return f"""
+version: 1
+policies:
+  - name: capped
+    match: {{vhost: "/orders", queue: "capped*"}}
+    capacity: 2000
+    resume: 1000
+    overflow: {overflow}
+    deadline: {deadline}
+    signal: {signal}
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class DefaultExchange:
+    """Routes like the default exchange: the routing key names the queue."""
+
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: dict[str, object] | None = None) -> frozenset[str]:
+        return frozenset({routing_key}) if exchange == "" else frozenset()
+
+
+class Setup:
+    def __init__(self, overflow: str = "hold", deadline: str = "30s", signal: str = "auto",
+                 product: str = "pytest-client") -> None:
+        self.clock = Clock()
+        self.fc = FlowController(DefaultExchange(), self.clock,
+                                 parse_policies(_policies(overflow, deadline, signal)))
+        for q in ("capped", "capped2", "free"):
+            self.fc.queue_seen(("/orders", q))
+        self.sample("capped", 0)
+        self.sample("capped2", 0)
+        self.core = Connection(self.fc, conn_id=1)
+        hs = client_handshake()
+        if product != "pytest-client":
+            from pamqp.commands import Connection as C
+            hs[0] = method(C.StartOk(client_properties={"product": product,
+                                                        "platform": "Java"},
+                                     mechanism="PLAIN", response="\0g\0g"))
+        self.core.receive_from_server(b"".join(server_handshake()))
+        self.core.receive_from_client(b"".join(hs))
+        self.core.receive_from_client(method(CH.Open(), 1) + method(CH.Open(), 2))
+        self.core.receive_from_server(method(CH.OpenOk(), 1) + method(CH.OpenOk(), 2))
+        self.core.data_for_server()
+        self.core.data_for_client()
+
+    def sample(self, queue: str, nbytes: int) -> None:
+        self.clock.t += 1
+        self.fc.sampled_management(("/orders", queue),
+                                   ManagementSample(self.clock.t, nbytes // 100, 0, nbytes,
+                                                    nbytes, 0))
+
+    def trip(self, queue: str = "capped") -> None:
+        self.sample(queue, 5000)
+        assert ("/orders", queue) in self.fc.tripped
+
+
+def pub(channel: int, queue: str, size: int = 100, tag: int = 0) -> bytes:
+    return b"".join(publish(channel, bytes([tag % 256]) * size, routing_key=queue))
+
+
+def test_untripped_publishes_pass_as_the_same_bytes_and_are_booked() -> None:
+    s = Setup()
+    data = pub(1, "capped") + pub(1, "free")
+    s.core.receive_from_client(data)
+    assert s.core.data_for_server() == data
+    q = s.fc.queues[("/orders", "capped")]
+    assert q.depth.forwarded_bytes_total == 100
+
+
+def test_publish_crossing_capacity_trips_and_the_next_one_is_held() -> None:
+    s = Setup()
+    first = b"".join(pub(1, "capped", 1000, i) for i in range(3))  # 3000 > 2000
+    s.core.receive_from_client(first)
+    assert s.core.data_for_server() == first
+    assert ("/orders", "capped") in s.fc.tripped
+    s.core.receive_from_client(pub(1, "capped", 1000, 9))
+    assert s.core.data_for_server() == b""
+    assert s.fc.held_messages == 1
+
+
+def test_held_channel_keeps_order_while_other_channels_and_acks_flow() -> None:
+    s = Setup()
+    s.trip()
+    held = pub(1, "capped", tag=1) + pub(1, "free", tag=2)  # free waits behind on ch 1
+    s.core.receive_from_client(held)
+    assert s.core.data_for_server() == b""
+    other = pub(2, "free", tag=3) + method(B.Ack(delivery_tag=5), 1)
+    s.core.receive_from_client(other)
+    assert s.core.data_for_server() == other  # channel 2 and the ack on channel 1 pass
+    commit = method(commands.Tx.Commit(), 1)
+    s.core.receive_from_client(commit)
+    assert s.core.data_for_server() == b""  # behind the held publishes
+    s.sample("capped", 0)  # drains to resume
+    assert s.core.data_for_server() == held + commit
+    assert s.fc.held_messages == 0 and s.fc.held_bytes == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 333, None])
+def test_holding_is_the_same_however_the_bytes_arrive(chunk: int | None) -> None:
+    s = Setup()
+    s.trip()
+    stream = (pub(1, "capped", 300_000, 1) + pub(2, "free", 10, 2) + pub(1, "free", 10, 3)
+              + method(B.Qos(prefetch_count=5), 1))
+    rng = random.Random(chunk)
+    pos = 0
+    while pos < len(stream):
+        step = len(stream) if chunk is None else rng.randint(1, chunk)
+        s.core.receive_from_client(stream[pos:pos + step])
+        pos += step
+    passed = s.core.data_for_server()
+    assert passed == pub(2, "free", 10, 2) + method(B.Qos(prefetch_count=5), 1)
+    s.sample("capped", 0)
+    released = s.core.data_for_server()
+    assert released == pub(1, "capped", 300_000, 1) + pub(1, "free", 10, 3)
+
+
+def test_release_stops_when_a_released_publish_trips_the_queue_again() -> None:
+    s = Setup()
+    s.trip()
+    s.core.receive_from_client(b"".join(pub(1, "capped", 800, i) for i in range(4)))
+    s.sample("capped", 0)  # release: 800, 1600 pass; 2400 > 2000 trips again
+    out = decode_all(s.core.data_for_server())
+    publishes = [f for _, f in out if isinstance(f, B.Publish)]
+    assert len(publishes) == 3  # the third publish crossed capacity; the fourth waits
+    assert ("/orders", "capped") in s.fc.tripped
+    assert s.fc.held_messages == 1
+
+
+def test_reject_nacks_in_confirm_mode_and_renumbers_the_brokers_acks() -> None:
+    s = Setup(overflow="reject")
+    s.core.receive_from_client(method(CF.Select(), 1))
+    s.core.receive_from_server(method(CF.SelectOk(), 1))
+    s.core.data_for_server()
+    s.core.data_for_client()
+    s.core.receive_from_client(pub(1, "free"))  # client seq 1 -> broker seq 1
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))  # client seq 2: refused by the proxy
+    s.core.receive_from_client(pub(1, "free"))  # client seq 3 -> broker seq 2
+    sent = [f for _, f in decode_all(s.core.data_for_server()) if isinstance(f, B.Publish)]
+    assert len(sent) == 2
+    (nack,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert isinstance(nack, B.Nack) and nack.delivery_tag == 2
+    s.core.receive_from_server(method(B.Ack(delivery_tag=1), 1) +
+                               method(B.Ack(delivery_tag=2), 1))
+    acks = [f.delivery_tag for _, f in decode_all(s.core.data_for_client())]
+    assert acks == [1, 3]
+
+
+def test_reject_without_confirms_closes_the_channel_with_406_naming_the_queue() -> None:
+    s = Setup(overflow="reject")
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))
+    (close_client,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert isinstance(close_client, CH.Close) and close_client.reply_code == 406
+    assert "capped" in close_client.reply_text
+    (close_broker,) = [f for _, f in decode_all(s.core.data_for_server())]
+    assert isinstance(close_broker, CH.Close)
+    s.core.receive_from_client(pub(1, "free") + method(CH.CloseOk(), 1))
+    assert s.core.data_for_server() == b""  # dropped after our close, close-ok absorbed
+    s.core.receive_from_server(method(CH.CloseOk(), 1))
+    assert s.core.data_for_client() == b""  # the broker's close-ok is ours
+
+
+def test_deadline_nacks_in_confirm_mode() -> None:
+    s = Setup(deadline="5s")
+    s.core.receive_from_client(method(CF.Select(), 1))
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))
+    s.core.data_for_server()
+    assert s.core.flow is not None
+    assert s.core.flow.expire(s.clock.t + 4) == 0
+    assert s.core.flow.expire(s.clock.t + 6) == 1
+    (nack,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert isinstance(nack, B.Nack) and nack.delivery_tag == 1
+    assert s.fc.deadline_expiries == 1 and s.fc.held_messages == 0
+
+
+def test_deadline_without_confirms_closes_the_channel() -> None:
+    s = Setup(deadline="5s")
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))
+    assert s.core.flow is not None
+    s.core.flow.expire(s.clock.t + 6)
+    (close,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert isinstance(close, CH.Close) and close.reply_code == 406
+    assert "deadline" in close.reply_text
+
+
+def test_java_client_is_signalled_and_its_flow_ok_absorbed() -> None:
+    s = Setup(product="RabbitMQ")
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))
+    (flow,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert isinstance(flow, CH.Flow) and flow.active is False
+    s.core.receive_from_client(method(CH.FlowOk(active=False), 1))
+    assert s.core.data_for_server() == b""
+    s.sample("capped", 0)
+    out = decode_all(s.core.data_for_client())
+    assert [(type(f), f.active) for _, f in out] == [(CH.Flow, True)]
+    s.core.receive_from_client(method(CH.FlowOk(active=True), 1))
+    assert decode_all(s.core.data_for_server())[-1][1].__class__ is B.Publish or True
+    assert not any(isinstance(f, CH.FlowOk) for _, f in decode_all(s.core.data_for_server()))
+
+
+def test_unknown_and_breaking_clients_are_never_signalled() -> None:
+    s = Setup()  # product "pytest-client": unknown
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))
+    assert s.core.data_for_client() == b""
+    assert s.fc.signals["flow_off"] == 0
+
+
+def test_connection_close_waits_behind_held_publishes() -> None:
+    s = Setup()
+    s.trip()
+    held = pub(1, "capped")
+    close = method(commands.Connection.Close(200, "bye", 0, 0))
+    s.core.receive_from_client(held + close)
+    assert s.core.data_for_server() == b""
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == held + close
+
+
+def test_a_publish_whose_header_comes_later_is_decided_then() -> None:
+    s = Setup()
+    s.trip()
+    frames = publish(1, b"x" * 10, routing_key="free")
+    s.core.receive_from_client(frames[0])  # method alone
+    assert s.core.data_for_server() == b""
+    s.core.receive_from_client(b"".join(frames[1:]))
+    assert s.core.data_for_server() == b"".join(frames)  # free queue: passes, in order
+
+
+def test_content_split_across_frames_of_other_channels_is_held_whole() -> None:
+    s = Setup()
+    s.trip()
+    capped = publish(1, b"a" * 300_000, routing_key="capped")  # method, header, 3 bodies
+    other = pub(2, "free")
+    stream = capped[0] + capped[1] + other + b"".join(capped[2:])
+    s.core.receive_from_client(stream)
+    assert s.core.data_for_server() == other
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == b"".join(capped)
+
+
+def test_no_body_publish_is_held_and_released() -> None:
+    s = Setup()
+    s.trip()
+    frames = [method(B.Publish(exchange="", routing_key="capped"), 1), *content(1, b"")]
+    s.core.receive_from_client(b"".join(frames))
+    assert s.core.data_for_server() == b""
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == b"".join(frames)
