@@ -12,6 +12,8 @@ from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
 from proxy.logs import event
 
 if TYPE_CHECKING:
+    from proxy.amqp091.flow import PublishFlow
+    from proxy.gate import FlowController
     from proxy.metrics import RelayStats
 
 log = logging.getLogger("floodwall.relay")
@@ -28,14 +30,19 @@ class RelaySettings:
     connect_timeout: float = 5.0
     handshake_timeout: float = 10.0
     write_high_water: int = 256 * 1024
+    flow: FlowController | None = None  # None: no policies, a plain relay
+    hold_budget: int = 16 * 1024 * 1024
 
 
-def make_core(detected: Detected, header: bytes) -> RelayCore:
+def make_core(detected: Detected, header: bytes, conn_id: int = 0,
+              settings: RelaySettings | None = None) -> RelayCore:
     """The sans-IO core for a detected protocol."""
     if detected is Detected.AMQP091:
         from proxy.amqp091.connection import Connection as Amqp091Connection
 
-        return Amqp091Connection()
+        if settings is None:
+            return Amqp091Connection()
+        return Amqp091Connection(settings.flow, conn_id, settings.hold_budget)
     from proxy.amqp10.connection import Connection as Amqp10Connection
 
     return Amqp10Connection(header)
@@ -65,6 +72,9 @@ class RelayedConnection(asyncio.Protocol):
         self._connect_task: asyncio.Task[None] | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._client_paused: set[str] = set()  # why the client's socket is not read
+        self.flow: PublishFlow | None = None
+        self._client_gone = False
 
     # -- client side -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -105,13 +115,16 @@ class RelayedConnection(asyncio.Protocol):
         header, rest = self._head[:HEADER_SIZE], self._head[HEADER_SIZE:]
         self._head = b""
         self.protocol = found.value
-        self.core = core = make_core(found, header)
+        self.core = core = make_core(found, header, self.conn_id, self.settings)
         self.from_client, self.from_server = core.from_client, core.from_server
+        flow = getattr(core, "flow", None)
+        if flow is not None:
+            self.flow = flow
+            flow.notify = self._core_output
         self.stats.accepted[self.protocol] += 1
         self.stats.live.add(self)
         self._pending += header + rest
-        assert self.client is not None
-        self.client.pause_reading()  # until the upstream is there
+        self._pause_client("connecting")  # until the upstream is there
         self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
 
     async def _connect_upstream(self) -> None:
@@ -146,7 +159,29 @@ class RelayedConnection(asyncio.Protocol):
             self.core.receive_from_client(pending[HEADER_SIZE:])
             self._flush(self.core)
         if not self._closed:
+            self._resume_client("connecting")
+
+    def _pause_client(self, why: str) -> None:
+        if not self._client_paused and self.client is not None:
+            self.client.pause_reading()
+        self._client_paused.add(why)
+
+    def _resume_client(self, why: str) -> None:
+        if why not in self._client_paused:
+            return
+        self._client_paused.discard(why)
+        if not self._client_paused and self.client is not None and not self._closed:
             self.client.resume_reading()
+
+    def _core_output(self) -> None:
+        """The core produced output outside a read (held publishes released, expiries)."""
+        if self.core is not None and not self._closed:
+            self._flush(self.core)
+
+    def expire_held(self, now: float) -> None:
+        """Refuse held publishes past their deadline (the proxy calls this periodically)."""
+        if self.flow is not None and self.flow.holding and not self._client_gone:
+            self.flow.expire(now)
 
     def _flush(self, core: RelayCore) -> None:
         to_server = core.data_for_server()
@@ -155,6 +190,20 @@ class RelayedConnection(asyncio.Protocol):
         to_client = core.data_for_client()
         if to_client and self.client is not None:
             self.client.write(to_client)
+        flow = self.flow
+        if flow is not None:
+            if self._client_gone and not flow.holding:
+                event(log, "held_publishes_delivered", conn=self.conn_id, peer=self.peer)
+                self._close_both()
+                return
+            if flow.over_budget:
+                if "hold budget" not in self._client_paused:
+                    event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
+                          peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
+                          action="stopped reading this connection")
+                self._pause_client("hold budget")
+            elif "hold budget" in self._client_paused:
+                self._resume_client("hold budget")
         if core.failure is not None:
             f = core.failure
             self.stats.protocol_errors[(self.protocol, f.side.value)] += 1
@@ -175,6 +224,15 @@ class RelayedConnection(asyncio.Protocol):
         return False  # close our side; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
+        flow = self.flow
+        if flow is not None and flow.holding and self.upstream is not None and not self._closed:
+            # Held publishes are still delivered: keep the upstream until they have left.
+            self._client_gone = True
+            self.client = None
+            event(log, "client_gone_with_held_publishes", logging.WARNING, conn=self.conn_id,
+                  peer=self.peer, held_bytes=flow.held_bytes,
+                  action="keeping the broker connection until they are delivered")
+            return
         self._close_both()
 
     # -- upstream side (called by UpstreamSide) ----------------------------------------
@@ -182,14 +240,15 @@ class RelayedConnection(asyncio.Protocol):
         core = self.core
         assert core is not None
         core.receive_from_server(data)
+        if self._client_gone:
+            core.data_for_client()  # nobody to tell
         self._flush(core)
 
     def upstream_paused(self, paused: bool) -> None:
-        if self.client is not None and not self._closed:
-            if paused:
-                self.client.pause_reading()
-            else:
-                self.client.resume_reading()
+        if paused:
+            self._pause_client("upstream backpressure")
+        else:
+            self._resume_client("upstream backpressure")
 
     def upstream_lost(self) -> None:
         self._close_both()
@@ -221,6 +280,13 @@ class RelayedConnection(asyncio.Protocol):
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None
+        if self.flow is not None:
+            if self.flow.holding:
+                event(log, "held_publishes_lost", logging.ERROR, conn=self.conn_id,
+                      peer=self.peer, held_bytes=self.flow.held_bytes,
+                      reason="the broker connection closed")
+            self.flow.close()
+            self.flow = None
         if self in self.stats.live:
             self.stats.retire(self)
 

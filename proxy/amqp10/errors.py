@@ -1,0 +1,25 @@
+"""The exceptions the AMQP 1.0 core raises for bad input, each carrying its AMQP error condition."""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Input that breaks the AMQP 1.0 specification; ``condition`` is the spec's error symbol."""
+
+    condition = "amqp:internal-error"
+    offset: int | None = None
+    """Set by the frame scanner: where the offending frame starts (bytes before it are valid)."""
+    frames_before: int = 0
+    """Set by the frame scanner: how many valid frames it passed before the offending one."""
+
+
+class DecodeError(ProtocolError):
+    """Bytes that do not decode to a valid AMQP 1.0 value or performative."""
+
+    condition = "amqp:decode-error"
+
+
+class FramingError(ProtocolError):
+    """A frame or protocol header that breaks the transport's framing rules."""
+
+    condition = "amqp:connection:framing-error"
