@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 RABBIT := /usr/lib/rabbitmq/bin/rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all demo test unit integration lint bench deps clean
+.PHONY: all demo test unit integration lint bench deps clients-deps clean
 
 all: test
 
@@ -22,7 +22,52 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test,demo]'
 	touch $@
 
-deps: $(RABBIT) $(VENV)/.installed
+# Real foreign clients for the tests (tests/clients/): a JDK with the RabbitMQ Java client 5.0
+# and SLF4J, which it needs (/usr/share/java/amqp-client.jar, slf4j-api.jar, slf4j-nop.jar);
+# node and npm; then amqplib and rhea pinned by tests/clients/node/package-lock.json.
+# Each package is installed only when what it provides is missing (this machine kind has
+# node 20 with its own npm; a plain Debian gets its nodejs 18 and npm 9).
+STAMPS := build/stamps
+NODE_CLIENTS := tests/clients/node
+APT_UPDATE := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	--no-install-recommends
+
+$(STAMPS)/java-client:
+	@mkdir -p $(@D)
+	@pkgs=""; \
+	command -v javac >/dev/null && command -v java >/dev/null || pkgs="default-jdk-headless"; \
+	[ -f /usr/share/java/amqp-client.jar ] || pkgs="$$pkgs librabbitmq-client-java"; \
+	[ -f /usr/share/java/slf4j-api.jar ] && [ -f /usr/share/java/slf4j-nop.jar ] \
+	  || pkgs="$$pkgs libslf4j-java"; \
+	if [ -n "$$pkgs" ]; then \
+	  echo "installing: $$pkgs"; \
+	  $(SUDO) mkdir -p /usr/share/man/man1; \
+	  $(APT_UPDATE) && $(APT_INSTALL) $$pkgs || exit 1; \
+	fi
+	javac -version
+	ls /usr/share/java/amqp-client.jar /usr/share/java/slf4j-api.jar /usr/share/java/slf4j-nop.jar
+	touch $@
+
+$(STAMPS)/node:
+	@mkdir -p $(@D)
+	@if ! command -v node >/dev/null; then \
+	  $(APT_UPDATE) && $(APT_INSTALL) nodejs || exit 1; \
+	fi
+	@if ! command -v npm >/dev/null; then \
+	  $(APT_UPDATE) && $(APT_INSTALL) npm || exit 1; \
+	fi
+	node --version && npm --version
+	touch $@
+
+$(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json \
+		$(NODE_CLIENTS)/package-lock.json $(STAMPS)/node
+	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund
+	touch $@
+
+clients-deps: $(STAMPS)/java-client $(NODE_CLIENTS)/node_modules/.installed
+
+deps: $(RABBIT) $(VENV)/.installed clients-deps
 
 # --- the two commands ----------------------------------------------------------------
 demo: deps
@@ -48,4 +93,5 @@ bench: deps
 	$(PY) -m bench.relay
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info \
+		$(NODE_CLIENTS)/node_modules

@@ -40,7 +40,7 @@ class ProxyProcess:
         cmd = [sys.executable, "-m", "proxy", "run",
                "--listen", f"127.0.0.1:{self.port}", "--upstream", self.upstream,
                "--admin", f"127.0.0.1:{self.admin_port}", *self.extra_args]
-        log = open(self.logfile, "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.logfile, "ab")
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env={**os.environ, **self.env})
         log.close()

@@ -14,6 +14,9 @@ import pytest
 from proxy.devbroker import BrokerEndpoint, LocalBroker
 from proxy.devproxy import ProxyProcess
 
+# java_producer, node_producer, rhea_sender, rhea_receiver: real foreign clients.
+pytest_plugins = ("tests.clients.fixtures",)
+
 BROKER_ENV = "FLOODWALL_TEST_BROKER"  # HOST:AMQP_PORT:MANAGEMENT_PORT[:USER:PASSWORD]
 
 

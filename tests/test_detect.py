@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.detect import (
+    AMQP091_HEADER,
     AMQP10_HEADER,
     AMQP10_SASL_HEADER,
-    AMQP091_HEADER,
     Detected,
     detect,
     header_reply,

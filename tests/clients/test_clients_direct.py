@@ -1,0 +1,190 @@
+"""The foreign-client harness against the real broker, no proxy: each client does its job.
+
+These prove the harness (toolchains, programs, JSON events, fixtures); flow-control tests
+through floodwall build on it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pika
+import pytest
+
+from proxy.devbroker import BrokerEndpoint
+from tests.clients.harness import ForeignClient
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.broker
+
+Starter = Callable[..., ForeignClient]
+
+
+def _connection(broker: BrokerEndpoint) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        broker.host, broker.amqp_port,
+        credentials=pika.PlainCredentials(broker.username, broker.password)))
+
+
+@pytest.fixture
+def queue(broker: BrokerEndpoint) -> Iterator[str]:
+    """A fresh non-durable queue, deleted afterwards."""
+    name = f"clients-{uuid.uuid4().hex[:10]}"
+    conn = _connection(broker)
+    try:
+        conn.channel().queue_declare(name)
+    finally:
+        conn.close()
+    yield name
+    conn = _connection(broker)
+    try:
+        conn.channel().queue_delete(name)
+    finally:
+        conn.close()
+
+
+def ready_count(broker: BrokerEndpoint, queue: str) -> int:
+    """Messages ready in ``queue`` now (passive declare: real time, unlike the stats)."""
+    conn = _connection(broker)
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        conn.close()
+
+
+def stats_messages(broker: BrokerEndpoint, queue: str) -> object:
+    """``messages`` in the management API's queue stats (refreshed every 5 s)."""
+    stats = broker.api("GET", f"/api/queues/%2F/{queue}")
+    assert isinstance(stats, dict)
+    return stats.get("messages")
+
+
+def drain(broker: BrokerEndpoint, queue: str) -> list[bytes]:
+    """Take every ready message off ``queue``."""
+    conn = _connection(broker)
+    bodies: list[bytes] = []
+    try:
+        ch = conn.channel()
+        while True:
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return bodies
+            bodies.append(body)
+    finally:
+        conn.close()
+
+
+def check_bodies(bodies: list[bytes], count: int, size: int) -> None:
+    """Bodies 0..count-1 in order, each its sequence number in 10 digits, padded to size."""
+    assert len(bodies) == count
+    for seq, body in enumerate(bodies):
+        assert body == f"{seq:010d}".encode().ljust(size, b"x"), f"message {seq}"
+
+
+def test_java_producer_publishes_to_the_broker(broker: BrokerEndpoint, queue: str,
+                                               java_producer: Starter) -> None:
+    client = java_producer(broker.host, broker.amqp_port, queue, count=1000, body_size=64,
+                           confirm=True)
+    ready = client.wait_event("ready", timeout=60)
+    assert ready["client"] == "java" and ready["version"].startswith("5.")
+    assert ready["flow_observable"] is True, "the program cannot see Channel.Flow"
+    done = client.finish(timeout=120)
+    assert done["published"] == 1000 and done["confirmed"] is True
+    assert done["blocked_ms"] == 0 and client.of("flow") == [], "no Channel.Flow from RabbitMQ"
+    # Confirmed, so already enqueued; the management API agrees once its stats refresh (5 s).
+    assert ready_count(broker, queue) == 1000
+    wait_for(lambda: stats_messages(broker, queue) == 1000, timeout=20, interval=0.5,
+             what="the management API to count 1000 messages")
+    check_bodies(drain(broker, queue), 1000, 64)
+
+
+def test_node_producer_publishes_to_the_broker(broker: BrokerEndpoint, queue: str,
+                                               node_producer: Starter) -> None:
+    client = node_producer(broker.host, broker.amqp_port, queue, count=1000, body_size=64)
+    ready = client.wait_event("ready", timeout=30)
+    assert ready["client"] == "amqplib"
+    done = client.finish(timeout=60)
+    assert done["published"] == 1000 and done["confirmed"] is False
+    # Without confirms the last publishes may still be on their way when the client exits.
+    wait_for(lambda: ready_count(broker, queue) == 1000, timeout=10,
+             what="1000 messages from amqplib in the queue")
+    check_bodies(drain(broker, queue), 1000, 64)
+
+
+def test_node_producer_confirm_mode(broker: BrokerEndpoint, queue: str,
+                                    node_producer: Starter) -> None:
+    done = node_producer(broker.host, broker.amqp_port, queue, count=300, body_size=20,
+                         confirm=True).finish(timeout=60)
+    assert done["published"] == 300 and done["confirmed"] is True
+    assert ready_count(broker, queue) == 300
+
+
+@pytest.mark.parametrize("kind", ["java", "amqplib"])
+def test_producers_keep_to_their_rate(broker: BrokerEndpoint, queue: str, kind: str,
+                                      java_producer: Starter, node_producer: Starter) -> None:
+    start = java_producer if kind == "java" else node_producer
+    client = start(broker.host, broker.amqp_port, queue, count=60, rate=200, body_size=10)
+    done = client.finish(timeout=60)
+    assert done["published"] == 60
+    assert 0.25 <= done["elapsed_s"] <= 3.0, done  # 60 at 200/s: 0.3 s
+    progress = client.of("progress")
+    assert progress and all(0 <= p["published"] <= 60 for p in progress)
+
+
+def test_rhea_sender_and_receiver(broker: BrokerEndpoint, queue: str,
+                                  rhea_sender: Starter, rhea_receiver: Starter) -> None:
+    address = f"/amq/queue/{queue}"
+    receiver = rhea_receiver(broker.host, broker.amqp_port, address, count=500, prefetch=50)
+    assert receiver.wait_event("ready", timeout=30)["client"] == "rhea"
+    sender = rhea_sender(broker.host, broker.amqp_port, address, count=500, body_size=32)
+    credit = sender.wait_for(lambda e: e.get("event") == "credit" and e["credit"] > 0,
+                             timeout=30)
+    assert credit["credit"] > 0
+    sent = sender.finish(timeout=60)
+    assert sent["sent"] == 500 and sent["accepted"] == 500
+    assert sent["rejected"] == sent["released"] == sent["modified"] == 0
+    got = receiver.finish(timeout=60)
+    assert got["received"] == 500 and got["out_of_order"] == 0 and got["last_seq"] == 499
+    assert ready_count(broker, queue) == 0
+
+
+def test_rhea_receiver_keeps_to_its_rate(broker: BrokerEndpoint, queue: str,
+                                         rhea_sender: Starter, rhea_receiver: Starter) -> None:
+    address = f"/amq/queue/{queue}"
+    rhea_sender(broker.host, broker.amqp_port, address, count=100, body_size=16
+                ).finish(timeout=60)
+    assert ready_count(broker, queue) == 100
+    got = rhea_receiver(broker.host, broker.amqp_port, address, count=40, prefetch=5,
+                        rate=100).finish(timeout=60)
+    assert got["received"] == 40 and got["out_of_order"] == 0
+    assert 0.3 <= got["elapsed_s"] <= 3.0, got  # 40 at 100/s: 0.4 s
+    # the rest stays queued (the few the broker sent past credit go back on close)
+    wait_for(lambda: ready_count(broker, queue) == 60, timeout=10,
+             what="the 60 messages not taken back in the queue")
+
+
+def test_rhea_queue_address_declares_the_queue(broker: BrokerEndpoint,
+                                               rhea_sender: Starter) -> None:
+    """``/queue/NAME`` (RabbitMQ 3.10's plugin) declares NAME, non-durable, then sends."""
+    name = f"clients-{uuid.uuid4().hex[:10]}"
+    try:
+        done = rhea_sender(broker.host, broker.amqp_port, f"/queue/{name}", count=50,
+                           body_size=12).finish(timeout=60)
+        assert done["accepted"] == 50
+        assert ready_count(broker, name) == 50
+    finally:
+        conn = _connection(broker)
+        try:
+            conn.channel().queue_delete(name)
+        finally:
+            conn.close()
+
+
+def test_a_failing_client_is_reported(broker: BrokerEndpoint, rhea_receiver: Starter) -> None:
+    """The harness surfaces a client's error: a missing queue detaches the link."""
+    client = rhea_receiver(broker.host, broker.amqp_port,
+                           f"/amq/queue/missing-{uuid.uuid4().hex[:8]}", count=1)
+    error = client.wait_event("error", timeout=30)
+    assert error["code"] == "amqp:not-found"
+    assert client.wait_exit(timeout=30) != 0
