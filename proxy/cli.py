@@ -10,9 +10,45 @@ import click
 import yaml
 
 from proxy import __version__
-from proxy.config import ConfigError, ManagementCredentials, ProxySettings, parse_hostport
+from proxy.config import (
+    DEFAULT_HOLD_BUDGET,
+    AmqpCredentials,
+    ConfigError,
+    ManagementCredentials,
+    ProxySettings,
+    parse_hostport,
+)
 from proxy.logs import setup_logging
-from proxy.policy import PolicyError, load_policies, render_policies
+from proxy.policy import (
+    PolicyError,
+    format_bytes,
+    load_policies,
+    parse_bytes,
+    parse_duration,
+    render_policies,
+)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: object) -> float:
+    """``200ms``, ``5s``, ``1m`` or plain seconds (``0.2``); must be more than 0."""
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    if seconds <= 0:
+        raise click.BadParameter(f"{value!r} must be more than 0", ctx=ctx, param=param)
+    return seconds
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: object) -> int:
+    """``16MiB``, ``512KiB``, ``1GB`` or plain bytes; must be more than 0."""
+    try:
+        size = parse_bytes(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    if size <= 0:
+        raise click.BadParameter(f"{value!r} must be more than 0", ctx=ctx, param=param)
+    return size
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -59,9 +95,21 @@ def main() -> None:
               help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
 @click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
               help="The broker's management API URL (credentials from "
-                   "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE).")
+                   "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
+                   "http://<upstream host>:15672 when --policies is given.")
 @click.option("--policies", type=click.Path(dir_okay=False), default=None,
-              envvar="FLOODWALL_POLICIES", help="YAML policies file.")
+              envvar="FLOODWALL_POLICIES",
+              help="YAML policies file; a bad one refuses to start. Reloaded on SIGHUP and "
+                   "when it changes.")
+@click.option("--depth-interval", default="200ms", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_DEPTH_INTERVAL",
+              help="How often each policed queue's ready count is read (passive declare).")
+@click.option("--management-interval", default="5s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_MANAGEMENT_INTERVAL",
+              help="How often each policed queue is sampled from the management API.")
+@click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
+              metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
+              help="Bytes of held publishes per connection before the proxy stops reading it.")
 @click.option("--connect-timeout", type=float, default=5.0, show_default=True,
               envvar="FLOODWALL_CONNECT_TIMEOUT", help="Seconds to reach the broker.")
 @click.option("--handshake-timeout", type=float, default=10.0, show_default=True,
@@ -74,19 +122,25 @@ def main() -> None:
 @click.option("--log-format", type=click.Choice(["logfmt", "json"]), default="logfmt",
               show_default=True, envvar="FLOODWALL_LOG_FORMAT")
 def run(listen: str, upstream: str, admin: str, management: str | None, policies: str | None,
+        depth_interval: float, management_interval: float, hold_budget: int,
         connect_timeout: float, handshake_timeout: float, event_loop: str, log_level: str,
         log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
+        credentials = ManagementCredentials.from_environment()
         settings = ProxySettings(
             listen=parse_hostport(listen, "--listen"),
             upstream=parse_hostport(upstream, "--upstream", default_host="127.0.0.1"),
             admin=None if admin.lower() == "off" else parse_hostport(admin, "--admin",
                                                                       "127.0.0.1"),
             management_url=management,
-            credentials=ManagementCredentials.from_environment(),
+            credentials=credentials,
+            amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
             policies=Path(policies) if policies else None,
+            depth_interval=depth_interval,
+            management_interval=management_interval,
+            hold_budget=hold_budget,
             connect_timeout=connect_timeout,
             handshake_timeout=handshake_timeout,
             event_loop=event_loop,
@@ -95,7 +149,11 @@ def run(listen: str, upstream: str, admin: str, management: str | None, policies
         raise click.UsageError(str(exc)) from None
     from proxy.io.app import run_proxy
 
-    run_proxy(settings)
+    try:
+        run_proxy(settings)
+    except PolicyError as exc:  # the policies file at startup: refuse to run
+        click.echo(f"floodwall: refusing to start: {exc}", err=True)
+        raise SystemExit(1) from None
 
 
 @main.command()

@@ -27,6 +27,21 @@ def parse_hostport(value: str, setting: str, default_host: str = "0.0.0.0") -> t
     return host, port
 
 
+def _login_from_environment(env: dict[str, str], prefix: str, username: str, password: str
+                            ) -> tuple[str, str]:
+    """``{prefix}_USERNAME`` and ``{prefix}_PASSWORD_FILE`` (wins) or ``{prefix}_PASSWORD``."""
+    username = env.get(f"{prefix}_USERNAME", username)
+    password_file = env.get(f"{prefix}_PASSWORD_FILE")
+    if password_file:
+        try:
+            password = Path(password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{prefix}_PASSWORD_FILE: {exc}") from None
+    else:
+        password = env.get(f"{prefix}_PASSWORD", password)
+    return username, password
+
+
 @dataclass(frozen=True)
 class ManagementCredentials:
     """Login for the broker's management API; never taken from the command line."""
@@ -37,19 +52,40 @@ class ManagementCredentials:
     @classmethod
     def from_environment(cls, env: dict[str, str] | None = None) -> ManagementCredentials:
         env = dict(os.environ) if env is None else env
-        username = env.get("FLOODWALL_MANAGEMENT_USERNAME", "guest")
-        password_file = env.get("FLOODWALL_MANAGEMENT_PASSWORD_FILE")
-        if password_file:
-            try:
-                password = Path(password_file).read_text().rstrip("\r\n")
-            except OSError as exc:
-                raise ConfigError(f"FLOODWALL_MANAGEMENT_PASSWORD_FILE: {exc}") from None
-        else:
-            password = env.get("FLOODWALL_MANAGEMENT_PASSWORD", "guest")
-        return cls(username, password)
+        return cls(*_login_from_environment(env, "FLOODWALL_MANAGEMENT", "guest", "guest"))
 
     def __repr__(self) -> str:  # keep the password out of logs and tracebacks
         return f"ManagementCredentials(username={self.username!r}, password=***)"
+
+
+@dataclass(frozen=True)
+class AmqpCredentials:
+    """Login for the proxy's own AMQP connections (queue probes, alarm notices).
+
+    ``FLOODWALL_AMQP_USERNAME`` and ``FLOODWALL_AMQP_PASSWORD`` / ``_PASSWORD_FILE``; each
+    one left unset falls back to the management API's username or password.
+    """
+
+    username: str = "guest"
+    password: str = "guest"
+
+    @classmethod
+    def from_environment(cls, env: dict[str, str] | None = None,
+                         fallback: ManagementCredentials | None = None) -> AmqpCredentials:
+        env = dict(os.environ) if env is None else env
+        if fallback is None:
+            fallback = ManagementCredentials.from_environment(env)
+        return cls(*_login_from_environment(env, "FLOODWALL_AMQP", fallback.username,
+                                            fallback.password))
+
+    def __repr__(self) -> str:
+        return f"AmqpCredentials(username={self.username!r}, password=***)"
+
+
+#: Per-connection budget of held publishes before the proxy stops reading that connection.
+DEFAULT_HOLD_BUDGET = 16 * 1024 * 1024
+#: The management API's port when --management is not given (RabbitMQ's default).
+DEFAULT_MANAGEMENT_PORT = 15672
 
 
 @dataclass(frozen=True)
@@ -61,8 +97,33 @@ class ProxySettings:
     admin: tuple[str, int] | None = None
     management_url: str | None = None
     credentials: ManagementCredentials = ManagementCredentials()
+    amqp_credentials: AmqpCredentials | None = None  # None: the management credentials
     policies: Path | None = None
     connect_timeout: float = 5.0
     handshake_timeout: float = 10.0
     upstream_probe_interval: float = 5.0
     event_loop: str = "auto"  # auto | uvloop | asyncio
+    # Flow control (used when ``policies`` is set).
+    depth_interval: float = 0.2  # passive queue.declare of each policed queue
+    management_interval: float = 5.0  # management API sample of each policed queue
+    hold_budget: int = DEFAULT_HOLD_BUDGET  # bytes held per connection (the relay's)
+    alarm_interval: float = 2.0  # management API node alarms
+    topology_interval: float = 30.0  # management API exchanges/queues/bindings re-sync
+    policy_poll_interval: float = 2.0  # has the policy file changed?
+    holding_log_interval: float = 5.0  # repeat the "publishes held" lines this often
+
+    @property
+    def effective_management_url(self) -> str:
+        """``management_url``, else ``http://<upstream host>:15672``."""
+        if self.management_url:
+            return self.management_url
+        host = self.upstream[0]
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        return f"http://{host}:{DEFAULT_MANAGEMENT_PORT}"
+
+    @property
+    def effective_amqp_credentials(self) -> AmqpCredentials:
+        if self.amqp_credentials is not None:
+            return self.amqp_credentials
+        return AmqpCredentials(self.credentials.username, self.credentials.password)

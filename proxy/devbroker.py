@@ -178,6 +178,21 @@ class LocalBroker:
             f"rabbitmq-server not ready after {timeout:.0f}s ({last_error}):\n" + self.output_tail()
         )
 
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl -n NODE ARGS`` against this node; its stdout, or a BrokerError.
+
+        The package's own script, not the /usr/sbin wrapper that switches user: the node's
+        Erlang cookie is in the private HOME this environment points at.
+        """
+        script = Path(server_script()).with_name("rabbitmqctl")
+        proc = subprocess.run(
+            [str(script), "-n", self.nodename, *args], env=self._environment(),
+            cwd=self.workdir, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise BrokerError(f"rabbitmqctl {' '.join(args)} exited with {proc.returncode}: "
+                              + (proc.stderr or proc.stdout).strip()[-2000:])
+        return proc.stdout
+
     def output_tail(self, lines: int = 30) -> str:
         try:
             text = (self.workdir / "server.out").read_text(errors="replace")

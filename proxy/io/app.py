@@ -1,4 +1,9 @@
-"""The running proxy: listener, admin endpoint, upstream probe, signals and shutdown."""
+"""The running proxy: listener, admin endpoint, upstream probe, flow control, signals, shutdown.
+
+With ``--policies``, ``Proxy.flow`` is the ``FlowSupervisor`` (proxy/io/flow.py): the relay
+gets the ``FlowController`` as ``proxy.flow.controller`` and the routing model as
+``proxy.flow.topology``; without policies ``Proxy.flow`` is None and nothing is policed.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,16 @@ import signal
 import time
 from typing import Any
 
+from prometheus_client.registry import Collector
+
 from proxy import __version__
 from proxy.config import ProxySettings
 from proxy.io.admin import AdminEndpoints, serve_admin
+from proxy.io.flow import FlowSettings, FlowSupervisor
 from proxy.io.relay import RelayedConnection, RelaySettings
 from proxy.logs import event
 from proxy.metrics import RelayCollector, RelayStats, make_registry
+from proxy.routing import Topology
 
 log = logging.getLogger("floodwall")
 
@@ -24,9 +33,16 @@ class Proxy:
     """One floodwall process' worth of state; ``await run()`` until stopped."""
 
     def __init__(self, settings: ProxySettings) -> None:
+        """Raises ``PolicyError`` (``FILE:LINE: reason``) for a bad policies file."""
         self.settings = settings
         self.stats = RelayStats()
-        self.registry = make_registry([RelayCollector(self.stats)])
+        self.flow: FlowSupervisor | None = None
+        if settings.policies is not None:
+            self.flow = FlowSupervisor(FlowSettings.from_proxy_settings(settings), Topology())
+        collectors: list[Collector] = [RelayCollector(self.stats)]
+        if self.flow is not None:
+            collectors.append(self.flow.collector)
+        self.registry = make_registry(collectors)
         self.relay_settings = RelaySettings(
             upstream_host=settings.upstream[0],
             upstream_port=settings.upstream[1],
@@ -55,6 +71,8 @@ class Proxy:
             self._servers.append(admin)
             self.admin_port = admin.sockets[0].getsockname()[1]
         self._spawn(self._probe_upstream_forever(), "upstream-probe")
+        if self.flow is not None:
+            await self.flow.start()
         event(log, "started", version=__version__, listen=f"{host}:{self.listen_port}",
               upstream="{}:{}".format(*self.settings.upstream),
               admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
@@ -66,8 +84,17 @@ class Proxy:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop, sig.name)
+        with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+            loop.add_signal_handler(signal.SIGHUP, self.reload_policies, "SIGHUP")
         await self._stopping.wait()
         await self.stop()
+
+    def reload_policies(self, trigger: str = "SIGHUP") -> None:
+        """SIGHUP: reload the policies file (connections are untouched)."""
+        if self.flow is None:
+            event(log, "reload_ignored", trigger=trigger, reason="no --policies given")
+            return
+        self.flow.reload(trigger)
 
     def request_stop(self, why: str = "requested") -> None:
         event(log, "stopping", reason=why, connections=len(self.stats.live))
@@ -85,6 +112,8 @@ class Proxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 5)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.flow is not None:
+            await self.flow.stop()
         self._servers.clear()
         event(log, "stopped")
 
@@ -134,11 +163,14 @@ class Proxy:
         if self._stopping.is_set():
             checks["stopping"] = True
         ok = self.stats.upstream_up and not self._stopping.is_set()
+        if self.flow is not None:
+            flow_ok, checks["flow"] = self.flow.readiness()
+            ok = ok and flow_ok
         return ok, checks
 
     def state(self) -> dict[str, object]:
         self.stats.tasks = len(asyncio.all_tasks())
-        return {
+        doc: dict[str, object] = {
             "version": __version__,
             "uptime_seconds": round(time.time() - self._started, 3),
             "upstream": "{}:{}".format(*self.settings.upstream),
@@ -150,6 +182,9 @@ class Proxy:
             ],
             "tasks": self.stats.tasks,
         }
+        if self.flow is not None:
+            doc["flow"] = self.flow.state()
+        return doc
 
 
 def run_proxy(settings: ProxySettings) -> None:

@@ -1,0 +1,212 @@
+"""Flow control seen from outside: its Prometheus families and its ``/state`` section.
+
+Pure: everything is read off the ``FlowController`` and a ``FlowStats`` (what the flow
+supervisor in ``proxy/io/flow.py`` counts) at scrape or request time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.depth import Depth
+from proxy.gate import ALARM, FlowController, QueueKey
+from proxy.policy import PolicySet
+
+#: ``ManagementError.kind`` values, always exported (as 0 until they happen).
+MANAGEMENT_ERROR_KINDS = ("auth", "not_found", "unreachable", "timeout", "http", "bad_reply")
+QUEUE_LABELS = ["vhost", "queue", "policy"]
+
+
+@dataclass
+class ManagementStatus:
+    """How the management API answered last: ``ok`` None until it was first asked."""
+
+    url: str
+    ok: bool | None = None
+    kind: str | None = None  # a ManagementError.kind while not ok
+    error: str | None = None
+    since: float | None = None  # clock time of the last change between ok and not ok
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        doc: dict[str, object] = {"url": self.url, "ok": self.ok}
+        if self.ok is False:
+            doc["kind"] = self.kind
+            doc["error"] = self.error
+        if self.since is not None:
+            doc["for_seconds"] = round(now - self.since, 3)
+        return doc
+
+
+@dataclass
+class FlowStats:
+    """What the flow supervisor counts besides the controller's own figures."""
+
+    policies: PolicySet
+    policies_generation: int = 1
+    management: ManagementStatus = field(default_factory=lambda: ManagementStatus(""))
+    management_requests: int = 0
+    management_errors: Counter[str] = field(default_factory=Counter)  # by kind
+    reloads: Counter[str] = field(default_factory=Counter)  # ok | error
+    last_reload_error: str | None = None
+    own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
+    own_connection_failures: int = 0  # failed connects and lost connections
+    depth_known: dict[QueueKey, bool] = field(default_factory=dict)  # False: on_unknown_depth
+
+
+def key_label(key: QueueKey) -> str:
+    """A queue for people: ``orders@/``; the alarm pseudo-queue is ``broker-alarm``."""
+    return "broker-alarm" if key == ALARM else f"{key[1]}@{key[0]}"
+
+
+def _depth_doc(depth: Depth | None) -> dict[str, int] | None:
+    return None if depth is None else {"bytes": depth.bytes, "messages": depth.messages}
+
+
+class FlowCollector(Collector):
+    """Turns a FlowController and FlowStats into ``floodwall_*`` metric families."""
+
+    def __init__(self, controller: FlowController, stats: FlowStats,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.controller = controller
+        self.stats = stats
+        self.clock = clock or controller.clock
+
+    def collect(self) -> Iterator[Metric]:
+        c, s, now = self.controller, self.stats, self.clock()
+        depth_bytes = GaugeMetricFamily(
+            "floodwall_queue_depth_bytes",
+            "Message-body bytes in a policed queue: the broker's last figure or the estimate",
+            labels=[*QUEUE_LABELS, "source"])
+        depth_messages = GaugeMetricFamily(
+            "floodwall_queue_depth_messages",
+            "Messages (ready + unacknowledged) in a policed queue, by source",
+            labels=[*QUEUE_LABELS, "source"])
+        capacity = GaugeMetricFamily(
+            "floodwall_queue_capacity_bytes", "Trip above this depth (0: no byte limit)",
+            labels=QUEUE_LABELS)
+        resume = GaugeMetricFamily(
+            "floodwall_queue_resume_bytes", "Release at or below this depth", labels=QUEUE_LABELS)
+        tripped = GaugeMetricFamily(
+            "floodwall_queue_tripped", "1 while the queue's publishers are held",
+            labels=QUEUE_LABELS)
+        tripped_seconds = CounterMetricFamily(
+            "floodwall_queue_tripped_seconds", "Seconds the queue has spent tripped",
+            labels=QUEUE_LABELS)
+        trips = CounterMetricFamily(
+            "floodwall_queue_trips", "Times the queue tripped", labels=QUEUE_LABELS)
+        for key in sorted(c.queues):
+            q = c.queues[key]
+            labels = [key[0], key[1], q.policy.name]
+            for source, depth in (("broker", q.depth.broker_depth()),
+                                  ("estimate", q.depth.estimate())):
+                if depth is not None:
+                    depth_bytes.add_metric([*labels, source], depth.bytes)
+                    depth_messages.add_metric([*labels, source], depth.messages)
+            capacity.add_metric(labels, q.policy.capacity)
+            resume.add_metric(labels, q.policy.resume)
+            tripped.add_metric(labels, 1 if q.tripped else 0)
+            tripped_seconds.add_metric(labels, q.seconds_tripped(now))
+            trips.add_metric(labels, q.trips)
+        yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
+                    trips)
+
+        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
+                                value=len(c.queues))
+        yield GaugeMetricFamily("floodwall_blocked_channels",
+                                "Channels whose publishes are held now",
+                                value=len(c.blocked_channels()))
+        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
+                                value=c.held_bytes)
+        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
+                                value=c.held_messages)
+        signals = CounterMetricFamily(
+            "floodwall_flow_signals", "Channel.Flow frames sent to clients", labels=["active"])
+        signals.add_metric(["false"], c.signals.get("flow_off", 0))
+        signals.add_metric(["true"], c.signals.get("flow_on", 0))
+        yield signals
+        yield CounterMetricFamily("floodwall_rejected_publishes",
+                                  "Publishes refused under overflow: reject", value=c.rejects)
+        yield CounterMetricFamily("floodwall_deadline_expiries",
+                                  "Publishes refused because they were held past the deadline",
+                                  value=c.deadline_expiries)
+        yield GaugeMetricFamily("floodwall_broker_alarm",
+                                "1 while the broker has a memory or disk alarm",
+                                value=1 if c.alarm_reason is not None else 0)
+        yield CounterMetricFamily("floodwall_management_requests",
+                                  "Requests made to the broker's management API",
+                                  value=s.management_requests)
+        errors = CounterMetricFamily("floodwall_management_errors",
+                                     "Management API requests that failed, by kind",
+                                     labels=["kind"])
+        for kind in sorted({*MANAGEMENT_ERROR_KINDS, *s.management_errors}):
+            errors.add_metric([kind], s.management_errors[kind])
+        yield errors
+        yield GaugeMetricFamily("floodwall_management_up",
+                                "1 if the management API's last answer was good",
+                                value=1 if s.management.ok else 0)
+        yield CounterMetricFamily("floodwall_own_connection_failures",
+                                  "The proxy's own AMQP connections that failed or were lost",
+                                  value=s.own_connection_failures)
+        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
+                                      labels=["result"])
+        for result in ("ok", "error"):
+            reloads.add_metric([result], s.reloads[result])
+        yield reloads
+        yield GaugeMetricFamily("floodwall_policies_loaded",
+                                "Policy and per-vhost defaults entries in effect",
+                                value=len(s.policies.policies) + len(s.policies.defaults))
+
+
+def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict[str, object]:
+    """The ``flow`` section of ``GET /state`` (JSON-ready)."""
+    c = controller
+    queues: list[dict[str, object]] = []
+    for key in sorted(c.queues):
+        q = c.queues[key]
+        p = q.policy
+        queues.append({
+            "vhost": key[0],
+            "queue": key[1],
+            "policy": p.name,
+            "capacity": p.capacity,
+            "resume": p.resume,
+            "max_messages": p.max_messages,
+            "resume_messages": p.resume_messages,
+            "depth": {
+                "estimate": _depth_doc(q.depth.estimate()),
+                "broker": _depth_doc(q.depth.broker_depth()),
+                "ready_count": q.depth.ready_count,
+                "known": stats.depth_known.get(key, True),
+            },
+            "tripped": q.tripped,
+            "tripped_seconds": round(q.seconds_tripped(now), 3),
+            "trips": q.trips,
+        })
+    blocked = [{
+        "conn": b.conn_id,
+        "channel": b.channel,
+        "queues": [{"vhost": k[0], "queue": k[1]} for k in sorted(b.queues) if k != ALARM],
+        "alarm": ALARM in b.queues,
+        "seconds": round(now - b.since, 3),
+    } for b in sorted(c.blocked_channels(), key=lambda b: (b.conn_id, b.channel))]
+    return {
+        "policies": {
+            "source": stats.policies.source,
+            "generation": stats.policies_generation,
+            "entries": len(stats.policies.policies),
+            "defaults": sorted(stats.policies.defaults),
+            "reloads": dict(stats.reloads),
+            "last_reload_error": stats.last_reload_error,
+        },
+        "management": stats.management.as_dict(now),
+        "own_connections": dict(stats.own_connections),
+        "alarm": c.alarm_reason,
+        "queues": queues,
+        "blocked_channels": blocked,
+        "held": {"bytes": c.held_bytes, "messages": c.held_messages},
+    }

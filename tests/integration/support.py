@@ -1,0 +1,316 @@
+"""Helpers for the integration tests: unique names, payloads, raw AMQP sockets, the broker API."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pika
+from pamqp import commands, frame
+from pamqp.heartbeat import Heartbeat
+
+from proxy.devbroker import BrokerEndpoint
+
+AMQP091_HEADER = b"AMQP\x00\x00\x09\x01"
+AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"
+AMQP10_SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+
+
+def unique(prefix: str) -> str:
+    """A queue/exchange/connection name no other test (or run) uses."""
+    return f"fw-it-{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    """``size`` bytes that differ from message to message (not all zeros, not compressible)."""
+    block = hashlib.sha256(f"{seed}".encode()).digest()
+    out = bytearray()
+    while len(out) < size:
+        block = hashlib.sha256(block).digest()
+        out += block
+    return bytes(out[:size])
+
+
+def pika_params(port: int, **kwargs: Any) -> pika.ConnectionParameters:
+    kwargs.setdefault("connection_attempts", 1)
+    kwargs.setdefault("socket_timeout", 10)
+    kwargs.setdefault("blocked_connection_timeout", 30)
+    return pika.ConnectionParameters("127.0.0.1", port, **kwargs)
+
+
+@contextlib.contextmanager
+def pika_connection(port: int, **kwargs: Any) -> Iterator[pika.BlockingConnection]:
+    conn = pika.BlockingConnection(pika_params(port, **kwargs))
+    try:
+        yield conn
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+@contextlib.contextmanager
+def temp_queue(port: int, name: str | None = None, **declare: Any) -> Iterator[str]:
+    """Declare a uniquely named queue (through ``port``) and delete it afterwards."""
+    queue = name or unique("q")
+    with pika_connection(port) as conn:
+        conn.channel().queue_declare(queue, **declare)
+    def delete() -> None:
+        with pika_connection(port) as conn:
+            conn.channel().queue_delete(queue)
+
+    try:
+        yield queue
+    except BaseException:
+        with contextlib.suppress(Exception):  # keep the test's own failure in front
+            delete()
+        raise
+    delete()
+
+
+def log_lines(logfile: Path, event: str) -> list[str]:
+    text = logfile.read_text(errors="replace") if logfile.exists() else ""
+    return [line for line in text.splitlines() if f"event={event} " in line + " "]
+
+
+def http_status(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET ``url``; the status and body, also for 4xx/5xx answers."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+# -- the broker's management API ---------------------------------------------------------
+def broker_connections(broker: BrokerEndpoint) -> list[dict[str, Any]]:
+    doc = broker.api("GET", "/api/connections")
+    assert isinstance(doc, list)
+    return doc
+
+
+def broker_connection_named(broker: BrokerEndpoint, name: str) -> dict[str, Any] | None:
+    """The broker's record of the connection whose client called itself ``name``."""
+    for conn in broker_connections(broker):
+        props = conn.get("client_properties") or {}
+        if conn.get("user_provided_name") == name or props.get("connection_name") == name:
+            return conn
+    return None
+
+
+def delete_queue(broker: BrokerEndpoint, name: str) -> None:
+    import urllib.parse
+
+    try:
+        broker.api("DELETE", "/api/queues/%2F/" + urllib.parse.quote(name, safe=""))
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+
+
+# -- raw AMQP 0-9-1 over a socket --------------------------------------------------------
+class PeerClosed(Exception):
+    """The other end closed the socket."""
+
+
+@dataclass
+class Raw091:
+    """A hand-driven AMQP 0-9-1 client socket, to send what no client library would."""
+
+    sock: socket.socket
+    buf: bytearray = field(default_factory=bytearray)
+    frame_max: int = 131072
+
+    @classmethod
+    def connect(cls, port: int, timeout: float = 10.0) -> Raw091:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(sock)
+
+    @property
+    def local_address(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"{host}:{port}"
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_frame(self, value: Any, channel: int = 0) -> None:
+        self.sock.sendall(frame.marshal(value, channel))
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise PeerClosed
+        self.buf += chunk
+
+    def read_frame(self) -> tuple[int, Any]:
+        """The next whole frame as (channel, pamqp value)."""
+        while True:
+            if len(self.buf) >= 7:
+                size = struct.unpack(">I", self.buf[3:7])[0]
+                if len(self.buf) >= size + 8:
+                    consumed, channel, value = frame.unmarshal(bytes(self.buf[: size + 8]))
+                    del self.buf[:consumed]
+                    return channel, value
+            self._fill()
+
+    def expect(self, kind: type) -> Any:
+        """Read frames (skipping heartbeats) until one of ``kind``; fail on anything else."""
+        while True:
+            _, value = self.read_frame()
+            if isinstance(value, Heartbeat):
+                continue
+            assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r}"
+            return value
+
+    def handshake(self, name: str = "raw", frame_max: int = 131072, heartbeat: int = 0,
+                  open_connection: bool = True) -> None:
+        """Header, Start/StartOk, Tune/TuneOk and (unless told not to) Open/OpenOk."""
+        self.send(AMQP091_HEADER)
+        self.expect(commands.Connection.Start)
+        self.send_frame(commands.Connection.StartOk(
+            client_properties={"connection_name": name, "product": "floodwall-it"},
+            mechanism="PLAIN", response="\0guest\0guest", locale="en_US"))
+        tune = self.expect(commands.Connection.Tune)
+        self.frame_max = min(frame_max, tune.frame_max) if tune.frame_max else frame_max
+        self.send_frame(commands.Connection.TuneOk(channel_max=tune.channel_max,
+                                                   frame_max=self.frame_max,
+                                                   heartbeat=heartbeat))
+        if open_connection:
+            self.send_frame(commands.Connection.Open(virtual_host="/"))
+            self.expect(commands.Connection.OpenOk)
+
+    def close_cleanly(self) -> None:
+        self.send_frame(commands.Connection.Close(reply_code=200, reply_text="bye",
+                                                         class_id=0, method_id=0))
+        self.expect(commands.Connection.CloseOk)
+        self.sock.close()
+
+    def frames_until_eof(self, timeout: float = 10.0) -> list[tuple[int, Any]]:
+        """Every frame the peer still sends, until it closes the socket (or the deadline)."""
+        deadline = time.monotonic() + timeout
+        got: list[tuple[int, Any]] = []
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"socket still open after {timeout}s; frames so far: {got}")
+            self.sock.settimeout(remaining)
+            try:
+                got.append(self.read_frame())
+            except (PeerClosed, ConnectionResetError):
+                return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def read_until_eof(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """Everything the peer sends until it closes; TimeoutError if it does not by the deadline."""
+    deadline = time.monotonic() + timeout
+    data = bytearray()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"socket still open after {timeout}s; got {bytes(data)!r}")
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return bytes(data)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+
+
+# -- raw AMQP 1.0 frames -----------------------------------------------------------------
+PERFORMATIVES = {0x10: "open", 0x11: "begin", 0x12: "attach", 0x13: "flow", 0x14: "transfer",
+                 0x15: "disposition", 0x16: "detach", 0x17: "end", 0x18: "close",
+                 0x40: "sasl-mechanisms", 0x41: "sasl-init", 0x42: "sasl-challenge",
+                 0x43: "sasl-response", 0x44: "sasl-outcome"}
+
+
+@dataclass
+class Frame10:
+    type: int
+    channel: int
+    performative: str | None
+    fields: list[Any]
+
+
+def encode_performative(code: int, fields: list[Any], channel: int = 0, frame_type: int = 0
+                        ) -> bytes:
+    """One AMQP 1.0 frame whose body is the described list ``code`` of ``fields``."""
+    import proton
+
+    data = proton.Data()
+    data.put_object(proton.Described(proton.ulong(code), fields))
+    body = data.encode()
+    return struct.pack(">IBBH", 8 + len(body), 2, frame_type, channel) + body
+
+
+def split_frames10(data: bytes) -> tuple[list[bytes], list[Frame10]]:
+    """Protocol headers and decoded frames from a captured 1.0 byte stream."""
+    import proton
+
+    headers: list[bytes] = []
+    frames: list[Frame10] = []
+    pos = 0
+    while pos + 8 <= len(data):
+        if data[pos:pos + 4] == b"AMQP":
+            headers.append(data[pos:pos + 8])
+            pos += 8
+            continue
+        size, doff, ftype, channel = struct.unpack(">IBBH", data[pos:pos + 8])
+        if size < 8 or pos + size > len(data):
+            break
+        body = data[pos + doff * 4: pos + size]
+        name, fields = None, []
+        if body:
+            d = proton.Data()
+            d.decode(body)
+            d.rewind()
+            d.next()
+            value = d.get_object()
+            if isinstance(value, proton.Described):
+                name = PERFORMATIVES.get(int(value.descriptor), hex(int(value.descriptor)))
+                fields = list(value.value or [])
+        frames.append(Frame10(ftype, channel, name, fields))
+        pos += size
+    return headers, frames
+
+
+def close_condition(frames: list[Frame10]) -> str | None:
+    """The error condition of the first ``close`` performative, if any."""
+    import proton
+
+    for f in frames:
+        if f.performative == "close":
+            if not f.fields or f.fields[0] is None:
+                return ""
+            err = f.fields[0]
+            if isinstance(err, proton.Described):
+                return str(err.value[0])
+            return str(err)
+    return None
+
+
+_PEER_RE = re.compile(r"\bpeer=(\S+)")
+
+
+def lines_naming(lines: list[str], peer: str) -> list[str]:
+    return [line for line in lines if (m := _PEER_RE.search(line)) and m.group(1) == peer]
