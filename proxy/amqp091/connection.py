@@ -27,6 +27,7 @@ from proxy.amqp091.framing import (
     frame_at,
     scan,
 )
+from proxy.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyChange, TopologyWatch
 from proxy.core import Failure, FrameCounts, Side
 from proxy.gate import FlowController
 
@@ -182,7 +183,8 @@ class Connection:
     """
 
     def __init__(self, flow: FlowController | None = None, conn_id: int = 0,
-                 hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
+                 hold_budget: int = DEFAULT_HOLD_BUDGET,
+                 on_topology: Callable[[TopologyChange], None] | None = None) -> None:
         self.conn_id = conn_id
         self.failure: Failure | None = None
         self.from_client = FrameCounts()
@@ -250,6 +252,13 @@ class Connection:
                 _B.Nack.index: self._on_broker_nack,
                 _CH.CloseOk.index: self._on_broker_channel_close_ok,
             })
+        self.topology: TopologyWatch | None = None
+        if on_topology is not None:
+            self.topology = TopologyWatch(on_topology)
+            self._client_in.read({**self._client_in.handlers,
+                                  **dict.fromkeys(REQUEST_KEYS, self._on_topology_request)})
+            self._server_in.read({**self._server_in.handlers,
+                                  **dict.fromkeys(REPLY_KEYS, self._on_topology_reply)})
 
     # --- RelayCore -------------------------------------------------------------------
 
@@ -464,6 +473,8 @@ class Connection:
             self.virtual_host = decode_method(buf, offset, _C.Open, base).virtual_host
             if self.flow is not None and self.virtual_host:
                 self.flow.vhost = self.virtual_host
+            if self.topology is not None and self.virtual_host:
+                self.topology.vhost = self.virtual_host
 
     def _on_open_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
@@ -555,6 +566,18 @@ class Connection:
         self._on_channel_close_ok(channel, buf, offset, base)
         return None
 
+    def _on_topology_request(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.topology is not None
+        key = (buf[offset + 7] << 24 | buf[offset + 8] << 16 | buf[offset + 9] << 8
+               | buf[offset + 10])
+        self.topology.request(key, channel, buf, offset, base)
+
+    def _on_topology_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.topology is not None
+        key = (buf[offset + 7] << 24 | buf[offset + 8] << 16 | buf[offset + 9] << 8
+               | buf[offset + 10])
+        self.topology.reply(key, channel, buf, offset, base)
+
     def _forget_channel(self, channel: int) -> None:
         """A channel the proxy closed on both sides is gone."""
         self.channels.pop(channel, None)
@@ -588,6 +611,8 @@ class Connection:
             del self.channels[channel]
             if self.flow is not None:
                 self.flow.on_channel_gone(channel)
+            if self.topology is not None:
+                self.topology.channel_gone(channel)
         else:
             self.channels[channel] = after
 

@@ -48,6 +48,9 @@ class Proxy:
             upstream_port=settings.upstream[1],
             connect_timeout=settings.connect_timeout,
             handshake_timeout=settings.handshake_timeout,
+            flow=self.flow.controller if self.flow is not None else None,
+            hold_budget=settings.hold_budget,
+            on_topology=self.flow.topology_changed if self.flow is not None else None,
         )
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server] = []
@@ -73,6 +76,7 @@ class Proxy:
         self._spawn(self._probe_upstream_forever(), "upstream-probe")
         if self.flow is not None:
             await self.flow.start()
+            self._spawn(self._expire_held_forever(), "deadlines")
         event(log, "started", version=__version__, listen=f"{host}:{self.listen_port}",
               upstream="{}:{}".format(*self.settings.upstream),
               admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
@@ -125,6 +129,19 @@ class Proxy:
     # -- connections -------------------------------------------------------------------
     def _new_connection(self) -> RelayedConnection:
         return RelayedConnection(self.relay_settings, self.stats, next(self._ids))
+
+    async def _expire_held_forever(self, interval: float = 0.25) -> None:
+        """Refuse held publishes whose policy deadline has passed (nack or 406 close)."""
+        assert self.flow is not None
+        clock = self.flow.controller.clock
+        while True:
+            await asyncio.sleep(interval)
+            if not self.flow.controller.held_messages:
+                continue
+            now = clock()
+            for conn in list(self.stats.live):
+                if isinstance(conn, RelayedConnection):
+                    conn.expire_held(now)
 
     # -- upstream probe ----------------------------------------------------------------
     async def probe_upstream(self) -> bool:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from proxy.amqp091.topology import TopologyChange
 from proxy.config import AmqpCredentials, ManagementCredentials, ProxySettings
 from proxy.depth import ManagementSample
 from proxy.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state, key_label
@@ -223,6 +224,30 @@ class FlowSupervisor:
                   reason=_reason(exc) if exc else "?")
 
     # -- what the relay tells us -------------------------------------------------------
+    def topology_changed(self, change: TopologyChange) -> None:
+        """A declare, delete or bind a client made, confirmed by the broker."""
+        t = self.topology
+        c = change
+        if c.kind == "declare_queue":
+            self.queue_declared(c.vhost, c.name)
+        elif c.kind == "delete_queue":
+            self.queue_deleted(c.vhost, c.name)
+        elif c.kind == "declare_exchange":
+            t.declare_exchange(c.vhost, c.name, c.exchange_type, durable=c.durable,
+                               auto_delete=c.auto_delete, internal=c.internal,
+                               arguments=c.arguments)
+        elif c.kind == "delete_exchange":
+            t.delete_exchange(c.vhost, c.name)
+        elif c.kind == "bind_queue":
+            t.bind_queue(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+            self._queues_appeared([(c.vhost, c.name)])
+        elif c.kind == "unbind_queue":
+            t.unbind_queue(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+        elif c.kind == "bind_exchange":
+            t.bind_exchange(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+        elif c.kind == "unbind_exchange":
+            t.unbind_exchange(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+
     def queue_declared(self, vhost: str, queue: str) -> None:
         """A Queue.DeclareOk the relay saw: into the topology, policed if a policy says."""
         self.topology.declare_queue(vhost, queue)

@@ -12,7 +12,10 @@ from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
 from proxy.logs import event
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from proxy.amqp091.flow import PublishFlow
+    from proxy.amqp091.topology import TopologyChange
     from proxy.gate import FlowController
     from proxy.metrics import RelayStats
 
@@ -32,6 +35,7 @@ class RelaySettings:
     write_high_water: int = 256 * 1024
     flow: FlowController | None = None  # None: no policies, a plain relay
     hold_budget: int = 16 * 1024 * 1024
+    on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
@@ -42,7 +46,8 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
 
         if settings is None:
             return Amqp091Connection()
-        return Amqp091Connection(settings.flow, conn_id, settings.hold_budget)
+        return Amqp091Connection(settings.flow, conn_id, settings.hold_budget,
+                                 settings.on_topology)
     from proxy.amqp10.connection import Connection as Amqp10Connection
 
     return Amqp10Connection(header)
