@@ -9,10 +9,13 @@ Three sources, freshest first:
   the broker's statistics interval (5 s by default).
 
 The estimate starts from the newest sample and adds what the ledger forwarded since that
-sample was taken (less a safety margin, so a publish still in flight inside the broker when
-the sample was taken is counted rather than missed). Consumption since the sample is not
-subtracted: the estimate errs high, so a queue trips early rather than late, and the next
-sample brings it back down. All times are the caller's monotonic clock, in seconds.
+sample was taken, less a safety margin, so a publish still in flight inside the broker when
+the sample was taken is counted rather than missed. For a ready count the margin follows
+the broker's responsiveness: twice the probe's round trip, within [20 ms, 1 s]; a broker
+slow to answer is slow to enqueue too. A management sample gets the fixed margin (and the
+supervisor dates it back by the broker's statistics interval). Consumption since the sample
+is not subtracted: the estimate errs high, so a queue trips early rather than late, and the
+next sample brings it back down. All times are the caller's monotonic clock, in seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 
 # A publish forwarded this long before a sample was requested may still not be in it.
 IN_FLIGHT_MARGIN = 0.25
+MIN_MARGIN, MAX_MARGIN = 0.02, 1.0
 # Ledger entries this much older than the newest sample are dropped.
 LEDGER_HORIZON = 5.0
 # Publishes this close together share one ledger entry.
@@ -63,6 +67,7 @@ class QueueDepth:
     forwarded_messages_total: int = 0
     delivered_messages_total: int = 0
     acked_messages_total: int = 0
+    ready_margin: float = IN_FLIGHT_MARGIN
     _base: Depth | None = None  # depth per the newest sample ...
     _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
     _base_messages_mark: int = 0
@@ -86,11 +91,17 @@ class QueueDepth:
     def acked(self, count: int = 1) -> None:
         self.acked_messages_total += count
 
-    def sampled_ready_count(self, requested_at: float, ready: int) -> None:
-        """A real-time count of ready messages, asked for at ``requested_at``."""
+    def sampled_ready_count(self, requested_at: float, ready: int,
+                            rtt: float | None = None) -> None:
+        """A real-time count of ready messages, asked for at ``requested_at``.
+
+        ``rtt``, the probe's round trip, sets the in-flight margin (fixed when None).
+        """
         if self.ready_count_at is not None and requested_at < self.ready_count_at:
             return  # an older answer overtaken by a newer one
         self.ready_count, self.ready_count_at = ready, requested_at
+        self.ready_margin = (IN_FLIGHT_MARGIN if rtt is None
+                             else min(max(2 * rtt, MIN_MARGIN), MAX_MARGIN))
         self._rebase()
 
     def sampled_management(self, sample: ManagementSample) -> None:
@@ -131,20 +142,19 @@ class QueueDepth:
         if self.ready_count is not None and self.ready_count_at is not None and (
             mgmt is None or self.ready_count_at >= mgmt.taken_at
         ):
-            since = self.ready_count_at
+            since = self.ready_count_at - self.ready_margin
             unacked_msgs = mgmt.messages_unacknowledged if mgmt else 0
             unacked_bytes = mgmt.message_bytes_unacknowledged if mgmt else 0
             self._base = Depth(self.ready_count * self.average_body_bytes() + unacked_bytes,
                                self.ready_count + unacked_msgs)
         elif mgmt is not None:
-            since = mgmt.taken_at
+            since = mgmt.taken_at - IN_FLIGHT_MARGIN
             self._base = Depth(mgmt.message_bytes,
                                mgmt.messages_ready + mgmt.messages_unacknowledged)
         else:
             return
-        self._base_bytes_mark, self._base_messages_mark = self._totals_before(
-            since - IN_FLIGHT_MARGIN)
-        self._trim(since - IN_FLIGHT_MARGIN - LEDGER_HORIZON)
+        self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)
+        self._trim(since - LEDGER_HORIZON)
 
     def _totals_before(self, t: float) -> tuple[int, int]:
         """Ledger totals as they stood just before time ``t``."""

@@ -106,7 +106,7 @@ class LocalBroker:
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.workdir = Path(self.workdir)
+        self.workdir = Path(self.workdir).resolve()  # the node runs with cwd=workdir
         self.endpoint = BrokerEndpoint("127.0.0.1", free_port(), free_port())
         self.dist_port = free_port()
         self.prometheus_port = free_port()

@@ -193,10 +193,11 @@ class FlowController:
                 for ref, qs in self._blocked.items()]
 
     # -- depth and alarms --------------------------------------------------------------
-    def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int) -> None:
+    def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,
+                            rtt: float | None = None) -> None:
         q = self.queues.get(key)
         if q is not None:
-            q.depth.sampled_ready_count(requested_at, ready)
+            q.depth.sampled_ready_count(requested_at, ready, rtt)
             self._evaluate(q)
 
     def sampled_management(self, key: QueueKey, sample: ManagementSample) -> None:

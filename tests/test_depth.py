@@ -69,3 +69,14 @@ def test_ledger_stays_small_under_a_firehose() -> None:
     assert len(q._ledger) < 2_000
     est = q.estimate()
     assert est is not None and est.messages >= 98_000
+
+
+def test_the_in_flight_margin_follows_the_probes_round_trip() -> None:
+    fast, slow = QueueDepth(), QueueDepth()
+    for q in (fast, slow):
+        q.forwarded(9.9, 100)  # 100 ms before the probe was sent
+        q.forwarded(9.995, 100)  # 5 ms before
+    fast.sampled_ready_count(10.0, ready=2, rtt=0.001)  # 20 ms margin: the 2nd counts again
+    slow.sampled_ready_count(10.0, ready=2, rtt=0.2)  # margin 400 ms: both counted again
+    assert fast.estimate() == Depth(300, 3)
+    assert slow.estimate() == Depth(400, 4)

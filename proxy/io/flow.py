@@ -560,7 +560,8 @@ class FlowSupervisor:
                         self.topology.delete_queue(*key)
                         self._forget(key)
                 elif key in self.controller.queues:
-                    self.controller.sampled_ready_count(key, requested_at, counts.messages)
+                    rtt = self.clock() - requested_at
+                    self.controller.sampled_ready_count(key, requested_at, counts.messages, rtt)
             next_at += interval
             now = loop.time()
             if next_at < now:

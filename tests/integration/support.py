@@ -314,3 +314,157 @@ _PEER_RE = re.compile(r"\bpeer=(\S+)")
 
 def lines_naming(lines: list[str], peer: str) -> list[str]:
     return [line for line in lines if (m := _PEER_RE.search(line)) and m.group(1) == peer]
+
+
+# -- flow control: a floodwall with policies, metrics, the broker's side of a queue ------
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of metric ``name`` in a Prometheus text page: (labels, value)."""
+    found = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        mname, _, lab = key.partition("{")
+        if mname == name:
+            found.append((dict(_LABEL_RE.findall(lab)), float(value)))
+    return found
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0.0 when none)."""
+    return sum(v for lab, v in metric_samples(text, name)
+               if all(lab.get(k) == want for k, want in labels.items()))
+
+
+def policy_file(path: Path, *policies: str, extra: str = "") -> Path:
+    """A version 1 policies file: each of ``policies`` is one policy's YAML flow mapping."""
+    lines = ["version: 1", extra, "policies:"] + [f"  - {p}" for p in policies]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def capped(name: str, queue: str, capacity: str = "64KiB", resume: str = "32KiB",
+           **fields: str) -> str:
+    """One policy entry (flow-mapping YAML) capping ``queue`` (an exact name or a glob)."""
+    more = "".join(f", {k}: {v}" for k, v in fields.items())
+    return (f'{{name: {name}, match: {{queue: "{queue}"}}, capacity: {capacity}, '
+            f"resume: {resume}{more}}}")
+
+
+def direct_params(broker: BrokerEndpoint, **kwargs: Any) -> pika.ConnectionParameters:
+    """pika parameters for the broker itself (not through the proxy)."""
+    kwargs.setdefault("connection_attempts", 1)
+    kwargs.setdefault("socket_timeout", 10)
+    return pika.ConnectionParameters(
+        broker.host, broker.amqp_port,
+        credentials=pika.PlainCredentials(broker.username, broker.password), **kwargs)
+
+
+def numbered(seq: int, size: int = 1024) -> bytes:
+    """A body that starts with its sequence number (10 digits), padded to ``size`` bytes,
+    like the foreign clients' bodies (tests/clients)."""
+    return f"{seq:010d}".encode().ljust(size, b"x")
+
+
+def seq_of(body: bytes) -> int:
+    return int(body[:10])
+
+
+def broker_queue(broker: BrokerEndpoint, queue: str) -> dict[str, Any]:
+    """The management API's record of ``queue`` in vhost /."""
+    import urllib.parse
+
+    doc = broker.api("GET", "/api/queues/%2F/" + urllib.parse.quote(queue, safe=""))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def drain_direct(broker: BrokerEndpoint, queue: str, count: int, timeout: float = 60.0
+                 ) -> list[bytes]:
+    """Consume (auto-ack) from the broker itself until ``count`` messages came from ``queue``
+    or ``timeout`` passed; the bodies, in order. Fewer than ``count`` means the deadline."""
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    conn = pika.BlockingConnection(direct_params(broker))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=500)
+        for method, _, body in ch.consume(queue, auto_ack=True, inactivity_timeout=0.2):
+            if method is not None:
+                got.append(body)
+            if len(got) >= count or time.monotonic() > deadline:
+                break
+        ch.cancel()
+    finally:
+        if conn.is_open:
+            conn.close()
+    return got
+
+
+def ready_count(broker: BrokerEndpoint, queue: str) -> int:
+    """Messages ready in ``queue`` right now (a passive declare on the broker itself)."""
+    conn = pika.BlockingConnection(direct_params(broker))
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+@dataclass
+class FlowProxy:
+    """A ``floodwall run --policies FILE --management URL`` and what the tests ask of it."""
+
+    proc: Any  # proxy.devproxy.ProxyProcess
+    policies: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.proc.port)
+
+    def metrics(self) -> str:
+        return str(self.proc.get("/metrics").decode())
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels``."""
+        return metric_sum(self.metrics(), name, **labels)
+
+    def queue_state(self, queue: str) -> dict[str, Any] | None:
+        flow = self.proc.state().get("flow") or {}
+        for q in flow.get("queues", []):
+            if q["queue"] == queue and q["vhost"] == "/":
+                return dict(q)
+        return None
+
+    def tripped(self, queue: str) -> bool:
+        q = self.queue_state(queue)
+        return bool(q and q["tripped"])
+
+    def policed(self, queue: str) -> bool:
+        """Policed, with a depth estimate (the first sample is in)."""
+        q = self.queue_state(queue)
+        return bool(q and q["depth"]["estimate"] is not None)
+
+    def held(self) -> dict[str, int]:
+        flow = self.proc.state().get("flow") or {}
+        return dict(flow.get("held") or {"bytes": 0, "messages": 0})
+
+    def blocked_channels(self) -> list[dict[str, Any]]:
+        flow = self.proc.state().get("flow") or {}
+        return list(flow.get("blocked_channels") or [])
+
+    def log(self, event: str) -> list[str]:
+        return log_lines(self.proc.logfile, event)
+
+
+def start_flow(start_floodwall: Any, broker: BrokerEndpoint, policies: Path, *args: str,
+               management: str | None = None, upstream: str | None = None,
+               env: dict[str, str] | None = None) -> FlowProxy:
+    """``floodwall run --policies POLICIES --management URL ARGS`` (the conftest factory)."""
+    url = management or f"http://{broker.host}:{broker.management_port}"
+    proc = start_floodwall("--policies", str(policies), "--management", url, *args,
+                           upstream=upstream, env=env)
+    return FlowProxy(proc, policies)
