@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from pamqp import commands
@@ -92,12 +92,19 @@ class TopologyWatch:
         self.apply = apply
         self.vhost = "/"
         self._pending: dict[int, deque[tuple[int, TopologyChange]]] = {}
+        self._last_queue: dict[int, str] = {}  # the channel's last declared queue
 
     def request(self, key: int, channel: int, buf: Buffer, offset: int, base: int) -> None:
         method = decode_method(buf, offset, _CLASSES[key], base)
         if getattr(method, "passive", False) and key == _X.Declare.index:
             return  # a passive exchange declare changes nothing
         change = _change(key, method, self.vhost)
+        if change.name == "" and change.kind in ("bind_queue", "unbind_queue", "delete_queue"):
+            # RabbitMQ reads an empty queue name as the channel's last declared queue, and
+            # an empty binding key along with it as that queue's name.
+            last = self._last_queue.get(channel, "")
+            key_default = change.routing_key or (last if change.kind != "delete_queue" else "")
+            change = replace(change, name=last, routing_key=key_default)
         if getattr(method, "nowait", False):
             self.apply(change)
             return
@@ -111,7 +118,9 @@ class TopologyWatch:
         if key == _Q.DeclareOk.index:  # the broker names server-named queues
             ok = decode_method(buf, offset, _Q.DeclareOk, base)
             change = TopologyChange("declare_queue", change.vhost, ok.queue or change.name)
+            self._last_queue[channel] = change.name
         self.apply(change)
 
     def channel_gone(self, channel: int) -> None:
         self._pending.pop(channel, None)
+        self._last_queue.pop(channel, None)
