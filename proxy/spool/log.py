@@ -1,0 +1,254 @@
+"""One queue's spool on disk: segment files appended in order, a cursor of what was confirmed.
+
+Layout of a queue's directory::
+
+    00000000000000000001.seg   records with seq 1 .. (rotated past ``segment_bytes``)
+    00000000000000004097.seg   the next segment: its name is its first record's seq
+    cursor                     "N\\n": every record with seq <= N reached the broker
+
+Appends go to the newest segment through the OS (``append``); ``sync`` makes them durable
+(fsync), and ``durable_seq`` says how far that reaches. A record is deleted only when the
+broker confirmed it (``confirmed_through``): whole segments are removed once the cursor
+passes their last record; the cursor is written by rename, so it is either old or new.
+Delivery across a crash is therefore at least once: a record replayed but not yet
+confirmed (or confirmed after the last cursor write) is replayed again.
+
+Plain blocking file I/O: the asyncio layer calls ``sync`` and reads off the event loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proxy.spool.records import RecordError, SpoolRecord, decode_at
+
+SEGMENT_SUFFIX = ".seg"
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+class SpoolError(OSError):
+    """The spool could not take or give a record (disk full, I/O error, limits)."""
+
+
+@dataclass
+class Segment:
+    path: Path
+    first_seq: int
+    last_seq: int = 0  # 0: empty
+    size: int = 0
+
+
+@dataclass
+class RecoveryReport:
+    """What opening a spool found."""
+
+    segments: int = 0
+    records: int = 0
+    bytes: int = 0
+    torn_tail_bytes: int = 0  # an interrupted last append, dropped
+    corrupt: list[str] = field(default_factory=list)
+
+
+class QueueSpool:
+    """The spool of one queue."""
+
+    def __init__(self, directory: Path, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.segments: list[Segment] = []
+        self.confirmed_seq = 0  # every record <= this reached the broker
+        self.next_seq = 1
+        self.durable_seq = 0
+        self._fd: int | None = None
+        self._pending_bytes = 0  # on disk, not confirmed (what limits count)
+        self._pending_records = 0
+        self._oldest_at: float | None = None
+        self.report = self._recover()
+
+    # -- opening -----------------------------------------------------------------------
+    def _recover(self) -> RecoveryReport:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        report = RecoveryReport()
+        cursor = self.directory / "cursor"
+        if cursor.exists():
+            try:
+                self.confirmed_seq = int(cursor.read_text().strip() or 0)
+            except ValueError:
+                report.corrupt.append(f"{cursor}: unreadable cursor, replaying everything")
+        paths = sorted(self.directory.glob("*" + SEGMENT_SUFFIX))
+        for i, path in enumerate(paths):
+            data = path.read_bytes()
+            seg = Segment(path, int(path.stem))
+            pos = 0
+            while pos < len(data):
+                try:
+                    rec, end = decode_at(data, pos)
+                except RecordError as exc:
+                    if i == len(paths) - 1:
+                        report.torn_tail_bytes = len(data) - pos
+                    else:
+                        report.corrupt.append(f"{path}: {exc} at byte {pos}; "
+                                              f"{len(data) - pos} bytes dropped")
+                    with open(path, "r+b") as f:
+                        f.truncate(pos)
+                        os.fsync(f.fileno())
+                    break
+                seg.last_seq = rec.seq
+                if rec.seq > self.confirmed_seq:
+                    self._pending_records += 1
+                    self._pending_bytes += end - pos
+                    if self._oldest_at is None:
+                        self._oldest_at = rec.accepted_at
+                pos = end
+            seg.size = pos
+            if seg.last_seq and seg.last_seq <= self.confirmed_seq:
+                path.unlink()  # confirmed before the crash; its deletion did not happen
+                continue
+            self.segments.append(seg)
+            report.segments += 1
+        last = max((s.last_seq for s in self.segments), default=0)
+        self.next_seq = max(last, self.confirmed_seq) + 1
+        self.durable_seq = self.next_seq - 1
+        report.records = self._pending_records
+        report.bytes = self._pending_bytes
+        return report
+
+    # -- appending ---------------------------------------------------------------------
+    def append(self, record: SpoolRecord) -> int:
+        """Write a record (seq is assigned here); returns its seq. Durable after ``sync``.
+
+        A failed write (disk full, I/O error) is cut back off the segment, so the segment
+        stays whole, and raises SpoolError.
+        """
+        seq = self.next_seq
+        data = SpoolRecord(seq, record.accepted_at, record.exchange, record.routing_key,
+                           record.properties, record.body, record.mandatory).encode()
+        seg = self._writable_segment(seq)
+        fd = self._fd
+        assert fd is not None
+        try:
+            written = os.write(fd, data)
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError as exc:
+            self._cut_back(seg)
+            raise SpoolError(exc.errno or errno.EIO, f"spool append failed in "
+                             f"{seg.path}: {exc.strerror or exc}") from None
+        seg.size += len(data)
+        seg.last_seq = seq
+        self.next_seq = seq + 1
+        self._pending_bytes += len(data)
+        self._pending_records += 1
+        if self._oldest_at is None:
+            self._oldest_at = record.accepted_at
+        return seq
+
+    def _writable_segment(self, seq: int) -> Segment:
+        seg = self.segments[-1] if self.segments else None
+        if seg is None or (seg.size >= self.segment_bytes and seg.last_seq):
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            seg = Segment(self.directory / f"{seq:020d}{SEGMENT_SUFFIX}", seq)
+            self.segments.append(seg)
+        if self._fd is None:
+            self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        return seg
+
+    def _cut_back(self, seg: Segment) -> None:
+        try:
+            os.ftruncate(self._fd or -1, seg.size)
+        except OSError:
+            pass
+
+    def sync(self) -> int:
+        """Make every appended record durable; returns ``durable_seq``."""
+        if self._fd is not None and self.durable_seq < self.next_seq - 1:
+            target = self.next_seq - 1
+            os.fsync(self._fd)
+            if len(self.segments) == 1 or self.durable_seq < self.segments[-1].first_seq:
+                _fsync_dir(self.directory)  # a new segment's directory entry
+            self.durable_seq = target
+        return self.durable_seq
+
+    # -- reading and confirming --------------------------------------------------------
+    def records(self, after: int | None = None) -> Iterator[SpoolRecord]:
+        """Durable records with seq > ``after`` (default: the cursor), oldest first."""
+        floor = self.confirmed_seq if after is None else after
+        for seg in list(self.segments):
+            if seg.last_seq and seg.last_seq <= floor:
+                continue
+            try:
+                data = seg.path.read_bytes()[:seg.size]
+            except FileNotFoundError:
+                continue
+            pos = 0
+            while pos < len(data):
+                rec, pos = decode_at(data, pos)
+                if rec.seq > floor and rec.seq <= self.durable_seq:
+                    yield rec
+
+    def confirmed_through(self, seq: int, sizes: int = 0, count: int = 0) -> None:
+        """The broker confirmed every record up to ``seq``; drop what is wholly confirmed.
+
+        ``sizes`` and ``count`` are the bytes and records this confirmation covers (the
+        replayer knows them), for the pending figures.
+        """
+        if seq <= self.confirmed_seq:
+            return
+        self.confirmed_seq = seq
+        self._pending_bytes = max(0, self._pending_bytes - sizes)
+        self._pending_records = max(0, self._pending_records - count)
+        if self._pending_records == 0:
+            self._oldest_at = None
+        tmp = self.directory / "cursor.tmp"
+        tmp.write_text(f"{seq}\n")
+        os.replace(tmp, self.directory / "cursor")
+        while self.segments and self.segments[0].last_seq and \
+                self.segments[0].last_seq <= seq and len(self.segments) > 1:
+            self.segments.pop(0).path.unlink(missing_ok=True)
+        if self.segments and self.segments[0].last_seq and self.segments[0].last_seq <= seq \
+                and self.next_seq - 1 <= seq:
+            # Everything confirmed: start afresh (the active segment too).
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            self.segments.pop(0).path.unlink(missing_ok=True)
+
+    def oldest_set(self, accepted_at: float | None) -> None:
+        """The replayer tells the accept time of the oldest unconfirmed record."""
+        self._oldest_at = accepted_at
+
+    # -- figures -----------------------------------------------------------------------
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    @property
+    def pending_records(self) -> int:
+        return self._pending_records
+
+    @property
+    def oldest_accepted_at(self) -> float | None:
+        return self._oldest_at
+
+    @property
+    def empty(self) -> bool:
+        return self._pending_records == 0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,106 @@
+"""The spool's record format: one publish, length-prefixed and checksummed.
+
+On disk a record is::
+
+    magic   4 bytes  b"FWR1"
+    length  u32      bytes of payload that follow the checksum
+    crc32   u32      zlib.crc32 of the payload
+    payload:
+      seq          u64   the queue's spool sequence number (1, 2, ...)
+      accepted_at  f64   unix time the proxy accepted the publish
+      flags        u8    bit 0: mandatory
+      exchange     u8 length + UTF-8
+      routing_key  u8 length + UTF-8
+      properties   u32 length + the content header payload as the client sent it
+                   (class id, weight, body size, property flags, property list)
+      body         u32 length + bytes
+
+All integers are big-endian, as in AMQP. A record whose magic, length or checksum does not
+hold, at the end of a segment, is a torn write (a crash mid-append) and is dropped on
+recovery; anywhere else it is corruption, and the segment is cut there and reported.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+MAGIC: Final = b"FWR1"
+_HEAD = struct.Struct(">4sII")
+_FIXED = struct.Struct(">QdB")
+HEAD_SIZE: Final = _HEAD.size
+MAX_PAYLOAD: Final = 1 << 31
+
+
+class RecordError(ValueError):
+    """Bytes that are not a complete, intact record."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolRecord:
+    """One spooled publish."""
+
+    seq: int
+    accepted_at: float
+    exchange: str
+    routing_key: str
+    properties: bytes  # content header payload, byte-exact
+    body: bytes
+    mandatory: bool = False
+
+    def encode(self) -> bytes:
+        ex = self.exchange.encode()
+        rk = self.routing_key.encode()
+        payload = b"".join((
+            _FIXED.pack(self.seq, self.accepted_at, 1 if self.mandatory else 0),
+            bytes([len(ex)]), ex, bytes([len(rk)]), rk,
+            len(self.properties).to_bytes(4, "big"), self.properties,
+            len(self.body).to_bytes(4, "big"), self.body,
+        ))
+        return _HEAD.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk."""
+        return (HEAD_SIZE + _FIXED.size + 2 + len(self.exchange.encode())
+                + len(self.routing_key.encode()) + 8 + len(self.properties) + len(self.body))
+
+
+def decode_at(buf: bytes | memoryview, offset: int) -> tuple[SpoolRecord, int]:
+    """The record at ``offset`` and the offset after it; RecordError if it is not whole."""
+    if len(buf) - offset < HEAD_SIZE:
+        raise RecordError("truncated record header")
+    magic, length, crc = _HEAD.unpack_from(buf, offset)
+    if magic != MAGIC:
+        raise RecordError(f"bad magic {bytes(magic)!r}")
+    if length > MAX_PAYLOAD:
+        raise RecordError(f"record length {length} too large")
+    start = offset + HEAD_SIZE
+    end = start + length
+    if end > len(buf):
+        raise RecordError("truncated record payload")
+    payload = bytes(buf[start:end])
+    if zlib.crc32(payload) != crc:
+        raise RecordError("checksum mismatch")
+    try:
+        seq, accepted_at, flags = _FIXED.unpack_from(payload, 0)
+        pos = _FIXED.size
+        n = payload[pos]
+        exchange = payload[pos + 1:pos + 1 + n].decode()
+        pos += 1 + n
+        n = payload[pos]
+        routing_key = payload[pos + 1:pos + 1 + n].decode()
+        pos += 1 + n
+        n = int.from_bytes(payload[pos:pos + 4], "big")
+        properties = payload[pos + 4:pos + 4 + n]
+        pos += 4 + n
+        n = int.from_bytes(payload[pos:pos + 4], "big")
+        body = payload[pos + 4:pos + 4 + n]
+        if pos + 4 + n != len(payload) or len(properties) < 12:
+            raise RecordError("record fields do not add up")
+    except (IndexError, UnicodeDecodeError, struct.error) as exc:
+        raise RecordError(f"undecodable record: {exc}") from None
+    return SpoolRecord(seq, accepted_at, exchange, routing_key, properties, body,
+                       bool(flags & 1)), end
