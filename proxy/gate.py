@@ -89,6 +89,13 @@ class FlowController:
         self.signals: dict[str, int] = {"flow_off": 0, "flow_on": 0}
         self.rejects = 0  # publishes refused under overflow: reject
         self.deadline_expiries = 0  # publishes refused because they waited too long
+        # Observer of trips, releases, holds, signals and refusals (telemetry); None: off.
+        self.on_event: Callable[[str, dict[str, object]], None] | None = None
+
+    def emit(self, name: str, fields: dict[str, object]) -> None:
+        """Tell the observer, if any (``on_event``), about one event."""
+        if self.on_event is not None:
+            self.on_event(name, fields)
 
     # -- policies and queues -----------------------------------------------------------
     def set_policies(self, policies: PolicySet, known_queues: Iterable[QueueKey]) -> None:
@@ -249,6 +256,9 @@ class FlowController:
                   depth_bytes=est.bytes, depth_messages=est.messages,
                   capacity=q.policy.capacity, max_messages=q.policy.max_messages,
                   policy=q.policy.name, publishers=self._publishers_of(q.key))
+            self.emit("trip", {"vhost": q.key[0], "queue": q.key[1], "policy": q.policy.name,
+                               "depth_bytes": est.bytes, "depth_messages": est.messages,
+                               "capacity": q.policy.capacity})
         else:
             if q.tripped_since is not None:
                 q.tripped_seconds += now - q.tripped_since
@@ -257,6 +267,9 @@ class FlowController:
             event(log, "queue_released", vhost=q.key[0], queue=q.key[1],
                   depth_bytes=est.bytes, depth_messages=est.messages, resume=q.policy.resume,
                   policy=q.policy.name, reason=why, blocked=self._publishers_of(q.key))
+            self.emit("release", {"vhost": q.key[0], "queue": q.key[1], "policy": q.policy.name,
+                                  "depth_bytes": est.bytes, "depth_messages": est.messages,
+                                  "resume": q.policy.resume, "reason": why})
             self._released(q.key)
 
     def _publishers_of(self, key: QueueKey) -> str:

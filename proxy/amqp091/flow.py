@@ -262,6 +262,9 @@ class PublishFlow:
         if policy is not None and policy.effective_overflow is Overflow.REJECT:
             self._refuse(ch, blocking, body_size, "over capacity (overflow: reject)")
             self.controller.rejects += 1
+            self.controller.emit("reject", {"vhost": self.vhost, "conn": self.conn_id,
+                                            "channel": ch.channel, "body_bytes": body_size,
+                                            "queues": [k[1] for k in blocking if k != ALARM]})
             return True
         if method_bytes is None:
             method_bytes = bytes(buf[offset:header_offset])
@@ -419,6 +422,9 @@ class PublishFlow:
         signal = self._signal_for(blocking)
         event(log, "publisher_held", logging.INFO, conn=self.conn_id, channel=ch.channel,
               vhost=self.vhost, queues=names, signalled=signal)
+        self.controller.emit("hold", {"vhost": self.vhost, "conn": self.conn_id,
+                                      "channel": ch.channel,
+                                      "queues": [k[1] for k in blocking if k != ALARM]})
         if signal and not ch.signalled_off:
             self._send_flow(ch, active=False)
 
@@ -441,6 +447,8 @@ class PublishFlow:
         self.controller.signals["flow_on" if active else "flow_off"] += 1
         event(log, "publisher_signalled", conn=self.conn_id, channel=ch.channel,
               active=active)
+        self.controller.emit("signal", {"vhost": self.vhost, "conn": self.conn_id,
+                                        "channel": ch.channel, "active": active})
 
     def channel_released(self, channel: int) -> None:
         """The controller says every queue this channel waited on has drained."""
@@ -530,6 +538,10 @@ class PublishFlow:
                     break
                 refused += 1
                 self.controller.deadline_expiries += 1
+                self.controller.emit("deadline", {
+                    "vhost": self.vhost, "conn": self.conn_id, "channel": ch.channel,
+                    "body_bytes": item.body_size, "waited": round(now - item.held_at, 3),
+                    "queues": sorted(item.queues)})
                 why = f"still over capacity after the {deadline:g}s deadline"
                 if ch.confirms is not None and item.complete:
                     ch.held.popleft()

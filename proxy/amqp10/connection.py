@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
+from proxy.amqp10.addresses import vhost_of
 from proxy.amqp10.endpoints import Peer
 from proxy.amqp10.errors import DecodeError, FramingError, ProtocolError
+from proxy.amqp10.flow import CreditFlow
 from proxy.amqp10.framing import (
     AMQP_FRAME,
     AMQP_HEADER,
@@ -24,7 +27,9 @@ from proxy.amqp10.performatives import (
     BEGIN,
     CLOSE,
     DETACH,
+    DISPOSITION,
     END,
+    FLOW,
     OPEN,
     SASL_CHALLENGE,
     SASL_INIT,
@@ -32,6 +37,7 @@ from proxy.amqp10.performatives import (
     SASL_OK,
     SASL_OUTCOME,
     SASL_RESPONSE,
+    TRANSFER,
     Attach,
     Begin,
     Detach,
@@ -46,6 +52,10 @@ from proxy.amqp10.performatives import (
     open_body,
 )
 from proxy.core import Failure, FrameCounts, Side
+
+if TYPE_CHECKING:
+    from proxy.amqp091.topology import TopologyChange
+    from proxy.gate import FlowController
 
 CONTAINER_ID: Final = "floodwall"
 """container-id of the Open the proxy sends when it must close a peer that has seen none."""
@@ -67,7 +77,15 @@ class Phase(Enum):
     REFUSED = "refused"  # the server answered with another protocol header: nothing follows
 
 
-def _no_frames(code: int, channel: int, buf: bytes, body: int, end: int) -> bool:
+HOT_PERFORMATIVES: Final = (FLOW, DISPOSITION)
+"""Frames passed by size alone on a plain relay: flow, transfer, disposition."""
+GATED_SKIP: Final = (DISPOSITION, DISPOSITION)
+"""With the credit gate, flow and transfer frames are read too; dispositions still pass."""
+SKIP_NONE: Final = (1, 0)
+"""Every frame read: the broker's dispositions once the proxy settled a delivery itself."""
+
+
+def _no_frames(code: int, channel: int, buf: bytes, start: int, body: int, end: int) -> bool:
     raise AssertionError("stream handlers not installed")
 
 
@@ -78,6 +96,7 @@ class _Stream:
         "close_relayed",
         "counts",
         "limit",
+        "mark",
         "need",
         "on_amqp",
         "on_sasl",
@@ -87,6 +106,7 @@ class _Stream:
         "queue",
         "sasl_refused",
         "side",
+        "skip",
         "tail",
     )
 
@@ -101,6 +121,8 @@ class _Stream:
         self.limit = MIN_MAX_FRAME_SIZE  # until the receiving peer's Open says otherwise
         self.tail = bytearray()  # a partial frame or header, held back
         self.need = 0  # bytes the tail must reach before it is worth scanning again
+        self.mark = 0  # where the bytes of the buffer being read not yet queued start
+        self.skip = HOT_PERFORMATIVES  # performative codes the scanner passes by size
         self.open_relayed = False
         self.close_relayed = False
         self.sasl_refused = False  # a sasl-outcome other than ok: no AMQP layer will follow
@@ -137,7 +159,9 @@ class Connection:
     from_client: FrameCounts
     from_server: FrameCounts
 
-    def __init__(self, first_header: bytes) -> None:
+    def __init__(self, first_header: bytes, flow: FlowController | None = None,
+                 conn_id: int = 0,
+                 on_topology: Callable[[TopologyChange], None] | None = None) -> None:
         if first_header == SASL_HEADER:
             client_phase, server_phase = Phase.SASL, Phase.SASL_HEADER
         elif first_header == AMQP_HEADER:
@@ -152,10 +176,20 @@ class Connection:
         self._client = _Stream(Side.CLIENT, client_phase, self.from_client, self._to_server)
         self._server = _Stream(Side.SERVER, server_phase, self.from_server, self._to_client)
         client, server = self._client, self._server
-        client.on_amqp = lambda c, ch, buf, b, e: self._amqp_frame(client, server, c, ch, buf, b, e)
-        server.on_amqp = lambda c, ch, buf, b, e: self._amqp_frame(server, client, c, ch, buf, b, e)
+        client.on_amqp = lambda c, ch, buf, st, b, e: self._amqp_frame(
+            client, server, c, ch, buf, st, b, e)
+        server.on_amqp = lambda c, ch, buf, st, b, e: self._amqp_frame(
+            server, client, c, ch, buf, st, b, e)
         client.on_sasl = self._client_sasl_frame
         server.on_sasl = self._server_sasl_frame
+        self.conn_id = conn_id
+        self.flow: CreditFlow | None = None
+        if flow is not None:
+            self.flow = CreditFlow(flow, conn_id, self._to_server.append, self._to_client.append)
+            client.skip = server.skip = GATED_SKIP
+            self.flow.on_drop = self._read_server_dispositions
+            if on_topology is not None:
+                self.flow.on_declare = _declare_queue(on_topology)
 
     # -- the RelayCore interface ------------------------------------------------------------
 
@@ -196,6 +230,7 @@ class Connection:
             stream.tail = bytearray()
         else:
             buf = data
+        stream.mark = 0
         try:
             stop, need = self._advance(stream, buf)
         except ProtocolError as exc:
@@ -217,7 +252,7 @@ class Connection:
                 phase = stream.phase
                 if phase is Phase.AMQP:
                     pos, frames, need = scan_frames(
-                        buf, pos, stream.limit, AMQP_FRAME, stream.on_amqp
+                        buf, pos, stream.limit, AMQP_FRAME, stream.on_amqp, stream.skip
                     )
                 elif phase is Phase.SASL:
                     if stream.side is Side.CLIENT and buf[pos] == 0x41:  # "A" of "AMQP"
@@ -269,7 +304,9 @@ class Connection:
 
     # -- frames -----------------------------------------------------------------------------------
 
-    def _client_sasl_frame(self, code: int, channel: int, buf: bytes, body: int, end: int) -> bool:
+    def _client_sasl_frame(
+        self, code: int, channel: int, buf: bytes, start: int, body: int, end: int
+    ) -> bool:
         peer = self._client.peer
         fields = _sasl_fields(Side.CLIENT, _CLIENT_SASL_FRAMES, buf, body, end)
         if code == SASL_INIT:
@@ -282,7 +319,9 @@ class Connection:
             check_sasl_fields(code, fields)
         return True  # its AMQP header may follow: let _advance look
 
-    def _server_sasl_frame(self, code: int, channel: int, buf: bytes, body: int, end: int) -> bool:
+    def _server_sasl_frame(
+        self, code: int, channel: int, buf: bytes, start: int, body: int, end: int
+    ) -> bool:
         stream = self._server
         fields = _sasl_fields(Side.SERVER, _SERVER_SASL_FRAMES, buf, body, end)
         if code == SASL_OUTCOME:
@@ -301,13 +340,20 @@ class Connection:
         code: int,
         channel: int,
         buf: bytes,
+        start: int,
         body: int,
         end: int,
     ) -> bool:
         if code not in AMQP_PERFORMATIVES:
             raise DecodeError(f"{name_of(code)} is not an AMQP performative")
-        _, fields, _ = decode_composite(buf, body, end)
+        _, fields, payload = decode_composite(buf, body, end)
+        gate = self.flow
+        if gate is not None and FLOW <= code <= DISPOSITION:
+            self._gate_frame(gate, stream, code, channel, fields, buf, start, payload, end)
+            return False
         peer = stream.peer
+        client = stream.side is Side.CLIENT
+        replacement: bytes | None = None
         if code == OPEN:
             if peer.open is not None:
                 raise DecodeError(f"{stream.side.value} sent a second open")
@@ -315,19 +361,65 @@ class Connection:
             # The peer declares what it accepts: that limits frames sent *to* it.
             other.limit = max(peer.open.max_frame_size, MIN_MAX_FRAME_SIZE)
             stream.open_relayed = True
+            if gate is not None and client:
+                gate.vhost = vhost_of(peer.open.hostname)
         elif code == BEGIN:
-            peer.begin(channel, Begin.from_fields(fields))
+            begin = Begin.from_fields(fields)
+            peer.begin(channel, begin)
+            if gate is not None:
+                (gate.client_begin if client else gate.server_begin)(channel, begin)
         elif code == ATTACH:
-            peer.attach(channel, Attach.from_fields(fields))
+            attach = Attach.from_fields(fields)
+            peer.attach(channel, attach)
+            if gate is not None:
+                (gate.client_attach if client else gate.server_attach)(channel, attach)
         elif code == DETACH:
-            peer.detach(channel, Detach.from_fields(fields))
+            detach = Detach.from_fields(fields)
+            peer.detach(channel, detach)
+            if gate is not None:
+                replacement = (gate.client_detach if client else gate.server_detach)(
+                    channel, detach.handle)
         elif code == END:
             Ending.from_fields(fields)
             peer.end(channel)
+            if gate is not None:
+                (gate.client_end if client else gate.server_end)(channel)
         elif code == CLOSE:
             peer.close = Ending.from_fields(fields)
             stream.close_relayed = True
+        if replacement is not None:
+            _replace(stream, buf, start, end, replacement)
         return False
+
+    def _gate_frame(self, gate: CreditFlow, stream: _Stream, code: int, channel: int,
+                    fields: list[object], buf: bytes, start: int, payload: int,
+                    end: int) -> None:
+        """A flow or transfer frame, while the credit gate is on."""
+        replacement: bytes | None
+        if stream.side is Side.CLIENT:
+            if code == TRANSFER:
+                replacement = gate.on_client_transfer(channel, fields, buf, payload, end)
+            elif code == FLOW:
+                replacement = gate.on_client_flow(channel, fields)
+            else:
+                return
+        elif code == TRANSFER:
+            gate.on_server_transfer(channel, fields)
+            return
+        elif code == FLOW:
+            replacement = gate.on_server_flow(channel, fields)
+        else:
+            replacement = gate.on_server_disposition(channel, fields)
+        if replacement is not None:
+            _replace(stream, buf, start, end, replacement)
+
+    def _read_server_dispositions(self) -> None:
+        self._server.skip = SKIP_NONE
+
+    def channel_released(self, channel: int) -> None:
+        """The gate's link ``channel`` (a link_ref) may have credit again."""
+        if self.flow is not None:
+            self.flow.channel_released(channel)
 
     # -- failing ----------------------------------------------------------------------------------
 
@@ -377,10 +469,31 @@ def _sasl_fields(
 
 
 def _relay(stream: _Stream, buf: bytes, stop: int) -> None:
-    """Queue ``buf[:stop]`` for the other peer: the object itself when it is all of ``buf``."""
-    if stop:
-        stream.queue.append(buf if stop == len(buf) else buf[:stop])
-        stream.counts.bytes += stop
+    """Queue ``buf[mark:stop]`` for the other peer: the object itself when it is all of ``buf``."""
+    mark = stream.mark
+    if stop > mark:
+        stream.queue.append(buf if mark == 0 and stop == len(buf) else buf[mark:stop])
+        stream.counts.bytes += stop - mark
+        stream.mark = stop
+
+
+def _replace(stream: _Stream, buf: bytes, start: int, end: int, replacement: bytes) -> None:
+    """Queue what precedes the frame ``buf[start:end]``, then ``replacement`` in its place."""
+    _relay(stream, buf, start)
+    if replacement:
+        stream.queue.append(replacement)
+    stream.counts.bytes += end - start
+    stream.mark = end
+
+
+def _declare_queue(on_topology: Callable[[TopologyChange], None]) -> Callable[[str, str], None]:
+    """The gate's ``on_declare``, as the topology change 0-9-1's queue.declare-ok makes."""
+    from proxy.amqp091.topology import TopologyChange
+
+    def declared(vhost: str, queue: str) -> None:
+        on_topology(TopologyChange("declare_queue", vhost, queue))
+
+    return declared
 
 
 def _drain(queue: list[bytes]) -> bytes:

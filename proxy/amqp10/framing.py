@@ -40,12 +40,14 @@ class NeedData:
 
 NEED_DATA: Final = NeedData()
 
-FrameHandler = Callable[[int, int, bytes, int, int], bool]
-"""Called as ``handler(code, channel, buf, body, end)`` for a frame the scanner does not skip.
+FrameHandler = Callable[[int, int, bytes, int, int, int], bool]
+"""Called as ``handler(code, channel, buf, start, body, end)`` for a frame the scanner does not
+skip.
 
 ``code`` is the performative's descriptor code (-1 for an unknown symbolic descriptor, the raw
-value for an unknown numeric one), ``buf[body:end]`` the frame body. Returning True stops the
-scan right after this frame, so the caller can change what it expects next.
+value for an unknown numeric one), ``buf[start:end]`` the frame, ``buf[body:end]`` its body.
+Returning True stops the scan right after this frame, so the caller can change what it expects
+next.
 """
 
 
@@ -104,20 +106,28 @@ def peek_performative(buf: bytes, body: int, end: int) -> int:
 
 
 def scan_frames(
-    buf: bytes, pos: int, limit: int, frame_type: int, on_frame: FrameHandler
+    buf: bytes,
+    pos: int,
+    limit: int,
+    frame_type: int,
+    on_frame: FrameHandler,
+    skip: tuple[int, int] = (FLOW, DISPOSITION),
 ) -> tuple[int, int, int]:
     """Walk the complete frames of ``buf`` from ``pos``; return ``(stop, frames, need)``.
 
-    Every frame must be of ``frame_type`` and at most ``limit`` bytes. AMQP flow, transfer and
-    disposition frames, and empty AMQP frames (heartbeats), are passed by their size alone;
-    every other frame goes to ``on_frame``. ``stop`` is where the scan ended: the start of an
-    incomplete frame (``need`` is then the bytes that frame needs from ``stop``, at least 8), the
-    end of ``buf`` (``need`` 8), or just after a frame for which ``on_frame`` returned True
+    Every frame must be of ``frame_type`` and at most ``limit`` bytes. AMQP frames whose
+    performative code lies in the ``skip`` range (by default flow, transfer and disposition)
+    and empty AMQP frames (heartbeats) are passed by their size alone; every other frame goes
+    to ``on_frame`` (an empty range such as ``(1, 0)`` skips only heartbeats). ``stop`` is where
+    the scan ended: the start of an incomplete frame (``need`` is then the bytes that frame needs
+    from ``stop``, at least 8), the end of ``buf`` (``need`` 8), or just after a frame for which
+    ``on_frame`` returned True
     (``need`` 0). Raises FramingError for a bad frame header and lets ``on_frame``'s
     ProtocolError through, both with ``offset`` set to the start of the offending frame.
     """
     unpack_usual = _USUAL_START.unpack_from
     unpack = _FRAME_HEADER.unpack_from
+    skip_lo, skip_hi = skip
     size_of_buf = len(buf)
     frames = 0
     try:
@@ -132,8 +142,8 @@ def scan_frames(
                     end = pos + size
                     if end > size_of_buf:
                         return pos, frames, size
-                    if (ftype or code < 0x13 or code > 0x15) and on_frame(
-                        code, channel, buf, pos + 8, end
+                    if (ftype or code < skip_lo or code > skip_hi) and on_frame(
+                        code, channel, buf, pos, pos + 8, end
                     ):
                         return end, frames + 1, 0
                     frames += 1
@@ -152,8 +162,8 @@ def scan_frames(
             body = pos + (doff << 2)
             if body < end:
                 code = peek_performative(buf, body, end)
-                if (ftype or code < FLOW or code > DISPOSITION) and on_frame(
-                    code, channel, buf, body, end
+                if (ftype or code < skip_lo or code > skip_hi) and on_frame(
+                    code, channel, buf, pos, body, end
                 ):
                     return end, frames + 1, 0
             elif ftype:

@@ -260,6 +260,7 @@ class Attach:
     source_address: str | None = None
     target_address: str | None = None
     coordinator: bool = False  # the target is a transaction coordinator, not a node
+    initial_delivery_count: int | None = None  # a sender's; None from a receiver
 
     @classmethod
     def from_fields(cls, fields: list[object]) -> Attach:
@@ -283,6 +284,7 @@ class Attach:
             source_address=source_address,
             target_address=target_address,
             coordinator=coordinator,
+            initial_delivery_count=_optional_int(_field(fields, 9, ATTACH, UInt)),
         )
 
 

@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from proxy.amqp091.connection import Connection as Amqp091Connection
+from proxy.amqp10.connection import Connection as Amqp10Connection
 from proxy.core import FrameCounts, RelayCore, Side
 from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
 from proxy.logs import event
@@ -42,15 +44,13 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
               settings: RelaySettings | None = None) -> RelayCore:
     """The sans-IO core for a detected protocol."""
     if detected is Detected.AMQP091:
-        from proxy.amqp091.connection import Connection as Amqp091Connection
-
         if settings is None:
             return Amqp091Connection()
         return Amqp091Connection(settings.flow, conn_id, settings.hold_budget,
                                  settings.on_topology)
-    from proxy.amqp10.connection import Connection as Amqp10Connection
-
-    return Amqp10Connection(header)
+    if settings is None or settings.flow is None:
+        return Amqp10Connection(header)
+    return Amqp10Connection(header, settings.flow, conn_id, settings.on_topology)
 
 
 class RelayedConnection(asyncio.Protocol):

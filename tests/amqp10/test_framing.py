@@ -30,7 +30,8 @@ class Recorder:
         self.seen: list[tuple[int, int, bytes]] = []
         self.stop_on = stop_on
 
-    def __call__(self, code: int, channel: int, buf: bytes, body: int, end: int) -> bool:
+    def __call__(self, code: int, channel: int, buf: bytes, start: int, body: int, end: int
+                 ) -> bool:
         self.seen.append((code, channel, buf[body:end]))
         return code in self.stop_on
 
@@ -145,7 +146,7 @@ def test_peek_refuses_what_is_not_a_performative(body: bytes) -> None:
 
 
 def test_decode_errors_from_the_handler_carry_the_frame_offset() -> None:
-    def refuse(code: int, channel: int, buf: bytes, body: int, end: int) -> bool:
+    def refuse(code: int, channel: int, buf: bytes, start: int, body: int, end: int) -> bool:
         raise DecodeError("no")
 
     stream = transfer(0, 0, 1, b"") + attach(0, "l", 0, False, "q")

@@ -1,0 +1,82 @@
+"""CPU and memory meters for the benchmark's processes, and the statistics we report."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psutil
+
+
+def cpu_seconds(proc: psutil.Process | None) -> float:
+    """User + system CPU seconds of one process (0.0 when there is none or it is gone)."""
+    if proc is None:
+        return 0.0
+    try:
+        t = proc.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent not idle, all cores added up."""
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + t.irq + t.softirq + t.steal)
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    wall: float
+    relay: float  # the target's relay process (floodwall or pump); 0 for direct
+    broker: float
+    client: float  # this process
+    machine: float
+
+
+class CpuMeter:
+    """Snapshots of CPU time of the relay, the broker, this client and the whole machine."""
+
+    def __init__(self, broker: psutil.Process | None) -> None:
+        self.broker = broker
+        self.me = psutil.Process(os.getpid())
+
+    def snapshot(self, relay: psutil.Process | None) -> CpuSnapshot:
+        return CpuSnapshot(time.perf_counter(), cpu_seconds(relay), cpu_seconds(self.broker),
+                           cpu_seconds(self.me), machine_busy_seconds())
+
+    @staticmethod
+    def delta(a: CpuSnapshot, b: CpuSnapshot) -> dict[str, float]:
+        """CPU seconds used between two snapshots; ``other`` is everything else on the machine
+        (other people's processes: noise)."""
+        relay, broker, client = b.relay - a.relay, b.broker - a.broker, b.client - a.client
+        machine = b.machine - a.machine
+        return {
+            "wall_s": b.wall - a.wall,
+            "relay_cpu_s": relay,
+            "broker_cpu_s": broker,
+            "client_cpu_s": client,
+            "machine_cpu_s": machine,
+            "other_cpu_s": max(0.0, machine - relay - broker - client),
+        }
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) of already sorted values, nearest-rank."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return float(sorted_values[min(rank, len(sorted_values)) - 1])
+
+
+def median(values: Sequence[float]) -> float:
+    clean = [v for v in values if v is not None and not math.isnan(v)]
+    return float(statistics.median(clean)) if clean else math.nan
+
+
+def rss_bytes(proc: psutil.Process) -> int:
+    return int(proc.memory_info().rss)

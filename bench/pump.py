@@ -1,0 +1,168 @@
+"""A plain TCP byte pump: the baseline cost of any relay, with no parsing at all.
+
+``python -m bench.pump --listen 127.0.0.1:P --upstream 127.0.0.1:Q``
+
+Same shape as floodwall's relay (asyncio Protocols on uvloop, one upstream connection per
+client, the same 256 KiB write high-water mark, reading stopped on one side while the
+other side's write buffer is full), minus the protocol core: bytes go through untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import cast
+
+WRITE_HIGH_WATER = 256 * 1024  # as proxy.io.relay.RelaySettings.write_high_water
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+class ClientSide(asyncio.Protocol):
+    """A client's socket; its upstream is opened when it connects."""
+
+    def __init__(self, upstream: tuple[str, int], conns: set[ClientSide]) -> None:
+        self.upstream_addr = upstream
+        self.conns = conns
+        self.client: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.connect_task: asyncio.Task[None] | None = None
+        self.pending = bytearray()
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.client = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.conns.add(self)
+        self.connect_task = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_connection(lambda: UpstreamSide(self), *self.upstream_addr)
+        except OSError:
+            self.close()
+        finally:
+            self.connect_task = None
+
+    def upstream_made(self, transport: asyncio.Transport) -> None:
+        self.upstream = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        if self.closed:
+            transport.close()
+            return
+        if self.pending:
+            transport.write(bytes(self.pending))
+            self.pending.clear()
+        if self.client is not None:
+            self.client.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.upstream is not None:
+            self.upstream.write(data)
+        else:
+            self.pending += data
+            if len(self.pending) > WRITE_HIGH_WATER and self.client is not None:
+                self.client.pause_reading()  # resumed by upstream's first resume_writing
+
+    def pause_writing(self) -> None:  # client's write buffer full: stop reading upstream
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None and not self.closed:
+            self.upstream.resume_reading()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.conns.discard(self)
+        if self.connect_task is not None:
+            self.connect_task.cancel()
+            self.connect_task = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.upstream is not None:
+            self.upstream.close()
+            self.upstream = None
+
+
+class UpstreamSide(asyncio.Protocol):
+    """The pump's socket to the broker for one client."""
+
+    def __init__(self, owner: ClientSide) -> None:
+        self.owner = owner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.owner.upstream_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        client = self.owner.client
+        if client is not None:
+            client.write(data)
+
+    def pause_writing(self) -> None:  # upstream's write buffer full: stop reading the client
+        if self.owner.client is not None:
+            self.owner.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.owner.client is not None and not self.owner.closed:
+            self.owner.client.resume_reading()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.close()
+
+
+async def serve(listen: tuple[str, int], upstream: tuple[str, int]) -> None:
+    loop = asyncio.get_running_loop()
+    conns: set[ClientSide] = set()
+    server = await loop.create_server(lambda: ClientSide(upstream, conns), *listen,
+                                      backlog=1024)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    port = server.sockets[0].getsockname()[1]
+    print(f"pump listening on {listen[0]}:{port} -> {upstream[0]}:{upstream[1]}", flush=True)
+    await stop.wait()
+    server.close()
+    for conn in list(conns):
+        conn.close()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(server.wait_closed(), 5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pump", description=__doc__)
+    parser.add_argument("--listen", required=True, help="HOST:PORT to accept clients on")
+    parser.add_argument("--upstream", required=True, help="HOST:PORT to relay to")
+    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="uvloop")
+    args = parser.parse_args(argv)
+    coro = serve(_hostport(args.listen), _hostport(args.upstream))
+    if args.event_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(coro)
+    else:
+        asyncio.run(coro)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Link credit of one client sender link as the proxy relays it (AMQP 1.0 section 2.6.7).
+
+Pure arithmetic, no frames: ``SenderCredit`` is the state ``proxy.amqp10.flow`` keeps per
+policed link, in the spirit of h2's ``windows.py``.
+
+The proxy stands between a client *sender* and the broker's *receiver* endpoint of one link.
+Towards the client it acts as the receiver (it decides the credit the client sees); towards
+the broker it acts as the sender. Both views use *limits*: the delivery-count up to which the
+sender may go, ``delivery-count + link-credit`` (2.6.7: ``link-credit_snd := delivery-count_rcv
++ link-credit_rcv - delivery-count_snd``). Limits survive transfers crossing a flow in flight,
+which plain credit figures do not.
+
+Numbering: every delivery the client sends is forwarded, so the two sides count the same
+deliveries, except where the proxy itself consumed broker credit (it completed a drain for a
+client that had fewer credits than the broker granted) or consumed a client delivery (it
+dropped and settled one). ``offset`` is ``broker numbering - client numbering``, modulo 2^32.
+
+Every delivery-count, limit and offset is an RFC-1982 serial number: a ``uint`` that wraps at
+2^32 and compares within half the range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+SERIAL_BITS: Final = 32
+MODULUS: Final = 1 << SERIAL_BITS
+HALF: Final = 1 << (SERIAL_BITS - 1)
+MASK: Final = MODULUS - 1
+
+
+def serial_add(a: int, n: int) -> int:
+    """``a + n`` modulo 2^32 (``n`` may be negative)."""
+    return (a + n) & MASK
+
+
+def serial_diff(a: int, b: int) -> int:
+    """``a - b`` as a signed distance in (-2^31, 2^31]: positive when ``a`` is after ``b``."""
+    d = (a - b) & MASK
+    return d - MODULUS if d > HALF else d
+
+
+def serial_lt(a: int, b: int) -> bool:
+    """RFC 1982 ``a < b``."""
+    return serial_diff(a, b) < 0
+
+
+def serial_min(a: int, b: int) -> int:
+    return a if serial_diff(a, b) <= 0 else b
+
+
+def serial_max(a: int, b: int) -> int:
+    return a if serial_diff(a, b) >= 0 else b
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFlow:
+    """The link fields of one flow frame: who sent it decides which are meaningful."""
+
+    delivery_count: int | None
+    link_credit: int
+    drain: bool = False
+    echo: bool = False
+
+
+@dataclass(slots=True)
+class SenderCredit:
+    """Credit of one client sender link: the broker's grant, capped by the proxy's window.
+
+    ``delivery_count`` counts the client's deliveries as the proxy saw them (its receiver
+    view). ``broker_limit`` is how far the broker lets the client go, in client numbering;
+    ``granted`` how far the proxy last told the client it may go; ``high_water`` the furthest
+    it ever did (a transfer below it can be one sent before a reduction arrived; at or past it,
+    the client broke the rules).
+    """
+
+    delivery_count: int
+    offset: int = 0
+    broker_limit: int | None = None  # None: the broker has granted nothing yet
+    granted: int | None = None  # None: the proxy has told the client nothing yet
+    high_water: int | None = None
+    drain: bool = False  # the broker asked the sender to drain
+
+    # -- what the broker says ----------------------------------------------------------------
+    def broker_flow(self, flow: LinkFlow) -> None:
+        """A flow from the broker (the receiver): its delivery-count is in broker numbering."""
+        count = flow.delivery_count
+        if count is None:  # the receiver has not heard from the sender yet: initial count
+            base = self.delivery_count
+        else:
+            base = serial_add(count, -self.offset)
+        self.broker_limit = serial_add(base, flow.link_credit)
+        self.drain = flow.drain
+
+    # -- what the proxy tells the client -----------------------------------------------------
+    @property
+    def broker_credit(self) -> int:
+        """Credit the broker leaves the client now (0 when exhausted or not granted)."""
+        if self.broker_limit is None:
+            return 0
+        return max(0, serial_diff(self.broker_limit, self.delivery_count))
+
+    @property
+    def client_credit(self) -> int:
+        """Credit the client has left by the proxy's last word (0 when exhausted)."""
+        if self.granted is None:
+            return 0
+        return max(0, serial_diff(self.granted, self.delivery_count))
+
+    def grant(self, window: int | None) -> LinkFlow:
+        """The flow the client gets: the broker's credit, at most ``window`` (None: no cap;
+        0: nothing while the queue is tripped). Remembers it as granted."""
+        credit = self.broker_credit
+        if window is not None:
+            credit = min(credit, window)
+        limit = serial_add(self.delivery_count, credit)
+        self.granted = limit
+        self.high_water = limit if self.high_water is None else serial_max(self.high_water, limit)
+        return LinkFlow(self.delivery_count, credit, self.drain)
+
+    def wants_top_up(self, window: int) -> bool:
+        """True when the client is down to half the window and the broker allows more."""
+        left = self.client_credit
+        return left * 2 <= window and self.broker_credit > left
+
+    # -- what the client does -----------------------------------------------------------------
+    def transfer(self) -> bool:
+        """The first frame of a delivery from the client: count it.
+
+        False when the client had no credit for it: it was at or past every limit the proxy
+        ever granted (2.6.7: the receiver may then detach with transfer-limit-exceeded).
+        """
+        within = self.high_water is not None and serial_lt(self.delivery_count, self.high_water)
+        self.delivery_count = serial_add(self.delivery_count, 1)
+        return within
+
+    def dropped(self) -> None:
+        """The proxy consumed (settled itself, never forwarded) the delivery just counted."""
+        self.offset = serial_add(self.offset, -1)
+
+    def client_flow(self, flow: LinkFlow) -> LinkFlow:
+        """A flow from the client (the sender), rewritten for the broker.
+
+        The sender may advance its delivery-count (a drain: credit it will not use). When the
+        broker asked for a drain and the client has drained what the proxy gave it, the proxy
+        drains the rest of the broker's grant too: the broker gets delivery-count at its limit
+        and link-credit 0, as if the client had had all of it.
+        """
+        if flow.delivery_count is not None and serial_diff(flow.delivery_count,
+                                                           self.delivery_count) > 0:
+            self.delivery_count = flow.delivery_count
+            if self.granted is not None and serial_lt(self.granted, self.delivery_count):
+                self.granted = self.delivery_count
+        count = self.delivery_count
+        credit = self.broker_credit
+        if flow.drain and self.drain and self.client_credit == 0 and self.broker_limit is not None:
+            # Drained by the client: consume the broker's remaining credit on its behalf.
+            self.offset = serial_add(self.offset, credit)
+            self.broker_limit = self.delivery_count
+            credit = 0
+        return LinkFlow(serial_add(count, self.offset), credit, flow.drain, flow.echo)

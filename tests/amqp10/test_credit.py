@@ -1,0 +1,178 @@
+"""Link credit arithmetic (AMQP 1.0 section 2.6.7) with RFC-1982 serial numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.amqp10.credit import (
+    HALF,
+    MASK,
+    LinkFlow,
+    SenderCredit,
+    serial_add,
+    serial_diff,
+    serial_lt,
+    serial_max,
+    serial_min,
+)
+
+NEAR_WRAP = MASK - 2  # three deliveries before the 2^32 wrap
+
+
+def test_serial_numbers_compare_across_the_wrap() -> None:
+    assert serial_add(MASK, 1) == 0
+    assert serial_add(0, -1) == MASK
+    assert serial_diff(2, MASK) == 3
+    assert serial_diff(MASK, 2) == -3
+    assert serial_lt(MASK, 0) and not serial_lt(0, MASK)
+    assert serial_max(MASK, 5) == 5 and serial_min(MASK, 5) == MASK
+    assert serial_diff(HALF - 1, 0) == HALF - 1
+    assert serial_diff(0, HALF - 1) == -(HALF - 1)
+
+
+def granted(start: int = 0, broker_credit: int = 1000, window: int | None = 10,
+            broker_count: int | None = None) -> tuple[SenderCredit, LinkFlow]:
+    c = SenderCredit(start)
+    c.broker_flow(LinkFlow(start if broker_count is None else broker_count, broker_credit))
+    return c, c.grant(window)
+
+
+@pytest.mark.parametrize("start", [0, 12345, NEAR_WRAP, MASK])
+def test_grant_is_the_broker_credit_capped_by_the_window(start: int) -> None:
+    c, flow = granted(start)
+    assert flow == LinkFlow(start, 10)
+    assert c.client_credit == 10 and c.broker_credit == 1000
+    _, flow = granted(start, broker_credit=4)
+    assert flow.link_credit == 4
+    _, flow = granted(start, window=None)
+    assert flow.link_credit == 1000
+    _, flow = granted(start, window=0)  # tripped
+    assert flow.link_credit == 0
+
+
+@pytest.mark.parametrize("start", [0, NEAR_WRAP])
+def test_transfers_count_once_each_and_top_up_at_half_the_window(start: int) -> None:
+    c, _ = granted(start)
+    for i in range(4):
+        assert c.transfer()
+        assert not c.wants_top_up(10), i
+    assert c.transfer()  # 5 left: half the window
+    assert c.wants_top_up(10)
+    assert c.grant(10) == LinkFlow(serial_add(start, 5), 10)
+    assert c.delivery_count == serial_add(start, 5)
+    assert c.broker_credit == 995
+
+
+def test_no_top_up_beyond_what_the_broker_allows() -> None:
+    c, _ = granted(broker_credit=6, window=10)
+    for _ in range(3):
+        c.transfer()
+    assert c.client_credit == 3 and c.broker_credit == 3
+    assert not c.wants_top_up(10)
+
+
+@pytest.mark.parametrize("start", [0, NEAR_WRAP])
+def test_transfers_in_flight_when_a_flow_crosses_them(start: int) -> None:
+    """The broker's flow was sent before it saw 3 transfers the client had already sent: its
+    delivery-count lags, its limit (count + credit) is what counts."""
+    c, _ = granted(start, broker_credit=20)
+    for _ in range(3):
+        assert c.transfer()
+    # the broker answers on what it had seen (start) with a fresh credit of 20
+    c.broker_flow(LinkFlow(start, 20))
+    assert c.broker_credit == 17  # limit start+20, the client is at start+3
+    flow = c.grant(10)
+    assert flow == LinkFlow(serial_add(start, 3), 10)
+    # a reduction crossing transfers: the client sent 2 more before it saw credit 0
+    c.grant(0)
+    assert c.transfer() and c.transfer()  # below the high-water mark: in flight, accepted
+    assert c.client_credit == 0
+
+
+@pytest.mark.parametrize("start", [0, NEAR_WRAP])
+def test_a_transfer_beyond_every_grant_is_refused(start: int) -> None:
+    c, _ = granted(start, window=2)
+    assert c.transfer() and c.transfer()
+    assert not c.transfer()
+
+
+def test_a_transfer_before_any_grant_is_refused() -> None:
+    c = SenderCredit(7)
+    assert not c.transfer()
+
+
+def test_first_broker_flow_without_delivery_count_starts_at_the_initial_count() -> None:
+    c = SenderCredit(NEAR_WRAP)
+    c.broker_flow(LinkFlow(None, 50))
+    assert c.grant(None) == LinkFlow(NEAR_WRAP, 50)
+    assert c.high_water == serial_add(NEAR_WRAP, 50)
+
+
+@pytest.mark.parametrize("start", [0, NEAR_WRAP])
+def test_drain_with_no_messages_consumes_the_whole_broker_grant(start: int) -> None:
+    """The broker asks for a drain; the client has nothing to send and advances its count to
+    what it was given (the window); the proxy drains the rest of the broker's grant."""
+    c = SenderCredit(start)
+    c.broker_flow(LinkFlow(start, 100, drain=True))
+    flow = c.grant(10)
+    assert flow == LinkFlow(start, 10, drain=True)
+    to_broker = c.client_flow(LinkFlow(serial_add(start, 10), 0, drain=True))
+    assert to_broker == LinkFlow(serial_add(start, 100), 0, drain=True)
+    assert c.broker_credit == 0 and c.client_credit == 0
+    # counts stay translated: the broker now counts 90 ahead of the client
+    assert c.offset == 90
+    c.broker_flow(LinkFlow(serial_add(start, 100), 5))
+    assert c.grant(10) == LinkFlow(serial_add(start, 10), 5)
+    assert c.transfer()
+    assert c.client_flow(LinkFlow(serial_add(start, 11), 4)) == LinkFlow(
+        serial_add(start, 101), 4)
+
+
+def test_drain_after_sending_some_messages() -> None:
+    c = SenderCredit(0)
+    c.broker_flow(LinkFlow(0, 30, drain=True))
+    c.grant(10)
+    for _ in range(4):
+        c.transfer()
+    to_broker = c.client_flow(LinkFlow(10, 0, drain=True))  # drained the 6 left
+    assert to_broker == LinkFlow(30, 0, drain=True)
+
+
+def test_a_drain_flag_echoed_before_the_client_drained_changes_nothing() -> None:
+    c = SenderCredit(0)
+    c.broker_flow(LinkFlow(0, 30, drain=True))
+    c.grant(10)
+    assert c.client_flow(LinkFlow(0, 10, drain=True)) == LinkFlow(0, 30, drain=True)
+    assert c.offset == 0
+
+
+def test_echo_reports_the_senders_state_in_broker_numbering() -> None:
+    c, _ = granted(0, broker_credit=50, window=10)
+    c.transfer()
+    out = c.client_flow(LinkFlow(1, 9, echo=True))
+    assert out == LinkFlow(1, 49, echo=True)
+
+
+def test_a_dropped_delivery_shifts_the_broker_numbering() -> None:
+    c, _ = granted(0, broker_credit=50, window=10)
+    assert c.transfer()
+    c.dropped()  # settled by the proxy: the broker never saw it
+    assert c.offset == MASK  # -1
+    c.broker_flow(LinkFlow(0, 50))  # the broker still counts 0 deliveries
+    assert c.broker_credit == 50  # the client at 1 may go to 51
+    assert c.client_flow(LinkFlow(1, 9)) == LinkFlow(0, 50)
+
+
+@pytest.mark.parametrize("start", [MASK - 100, MASK])
+def test_a_long_run_across_the_wrap(start: int) -> None:
+    c, _ = granted(start, broker_credit=1000, window=16)
+    broker_count = start
+    for i in range(300):
+        assert c.transfer(), i
+        if c.wants_top_up(16):
+            c.grant(16)
+        if i % 50 == 49:  # the broker catches up and grants again
+            broker_count = c.delivery_count
+            c.broker_flow(LinkFlow(broker_count, 1000))
+    assert c.delivery_count == serial_add(start, 300)
+    assert 0 < c.client_credit <= 16

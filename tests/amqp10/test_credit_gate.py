@@ -1,0 +1,485 @@
+"""The AMQP 1.0 credit gate driven by bytes: grants, top-ups, trips, releases, bad senders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from proxy.amqp10.connection import Connection
+from proxy.amqp10.credit import MASK, serial_add
+from proxy.amqp10.flow import (
+    ASSUMED_MESSAGE_BYTES,
+    link_ref,
+    message_routing,
+    window_for,
+)
+from proxy.amqp10.framing import AMQP_HEADER
+from proxy.amqp10.performatives import (
+    ATTACH,
+    DETACH,
+    DISPOSITION,
+    FLOW,
+    SOURCE,
+    TARGET,
+    TRANSFER,
+    performative,
+)
+from proxy.amqp10.types import Described, Symbol, UByte, UInt, ULong, encode
+from proxy.depth import ManagementSample
+from proxy.gate import FlowController
+from proxy.policy import parse_policies
+from tests.amqp10.streams import (
+    amqp,
+    begin,
+    bytewise,
+    continuation,
+    data_section,
+    detach,
+    open_,
+    performatives,
+    transfer,
+    whole,
+)
+
+VHOST = "/"
+CAPACITY = 100_000
+SERVER_CH = 3
+CAPPED_H, FREE_H, ANON_H, RECV_H = 0, 1, 2, 3  # client handles
+SERVER_HANDLE = {CAPPED_H: 7, FREE_H: 8, ANON_H: 9, RECV_H: 10}
+WINDOW = window_for(ASSUMED_MESSAGE_BYTES)
+Chunker = Callable[[bytes], Iterator[bytes]]
+
+
+def policies(overflow: str) -> str:
+    return f"""
+version: 1
+policies:
+  - name: capped
+    match: {{vhost: "/", queue: "capped*"}}
+    capacity: {CAPACITY}
+    resume: 50000
+    overflow: {overflow}
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class DefaultExchange:
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: dict[str, object] | None = None) -> frozenset[str]:
+        return frozenset({routing_key}) if exchange == "" else frozenset()
+
+
+def link_attach(channel: int, name: str, handle: int, role: bool, target: str | None,
+                source: str | None = None, initial: int | None = 0) -> bytes:
+    return amqp(ATTACH, channel, name=name, handle=UInt(handle), role=role,
+                snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
+                source=performative(SOURCE, address=source),
+                target=performative(TARGET, address=target),
+                initial_delivery_count=None if role or initial is None else UInt(initial))
+
+
+def broker_flow(handle: int, count: int | None, credit: int, drain: bool = False,
+                echo: bool = False, next_incoming: int = 0) -> bytes:
+    return amqp(FLOW, SERVER_CH, next_incoming_id=UInt(next_incoming),
+                incoming_window=UInt(5000), next_outgoing_id=UInt(0),
+                outgoing_window=UInt(5000), handle=UInt(handle),
+                delivery_count=None if count is None else UInt(count),
+                link_credit=UInt(credit), drain=drain or None, echo=echo or None)
+
+
+def client_flow(handle: int, count: int, credit: int, drain: bool = False,
+                echo: bool = False, next_outgoing: int = 0) -> bytes:
+    return amqp(FLOW, 0, next_incoming_id=UInt(0), incoming_window=UInt(5000),
+                next_outgoing_id=UInt(next_outgoing), outgoing_window=UInt(5000),
+                handle=UInt(handle), delivery_count=UInt(count), link_credit=UInt(credit),
+                drain=drain or None, echo=echo or None)
+
+
+def message(size: int, to: str | None = None) -> bytes:
+    props = b"" if to is None else encode(Described(ULong(0x73), [None, None, to]))
+    return props + data_section(b"x" * size)
+
+
+@dataclass
+class Setup:
+    """A gated connection: a sender to a capped queue, one to a free queue, an anonymous
+    sender and a receiver on the capped queue, all on one session."""
+
+    overflow: str = "hold"
+    chunker: Chunker = whole
+    initial: int = 0
+    clock: Clock = field(default_factory=Clock)
+    to_client: list[bytes] = field(default_factory=list)
+    to_server: list[bytes] = field(default_factory=list)
+    next_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.fc = FlowController(DefaultExchange(), self.clock,
+                                 parse_policies(policies(self.overflow)))
+        for q in ("capped", "capped2", "free"):
+            self.fc.queue_seen((VHOST, q))
+        self.sample("capped", 0)
+        self.sample("capped2", 0)
+        self.core = Connection(AMQP_HEADER, self.fc, conn_id=1)
+        self.notified = 0
+        assert self.core.flow is not None
+        self.core.flow.notify = self._notified
+        self.client(open_("client") + begin(0)
+                    + link_attach(0, "capped", CAPPED_H, False, "/amq/queue/capped",
+                                  initial=self.initial)
+                    + link_attach(0, "free", FREE_H, False, "/queue/free", initial=self.initial)
+                    + link_attach(0, "anon", ANON_H, False, None, initial=self.initial)
+                    + link_attach(0, "recv", RECV_H, True, None, source="/amq/queue/capped"))
+        self.server(AMQP_HEADER + open_("broker") + begin(SERVER_CH, remote_channel=0)
+                    + b"".join(link_attach(SERVER_CH, name, SERVER_HANDLE[h], role, t, s)
+                               for name, h, role, t, s in (
+                                   ("capped", CAPPED_H, True, "/amq/queue/capped", None),
+                                   ("free", FREE_H, True, "/queue/free", None),
+                                   ("anon", ANON_H, True, None, None),
+                                   ("recv", RECV_H, False, None, "/amq/queue/capped"))))
+        self.take()
+
+    def _notified(self) -> None:
+        self.notified += 1
+
+    def sample(self, queue: str, nbytes: int) -> None:
+        self.clock.t += 1
+        self.fc.sampled_management((VHOST, queue), ManagementSample(
+            self.clock.t, nbytes // 100, 0, nbytes, nbytes, 0))
+
+    def client(self, data: bytes) -> None:
+        for chunk in self.chunker(data):
+            self.core.receive_from_client(chunk)
+            self.to_server.append(self.core.data_for_server())
+            self.to_client.append(self.core.data_for_client())
+
+    def server(self, data: bytes) -> None:
+        for chunk in self.chunker(data):
+            self.core.receive_from_server(chunk)
+            self.to_server.append(self.core.data_for_server())
+            self.to_client.append(self.core.data_for_client())
+
+    def take(self) -> tuple[bytes, bytes]:
+        """What the core handed the server and the client since the last take."""
+        self.to_server.append(self.core.data_for_server())
+        self.to_client.append(self.core.data_for_client())
+        out = b"".join(self.to_server), b"".join(self.to_client)
+        self.to_server.clear()
+        self.to_client.clear()
+        return out
+
+    def send(self, handle: int, size: int = 100, to: str | None = None) -> bytes:
+        frame = transfer(0, handle, self.next_id, message(size, to))
+        self.next_id += 1
+        self.client(frame)
+        return frame
+
+
+def flows(data: bytes, handle: int | None = None) -> list[list[object]]:
+    return [f for code, f in performatives(data) if code == FLOW
+            and (handle is None or (len(f) > 4 and f[4] == handle))]
+
+
+def num(value: object) -> int:
+    assert isinstance(value, int)
+    return value
+
+
+def credit_seen(data: bytes, handle: int, sent: int) -> int:
+    """What a client that sent ``sent`` deliveries makes of the last flow for ``handle``."""
+    f = flows(data, handle)[-1]
+    return num(f[5]) + num(f[6]) - sent
+
+
+CHUNKERS = [pytest.param(whole, id="whole"), pytest.param(bytewise, id="bytewise")]
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_the_capped_link_gets_a_window_the_free_link_the_brokers_bytes(chunker: Chunker
+                                                                       ) -> None:
+    s = Setup(chunker=chunker)
+    grant_capped = broker_flow(7, 0, 1000)
+    grant_free = broker_flow(8, 0, 1000)
+    s.server(grant_capped + grant_free)
+    _, to_client = s.take()
+    assert to_client.endswith(grant_free)  # passed byte-exact
+    assert credit_seen(to_client, 7, 0) == WINDOW
+    assert flows(to_client, 7)[-1][:4] == flows(grant_capped)[0][:4]  # session fields as sent
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_transfers_pass_unchanged_and_credit_is_topped_up_by_the_proxy(chunker: Chunker) -> None:
+    s = Setup(chunker=chunker)
+    s.server(broker_flow(7, 0, 1000))
+    s.take()
+    size = ASSUMED_MESSAGE_BYTES - 100  # the window stays what it was assumed to be
+    sent = [s.send(CAPPED_H, size) for _ in range(WINDOW // 2 - 1)]
+    to_server, to_client = s.take()
+    assert to_server == b"".join(sent) and to_client == b""
+    s.send(CAPPED_H, size)  # half the window used: top up
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, WINDOW // 2) == WINDOW
+    q = s.fc.queues[(VHOST, "capped")]
+    assert q.depth.forwarded_messages_total == WINDOW // 2
+
+
+def test_the_window_follows_the_message_size() -> None:
+    s = Setup()
+    s.server(broker_flow(7, 0, 1000))
+    s.take()
+    s.send(CAPPED_H, 100)  # small messages: a bigger window (64 KiB of them)
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, 1) == window_for(100 + 6) == 256
+    assert window_for(64 * 1024 * 4) == 1 and window_for(1024) == 64
+
+
+def test_a_multi_frame_transfer_counts_once_and_books_all_its_bytes() -> None:
+    s = Setup()
+    s.server(broker_flow(7, 0, 1000))
+    s.take()
+    big = message(1500)
+    frames = (transfer(0, CAPPED_H, 0, big[:500], more=True)
+              + continuation(0, CAPPED_H, big[500:1000], more=True)
+              + continuation(0, CAPPED_H, big[1000:], more=False))
+    s.client(frames)
+    to_server, _ = s.take()
+    assert to_server == frames
+    q = s.fc.queues[(VHOST, "capped")]
+    assert q.depth.forwarded_messages_total == 1
+    assert q.depth.forwarded_bytes_total == len(big)
+    assert s.core.flow is not None
+    link = s.core.flow.sessions[0].links[CAPPED_H]
+    # one delivery counted; the window follows the size seen: 64 KiB of 1.5 KB messages
+    assert link.credit.delivery_count == 1  # type: ignore[union-attr]
+    assert link.credit.client_credit == window_for(len(big))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -> None:
+    s = Setup(chunker=chunker)
+    s.server(broker_flow(7, 0, 1000) + broker_flow(8, 0, 1000))
+    s.take()
+    n = 0
+    while (VHOST, "capped") not in s.fc.tripped:
+        s.send(CAPPED_H, 20_000)
+        n += 1
+    to_server, to_client = s.take()
+    assert n == 5  # 5 x ~20 KB > 100 KB
+    assert credit_seen(to_client, 7, n) == 0  # revoked at once
+    assert s.fc.is_blocked(s.core.flow, link_ref(0, CAPPED_H))  # type: ignore[arg-type]
+    blocked = s.fc.blocked_channels()
+    assert [(b.conn_id, b.channel) for b in blocked] == [(1, link_ref(0, CAPPED_H))]
+    # the free link on the same session goes on, byte for byte
+    free = b"".join(s.send(FREE_H, 20_000) for _ in range(5))
+    to_server, to_client = s.take()
+    assert to_server == free and flows(to_client, 7) == []
+    # a transfer that crossed the revocation in flight is still within what was granted
+    s.send(CAPPED_H, 100)
+    n += 1
+    to_server, _ = s.take()
+    assert performatives(to_server)[0][0] == TRANSFER
+    # the broker grants again while tripped: the client still sees none
+    s.server(broker_flow(7, n, 1000))
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, n) == 0
+    # release: the proxy sends the flow itself
+    s.sample("capped", 500)
+    assert (VHOST, "capped") not in s.fc.tripped
+    _, to_client = s.take()
+    assert s.notified == 1
+    assert credit_seen(to_client, 7, n) > 0
+    assert s.fc.blocked_channels() == []
+    assert s.fc.signals == {"flow_off": 1, "flow_on": 1}
+
+
+def test_a_link_attached_while_its_queue_is_tripped_gets_no_credit() -> None:
+    s = Setup()
+    s.sample("capped", 500_000)
+    s.server(broker_flow(7, 0, 1000))
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, 0) == 0
+    s.sample("capped", 0)
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, 0) == WINDOW
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_a_transfer_beyond_every_grant_detaches_the_link(chunker: Chunker) -> None:
+    s = Setup(chunker=chunker)
+    s.server(broker_flow(7, 0, 2) + broker_flow(8, 0, 1000))
+    s.take()
+    ok = s.send(CAPPED_H) + s.send(CAPPED_H)
+    s.take()
+    bad = s.send(CAPPED_H)
+    later = s.send(CAPPED_H)
+    free = s.send(FREE_H)
+    to_server, to_client = s.take()
+    assert ok and bad and later
+    # the broker gets a detach instead of the transfers, and the free link's transfer
+    got = performatives(to_server)
+    assert [code for code, _ in got] == [DETACH, TRANSFER]
+    assert got[0][1][0] == CAPPED_H and got[0][1][1] is True
+    assert to_server.endswith(free)
+    detached = performatives(to_client)
+    assert [code for code, _ in detached] == [DETACH]
+    assert detached[0][1][0] == 7
+    error = detached[0][1][2]
+    assert isinstance(error, Described)
+    assert error.value[0] == Symbol("amqp:link:transfer-limit-exceeded")  # type: ignore[index]
+    # both replies are absorbed; the session's transfer-ids are shifted by the 2 dropped
+    s.client(detach(0, CAPPED_H))
+    s.server(detach(SERVER_CH, 7) + broker_flow(8, 1, 1000, next_incoming=3))
+    to_server, to_client = s.take()
+    assert to_server == b""
+    f = flows(to_client, 8)[0]
+    assert f[0] == 5  # next-incoming-id 3 + 2 dropped frames
+    s.client(client_flow(FREE_H, 1, 999, next_outgoing=5))
+    to_server, _ = s.take()
+    assert flows(to_server)[0][2] == 3
+
+
+def test_drain_and_echo_keep_their_meaning() -> None:
+    s = Setup()
+    s.server(broker_flow(7, 0, 100, drain=True))
+    _, to_client = s.take()
+    f = flows(to_client, 7)[0]
+    assert (f[5], f[6], f[8]) == (0, WINDOW, True)
+    # the client has nothing to send: it advances its count to what it was given
+    s.client(client_flow(CAPPED_H, WINDOW, 0, drain=True))
+    to_server, _ = s.take()
+    f = flows(to_server, CAPPED_H)[0]
+    assert (f[5], f[6], f[8]) == (100, 0, True)  # the whole broker grant is drained
+    # echo: the broker asks, the client answers, counts translated both ways
+    s.server(broker_flow(7, 100, 10, echo=True))
+    _, to_client = s.take()
+    f = flows(to_client, 7)[0]
+    assert (f[5], f[6], f[9]) == (WINDOW, 10, True)
+    s.client(client_flow(CAPPED_H, WINDOW, 10))
+    to_server, _ = s.take()
+    f = flows(to_server, CAPPED_H)[0]
+    assert (f[5], f[6]) == (100, 10)
+
+
+def test_delivery_counts_wrap_around() -> None:
+    start = MASK - 5
+    s = Setup(initial=start)
+    s.server(broker_flow(7, start, 1000))
+    s.take()
+    for _ in range(40):
+        s.send(CAPPED_H, 10)
+    _, to_client = s.take()
+    last = flows(to_client, 7)[-1]
+    limit = serial_add(num(last[5]), num(last[6]))
+    assert 0 < serial_add(limit, -serial_add(start, 40)) <= window_for(10)
+    assert s.core.flow is not None
+    link = s.core.flow.sessions[0].links[CAPPED_H]
+    assert link.credit.delivery_count == serial_add(start, 40)  # type: ignore[union-attr]
+
+
+def test_anonymous_sender_to_a_tripped_queue_is_forwarded_then_held_by_credit() -> None:
+    s = Setup()
+    s.server(broker_flow(9, 0, 1000))
+    _, to_client = s.take()
+    assert credit_seen(to_client, 9, 0) == WINDOW  # per-message links are always capped
+    s.send(ANON_H, 100, to="/amq/queue/free")
+    s.take()
+    s.sample("capped", 500_000)
+    msg = s.send(ANON_H, 100, to="/amq/queue/capped")
+    to_server, to_client = s.take()
+    assert to_server == msg
+    assert credit_seen(to_client, 9, 2) == 0
+    s.sample("capped", 0)
+    _, to_client = s.take()
+    assert credit_seen(to_client, 9, 2) > 0
+
+
+def test_anonymous_sender_under_reject_gets_rejected_and_keeps_its_credit() -> None:
+    s = Setup(overflow="reject")
+    s.server(broker_flow(9, 0, 1000))
+    s.take()
+    s.sample("capped", 500_000)
+    s.send(ANON_H, 100, to="/amq/queue/capped")
+    free = s.send(ANON_H, 100, to="/amq/queue/free")
+    to_server, to_client = s.take()
+    assert to_server == free  # the rejected one never reaches the broker
+    got = performatives(to_client)
+    assert got[0][0] == DISPOSITION
+    assert all(f[6] != 0 for f in flows(to_client, 9))  # credit is never withheld
+    fields = got[0][1]
+    assert fields[0] is True and fields[1] == 0 and fields[3] is True
+    state = fields[4]
+    assert isinstance(state, Described) and state.descriptor == 0x25
+    assert s.fc.rejects == 1
+    assert s.fc.blocked_channels() == []
+    # the broker's flows are shifted by the dropped frame and the dropped delivery
+    s.server(broker_flow(9, 1, 999, next_incoming=1))
+    _, to_client = s.take()
+    f = flows(to_client, 9)[0]
+    assert f[0] == 2  # next-incoming-id + 1 dropped
+    assert (f[5], f[6]) == (2, window_for(106))  # the client counts 2, the broker 1
+
+
+def test_receiver_deliveries_feed_the_ledger() -> None:
+    s = Setup()
+    body = data_section(b"y" * 10)
+    s.server(transfer(SERVER_CH, 10, 0, body)
+             + transfer(SERVER_CH, 10, 1, body[:5], more=True)
+             + continuation(SERVER_CH, 10, body[5:], more=False))
+    _, to_client = s.take()
+    assert len(performatives(to_client)) == 3
+    assert s.fc.queues[(VHOST, "capped")].depth.delivered_messages_total == 2
+
+
+def test_message_routing_reads_to_and_subject() -> None:
+    header = encode(Described(ULong(0x70), [True]))
+    props = encode(Described(ULong(0x73), [None, None, "/queues/a%2Fb", "subj"]))
+    payload = header + props + data_section(b"z")
+    assert message_routing(payload, 0, len(payload)) == ("/queues/a%2Fb", "subj")
+    assert message_routing(data_section(b"z"), 0, 4) is None
+    assert message_routing(data_section(b"z"), 0, len(data_section(b"z"))) == (None, None)
+
+
+def test_without_policies_flow_and_transfer_frames_are_not_read() -> None:
+    core = Connection(AMQP_HEADER)
+    assert core.flow is None
+    data = open_("c") + begin(0) + transfer(0, 5, 0, b"\xff\xff")  # undecodable payload: unread
+    core.receive_from_client(data)
+    assert core.data_for_server() == data and core.failure is None
+
+
+def test_a_malformed_flow_closes_the_connection_with_decode_error() -> None:
+    s = Setup()
+    bad = amqp(FLOW, 0, next_incoming_id=UInt(0), incoming_window=UInt(1),
+               next_outgoing_id=UInt(0), outgoing_window=UInt(1), handle="nope")
+    s.client(bad)
+    assert s.core.failure is not None
+    assert s.core.failure.condition == "amqp:decode-error"
+
+
+def test_broker_dispositions_leave_out_what_the_proxy_settled() -> None:
+    """RabbitMQ settles ranges that span the delivery-ids it never saw: the proxy splits them
+    so a delivery it rejected is not also accepted."""
+    s = Setup(overflow="reject")
+    s.server(broker_flow(9, 0, 1000))
+    s.take()
+    s.sample("capped", 500_000)
+    for to in ("free", "capped", "free", "capped", "free"):  # ids 0..4; 1 and 3 dropped
+        s.send(ANON_H, 100, to=f"/amq/queue/{to}")
+    s.take()
+    accepted = Described(ULong(0x24), [])
+    s.server(amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(0), last=UInt(4),
+                  settled=True, state=accepted)
+             + amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(3), settled=True,
+                    state=accepted))
+    _, to_client = s.take()
+    ranges = [(f[1], f[2]) for code, f in performatives(to_client) if code == DISPOSITION]
+    assert ranges == [(0, 0), (2, 2), (4, 4)]
