@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ class QueueSpool:
         self._pending_bytes = 0  # on disk, not confirmed (what limits count)
         self._pending_records = 0
         self._oldest_at: float | None = None
+        self._lock = threading.Lock()  # sync() runs on a worker thread, append() on the loop
         self.report = self._recover()
 
     # -- opening -----------------------------------------------------------------------
@@ -124,6 +126,10 @@ class QueueSpool:
         A failed write (disk full, I/O error) is cut back off the segment, so the segment
         stays whole, and raises SpoolError.
         """
+        with self._lock:
+            return self._append(record)
+
+    def _append(self, record: SpoolRecord) -> int:
         seq = self.next_seq
         data = SpoolRecord(seq, record.accepted_at, record.exchange, record.routing_key,
                            record.properties, record.body, record.mandatory).encode()
@@ -167,13 +173,15 @@ class QueueSpool:
 
     def sync(self) -> int:
         """Make every appended record durable; returns ``durable_seq``."""
-        if self._fd is not None and self.durable_seq < self.next_seq - 1:
-            target = self.next_seq - 1
-            os.fsync(self._fd)
-            if len(self.segments) == 1 or self.durable_seq < self.segments[-1].first_seq:
-                _fsync_dir(self.directory)  # a new segment's directory entry
-            self.durable_seq = target
-        return self.durable_seq
+        with self._lock:
+            if self._fd is not None and self.durable_seq < self.next_seq - 1:
+                target = self.next_seq - 1
+                new_segment = self.durable_seq < self.segments[-1].first_seq
+                os.fsync(self._fd)
+                if new_segment:
+                    _fsync_dir(self.directory)  # the new segment's directory entry
+                self.durable_seq = target
+            return self.durable_seq
 
     # -- reading and confirming --------------------------------------------------------
     def records(self, after: int | None = None) -> Iterator[SpoolRecord]:
@@ -198,6 +206,10 @@ class QueueSpool:
         ``sizes`` and ``count`` are the bytes and records this confirmation covers (the
         replayer knows them), for the pending figures.
         """
+        with self._lock:
+            self._confirmed_through(seq, sizes, count)
+
+    def _confirmed_through(self, seq: int, sizes: int, count: int) -> None:
         if seq <= self.confirmed_seq:
             return
         self.confirmed_seq = seq
