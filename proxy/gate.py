@@ -89,6 +89,9 @@ class FlowController:
         self.signals: dict[str, int] = {"flow_off": 0, "flow_on": 0}
         self.rejects = 0  # publishes refused under overflow: reject
         self.deadline_expiries = 0  # publishes refused because they waited too long
+        self.spooled_records = 0  # publishes written to the spool instead of held
+        self.spooled_bytes = 0
+        self.spool_fallbacks = 0  # spool said no (limits, disk): held instead
         # Observer of trips, releases, holds, signals and refusals (telemetry); None: off.
         self.on_event: Callable[[str, dict[str, object]], None] | None = None
 
@@ -163,6 +166,10 @@ class FlowController:
     # -- blocking ----------------------------------------------------------------------
     def register(self, owner: ChannelOwner) -> None:
         self._owners[owner.conn_id] = owner
+
+    def owners(self) -> list[ChannelOwner]:
+        """Every connection core registered with the gate."""
+        return list(self._owners.values())
 
     def unregister(self, owner: ChannelOwner) -> None:
         self._owners.pop(owner.conn_id, None)

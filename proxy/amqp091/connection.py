@@ -30,6 +30,7 @@ from proxy.amqp091.framing import (
 from proxy.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyChange, TopologyWatch
 from proxy.core import Failure, FrameCounts, Side
 from proxy.gate import FlowController
+from proxy.spool.manager import SpoolManager
 
 INTERNAL_ERROR: Final = 541
 """Reply code the client gets when the upstream broker sent a malformed frame."""
@@ -184,7 +185,8 @@ class Connection:
 
     def __init__(self, flow: FlowController | None = None, conn_id: int = 0,
                  hold_budget: int = DEFAULT_HOLD_BUDGET,
-                 on_topology: Callable[[TopologyChange], None] | None = None) -> None:
+                 on_topology: Callable[[TopologyChange], None] | None = None,
+                 spool: SpoolManager | None = None) -> None:
         self.conn_id = conn_id
         self.failure: Failure | None = None
         self.from_client = FrameCounts()
@@ -224,12 +226,13 @@ class Connection:
         self.flow: PublishFlow | None = None
         if flow is not None:
             self.flow = PublishFlow(flow, conn_id, self._to_server.append,
-                                    self._to_client.append, hold_budget)
+                                    self._to_client.append, hold_budget, spool)
             self.flow.on_channel_closed = self._forget_channel
             self._client_in.read({
                 **self._client_in.handlers,
                 _B.Publish.index: self._on_publish,
                 _CF.Select.index: self._on_confirm_select,
+                commands.Tx.Select.index: self._on_tx_select,
                 _CH.FlowOk.index: self._on_flow_reply,
                 _CH.Flow.index: self._on_flow_reply,
                 _C.Close.index: self._on_client_close_held,
@@ -527,6 +530,10 @@ class Connection:
     def _on_confirm_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         assert self.flow is not None
         self.flow.on_confirm_select(channel)
+
+    def _on_tx_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.flow is not None
+        self.flow.on_tx_select(channel)
 
     def _on_flow_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
         assert self.flow is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,10 @@ from pamqp import frame as pamqp_frame
 from proxy.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
 from proxy.gate import ALARM, FlowController, QueueKey
 from proxy.logs import event
-from proxy.policy import Overflow, Policy, Signal
+from proxy.policy import Fsync, Overflow, Policy, Signal
+from proxy.spool.log import SpoolError
+from proxy.spool.manager import SpoolManager
+from proxy.spool.records import SpoolRecord
 
 log = logging.getLogger("floodwall.flow")
 
@@ -83,6 +87,7 @@ class HeldPublish:
     queues: frozenset[str]
     held_at: float
     client_seq: int  # its confirm sequence number on the client's side (0 = not confirming)
+    spool_to: QueueKey | None = None  # goes to this queue's spool once its content is in
 
     @property
     def complete(self) -> bool:
@@ -149,6 +154,10 @@ class ChannelFlow:
     awaiting: tuple[Publish, bytes] | None = None  # publish waiting for its content header
     discard_content: int = 0  # body bytes still to drop (a refused publish's content)
     confirms: ConfirmNumbers | None = None
+    transactional: bool = False  # tx.select seen: its publishes are never spooled
+    spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
+    # (queue, spool seq, client seq): spooled publishes whose ack waits for durability
+    not_spooled_reported: bool = False
     signalled_off: bool = False  # we sent channel.flow(active=false)
     flow_replies: int = 0  # replies to injected channel.flow still to absorb
     closing_by_proxy: bool = False
@@ -174,8 +183,10 @@ class PublishFlow:
 
     def __init__(self, controller: FlowController, conn_id: int,
                  to_server: Callable[[bytes], None], to_client: Callable[[bytes], None],
-                 hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
+                 hold_budget: int = DEFAULT_HOLD_BUDGET,
+                 spool: SpoolManager | None = None) -> None:
         self.controller = controller
+        self.spool = spool
         self.conn_id = conn_id
         self._to_server = to_server
         self._to_client = to_client
@@ -251,6 +262,19 @@ class PublishFlow:
         queues = self.controller.destinations(self.vhost, pub.exchange, pub.routing_key,
                                               _headers_of(header))
         blocking = self.controller.blocking(self.vhost, queues)
+        spool_to = self._spool_target(ch, pub, queues, blocking) if self.spool else None
+        if spool_to is not None:
+            if method_bytes is None:
+                method_bytes = bytes(buf[offset:header_offset])
+            item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues,
+                               self.controller.clock(),
+                               ch.confirms.client_seq if ch.confirms is not None else 0,
+                               spool_to)
+            if item.complete:
+                self._spool(ch, item, blocking)
+            else:
+                ch.filling = item  # its body frames come next; spooled when all are in
+            return True
         if not blocking and not ch.holding:
             self.controller.forwarded(self.vhost, queues, body_size)
             if ch.confirms is not None:
@@ -302,9 +326,12 @@ class PublishFlow:
             data = bytes(buf[offset:end])
             item.frames.append(data)
             item.received += size
-            self._grow(ch, len(data))
+            if item.spool_to is None:
+                self._grow(ch, len(data))
             if item.complete:
                 ch.filling = None
+                if item.spool_to is not None:
+                    self._spool(ch, item, self.controller.blocking(self.vhost, item.queues))
             return True
         if ch.discard_content > 0 and ftype == 3:
             ch.discard_content -= size
@@ -393,6 +420,83 @@ class PublishFlow:
             self.on_channel_closed(ch.channel)
             for frame in ch.reopen:
                 self._to_server(frame)
+
+    # -- spool -------------------------------------------------------------------------
+    def _spool_target(self, ch: ChannelFlow, pub: Publish, queues: frozenset[str],
+                      blocking: frozenset[QueueKey]) -> QueueKey | None:
+        """The queue whose spool takes this publish, or None (held or passed instead).
+
+        Spooled: a publish that lands in exactly one queue, whose policy says ``spool``,
+        while that queue is tripped or still has spooled backlog (so the broker gets its
+        messages in the order the proxy accepted them). Never spooled: transactional and
+        mandatory publishes (their semantics need the broker now), a publish behind held
+        frames on its channel, and anything while the broker has a resource alarm.
+        """
+        assert self.spool is not None
+        if len(queues) != 1 or ALARM in blocking:
+            return None
+        key = (self.vhost, next(iter(queues)))
+        q = self.controller.queues.get(key)
+        if q is None or q.policy.overflow is not Overflow.SPOOL:
+            return None
+        if key not in blocking and not self.spool.has_backlog(key):
+            return None
+        if ch.transactional or pub.mandatory or ch.holding:
+            if not ch.not_spooled_reported and not ch.holding:
+                ch.not_spooled_reported = True
+                event(log, "publish_not_spooled", conn=self.conn_id, channel=ch.channel,
+                      queue=key[1], reason=("transactional channel" if ch.transactional
+                                            else "mandatory publish"), action="held")
+            return None
+        return key
+
+    def _spool(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey]) -> None:
+        """Write a complete publish to its queue's spool; hold it if the spool says no."""
+        assert self.spool is not None and item.spool_to is not None
+        key = item.spool_to
+        q = self.controller.queues.get(key)
+        settings = q.policy.spool if q is not None else None
+        record = SpoolRecord(0, time.time(), item.publish.exchange, item.publish.routing_key,
+                             bytes(item.frames[1][HEADER_SIZE:-1]),
+                             b"".join(f[HEADER_SIZE:-1] for f in item.frames[2:]),
+                             item.publish.mandatory)
+        try:
+            seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
+        except SpoolError as exc:
+            self.controller.spool_fallbacks += 1
+            event(log, "spool_refused", logging.WARNING, conn=self.conn_id, channel=ch.channel,
+                  queue=key[1], reason=str(exc), action="held")
+            item.spool_to = None
+            self._hold(ch, item)
+            self._block(ch, blocking or frozenset({key}))
+            return
+        self.controller.spooled_records += 1
+        self.controller.spooled_bytes += record.size
+        if ch.confirms is None:
+            return
+        ch.confirms.answered_by_proxy()  # the broker will never number this one
+        if settings is not None and settings.fsync is Fsync.NEVER:
+            self._to_client(encode_method(_B.Ack(delivery_tag=item.client_seq), ch.channel))
+        else:
+            ch.spool_acks.append((key, seq, item.client_seq))
+
+    def spool_durable(self, durable: dict[QueueKey, int]) -> None:
+        """The spool synced: ack spooled publishes that are now durable."""
+        sent = False
+        for ch in self.channels.values():
+            acks = ch.spool_acks
+            while acks:
+                key, seq, client_seq = acks[0]
+                if durable.get(key, 0) < seq:
+                    break
+                acks.popleft()
+                self._to_client(encode_method(_B.Ack(delivery_tag=client_seq), ch.channel))
+                sent = True
+        if sent:
+            self.notify()
+
+    def on_tx_select(self, channel: int) -> None:
+        self.channel(channel).transactional = True
 
     # -- hold, block, release ------------------------------------------------------------
     def _hold(self, ch: ChannelFlow, item: HeldPublish) -> None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from proxy.amqp091.topology import TopologyChange
     from proxy.gate import FlowController
     from proxy.metrics import RelayStats
+    from proxy.spool.manager import SpoolManager
 
 log = logging.getLogger("floodwall.relay")
 
@@ -38,6 +39,7 @@ class RelaySettings:
     flow: FlowController | None = None  # None: no policies, a plain relay
     hold_budget: int = 16 * 1024 * 1024
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
+    spool: SpoolManager | None = None  # with --spool-dir: where overflow: spool writes
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
@@ -47,7 +49,7 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
         if settings is None:
             return Amqp091Connection()
         return Amqp091Connection(settings.flow, conn_id, settings.hold_budget,
-                                 settings.on_topology)
+                                 settings.on_topology, settings.spool)
     if settings is None or settings.flow is None:
         return Amqp10Connection(header)
     return Amqp10Connection(header, settings.flow, conn_id, settings.on_topology)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from pamqp import commands
@@ -11,6 +12,7 @@ from proxy.amqp091.connection import Connection
 from proxy.depth import ManagementSample
 from proxy.gate import FlowController
 from proxy.policy import parse_policies
+from proxy.spool.manager import SpoolManager
 from tests.amqp091.wire import (
     CH,
     B,
@@ -287,3 +289,81 @@ def test_no_body_publish_is_held_and_released() -> None:
     assert s.core.data_for_server() == b""
     s.sample("capped", 0)
     assert s.core.data_for_server() == b"".join(frames)
+
+
+# -- overflow: spool -----------------------------------------------------------------------
+
+def _spool_setup(tmp_path: Path, max_bytes: str = "1MiB", fsync: str = "group"
+                 ) -> tuple[Setup, SpoolManager]:
+    s = Setup(overflow="spool")
+    text = _policies("spool").replace("    signal: auto\n",
+                                      f"    signal: auto\n    spool: {{max_bytes: {max_bytes}, "
+                                      f"fsync: {fsync}}}\n")
+    s.fc.set_policies(parse_policies(text), [])
+    manager = SpoolManager(tmp_path / "spool")
+    assert s.core.flow is not None
+    s.core.flow.spool = manager
+    return s, manager
+
+
+def test_spooled_publish_is_acked_once_durable_and_later_acks_renumbered(tmp_path: Path
+                                                                          ) -> None:
+    s, manager = _spool_setup(tmp_path)
+    s.core.receive_from_client(method(CF.Select(), 1))
+    s.core.data_for_server()
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped", 300_000, 7))  # client seq 1, 3 body frames
+    assert s.core.data_for_server() == b""  # not forwarded ...
+    assert s.fc.held_messages == 0  # ... and not held: the channel keeps going
+    s.core.receive_from_client(pub(1, "free"))  # client seq 2 -> broker seq 1
+    assert [type(f) for _, f in decode_all(s.core.data_for_server())][0] is B.Publish
+    assert s.core.data_for_client() == b""  # no ack before the record is durable
+    assert s.core.flow is not None
+    s.core.flow.spool_durable(manager.sync())
+    (ack,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert isinstance(ack, B.Ack) and ack.delivery_tag == 1
+    s.core.receive_from_server(method(B.Ack(delivery_tag=1), 1))
+    (renumbered,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert renumbered.delivery_tag == 2
+    (record,) = manager.spool(("/orders", "capped")).records()
+    assert record.body == bytes([7]) * 300_000 and record.routing_key == "capped"
+
+
+def test_backlog_keeps_fifo_after_release_until_replayed(tmp_path: Path) -> None:
+    s, manager = _spool_setup(tmp_path)
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped", tag=1))
+    s.sample("capped", 0)  # released, but the spool still has a record for it
+    s.core.receive_from_client(pub(2, "capped", tag=2))
+    assert s.core.data_for_server() == b""
+    manager.sync()
+    assert [r.body[0] for r in manager.spool(("/orders", "capped")).records()] == [1, 2]
+
+
+def test_transactional_publishes_are_held_not_spooled(tmp_path: Path) -> None:
+    s, manager = _spool_setup(tmp_path)
+    s.core.receive_from_client(method(commands.Tx.Select(), 1))
+    s.core.data_for_server()
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))
+    assert s.fc.held_messages == 1
+    assert manager.spool(("/orders", "capped")).empty
+
+
+def test_a_full_spool_falls_back_to_holding(tmp_path: Path) -> None:
+    s, manager = _spool_setup(tmp_path, max_bytes="1KiB")
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped", 600, 1) + pub(1, "capped", 600, 2))
+    assert s.fc.spooled_records == 1 and s.fc.spool_fallbacks == 1
+    assert s.fc.held_messages == 1
+    s.sample("capped", 0)
+    assert decode_all(s.core.data_for_server())  # the held one leaves on release
+
+
+def test_fsync_never_acks_at_once(tmp_path: Path) -> None:
+    s, _ = _spool_setup(tmp_path, fsync="never")
+    s.core.receive_from_client(method(CF.Select(), 1))
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"))
+    (ack,) = [f for _, f in decode_all(s.core.data_for_client())]
+    assert isinstance(ack, B.Ack) and ack.delivery_tag == 1
