@@ -316,7 +316,7 @@ def test_spooled_publish_is_acked_once_durable_and_later_acks_renumbered(tmp_pat
     assert s.core.data_for_server() == b""  # not forwarded ...
     assert s.fc.held_messages == 0  # ... and not held: the channel keeps going
     s.core.receive_from_client(pub(1, "free"))  # client seq 2 -> broker seq 1
-    assert [type(f) for _, f in decode_all(s.core.data_for_server())][0] is B.Publish
+    assert next(type(f) for _, f in decode_all(s.core.data_for_server())) is B.Publish
     assert s.core.data_for_client() == b""  # no ack before the record is durable
     assert s.core.flow is not None
     s.core.flow.spool_durable(manager.sync())
@@ -351,7 +351,7 @@ def test_transactional_publishes_are_held_not_spooled(tmp_path: Path) -> None:
 
 
 def test_a_full_spool_falls_back_to_holding(tmp_path: Path) -> None:
-    s, manager = _spool_setup(tmp_path, max_bytes="1KiB")
+    s, _manager = _spool_setup(tmp_path, max_bytes="1KiB")
     s.trip()
     s.core.receive_from_client(pub(1, "capped", 600, 1) + pub(1, "capped", 600, 2))
     assert s.fc.spooled_records == 1 and s.fc.spool_fallbacks == 1
