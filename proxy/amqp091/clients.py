@@ -26,7 +26,7 @@ class FlowReaction(Enum):
 
 @dataclass(frozen=True)
 class KnownClient:
-    product: str  # client_properties.product, compared case-insensitively
+    product: str  # client_properties.product, compared exactly ("amqplib" is not "AMQPLib")
     platform: str | None  # None = any
     reaction: FlowReaction
     note: str
@@ -59,10 +59,9 @@ def flow_reaction(client: ClientInfo | None) -> FlowReaction:
     """How this client is known to react to an injected Channel.Flow."""
     if client is None or client.product is None:
         return FlowReaction.UNKNOWN
-    product = client.product.casefold()
     platform = (client.platform or "").casefold()
     for known in KNOWN_CLIENTS:
-        if known.product.casefold() != product:
+        if known.product != client.product:
             continue
         if known.platform is None or platform.startswith(known.platform.casefold()):
             return known.reaction

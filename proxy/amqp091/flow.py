@@ -380,8 +380,15 @@ class PublishFlow:
             ch.confirms = ConfirmNumbers()
 
     def on_channel_gone(self, channel: int) -> None:
-        """The channel's close handshake completed: nothing of it is held any more."""
-        ch = self.channels.pop(channel, None)
+        """The channel's close handshake completed: nothing of it is held any more.
+
+        Not for a channel the proxy itself is closing: its close-oks are the proxy's to
+        absorb, and ``_close_ok`` forgets it once both have come.
+        """
+        ch = self.channels.get(channel)
+        if ch is not None and ch.closing_by_proxy:
+            return
+        self.channels.pop(channel, None)
         if ch is not None and ch.held_bytes:
             self._account(-ch.held_bytes, -sum(1 for i in ch.held if isinstance(i, HeldPublish)))
         self.controller.channel_closed(self, channel)

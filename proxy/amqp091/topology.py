@@ -36,6 +36,7 @@ class TopologyChange:
     durable: bool = True
     auto_delete: bool = False
     internal: bool = False
+    message_count: int | None = None  # declare_queue: ready messages per the declare-ok
 
 
 # request method index -> (its -ok index, how to read the request)
@@ -117,7 +118,8 @@ class TopologyWatch:
         _, change = pending.popleft()
         if key == _Q.DeclareOk.index:  # the broker names server-named queues
             ok = decode_method(buf, offset, _Q.DeclareOk, base)
-            change = TopologyChange("declare_queue", change.vhost, ok.queue or change.name)
+            change = TopologyChange("declare_queue", change.vhost, ok.queue or change.name,
+                                    message_count=ok.message_count)
             self._last_queue[channel] = change.name
         self.apply(change)
 

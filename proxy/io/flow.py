@@ -229,7 +229,7 @@ class FlowSupervisor:
         t = self.topology
         c = change
         if c.kind == "declare_queue":
-            self.queue_declared(c.vhost, c.name)
+            self.queue_declared(c.vhost, c.name, c.message_count)
         elif c.kind == "delete_queue":
             self.queue_deleted(c.vhost, c.name)
         elif c.kind == "declare_exchange":
@@ -248,10 +248,18 @@ class FlowSupervisor:
         elif c.kind == "unbind_exchange":
             t.unbind_exchange(c.vhost, c.name, c.source, c.routing_key, c.arguments)
 
-    def queue_declared(self, vhost: str, queue: str) -> None:
-        """A Queue.DeclareOk the relay saw: into the topology, policed if a policy says."""
+    def queue_declared(self, vhost: str, queue: str, message_count: int | None = None) -> None:
+        """A Queue.DeclareOk the relay saw: into the topology, policed if a policy says.
+
+        Its message count is a real-time ready count: a queue policed from this moment has
+        a depth at once, so a burst right after the declare is gated from its first publish.
+        """
         self.topology.declare_queue(vhost, queue)
-        self._queues_appeared([(vhost, queue)])
+        key = (vhost, queue)
+        self._queues_appeared([key])
+        q = self.controller.queues.get(key)
+        if message_count is not None and q is not None and q.depth.estimate() is None:
+            self.controller.sampled_ready_count(key, self.clock(), message_count)
 
     def queue_deleted(self, vhost: str, queue: str) -> None:
         """A Queue.DeleteOk the relay saw."""

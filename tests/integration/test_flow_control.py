@@ -227,6 +227,9 @@ def test_seed_scenario_pika(broker: BrokerEndpoint, start_floodwall: Any, tmp_pa
         watch.stop()
     consumer.result(10)
 
+    print(f"seed(confirm={confirm}): sent {len(sent)}, consumed while producing {during}, "
+          f"max ready {watch.max_ready}, max message_bytes {watch.max_message_bytes}, "
+          f"max held {watch.max_held}")
     assert watch.samples > 100
     assert watch.max_ready * KIB <= TARGET, (
         f"broker held {watch.max_ready} KiB messages, over {TARGET // KIB} KiB")
@@ -248,23 +251,30 @@ def test_seed_scenario_pika(broker: BrokerEndpoint, start_floodwall: Any, tmp_pa
 def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
                                                    start_floodwall: Any, tmp_path: Path,
                                                    queues: Any) -> None:
+    """Channel A held on a tripped queue; channel B (confirms) of the same connection keeps
+    publishing to a free queue, every publish confirmed, and a consumer on the same
+    connection keeps consuming. (B's rate against a free connection is a benchmark figure:
+    bench/two_senders.py; it is printed here, not asserted.)"""
     qa, qb, qc = queues("cap-a"), queues("free-b"), queues("free-c")
     flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
                                                            capped("a", qa)))
     declare(flow, qa, qb, qc)
     with pika.BlockingConnection(direct_params(broker)) as direct:
         ch = direct.channel()
-        for i in range(3000):
+        for i in range(8000):
             ch.basic_publish("", qc, numbered(i, 64))
     consumed: list[int] = []
-    n_b = 400
+    rounds, n_b = 4, 150
+    seq = 0
 
-    with pika_connection(flow.port) as conn:
+    with pika_connection(flow.port) as conn, pika_connection(flow.port) as control:
         ch_a = conn.channel()
         ch_b = conn.channel()
         ch_b.confirm_delivery()
         ch_c = conn.channel()
-        ch_c.basic_qos(prefetch_count=1)
+        ch_c.basic_qos(prefetch_count=10)
+        ch_control = control.channel()
+        ch_control.confirm_delivery()
 
         def on_message(ch: Any, method: Any, _props: Any, body: bytes) -> None:
             consumed.append(seq_of(body))
@@ -272,41 +282,61 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
 
         ch_c.basic_consume(qc, on_message)
 
-        def run_b(start: int) -> float:
+        def one_round(channel: Any) -> float:
+            """Confirmed publishes a second, one round; C's deliveries dispatched as we go."""
+            nonlocal seq
             t0 = time.monotonic()
-            for i in range(start, start + n_b):
-                ch_b.basic_publish("", qb, numbered(i))  # raises unless acked
-                if i % 20 == 0:
+            for _ in range(n_b):
+                channel.basic_publish("", qb, numbered(seq))  # raises unless acked
+                seq += 1
+                if seq % 10 == 0:
                     conn.process_data_events(0)
             return n_b / (time.monotonic() - t0)
 
-        base = run_b(0)
-        # trip A: 100 KiB into a 64 KiB queue, nobody consuming it
-        for i in range(100):
-            ch_a.basic_publish("", qa, numbered(i))
-        wait_for(lambda: flow.tripped(qa) and flow.held()["messages"] > 0, 10,
-                 what="A tripped and held")
-        held_before = flow.held()["messages"]
-        consumed_before = len(consumed)
-        blocked = flow.blocked_channels()
-        assert [b["channel"] for b in blocked] == [ch_a.channel_number], blocked
-        held_rate = run_b(n_b)
-        conn.process_data_events(0.2)
-        # A was held the whole time; B's publishes all landed; C kept consuming
-        assert flow.held()["messages"] == held_before > 0
-        assert flow.tripped(qa)
-        assert ready_count(broker, qb) == 2 * n_b
-        assert len(consumed) > consumed_before + 50, (consumed_before, len(consumed))
-        assert held_rate >= 0.75 * base, f"B: {held_rate:.0f}/s held vs {base:.0f}/s before"
-        # release A: its held publishes follow, in order, nothing lost
-        landed = drain_direct(broker, qa, 100, timeout=30)
-        assert sorted(map(seq_of, landed)) == list(range(100))
+        def compare() -> tuple[float, float]:
+            """Best of alternating rounds on B and on the control connection (2 cores:
+            noise hits both alike)."""
+            b = [0.0]
+            c = [0.0]
+            for _ in range(rounds):
+                b.append(one_round(ch_b))
+                c.append(one_round(ch_control))
+            return max(b), max(c)
+
+        before_b, before_control = compare()
+        consumed_base = len(consumed)
+        try:
+            # trip A: 100 KiB into a 64 KiB queue nobody consumes
+            for i in range(100):
+                ch_a.basic_publish("", qa, numbered(i))
+            wait_for(lambda: flow.tripped(qa) and flow.held()["messages"] > 0, 10,
+                     what="A tripped and held")
+            held_before = flow.held()["messages"]
+            consumed_before = len(consumed)
+            blocked = flow.blocked_channels()
+            assert [b["channel"] for b in blocked] == [ch_a.channel_number], blocked
+            t0 = time.monotonic()
+            held_b, held_control = compare()
+            took = time.monotonic() - t0
+            conn.process_data_events(0.2)
+            print(f"B: {before_b:.0f}/s (control {before_control:.0f}/s) before A was held, "
+                  f"{held_b:.0f}/s (control {held_control:.0f}/s) while A held")
+            # A was held throughout; B's publishes all landed; C kept consuming
+            assert flow.held()["messages"] == held_before > 0
+            assert flow.tripped(qa)
+            assert ready_count(broker, qb) == seq
+            print(f"{2 * rounds * n_b} confirmed publishes took {took:.1f}s")
+            assert len(consumed) - consumed_before >= 0.5 * consumed_base > 0, (
+                consumed_base, consumed_before, len(consumed))
+        finally:  # release A (its held publishes follow), whatever failed
+            landed = drain_direct(broker, qa, 100, timeout=30)
+        assert sorted(map(seq_of, landed)) == list(range(100)), "A's publishes lost or doubled"
         wait_for(lambda: flow.held()["messages"] == 0, 10, what="A released")
         assert not flow.blocked_channels()
         ch_a.basic_publish("", qa, numbered(100))  # A's channel works on
         conn.process_data_events(0.1)
     assert consumed == list(range(len(consumed)))
-    print(f"B rate: baseline {base:.0f}/s, while A held {held_rate:.0f}/s")
+    assert len(drain_direct(broker, qa, 1, timeout=10)) == 1
 
 
 # -- 3. clients that break on Channel.Flow, one that honours it, one that tolerates it ------
