@@ -19,7 +19,7 @@ $(RABBIT):
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,demo]'
+	$(PY) -m pip install -q -e '.[test,demo,pipeline]'
 	touch $@
 
 # Real foreign clients for the tests (tests/clients/): a JDK with the RabbitMQ Java client 5.0
@@ -86,7 +86,7 @@ integration: deps
 	$(PY) -m pytest -q tests/integration
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check proxy tests bench
+	$(VENV)/bin/ruff check proxy tests bench pipeline
 	$(VENV)/bin/mypy
 
 bench: deps

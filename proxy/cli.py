@@ -11,6 +11,7 @@ import yaml
 
 from proxy import __version__
 from proxy.config import (
+    DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HOLD_BUDGET,
     AmqpCredentials,
     ConfigError,
@@ -22,11 +23,13 @@ from proxy.logs import setup_logging
 from proxy.policy import (
     PolicyError,
     format_bytes,
+    format_duration,
     load_policies,
     parse_bytes,
     parse_duration,
     render_policies,
 )
+from proxy.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: object) -> float:
@@ -40,6 +43,14 @@ def _duration(ctx: click.Context, param: click.Parameter, value: object) -> floa
     return seconds
 
 
+def _duration_or_zero(ctx: click.Context, param: click.Parameter, value: object) -> float:
+    """Like ``_duration`` but 0 is allowed (``--drain-timeout 0``: do not wait)."""
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
 def _size(ctx: click.Context, param: click.Parameter, value: object) -> int:
     """``16MiB``, ``512KiB``, ``1GB`` or plain bytes; must be more than 0."""
     try:
@@ -49,6 +60,14 @@ def _size(ctx: click.Context, param: click.Parameter, value: object) -> int:
     if size <= 0:
         raise click.BadParameter(f"{value!r} must be more than 0", ctx=ctx, param=param)
     return size
+
+
+def _size_or_zero(ctx: click.Context, param: click.Parameter, value: object) -> int:
+    """Like ``_size`` but 0 is allowed (``--spool-min-free 0``)."""
+    try:
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -110,11 +129,42 @@ def main() -> None:
 @click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
               metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
               help="Bytes of held publishes per connection before the proxy stops reading it.")
+@click.option("--telemetry-dir", type=click.Path(file_okay=False), default=None,
+              envvar="FLOODWALL_TELEMETRY_DIR",
+              help="Write telemetry (NDJSON, docs/telemetry.md) here; needs --policies.")
+@click.option("--telemetry-interval", default="1s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_INTERVAL",
+              help="How often each policed queue is sampled into the telemetry.")
+@click.option("--telemetry-file-size", default="16MiB", callback=_size, metavar="SIZE",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_FILE_SIZE",
+              help="Start a new telemetry file past this size ...")
+@click.option("--telemetry-file-age", default="1h", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_FILE_AGE",
+              help="... or this age.")
+@click.option("--telemetry-max-total", default="256MiB", callback=_size, metavar="SIZE",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_MAX_TOTAL",
+              help="Delete the oldest telemetry files past this total.")
+@click.option("--spool-dir", type=click.Path(file_okay=False), default=None,
+              envvar="FLOODWALL_SPOOL_DIR",
+              help="Where overflow: spool writes (needs --policies); without it spool acts "
+                   "as hold. `floodwall spool` inspects it.")
+@click.option("--spool-total-max", default=format_bytes(DEFAULT_TOTAL_MAX), callback=_size,
+              metavar="SIZE", show_default=True, envvar="FLOODWALL_SPOOL_TOTAL_MAX",
+              help="Most bytes the spool holds, all queues (policies set each queue's).")
+@click.option("--spool-min-free", default=format_bytes(DEFAULT_MIN_FREE),
+              callback=_size_or_zero, metavar="SIZE", show_default=True,
+              envvar="FLOODWALL_SPOOL_MIN_FREE",
+              help="The spool takes no more when its filesystem has less free than this.")
 @click.option("--connect-timeout", type=float, default=5.0, show_default=True,
               envvar="FLOODWALL_CONNECT_TIMEOUT", help="Seconds to reach the broker.")
 @click.option("--handshake-timeout", type=float, default=10.0, show_default=True,
               envvar="FLOODWALL_HANDSHAKE_TIMEOUT",
               help="Seconds a client has to send its protocol header.")
+@click.option("--drain-timeout", default=format_duration(DEFAULT_DRAIN_TIMEOUT),
+              callback=_duration_or_zero, metavar="DURATION", show_default=True,
+              envvar="FLOODWALL_DRAIN_TIMEOUT",
+              help="On SIGTERM: stop accepting, then wait this long for connections to "
+                   "finish (held publishes keep being released) before closing the rest.")
 @click.option("--event-loop", type=click.Choice(["auto", "uvloop", "asyncio"]), default="auto",
               show_default=True, envvar="FLOODWALL_EVENT_LOOP")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
@@ -123,8 +173,11 @@ def main() -> None:
               show_default=True, envvar="FLOODWALL_LOG_FORMAT")
 def run(listen: str, upstream: str, admin: str, management: str | None, policies: str | None,
         depth_interval: float, management_interval: float, hold_budget: int,
-        connect_timeout: float, handshake_timeout: float, event_loop: str, log_level: str,
-        log_format: str) -> None:
+        telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
+        telemetry_file_age: float, telemetry_max_total: int,
+        spool_dir: str | None, spool_total_max: int, spool_min_free: int,
+        connect_timeout: float, handshake_timeout: float, drain_timeout: float,
+        event_loop: str, log_level: str, log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
@@ -141,17 +194,29 @@ def run(listen: str, upstream: str, admin: str, management: str | None, policies
             depth_interval=depth_interval,
             management_interval=management_interval,
             hold_budget=hold_budget,
+            telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
+            telemetry_interval=telemetry_interval,
+            telemetry_file_bytes=telemetry_file_size,
+            telemetry_file_age=telemetry_file_age,
+            telemetry_total_bytes=telemetry_max_total,
+            spool_dir=Path(spool_dir) if spool_dir else None,
+            spool_total_max=spool_total_max,
+            spool_min_free=spool_min_free,
             connect_timeout=connect_timeout,
             handshake_timeout=handshake_timeout,
+            drain_timeout=drain_timeout,
             event_loop=event_loop,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if telemetry_max_total < telemetry_file_size:
+        raise click.UsageError("--telemetry-max-total must be at least --telemetry-file-size")
     from proxy.io.app import run_proxy
+    from proxy.spool.log import SpoolError
 
     try:
         run_proxy(settings)
-    except PolicyError as exc:  # the policies file at startup: refuse to run
+    except (PolicyError, SpoolError) as exc:  # policies file, spool dir (locked): refuse
         click.echo(f"floodwall: refusing to start: {exc}", err=True)
         raise SystemExit(1) from None
 
@@ -173,6 +238,49 @@ def check(file: str, queues: tuple[str, ...], vhost: str) -> None:
         found = policies.for_queue(vhost, queue)
         verdict = f"policy {found.name!r}" if found is not None else "not policed"
         click.echo(f"# queue {queue!r} in vhost {vhost!r}: {verdict}")
+
+
+@main.command()
+@click.argument("telemetry", nargs=-1, required=True)
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Directory for report.html, plots/, recommended-policies.yaml, "
+                   "summary.json.")
+@click.option("--master", default=None, envvar="FLOODWALL_SPARK_MASTER",
+              help="Spark master URL (spark://host:7077, yarn, k8s://...); default local[*].")
+@click.option("--resolution", default="5s", callback=_duration, metavar="DURATION",
+              show_default=True, help="Time buckets of the fleet's per-queue series.")
+@click.option("--target-drain", default="30s", callback=_duration, metavar="DURATION",
+              show_default=True,
+              help="Recommended capacity empties in this long at the observed drain rate.")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
+              help="More Spark settings (repeatable), e.g. for s3a:// credentials.")
+def analyze(telemetry: tuple[str, ...], out: str, master: str | None, resolution: float,
+            target_drain: float, confs: tuple[str, ...]) -> None:
+    """Turn TELEMETRY (files or directories, local or s3a://) into a report and policies.
+
+    A PySpark job (the [pipeline] extra): docs/pipeline.md says what it computes and how it
+    runs on a cluster.
+    """
+    conf: dict[str, str] = {}
+    for item in confs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--conf")
+        conf[key] = value
+    try:
+        from pipeline.cli import run_analysis
+    except ImportError as exc:
+        raise click.ClickException(f"the analysis needs the [pipeline] extra "
+                                   f"(pip install 'floodwall[pipeline]'): {exc}") from None
+    code = run_analysis(list(telemetry), Path(out), master=master, resolution=resolution,
+                        target_drain=target_drain, conf=conf)
+    raise SystemExit(code)
+
+
+# `floodwall spool ...` lives in proxy/spool_cli.py (registered here).
+from proxy.spool_cli import spool as _spool_group  # noqa: E402
+
+main.add_command(_spool_group)
 
 
 if __name__ == "__main__":  # pragma: no cover

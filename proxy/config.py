@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
+
 
 class ConfigError(ValueError):
     """A setting is malformed; the message names the setting and what was expected."""
@@ -86,6 +88,8 @@ class AmqpCredentials:
 DEFAULT_HOLD_BUDGET = 16 * 1024 * 1024
 #: The management API's port when --management is not given (RabbitMQ's default).
 DEFAULT_MANAGEMENT_PORT = 15672
+#: Seconds SIGTERM waits for connections to finish before closing what is left.
+DEFAULT_DRAIN_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class ProxySettings:
     handshake_timeout: float = 10.0
     upstream_probe_interval: float = 5.0
     event_loop: str = "auto"  # auto | uvloop | asyncio
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # SIGTERM: longest wait for connections
     # Flow control (used when ``policies`` is set).
     depth_interval: float = 0.2  # passive queue.declare of each policed queue
     management_interval: float = 5.0  # management API sample of each policed queue
@@ -111,6 +116,16 @@ class ProxySettings:
     topology_interval: float = 30.0  # management API exchanges/queues/bindings re-sync
     policy_poll_interval: float = 2.0  # has the policy file changed?
     holding_log_interval: float = 5.0  # repeat the "publishes held" lines this often
+    # Telemetry (proxy/io/telemetry.py; needs ``policies``): None writes none.
+    telemetry_dir: Path | None = None
+    telemetry_interval: float = 1.0
+    telemetry_file_bytes: int = 16 * 1024 * 1024  # rotate past this size ...
+    telemetry_file_age: float = 3600.0  # ... or this age (seconds)
+    telemetry_total_bytes: int = 256 * 1024 * 1024  # oldest files deleted past this
+    # Spool (proxy/io/spool.py; needs ``policies``): None: ``overflow: spool`` acts as hold.
+    spool_dir: Path | None = None
+    spool_total_max: int = DEFAULT_TOTAL_MAX  # bytes, all queues
+    spool_min_free: int = DEFAULT_MIN_FREE  # bytes left free on the spool's filesystem
 
     @property
     def effective_management_url(self) -> str:

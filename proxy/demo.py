@@ -7,7 +7,8 @@ producer has them) and a consumer at 10 msg/s. Without floodwall the queue would
 90 KiB/s until the broker's memory alarm stops every publisher; with it, the queue is held
 at its capacity and the producer is slowed to the consumer's pace. A live table shows it
 once a second; at the end the queue is drained to prove nothing was lost. The broker's
-and the proxy's logs and the samples stay in ``demo-output/``.
+and the proxy's logs, the samples and the proxy's telemetry stay in ``demo-output/``; the
+telemetry is then analysed (``floodwall analyze``) into ``demo-output/report/``.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def main() -> None:
     broker = node.endpoint
     proxy = ProxyProcess(f"127.0.0.1:{broker.amqp_port}", out / "floodwall.log",
                          ["--policies", str(args.policies),
-                          "--management", broker.management_url])
+                          "--management", broker.management_url,
+                          "--telemetry-dir", str(out / "telemetry")])
     try:
         setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1",
                                                                   broker.amqp_port))
@@ -190,6 +192,12 @@ def main() -> None:
     finally:
         proxy.stop()
         node.stop()
+    # The demo's own telemetry, through the Spark pipeline (docs/pipeline.md).
+    from pipeline.cli import run_analysis
+
+    console.print()
+    if run_analysis([str(out / "telemetry")], out / "report", resolution=1.0) == 0:
+        console.print(f"[bold]report of this run[/]: {out / 'report' / 'report.html'}")
 
 
 def _table(samples: list[dict[str, float]], args: argparse.Namespace, capacity: int) -> Table:

@@ -92,15 +92,21 @@ class ProxyProcess:
         if self.process is not None:
             self.process.send_signal(sig)
 
-    def stop(self, timeout: float = 15.0) -> int | None:
+    def stop(self, timeout: float = 15.0, drain: float = 2.0) -> int | None:
+        """SIGTERM (the drain), a second SIGTERM after ``drain`` seconds (close what is
+        left), SIGKILL after ``timeout``; the exit code."""
         proc, self.process = self.process, None
         if proc is None:
             return None
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout)
+                proc.wait(drain)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
         return proc.returncode

@@ -12,7 +12,7 @@ capacity           0 (no byte limit)
 resume             = capacity of the same entry
 max_messages       none (no count limit; ``0`` in the file means the same)
 resume_messages    = max_messages of the same entry
-overflow           hold (``spool`` acts as ``hold`` until the spool ships)
+overflow           hold (``spool`` acts as ``hold`` unless run with ``--spool-dir``)
 deadline           30s
 signal             auto
 on_unknown_depth   keep
@@ -67,10 +67,18 @@ __all__ = [
     "parse_duration",
     "parse_policies",
     "render_policies",
+    "set_spool_available",
 ]
 
-#: True once the spool (flow to disk) ships; until then ``overflow: spool`` acts as hold.
-SPOOL_AVAILABLE: Final = False
+#: True while the running proxy has a spool (``--spool-dir``; the proxy sets it at start,
+#: ``set_spool_available``); otherwise ``overflow: spool`` acts as hold.
+SPOOL_AVAILABLE = False
+
+
+def set_spool_available(available: bool) -> None:
+    """The running proxy has (True) or has no (False) spool directory."""
+    global SPOOL_AVAILABLE
+    SPOOL_AVAILABLE = available
 
 #: Seconds a publisher may be held before it gets a nack or a channel close.
 DEFAULT_DEADLINE: Final = 30.0
@@ -391,7 +399,7 @@ class Policy:
 
     @property
     def effective_overflow(self) -> Overflow:
-        """The overflow this build applies: ``spool`` is ``hold`` until the spool ships."""
+        """The overflow applied: ``spool`` is ``hold`` without a spool (``--spool-dir``)."""
         if self.overflow is Overflow.SPOOL and not SPOOL_AVAILABLE:
             return Overflow.HOLD
         return self.overflow
@@ -951,8 +959,8 @@ def _limit_lines(p: Policy) -> list[tuple[str, str]]:
         lines.append((f"resume_messages: {p.resume_messages}", ""))
     note = ""
     if p.overflow is not p.effective_overflow:
-        note = (f"NOTE: {p.overflow.value} is not available in this build yet; "
-                f"acts as {p.effective_overflow.value}")
+        note = (f"NOTE: {p.overflow.value} needs --spool-dir at run time "
+                f"(acts as {p.effective_overflow.value} without it)")
     lines.append((f"overflow: {p.overflow.value}", note))
     lines.append((f"deadline: {format_duration(p.deadline)}", ""))
     lines.append((f"signal: {p.signal.value}", ""))

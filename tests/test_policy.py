@@ -166,7 +166,7 @@ def test_policy_refuses_inconsistent_values(kwargs: dict[str, object]) -> None:
         Policy(name="p", **kwargs)  # type: ignore[arg-type]
 
 
-def test_spool_is_hold_until_the_spool_ships(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spool_is_hold_without_a_spool_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     spool = Policy(name="s", capacity=1, overflow=Overflow.SPOOL)
     assert spool.effective_overflow is Overflow.HOLD
     assert Policy(name="r", capacity=1, overflow=Overflow.REJECT).effective_overflow is \

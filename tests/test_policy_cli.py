@@ -21,7 +21,7 @@ def test_check_prints_effective_policies() -> None:
     assert "capacity: 64MiB" in out and "67108864 bytes" in out
     assert "resume: 48MiB" in out
     assert "overflow: spool" in out
-    assert "NOTE: spool is not available in this build yet; acts as hold" in out
+    assert "NOTE: spool needs --spool-dir at run time (acts as hold without it)" in out
     # the audit policy's inherited and defaulted fields are resolved
     audit = out[out.index('name: "audit"'):out.index('name: "scratch-exempt"')]
     assert "resume: 512KiB" in audit and "deadline: 500ms" in audit

@@ -1,8 +1,20 @@
 """The running proxy: listener, admin endpoint, upstream probe, flow control, signals, shutdown.
 
+Shutdown (SIGTERM or SIGINT) is a drain: the listener closes (new connections are refused),
+``/readyz`` answers 503 with ``"reason": "draining"``, and the connections already open keep
+being relayed, with the gate still working (held publishes are released as their queues
+drain), until none is left or ``--drain-timeout`` passes; then what is left is closed and
+the last log line (``stopped``) says how much that was. A second signal ends the drain at
+once.
+
 With ``--policies``, ``Proxy.flow`` is the ``FlowSupervisor`` (proxy/io/flow.py): the relay
 gets the ``FlowController`` as ``proxy.flow.controller`` and the routing model as
 ``proxy.flow.topology``; without policies ``Proxy.flow`` is None and nothing is policed.
+
+With ``--spool-dir`` (and policies), ``Proxy.spool`` is the ``SpoolService``
+(proxy/io/spool.py): the relay writes ``overflow: spool`` publishes to its manager; it is
+recovered before the listener opens and stopped after the connections are closed.
+``SpoolService.drain(deadline)`` is the spool's part of the SIGTERM drain.
 """
 
 from __future__ import annotations
@@ -22,9 +34,14 @@ from proxy.config import ProxySettings
 from proxy.io.admin import AdminEndpoints, serve_admin
 from proxy.io.flow import FlowSettings, FlowSupervisor
 from proxy.io.relay import RelayedConnection, RelaySettings
+from proxy.io.spool import SpoolService, SpoolServiceSettings
+from proxy.io.telemetry import Telemetry, TelemetrySettings
 from proxy.logs import event
 from proxy.metrics import RelayCollector, RelayStats, make_registry
+from proxy.policy import set_spool_available
 from proxy.routing import Topology
+from proxy.spool.manager import SpoolLimits
+from proxy.telemetry import RotationPolicy
 
 log = logging.getLogger("floodwall")
 
@@ -39,9 +56,18 @@ class Proxy:
         self.flow: FlowSupervisor | None = None
         if settings.policies is not None:
             self.flow = FlowSupervisor(FlowSettings.from_proxy_settings(settings), Topology())
+        self.telemetry: Telemetry | None = None
+        if settings.telemetry_dir is not None and self.flow is not None:
+            self.telemetry = make_telemetry(settings, self.flow)
+        self.spool: SpoolService | None = None
+        if settings.spool_dir is not None and self.flow is not None:
+            self.spool = make_spool(settings, self.flow)
+        set_spool_available(self.spool is not None)
         collectors: list[Collector] = [RelayCollector(self.stats)]
         if self.flow is not None:
             collectors.append(self.flow.collector)
+        if self.spool is not None:
+            collectors.append(self.spool.collector)
         self.registry = make_registry(collectors)
         self.relay_settings = RelaySettings(
             upstream_host=settings.upstream[0],
@@ -51,11 +77,15 @@ class Proxy:
             flow=self.flow.controller if self.flow is not None else None,
             hold_budget=settings.hold_budget,
             on_topology=self.flow.topology_changed if self.flow is not None else None,
+            spool=self.spool.manager if self.spool is not None else None,
         )
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
+        self._drain_cut = asyncio.Event()  # a second SIGTERM/SIGINT: stop waiting
+        self._drain_deadline: float | None = None  # loop.time() when the drain gives up
+        self._listener: asyncio.Server | None = None
         self._started = time.time()
         self.listen_port: int | None = None
         self.admin_port: int | None = None
@@ -64,9 +94,15 @@ class Proxy:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.spool is not None:
+            await self.spool.start()  # recovered before any client can publish
+        elif self.settings.spool_dir is not None:
+            event(log, "spool_off", logging.WARNING, reason="no --policies given: nothing "
+                  "is policed, so nothing is spooled")
         host, port = self.settings.listen
         server = await loop.create_server(self._new_connection, host, port, backlog=1024)
         self._servers.append(server)
+        self._listener = server
         self.listen_port = server.sockets[0].getsockname()[1]
         if self.settings.admin is not None:
             endpoints = AdminEndpoints(self.registry, self._readiness, self.state)
@@ -77,6 +113,11 @@ class Proxy:
         if self.flow is not None:
             await self.flow.start()
             self._spawn(self._expire_held_forever(), "deadlines")
+        if self.telemetry is not None:
+            await self.telemetry.start()
+        elif self.settings.telemetry_dir is not None:
+            event(log, "telemetry_off", logging.WARNING, reason="no --policies given: "
+                  "nothing is policed, so there is nothing to record")
         event(log, "started", version=__version__, listen=f"{host}:{self.listen_port}",
               upstream="{}:{}".format(*self.settings.upstream),
               admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
@@ -91,6 +132,7 @@ class Proxy:
         with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
             loop.add_signal_handler(signal.SIGHUP, self.reload_policies, "SIGHUP")
         await self._stopping.wait()
+        await self.drain()
         await self.stop()
 
     def reload_policies(self, trigger: str = "SIGHUP") -> None:
@@ -101,10 +143,46 @@ class Proxy:
         self.flow.reload(trigger)
 
     def request_stop(self, why: str = "requested") -> None:
-        event(log, "stopping", reason=why, connections=len(self.stats.live))
+        """First call: begin the drain (``run`` does it). Again: end the drain at once."""
+        if self._stopping.is_set():
+            if not self._drain_cut.is_set():
+                event(log, "drain_cut_short", reason=why, connections=len(self.stats.live))
+                self._drain_cut.set()
+            return
+        held_messages, held_bytes = self._held()
+        event(log, "stopping", reason=why, action="draining",
+              drain_timeout=self.settings.drain_timeout, connections=len(self.stats.live),
+              held_messages=held_messages, held_bytes=held_bytes)
         self._stopping.set()
 
+    async def drain(self) -> None:
+        """Refuse new connections; relay the open ones until they are gone or the deadline.
+
+        The admin endpoint keeps answering (``/readyz`` is 503, reason ``draining``), and
+        the flow supervisor and deadline sweeps keep running, so held publishes are still
+        released or refused as their queues drain while the drain waits.
+        """
+        self._stopping.set()
+        if self._listener is not None:
+            self._listener.close()
+        loop = asyncio.get_running_loop()
+        self._drain_deadline = loop.time() + self.settings.drain_timeout
+        while self.stats.live and not self._drain_cut.is_set():
+            left = self._drain_deadline - loop.time()
+            if left <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drain_cut.wait(), min(0.05, left))
+
+    def _held(self) -> tuple[int, int]:
+        """(messages, body bytes) of publishes held right now, on every connection."""
+        if self.flow is None:
+            return 0, 0
+        return self.flow.controller.held_messages, self.flow.controller.held_bytes
+
     async def stop(self) -> None:
+        connections_left = len(self.stats.live)
+        held_messages, held_bytes = self._held()
         for server in self._servers:
             server.close()
         for task in list(self._tasks):
@@ -116,10 +194,17 @@ class Proxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 5)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.spool is not None:
+            await self.spool.stop()  # logs what stays on disk for the next start
+        if self.telemetry is not None:
+            await self.telemetry.stop()
         if self.flow is not None:
             await self.flow.stop()
         self._servers.clear()
-        event(log, "stopped")
+        # The last line: what the drain could not finish (all zero after a clean drain).
+        event(log, "stopped", logging.WARNING if connections_left else logging.INFO,
+              drained=connections_left == 0, connections_left=connections_left,
+              held_messages_left=held_messages, held_bytes_left=held_bytes)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -179,6 +264,15 @@ class Proxy:
             checks["upstream_error"] = self._last_probe_error
         if self._stopping.is_set():
             checks["stopping"] = True
+            checks["reason"] = "draining"
+            held_messages, held_bytes = self._held()
+            draining: dict[str, object] = {"connections": len(self.stats.live),
+                                           "held_messages": held_messages,
+                                           "held_bytes": held_bytes}
+            if self._drain_deadline is not None:
+                draining["seconds_left"] = round(
+                    max(0.0, self._drain_deadline - asyncio.get_running_loop().time()), 1)
+            checks["draining"] = draining
         ok = self.stats.upstream_up and not self._stopping.is_set()
         if self.flow is not None:
             flow_ok, checks["flow"] = self.flow.readiness()
@@ -201,7 +295,30 @@ class Proxy:
         }
         if self.flow is not None:
             doc["flow"] = self.flow.state()
+        if self.spool is not None:
+            doc["spool"] = self.spool.state()
         return doc
+
+
+def make_telemetry(settings: ProxySettings, flow: FlowSupervisor) -> Telemetry:
+    """``--telemetry-dir``: the controller's samples and events, to rotated NDJSON files."""
+    assert settings.telemetry_dir is not None
+    rotation = RotationPolicy(settings.telemetry_file_bytes, settings.telemetry_file_age,
+                              settings.telemetry_total_bytes)
+    return Telemetry(TelemetrySettings(settings.telemetry_dir, settings.telemetry_interval,
+                                       rotation),
+                     flow.controller, depth_known=lambda: flow.stats.depth_known)
+
+
+def make_spool(settings: ProxySettings, flow: FlowSupervisor) -> SpoolService:
+    """``--spool-dir``: the spool, replaying through its own connections to the upstream."""
+    assert settings.spool_dir is not None
+    return SpoolService(
+        SpoolServiceSettings(settings.spool_dir, settings.upstream[0], settings.upstream[1],
+                             settings.effective_amqp_credentials,
+                             SpoolLimits(settings.spool_total_max, settings.spool_min_free),
+                             connect_timeout=settings.connect_timeout),
+        flow.controller, flow.topology, ready=lambda: flow.readiness()[0])
 
 
 def run_proxy(settings: ProxySettings) -> None:

@@ -1,0 +1,8 @@
+"""floodwall's data pipeline: telemetry (docs/telemetry.md) to reports and recommended policies.
+
+A PySpark job (``floodwall analyze``; ``pipeline/submit.py`` for ``spark-submit``), installed
+with the ``[pipeline]`` extra. Modules: ``schema`` (the explicit read schema), ``load``
+(reading and input quality), ``aggregate`` (the DataFrame aggregations), ``recommend``
+(policies from the figures, pure Python), ``report`` (plots and HTML), ``analyze`` (the
+whole job), ``synthetic`` (fleet telemetry for tests and benchmarks).
+"""

@@ -1,0 +1,261 @@
+"""The whole job: telemetry in; report.html, plots, recommended-policies.yaml, summary.json out.
+
+``analyze()`` is what ``floodwall analyze`` and ``pipeline/submit.py`` (spark-submit) call. It
+runs on the SparkSession it is given, else builds one for ``master`` (``local[*]`` by default).
+The report is written on the driver, to a local directory; the telemetry may be anywhere
+Spark reads (``s3a://bucket/prefix`` with hadoop-aws configured: docs/pipeline.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline import aggregate, recommend, report
+from pipeline.load import InputQuality, load
+
+DEFAULT_MASTER = "local[*]"
+DEFAULT_RESOLUTION = 5.0
+MAX_PLOTS = 8
+PLOT_POINTS = 1500
+LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+@dataclass
+class Analysis:
+    """What the job found and wrote."""
+
+    out: Path
+    quality: InputQuality
+    queues: list[dict[str, Any]]
+    sidecar_queues: list[dict[str, Any]]
+    sidecars: list[dict[str, Any]]
+    recommendations: list[recommend.Recommendation]
+    report: Path
+    policies: Path
+    summary: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path | None) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` meanwhile: a JVM started now keeps writing there."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def spark_session(master: str | None = None, app: str = "floodwall-analyze",
+                  conf: Mapping[str, str] | None = None,
+                  shuffle_partitions: int | None = None,
+                  jvm_log: Path | None = None) -> SparkSession:
+    """A session for the job: quiet, UTC; on a local master no UI and few shuffle partitions.
+
+    ``jvm_log``: when this call starts the JVM, its console output goes to that file.
+    """
+    master = master or DEFAULT_MASTER
+    local = master.startswith("local")
+    b = (SparkSession.builder.master(master).appName(app)
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J}"))
+    if local:
+        b = (b.config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8))
+             .config("spark.driver.memory", "2g"))
+    elif shuffle_partitions:
+        b = b.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    for key, value in (conf or {}).items():
+        b = b.config(key, value)
+    with _stderr_to(jvm_log):
+        spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _rows(df: DataFrame, order: Sequence[str]) -> list[dict[str, Any]]:
+    return [r.asDict() for r in df.orderBy(*order).collect()]
+
+
+class _Stages:
+    """A rich progress line per stage while Spark works (a spinner keeps turning)."""
+
+    def __init__(self, console: Console | None, total: int) -> None:
+        self.console = console
+        self.total = total
+        self.timings: dict[str, float] = {}
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[_Stages]:
+        if self.console is None:
+            yield self
+            return
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                  BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                  TimeElapsedColumn(), console=self.console, transient=True)
+        with self._progress:
+            self._task = self._progress.add_task("starting", total=self.total)
+            yield self
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        if self._progress is not None:
+            self._progress.update(self._task, description=name)
+        started = time.perf_counter()
+        yield
+        self.timings[name] = round(time.perf_counter() - started, 3)
+        if self._progress is not None:
+            self._progress.advance(self._task)
+            self._progress.console.print(f"  [green]✓[/] {name} ({self.timings[name]:.1f}s)")
+
+
+def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
+            spark: SparkSession | None = None, resolution: float = DEFAULT_RESOLUTION,
+            target_drain: float = recommend.DEFAULT_TARGET_DRAIN,
+            console: Console | None = None, conf: Mapping[str, str] | None = None,
+            plots: bool = True) -> Analysis:
+    out.mkdir(parents=True, exist_ok=True)
+    stages = _Stages(console, 6 if spark is None else 5)
+    with stages.running():
+        if spark is None:
+            with stages.stage(f"starting Spark ({master or DEFAULT_MASTER})"):
+                spark = spark_session(master, conf=conf, jvm_log=out / "spark.log")
+        with stages.stage("reading telemetry"):
+            t = load(spark, list(paths))
+        with stages.stage("aggregating per queue and sidecar"):
+            series = aggregate.queue_series(t.samples, resolution).cache()
+            eps = aggregate.episodes(t.samples).cache()
+            psq_df = aggregate.per_sidecar_queue(t.samples, t.events).cache()
+            queues = _rows(aggregate.per_queue(t.samples, series, eps, psq_df, t.events),
+                           ["vhost", "queue"])
+            sidecar_queues = _rows(psq_df, ["sidecar", "vhost", "queue"])
+            sidecars = _rows(aggregate.per_sidecar(t.sidecars, psq_df, t.events), ["sidecar"])
+        with stages.stage("recommending policies"):
+            recs = recommend.recommend_all(queues, target_drain)
+            span = _span(queues)
+            header = [f"From {t.quality.used} telemetry records of {len(sidecars)} sidecar(s), "
+                      f"{span}; target drain time {target_drain:g}s."]
+            policies_text = recommend.render(recs, header)
+            policies = out / "recommended-policies.yaml"
+            policies.write_text(policies_text)
+        ranked = sorted(queues, key=lambda r: (-(r.get("tripped_seconds") or 0),
+                                               -(r.get("depth_max") or 0)))
+        drawn: list[tuple[str, str]] = []
+        overview: str | None = None
+        with stages.stage("plotting"):
+            if plots and ranked:
+                drawn = _plot(t.samples, ranked[:MAX_PLOTS], out, resolution)
+                report.plot_overview(ranked, out / "plots" / "overview.png")
+                overview = "plots/overview.png"
+        with stages.stage("writing the report"):
+            meta = {"telemetry": ", ".join(paths), "period": span,
+                    "sidecars": str(len(sidecars)), "queues": str(len(queues)),
+                    "resolution": f"{resolution:g}s", "target drain time": f"{target_drain:g}s",
+                    "spark": f"{spark.version} on {spark.sparkContext.master}",
+                    "written": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
+            html_path = out / "report.html"
+            report.write_html(html_path, title="floodwall telemetry report", meta=meta,
+                              quality=t.quality, queues=ranked, sidecar_queues=sidecar_queues,
+                              sidecars=sidecars, plots=drawn, overview=overview,
+                              recommendations=recs, policies_file=policies.name,
+                              policies_text=policies_text)
+            summary = out / "summary.json"
+            summary.write_text(json.dumps({
+                "input": {"lines": t.quality.lines, "used": t.quality.used,
+                          "corrupt": t.quality.corrupt,
+                          "unsupported_version": t.quality.unsupported_version,
+                          "incomplete": t.quality.incomplete, "files": t.quality.files,
+                          "examples": t.quality.examples},
+                "queues": queues, "sidecar_queues": sidecar_queues, "sidecars": sidecars,
+                "timings": stages.timings}, indent=1, default=str))
+        for df in (series, eps, psq_df):
+            df.unpersist()
+        t.unpersist()
+    return Analysis(out, t.quality, queues, sidecar_queues, sidecars, recs, html_path, policies,
+                    summary, stages.timings)
+
+
+def _span(queues: Sequence[Mapping[str, Any]]) -> str:
+    firsts = [q["first_ts"] for q in queues if q.get("first_ts") is not None]
+    lasts = [q["last_ts"] for q in queues if q.get("last_ts") is not None]
+    if not firsts:
+        return "no samples"
+    a, b = min(firsts), max(lasts)
+    return f"{report.fmt(a, 'time')} to {report.fmt(b, 'time')} UTC ({b - a:.0f}s)"
+
+
+def _plot(samples: DataFrame, queues: Sequence[Mapping[str, Any]], out: Path,
+          resolution: float) -> list[tuple[str, str]]:
+    """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points."""
+    (out / "plots").mkdir(exist_ok=True)
+    span = max((q["last_ts"] or 0) - (q["first_ts"] or 0) for q in queues)
+    res = max(resolution, span / PLOT_POINTS)
+    keys = [(q["vhost"], q["queue"]) for q in queues]
+    wanted = F.lit(False)
+    for vhost, queue in keys:
+        wanted = wanted | ((F.col("vhost") == vhost) & (F.col("queue") == queue))
+    rows = _rows(aggregate.queue_series(samples.filter(wanted), res),
+                 ["vhost", "queue", "bucket_index"])
+    drawn: list[tuple[str, str]] = []
+    for vhost, queue in keys:
+        mine = [r for r in rows if r["vhost"] == vhost and r["queue"] == queue]
+        if not mine:
+            continue
+        name = f"plots/{report.slug(vhost, queue)}.png"
+        if any(name == d[0] for d in drawn):
+            name = f"plots/{report.slug(vhost, queue)}-{len(drawn)}.png"
+        caption = f"{queue} (vhost {vhost}), {res:g}s buckets"
+        report.plot_queue(mine, res, caption, out / name)
+        drawn.append((name, caption))
+    return drawn
+
+
+def print_summary(console: Console, a: Analysis) -> None:
+    """A short terminal summary: input, the queues that tripped most, where the files are."""
+    q = a.quality
+    style = "red" if q.bad else "green"
+    console.print(f"[bold]telemetry[/]: {q.lines} lines in {q.files} file(s), {q.used} used, "
+                  f"[{style}]{q.corrupt} malformed, {q.unsupported_version} unsupported "
+                  f"version, {q.incomplete} incomplete[/]", soft_wrap=True)
+    table = Table(title="queues (most tripped first)")
+    for col in ("queue", "tripped", "trips", "depth p99 / capacity", "drain", "recommended"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    recs = {(r.vhost, r.queue): r for r in a.recommendations}
+    ranked = sorted(a.queues, key=lambda r: -(r.get("tripped_seconds") or 0))
+    for row in ranked[:10]:
+        r = recs.get((row["vhost"], row["queue"]))
+        table.add_row(f"{row['queue']}@{row['vhost']}",
+                      report.fmt(row.get("tripped_share"), "share"),
+                      report.fmt(row.get("trips"), "int"),
+                      f"{report.fmt(row.get('depth_p99'), 'bytes')} / "
+                      f"{report.fmt(row.get('capacity'), 'bytes')}",
+                      report.fmt(row.get("drain_rate"), "rate"),
+                      (f"{report.fmt(r.capacity, 'bytes')} / {report.fmt(r.resume, 'bytes')}"
+                       if r else "-"))
+    console.print(table)
+    console.print(f"report: {a.report}\nrecommended policies: {a.policies}", soft_wrap=True)

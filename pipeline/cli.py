@@ -1,0 +1,39 @@
+"""``floodwall analyze`` and ``spark-submit pipeline/submit.py``: run the job, print a summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from rich.console import Console
+
+from pipeline.recommend import DEFAULT_TARGET_DRAIN
+
+
+def run_analysis(paths: Sequence[str], out: Path, *, master: str | None = None,
+                 resolution: float = 5.0, target_drain: float = DEFAULT_TARGET_DRAIN,
+                 conf: Mapping[str, str] | None = None, spark: SparkSession | None = None
+                 ) -> int:
+    """Run the job with a progress display; 0 if it wrote the report, 2 if it could not."""
+    from pyspark.errors import AnalysisException, PySparkException
+
+    from pipeline.analyze import analyze, print_summary
+
+    console = Console(stderr=False)
+    console.print(f"[bold]floodwall analyze[/]: {', '.join(paths)} -> {out}", soft_wrap=True)
+    try:
+        result = analyze(paths, out, master=master, resolution=resolution,
+                         target_drain=target_drain, console=console, conf=conf,
+                         spark=spark)
+    except AnalysisException as exc:  # e.g. no such path
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        console.print(f"[red]cannot read the telemetry[/]: {first}", soft_wrap=True)
+        return 2
+    except PySparkException as exc:  # e.g. no Java, or the cluster cannot be reached
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        console.print(f"[red]Spark failed[/]: {first} (its log: {out / 'spark.log'})",
+                      soft_wrap=True)
+        return 2
+    print_summary(console, result)
+    return 0

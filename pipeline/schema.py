@@ -1,0 +1,58 @@
+"""The explicit read schema of telemetry version 1 (docs/telemetry.md), as a Spark StructType.
+
+One struct for the three record types (``sample``, ``sidecar``, ``event``): a field a type does
+not carry reads as null. A line that is not JSON, or whose value does not fit its field's
+type, lands whole in ``_corrupt_record`` (Spark's PERMISSIVE mode) and is counted, never fatal.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from proxy.telemetry import SCHEMA_VERSION
+
+CORRUPT = "_corrupt_record"
+SUPPORTED_VERSIONS = (SCHEMA_VERSION,)
+
+_FIELDS: list[tuple[str, DataType]] = [
+    # every record
+    ("v", LongType()), ("type", StringType()), ("ts", DoubleType()), ("mono", DoubleType()),
+    ("seq", LongType()), ("sidecar", StringType()), ("vhost", StringType()),
+    ("queue", StringType()),
+    # sample (and some sidecar) fields
+    ("interval", DoubleType()), ("policy", StringType()), ("capacity", LongType()),
+    ("resume", LongType()), ("max_messages", LongType()), ("resume_messages", LongType()),
+    ("overflow", StringType()), ("deadline", DoubleType()),
+    ("depth_bytes", LongType()), ("depth_messages", LongType()),
+    ("broker_depth_bytes", LongType()), ("broker_depth_messages", LongType()),
+    ("ready_count", LongType()), ("depth_known", BooleanType()),
+    ("ingress_bytes", LongType()), ("ingress_messages", LongType()),
+    ("delivered_messages", LongType()),
+    ("tripped", BooleanType()), ("trips", LongType()), ("tripped_seconds", DoubleType()),
+    ("blocked_publishers", LongType()), ("held_bytes", LongType()),
+    ("held_messages", LongType()), ("spooled_bytes", LongType()),
+    # sidecar
+    ("policed_queues", LongType()), ("tripped_queues", LongType()),
+    ("blocked_channels", LongType()), ("alarm", StringType()),
+    ("flow_off_total", LongType()), ("flow_on_total", LongType()),
+    ("rejects_total", LongType()), ("deadline_expiries_total", LongType()),
+    ("dropped_records", LongType()),
+    # event
+    ("event", StringType()), ("reason", StringType()), ("conn", LongType()),
+    ("channel", LongType()), ("active", BooleanType()), ("body_bytes", LongType()),
+    ("waited", DoubleType()), ("answer", StringType()),
+]
+
+#: Telemetry v1 as read: every field nullable, plus the corrupt-record column.
+TELEMETRY_SCHEMA = StructType(
+    [StructField(name, typ, True) for name, typ in _FIELDS]
+    + [StructField(CORRUPT, StringType(), True)])
+FIELD_NAMES = [name for name, _ in _FIELDS]

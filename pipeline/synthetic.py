@@ -1,0 +1,200 @@
+"""Synthetic telemetry: N sidecars in front of one broker over T hours, for tests and benchmarks.
+
+Each queue is shared by every sidecar (the application's pods publish to the same queues).
+Per second: each sidecar's producers want a rate with bursts; the consumers drain at their
+own rate; the fleet's policy trips above ``capacity`` and releases at ``resume``. While
+tripped a sidecar holds what its producers send (ingress 0) and flushes it on release;
+a publish held past ``deadline`` expires. Records have exactly the fields the proxy writes
+(proxy/telemetry.py), files are named and rotated hourly as the proxy names them.
+
+    python -m pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from proxy.telemetry import SCHEMA_VERSION, file_name
+
+KIB = 1024
+START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+@dataclass
+class QueueSim:
+    name: str
+    capacity: int
+    resume: int
+    consume_rate: float  # bytes/s
+    produce_rate: float  # bytes/s per sidecar, before bursts
+    deadline: float = 30.0
+    depth: float = 0.0
+    tripped: bool = False
+    trips: int = 0
+    tripped_seconds: float = 0.0
+
+
+@dataclass
+class SidecarState:
+    name: str
+    seq: int = 0
+    held: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # (since, bytes)
+    burst_left: dict[str, int] = field(default_factory=dict)
+    deadline_total: int = 0
+
+    def next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+
+def _common(kind: str, sc: SidecarState, vhost: str, queue: str, ts: float) -> dict[str, object]:
+    return {"v": SCHEMA_VERSION, "type": kind, "ts": round(ts, 3),
+            "mono": round(ts - START + 1000.0, 3), "seq": sc.next(), "sidecar": sc.name,
+            "vhost": vhost, "queue": queue}
+
+
+def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
+             interval: float = 1.0, seed: int = 7, corrupt: float = 0.0,
+             body: int = 1024) -> int:
+    """Write the telemetry; returns how many lines (records and corrupt lines) it wrote."""
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    qs = []
+    for i in range(queues):
+        consume = rng.choice([20, 40, 80, 160]) * KIB
+        capacity = rng.choice([256, 512, 1024]) * KIB
+        qs.append(QueueSim(f"orders.{i}", capacity, capacity * 3 // 4, consume,
+                           consume * rng.uniform(0.6, 1.3) / sidecars))
+    fleet = [SidecarState(f"app-{i:03d}-{rng.randrange(16**5):05x}") for i in range(sidecars)]
+    steps = int(hours * 3600 / interval)
+    handles: dict[str, tuple[int, IO[str]]] = {}  # sidecar -> (hour, open file)
+    lines = 0
+    vhost = "/"
+    for step in range(steps):
+        ts = START + (step + 1) * interval
+        hour = int((ts - START) // 3600)
+        per_sidecar: dict[str, list[dict[str, object]]] = {sc.name: [] for sc in fleet}
+        for q in qs:
+            ingress: dict[str, int] = {}
+            held_now: dict[str, int] = {}
+            was = q.tripped
+            q.depth = max(0.0, q.depth - q.consume_rate * interval * rng.uniform(0.85, 1.15))
+            if q.tripped and q.depth <= q.resume:
+                q.tripped = False  # released: held publishes leave first, re-checked one by one
+            for sc in rng.sample(fleet, len(fleet)):
+                left = sc.burst_left.get(q.name, 0)
+                if left == 0 and rng.random() < 0.002:
+                    left = rng.randint(20, 120)  # a burst: 3x the usual rate for a while
+                sc.burst_left[q.name] = max(left - 1, 0)
+                want = q.produce_rate * interval * (3.0 if left else 1.0) * rng.uniform(0.8, 1.2)
+                held = sc.held.setdefault(q.name, [])
+                n = int(want // body) * body
+                if n:
+                    held.append((ts, n))
+                sent = 0
+                while held and not q.tripped:  # the publish that passes capacity trips it
+                    since, nbytes = held[0]
+                    room = int(q.capacity - q.depth) // body * body + body
+                    take = min(nbytes, room)
+                    sent += take
+                    q.depth += take
+                    if take == nbytes:
+                        held.pop(0)
+                    else:
+                        held[0] = (since, nbytes - take)
+                    if q.depth > q.capacity:
+                        q.tripped, q.trips = True, q.trips + 1
+                ingress[sc.name] = sent
+                for since, nbytes in [h for h in held if ts - h[0] >= q.deadline]:
+                    held.remove((since, nbytes))
+                    sc.deadline_total += 1
+                    ev = _common("event", sc, vhost, q.name, ts)
+                    ev.update({"event": "deadline", "conn": 1, "channel": 1,
+                               "body_bytes": nbytes, "waited": round(ts - since, 3)})
+                    per_sidecar[sc.name].append(ev)
+                held_now[sc.name] = sum(b for _, b in held)
+            if q.tripped:
+                q.tripped_seconds += interval
+            for sc in fleet:
+                recs = per_sidecar[sc.name]
+                if q.tripped != was:
+                    ev = _common("event", sc, vhost, q.name, ts)
+                    ev.update({"event": "trip" if q.tripped else "release",
+                               "policy": f"p-{q.name}", "depth_bytes": int(q.depth),
+                               "depth_messages": int(q.depth) // body,
+                               **({"capacity": q.capacity} if q.tripped else
+                                  {"resume": q.resume, "reason": "depth"})})
+                    recs.append(ev)
+                    if q.tripped:
+                        hold = _common("event", sc, vhost, q.name, ts)
+                        hold.update({"event": "hold", "conn": 1, "channel": 1})
+                        recs.append(hold)
+                s = _common("sample", sc, vhost, q.name, ts)
+                held_b = held_now[sc.name]
+                s.update({
+                    "interval": interval, "policy": f"p-{q.name}", "capacity": q.capacity,
+                    "resume": q.resume, "max_messages": 0, "resume_messages": 0,
+                    "overflow": "hold", "deadline": q.deadline,
+                    "depth_bytes": int(q.depth), "depth_messages": int(q.depth) // body,
+                    "broker_depth_bytes": int(q.depth), "broker_depth_messages":
+                        int(q.depth) // body,
+                    "ready_count": int(q.depth) // body, "depth_known": True,
+                    "ingress_bytes": ingress[sc.name],
+                    "ingress_messages": ingress[sc.name] // body, "delivered_messages": 0,
+                    "tripped": q.tripped, "trips": q.trips,
+                    "tripped_seconds": round(q.tripped_seconds, 3),
+                    "blocked_publishers": 1 if q.tripped else 0,
+                    "held_bytes": held_b, "held_messages": held_b // body, "spooled_bytes": 0})
+                recs.append(s)
+        for sc in fleet:
+            held_total = sum(sum(b for _, b in h) for h in sc.held.values())
+            side = _common("sidecar", sc, "", "", ts)
+            side.update({
+                "interval": interval, "policed_queues": len(qs),
+                "tripped_queues": sum(1 for q in qs if q.tripped),
+                "blocked_channels": sum(1 for q in qs if q.tripped),
+                "held_bytes": held_total, "held_messages": held_total // body,
+                "spooled_bytes": 0, "alarm": None, "flow_off_total": 0, "flow_on_total": 0,
+                "rejects_total": 0, "deadline_expiries_total": sc.deadline_total,
+                "dropped_records": 0})
+            per_sidecar[sc.name].append(side)
+            current = handles.get(sc.name)
+            if current is None or current[0] != hour:  # a new file every hour, as the proxy
+                if current is not None:
+                    current[1].close()
+                current = (hour, open(out / file_name(sc.name, ts, hour + 1), "w"))
+                handles[sc.name] = current
+            fh = current[1]
+            for rec in per_sidecar[sc.name]:
+                line = json.dumps(rec, separators=(",", ":"))
+                if corrupt and rng.random() < corrupt:
+                    line = line[: rng.randrange(1, len(line))]  # a truncated line
+                fh.write(line + "\n")
+                lines += 1
+    for _, h in handles.values():
+        h.close()
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path)
+    p.add_argument("--sidecars", type=int, default=4)
+    p.add_argument("--hours", type=float, default=1.0)
+    p.add_argument("--queues", type=int, default=3)
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--corrupt", type=float, default=0.0, help="share of lines truncated")
+    a = p.parse_args()
+    n = generate(a.out, a.sidecars, a.hours, a.queues, a.interval, a.seed, a.corrupt)
+    print(f"{n} lines in {a.out}")
+
+
+if __name__ == "__main__":
+    main()

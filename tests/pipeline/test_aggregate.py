@@ -1,0 +1,208 @@
+"""Each aggregation on small hand-made telemetry; every expected number is worked out below.
+
+The main fixture: one sidecar ``s1``, queue ``q`` in ``/``, capacity 1000, resume 600, one
+sample a second at ts 1..10:
+
+    ts        1    2    3     4     5    6    7    8    9   10
+    depth     0  500 1200  1500   900  500  300  100    0    0
+    ingress   0  500  700   300     0    0    0    0    0    0
+    tripped   .    .    T     T     T    .    .    .    .    .
+    trips     0    0    1     1     1    1    1    1    1    1
+    held      0    0    0   200   400    0    0    0    0    0
+
+Depth sorted: 0 0 0 100 300 500 500 900 1200 1500. ``percentile_approx`` is nearest-rank
+(the ceil(p * n)-th value): p50 = 5th = 300, p90 = 9th = 1200, p99 = 10th = 1500.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from pipeline import aggregate
+from pipeline.load import Telemetry, load
+from tests.pipeline.conftest import write_ndjson
+
+DEPTH = [0, 500, 1200, 1500, 900, 500, 300, 100, 0, 0]
+INGRESS = [0, 500, 700, 300, 0, 0, 0, 0, 0, 0]
+TRIPPED = [False, False, True, True, True, False, False, False, False, False]
+TRIPS = [0, 0, 1, 1, 1, 1, 1, 1, 1, 1]
+HELD = [0, 0, 0, 200, 400, 0, 0, 0, 0, 0]
+
+
+def sample(sidecar: str, ts: float, depth: int, ingress: int, tripped: bool, trips: int,
+           held: int = 0, queue: str = "q", capacity: int = 1000, resume: int = 600,
+           interval: float = 1.0) -> dict[str, object]:
+    return {"v": 1, "type": "sample", "ts": ts, "mono": ts, "seq": int(ts * 10),
+            "sidecar": sidecar, "vhost": "/", "queue": queue, "interval": interval,
+            "policy": "p", "capacity": capacity, "resume": resume, "max_messages": 0,
+            "resume_messages": 0, "overflow": "hold", "deadline": 30.0,
+            "depth_bytes": depth, "depth_messages": depth // 100,
+            "broker_depth_bytes": None, "broker_depth_messages": None, "ready_count": None,
+            "depth_known": True, "ingress_bytes": ingress, "ingress_messages": ingress // 100,
+            "delivered_messages": 0, "tripped": tripped, "trips": trips,
+            "tripped_seconds": 0.0, "blocked_publishers": 1 if held else 0,
+            "held_bytes": held, "held_messages": held // 100, "spooled_bytes": 0}
+
+
+def ev(sidecar: str, ts: float, name: str, queue: str = "q") -> dict[str, object]:
+    return {"v": 1, "type": "event", "ts": ts, "mono": ts, "seq": 1000 + int(ts * 10),
+            "sidecar": sidecar, "vhost": "/", "queue": queue, "event": name}
+
+
+def side(sidecar: str, ts: float, held: int, alarm: str | None = None,
+         dropped: int = 0) -> dict[str, object]:
+    return {"v": 1, "type": "sidecar", "ts": ts, "mono": ts, "seq": 2000 + int(ts * 10),
+            "sidecar": sidecar, "vhost": "", "queue": "", "interval": 1.0,
+            "held_bytes": held, "held_messages": held // 100, "blocked_channels": 1 if held else 0,
+            "spooled_bytes": 0, "alarm": alarm, "dropped_records": dropped}
+
+
+def one(df: DataFrame, **where: Any) -> dict[str, Any]:
+    rows = [r.asDict() for r in df.collect()]
+    found = [r for r in rows if all(r[k] == v for k, v in where.items())]
+    assert len(found) == 1, (where, rows)
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def single(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Telemetry:
+    records: list[dict[str, object]] = [
+        sample("s1", float(i + 1), DEPTH[i], INGRESS[i], TRIPPED[i], TRIPS[i], HELD[i])
+        for i in range(10)]
+    records += [ev("s1", 3.0, "trip"), ev("s1", 3.1, "hold"), ev("s1", 3.2, "hold"),
+                ev("s1", 4.5, "deadline"), ev("s1", 4.6, "reject"), ev("s1", 6.0, "release"),
+                ev("s1", 4.7, "deadline", queue="not-policed")]
+    path = write_ndjson(tmp_path_factory.mktemp("single") / "t.ndjson", records)
+    return load(spark, [str(path)])
+
+
+def test_per_sidecar_queue(single: Telemetry) -> None:
+    r = one(aggregate.per_sidecar_queue(single.samples, single.events), queue="q")
+    assert (r["samples"], r["observed_seconds"], r["first_ts"], r["last_ts"]) == (10, 10, 1, 10)
+    assert (r["tripped_seconds"], r["tripped_share"], r["trips"]) == (3.0, 0.3, 1)
+    assert (r["depth_p50"], r["depth_p90"], r["depth_p99"], r["depth_max"]) == (
+        300, 1200, 1500, 1500)
+    assert r["peak_overshoot"] == 500  # 1500 - 1000
+    assert (r["ingress_bytes"], r["ingress_rate"]) == (1500, 150.0)  # 1500 B / 10 s
+    assert r["ingress_rate_p99"] == 700  # per-second rates sorted: 0 x7, 300, 500, 700
+    assert (r["held_bytes_max"], r["held_bytes_mean"]) == (400, 60.0)  # (200+400) / 10 s
+    assert (r["deadline_expiries"], r["rejects"], r["holds"]) == (1, 1, 2)
+    assert (r["capacity"], r["resume"], r["policy"]) == (1000, 600, "p")
+
+
+def test_episodes(single: Telemetry) -> None:
+    # One run: tripped at ts 3, 4, 5, closed by the untripped sample at ts 6. Deepest at
+    # ts 4 (1500): time to drain 6 - 4 = 2 s; the trip lasted 6 - 3 = 3 s; most held 400.
+    e = one(aggregate.episodes(single.samples), queue="q")
+    assert (e["start_ts"], e["peak_ts"], e["peak_depth"], e["end_ts"]) == (3, 4, 1500, 6)
+    assert (e["drain_seconds"], e["duration"], e["held_max"], e["closed"]) == (2, 3, 400, True)
+
+
+def test_queue_series_derives_egress(single: Telemetry) -> None:
+    # 2-second buckets (floor(ts / 2)): b0 = {1}, b1 = {2, 3}, b2 = {4, 5}, b3 = {6, 7},
+    # b4 = {8, 9}, b5 = {10}. depth_end = newest depth; egress = ingress - (depth_end -
+    # previous depth_end), at least 0: b1 1200 - 1200 = 0, b2 300 + 300 = 600, b3 0 + 600,
+    # b4 0 + 300, b5 0. Backlog where the previous depth_end > 0: b2, b3, b4.
+    rows = sorted((r.asDict() for r in aggregate.queue_series(single.samples, 2.0).collect()),
+                  key=lambda r: r["bucket_index"])
+    assert [r["bucket"] for r in rows] == [0, 2, 4, 6, 8, 10]
+    assert [r["depth_end"] for r in rows] == [0, 1200, 900, 300, 0, 0]
+    assert [r["ingress_bytes"] for r in rows] == [0, 1200, 300, 0, 0, 0]
+    assert [r["egress_bytes"] for r in rows] == [None, 0, 600, 600, 300, 0]
+    assert [r["backlog"] for r in rows] == [False, False, True, True, True, False]
+    assert [r["observed_seconds"] for r in rows] == [1, 2, 2, 2, 2, 1]
+    assert [r["tripped_seconds"] for r in rows] == [0, 1, 2, 0, 0, 0]
+    assert [r["held_bytes"] for r in rows] == [0, 0, 300, 0, 0, 0]  # (200 + 400) / 2 s
+
+
+def test_per_queue(single: Telemetry) -> None:
+    series = aggregate.queue_series(single.samples, 2.0)
+    eps = aggregate.episodes(single.samples)
+    psq = aggregate.per_sidecar_queue(single.samples, single.events)
+    r = one(aggregate.per_queue(single.samples, series, eps, psq, single.events), queue="q")
+    assert (r["sidecars"], r["observed_seconds"], r["tripped_seconds"]) == (1, 10, 3)
+    assert (r["trips"], r["episodes"], r["open_trips"]) == (1, 1, 0)
+    assert (r["depth_p50"], r["depth_p90"], r["depth_p99"], r["peak_overshoot"]) == (
+        300, 1200, 1500, 500)
+    assert r["ingress_rate"] == 150.0
+    # egress 1500 B over the 9 s of buckets b1..b5; drain 1500 B over the 6 s of b2..b4
+    assert r["egress_rate"] == pytest.approx(1500 / 9)
+    assert (r["drain_rate"], r["backlog_seconds"]) == (250.0, 6)
+    assert r["ingress_rate_p99"] == 600  # bucket rates 0, 600, 150, 0, 0, 0
+    assert (r["drain_seconds_p50"], r["drain_seconds_max"], r["trip_seconds_p90"]) == (2, 2, 3)
+    assert (r["held_bytes_max"], r["held_at_release_p90"]) == (300, 400)
+    assert (r["deadline_expiries"], r["rejects"]) == (1, 1)
+
+
+@pytest.fixture(scope="module")
+def fleet(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Telemetry:
+    """Two sidecars on one queue (capacity 320), samples at the same ts 1..4.
+
+        ts           1    2    3    4
+        depth        0  300  350    0     (both see it)
+        ingress s1   0  100  100    0
+        ingress s2   0  200    0    0
+        tripped s1   .    .    T    .     (trips 0 0 1 1)
+        tripped s2   .    .    .    .     (its estimate stayed under capacity)
+        held s1      0    0  100    0     (sidecar records; an alarm at ts 2; s2 dropped 3)
+    """
+    recs: list[dict[str, object]] = []
+    depth, in1, in2 = [0, 300, 350, 0], [0, 100, 100, 0], [0, 200, 0, 0]
+    for i in range(4):
+        ts = float(i + 1)
+        recs.append(sample("s1", ts, depth[i], in1[i], i == 2, 1 if i >= 2 else 0,
+                           100 if i == 2 else 0, capacity=320, resume=200))
+        recs.append(sample("s2", ts, depth[i], in2[i], False, 0, capacity=320, resume=200))
+        recs.append(side("s1", ts, 100 if i == 2 else 0, alarm="memory" if i == 1 else None))
+        recs.append(side("s2", ts, 0, dropped=3 if i == 3 else 0))
+    recs.append(ev("s1", 3.5, "deadline"))
+    base = tmp_path_factory.mktemp("fleet")
+    write_ndjson(base / "s1" / "a.ndjson", recs[::2])
+    write_ndjson(base / "s2" / "b.ndjson", recs[1::2])
+    return load(spark, [str(base)])  # a directory: read recursively
+
+
+def test_fleet_per_queue_sums_ingress_and_derives_egress(fleet: Telemetry) -> None:
+    # buckets of 1 s: ingress 0, 300, 100, 0; egress b2 = 300 - 300 = 0, b3 = 100 - 50 = 50,
+    # b4 = 0 + 350 = 350; backlog at b3, b4: drain (50 + 350) / 2 s = 200 B/s.
+    series = aggregate.queue_series(fleet.samples, 1.0)
+    eps = aggregate.episodes(fleet.samples)
+    psq = aggregate.per_sidecar_queue(fleet.samples, fleet.events)
+    r = one(aggregate.per_queue(fleet.samples, series, eps, psq, fleet.events), queue="q")
+    assert (r["sidecars"], r["samples"], r["ingress_bytes"]) == (2, 8, 400)
+    assert (r["observed_seconds"], r["ingress_rate"]) == (4, 100.0)
+    assert (r["egress_rate"], r["drain_rate"]) == (400 / 3, 200.0)
+    assert (r["tripped_seconds"], r["trips"], r["sidecars_tripping"]) == (1, 1, 1)
+    assert (r["depth_max"], r["peak_overshoot"], r["deadline_expiries"]) == (350, 30, 1)
+    # the episode of s1 is closed at ts 4: deepest at ts 3, so 1 s to drain
+    assert (r["drain_seconds_max"], r["held_at_release_p90"]) == (1, 100)
+
+
+def test_per_sidecar(fleet: Telemetry) -> None:
+    psq = aggregate.per_sidecar_queue(fleet.samples, fleet.events)
+    df = aggregate.per_sidecar(fleet.sidecars, psq, fleet.events)
+    s1, s2 = one(df, sidecar="s1"), one(df, sidecar="s2")
+    assert (s1["records"], s1["observed_seconds"], s1["queues"]) == (4, 4, 1)
+    assert (s1["held_bytes_max"], s1["held_bytes_mean"], s1["alarm_seconds"]) == (100, 25, 1)
+    assert (s1["trips"], s1["tripped_queue_seconds"], s1["deadline_expiries"]) == (1, 1, 1)
+    assert (s1["ingress_bytes"], s2["ingress_bytes"]) == (200, 200)
+    assert (s2["trips"], s2["held_bytes_max"], s2["dropped_records"]) == (0, 0, 3)
+
+
+def test_trips_come_from_the_counter(spark: SparkSession, tmp_path: Path) -> None:
+    # A trip and release inside one interval shows only in the counter (0 -> 2 at ts 2);
+    # a restart (counter back to 0, then 1) counts the new trip.
+    recs = [sample("s", 1.0, 0, 0, False, 0), sample("s", 2.0, 0, 0, False, 2),
+            sample("s", 3.0, 0, 0, True, 3), sample("s", 4.0, 0, 0, False, 0),
+            sample("s", 5.0, 0, 0, True, 1)]
+    t = load(spark, [str(write_ndjson(tmp_path / "t.ndjson", recs))])
+    r = one(aggregate.per_sidecar_queue(t.samples, t.events), queue="q")
+    assert r["trips"] == 2 + 1 + 0 + 1
+    e = sorted((x.asDict() for x in aggregate.episodes(t.samples).collect()),
+               key=lambda x: x["episode"])
+    assert [(x["start_ts"], x["end_ts"], x["closed"]) for x in e] == [
+        (3, 4, True), (5, None, False)]

@@ -1,0 +1,62 @@
+"""Reading: the explicit schema matches what the proxy writes; bad lines are counted, not fatal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from pipeline.load import load
+from pipeline.schema import FIELD_NAMES
+from pipeline.synthetic import generate
+from proxy.depth import ManagementSample
+from proxy.gate import FlowController
+from proxy.policy import parse_policies
+from proxy.telemetry import EVENT_FIELDS, Sampler
+from tests.pipeline.conftest import write_ndjson
+from tests.pipeline.test_aggregate import sample
+
+
+class _Router:
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: dict[str, object] | None = None) -> frozenset[str]:
+        return frozenset({routing_key})
+
+
+def test_schema_knows_every_field_the_proxy_and_the_generator_write(tmp_path: Path) -> None:
+    policies = parse_policies("version: 1\npolicies:\n  - name: p\n    match: {queue: 'q'}\n"
+                              "    capacity: 100\n")
+    fc = FlowController(_Router(), lambda: 1.0, policies)
+    fc.queue_seen(("/", "q"))
+    fc.sampled_management(("/", "q"), ManagementSample(1.0, 0, 0, 0, 0, 0))
+    written: set[str] = set()
+    for rec in Sampler("s").snapshot(fc, 1.0, 1.0):
+        written |= rec.keys()
+    written |= set(EVENT_FIELDS) | {"event"}
+    assert written <= set(FIELD_NAMES), written - set(FIELD_NAMES)
+    generate(tmp_path, sidecars=1, hours=0.01, queues=1)
+    for path in tmp_path.iterdir():
+        for line in path.read_text().splitlines():
+            assert json.loads(line).keys() <= set(FIELD_NAMES)
+
+
+def test_bad_lines_are_counted_and_reported(spark: SparkSession, tmp_path: Path) -> None:
+    good = [sample("s1", float(i), 0, 0, False, 0) for i in range(1, 4)]
+    truncated = json.dumps(sample("s1", 4.0, 0, 0, False, 0))[:57]
+    wrong_type = json.dumps({**sample("s1", 5.0, 0, 0, False, 0), "ts": "yesterday"})
+    future = json.dumps({**sample("s1", 6.0, 0, 0, False, 0), "v": 2})
+    no_sidecar = json.dumps({k: v for k, v in sample("s1", 7.0, 0, 0, False, 0).items()
+                             if k != "sidecar"})
+    write_ndjson(tmp_path / "a.ndjson", [*good[:2], truncated, "not json at all", wrong_type,
+                                         "", future])
+    write_ndjson(tmp_path / "b.ndjson", [good[2], no_sidecar])
+    (tmp_path / "ignored.txt").write_text("not telemetry\n")  # only *.ndjson* is read
+    t = load(spark, [str(tmp_path)])
+    q = t.quality
+    # blank lines are no records; truncated, not JSON and a wrong type are corrupt
+    assert (q.lines, q.used, q.files) == (8, 3, 2)
+    assert (q.corrupt, q.unsupported_version, q.incomplete, q.bad) == (3, 1, 1, 5)
+    assert t.samples.count() == 3
+    assert {f for f, _ in q.examples} == {"a.ndjson", "b.ndjson"}
+    assert any(line == truncated for _, line in q.examples)
