@@ -79,6 +79,8 @@ class FlowController:
         self.policies = policies
         self.queues: dict[QueueKey, PolicedQueue] = {}
         self._tripped: set[QueueKey] = set()
+        # Queues with spooled backlog: what cannot join the spool waits behind it (FIFO).
+        self._backlogged: set[QueueKey] = set()
         self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
         self._blocked_since: dict[tuple[int, int], float] = {}
         self._owners: dict[int, ChannelOwner] = {}
@@ -143,10 +145,11 @@ class FlowController:
 
     def blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
         """The tripped queues among ``queues`` (plus ALARM while the broker has one)."""
-        tripped = self._tripped
-        if not tripped:
+        tripped, backlogged = self._tripped, self._backlogged
+        if not tripped and not backlogged:
             return frozenset()
-        found = {(vhost, q) for q in queues if (vhost, q) in tripped}
+        found = {(vhost, q) for q in queues
+                 if (vhost, q) in tripped or (vhost, q) in backlogged}
         if ALARM in tripped:
             found.add(ALARM)
         return frozenset(found)
@@ -184,7 +187,7 @@ class FlowController:
         dropped from the set again, and if none is left the channel is not blocked.
         """
         ref = (owner.conn_id, channel)
-        still = {k for k in queues if k in self._tripped}
+        still = {k for k in queues if k in self._tripped or k in self._backlogged}
         if not still:
             return False
         blocked_on = self._blocked.get(ref)
@@ -225,6 +228,19 @@ class FlowController:
         q = self.queues.get(key)
         if q is not None:
             self._apply(q, decide(q.policy, None, None, q.tripped))
+
+    def set_backlog(self, key: QueueKey, backlogged: bool) -> None:
+        """The spool of ``key`` has records (True) or has drained (False).
+
+        While it has, publishes to the queue that cannot join the spool are held, as if it
+        were tripped, so none overtakes the backlog; the drain releases them.
+        """
+        if backlogged:
+            self._backlogged.add(key)
+        elif key in self._backlogged:
+            self._backlogged.discard(key)
+            if key not in self._tripped:
+                self._released(key)
 
     def set_alarm(self, reason: str | None) -> None:
         """The broker raised (reason) or cleared (None) a memory or disk alarm."""
@@ -277,7 +293,8 @@ class FlowController:
             self.emit("release", {"vhost": q.key[0], "queue": q.key[1], "policy": q.policy.name,
                                   "depth_bytes": est.bytes, "depth_messages": est.messages,
                                   "resume": q.policy.resume, "reason": why})
-            self._released(q.key)
+            if q.key not in self._backlogged:
+                self._released(q.key)
 
     def _publishers_of(self, key: QueueKey) -> str:
         return ",".join(f"{c}/{ch}" for (c, ch), qs in self._blocked.items() if key in qs)

@@ -1,15 +1,27 @@
-"""The proxy's own AMQP 0-9-1 connection to the broker: queue probes, broker alarms.
+"""The proxy's own AMQP 0-9-1 connection to the broker: queue probes, broker alarms, replay.
 
 A small client on pamqp: handshake (PLAIN), heartbeats, one channel per outstanding RPC,
 ``connection.blocked`` notices. It is not on the relay's path; client traffic never uses it.
+
+``open_publisher()`` gives a ``Publisher``: a channel in confirm mode for the spool's
+replayer. Publishes are pipelined (up to ``window`` unconfirmed), their frames encoded here
+(the content header payload is passed through byte-exact) and written in batches; each
+publish returns a future of its ``Confirm``. Returns (``mandatory``) are told apart from
+acks conservatively: the broker sends a message's basic.return before its basic.ack, so a
+return marks every publish still unconfirmed at that moment as possibly returned
+(``Confirm.RETURNED``); nothing that was routed is ever reported as lost, at worst a routed
+one is reported returned (and replayed again: a duplicate, never a loss).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 import logging
+import struct
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +48,197 @@ class QueueCounts:
     consumers: int
 
 
+class Confirm(enum.Enum):
+    """How the broker answered one publish on a confirm channel."""
+
+    ACK = "ack"
+    NACK = "nack"
+    RETURNED = "returned"  # unroutable (mandatory) -- or maybe: see the module docstring
+    LOST = "lost"  # the channel or connection closed before an answer
+
+
+_FRAME_END = b"\xce"
+_FRAME_HEAD = struct.Struct(">BHI")
+_PUBLISH_HEAD = struct.Struct(">HHH")  # class 60, method 40, reserved
+_BODY_SIZE_AT = 4  # content header payload: class id, weight, then body size (u64)
+#: Unsent bytes past which publish() waits for the socket.
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+def _shortstr(text: str) -> bytes:
+    data = text.encode()
+    if len(data) > 255:
+        raise ValueError(f"{text[:40]!r}...: longer than 255 bytes")
+    return bytes([len(data)]) + data
+
+
+def encode_publish(channel: int, exchange: str, routing_key: str, properties: bytes,
+                   body: bytes, frame_max: int, mandatory: bool = False,
+                   method: bytes | None = None) -> bytes:
+    """basic.publish, its content header (``properties`` is the header frame's payload as
+    a client sent it: class id, weight, body size, flags, property list) and body frames.
+    ``method`` is the method frame when the caller has it cached (``encode_method``)."""
+    if len(properties) < 14 or int.from_bytes(
+            properties[_BODY_SIZE_AT:_BODY_SIZE_AT + 8], "big") != len(body):
+        raise ValueError("content header does not match the body size")
+    if method is None:
+        method = encode_method(channel, exchange, routing_key, mandatory)
+    room = frame_max - 8
+    if len(body) <= room:
+        return b"".join((method, _FRAME_HEAD.pack(2, channel, len(properties)), properties,
+                         _FRAME_END, _FRAME_HEAD.pack(3, channel, len(body)), body,
+                         _FRAME_END) if body else
+                        (method, _FRAME_HEAD.pack(2, channel, len(properties)), properties,
+                         _FRAME_END))
+    parts = [method, _FRAME_HEAD.pack(2, channel, len(properties)), properties, _FRAME_END]
+    for start in range(0, len(body), room):
+        chunk = body[start:start + room]
+        parts += (_FRAME_HEAD.pack(3, channel, len(chunk)), chunk, _FRAME_END)
+    return b"".join(parts)
+
+
+def encode_method(channel: int, exchange: str, routing_key: str, mandatory: bool) -> bytes:
+    """The basic.publish method frame."""
+    payload = b"".join((_PUBLISH_HEAD.pack(60, 40, 0), _shortstr(exchange),
+                        _shortstr(routing_key), b"\x01" if mandatory else b"\x00"))
+    return b"".join((_FRAME_HEAD.pack(1, channel, len(payload)), payload, _FRAME_END))
+
+
+class Publisher:
+    """A channel in confirm mode: ``await publish(...)`` returns a future of its Confirm.
+
+    At most ``window`` publishes are unconfirmed; ``publish`` waits for room (and for the
+    socket when it lags). Futures are always resolved with a Confirm, never an exception.
+    """
+
+    def __init__(self, client: AmqpClient, channel: int, window: int) -> None:
+        self.client = client
+        self.channel = channel
+        self.window = window
+        self._next_tag = 1
+        self._pending: dict[int, asyncio.Future[Confirm]] = {}
+        self._order: deque[int] = deque()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._suspect_through = 0  # publishes up to this tag may have been returned
+        self._methods: dict[tuple[str, str, bool], bytes] = {}  # encoded method frames
+        self._loop = asyncio.get_running_loop()
+        self.closed_reason: str | None = None
+        self.published = 0
+        self.acked = 0
+        self.nacked = 0
+        self.returns = 0
+
+    @property
+    def unconfirmed(self) -> int:
+        return len(self._pending)
+
+    @property
+    def open(self) -> bool:
+        return self.closed_reason is None and self.client.connected
+
+    async def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes,
+                      mandatory: bool = False) -> asyncio.Future[Confirm]:
+        """Send one publish when the window has room; the future says how it went."""
+        while len(self._pending) >= self.window and self.closed_reason is None:
+            self._room.clear()
+            await self._room.wait()
+        if self.client.write_backlog() > WRITE_HIGH_WATER:
+            await self.client.drain()
+        return self.publish_nowait(exchange, routing_key, properties, body, mandatory)
+
+    def publish_nowait(self, exchange: str, routing_key: str, properties: bytes, body: bytes,
+                       mandatory: bool = False) -> asyncio.Future[Confirm]:
+        """Send one publish now, window or not (``publish`` is the polite way)."""
+        if self.closed_reason is not None or not self.client.connected:
+            raise AmqpClientError(self.closed_reason or self.client.closed_reason
+                                  or "not connected")
+        key = (exchange, routing_key, mandatory)
+        method = self._methods.get(key)
+        if method is None:
+            if len(self._methods) > 1024:
+                self._methods.clear()
+            method = self._methods[key] = encode_method(self.channel, *key)
+        data = encode_publish(self.channel, exchange, routing_key, properties, body,
+                              self.client.frame_max, mandatory, method)
+        fut: asyncio.Future[Confirm] = self._loop.create_future()
+        tag = self._next_tag
+        self._next_tag += 1
+        self._pending[tag] = fut
+        self._order.append(tag)
+        self.published += 1
+        self.client.write_buffered(data)
+        return fut
+
+    async def wait_confirmed(self, timeout: float | None = None) -> bool:
+        """Until every publish so far is answered; False at the timeout."""
+        futures = list(self._pending.values())
+        if not futures:
+            return True
+        done, _ = await asyncio.wait(futures, timeout=timeout)
+        return len(done) == len(futures)
+
+    # -- frames from the broker --------------------------------------------------------
+    def on_frame(self, value: Any) -> None:
+        if isinstance(value, commands.Basic.Ack):
+            self._confirmed(value.delivery_tag, value.multiple, Confirm.ACK)
+        elif isinstance(value, commands.Basic.Nack):
+            self._confirmed(value.delivery_tag, value.multiple, Confirm.NACK)
+        elif isinstance(value, commands.Basic.Return):
+            self.returns += 1
+            self._suspect_through = self._next_tag - 1
+        elif isinstance(value, commands.Channel.Close):
+            self.lost(f"broker closed the channel: {value.reply_code} {value.reply_text}")
+        # content header and body frames of a return: nothing to do
+
+    def _confirmed(self, tag: int, multiple: bool, result: Confirm) -> None:
+        pending, order = self._pending, self._order
+        if multiple:
+            while order and order[0] <= tag:
+                self._resolve(order.popleft(), result)
+        else:
+            self._resolve(tag, result)
+            while order and order[0] not in pending:
+                order.popleft()
+        if len(pending) < self.window:
+            self._room.set()
+
+    def _resolve(self, tag: int, result: Confirm) -> None:
+        fut = self._pending.pop(tag, None)
+        if fut is None:
+            return
+        if result is Confirm.ACK:
+            if tag <= self._suspect_through:
+                result = Confirm.RETURNED
+            else:
+                self.acked += 1
+        elif result is Confirm.NACK:
+            self.nacked += 1
+        if not fut.done():
+            fut.set_result(result)
+
+    def lost(self, reason: str) -> None:
+        """The channel or connection is gone: every unanswered publish is LOST."""
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        pending, self._pending = self._pending, {}
+        self._order.clear()
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_result(Confirm.LOST)
+        self._room.set()
+        self.client.forget_publisher(self)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close the channel (unanswered publishes become LOST)."""
+        if self.closed_reason is not None:
+            return
+        self.lost("closed")
+        if self.client.connected:
+            with contextlib.suppress(AmqpClientError, TimeoutError, OSError):
+                await self.client.close_channel(self.channel, timeout)
+
+
 class AmqpClient:
     """One connection; ``await connect()``, then RPCs; ``close()`` when done."""
 
@@ -54,7 +257,15 @@ class AmqpClient:
         self._channel_ids = itertools.cycle(range(1, 2048))
         self._frame_max = 131072
         self._probe_channel: int | None = None
+        self._publishers: dict[int, Publisher] = {}
+        self._out: list[bytes] = []  # publishes not yet handed to the socket
+        self._out_bytes = 0
+        self._flush_scheduled = False
         self.closed_reason: str | None = None
+
+    @property
+    def frame_max(self) -> int:
+        return self._frame_max
 
     @property
     def connected(self) -> bool:
@@ -114,7 +325,39 @@ class AmqpClient:
     def _send(self, channel: int, value: Any) -> None:
         if self._writer is None:
             raise AmqpClientError("not connected")
+        self._flush()
         self._writer.write(frame.marshal(value, channel))
+
+    def write_buffered(self, data: bytes) -> None:
+        """Queue bytes for the socket; written at the end of this loop turn (or at 64 KiB)."""
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= 65536:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        data, self._out, self._out_bytes = b"".join(self._out), [], 0
+        if self._writer is not None and self.closed_reason is None:
+            self._writer.write(data)
+
+    def write_backlog(self) -> int:
+        """Bytes written but not yet sent."""
+        if self._writer is None:
+            return 0
+        return self._out_bytes + self._writer.transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        """Until the socket took what was written (or the connection is gone)."""
+        self._flush()
+        if self._writer is not None and self.closed_reason is None:
+            with contextlib.suppress(OSError, ConnectionError):
+                await self._writer.drain()
 
     async def _read_forever(self) -> None:
         try:
@@ -143,6 +386,10 @@ class AmqpClient:
             return
         if isinstance(value, commands.Channel.Close):
             self._send(channel, commands.Channel.CloseOk())
+        publisher = self._publishers.get(channel)
+        if publisher is not None:
+            publisher.on_frame(value)
+            return
         waiter = self._waiters.get(channel)
         if waiter is not None and not waiter.done():
             waiter.set_result(value)
@@ -154,6 +401,8 @@ class AmqpClient:
         for waiter in self._waiters.values():
             if not waiter.done():
                 waiter.set_exception(AmqpClientError(reason))
+        for publisher in list(self._publishers.values()):
+            publisher.lost(reason)
         if self._writer is not None:
             self._writer.close()
 
@@ -176,7 +425,8 @@ class AmqpClient:
 
     async def _open_channel(self, timeout: float) -> int:
         channel = next(self._channel_ids)
-        while channel in self._waiters:
+        while (channel in self._waiters or channel in self._publishers
+               or channel == self._probe_channel):
             channel = next(self._channel_ids)
         opened = await self._rpc(channel, commands.Channel.Open(), timeout)
         if not isinstance(opened, commands.Channel.OpenOk):
@@ -205,7 +455,32 @@ class AmqpClient:
             raise AmqpClientError(f"queue.declare {queue!r}: unexpected {reply!r}")
         return QueueCounts(reply.message_count or 0, reply.consumer_count or 0)
 
+    async def open_publisher(self, window: int = 1000, timeout: float = 5.0) -> Publisher:
+        """A new channel in confirm mode (``confirm.select``)."""
+        if not self.connected:
+            raise AmqpClientError(self.closed_reason or "not connected")
+        channel = await self._open_channel(timeout)
+        reply = await self._rpc(channel, commands.Confirm.Select(), timeout)
+        if not isinstance(reply, commands.Confirm.SelectOk):
+            raise AmqpClientError(f"confirm.select refused: {reply!r}")
+        publisher = Publisher(self, channel, window)
+        self._publishers[channel] = publisher
+        return publisher
+
+    def forget_publisher(self, publisher: Publisher) -> None:
+        if self._publishers.get(publisher.channel) is publisher:
+            del self._publishers[publisher.channel]
+
+    async def close_channel(self, channel: int, timeout: float = 5.0) -> None:
+        reply = await self._rpc(channel, commands.Channel.Close(
+            reply_code=200, reply_text="done", class_id=0, method_id=0), timeout)
+        if not isinstance(reply, commands.Channel.CloseOk | commands.Channel.Close):
+            raise AmqpClientError(f"channel.close: unexpected {reply!r}")
+
     async def close(self) -> None:
+        for publisher in list(self._publishers.values()):
+            publisher.lost("connection closing")
+        self._flush()
         for task in (self._read_task, self._beat_task):
             if task is not None:
                 task.cancel()

@@ -96,6 +96,7 @@ class Proxy:
         loop = asyncio.get_running_loop()
         if self.spool is not None:
             await self.spool.start()  # recovered before any client can publish
+            await self._know_spooled_queues()
         elif self.settings.spool_dir is not None:
             event(log, "spool_off", logging.WARNING, reason="no --policies given: nothing "
                   "is policed, so nothing is spooled")
@@ -122,6 +123,29 @@ class Proxy:
               upstream="{}:{}".format(*self.settings.upstream),
               admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
                      else "off"), event_loop=type(loop).__module__.split(".")[0])
+
+    async def _know_spooled_queues(self) -> None:
+        """A queue with spooled backlog must be routed and policed before the first client
+        publish, or that publish would overtake the backlog (FIFO per queue): declare the
+        backlogged queues in the routing model (the default exchange reaches them at once)
+        and load the topology once (every other route) before the listener opens."""
+        if self.flow is None or self.spool is None:
+            return
+        backlogged = list(self.spool.manager.backlogged())
+        if not backlogged:
+            return
+        for vhost, queue in backlogged:
+            self.flow.queue_declared(vhost, queue)
+        try:
+            loaded = await asyncio.wait_for(self.flow.sync_topology(),
+                                            2 * self.settings.connect_timeout)
+        except TimeoutError:
+            loaded = False
+        if not loaded:
+            event(log, "spool_routes_unknown", logging.WARNING, queues=len(backlogged),
+                  reason="the topology could not be loaded before accepting clients",
+                  action="publishes through other exchanges than the default one may "
+                         "overtake the spooled backlog until it loads")
 
     async def run(self) -> None:
         await self.start()
@@ -167,12 +191,21 @@ class Proxy:
             self._listener.close()
         loop = asyncio.get_running_loop()
         self._drain_deadline = loop.time() + self.settings.drain_timeout
+        # The spool takes no new records (publishes are held instead) and replays what it
+        # has while the queues allow, until it is empty or the deadline.
+        spool_drain = (loop.create_task(self.spool.drain(self._drain_deadline), name="spool-drain")
+                       if self.spool is not None else None)
         while self.stats.live and not self._drain_cut.is_set():
             left = self._drain_deadline - loop.time()
             if left <= 0:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drain_cut.wait(), min(0.05, left))
+        if spool_drain is not None:
+            if self._drain_cut.is_set():
+                spool_drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await spool_drain
 
     def _held(self) -> tuple[int, int]:
         """(messages, body bytes) of publishes held right now, on every connection."""

@@ -13,7 +13,10 @@ passes their last record; the cursor is written by rename, so it is either old o
 Delivery across a crash is therefore at least once: a record replayed but not yet
 confirmed (or confirmed after the last cursor write) is replayed again.
 
-Plain blocking file I/O: the asyncio layer calls ``sync`` and reads off the event loop.
+Plain blocking file I/O: the asyncio layer calls ``sync`` and ``read_batch`` on worker
+threads. The lock guards the bookkeeping only; ``fsync`` runs outside it (on a duplicate of
+the segment's descriptor), so an append on the event loop never waits for the disk.
+A rotated-out segment keeps its descriptor until the next ``sync`` has fsynced it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.spool.records import RecordError, SpoolRecord, decode_at
+from proxy.spool.records import HEAD_SIZE, RecordError, SpoolRecord, decode_at
 
 SEGMENT_SUFFIX = ".seg"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -41,6 +44,16 @@ class Segment:
     first_seq: int
     last_seq: int = 0  # 0: empty
     size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPosition:
+    """Where a reader stands: just after record ``after``, at ``offset`` in the segment
+    whose first record is ``first_seq`` (``read_batch`` continues from there)."""
+
+    first_seq: int
+    offset: int
+    after: int
 
 
 @dataclass
@@ -69,6 +82,10 @@ class QueueSpool:
         self._pending_records = 0
         self._oldest_at: float | None = None
         self._lock = threading.Lock()  # sync() runs on a worker thread, append() on the loop
+        self._retired: list[int] = []  # descriptors of rotated-out segments, not yet fsynced
+        self._dir_dirty = False  # a segment was created since the last sync
+        self._broken = False  # a failed write could not be cut back: next append rotates
+        self.cursor_error: str | None = None  # the last cursor write that failed, if any
         self.report = self._recover()
 
     # -- opening -----------------------------------------------------------------------
@@ -133,7 +150,11 @@ class QueueSpool:
         seq = self.next_seq
         data = SpoolRecord(seq, record.accepted_at, record.exchange, record.routing_key,
                            record.properties, record.body, record.mandatory).encode()
-        seg = self._writable_segment(seq)
+        try:
+            seg = self._writable_segment(seq)
+        except OSError as exc:
+            raise SpoolError(exc.errno or errno.EIO, f"spool segment of {self.directory} "
+                             f"could not be opened: {exc.strerror or exc}") from None
         fd = self._fd
         assert fd is not None
         try:
@@ -155,43 +176,91 @@ class QueueSpool:
 
     def _writable_segment(self, seq: int) -> Segment:
         seg = self.segments[-1] if self.segments else None
-        if seg is None or (seg.size >= self.segment_bytes and seg.last_seq):
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-            seg = Segment(self.directory / f"{seq:020d}{SEGMENT_SUFFIX}", seq)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        if seg is not None and self._broken and not seg.last_seq:
+            # An empty segment whose first write could not be cut back: start it again.
+            fd = os.open(seg.path, flags | os.O_TRUNC, 0o640)
+            self._replace_fd(fd)
+            seg.size = 0
+            self._broken = False
+        elif seg is None or self._broken or (seg.size >= self.segment_bytes and seg.last_seq):
+            path = self.directory / f"{seq:020d}{SEGMENT_SUFFIX}"
+            fd = os.open(path, flags, 0o640)  # first: a failure leaves the bookkeeping alone
+            self._replace_fd(fd)
+            seg = Segment(path, seq)
             self.segments.append(seg)
-        if self._fd is None:
-            self._fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            self._dir_dirty = True
+            self._broken = False
+        elif self._fd is None:
+            self._fd = os.open(seg.path, flags, 0o640)
         return seg
 
-    def _cut_back(self, seg: Segment) -> None:
-        try:
-            os.ftruncate(self._fd or -1, seg.size)
-        except OSError:
-            pass
+    def _replace_fd(self, fd: int) -> None:
+        if self._fd is not None:
+            self._retired.append(self._fd)  # closed by the next sync, after its fsync
+        self._fd = fd
 
-    def sync(self) -> int:
-        """Make every appended record durable; returns ``durable_seq``."""
+    def _cut_back(self, seg: Segment) -> None:
+        """Cut a failed write off; if even that fails, the next append starts a segment
+        (recovery then cuts this one's tail as corruption, keeping every whole record)."""
+        try:
+            os.ftruncate(self._fd if self._fd is not None else -1, seg.size)
+        except OSError:
+            self._broken = True
+
+    def sync(self, fsync: bool = True) -> int:
+        """Make every appended record durable; returns ``durable_seq``.
+
+        ``fsync=False`` (the policy's ``fsync: never``) leaves durability to the OS but
+        moves ``durable_seq`` all the same: what the replayer may read and what clients
+        are acked for. An fsync failure raises SpoolError and ``durable_seq`` stays.
+        """
         with self._lock:
-            if self._fd is not None and self.durable_seq < self.next_seq - 1:
-                target = self.next_seq - 1
-                new_segment = self.durable_seq < self.segments[-1].first_seq
-                os.fsync(self._fd)
-                if new_segment:
-                    _fsync_dir(self.directory)  # the new segment's directory entry
-                self.durable_seq = target
+            target = self.next_seq - 1
+            if self.durable_seq >= target and not self._retired:
+                return self.durable_seq
+            fds, self._retired = self._retired, []
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            try:
+                if self._fd is not None:
+                    fds.append(os.dup(self._fd))
+            except OSError as exc:
+                self._retired, self._dir_dirty = fds, dir_dirty
+                raise SpoolError(exc.errno or errno.EIO, f"spool sync of {self.directory}: "
+                                 f"{exc.strerror or exc}") from None
+        try:
+            if fsync:
+                for fd in fds:
+                    os.fsync(fd)
+                if dir_dirty:
+                    _fsync_dir(self.directory)  # new segments' directory entries
+        except OSError as exc:
+            with self._lock:
+                self._dir_dirty = self._dir_dirty or dir_dirty
+            raise SpoolError(exc.errno or errno.EIO, f"spool fsync in {self.directory} "
+                             f"failed: {exc.strerror or exc}") from None
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        with self._lock:
+            self.durable_seq = max(self.durable_seq, target)
             return self.durable_seq
 
     # -- reading and confirming --------------------------------------------------------
     def records(self, after: int | None = None) -> Iterator[SpoolRecord]:
         """Durable records with seq > ``after`` (default: the cursor), oldest first."""
         floor = self.confirmed_seq if after is None else after
-        for seg in list(self.segments):
-            if seg.last_seq and seg.last_seq <= floor:
+        with self._lock:
+            segments = [(s.path, s.size, s.last_seq) for s in self.segments]
+        for path, size, last_seq in segments:
+            if last_seq and last_seq <= floor:
                 continue
             try:
-                data = seg.path.read_bytes()[:seg.size]
+                with open(path, "rb") as f:
+                    data = f.read(size)
             except FileNotFoundError:
                 continue
             pos = 0
@@ -199,6 +268,69 @@ class QueueSpool:
                 rec, pos = decode_at(data, pos)
                 if rec.seq > floor and rec.seq <= self.durable_seq:
                     yield rec
+
+    def read_batch(self, after: int, max_bytes: int = 1 << 20,
+                   position: ReadPosition | None = None
+                   ) -> list[tuple[SpoolRecord, ReadPosition]]:
+        """Durable records with seq > ``after``, oldest first, about ``max_bytes`` of them
+        (at least one when there is one), each with the position just after it.
+
+        ``position`` (from the last record of the previous batch, when its ``after`` is
+        this ``after``) lets the read start where the previous one ended instead of at the
+        segment's beginning. Corruption inside the durable part raises SpoolError.
+        """
+        with self._lock:
+            segments = [(s.path, s.first_seq, s.size, s.last_seq) for s in self.segments]
+            durable = self.durable_seq
+        out: list[tuple[SpoolRecord, ReadPosition]] = []
+        taken = 0
+        if position is not None and position.after != after:
+            position = None
+        for path, first_seq, size, last_seq in segments:
+            if (last_seq and last_seq <= after) or not size:
+                continue
+            offset = position.offset if position and position.first_seq == first_seq else 0
+            position = None
+            try:
+                with open(path, "rb") as f:
+                    while offset < size:
+                        f.seek(offset)
+                        data = f.read(min(size - offset, max(max_bytes - taken, 1 << 16)))
+                        pos = 0
+                        while pos < len(data):
+                            try:
+                                rec, end = decode_at(data, pos)
+                            except RecordError:
+                                if offset + len(data) >= size:
+                                    raise  # the segment's durable part ends mid-record
+                                break  # the chunk cut this record: read on from it
+                            if rec.seq > durable:
+                                return out
+                            pos = end
+                            if rec.seq > after:
+                                out.append((rec, ReadPosition(first_seq, offset + pos, rec.seq)))
+                                taken += rec.size
+                                if taken >= max_bytes:
+                                    return out
+                        if pos == 0:  # one record longer than the chunk
+                            length = int.from_bytes(data[4:8], "big") if len(data) >= 8 else 0
+                            f.seek(offset)
+                            data = f.read(min(size - offset, HEAD_SIZE + length))
+                            rec, pos = decode_at(data, 0)
+                            if rec.seq > durable:
+                                return out
+                            if rec.seq > after:
+                                out.append((rec, ReadPosition(first_seq, offset + pos, rec.seq)))
+                                taken += rec.size
+                                if taken >= max_bytes:
+                                    return out
+                        offset += pos
+            except FileNotFoundError:
+                continue  # confirmed and deleted meanwhile
+            except RecordError as exc:
+                raise SpoolError(errno.EIO, f"spool segment {path} is corrupt inside its "
+                                 f"durable part: {exc}") from None
+        return out
 
     def confirmed_through(self, seq: int, sizes: int = 0, count: int = 0) -> None:
         """The broker confirmed every record up to ``seq``; drop what is wholly confirmed.
@@ -218,8 +350,14 @@ class QueueSpool:
         if self._pending_records == 0:
             self._oldest_at = None
         tmp = self.directory / "cursor.tmp"
-        tmp.write_text(f"{seq}\n")
-        os.replace(tmp, self.directory / "cursor")
+        try:
+            tmp.write_text(f"{seq}\n")
+            os.replace(tmp, self.directory / "cursor")
+            self.cursor_error = None
+        except OSError as exc:
+            # (disk full): an old cursor only means more duplicates after a crash; deleting
+            # the confirmed segments below is what frees the space, so go on.
+            self.cursor_error = f"cursor not written: {exc.strerror or exc}"
         while self.segments and self.segments[0].last_seq and \
                 self.segments[0].last_seq <= seq and len(self.segments) > 1:
             self.segments.pop(0).path.unlink(missing_ok=True)
@@ -252,9 +390,18 @@ class QueueSpool:
     def empty(self) -> bool:
         return self._pending_records == 0
 
+    @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
+        with self._lock:
+            for fd in [*self._retired, *([self._fd] if self._fd is not None else [])]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._retired = []
             self._fd = None
 
 

@@ -4,13 +4,21 @@
 vhost or queue name is a safe directory name). Limits are checked before each append:
 the policy's per-queue ``spool.max_bytes``, a total across queues, and a minimum of free
 disk; past any of them ``append`` raises ``SpoolFull`` and the caller falls back to holding.
+So does ``accepting = False`` (the proxy is draining, or has not recovered its spool yet).
+
+One process at a time: the running proxy (and ``floodwall spool replay|purge``) holds
+``SPOOL_DIR/.lock`` (``lock()``); ``floodwall spool ls|show`` only read.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import shutil
 import urllib.parse
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +33,13 @@ DEFAULT_MIN_FREE = 512 * 1024**2
 
 class SpoolFull(SpoolError):
     """A limit says no: the record was not written."""
+
+
+class SpoolLocked(SpoolError):
+    """Another process (a running proxy) has the spool directory."""
+
+
+LOCK_FILE = ".lock"
 
 
 def _encode(name: str) -> str:
@@ -52,7 +67,29 @@ class SpoolManager:
         self.spools: dict[QueueKey, QueueSpool] = {}
         self._free_checked_at_bytes = 0
         self._free_bytes = 0
+        self.accepting = True  # False: append raises SpoolFull("draining")
+        self.full: Counter[str] = Counter()  # appends refused, by reason
+        self.write_errors = 0  # appends and syncs that failed (disk full, I/O error)
+        self.sync_errors: dict[QueueKey, str] = {}  # queues whose last sync failed
+        self.on_append: Callable[[QueueKey], None] | None = None  # after each append
+        self._lock_fd: int | None = None
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def lock(self) -> None:
+        """Take ``SPOOL_DIR/.lock`` (flock); SpoolLocked if a live process holds it."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise SpoolLocked(errno.EBUSY, f"spool {self.root} is in use by another "
+                                           f"process (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     def directory(self, key: QueueKey) -> Path:
         return self.root / _encode(key[0]) / _encode(key[1])
@@ -60,7 +97,7 @@ class SpoolManager:
     def recover(self) -> dict[QueueKey, RecoveryReport]:
         """Open every spool found on disk (after a restart or a crash)."""
         reports: dict[QueueKey, RecoveryReport] = {}
-        for vdir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+        for vdir in sorted(p for p in self.root.iterdir() if p.is_dir()):  # (not .lock)
             for qdir in sorted(p for p in vdir.iterdir() if p.is_dir()):
                 key = (_decode(vdir.name), _decode(qdir.name))
                 reports[key] = self.spool(key).report
@@ -84,19 +121,46 @@ class SpoolManager:
         return sum(s.pending_bytes for s in self.spools.values())
 
     def append(self, key: QueueKey, record: SpoolRecord, max_bytes: int) -> int:
-        """Write ``record`` to ``key``'s spool within the limits; returns its seq."""
-        spool = self.spool(key)
+        """Write ``record`` to ``key``'s spool within the limits; returns its seq.
+
+        Raises SpoolFull (a limit, or not ``accepting``) or SpoolError (the disk); never
+        anything else, and a failed write leaves the segment whole.
+        """
+        if not self.accepting:
+            self.full["draining"] += 1
+            raise SpoolFull("draining")
         size = record.size
-        if spool.pending_bytes + size > max_bytes:
+        spool = self.spools.get(key)
+        pending = spool.pending_bytes if spool is not None else 0
+        if pending + size > max_bytes:
+            self.full["queue_limit"] += 1
             raise SpoolFull(28, f"spool of {key[1]!r} is at its limit ({max_bytes} bytes)")
         total = self.total_bytes
         if total + size > self.limits.total_max_bytes:
+            self.full["total_limit"] += 1
             raise SpoolFull(28, f"spool total is at its limit "
                                 f"({self.limits.total_max_bytes} bytes)")
-        if self._free_space(total) - size < self.limits.min_free_bytes:
-            raise SpoolFull(28, f"less than {self.limits.min_free_bytes} bytes free on "
-                                f"{self.root}")
-        return spool.append(record)
+        try:
+            if self._free_space(total) - size < self.limits.min_free_bytes:
+                self.full["min_free"] += 1
+                raise SpoolFull(28, f"less than {self.limits.min_free_bytes} bytes free on "
+                                    f"{self.root}")
+            if spool is None:
+                spool = self.spool(key)
+            seq = spool.append(record)
+        except SpoolFull:
+            raise
+        except SpoolError:
+            self.write_errors += 1
+            self._free_bytes = 0  # ask the filesystem again next time
+            raise
+        except OSError as exc:  # opening the queue's directory (mkdir, recovery read)
+            self.write_errors += 1
+            raise SpoolError(exc.errno or errno.EIO, f"spool of {key[1]!r}: "
+                             f"{exc.strerror or exc}") from None
+        if self.on_append is not None:
+            self.on_append(key)
+        return seq
 
     def _free_space(self, total: int) -> int:
         # statvfs is cheap but not free: ask again after every 1 MiB written.
@@ -105,10 +169,29 @@ class SpoolManager:
             self._free_checked_at_bytes = total
         return self._free_bytes - (total - self._free_checked_at_bytes)
 
-    def sync(self) -> dict[QueueKey, int]:
-        """fsync every spool with unsynced records; returns each queue's durable seq."""
-        return {k: s.sync() for k, s in list(self.spools.items())
-                if s.durable_seq < s.next_seq - 1}
+    def unsynced(self) -> list[QueueKey]:
+        """Queues with records appended but not yet durable."""
+        return [k for k, s in list(self.spools.items()) if s.durable_seq < s.next_seq - 1]
+
+    def sync(self, fsync: bool | Callable[[QueueKey], bool] = True) -> dict[QueueKey, int]:
+        """fsync every spool with unsynced records; returns each queue's durable seq.
+
+        ``fsync`` False (or a function saying False for a queue: ``fsync: never``) moves
+        the durable seq without an fsync. A queue whose fsync failed is left out of the
+        answer (its records stay unacked) and named in ``sync_errors`` until a sync of it
+        succeeds; this never raises.
+        """
+        durable: dict[QueueKey, int] = {}
+        for k, s in list(self.spools.items()):
+            if s.durable_seq >= s.next_seq - 1:
+                continue
+            try:
+                durable[k] = s.sync(fsync(k) if callable(fsync) else fsync)
+                self.sync_errors.pop(k, None)
+            except SpoolError as exc:
+                self.write_errors += 1
+                self.sync_errors[k] = str(exc)
+        return durable
 
     def purge(self, key: QueueKey) -> int:
         """Delete a queue's spool; returns the records dropped."""
@@ -122,4 +205,7 @@ class SpoolManager:
     def close(self) -> None:
         for s in self.spools.values():
             s.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 

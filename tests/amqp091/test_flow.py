@@ -367,3 +367,19 @@ def test_fsync_never_acks_at_once(tmp_path: Path) -> None:
     s.core.receive_from_client(pub(1, "capped"))
     (ack,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(ack, B.Ack) and ack.delivery_tag == 1
+
+
+def test_what_cannot_join_the_backlog_waits_behind_it(tmp_path: Path) -> None:
+    s, manager = _spool_setup(tmp_path)
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped", tag=1))  # spooled
+    s.fc.set_backlog(("/orders", "capped"), True)  # the spool service says so on append
+    s.sample("capped", 0)  # released, but the backlog is still there
+    s.core.receive_from_client(method(commands.Tx.Select(), 2))
+    s.core.data_for_server()
+    s.core.receive_from_client(pub(2, "capped", tag=2))  # transactional: cannot be spooled
+    assert s.core.data_for_server() == b""  # held: it must not overtake the backlog
+    s.fc.set_backlog(("/orders", "capped"), False)  # replayed
+    assert s.core.data_for_server() == pub(2, "capped", tag=2)
+    manager.sync()
+    assert [r.body[0] for r in manager.spool(("/orders", "capped")).records()] == [1]

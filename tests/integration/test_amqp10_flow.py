@@ -6,7 +6,6 @@ receivers. Depth at the broker is watched from a direct connection, never from t
 from __future__ import annotations
 
 import functools
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -401,57 +400,46 @@ def test_seed_scenario_proton_sender_rhea_receiver(broker: BrokerEndpoint, start
 
 
 # -- 2. two senders on one session: the free link runs while the other is held ------------
-def _rate(link: LinkStats, seconds: float) -> float:
-    t0 = time.monotonic()
-    time.sleep(seconds)
-    return link.accepted_between(t0, time.monotonic()) / seconds
-
-
 @pytest.mark.timeout(180)
-def test_free_link_keeps_its_rate_while_its_neighbour_is_held(
+def test_free_link_delivers_while_its_neighbour_is_held(
         broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path, queues: Any) -> None:
+    """Functional only (speed is bench/two_senders.py's job): while link A to the capped
+    queue is held at capacity, link B on the same session to a free queue gets every one of
+    its messages to the broker, and A sends again once its queue is released."""
     qcap, qfree = queues("cap-two"), queues("free-two")
     flow = flow_proxy(start_floodwall, broker, tmp_path, capped("two", qcap))
     declare(flow, qcap, qfree)
-    free = LinkStats("free", f"/amq/queue/{qfree}", rate=0, count=0, max_unsettled=500)
+    count = 3000
+    free = LinkStats("free", f"/amq/queue/{qfree}", rate=0, count=count, max_unsettled=500)
+    free.active = False
     held = LinkStats("capped", f"/amq/queue/{qcap}", rate=0, count=0)
-    held.active = False
     senders = ProtonSenders(flow.port, [free, held], body_size=1024)
     senders.start()
-    seconds = 2.0
-    unthrottled: list[float] = []
-    throttled: list[float] = []
-
-    def purge(queue: str) -> None:
-        with pika.BlockingConnection(direct_params(broker)) as direct:
-            direct.channel().queue_purge(queue)
-
     try:
-        wait_for(lambda: free.accepted > 1000, 20, what="the free link running")
-        for _ in range(3):  # alternate: neighbour idle, neighbour held
-            purge(qfree)
-            unthrottled.append(_rate(free, seconds))
-            held.active = True  # sends as fast as it may: trips its queue, then gets no credit
-            wait_for(lambda: flow.tripped(qcap), 20, what="capped queue tripped")
-            wait_for(lambda: len(flow.blocked_channels()) == 1, 10, what="the link blocked")
-            time.sleep(0.3)
-            purge(qfree)
-            before = held.accepted
-            throttled.append(_rate(free, seconds))
-            assert held.accepted - before < 300, "the capped link was not held"
-            state = flow.proc.state()
-            held.active = False
-            purge(qcap)  # the queue drains: the link is released
-            wait_for(lambda: not flow.tripped(qcap), 20, what="capped queue released")
+        # A sends as fast as it may: trips its queue, then gets no credit.
+        wait_for(lambda: flow.tripped(qcap), 20, what="capped queue tripped")
+        wait_for(lambda: len(flow.blocked_channels()) == 1, 10, what="the link blocked")
+        time.sleep(0.3)  # transfers A sent on credit before the trip have settled
+        held_before = held.accepted
+        free.active = True
+        wait_for(lambda: free.accepted >= count, 90, 0.05,
+                 f"all {count} messages of the free link accepted")
+        assert flow.tripped(qcap), "the capped queue was released while B ran"
+        assert held.accepted - held_before < 300, "the capped link was not held"
+        state = flow.proc.state()
+        assert ready_count(broker, qfree) == count
+        # Released: A gets credit again and sends.
+        before_release = held.accepted
+        with pika.BlockingConnection(direct_params(broker)) as direct:
+            direct.channel().queue_purge(qcap)
+        wait_for(lambda: held.accepted > before_release + 50, 30, 0.05,
+                 "the capped link sending again after release")
     finally:
         senders.finish()
-    ratio = statistics.median(throttled) / statistics.median(unthrottled)
-    print(f"amqp10 two senders, one session: free link {statistics.median(unthrottled):.0f} "
-          f"msg/s alone, {statistics.median(throttled):.0f} msg/s while its neighbour is held: "
-          f"ratio {ratio:.3f} (rounds {unthrottled} / {throttled})")
+    print(f"amqp10 two senders, one session: free link {free.accepted} accepted while its "
+          f"neighbour was held; neighbour {held.accepted} accepted in all")
     assert not senders.errors, senders.errors
     assert not free.rejected and not held.rejected
-    assert ratio >= 0.9, ratio
     blocked = state["flow"]["blocked_channels"]
     assert [(b["channel"] >> 32, b["channel"] & 0xFFFFFFFF) for b in blocked] == [(0, 1)]
     assert blocked[0]["queues"] == [{"vhost": "/", "queue": qcap}]
@@ -491,35 +479,3 @@ def test_per_message_target_rejects_what_goes_to_a_tripped_queue(
     assert ready_count(broker, qfree) == 200
     assert ready_count(broker, qcap) == 100
     assert flow.metric("floodwall_rejected_publishes_total") == 200
-
-
-# -- 4. relay throughput with nothing policed ---------------------------------------------------
-@pytest.mark.timeout(120)
-def test_relay_throughput_without_policies(broker: BrokerEndpoint, floodwall: Any,
-                                           queues: Any) -> None:
-    q = queues("free-tput")
-    with pika.BlockingConnection(direct_params(broker)) as direct:
-        direct.channel().queue_declare(q)
-
-    def run(port: int) -> float:
-        link = LinkStats("tput", f"/amq/queue/{q}", rate=0, count=0, max_unsettled=2000)
-        senders = ProtonSenders(port, [link], body_size=1024)
-        senders.start()
-        try:
-            wait_for(lambda: link.accepted > 500, 20, what="sending")
-            rate = _rate(link, 2.0)
-        finally:
-            senders.finish()
-        with pika.BlockingConnection(direct_params(broker)) as direct:
-            direct.channel().queue_purge(q)
-        assert not senders.errors, senders.errors
-        return rate
-
-    direct_rates, proxied = [], []
-    for _ in range(5):
-        direct_rates.append(run(broker.amqp_port))
-        proxied.append(run(floodwall.port))
-    ratio = statistics.median(proxied) / statistics.median(direct_rates)
-    print(f"amqp10 relay throughput, no policies: direct {statistics.median(direct_rates):.0f} "
-          f"msg/s, floodwall {statistics.median(proxied):.0f} msg/s, ratio {ratio:.3f}")
-    assert ratio >= 0.9, (direct_rates, proxied)

@@ -1,0 +1,665 @@
+"""The spool at run time: recovery, group commit, the replayer, metrics, /state, the drain.
+
+``SpoolService`` owns the ``SpoolManager`` (proxy/spool/) of ``--spool-dir``; the relay's
+0-9-1 gate (``PublishFlow``) writes client publishes to it under ``overflow: spool``.
+
+- **Start**: takes ``SPOOL_DIR/.lock``, recovers every queue's spool (torn tails dropped,
+  one log line per queue), then lets the gate append (``manager.accepting``).
+- **Group commit**: an append wakes the commit loop, which waits the queue's policy
+  ``group_commit_ms`` (``fsync: group``; 0 for ``always`` and ``never``) to gather more,
+  then syncs every spool with new records on a worker thread (``fsync: never`` only moves
+  the durable mark) and calls ``spool_durable(durable)`` on each gate owner that has it:
+  that is when confirm-mode clients are acked. ``fsync: always`` is therefore "fsync as
+  soon as anything is pending": appends made during one fsync share the next (the
+  classic group commit without a timer), never an fsync per record on the event loop.
+- **Replay** (seed 001's inhaler): one task per queue with backlog. It runs while the
+  queue is not tripped, the broker has no alarm, and flow control has its first depth
+  round; it reads records in order and publishes them on a confirm channel of its own
+  connection to the queue's vhost (``Publisher``, a window of ``window`` unconfirmed). A
+  record goes to its original exchange and routing key when the routing model sends those
+  to exactly this queue, else through the default exchange with the queue's name (logged
+  once per queue), always ``mandatory`` so an unroutable record (queue deleted) comes back
+  and stays on disk instead of being acked into nowhere. Each replayed publish is booked on
+  the queue's depth (``FlowController.forwarded``), so replay stops when the queue trips
+  again; a record is deleted only after the broker's ack (``confirmed_through``). Delivery
+  is at least once: records replayed but not yet confirmed when the proxy dies are
+  replayed again after the restart.
+- **Drain** (SIGTERM): ``drain(deadline)`` stops taking records and keeps replaying until
+  the spool is empty or the deadline; what is left stays on disk for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pamqp import frame as pamqp_frame
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.config import AmqpCredentials
+from proxy.gate import FlowController, QueueKey, Router
+from proxy.io.amqp_client import AmqpClient, AmqpClientError, Confirm, Publisher
+from proxy.logs import event
+from proxy.policy import Fsync, SpoolSettings
+from proxy.spool.log import QueueSpool, ReadPosition, SpoolError
+from proxy.spool.manager import SpoolLimits, SpoolManager
+from proxy.spool.records import SpoolRecord
+
+log = logging.getLogger("floodwall.spool")
+
+_HEADERS_FLAG = 1 << 13  # basic properties: the headers table is present
+_DEFAULT_SPOOL = SpoolSettings()
+
+
+@dataclass(frozen=True)
+class SpoolServiceSettings:
+    directory: Path
+    amqp_host: str
+    amqp_port: int
+    credentials: AmqpCredentials = field(default_factory=AmqpCredentials)
+    limits: SpoolLimits = field(default_factory=SpoolLimits)
+    window: int = 1000  # unconfirmed replayed publishes per queue
+    batch_bytes: int = 1 << 20  # records read from disk at a time
+    connect_timeout: float = 5.0
+    check_interval: float = 0.05  # how often waiting replayers look again
+    retry_min: float = 0.5
+    retry_max: float = 30.0
+
+
+@dataclass
+class QueueReplay:
+    """What the replayer did for one queue (for /state and metrics)."""
+
+    state: str = "idle"
+    replayed: int = 0  # records the broker confirmed
+    replayed_bytes: int = 0
+    sessions: int = 0
+    rerouted: bool = False  # published via the default exchange
+    last_error: str | None = None
+
+
+@dataclass
+class SessionResult:
+    confirmed: int = 0
+    confirmed_bytes: int = 0
+    published: int = 0
+    reason: str = "empty"
+
+
+def record_headers(properties: bytes) -> dict[str, object] | None:
+    """The headers table of a record's content header payload, decoded only if present."""
+    if len(properties) < 14 or not int.from_bytes(properties[12:14], "big") & _HEADERS_FLAG:
+        return None
+    raw = b"".join((b"\x02\x00\x01", len(properties).to_bytes(4, "big"), properties, b"\xce"))
+    try:
+        _, _, value = pamqp_frame.unmarshal(raw)
+    except Exception:
+        return None
+    headers = getattr(getattr(value, "properties", None), "headers", None)
+    return dict(headers) if isinstance(headers, dict) else None
+
+
+async def replay_session(spool: QueueSpool, publisher: Publisher,
+                         target: Callable[[SpoolRecord], tuple[str, str]],
+                         stop_reason: Callable[[], str | None],
+                         on_sent: Callable[[SpoolRecord], None] | None = None,
+                         on_confirmed: Callable[[int, int], None] | None = None,
+                         durable_wait: Callable[[], asyncio.Event] | None = None,
+                         batch_bytes: int = 1 << 20, settle_timeout: float = 10.0
+                         ) -> SessionResult:
+    """Publish ``spool``'s records in order until it is empty, ``stop_reason()`` says why
+    not, or the broker refuses one; delete each record once confirmed (in order: a record
+    is confirmed only when every record before it was). Returns what happened.
+
+    ``durable_wait()`` gives an event set when more records become durable (else the
+    session polls). Whatever is in flight at the end is waited for (``settle_timeout``).
+    """
+    result = SessionResult()
+    inflight: deque[tuple[SpoolRecord, asyncio.Future[Confirm]]] = deque()
+    failed: str | None = None
+    after = spool.confirmed_seq
+    position: ReadPosition | None = None
+
+    def settle() -> None:
+        nonlocal failed
+        count = nbytes = last = 0
+        while inflight and inflight[0][1].done():
+            rec, fut = inflight[0]
+            outcome = fut.result()
+            if outcome is not Confirm.ACK:
+                failed = failed or outcome.value
+                break
+            inflight.popleft()
+            count += 1
+            nbytes += rec.size
+            last = rec.seq
+        if count:
+            spool.confirmed_through(last, nbytes, count)
+            if inflight:
+                spool.oldest_set(inflight[0][0].accepted_at)
+            result.confirmed += count
+            result.confirmed_bytes += nbytes
+            if on_confirmed is not None:
+                on_confirmed(count, nbytes)
+
+    try:
+        while failed is None:
+            why = stop_reason()
+            if why is not None:
+                result.reason = why
+                break
+            wake = durable_wait() if durable_wait is not None else None
+            try:
+                batch = await asyncio.to_thread(spool.read_batch, after, batch_bytes, position)
+            except SpoolError as exc:
+                failed = f"read error: {exc}"
+                break
+            if not batch:
+                settle()
+                if failed is not None:
+                    break
+                if not inflight and spool.empty:
+                    result.reason = "empty"
+                    break
+                waits: list[asyncio.Future[Any]] = [inflight[0][1]] if inflight else []
+                waiter = asyncio.ensure_future(wake.wait()) if wake is not None else None
+                if waiter is not None:
+                    waits.append(waiter)
+                if waits:
+                    await asyncio.wait(waits, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    await asyncio.sleep(0.01)
+                if waiter is not None:
+                    waiter.cancel()
+                continue
+            if not inflight:
+                spool.oldest_set(batch[0][0].accepted_at)
+            for rec, pos in batch:
+                if stop_reason() is not None:
+                    break
+                exchange, routing_key = target(rec)
+                try:
+                    fut = await publisher.publish(exchange, routing_key, rec.properties,
+                                                  rec.body, mandatory=True)
+                except AmqpClientError as exc:
+                    failed = f"lost: {exc}"
+                    break
+                inflight.append((rec, fut))
+                result.published += 1
+                after, position = rec.seq, pos
+                if on_sent is not None:
+                    on_sent(rec)
+                if inflight[0][1].done():
+                    settle()
+                    if failed is not None:
+                        break
+            await asyncio.sleep(0)  # the relay shares this loop
+    finally:
+        if inflight and failed is None:
+            await asyncio.wait([f for _, f in inflight], timeout=settle_timeout)
+        settle()
+    if failed is not None:
+        result.reason = failed
+    return result
+
+
+class SpoolService:
+    """``--spool-dir`` at run time; construct, hand ``manager`` to the relay, ``start()``."""
+
+    def __init__(self, settings: SpoolServiceSettings, controller: FlowController,
+                 router: Router | None = None, ready: Callable[[], bool] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.controller = controller
+        self.router = router
+        self._ready = ready
+        self._warm = ready is None
+        self.clock = clock
+        self.manager = SpoolManager(settings.directory, settings.limits)
+        self.manager.accepting = False  # until start() has recovered what is on disk
+        self.manager.on_append = self._appended
+        self.replays: dict[QueueKey, QueueReplay] = {}
+        self.commit_errors = 0
+        self.commits = 0
+        self._clients: dict[str, AmqpClient] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._replayers: dict[QueueKey, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake_commit: asyncio.Event | None = None
+        self._durable = asyncio.Event()
+        self._stopping = False
+        self._started = False
+        self._sync_error_logged: dict[QueueKey, str] = {}
+        self.collector = SpoolCollector(self)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Lock and recover the spool directory, then start committing and replaying."""
+        self.manager.lock()
+        t0 = time.monotonic()
+        reports = await asyncio.to_thread(self.manager.recover)
+        for key, r in reports.items():
+            level = logging.WARNING if (r.torn_tail_bytes or r.corrupt) else logging.INFO
+            event(log, "spool_recovered", level, vhost=key[0], queue=key[1],
+                  records=r.records, bytes=r.bytes, segments=r.segments,
+                  torn_tail_bytes=r.torn_tail_bytes,
+                  corrupt="; ".join(r.corrupt) if r.corrupt else "none")
+        event(log, "spool_opened", directory=self.manager.root, queues=len(reports),
+              records=sum(r.records for r in reports.values()),
+              bytes=sum(r.bytes for r in reports.values()),
+              seconds=round(time.monotonic() - t0, 3),
+              total_max=self.manager.limits.total_max_bytes,
+              min_free=self.manager.limits.min_free_bytes)
+        for key in self.manager.backlogged():
+            self.controller.set_backlog(key, True)  # recovered records come first
+        self._wake_commit = asyncio.Event()
+        self.manager.accepting = True
+        self._started = True
+        self._spawn(self._commit_loop(), "spool-commit")
+        self._spawn(self._replay_supervisor(), "spool-replay")
+
+    async def drain(self, deadline: float) -> tuple[int, int]:
+        """SIGTERM: take no more records; replay until empty or ``deadline`` (the running
+        loop's ``time()``); returns the (records, bytes) left on disk."""
+        self.manager.accepting = False
+        loop = asyncio.get_running_loop()
+        records, nbytes = self.left()
+        event(log, "spool_draining", records=records, bytes=nbytes,
+              seconds=round(max(0.0, deadline - loop.time()), 1))
+        await self.commit()
+        while True:
+            left = deadline - loop.time()
+            if not self.left()[0] or left <= 0:
+                break
+            await asyncio.sleep(min(0.05, left))
+        records, nbytes = self.left()
+        event(log, "spool_drained", logging.WARNING if records else logging.INFO,
+              records_left=records, bytes_left=nbytes,
+              queues_left=sum(1 for _ in self.manager.backlogged()))
+        return records, nbytes
+
+    async def stop(self) -> tuple[int, int]:
+        """Stop replaying (what is in flight is awaited briefly), make every record
+        durable, close; logs and returns the (records, bytes) left on disk."""
+        self._stopping = True
+        self.manager.accepting = False
+        replayers = list(self._replayers.values())
+        if replayers:
+            _, pending = await asyncio.wait(replayers, timeout=10)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*replayers, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._started:
+            await asyncio.to_thread(self.manager.sync, True)
+        for client in list(self._clients.values()):
+            with contextlib.suppress(Exception):
+                await client.close()
+        self._clients.clear()
+        records, nbytes = self.left()
+        self.manager.close()
+        event(log, "spool_stopped", logging.WARNING if records else logging.INFO,
+              records_left=records, bytes_left=nbytes, directory=self.manager.root)
+        return records, nbytes
+
+    def left(self) -> tuple[int, int]:
+        """(records, bytes) in the spool, not yet confirmed by the broker."""
+        spools = list(self.manager.spools.values())
+        return sum(s.pending_records for s in spools), sum(s.pending_bytes for s in spools)
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            event(log, "spool_task_failed", logging.ERROR, task=task.get_name(),
+                  reason=repr(task.exception()))
+
+    # -- group commit ------------------------------------------------------------------
+    def _appended(self, key: QueueKey) -> None:
+        self.controller.set_backlog(key, True)
+        if self._wake_commit is not None:
+            self._wake_commit.set()
+
+    def spool_settings(self, key: QueueKey) -> SpoolSettings:
+        q = self.controller.queues.get(key)
+        policy = q.policy if q is not None else self.controller.policies.for_queue(*key)
+        return policy.spool if policy is not None else _DEFAULT_SPOOL
+
+    def _fsyncs(self, key: QueueKey) -> bool:
+        return self.spool_settings(key).fsync is not Fsync.NEVER
+
+    async def _commit_loop(self) -> None:
+        wake = self._wake_commit
+        assert wake is not None
+        while True:
+            await wake.wait()
+            pending = self.manager.unsynced()
+            waits = [s.group_commit_ms / 1000 for s in map(self.spool_settings, pending)
+                     if s.fsync is Fsync.GROUP]
+            if waits and len(waits) == len(pending):
+                await asyncio.sleep(min(waits))
+            wake.clear()
+            await self.commit()
+            if self.manager.sync_errors:
+                await asyncio.sleep(0.1)  # then try again (the records stay unacked)
+                wake.set()
+
+    async def commit(self) -> dict[QueueKey, int]:
+        """Sync every spool with new records; tell the gate what is durable now."""
+        pending = self.manager.unsynced()
+        if not pending:
+            return {}
+        fsyncs = {k: self._fsyncs(k) for k in pending}  # (policies read here, on the loop)
+        if any(fsyncs.values()):
+            durable = await asyncio.to_thread(self.manager.sync,
+                                              lambda k: fsyncs.get(k, True))
+        else:
+            durable = self.manager.sync(False)
+        self.commits += 1
+        self._report_sync_errors()
+        if durable:
+            for owner in self.controller.owners():
+                spool_durable = getattr(owner, "spool_durable", None)
+                if spool_durable is not None:
+                    try:
+                        spool_durable(durable)
+                    except Exception as exc:  # one connection's bug must not stop the acks
+                        event(log, "spool_ack_failed", logging.ERROR,
+                              conn=getattr(owner, "conn_id", "?"), reason=repr(exc))
+            ev, self._durable = self._durable, asyncio.Event()
+            ev.set()
+        return durable
+
+    def _report_sync_errors(self) -> None:
+        errors = self.manager.sync_errors
+        for key, reason in errors.items():
+            if self._sync_error_logged.get(key) != reason:
+                self.commit_errors += 1
+                event(log, "spool_sync_failed", logging.ERROR, vhost=key[0], queue=key[1],
+                      reason=reason, action="records stay unacked; retrying")
+        for key in [k for k in self._sync_error_logged if k not in errors]:
+            event(log, "spool_sync_recovered", vhost=key[0], queue=key[1])
+        self._sync_error_logged = dict(errors)
+
+    # -- replay ------------------------------------------------------------------------
+    async def _replay_supervisor(self) -> None:
+        while not self._stopping:
+            for key in list(self.manager.backlogged()):
+                if key not in self._replayers:
+                    task = asyncio.get_running_loop().create_task(
+                        self._replay_queue(key), name=f"spool-replay-{key[1]}")
+                    self._replayers[key] = task
+                    task.add_done_callback(functools.partial(self._replayer_done, key))
+            await asyncio.sleep(self.settings.check_interval)
+
+    def _replayer_done(self, key: QueueKey, task: asyncio.Task[None]) -> None:
+        if self._replayers.get(key) is task:
+            del self._replayers[key]
+        if not task.cancelled() and task.exception() is not None:
+            event(log, "spool_replayer_failed", logging.ERROR, vhost=key[0], queue=key[1],
+                  reason=repr(task.exception()))
+
+    def hold_reason(self, key: QueueKey) -> str | None:
+        """Why ``key`` must not be replayed into now; None: go."""
+        if self._stopping:
+            return "stopping"
+        if not self._warm:
+            if self._ready is None or not self._ready():
+                return "flow control warming up"
+            self._warm = True
+        if self.controller.alarm_reason is not None:
+            return "broker alarm"
+        q = self.controller.queues.get(key)
+        if q is not None and q.tripped:
+            return "queue tripped"
+        return None
+
+    def _target(self, key: QueueKey, replay: QueueReplay
+                ) -> Callable[[SpoolRecord], tuple[str, str]]:
+        vhost, queue = key
+        just_this = frozenset({queue})
+        router = self.router
+
+        def target(rec: SpoolRecord) -> tuple[str, str]:
+            if router is not None and router.route(
+                    vhost, rec.exchange, rec.routing_key,
+                    record_headers(rec.properties)) == just_this:
+                return rec.exchange, rec.routing_key
+            if (rec.exchange, rec.routing_key) == ("", queue):
+                return "", queue
+            if not replay.rerouted:
+                replay.rerouted = True
+                event(log, "spool_replay_rerouted", logging.WARNING, vhost=vhost, queue=queue,
+                      exchange=rec.exchange, routing_key=rec.routing_key,
+                      reason="the routing model does not send that to exactly this queue "
+                             "(now)", action="publishing via the default exchange to the queue")
+            return "", queue
+
+        return target
+
+    async def _client(self, vhost: str) -> AmqpClient:
+        client = self._clients.get(vhost)
+        if client is not None and client.connected:
+            return client
+        lock = self._connecting.setdefault(vhost, asyncio.Lock())
+        async with lock:
+            client = self._clients.get(vhost)
+            if client is not None and client.connected:
+                return client
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.close()
+            s = self.settings
+            client = AmqpClient(s.amqp_host, s.amqp_port, s.credentials.username,
+                                s.credentials.password, vhost)
+            try:
+                await client.connect(s.connect_timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await client.close()
+                raise
+            self._clients[vhost] = client
+            return client
+
+    async def _replay_queue(self, key: QueueKey) -> None:
+        vhost, queue = key
+        replay = self.replays.setdefault(key, QueueReplay())
+        s = self.settings
+        backoff = s.retry_min
+        loop = asyncio.get_running_loop()
+        announced: str | None = None
+        try:
+            while not self._stopping:
+                spool = self.manager.spools.get(key)
+                if spool is None or spool.empty:
+                    self.controller.set_backlog(key, False)  # FIFO holds may go now
+                    break
+                why = self.hold_reason(key)
+                if why is not None:
+                    replay.state = f"waiting: {why}"
+                    await asyncio.sleep(s.check_interval)
+                    continue
+                try:
+                    client = await self._client(vhost)
+                    publisher = await client.open_publisher(s.window, s.connect_timeout)
+                except (AmqpClientError, OSError, TimeoutError) as exc:
+                    reason = str(exc) or type(exc).__name__
+                    replay.state = f"waiting: upstream ({reason})"
+                    if announced != reason:
+                        announced = reason
+                        event(log, "spool_replay_upstream_failed", logging.WARNING,
+                              vhost=vhost, queue=queue, reason=reason, retry_in=backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, s.retry_max)
+                    continue
+                announced = None
+                replay.state = "replaying"
+                replay.sessions += 1
+                records, nbytes = spool.pending_records, spool.pending_bytes
+                event(log, "spool_replay_started", vhost=vhost, queue=queue, records=records,
+                      bytes=nbytes, session=replay.sessions)
+                started = loop.time()
+                try:
+                    result = await replay_session(
+                        spool, publisher, self._target(key, replay),
+                        lambda: self.hold_reason(key),
+                        on_sent=lambda rec: self.controller.forwarded(
+                            vhost, frozenset({queue}), len(rec.body)),
+                        on_confirmed=lambda n, b: self._confirmed(replay, n, b),
+                        durable_wait=lambda: self._durable, batch_bytes=s.batch_bytes)
+                finally:
+                    await publisher.close()
+                seconds = loop.time() - started
+                failed = result.reason not in ("empty", "queue tripped", "broker alarm",
+                                               "stopping", "flow control warming up")
+                replay.state = "idle" if result.reason == "empty" else result.reason
+                event(log, "spool_replay_stopped",
+                      logging.WARNING if failed else logging.INFO, vhost=vhost, queue=queue,
+                      reason=result.reason, replayed=result.confirmed,
+                      replayed_bytes=result.confirmed_bytes, seconds=round(seconds, 3),
+                      rate=round(result.confirmed / seconds) if seconds > 0 else 0,
+                      records_left=spool.pending_records, bytes_left=spool.pending_bytes,
+                      **({"action": f"records kept; retrying in {backoff}s"} if failed else {}))
+                if failed:
+                    replay.last_error = result.reason
+                    if result.reason == "returned":
+                        event(log, "spool_queue_unroutable", logging.ERROR, vhost=vhost,
+                              queue=queue, records=spool.pending_records,
+                              action="kept on disk; re-create the queue, or "
+                                     "`floodwall spool purge` them")
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, s.retry_max)
+                else:
+                    backoff = s.retry_min
+        finally:
+            if replay.state == "replaying":
+                replay.state = "idle"
+
+    def _confirmed(self, replay: QueueReplay, count: int, nbytes: int) -> None:
+        replay.replayed += count
+        replay.replayed_bytes += nbytes
+
+    # -- views -------------------------------------------------------------------------
+    def queues(self) -> Iterator[tuple[QueueKey, QueueSpool]]:
+        return iter(sorted(self.manager.spools.items()))
+
+    def state(self) -> dict[str, object]:
+        now = self.clock()
+        records, nbytes = self.left()
+        queues: list[dict[str, object]] = []
+        for key, spool in self.queues():
+            replay = self.replays.get(key, QueueReplay())
+            if spool.empty and not replay.replayed:
+                continue
+            oldest = spool.oldest_accepted_at
+            doc: dict[str, object] = {
+                "vhost": key[0], "queue": key[1], "records": spool.pending_records,
+                "bytes": spool.pending_bytes, "segments": spool.segment_count,
+                "oldest_age_seconds": round(max(0.0, now - oldest), 3)
+                if oldest is not None and not spool.empty else None,
+                "replay": replay.state, "replayed": replay.replayed,
+            }
+            if replay.rerouted:
+                doc["rerouted"] = True
+            if replay.last_error:
+                doc["last_error"] = replay.last_error
+            if key in self.manager.sync_errors:
+                doc["sync_error"] = self.manager.sync_errors[key]
+            queues.append(doc)
+        return {
+            "directory": str(self.manager.root),
+            "accepting": self.manager.accepting,
+            "records": records,
+            "bytes": nbytes,
+            "limits": {"total_max_bytes": self.manager.limits.total_max_bytes,
+                       "min_free_bytes": self.manager.limits.min_free_bytes},
+            "write_errors": self.manager.write_errors,
+            "full": dict(self.manager.full),
+            "queues": queues,
+        }
+
+
+class SpoolCollector(Collector):
+    """``floodwall_spool_*`` families, read off the service at scrape time."""
+
+    def __init__(self, service: SpoolService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self.service
+        now = svc.clock()
+        labels = ["vhost", "queue"]
+        size = GaugeMetricFamily("floodwall_spool_bytes",
+                                 "Bytes of spooled records not yet confirmed by the broker.",
+                                 labels=labels)
+        count = GaugeMetricFamily("floodwall_spool_records",
+                                  "Spooled records not yet confirmed by the broker.",
+                                  labels=labels)
+        age = GaugeMetricFamily("floodwall_spool_oldest_record_age_seconds",
+                                "Age of the oldest spooled record (0 when none).",
+                                labels=labels)
+        replayed = CounterMetricFamily("floodwall_spool_replayed_records",
+                                       "Spooled records replayed and confirmed by the broker.",
+                                       labels=labels)
+        replayed_bytes = CounterMetricFamily(
+            "floodwall_spool_replayed_bytes", "Bytes of spooled records replayed and "
+            "confirmed by the broker.", labels=labels)
+        for key, spool in svc.queues():
+            values = list(key)
+            size.add_metric(values, spool.pending_bytes)
+            count.add_metric(values, spool.pending_records)
+            oldest = spool.oldest_accepted_at
+            age.add_metric(values, max(0.0, now - oldest)
+                           if oldest is not None and not spool.empty else 0.0)
+            replay = svc.replays.get(key)
+            replayed.add_metric(values, replay.replayed if replay else 0)
+            replayed_bytes.add_metric(values, replay.replayed_bytes if replay else 0)
+        yield from (size, count, age, replayed, replayed_bytes)
+        c = svc.controller
+        appended = CounterMetricFamily("floodwall_spool_appended_records",
+                                       "Client publishes written to the spool.")
+        appended.add_metric([], getattr(c, "spooled_records", 0))
+        yield appended
+        appended_bytes = CounterMetricFamily("floodwall_spool_appended_bytes",
+                                             "Bytes of records written to the spool.")
+        appended_bytes.add_metric([], getattr(c, "spooled_bytes", 0))
+        yield appended_bytes
+        errors = CounterMetricFamily("floodwall_spool_write_errors",
+                                     "Spool appends and syncs that failed (disk full, I/O).")
+        errors.add_metric([], svc.manager.write_errors)
+        yield errors
+        full = CounterMetricFamily("floodwall_spool_full",
+                                   "Appends the spool refused, by the limit that said no.",
+                                   labels=["reason"])
+        for reason in ("queue_limit", "total_limit", "min_free", "draining"):
+            full.add_metric([reason], svc.manager.full[reason])
+        yield full
+        fallbacks = CounterMetricFamily("floodwall_spool_fallbacks",
+                                        "Publishes held because the spool refused them.")
+        fallbacks.add_metric([], getattr(c, "spool_fallbacks", 0))
+        yield fallbacks
+        total = GaugeMetricFamily("floodwall_spool_total_bytes",
+                                  "Bytes in the spool, all queues.")
+        total.add_metric([], svc.left()[1])
+        yield total
+        accepting = GaugeMetricFamily("floodwall_spool_accepting",
+                                      "1 while the spool takes records (0 draining).")
+        accepting.add_metric([], 1.0 if svc.manager.accepting else 0.0)
+        yield accepting
+
