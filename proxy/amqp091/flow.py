@@ -199,6 +199,7 @@ class PublishFlow:
         self.on_channel_closed: Callable[[int], None] = lambda channel: None
         self.client_gone = False
         self._connection_close: bytes | None = None  # the client's close, behind held frames
+        self._maybe_slow = False  # set whenever a channel may have left the fast path
         controller.register(self)
 
     # -- state -------------------------------------------------------------------------
@@ -210,8 +211,16 @@ class PublishFlow:
 
     @property
     def needs_every_frame(self) -> bool:
-        """True while some channel must see each of its frames (slow path)."""
-        return any(ch.needs_every_frame for ch in self.channels.values())
+        """True while some channel must see each of its frames (slow path).
+
+        Asked before every method frame the core stops at: O(1) while no channel ever
+        left the fast path since the last time all were back on it.
+        """
+        if not self._maybe_slow:
+            return False
+        slow = any(ch.needs_every_frame for ch in self.channels.values())
+        self._maybe_slow = slow
+        return slow
 
     @property
     def over_budget(self) -> bool:
@@ -243,6 +252,7 @@ class PublishFlow:
             ch.confirms.client_seq += 1
         if header_end is None or ch.closing_by_proxy:
             ch.awaiting = (pub, bytes(buf[offset:end]))
+            self._maybe_slow = True
             return end
         took = self._decide(ch, pub, None, buf, offset, end, header_end)
         return header_end if took else None
@@ -258,6 +268,7 @@ class PublishFlow:
         body_size = _BODY_SIZE.unpack_from(header, HEADER_SIZE)[2]
         if ch.closing_by_proxy:
             ch.discard_content = body_size
+            self._maybe_slow = True
             return True
         queues = self.controller.destinations(self.vhost, pub.exchange, pub.routing_key,
                                               _headers_of(header))
@@ -274,6 +285,7 @@ class PublishFlow:
                 self._spool(ch, item, blocking)
             else:
                 ch.filling = item  # its body frames come next; spooled when all are in
+                self._maybe_slow = True
             return True
         if not blocking and not ch.holding:
             self.controller.forwarded(self.vhost, queues, body_size)
@@ -507,11 +519,13 @@ class PublishFlow:
 
     # -- hold, block, release ------------------------------------------------------------
     def _hold(self, ch: ChannelFlow, item: HeldPublish) -> None:
+        self._maybe_slow = True
         ch.held.append(item)
         self._grow(ch, item.nbytes)
         self._account(0, 1)
         if not item.complete:
             ch.filling = item
+            self._maybe_slow = True
 
     def _grow(self, ch: ChannelFlow, nbytes: int) -> None:
         ch.held_bytes += nbytes
@@ -611,14 +625,17 @@ class PublishFlow:
             self._to_client(encode_method(_B.Nack(delivery_tag=ch.confirms.client_seq), ch.channel))
             ch.confirms.answered_by_proxy()
             ch.discard_content = body_size
+            self._maybe_slow = True
             event(log, "publish_refused", logging.WARNING, conn=self.conn_id,
                   channel=ch.channel, queues=names, reason=why, answer="basic.nack")
             return
         self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' {why}")
         ch.discard_content = body_size
+        self._maybe_slow = True
 
     def _close_channel(self, ch: ChannelFlow, text: str) -> None:
         """Close a channel on both sides: 406 to the client, a plain close to the broker."""
+        self._maybe_slow = True
         event(log, "channel_closed_by_proxy", logging.WARNING, conn=self.conn_id,
               channel=ch.channel, reason=text)
         dropped = [i for i in ch.held if isinstance(i, HeldPublish)]

@@ -383,3 +383,16 @@ def test_what_cannot_join_the_backlog_waits_behind_it(tmp_path: Path) -> None:
     assert s.core.data_for_server() == pub(2, "capped", tag=2)
     manager.sync()
     assert [r.body[0] for r in manager.spool(("/orders", "capped")).records()] == [1]
+
+
+def test_frames_after_a_held_empty_publish_wait_behind_it() -> None:
+    s = Setup()
+    s.trip()
+    held = b"".join([method(B.Publish(exchange="", routing_key="capped"), 1),
+                     *content(1, b"")])  # complete as soon as it is held: no body frames
+    s.core.receive_from_client(held)
+    commit = method(commands.Tx.Commit(), 1)
+    s.core.receive_from_client(commit)  # a later read: must not take the fast path
+    assert s.core.data_for_server() == b""
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == held + commit
