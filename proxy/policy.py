@@ -355,6 +355,7 @@ class Policy:
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     line: int | None = field(default=None, compare=False)
     _pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
+    _limits: QueueLimits | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if self.resume == _SAME_AS_LIMIT:
@@ -386,11 +387,15 @@ class Policy:
         else:
             pattern = None
         object.__setattr__(self, "_pattern", pattern)
+        # Built once: the engine reads it on every publish to a policed queue.
+        object.__setattr__(self, "_limits", QueueLimits(
+            self.capacity, self.resume, self.max_messages, self.resume_messages,
+            self.on_unknown_depth))
 
     @property
     def limits(self) -> QueueLimits:
-        return QueueLimits(self.capacity, self.resume, self.max_messages, self.resume_messages,
-                           self.on_unknown_depth)
+        assert self._limits is not None
+        return self._limits
 
     @property
     def is_limited(self) -> bool:

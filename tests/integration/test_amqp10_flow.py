@@ -21,18 +21,15 @@ from proton.reactor import Container
 from proxy.devbroker import BrokerEndpoint
 from tests.conftest import wait_for
 from tests.integration.support import (
+    DepthWatch,
     FlowProxy,
-    broker_queue,
     capped,
-    delete_queue,
     direct_params,
+    flow_with,
     numbered,
     pika_connection,
-    policy_file,
     ready_count,
     seq_of,
-    start_flow,
-    unique,
 )
 
 pytestmark = pytest.mark.broker
@@ -40,20 +37,6 @@ pytestmark = pytest.mark.broker
 KIB = 1024
 CAPACITY = 64 * KIB
 TARGET = CAPACITY + 256 * KIB  # the issue's bound on broker-side depth
-
-
-@pytest.fixture
-def queues(broker: BrokerEndpoint) -> Any:
-    """``new(prefix)``: a unique queue name, deleted at the broker after the test."""
-    made: list[str] = []
-
-    def new(prefix: str) -> str:
-        made.append(unique(prefix))
-        return made[-1]
-
-    yield new
-    for q in made:
-        delete_queue(broker, q)
 
 
 def declare(flow: FlowProxy, *names: str, bind: str | None = None) -> None:
@@ -69,48 +52,6 @@ def declare(flow: FlowProxy, *names: str, bind: str | None = None) -> None:
         if "-cap-" in name:
             policed = functools.partial(flow.policed, name)
             wait_for(policed, 15, what=f"{name} policed")
-
-
-class DepthWatch(threading.Thread):
-    """Broker-side depth of one queue: passive declare every 50 ms, management bytes and the
-    proxy's tripped gauge every 250 ms."""
-
-    def __init__(self, broker: BrokerEndpoint, flow: FlowProxy, queue: str) -> None:
-        super().__init__(daemon=True, name=f"watch-{queue}")
-        self.broker, self.flow, self.queue = broker, flow, queue
-        self.max_ready = 0
-        self.max_message_bytes = 0
-        self.tripped_seen = False
-        self.samples = 0
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        try:
-            conn = pika.BlockingConnection(direct_params(self.broker))
-            ch = conn.channel()
-            next_slow = 0.0
-            while not self.done.is_set():
-                n = ch.queue_declare(self.queue, passive=True).method.message_count
-                self.max_ready = max(self.max_ready, n)
-                self.samples += 1
-                if time.monotonic() >= next_slow:
-                    q = broker_queue(self.broker, self.queue)
-                    self.max_message_bytes = max(self.max_message_bytes,
-                                                 int(q.get("message_bytes") or 0))
-                    if self.flow.tripped(self.queue):
-                        self.tripped_seen = True
-                    next_slow = time.monotonic() + 0.25
-                self.done.wait(0.05)
-            conn.close()
-        except BaseException as exc:  # reported by stop()
-            self.error = exc
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join(10)
-        if self.error is not None:
-            raise AssertionError(f"depth watch failed: {self.error!r}") from self.error
 
 
 # -- python-qpid-proton clients, each in a thread of its own -------------------------------
@@ -319,11 +260,6 @@ class ProtonReceiver(_Proton):
                 self.link.flow(want)
 
 
-def flow_proxy(start_floodwall: Any, broker: BrokerEndpoint, tmp_path: Path,
-               *entries: str) -> FlowProxy:
-    return start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml", *entries))
-
-
 # -- 1. the seed scenario: fast sender, slow receiver ----------------------------------------
 @pytest.mark.timeout(120)
 def test_seed_scenario_rhea_sender_proton_receiver(broker: BrokerEndpoint, start_floodwall: Any,
@@ -332,7 +268,7 @@ def test_seed_scenario_rhea_sender_proton_receiver(broker: BrokerEndpoint, start
     """rhea sends 900 x 1 KiB at 100/s, proton receives at 15/s then fast: the broker never
     holds more than capacity + 256 KiB, the sender is starved of credit, nothing is lost."""
     queue = queues("cap-seed10")
-    flow = flow_proxy(start_floodwall, broker, tmp_path, capped("seed", queue))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("seed", queue))
     declare(flow, queue)
     count = 900
     receiver = ProtonReceiver(flow.port, f"/amq/queue/{queue}", rate=15, prefetch=10)
@@ -371,7 +307,7 @@ def test_seed_scenario_proton_sender_rhea_receiver(broker: BrokerEndpoint, start
                                                    tmp_path: Path, queues: Any,
                                                    rhea_receiver: Callable[..., Any]) -> None:
     queue = queues("cap-seed10p")
-    flow = flow_proxy(start_floodwall, broker, tmp_path, capped("seed", queue))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("seed", queue))
     declare(flow, queue)
     count = 600
     link = LinkStats("seed", f"/amq/queue/{queue}", rate=100, count=count)
@@ -407,7 +343,7 @@ def test_free_link_delivers_while_its_neighbour_is_held(
     queue is held at capacity, link B on the same session to a free queue gets every one of
     its messages to the broker, and A sends again once its queue is released."""
     qcap, qfree = queues("cap-two"), queues("free-two")
-    flow = flow_proxy(start_floodwall, broker, tmp_path, capped("two", qcap))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("two", qcap))
     declare(flow, qcap, qfree)
     count = 3000
     free = LinkStats("free", f"/amq/queue/{qfree}", rate=0, count=count, max_unsettled=500)
@@ -453,8 +389,8 @@ def test_per_message_target_rejects_what_goes_to_a_tripped_queue(
     anonymous terminus; this is its per-message form): under ``overflow: reject`` messages to
     the tripped queue are settled rejected by the proxy, the others go on, on the same link."""
     qcap, qfree = queues("cap-rej"), queues("free-rej")
-    flow = flow_proxy(start_floodwall, broker, tmp_path,
-                      capped("rej", qcap, overflow="reject"))
+    flow = flow_with(start_floodwall, broker, tmp_path,
+                     capped("rej", qcap, overflow="reject"))
     declare(flow, qcap, qfree, bind="amq.direct")
     with pika.BlockingConnection(direct_params(broker)) as direct:
         ch = direct.channel()
