@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +33,23 @@ def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: f
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+async def eventually(condition: Callable[[], object], timeout: float, what: str) -> object:
+    """``wait_for`` on the event loop: poll ``condition`` until truthy, fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run the coroutine function ``body`` on a fresh event loop."""
+    asyncio.run(body())
 
 
 def _docker_broker() -> tuple[BrokerEndpoint, Callable[[], None]] | None:

@@ -7,6 +7,7 @@ import hashlib
 import re
 import socket
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -468,3 +469,55 @@ def start_flow(start_floodwall: Any, broker: BrokerEndpoint, policies: Path, *ar
     proc = start_floodwall("--policies", str(policies), "--management", url, *args,
                            upstream=upstream, env=env)
     return FlowProxy(proc, policies)
+
+
+
+def flow_with(start_floodwall: Any, broker: BrokerEndpoint, tmp_path: Path, *policies: str,
+              args: tuple[str, ...] = ()) -> FlowProxy:
+    """``start_flow`` with a policies file ``tmp_path/p.yaml`` holding ``policies``."""
+    return start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml", *policies),
+                      *args)
+
+class DepthWatch(threading.Thread):
+    """Broker-side depth of one queue: passive declare every 50 ms, management bytes and the
+    proxy's view (``sample_proxy``; here its tripped gauge) every 250 ms."""
+
+    def __init__(self, broker: BrokerEndpoint, flow: FlowProxy, queue: str) -> None:
+        super().__init__(daemon=True, name=f"watch-{queue}")
+        self.broker, self.flow, self.queue = broker, flow, queue
+        self.max_ready = 0
+        self.max_message_bytes = 0
+        self.tripped_seen = False
+        self.samples = 0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def sample_proxy(self) -> None:
+        if self.flow.tripped(self.queue):
+            self.tripped_seen = True
+
+    def run(self) -> None:
+        try:
+            conn = pika.BlockingConnection(direct_params(self.broker))
+            ch = conn.channel()
+            next_slow = 0.0
+            while not self.done.is_set():
+                n = ch.queue_declare(self.queue, passive=True).method.message_count
+                self.max_ready = max(self.max_ready, n)
+                self.samples += 1
+                if time.monotonic() >= next_slow:
+                    q = broker_queue(self.broker, self.queue)
+                    self.max_message_bytes = max(self.max_message_bytes,
+                                                 int(q.get("message_bytes") or 0))
+                    self.sample_proxy()
+                    next_slow = time.monotonic() + 0.25
+                self.done.wait(0.05)
+            conn.close()
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(10)
+        if self.error is not None:
+            raise AssertionError(f"depth watch failed: {self.error!r}") from self.error

@@ -23,20 +23,17 @@ from pamqp.commands import Basic
 from proxy.devbroker import BrokerEndpoint
 from tests.conftest import wait_for
 from tests.integration.support import (
+    DepthWatch,
     FlowProxy,
-    broker_queue,
     capped,
-    delete_queue,
     direct_params,
     drain_direct,
+    flow_with,
     metric_sum,
     numbered,
     pika_connection,
-    policy_file,
     ready_count,
     seq_of,
-    start_flow,
-    unique,
 )
 
 pytestmark = pytest.mark.broker
@@ -44,20 +41,6 @@ pytestmark = pytest.mark.broker
 KIB = 1024
 CAPACITY = 64 * KIB
 TARGET = CAPACITY + 256 * KIB  # issue 3: never more than 256 KiB over capacity
-
-
-@pytest.fixture
-def queues(broker: BrokerEndpoint) -> Any:
-    """``new(prefix)``: a unique queue name, deleted at the broker after the test."""
-    made: list[str] = []
-
-    def new(prefix: str) -> str:
-        made.append(unique(prefix))
-        return made[-1]
-
-    yield new
-    for q in made:
-        delete_queue(broker, q)
 
 
 def declare(flow: FlowProxy, *names: str) -> None:
@@ -71,49 +54,19 @@ def declare(flow: FlowProxy, *names: str) -> None:
             wait_for(lambda name=name: flow.policed(name), 15, what=f"{name} policed")
 
 
-class Watch(threading.Thread):
-    """Broker-side depth of one queue every 50 ms, and the proxy's view every 250 ms."""
+class Watch(DepthWatch):
+    """Broker-side depth of one queue every 50 ms, and the proxy's view every 250 ms (from its
+    metrics: the most publishes held, whether the queue tripped)."""
 
     def __init__(self, broker: BrokerEndpoint, flow: FlowProxy, queue: str) -> None:
-        super().__init__(daemon=True, name=f"watch-{queue}")
-        self.broker, self.flow, self.queue = broker, flow, queue
-        self.max_ready = 0
-        self.max_message_bytes = 0
+        super().__init__(broker, flow, queue)
         self.max_held = 0
-        self.tripped_seen = False
-        self.samples = 0
-        self.error: BaseException | None = None
-        self.done = threading.Event()
 
-    def run(self) -> None:
-        try:
-            conn = pika.BlockingConnection(direct_params(self.broker))
-            ch = conn.channel()
-            next_slow = 0.0
-            while not self.done.is_set():
-                n = ch.queue_declare(self.queue, passive=True).method.message_count
-                self.max_ready = max(self.max_ready, n)
-                self.samples += 1
-                if time.monotonic() >= next_slow:
-                    q = broker_queue(self.broker, self.queue)
-                    self.max_message_bytes = max(self.max_message_bytes,
-                                                 int(q.get("message_bytes") or 0))
-                    text = self.flow.metrics()
-                    self.max_held = max(self.max_held,
-                                        int(metric_sum(text, "floodwall_held_messages")))
-                    if metric_sum(text, "floodwall_queue_tripped", queue=self.queue) > 0:
-                        self.tripped_seen = True
-                    next_slow = time.monotonic() + 0.25
-                self.done.wait(0.05)
-            conn.close()
-        except BaseException as exc:  # reported by stop()
-            self.error = exc
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join(10)
-        if self.error is not None:
-            raise AssertionError(f"depth watch failed: {self.error!r}") from self.error
+    def sample_proxy(self) -> None:
+        text = self.flow.metrics()
+        self.max_held = max(self.max_held, int(metric_sum(text, "floodwall_held_messages")))
+        if metric_sum(text, "floodwall_queue_tripped", queue=self.queue) > 0:
+            self.tripped_seen = True
 
 
 class Worker(threading.Thread):
@@ -163,8 +116,7 @@ def test_seed_scenario_pika(broker: BrokerEndpoint, start_floodwall: Any, tmp_pa
     """Producer at 100 msg/s of 1 KiB, consumer at 15 msg/s, capacity 64 KiB / resume 32 KiB:
     the broker never holds more than capacity + 256 KiB, and every message arrives once."""
     queue = queues("cap-seed")
-    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
-                                                           capped("seed", queue)))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("seed", queue))
     declare(flow, queue)
     duration = 12.0
     sent: list[int] = []
@@ -256,8 +208,7 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
     connection keeps consuming. (B's rate against a free connection is a benchmark figure:
     bench/two_senders.py; it is printed here, not asserted.)"""
     qa, qb, qc = queues("cap-a"), queues("free-b"), queues("free-c")
-    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
-                                                           capped("a", qa)))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("a", qa))
     declare(flow, qa, qb, qc)
     with pika.BlockingConnection(direct_params(broker)) as direct:
         ch = direct.channel()
@@ -351,8 +302,7 @@ def _trip_by_broker(broker: BrokerEndpoint, flow: FlowProxy, queue: str) -> None
 def test_aio_pika_is_held_not_signalled(broker: BrokerEndpoint, start_floodwall: Any,
                                         tmp_path: Path, queues: Any) -> None:
     queue, other = queues("cap-aio"), queues("free-aio")
-    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
-                                                           capped("aio", queue)))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("aio", queue))
     declare(flow, queue)
 
     async def scenario() -> None:
@@ -389,8 +339,7 @@ def test_amqplib_is_held_not_signalled(broker: BrokerEndpoint, start_floodwall: 
                                        tmp_path: Path, queues: Any,
                                        node_producer: Any) -> None:
     queue = queues("cap-node")
-    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
-                                                           capped("node", queue)))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("node", queue))
     declare(flow, queue)
     client = node_producer("127.0.0.1", flow.port, queue, count=300, rate=0, body_size=1024,
                            confirm=True)
@@ -411,8 +360,7 @@ def test_java_client_is_signalled_and_pauses(broker: BrokerEndpoint, start_flood
                                              tmp_path: Path, queues: Any,
                                              java_producer: Any) -> None:
     queue = queues("cap-java")
-    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
-                                                           capped("java", queue)))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("java", queue))
     declare(flow, queue)
     count = 400
     client = java_producer("127.0.0.1", flow.port, queue, count=count, rate=200,
@@ -444,8 +392,7 @@ def test_java_client_is_signalled_and_pauses(broker: BrokerEndpoint, start_flood
 def test_kombu_is_signalled_and_held(broker: BrokerEndpoint, start_floodwall: Any,
                                      tmp_path: Path, queues: Any) -> None:
     queue = queues("cap-kombu")
-    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
-                                                           capped("kombu", queue)))
+    flow = flow_with(start_floodwall, broker, tmp_path, capped("kombu", queue))
     declare(flow, queue)
     with kombu.Connection(f"amqp://guest:guest@127.0.0.1:{flow.port}//",
                           connect_timeout=10) as conn:

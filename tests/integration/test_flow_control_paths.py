@@ -15,7 +15,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,9 @@ from tests.integration.support import (
     Raw091,
     broker_connection_named,
     capped,
-    delete_queue,
     direct_params,
     drain_direct,
+    flow_with,
     http_status,
     numbered,
     pika_connection,
@@ -62,19 +62,6 @@ def counted(name: str, queue: str, **fields: str) -> str:
     return capped(name, queue, max_messages="64", resume_messages="32", **fields)
 
 
-@pytest.fixture
-def queues(broker: BrokerEndpoint) -> Iterator[Callable[[str], str]]:
-    made: list[str] = []
-
-    def new(prefix: str) -> str:
-        made.append(unique(prefix))
-        return made[-1]
-
-    yield new
-    for q in made:
-        delete_queue(broker, q)
-
-
 def declare_direct(broker: BrokerEndpoint, *names: str) -> None:
     with pika.BlockingConnection(direct_params(broker)) as conn:
         ch = conn.channel()
@@ -93,12 +80,6 @@ def trip(broker: BrokerEndpoint, flow: FlowProxy, queue: str) -> None:
     """Fill ``queue`` at the broker past max_messages; wait for the proxy to trip it."""
     fill_direct(broker, queue)
     wait_for(lambda: flow.tripped(queue), 10, what=f"{queue} tripped")
-
-
-def flow_with(start_floodwall: Any, broker: BrokerEndpoint, tmp_path: Path, *policies: str,
-              args: tuple[str, ...] = ()) -> FlowProxy:
-    return start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml", *policies),
-                      *args)
 
 
 def publish_frames(seq: int, queue: str, channel: int = 1) -> bytes:

@@ -22,7 +22,6 @@ from proxy.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     FlowProxy,
-    delete_queue,
     direct_params,
     drain_direct,
     metric_sum,
@@ -32,7 +31,6 @@ from tests.integration.support import (
     ready_count,
     seq_of,
     start_flow,
-    unique,
 )
 
 pytestmark = pytest.mark.broker
@@ -46,19 +44,6 @@ def spooled(name: str, queue: str, capacity: str = "32KiB", resume: str = "16KiB
     return (f'{{name: {name}, match: {{queue: "{queue}"}}, capacity: {capacity}, '
             f"resume: {resume}, overflow: spool, deadline: 60s, "
             f"spool: {{max_bytes: 256MiB, fsync: group, group_commit_ms: {group_ms}}}}}")
-
-
-@pytest.fixture
-def queues(broker: BrokerEndpoint) -> Any:
-    made: list[str] = []
-
-    def new(prefix: str) -> str:
-        made.append(unique(prefix))
-        return made[-1]
-
-    yield new
-    for q in made:
-        delete_queue(broker, q)
 
 
 def spool_state(proc: ProxyProcess) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from proxy.gate import ALARM, FlowController, QueueKey
 from proxy.io.flow import FlowSettings, FlowSupervisor, describe_policy_changes
 from proxy.metrics import make_registry
 from proxy.policy import parse_policies
-from tests.conftest import wait_for
+from tests.conftest import eventually, run, wait_for
 
 pika = pytest.importorskip("pika")
 
@@ -47,22 +47,6 @@ FAST = {
 
 
 # --- helpers --------------------------------------------------------------------------
-
-async def eventually(condition: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll ``condition`` on the event loop until truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    asyncio.run(body())
-
 
 def write_policies(path: Path, text: str) -> Path:
     """Replace the file (new inode), as a ConfigMap swap or an editor's save would."""

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +26,9 @@ from proxy.policy import EMPTY_POLICIES, PolicySet, parse_policies
 from proxy.routing import Topology
 from proxy.spool.manager import SpoolFull, SpoolLimits, SpoolLocked, SpoolManager
 from proxy.spool.records import SpoolRecord
+from tests.conftest import eventually, run
 
 pika = pytest.importorskip("pika")
-
-
-def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    asyncio.run(body())
-
-
-async def eventually(condition: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def unique(prefix: str) -> str:

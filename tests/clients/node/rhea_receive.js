@@ -17,13 +17,10 @@
 'use strict';
 
 const rhea = require('rhea');
-const {emit, errorFields, bodySeq, packageVersion} = require('./common');
+const {emit, bodySeq, packageVersion, args, connect, pacer, lifecycle, failOnErrors} =
+  require('./common');
 
-const argv = process.argv.slice(2);
-if (argv.length !== 6) {
-  process.stderr.write('usage: rhea_receive.js HOST PORT ADDRESS COUNT PREFETCH RATE\n');
-  process.exit(2);
-}
+const argv = args('rhea_receive.js', ['HOST', 'PORT', 'ADDRESS', 'COUNT', 'PREFETCH', 'RATE']);
 const [host, portText, address] = argv;
 const count = Number.parseInt(argv[3], 10);
 const prefetch = Number.parseInt(argv[4], 10);
@@ -31,21 +28,11 @@ const rate = Number.parseFloat(argv[5]);
 
 const state = {received: 0, delivered: 0, out_of_order: 0, last_seq: null};
 const backlog = [];
-const CATCH_UP_MS = 100;
+const pace = pacer(rate);
 let start = null;
-let due = null;
 let timer = null;
-let finished = false;
 
-const container = rhea.create_container({id: 'floodwall-test-rhea-receive'});
-const connection = container.connect({
-  host,
-  port: Number.parseInt(portText, 10),
-  username: 'guest',
-  password: 'guest',
-  reconnect: false,
-  container_id: 'floodwall-test-rhea-receive',
-});
+const {container, connection} = connect(rhea, 'floodwall-test-rhea-receive', host, portText);
 const receiver = connection.open_receiver({
   source: {address},
   credit_window: 0, // credit is granted by hand, below
@@ -56,25 +43,10 @@ function snapshot() {
   return {...state, backlog: backlog.length, credit: receiver.credit};
 }
 
-function fail(kind, err) {
-  emit('error', errorFields(kind, err));
-  finish(1);
-}
-
-function finish(code) {
-  if (finished) return;
-  finished = true;
-  clearInterval(progressTimer);
+const life = lifecycle(connection, snapshot, (code) => {
   emit(code === 0 ? 'done' : 'progress',
     {...snapshot(), elapsed_s: start === null ? 0 : (Date.now() - start) / 1000});
-  process.exitCode = code;
-  try {
-    connection.close();
-  } catch (_err) {
-    // already gone
-  }
-  setTimeout(() => process.exit(code), 2000).unref();
-}
+});
 
 function messageBody(message) {
   const b = message.body;
@@ -93,7 +65,7 @@ function process1(delivery, message) {
   delivery.accept();
   state.received += 1;
   if (count > 0 && state.received >= count) {
-    finish(0);
+    life.finish(0);
     return;
   }
   topUp();
@@ -108,15 +80,11 @@ function topUp() {
 
 function drainBacklog() {
   timer = null;
-  while (backlog.length > 0 && !finished) {
-    if (rate > 0) {
-      if (due === null || Date.now() - due > CATCH_UP_MS) due = Date.now(); // no burst
-      const wait = due - Date.now();
-      if (wait > 0) {
-        timer = setTimeout(drainBacklog, wait);
-        return;
-      }
-      due += 1000 / rate;
+  while (backlog.length > 0 && !life.finished) {
+    const wait = pace();
+    if (wait > 0) {
+      timer = setTimeout(drainBacklog, wait);
+      return;
     }
     const [delivery, message] = backlog.shift();
     process1(delivery, message);
@@ -129,21 +97,10 @@ container.on('receiver_open', () => {
   receiver.add_credit(prefetch);
 });
 container.on('message', (ctx) => {
-  if (finished) return;
+  if (life.finished) return;
   if (start === null) start = Date.now();
   state.delivered += 1;
   backlog.push([ctx.delivery, ctx.message]);
   if (timer === null) drainBacklog();
 });
-container.on('receiver_error', (ctx) => fail('receiver', ctx.receiver.error));
-container.on('receiver_close', () => {
-  if (!finished) fail('receiver', 'link detached by the peer');
-});
-container.on('connection_error', (ctx) => fail('connection', ctx.connection.error));
-container.on('protocol_error', (ctx) => fail('protocol', ctx.error || 'protocol error'));
-container.on('disconnected', (ctx) => {
-  if (!finished) fail('disconnected', ctx.error || 'connection lost');
-});
-container.on('error', (err) => fail('rhea', err));
-
-const progressTimer = setInterval(() => emit('progress', snapshot()), 100);
+failOnErrors(container, 'receiver', life);

@@ -22,13 +22,10 @@
 'use strict';
 
 const rhea = require('rhea');
-const {emit, errorFields, body, packageVersion} = require('./common');
+const {emit, body, packageVersion, args, connect, pacer, lifecycle, failOnErrors} =
+  require('./common');
 
-const argv = process.argv.slice(2);
-if (argv.length !== 6) {
-  process.stderr.write('usage: rhea_send.js HOST PORT ADDRESS COUNT RATE BODY_SIZE\n');
-  process.exit(2);
-}
+const argv = args('rhea_send.js', ['HOST', 'PORT', 'ADDRESS', 'COUNT', 'RATE', 'BODY_SIZE']);
 const [host, portText, address] = argv;
 const count = Number.parseInt(argv[3], 10);
 const rate = Number.parseFloat(argv[4]);
@@ -37,21 +34,11 @@ const bodySize = Number.parseInt(argv[5], 10);
 const state = {sent: 0, accepted: 0, rejected: 0, released: 0, modified: 0};
 let lastCredit = null;
 let starved = true; // no credit yet, or credit used up: the next 'sendable' is news
-const CATCH_UP_MS = 100;
+const pace = pacer(rate);
 let start = null;
-let due = null;
 let pumpTimer = null;
-let finished = false;
 
-const container = rhea.create_container({id: 'floodwall-test-rhea-send'});
-const connection = container.connect({
-  host,
-  port: Number.parseInt(portText, 10),
-  username: 'guest',
-  password: 'guest',
-  reconnect: false,
-  container_id: 'floodwall-test-rhea-send',
-});
+const {container, connection} = connect(rhea, 'floodwall-test-rhea-send', host, portText);
 const sender = connection.open_sender({target: {address}});
 
 function settled() {
@@ -62,42 +49,23 @@ function snapshot() {
   return {...state, credit: sender.credit};
 }
 
-function fail(kind, err) {
-  emit('error', errorFields(kind, err));
-  finish(1);
-}
-
-function finish(code) {
-  if (finished) return;
-  finished = true;
-  clearInterval(progressTimer);
+const life = lifecycle(connection, snapshot, (code) => {
   if (code === 0) {
     emit('done', {...snapshot(), elapsed_s: (Date.now() - start) / 1000});
   } else {
     emit('progress', snapshot());
   }
-  process.exitCode = code;
-  try {
-    connection.close();
-  } catch (_err) {
-    // already gone
-  }
-  setTimeout(() => process.exit(code), 2000).unref();
-}
+});
 
 function pump() {
   pumpTimer = null;
-  if (finished) return;
+  if (life.finished) return;
   if (start === null) start = Date.now();
   while (state.sent < count && sender.sendable()) {
-    if (rate > 0) {
-      if (due === null || Date.now() - due > CATCH_UP_MS) due = Date.now(); // no burst
-      const wait = due - Date.now();
-      if (wait > 0) {
-        pumpTimer = setTimeout(pump, wait);
-        return;
-      }
-      due += 1000 / rate;
+    const wait = pace();
+    if (wait > 0) {
+      pumpTimer = setTimeout(pump, wait);
+      return;
     }
     sender.send({body: rhea.message.data_section(body(state.sent, bodySize))});
     state.sent += 1;
@@ -130,22 +98,12 @@ container.on('sendable', () => {
 });
 const outcome = (name) => () => {
   state[name] += 1;
-  if (settled() >= count) finish(0);
+  if (settled() >= count) life.finish(0);
 };
 container.on('accepted', outcome('accepted'));
 container.on('rejected', outcome('rejected'));
 container.on('released', outcome('released'));
 container.on('modified', outcome('modified'));
-container.on('sender_error', (ctx) => fail('sender', ctx.sender.error));
-container.on('sender_close', () => {
-  if (!finished) fail('sender', 'link detached by the peer');
-});
-container.on('connection_error', (ctx) => fail('connection', ctx.connection.error));
-container.on('protocol_error', (ctx) => fail('protocol', ctx.error || 'protocol error'));
-container.on('disconnected', (ctx) => {
-  if (!finished) fail('disconnected', ctx.error || 'connection lost');
-});
-container.on('error', (err) => fail('rhea', err));
+failOnErrors(container, 'sender', life);
 
-const progressTimer = setInterval(() => emit('progress', snapshot()), 100);
-if (count === 0) finish(0);
+if (count === 0) life.finish(0);
