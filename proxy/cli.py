@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,42 +33,27 @@ from proxy.policy import (
 from proxy.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: object) -> float:
-    """``200ms``, ``5s``, ``1m`` or plain seconds (``0.2``); must be more than 0."""
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-    if seconds <= 0:
-        raise click.BadParameter(f"{value!r} must be more than 0", ctx=ctx, param=param)
-    return seconds
+def _units(parse: Callable[[object], float], example: str, zero_ok: bool = False
+           ) -> Callable[[click.Context, click.Parameter, object], Any]:
+    """A click callback parsing a value with units (``parse``), refusing <= 0 unless
+    ``zero_ok`` (``--drain-timeout 0``: do not wait; ``--spool-min-free 0``)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: object) -> Any:
+        try:
+            parsed = parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(f"{exc} (e.g. {example})", ctx=ctx, param=param) from None
+        if parsed < 0 or (parsed == 0 and not zero_ok):
+            raise click.BadParameter(f"{value!r} must be more than 0", ctx=ctx, param=param)
+        return parsed
+
+    return callback
 
 
-def _duration_or_zero(ctx: click.Context, param: click.Parameter, value: object) -> float:
-    """Like ``_duration`` but 0 is allowed (``--drain-timeout 0``: do not wait)."""
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: object) -> int:
-    """``16MiB``, ``512KiB``, ``1GB`` or plain bytes; must be more than 0."""
-    try:
-        size = parse_bytes(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-    if size <= 0:
-        raise click.BadParameter(f"{value!r} must be more than 0", ctx=ctx, param=param)
-    return size
-
-
-def _size_or_zero(ctx: click.Context, param: click.Parameter, value: object) -> int:
-    """Like ``_size`` but 0 is allowed (``--spool-min-free 0``)."""
-    try:
-        return parse_bytes(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+_duration = _units(parse_duration, "200ms, 5s, 1m")
+_duration_or_zero = _units(parse_duration, "200ms, 5s, 1m", zero_ok=True)
+_size = _units(parse_bytes, "16MiB, 512KiB")
+_size_or_zero = _units(parse_bytes, "16MiB, 512KiB", zero_ok=True)
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
