@@ -36,6 +36,7 @@ from tests.integration.support import (
     numbered,
     pika_connection,
     policy_file,
+    ready_count,
     seq_of,
     unique,
 )
@@ -224,7 +225,10 @@ def test_publishes_still_held_at_the_deadline_are_counted_in_the_last_line(
         conn.process_data_events(0)
         wait_for(lambda: flow.tripped(queue) and flow.held()["messages"] > 0, 15,
                  what="the queue tripped with publishes held")
-        time.sleep(0.5)  # let the rest of the 100 arrive at the proxy
+        # every one of the 100 is either in the queue or held: no more will arrive at the
+        # proxy, so the held figures below are the ones SIGTERM must report
+        wait_for(lambda: ready_count(broker, queue) + flow.held()["messages"] == 100, 15,
+                 what="all 100 publishes in the queue or held")
         held = flow.held()
         flow.proc.signal(signal.SIGTERM)
         rc, took = wait_exit(flow.proc, 15)

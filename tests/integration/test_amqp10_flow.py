@@ -279,7 +279,9 @@ def test_seed_scenario_rhea_sender_proton_receiver(broker: BrokerEndpoint, start
                          body_size=1024)
     try:
         sender.wait_event("credit", timeout=30, credit=0, exhausted=True)
-        time.sleep(6)  # held at capacity a while
+        # observation window, not a wait: the slow phase runs 6 s at capacity so the depth
+        # watch can show the broker never goes past TARGET (a negative claim over time)
+        time.sleep(6)
         during = len(receiver.got)
         receiver.fast.set()
         done = sender.finish(60)
@@ -355,7 +357,9 @@ def test_free_link_delivers_while_its_neighbour_is_held(
         # A sends as fast as it may: trips its queue, then gets no credit.
         wait_for(lambda: flow.tripped(qcap), 20, what="capped queue tripped")
         wait_for(lambda: len(flow.blocked_channels()) == 1, 10, what="the link blocked")
-        time.sleep(0.3)  # transfers A sent on credit before the trip have settled
+        # every transfer A sent on credit before the trip has its outcome: the baseline
+        wait_for(lambda: len(held.settled) >= held.sent, 15, 0.05,
+                 "the capped link's transfers sent before the trip settled")
         held_before = held.accepted
         free.active = True
         wait_for(lambda: free.accepted >= count, 90, 0.05,

@@ -102,7 +102,7 @@ def paced(rate: float) -> Callable[[], None]:
         if now - due > 0.1:
             due = now
         if due > now:
-            time.sleep(due - now)
+            time.sleep(due - now)  # pacing a producer at ``rate``, not a wait
         due += 1 / rate
 
     return wait
@@ -316,10 +316,13 @@ def test_aio_pika_is_held_not_signalled(broker: BrokerEndpoint, start_floodwall:
             while not (flow.tripped(queue) and flow.held()["messages"] > 0):
                 assert time.monotonic() < deadline, "never tripped"
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)
+            # every publish either confirmed or waiting at the proxy: none lost in between
+            deadline = time.monotonic() + 15
+            while sum(1 for t in tasks if not t.done()) != flow.held()["messages"]:
+                assert time.monotonic() < deadline, "pending confirms never matched held"
+                await asyncio.sleep(0.05)
             pending = [t for t in tasks if not t.done()]
-            assert 0 < len(pending) < 150
-            assert len(pending) == flow.held()["messages"]  # waiting, not failed
+            assert 0 < len(pending) < 150  # waiting, not failed
             # the connection is healthy: an RPC on another channel answers at once
             ch2 = await conn.channel()
             await asyncio.wait_for(ch2.declare_queue(other), 5)
@@ -345,7 +348,9 @@ def test_amqplib_is_held_not_signalled(broker: BrokerEndpoint, start_floodwall: 
                            confirm=True)
     client.wait_event("ready", timeout=20)
     _trip_by_broker(broker, flow, queue)
-    time.sleep(0.5)  # what a broken client would need to fail; nothing must happen
+    # observation window for a negative claim, not a wait: 0.5 s is what a broken client
+    # would need to fail, and nothing must happen in it
+    time.sleep(0.5)
     assert not client.of("error") and client.returncode is None, client.describe()
     assert flow.tripped(queue)
     landed = drain_direct(broker, queue, 300, timeout=40)
@@ -370,9 +375,14 @@ def test_java_client_is_signalled_and_pauses(broker: BrokerEndpoint, start_flood
     assert flow.metric("floodwall_flow_signals_total", active="false") >= 1
     assert flow.tripped(queue)
     # it really pauses: its published count stops growing while the queue stays tripped
-    time.sleep(0.3)
-    before = client.last("progress")["published"]
-    time.sleep(1.5)
+    def stopped() -> Any:  # two progress reports under flow off, the count unchanged
+        reports = client.of("progress")
+        return (len(reports) >= 2 and reports[-2]["flow_active"] is False
+                and reports[-1]["published"] == reports[-2]["published"] and reports[-1])
+
+    before = wait_for(stopped, 10, what="the producer's count to stop under flow off"
+                      )["published"]
+    time.sleep(1.5)  # observation window for a negative claim: the count must not grow
     after = client.last("progress")
     assert after["published"] == before, (before, after)
     assert after["flow_active"] is False and after["published"] < count

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aio_pika
 import aio_pika.exceptions
@@ -82,6 +83,16 @@ def trip(broker: BrokerEndpoint, flow: FlowProxy, queue: str) -> None:
     wait_for(lambda: flow.tripped(queue), 10, what=f"{queue} tripped")
 
 
+def broker_channels_of(broker: BrokerEndpoint, name: str) -> list[Any] | None:
+    """The broker's channels on the upstream connection of the client called ``name``."""
+    record = broker_connection_named(broker, name)
+    if record is None:
+        return None
+    doc = broker.api("GET", f"/api/connections/{quote(record['name'], safe='')}/channels")
+    assert isinstance(doc, list)
+    return doc
+
+
 def publish_frames(seq: int, queue: str, channel: int = 1) -> bytes:
     data = numbered(seq)
     return (frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), channel)
@@ -101,9 +112,9 @@ def expect_frame(raw: Raw091, kind: type, timeout: float = 10.0) -> Any:
         return value
 
 
-def open_raw(flow: FlowProxy, queue: str) -> Raw091:
+def open_raw(flow: FlowProxy, queue: str, name: str | None = None) -> Raw091:
     raw = Raw091.connect(flow.port)
-    raw.handshake(name=unique("raw"))
+    raw.handshake(name=name or unique("raw"))
     raw.send_frame(commands.Channel.Open(), 1)
     expect_frame(raw, commands.Channel.OpenOk)
     return raw
@@ -213,7 +224,8 @@ def test_deadline_close_after_the_client_closed_its_channel(
     declare_direct(broker, q)
     flow = flow_with(start_floodwall, broker, tmp_path, counted("dl", q, deadline="1s"))
     trip(broker, flow, q)
-    raw = open_raw(flow, q)
+    name = unique("raw")
+    raw = open_raw(flow, q, name)
     try:
         raw.send(publish_frames(0, q))
         wait_for(lambda: flow.held()["messages"] == 1, 10, what="the publish held")
@@ -221,7 +233,10 @@ def test_deadline_close_after_the_client_closed_its_channel(
                                              method_id=0), 1)
         close = expect_frame(raw, commands.Channel.Close)
         assert close.reply_code == 406 and "deadline" in close.reply_text
-        time.sleep(0.3)  # the broker has long answered the proxy's own close by now
+        # the broker has answered the proxy's own close (its channel is gone) before the
+        # client's close-ok goes out: the order this test is about
+        wait_for(lambda: broker_channels_of(broker, name) == [], 15,
+                 what="the broker to close the proxy's channel")
         raw.send_frame(commands.Channel.CloseOk(), 1)
         raw.send_frame(commands.Channel.Open(), 2)
         expect_frame(raw, commands.Channel.OpenOk)  # nothing else, and no connection.close
@@ -263,7 +278,7 @@ def test_hold_budget_stops_reading_that_connection_only(
         wait_for(lambda: flow.log("hold_budget_exceeded"), 20, what="hold_budget_exceeded")
         # the proxy holds no more than the budget (plus what one read brought)
         peak = 0
-        for _ in range(10):
+        for _ in range(10):  # an observation window: the upper bound must hold throughout
             peak = max(peak, flow.held()["bytes"])
             time.sleep(0.1)
         print(f"hold budget {budget}: peak held {peak} bytes")
@@ -315,7 +330,7 @@ def test_held_publishes_outlive_their_client(broker: BrokerEndpoint, start_flood
     wait_for(lambda: flow.held()["messages"] == 80, 10, what="80 held")
     closer = threading.Thread(target=conn.close, daemon=True)
     closer.start()
-    time.sleep(0.5)
+    time.sleep(0.5)  # observation window for a negative claim: close must NOT finish
     assert closer.is_alive(), "connection.close did not wait for the held publishes"
     assert ready_count(broker, q) == FILL
     landed = drain_direct(broker, q, FILL + 80, timeout=30)
@@ -324,7 +339,7 @@ def test_held_publishes_outlive_their_client(broker: BrokerEndpoint, start_flood
     assert sorted(map(seq_of, landed)) == list(range(80)) + [FILL_BASE + i for i in range(FILL)]
     wait_for(lambda: flow.log("held_publishes_delivered"), 10, what="delivered line")
     assert not flow.log("held_publishes_lost")
-    time.sleep(0.3)
+    time.sleep(0.3)  # observation window for a negative claim: no second copy turns up
     assert ready_count(broker, q) == 0, "a publish arrived twice"
 
 
@@ -342,7 +357,14 @@ def test_reload_applies_a_good_file_and_keeps_the_policy_on_a_bad_one(
         ch.confirm_delivery()
         for i in range(100):  # 100 KiB: within 1 MiB
             ch.basic_publish("", q, numbered(i))
-        time.sleep(0.5)  # a few depth samples
+        # a real-time depth sample taken after the 100 confirmed publishes: the proxy has
+        # seen them at the broker, so "not tripped" is its verdict on 100 KiB
+        def sampled_all() -> bool:
+            state = flow.queue_state(q)
+            ready = state["depth"]["ready_count"] if state else None
+            return ready is not None and ready >= 100
+
+        wait_for(sampled_all, 15, what="a depth sample counting the 100 messages")
         assert not flow.tripped(q)
         policy_file(path, capped("reload", q, "64KiB", "32KiB"))
         flow.proc.signal(signal.SIGHUP)

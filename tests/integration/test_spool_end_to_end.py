@@ -137,7 +137,7 @@ class Producer(threading.Thread):
                 try:
                     conn = pika.BlockingConnection(pika_params(self.port, heartbeat=0))
                 except pika.exceptions.AMQPError:
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # retry pacing while the proxy restarts
                     continue
                 try:
                     ch = conn.channel()
@@ -179,7 +179,7 @@ class Consumer(threading.Thread):
                 if method is not None:
                     self.bodies.append(body)
                     if self.pause:
-                        time.sleep(self.pause)
+                        time.sleep(self.pause)  # pacing: a slow consumer, not a wait
                 if self.done.is_set():
                     break
             ch.cancel()
@@ -218,15 +218,19 @@ def test_kill_9_mid_spool_loses_nothing_that_was_acked(
 
         wait_for(spooling, 60, what=f"100 records spooled and 20 pending before kill "
                                     f"{kill + 1}")
-        time.sleep(rng.uniform(0.0, 0.5))
+        time.sleep(rng.uniform(0.0, 0.5))  # a random kill moment, not a wait
         spooled_at_kill.append(int(spool_state(proc)["records"]))
         assert proc.process is not None
         proc.process.kill()  # SIGKILL: no drain, no flush, no cursor write
         proc.process.wait(10)
         proc.process = None
-        time.sleep(rng.uniform(0.0, 0.3))
+        time.sleep(rng.uniform(0.0, 0.3))  # a random time down, not a wait
         proc.start()  # same port, same spool directory: recovers and goes on
-    time.sleep(1.0)
+    # the producer has seen the last kill and publishes through the last proxy again
+    acked_at_last_kill = len(producer.acked)
+    wait_for(lambda: producer.reconnects >= kills
+             and len(producer.acked) >= acked_at_last_kill + 50, 60,
+             what="the producer acked through the last proxy")
     producer.done.set()
     producer.join(30)
     consumer.pause = 0.0
@@ -237,7 +241,8 @@ def test_kill_9_mid_spool_loses_nothing_that_was_acked(
     wait_for(lambda: spool_state(proc)["records"] == 0, 120, what="the spool to empty")
     wait_for(lambda: ready_count(broker, q) == 0 and len(consumer.bodies) >= len(acked),
              60, what="the consumer to catch up")
-    time.sleep(0.5)
+    wait_for(lambda: set(producer.acked) <= {seq_of(b) for b in list(consumer.bodies)}, 60,
+             what="every acked publish delivered to the consumer")
     consumer.done.set()
     consumer.join(30)
     assert consumer.error is None, consumer.error

@@ -41,6 +41,19 @@ def _queue_policed(proc: ProxyProcess, queue: str) -> bool:
                for q in flow.get("queues", []))
 
 
+def _samples_after_release(telemetry: Path, queue: str) -> int:
+    """Untripped samples of ``queue`` written after its last release event (complete lines
+    only: the proxy may be mid-write)."""
+    records = [json.loads(line) for f in sorted(telemetry.glob("telemetry-e2e-pod-*.ndjson"))
+               for line in f.read_text().split("\n")[:-1]]
+    mine = [r for r in records if r["queue"] == queue]
+    releases = [i for i, r in enumerate(mine) if r["type"] == "event" and r["event"] == "release"]
+    if not releases:
+        return 0
+    after = [r for r in mine[releases[-1] + 1:] if r["type"] == "sample"]
+    return len(after) if after and not after[-1]["tripped"] else 0
+
+
 def test_telemetry_of_a_real_run_to_report_and_policies(
         broker: BrokerEndpoint, start_floodwall: Callable[..., ProxyProcess], spark: SparkSession,
         tmp_path: Path) -> None:
@@ -83,7 +96,8 @@ def test_telemetry_of_a_real_run_to_report_and_policies(
             consumer.start()
             assert done.wait(90), f"consumed only {consumed} of {MESSAGES}"
             consumer.join(5)
-            time.sleep(0.6)  # a couple more samples after the last release
+            wait_for(lambda: _samples_after_release(telemetry, queue) >= 2, 15,
+                     what="two untripped samples written after the release")
         assert proc.stop() == 0
     finally:
         delete_queue(broker, queue)
