@@ -50,6 +50,7 @@ from proxy.amqp10.performatives import (
     decode_composite,
     name_of,
     open_body,
+    peek_composite,
 )
 from proxy.core import Failure, FrameCounts, Side
 
@@ -346,11 +347,16 @@ class Connection:
     ) -> bool:
         if code not in AMQP_PERFORMATIVES:
             raise DecodeError(f"{name_of(code)} is not an AMQP performative")
-        _, fields, payload = decode_composite(buf, body, end)
         gate = self.flow
         if gate is not None and FLOW <= code <= DISPOSITION:
+            peeked = peek_composite(buf, body, end)
+            if peeked is None:
+                _, fields, payload = decode_composite(buf, body, end)
+            else:
+                fields, payload = peeked
             self._gate_frame(gate, stream, code, channel, fields, buf, start, payload, end)
             return False
+        _, fields, payload = decode_composite(buf, body, end)
         peer = stream.peer
         client = stream.side is Side.CLIENT
         replacement: bytes | None = None

@@ -83,6 +83,7 @@ RESOURCE_LIMIT_EXCEEDED: Final = "amqp:resource-limit-exceeded"
 REJECTED: Final = 0x25
 DROPPED_ID_HORIZON: Final = 1 << 16
 """A broker's disposition never reaches further back than its session window (65535)."""
+_NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
 PROPERTIES: Final = 0x73
 FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
 
@@ -144,14 +145,17 @@ class SenderLink:
     withheld: bool = False  # the client was told credit 0 because of a tripped queue
     detaching: bool = False  # the proxy detached it: drop its frames, absorb the replies
     replies_due: set[str] = field(default_factory=set)  # "client", "broker"
+    # Every message says where it goes: fixed by the attach (read on every transfer).
+    per_message: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        destination = self.destination
+        self.per_message = self.anonymous or (destination is not None
+                                              and destination.per_message)
 
     @property
     def ref(self) -> int:
         return link_ref(self.channel, self.handle)
-
-    @property
-    def per_message(self) -> bool:
-        return self.anonymous or (self.destination is not None and self.destination.per_message)
 
     @property
     def typical_bytes(self) -> int:
@@ -460,7 +464,7 @@ class CreditFlow:
             link.dropping = False
             link.delivery_queues = self._route(link, payload, start, end)
             blocking = (self.controller.blocking(self.vhost, link.delivery_queues)
-                        if link.per_message else frozenset())
+                        if link.per_message else _NO_KEYS)
             if blocking and self._overflow(blocking) is Overflow.REJECT:
                 link.dropping = True
                 link.credit.dropped()
@@ -482,7 +486,8 @@ class CreditFlow:
                                     if (self.vhost, q) in self.controller.queues)
             link.dropping = False
         if first or not link.in_delivery:
-            self._after_transfer(link)
+            # A fixed destination's queues were routed just now for a first frame: the same.
+            self._after_transfer(link, link.delivery_queues if first else None)
         return replacement
 
     def on_server_transfer(self, channel: int, fields: list[object]) -> None:
@@ -561,15 +566,22 @@ class CreditFlow:
             destination = parse_target(to) if to else None
         return queues_for(self.controller, self.vhost, destination, subject)
 
-    def _policed(self, link: SenderLink) -> frozenset[QueueKey]:
+    def _policed(self, link: SenderLink,
+                 names: frozenset[str] | None = None) -> frozenset[QueueKey]:
+        """The policed queues among ``names`` (None: ``_queues(link)``)."""
         queues = self.controller.queues
         if not queues:
-            return frozenset()
-        return frozenset(k for name in self._queues(link) if (k := (self.vhost, name)) in queues)
+            return _NO_KEYS
+        if names is None:
+            names = self._queues(link)
+        return frozenset(k for name in names if (k := (self.vhost, name)) in queues)
 
-    def _window(self, link: SenderLink) -> int | None:
-        """The link's credit cap, or None when nothing it sends to is policed."""
-        policed = self._policed(link)
+    def _window(self, link: SenderLink, names: frozenset[str] | None = None) -> int | None:
+        """The link's credit cap, or None when nothing it sends to is policed.
+
+        ``names``: ``_queues(link)`` when the caller has just computed it.
+        """
+        policed = self._policed(link, names)
         if not policed and not (link.per_message and self.controller.queues):
             return None
         size = link.typical_bytes
@@ -589,22 +601,27 @@ class CreditFlow:
             self._signalled(link, active=True)
         return link.credit.grant(window)
 
-    def _after_transfer(self, link: SenderLink) -> None:
+    def _after_transfer(self, link: SenderLink, routed: frozenset[str] | None = None) -> None:
         """After a client transfer: withhold credit if a queue tripped, else top it up.
 
         A per-message link under ``overflow: reject`` keeps its credit: what it sends to the
-        tripped queue is refused one by one, what it sends elsewhere goes on.
+        tripped queue is refused one by one, what it sends elsewhere goes on. ``routed``: the
+        fixed destination's queues, when the caller has just routed them (``_queues(link)``).
         """
         if link.blocked:
             return
-        queues = link.delivery_queues if link.per_message else self._queues(link)
+        fixed: frozenset[str] | None = None
+        if link.per_message:
+            queues = link.delivery_queues
+        else:
+            queues = fixed = routed if routed is not None else self._queues(link)
         blocking = self.controller.blocking(self.vhost, queues)
         if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT):
             if self._block(link, blocking) and not link.withheld:
                 link.withheld = True
                 self._send_grant(link, link.credit.grant(0))
             return
-        window = self._window(link)
+        window = self._window(link, fixed)
         if window is not None and link.credit.wants_top_up(window):
             self._send_grant(link, link.credit.grant(window))
 
@@ -665,18 +682,10 @@ class CreditFlow:
         next_incoming = session.next_incoming
         if next_incoming is not None and session.dropped_frames:
             next_incoming = serial_add(next_incoming, session.dropped_frames)
-        body = encode_performative(
-            FLOW,
-            next_incoming_id=None if next_incoming is None else UInt(next_incoming),
-            incoming_window=UInt(session.incoming_window),
-            next_outgoing_id=UInt(session.next_outgoing),
-            outgoing_window=UInt(session.outgoing_window),
-            handle=UInt(link.server_handle),
-            delivery_count=UInt(grant.delivery_count or 0),
-            link_credit=UInt(grant.link_credit),
-            drain=grant.drain or None,
-        )
-        self._to_client(frame(body, session.server_channel))
+        self._to_client(frame(grant_flow_body(
+            next_incoming, session.incoming_window, session.next_outgoing,
+            session.outgoing_window, link.server_handle, grant.delivery_count or 0,
+            grant.link_credit, grant.drain), session.server_channel))
 
     def _transfer_limit_exceeded(self, session: SessionGate, link: SenderLink) -> bytes:
         """Detach the link on both sides; the broker's detach replaces the transfer."""
@@ -719,6 +728,35 @@ class CreditFlow:
         self._to_client(frame(encode_performative(
             DISPOSITION, role=True, first=UInt(delivery_id), settled=True, state=state),
             session.server_channel))
+
+
+_UINT0: Final = b"\x43"
+_UINT_BYTES: Final = tuple(bytes((0x52, i)) for i in range(256))
+
+
+def _uint_bytes(value: int) -> bytes:
+    """A uint's most compact encoding, as ``encode(UInt(value))`` gives it."""
+    if value < 256:
+        return _UINT_BYTES[value] if value else _UINT0
+    return b"\x70" + value.to_bytes(4, "big")
+
+
+def grant_flow_body(next_incoming: int | None, incoming_window: int, next_outgoing: int,
+                    outgoing_window: int, handle: int, delivery_count: int, link_credit: int,
+                    drain: bool) -> bytes:
+    """The body of a flow the proxy grants credit with: the bytes ``encode_performative``
+    makes of these fields (drain only when set), without its generic encoder.
+
+    Seven or nine small fields always fit a list8.
+    """
+    fields = [b"\x40" if next_incoming is None else _uint_bytes(next_incoming),
+              _uint_bytes(incoming_window), _uint_bytes(next_outgoing),
+              _uint_bytes(outgoing_window), _uint_bytes(handle), _uint_bytes(delivery_count),
+              _uint_bytes(link_credit)]
+    if drain:
+        fields += (b"\x40", b"\x41")  # available: null; drain: true
+    body = b"".join(fields)
+    return b"\x00\x53\x13\xc0" + bytes((len(body) + 1, len(fields))) + body
 
 
 def encode_performative_fields(code: int, fields: list[object]) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final, TypeVar
@@ -109,6 +110,84 @@ def decode_composite(buf: bytes, pos: int, end: int) -> tuple[int, list[object],
     value, stop = decode_value(buf, pos, end)
     code, fields = composite_fields(value)
     return code, fields, stop
+
+
+_SMALL_UINTS: Final = tuple(UInt(i) for i in range(256))
+_UNPACK_U32: Final = struct.Struct(">I").unpack_from
+
+
+def peek_composite(buf: bytes, pos: int, end: int) -> tuple[list[object], int] | None:
+    """``decode_composite``'s fields and end for the usual encoding of a hot performative.
+
+    Reads a smallulong descriptor and a list0/list8 whose elements are all null, boolean,
+    uint, ubyte or vbin8, the encodings transfer and flow frames are made of, without the
+    general decoder's per-value calls. The fields are the values ``decode_composite`` gives.
+    Returns None for any other (or malformed) encoding: the caller then decodes the frame in
+    full, which also explains what is wrong with it.
+    """
+    if pos + 4 > end or buf[pos] != 0x00 or buf[pos + 1] != 0x53:
+        return None
+    kind = buf[pos + 3]
+    p = pos + 4
+    if kind == 0x45:  # list0
+        return [], p
+    if kind != 0xC0 or p + 2 > end:  # list8 only (list32: the general decoder)
+        return None
+    size = buf[p]
+    count = buf[p + 1]
+    stop = p + 1 + size
+    p += 2
+    if size < 1 or stop > end or count > stop - p:
+        return None
+    fields: list[object] = []
+    append = fields.append
+    uints = _SMALL_UINTS
+    for _ in range(count):
+        if p >= stop:
+            return None
+        c = buf[p]
+        p += 1
+        if c == 0x40:
+            append(None)
+        elif c == 0x52:  # smalluint
+            if p >= stop:
+                return None
+            append(uints[buf[p]])
+            p += 1
+        elif c == 0x70:  # uint
+            if p + 4 > stop:
+                return None
+            append(UInt(_UNPACK_U32(buf, p)[0]))
+            p += 4
+        elif c == 0x43:  # uint0
+            append(uints[0])
+        elif c == 0x42:
+            append(False)
+        elif c == 0x41:
+            append(True)
+        elif c == 0xA0:  # vbin8
+            if p >= stop:
+                return None
+            n = p + 1 + buf[p]
+            if n > stop:
+                return None
+            append(buf[p + 1 : n])
+            p = n
+        elif c == 0x50:  # ubyte
+            if p >= stop:
+                return None
+            append(UByte(buf[p]))
+            p += 1
+        elif c == 0x56:  # boolean
+            if p >= stop or buf[p] > 1:
+                return None
+            append(buf[p] == 1)
+            p += 1
+        else:
+            return None
+    if p != stop:
+        return None
+    return fields, stop
 
 
 def composite_fields(value: object) -> tuple[int, list[object]]:

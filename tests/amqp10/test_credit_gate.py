@@ -483,3 +483,20 @@ def test_broker_dispositions_leave_out_what_the_proxy_settled() -> None:
     _, to_client = s.take()
     ranges = [(f[1], f[2]) for code, f in performatives(to_client) if code == DISPOSITION]
     assert ranges == [(0, 0), (2, 2), (4, 4)]
+
+
+@pytest.mark.parametrize("next_incoming", [None, 0, 7, 300, MASK])
+@pytest.mark.parametrize("drain", [False, True])
+def test_grant_flows_are_the_bytes_the_generic_encoder_makes(next_incoming: int | None,
+                                                             drain: bool) -> None:
+    from proxy.amqp10.flow import grant_flow_body
+    from proxy.amqp10.performatives import encode_performative
+
+    for numbers in ([0, 0, 0, 0, 0, 0], [1, 255, 256, 65535, 2**31, MASK], [5000, 3, 9, 7, 16, 1]):
+        window_in, next_out, window_out, handle, count, credit = numbers
+        assert grant_flow_body(next_incoming, window_in, next_out, window_out, handle, count,
+                               credit, drain) == encode_performative(
+            FLOW, next_incoming_id=None if next_incoming is None else UInt(next_incoming),
+            incoming_window=UInt(window_in), next_outgoing_id=UInt(next_out),
+            outgoing_window=UInt(window_out), handle=UInt(handle), delivery_count=UInt(count),
+            link_credit=UInt(credit), drain=drain or None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from proxy.amqp10.errors import DecodeError
@@ -129,3 +131,39 @@ def test_a_performative_that_is_not_a_described_list_is_refused() -> None:
         decode_composite(b"\x45", 0, 1)
     with pytest.raises(DecodeError, match="unknown descriptor"):
         decode_composite(b"\x00\xa3\x01x\x45", 0, 5)
+
+
+def _composite_samples() -> list[bytes]:
+    """Transfer, flow and disposition bodies, whole, cut short and with a byte changed."""
+    from proxy.amqp10.performatives import DISPOSITION, FLOW, TRANSFER
+    from proxy.amqp10.types import Described, UByte, UInt, ULong, encode
+
+    rng = random.Random(7)
+    values: list[object] = [None, True, False, UInt(0), UInt(5), UInt(300), UInt(2**32 - 1),
+                            UByte(1), b"", b"tag", ULong(3), "s", Described(ULong(0x24), [])]
+    samples = []
+    for _ in range(3000):
+        code = rng.choice([TRANSFER, FLOW, DISPOSITION])
+        fields = [rng.choice(values) for _ in range(rng.randrange(12))]
+        raw = bytearray(encode(Described(ULong(code), fields)) + b"payload")
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        if rng.random() < 0.2:
+            raw = raw[: rng.randrange(len(raw) + 1)]
+        samples.append(b"xx" + bytes(raw))
+    return samples
+
+
+def test_peek_composite_agrees_with_decode_composite_or_declines() -> None:
+    from proxy.amqp10.performatives import peek_composite
+
+    peeked = 0
+    for buf in _composite_samples():
+        fast = peek_composite(buf, 2, len(buf))
+        if fast is None:
+            continue
+        peeked += 1
+        _, fields, stop = decode_composite(buf, 2, len(buf))  # never raises where peek reads
+        assert (fields, stop) == fast
+        assert [type(f) for f in fields] == [type(f) for f in fast[0]]
+    assert peeked > 300
