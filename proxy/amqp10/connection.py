@@ -57,6 +57,7 @@ from proxy.core import Failure, FrameCounts, Side
 if TYPE_CHECKING:
     from proxy.amqp091.topology import TopologyChange
     from proxy.gate import FlowController
+    from proxy.spool.manager import SpoolManager
 
 CONTAINER_ID: Final = "floodwall"
 """container-id of the Open the proxy sends when it must close a peer that has seen none."""
@@ -83,7 +84,7 @@ HOT_PERFORMATIVES: Final = (FLOW, DISPOSITION)
 GATED_SKIP: Final = (DISPOSITION, DISPOSITION)
 """With the credit gate, flow and transfer frames are read too; dispositions still pass."""
 SKIP_NONE: Final = (1, 0)
-"""Every frame read: the broker's dispositions once the proxy settled a delivery itself."""
+"""Every frame read: both peers' dispositions once the proxy consumed a delivery itself."""
 
 
 def _no_frames(code: int, channel: int, buf: bytes, start: int, body: int, end: int) -> bool:
@@ -162,7 +163,8 @@ class Connection:
 
     def __init__(self, first_header: bytes, flow: FlowController | None = None,
                  conn_id: int = 0,
-                 on_topology: Callable[[TopologyChange], None] | None = None) -> None:
+                 on_topology: Callable[[TopologyChange], None] | None = None,
+                 spool: SpoolManager | None = None) -> None:
         if first_header == SASL_HEADER:
             client_phase, server_phase = Phase.SASL, Phase.SASL_HEADER
         elif first_header == AMQP_HEADER:
@@ -186,9 +188,10 @@ class Connection:
         self.conn_id = conn_id
         self.flow: CreditFlow | None = None
         if flow is not None:
-            self.flow = CreditFlow(flow, conn_id, self._to_server.append, self._to_client.append)
+            self.flow = CreditFlow(flow, conn_id, self._to_server.append, self._to_client.append,
+                                   spool=spool)
             client.skip = server.skip = GATED_SKIP
-            self.flow.on_drop = self._read_server_dispositions
+            self.flow.on_drop = self._read_dispositions
             if on_topology is not None:
                 self.flow.on_declare = _declare_queue(on_topology)
 
@@ -408,7 +411,7 @@ class Connection:
             elif code == FLOW:
                 replacement = gate.on_client_flow(channel, fields)
             else:
-                return
+                replacement = gate.on_client_disposition(channel, fields)
         elif code == TRANSFER:
             gate.on_server_transfer(channel, fields)
             return
@@ -419,8 +422,9 @@ class Connection:
         if replacement is not None:
             _replace(stream, buf, start, end, replacement)
 
-    def _read_server_dispositions(self) -> None:
-        self._server.skip = SKIP_NONE
+    def _read_dispositions(self) -> None:
+        """The gate consumed a delivery: both peers' dispositions are renumbered from now."""
+        self._server.skip = self._client.skip = SKIP_NONE
 
     def channel_released(self, channel: int) -> None:
         """The gate's link ``channel`` (a link_ref) may have credit again."""

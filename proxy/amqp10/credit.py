@@ -21,7 +21,8 @@ Every delivery-count, limit and offset is an RFC-1982 serial number: a ``uint`` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Final
 
 SERIAL_BITS: Final = 32
@@ -160,3 +161,93 @@ class SenderCredit:
             self.broker_limit = self.delivery_count
             credit = 0
         return LinkFlow(serial_add(count, self.offset), credit, flow.drain, flow.echo)
+
+
+@dataclass(slots=True)
+class DeliveryIds:
+    """One session's delivery-ids as the client numbers them against the broker's.
+
+    The proxy consumes some of a client's deliveries itself (settled ``rejected`` under
+    ``overflow: reject``, written to the spool under ``overflow: spool``, or sent on a link
+    the proxy detached): the broker never sees them, so its delivery-ids run on without the
+    gaps (2.7.5: a session's delivery-ids are consecutive). ``dropped`` is how many the proxy
+    consumed so far: a forwarded delivery's broker id is its client id minus ``dropped``.
+
+    ``shifts`` remembers where the difference grew, as (first broker id, client - broker from
+    there on); ``base`` is the difference before the oldest entry. Dispositions name ranges,
+    and a range of broker ids maps to client ids that skip what the proxy consumed (and the
+    other way round). Entries older than ``horizon`` deliveries are forgotten: a disposition
+    never reaches that far back in practice (RabbitMQ settles each delivery as it confirms it).
+    """
+
+    dropped: int = 0
+    base: int = 0
+    shifts: deque[tuple[int, int]] = field(default_factory=deque)
+    horizon: int = 1 << 20
+
+    def drop(self, client_id: int) -> None:
+        """The delivery ``client_id`` (the newest so far) will not reach the broker."""
+        start = serial_add(client_id, -self.dropped)  # the broker id the next one gets
+        self.dropped += 1
+        shifts = self.shifts
+        if shifts and shifts[-1][0] == start:
+            shifts[-1] = (start, self.dropped)
+        else:
+            shifts.append((start, self.dropped))
+        while len(shifts) > 1 and serial_diff(start, shifts[0][0]) > self.horizon:
+            self.base = shifts.popleft()[1]
+
+    def to_broker(self, client_id: int) -> int:
+        """The broker's id for the newest delivery ``client_id`` (one that is forwarded)."""
+        return serial_add(client_id, -self.dropped)
+
+    def client_ranges(self, first: int, last: int) -> list[tuple[int, int]]:
+        """The client ids of the broker ids ``first..last``, as ranges (in order)."""
+        shifts = self.shifts
+        i = len(shifts) - 1
+        while i >= 0 and serial_diff(shifts[i][0], first) > 0:
+            i -= 1
+        shift = shifts[i][1] if i >= 0 else self.base
+        out: list[tuple[int, int]] = []
+        start = first
+        for j in range(i + 1, len(shifts)):
+            at, after = shifts[j]
+            if serial_diff(at, last) > 0:
+                break
+            out.append((serial_add(start, shift), serial_add(at, shift - 1)))
+            start, shift = at, after
+        out.append((serial_add(start, shift), serial_add(last, shift)))
+        return out
+
+    def broker_ranges(self, first: int, last: int) -> list[tuple[int, int]]:
+        """The broker ids of the client ids ``first..last``, as ranges: the ids the proxy
+        consumed are left out (the list is empty when it consumed them all)."""
+        shifts = self.shifts
+        i = len(shifts) - 1
+        while i >= 0 and serial_diff(serial_add(shifts[i][0], shifts[i][1]), first) > 0:
+            i -= 1
+        shift = shifts[i][1] if i >= 0 else self.base
+        out: list[tuple[int, int]] = []
+        cur = first
+        for j in range(i + 1, len(shifts)):
+            at, after = shifts[j]
+            hole_start = serial_add(at, shift)  # client ids the proxy consumed start here
+            if serial_diff(hole_start, last) > 0:
+                break
+            if serial_diff(hole_start, cur) > 0:
+                _extend(out, serial_add(cur, -shift), serial_add(hole_start, -shift - 1))
+            cur = serial_add(at, after)  # the first client id after the hole
+            shift = after
+            if serial_diff(cur, last) > 0:
+                return out
+        _extend(out, serial_add(cur, -shift), serial_add(last, -shift))
+        return out
+
+
+def _extend(ranges: list[tuple[int, int]], first: int, last: int) -> None:
+    """Append ``first..last``, joined to the last range when it follows on from it (the ids
+    on both sides of a consumed one are consecutive on the broker's side)."""
+    if ranges and serial_add(ranges[-1][1], 1) == first:
+        ranges[-1] = (ranges[-1][0], last)
+    else:
+        ranges.append((first, last))

@@ -25,11 +25,26 @@ delivery-ids) and the link's credit is then withheld until every queue it hit dr
 ``overflow: reject`` the message is instead settled ``rejected`` with
 ``amqp:resource-limit-exceeded`` by the proxy and never reaches the broker.
 
+Spool (``overflow: spool`` with ``--spool-dir``): a link whose messages land in exactly one
+queue keeps its credit while that queue is tripped, or has spooled backlog (FIFO), and its
+transfers go to the queue's spool instead of the broker: the proxy settles each such delivery
+``accepted`` once its record is durable (``spool_durable``; at once under ``fsync: never``;
+nothing for a delivery sent settled). The replayer (``proxy.io.spool``) sends the record over
+AMQP 1.0 to the same address later. Not spooled: transactional transfers, and anything while
+the broker has an alarm or the spool refuses (limits, disk, draining): then the link's credit is
+withheld as under ``hold``, and a delivery the spool refused after the proxy took it is settled
+``rejected`` (amqp:resource-limit-exceeded) so the client knows it was not stored.
+
 A client that transfers beyond every limit the proxy ever granted gets that link detached
 with ``amqp:link:transfer-limit-exceeded`` (the broker's end of the link is detached too, both
-replies are absorbed, later transfers on it are dropped). Transfer frames the proxy drops are
-accounted per session, and the ``next-incoming-id`` / ``next-outgoing-id`` of flows on that
-session are shifted by that many, so the two peers' transfer-ids still agree.
+replies are absorbed, later transfers on it are dropped).
+
+Deliveries the proxy consumes (rejected, spooled, sent on a link it detached) never reach the
+broker, so the two peers' numbering is translated per session: transfer-ids (the
+``next-incoming-id`` / ``next-outgoing-id`` of flows on that session are shifted by the
+transfer frames dropped) and delivery-ids (``proxy.amqp10.credit.DeliveryIds``: forwarded
+transfers carry the broker's consecutive ids, dispositions are mapped range by range both
+ways, and a client disposition that names only consumed deliveries is absorbed).
 
 Receiver links pass untouched; their deliveries from a policed queue are counted in its
 ledger (``QueueDepth.delivered``).
@@ -38,6 +53,7 @@ ledger (``QueueDepth.delivered``).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,7 +66,7 @@ from proxy.amqp10.addresses import (
     queues_for,
     source_queue,
 )
-from proxy.amqp10.credit import LinkFlow, SenderCredit, serial_add, serial_diff
+from proxy.amqp10.credit import DeliveryIds, LinkFlow, SenderCredit, serial_add
 from proxy.amqp10.errors import DecodeError
 from proxy.amqp10.framing import frame
 from proxy.amqp10.performatives import (
@@ -58,6 +74,7 @@ from proxy.amqp10.performatives import (
     DISPOSITION,
     ERROR,
     FLOW,
+    TRANSFER,
     Attach,
     Begin,
     Role,
@@ -67,7 +84,10 @@ from proxy.amqp10.performatives import (
 from proxy.amqp10.types import Described, Symbol, UInt, ULong, decode_value, encode
 from proxy.gate import ALARM, FlowController, QueueKey
 from proxy.logs import event
-from proxy.policy import Overflow
+from proxy.policy import Fsync, Overflow
+from proxy.spool.log import SpoolError
+from proxy.spool.manager import SpoolManager
+from proxy.spool.records import SpoolRecord
 
 log = logging.getLogger("floodwall.flow")
 
@@ -80,9 +100,9 @@ ASSUMED_MESSAGE_BYTES: Final = 4096
 """Message size assumed before a link or its queue has shown one (window 16)."""
 TRANSFER_LIMIT_EXCEEDED: Final = "amqp:link:transfer-limit-exceeded"
 RESOURCE_LIMIT_EXCEEDED: Final = "amqp:resource-limit-exceeded"
+ACCEPTED: Final = 0x24
 REJECTED: Final = 0x25
-DROPPED_ID_HORIZON: Final = 1 << 16
-"""A broker's disposition never reaches further back than its session window (65535)."""
+TRANSACTIONAL_STATE: Final = 0x34
 _NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
 PROPERTIES: Final = 0x73
 FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
@@ -133,6 +153,7 @@ class SenderLink:
     destination: Destination | None
     anonymous: bool  # null target: every message says where it goes
     credit: SenderCredit
+    address: str | None = None  # the target address as attached
     server_handle: int | None = None
     in_delivery: bool = False
     dropping: bool = False  # the current delivery is being dropped (rejected by the proxy)
@@ -145,6 +166,17 @@ class SenderLink:
     withheld: bool = False  # the client was told credit 0 because of a tripped queue
     detaching: bool = False  # the proxy detached it: drop its frames, absorb the replies
     replies_due: set[str] = field(default_factory=set)  # "client", "broker"
+    # The delivery in progress goes to this queue's spool (its frames are gathered).
+    spool_to: QueueKey | None = None
+    spool_parts: list[bytes] = field(default_factory=list)
+    spool_address: str = ""
+    spool_delivery: int | None = None  # its client delivery-id; None: sent settled
+    spool_format: int = 0
+    # The spool said no, or the link sent a transactional transfer: held by credit until
+    # its queue is released.
+    spool_refused: bool = False
+    message_to: str = ""  # an anonymous link's current message: its ``to``
+    not_spooled_reported: bool = False
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
 
@@ -193,7 +225,9 @@ class SessionGate:
     next_outgoing: int = 0  # kept current: + each transfer frame the broker sends
     outgoing_window: int = 0
     dropped_frames: int = 0  # client transfer frames the proxy did not forward
-    dropped_ids: deque[int] = field(default_factory=deque)  # their delivery-ids, in order
+    ids: DeliveryIds = field(default_factory=DeliveryIds)  # client vs broker delivery-ids
+    # Spooled deliveries to settle once durable: (queue, spool seq, client delivery-id).
+    spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
 
 
 def _uint(fields: list[object], index: int, what: str) -> int | None:
@@ -236,9 +270,10 @@ class CreditFlow:
 
     def __init__(self, controller: FlowController, conn_id: int,
                  to_server: Callable[[bytes], None], to_client: Callable[[bytes], None],
-                 hold_budget: int = 0) -> None:
+                 hold_budget: int = 0, spool: SpoolManager | None = None) -> None:
         self.controller = controller
         self.conn_id = conn_id
+        self.spool = spool
         self._to_server = to_server
         self._to_client = to_client
         self.hold_budget = hold_budget
@@ -304,7 +339,7 @@ class CreditFlow:
             initial = attach.initial_delivery_count or 0
             link = SenderLink(channel, attach.handle, attach.name,
                               None if address is None else parse_target(address),
-                              address is None, SenderCredit(initial))
+                              address is None, SenderCredit(initial), address)
         else:
             link = ReceiverLink(attach.handle, attach.name, source_queue(attach.source_address))
         session.links[attach.handle] = link
@@ -444,11 +479,11 @@ class CreditFlow:
         handle = _uint(fields, 0, "transfer.handle")
         link = session.links.get(handle) if handle is not None else None
         if not isinstance(link, SenderLink):
-            return None
+            return self._renumbered(session, fields, payload, start, end, channel)
         if link.detaching:
             session.dropped_frames += 1
             if not link.in_delivery:
-                self._dropped_id(session, fields)
+                self._drop_delivery(session, fields)
             link.in_delivery = _flag(fields, 5, "transfer.more")
             return b""
         more = _flag(fields, 5, "transfer.more")
@@ -458,24 +493,31 @@ class CreditFlow:
         if first:
             if not link.credit.transfer():
                 session.dropped_frames += 1
-                self._dropped_id(session, fields)
+                self._drop_delivery(session, fields)
                 return self._transfer_limit_exceeded(session, link)
             link.delivery_bytes = 0
             link.dropping = False
-            link.delivery_queues = self._route(link, payload, start, end)
-            blocking = (self.controller.blocking(self.vhost, link.delivery_queues)
-                        if link.per_message else _NO_KEYS)
-            if blocking and self._overflow(blocking) is Overflow.REJECT:
-                link.dropping = True
-                link.credit.dropped()
-                self._dropped_id(session, fields)
-                self._reject(session, link, fields, blocking)
+            queues = link.delivery_queues = self._route(link, payload, start, end)
+            if link.per_message or self.spool is not None:
+                blocking = self.controller.blocking(self.vhost, queues)
+                if blocking:
+                    self._consume(session, link, fields, blocking)
         link.in_delivery = more and not aborted
         if link.dropping:
             session.dropped_frames += 1
             replacement = b""
+            if link.spool_to is not None:
+                if aborted:  # the client gave up on it: nothing to store or settle
+                    link.spool_to = None
+                    link.spool_parts = []
+                else:
+                    link.spool_parts.append(payload[start:end])
+                    if not more:
+                        self._spool(session, link)
         else:
             link.delivery_bytes += end - start
+            if session.ids.dropped:
+                replacement = self._renumbered(session, fields, payload, start, end, channel)
         if not link.in_delivery:
             if not link.dropping and not aborted:
                 link.deliveries += 1
@@ -489,6 +531,50 @@ class CreditFlow:
             # A fixed destination's queues were routed just now for a first frame: the same.
             self._after_transfer(link, link.delivery_queues if first else None)
         return replacement
+
+    def _consume(self, session: SessionGate, link: SenderLink, fields: list[object],
+                 blocking: frozenset[QueueKey]) -> None:
+        """A delivery's first frame, to a tripped (or backlogged) queue: refuse it under
+        ``overflow: reject`` (per-message links), spool it under ``overflow: spool``, else
+        let it through (it was sent on credit; the link's credit is withheld after it)."""
+        if link.per_message and self._overflow(blocking) is Overflow.REJECT:
+            link.dropping = True
+            link.credit.dropped()
+            self._drop_delivery(session, fields)
+            self._reject(session, link, fields, blocking)
+            return
+        key = self._spool_key(link, link.delivery_queues, blocking)
+        if key is None:
+            return
+        if len(fields) > 7 and isinstance(fields[7], Described) \
+                and fields[7].descriptor == TRANSACTIONAL_STATE:
+            link.spool_refused = True  # so its credit is withheld after this one
+            if not link.not_spooled_reported:
+                link.not_spooled_reported = True
+                event(log, "publish_not_spooled", conn=self.conn_id, channel=link.ref,
+                      link=link.name, queue=key[1], reason="transactional transfer",
+                      action="held by credit", protocol=PROTOCOL)
+            return
+        delivery_id = _uint(fields, 1, "transfer.delivery-id")
+        link.dropping = True
+        link.spool_to = key
+        link.spool_parts = []
+        link.spool_delivery = None if _flag(fields, 4, "transfer.settled") else delivery_id
+        link.spool_format = _uint(fields, 3, "transfer.message-format") or 0
+        link.spool_address = link.message_to if link.anonymous else (link.address or "")
+        link.credit.dropped()
+        self._drop_delivery(session, fields)
+
+    def _renumbered(self, session: SessionGate, fields: list[object], payload: bytes,
+                    start: int, end: int, channel: int) -> bytes | None:
+        """A forwarded transfer with the broker's delivery-id (None: unchanged)."""
+        if not session.ids.dropped or len(fields) < 2 or fields[1] is None:
+            return None
+        delivery_id = _uint(fields, 1, "transfer.delivery-id")
+        assert delivery_id is not None
+        fields = list(fields)
+        fields[1] = UInt(session.ids.to_broker(delivery_id))
+        return frame(encode_performative_fields(TRANSFER, fields) + payload[start:end], channel)
 
     def on_server_transfer(self, channel: int, fields: list[object]) -> None:
         """A transfer from the broker: the session's transfer-id, a counted delivery."""
@@ -507,43 +593,125 @@ class CreditFlow:
         link.in_delivery = _flag(fields, 5, "transfer.more") and not _flag(
             fields, 9, "transfer.aborted")
 
-    def _dropped_id(self, session: SessionGate, fields: list[object]) -> None:
-        """Remember a delivery-id the broker will never see (its dispositions may span it)."""
+    def _drop_delivery(self, session: SessionGate, fields: list[object]) -> None:
+        """The delivery whose first frame this is will not reach the broker: renumber."""
         delivery_id = _uint(fields, 1, "transfer.delivery-id")
         if delivery_id is None:
-            return
-        session.dropped_ids.append(delivery_id)
+            raise DecodeError("transfer.delivery-id is mandatory on a delivery's first frame")
+        session.ids.drop(delivery_id)
         if not self.dropping:
             self.dropping = True
             self.on_drop()
 
     def on_server_disposition(self, channel: int, fields: list[object]) -> bytes | None:
-        """The broker settles the client's deliveries (role receiver): leave out of its ranges
-        the delivery-ids the proxy settled itself (RabbitMQ's ranges span the gaps)."""
+        """The broker settles the client's deliveries (role receiver): its delivery-ids are
+        mapped to the client's, skipping those the proxy consumed."""
         session = self.by_server_channel.get(channel)
-        if session is None or not session.dropped_ids or not fields or fields[0] is not True:
+        if session is None or not session.ids.dropped or not fields or fields[0] is not True:
             return None
-        first = _uint(fields, 1, "disposition.first")
-        if first is None:
-            raise DecodeError("disposition.first is mandatory")
-        last = _uint(fields, 2, "disposition.last")
-        last = first if last is None else last
-        dropped = session.dropped_ids
-        while dropped and serial_diff(last, dropped[0]) >= DROPPED_ID_HORIZON:
-            dropped.popleft()
-        inside = sorted((i for i in dropped if serial_diff(i, first) >= 0
-                         and serial_diff(last, i) >= 0), key=lambda i: serial_diff(i, first))
-        if not inside:
+        first, last = _range(fields)
+        ranges = session.ids.client_ranges(first, last)
+        if ranges == [(first, last)]:
             return None
-        out = bytearray()
-        start = first
-        for gap in [*inside, serial_add(last, 1)]:
-            if serial_diff(gap, start) > 0:
-                piece = _padded(fields, 3)
-                piece[1], piece[2] = UInt(start), UInt(serial_add(gap, -1))
-                out += frame(encode_performative_fields(DISPOSITION, piece), channel)
-            start = serial_add(gap, 1)
-        return bytes(out)
+        return _dispositions(fields, ranges, channel)
+
+    def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None:
+        """The client settles its own deliveries (role sender): mapped to the broker's ids;
+        those the proxy consumed (and settled itself) are left out."""
+        session = self.sessions.get(channel)
+        if session is None or not session.ids.dropped or not fields or fields[0] is not False:
+            return None
+        first, last = _range(fields)
+        ranges = session.ids.broker_ranges(first, last)
+        if ranges == [(first, last)]:
+            return None
+        return _dispositions(fields, ranges, channel)
+
+    # -- spool -------------------------------------------------------------------------------
+    def _spool_key(self, link: SenderLink, queues: frozenset[str],
+                   blocking: frozenset[QueueKey]) -> QueueKey | None:
+        """The queue whose spool takes ``link``'s messages now, or None (credit decides).
+
+        Spooled: messages that land in exactly one queue whose policy says ``spool``, while it
+        is tripped or has spooled backlog, the broker has no alarm and the spool accepts.
+        """
+        spool = self.spool
+        if spool is None or not spool.accepting or len(queues) != 1 or ALARM in blocking \
+                or link.spool_refused:
+            return None
+        key = (self.vhost, next(iter(queues)))
+        if key not in blocking:
+            return None
+        q = self.controller.queues.get(key)
+        if q is None or q.policy.overflow is not Overflow.SPOOL:
+            return None
+        return key
+
+    def _spool(self, session: SessionGate, link: SenderLink) -> None:
+        """The last frame of a delivery to spool is in: write the record."""
+        key = link.spool_to
+        assert key is not None and self.spool is not None
+        message = b"".join(link.spool_parts)
+        link.spool_to = None
+        link.spool_parts = []
+        q = self.controller.queues.get(key)
+        settings = q.policy.spool if q is not None else None
+        record = SpoolRecord.amqp10_message(0, time.time(), link.spool_address,
+                                            link.spool_format, message)
+        delivery_id = link.spool_delivery
+        try:
+            seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
+        except SpoolError as exc:
+            self.controller.spool_fallbacks += 1
+            link.spool_refused = True
+            event(log, "spool_refused", logging.WARNING, conn=self.conn_id, channel=link.ref,
+                  link=link.name, queue=key[1], reason=str(exc),
+                  action="rejected; the link's credit is withheld until the queue drains",
+                  protocol=PROTOCOL)
+            if delivery_id is not None:
+                self._settle(session, delivery_id, delivery_id, _rejected(
+                    f"floodwall: the spool of queue '{key[1]}' refused the message ({exc})"))
+            return
+        self.controller.spooled_records += 1
+        self.controller.spooled_bytes += record.size
+        if delivery_id is None:
+            return
+        if settings is not None and settings.fsync is Fsync.NEVER:
+            self._settle(session, delivery_id, delivery_id, _ACCEPTED)
+        else:
+            session.spool_acks.append((key, seq, delivery_id))
+
+    def spool_durable(self, durable: dict[QueueKey, int]) -> None:
+        """The spool synced: settle ``accepted`` the spooled deliveries now durable."""
+        sent = False
+        for session in self.sessions.values():
+            acks = session.spool_acks
+            first = last = -1
+            while acks:
+                key, seq, delivery_id = acks[0]
+                if durable.get(key, 0) < seq:
+                    break
+                acks.popleft()
+                if first >= 0 and delivery_id == serial_add(last, 1):
+                    last = delivery_id
+                    continue
+                if first >= 0:
+                    self._settle(session, first, last, _ACCEPTED)
+                first = last = delivery_id
+            if first >= 0:
+                self._settle(session, first, last, _ACCEPTED)
+                sent = True
+        if sent:
+            self.notify()
+
+    def _settle(self, session: SessionGate, first: int, last: int, state: Described) -> None:
+        """Settle the client's deliveries ``first..last`` with ``state``, as the receiver."""
+        if session.server_channel is None:
+            return
+        self._to_client(frame(encode_performative(
+            DISPOSITION, role=True, first=UInt(first),
+            last=None if last == first else UInt(last), settled=True, state=state),
+            session.server_channel))
 
     # -- decisions ---------------------------------------------------------------------------
     def _queues(self, link: SenderLink) -> frozenset[str]:
@@ -564,6 +732,7 @@ class CreditFlow:
         destination = link.destination
         if link.anonymous:
             destination = parse_target(to) if to else None
+            link.message_to = to or ""
         return queues_for(self.controller, self.vhost, destination, subject)
 
     def _policed(self, link: SenderLink,
@@ -592,8 +761,10 @@ class CreditFlow:
 
     def _decide(self, link: SenderLink, window: int | None) -> LinkFlow:
         """The credit to give the client now: withheld while a queue it feeds is tripped."""
-        blocking = self.controller.blocking(self.vhost, self._queues(link))
-        if blocking and self._block(link, blocking):
+        queues = self._queues(link)
+        blocking = self.controller.blocking(self.vhost, queues)
+        if blocking and self._spool_key(link, queues, blocking) is None \
+                and self._block(link, blocking):
             link.withheld = True
             return link.credit.grant(0)
         if link.withheld:
@@ -616,7 +787,8 @@ class CreditFlow:
         else:
             queues = fixed = routed if routed is not None else self._queues(link)
         blocking = self.controller.blocking(self.vhost, queues)
-        if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT):
+        if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT) \
+                and self._spool_key(link, queues, blocking) is None:
             if self._block(link, blocking) and not link.withheld:
                 link.withheld = True
                 self._send_grant(link, link.credit.grant(0))
@@ -666,6 +838,7 @@ class CreditFlow:
         if not isinstance(link, SenderLink) or link.detaching:
             return
         link.blocked = False
+        link.spool_refused = False
         link.hit.clear()
         window = self._window(link)
         grant = self._decide(link, window)
@@ -720,14 +893,36 @@ class CreditFlow:
         delivery_id = _uint(fields, 1, "transfer.delivery-id")
         if _flag(fields, 4, "transfer.settled") or delivery_id is None:
             return
-        if session.server_channel is None:
-            return
-        state = Described(ULong(REJECTED), [performative(
-            ERROR, condition=Symbol(RESOURCE_LIMIT_EXCEEDED),
-            description=f"floodwall: queue '{names}' is over capacity")])
-        self._to_client(frame(encode_performative(
-            DISPOSITION, role=True, first=UInt(delivery_id), settled=True, state=state),
-            session.server_channel))
+        self._settle(session, delivery_id, delivery_id,
+                     _rejected(f"floodwall: queue '{names}' is over capacity"))
+
+
+_ACCEPTED: Final = Described(ULong(ACCEPTED), [])
+
+
+def _rejected(description: str) -> Described:
+    """The ``rejected`` outcome the proxy settles with: amqp:resource-limit-exceeded."""
+    return Described(ULong(REJECTED), [performative(
+        ERROR, condition=Symbol(RESOURCE_LIMIT_EXCEEDED), description=description)])
+
+
+def _range(fields: list[object]) -> tuple[int, int]:
+    """A disposition's first..last."""
+    first = _uint(fields, 1, "disposition.first")
+    if first is None:
+        raise DecodeError("disposition.first is mandatory")
+    last = _uint(fields, 2, "disposition.last")
+    return first, first if last is None else last
+
+
+def _dispositions(fields: list[object], ranges: list[tuple[int, int]], channel: int) -> bytes:
+    """``fields``' disposition once per range (b"": none left)."""
+    out = bytearray()
+    for first, last in ranges:
+        piece = _padded(fields, 3)
+        piece[1], piece[2] = UInt(first), UInt(last)
+        out += frame(encode_performative_fields(DISPOSITION, piece), channel)
+    return bytes(out)
 
 
 _UINT0: Final = b"\x43"

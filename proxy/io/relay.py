@@ -52,7 +52,8 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
                                  settings.on_topology, settings.spool)
     if settings is None or settings.flow is None:
         return Amqp10Connection(header)
-    return Amqp10Connection(header, settings.flow, conn_id, settings.on_topology)
+    return Amqp10Connection(header, settings.flow, conn_id, settings.on_topology,
+                            settings.spool)
 
 
 class RelayedConnection(asyncio.Protocol):

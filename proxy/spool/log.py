@@ -21,6 +21,7 @@ A rotated-out segment keeps its descriptor until the next ``sync`` has fsynced i
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import threading
@@ -148,8 +149,7 @@ class QueueSpool:
 
     def _append(self, record: SpoolRecord) -> int:
         seq = self.next_seq
-        data = SpoolRecord(seq, record.accepted_at, record.exchange, record.routing_key,
-                           record.properties, record.body, record.mandatory).encode()
+        data = dataclasses.replace(record, seq=seq).encode()
         try:
             seg = self._writable_segment(seq)
         except OSError as exc:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.amqp10.credit import (
     HALF,
     MASK,
+    DeliveryIds,
     LinkFlow,
     SenderCredit,
     serial_add,
@@ -176,3 +179,53 @@ def test_a_long_run_across_the_wrap(start: int) -> None:
             c.broker_flow(LinkFlow(broker_count, 1000))
     assert c.delivery_count == serial_add(start, 300)
     assert 0 < c.client_credit <= 16
+
+
+# -- DeliveryIds: a session's delivery-ids when the proxy consumed some ---------------------
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.sampled_from([0, 7, MASK - 40, MASK - 3, 1 << 31]),
+       dropped=st.lists(st.booleans(), min_size=1, max_size=60),
+       horizon=st.sampled_from([4, 1 << 20]))
+def test_delivery_ids_map_both_ways_like_the_model(start: int, dropped: list[bool],
+                                                   horizon: int) -> None:
+    """Against a plain model (each client id, and the broker id it got or None), across the
+    2^32 wrap: broker ranges map to exactly the client ids of those broker ids, client
+    ranges to the broker ids of the forwarded ones among them."""
+    ids = DeliveryIds(horizon=horizon)
+    model: list[tuple[int, int | None]] = []
+    broker = serial_add(start, 0)
+    for i, drop in enumerate(dropped):
+        client = serial_add(start, i)
+        if drop:
+            ids.drop(client)
+            model.append((client, None))
+        else:
+            assert ids.to_broker(client) == broker
+            model.append((client, broker))
+            broker = serial_add(broker, 1)
+    forwarded = [(c, b) for c, b in model if b is not None]
+    recent = forwarded if horizon > len(dropped) else forwarded[-1:]
+    for i, (_, b_first) in enumerate(recent):
+        for _, b_last in recent[i:]:
+            want = [c for c, b in forwarded if b is not None
+                    and serial_diff(b, b_first) >= 0 and serial_diff(b_last, b) >= 0]
+            got = [serial_add(lo, k) for lo, hi in ids.client_ranges(b_first, b_last)
+                   for k in range(serial_diff(hi, lo) + 1)]
+            assert got == want
+    if horizon <= len(dropped):
+        return  # what the horizon forgot is not asked about below
+    for i in range(len(model)):
+        for j in range(i, len(model)):
+            want_b = [b for _, b in model[i:j + 1] if b is not None]
+            got_b = [serial_add(lo, k) for lo, hi in ids.broker_ranges(model[i][0], model[j][0])
+                     for k in range(serial_diff(hi, lo) + 1)]
+            assert got_b == want_b
+            assert len(ids.broker_ranges(model[i][0], model[j][0])) <= 1  # consecutive
+
+
+def test_delivery_ids_without_drops_are_the_identity() -> None:
+    ids = DeliveryIds()
+    assert ids.to_broker(5) == 5
+    assert ids.client_ranges(3, 9) == [(3, 9)]
+    assert ids.broker_ranges(3, 9) == [(3, 9)]

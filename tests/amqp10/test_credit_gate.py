@@ -30,6 +30,7 @@ from proxy.amqp10.types import Described, Symbol, UByte, UInt, ULong, encode
 from proxy.depth import ManagementSample
 from proxy.gate import FlowController
 from proxy.policy import parse_policies
+from proxy.spool.manager import SpoolManager
 from tests.amqp10.streams import (
     amqp,
     begin,
@@ -52,7 +53,7 @@ WINDOW = window_for(ASSUMED_MESSAGE_BYTES)
 Chunker = Callable[[bytes], Iterator[bytes]]
 
 
-def policies(overflow: str) -> str:
+def policies(overflow: str, extra: str = "") -> str:
     return f"""
 version: 1
 policies:
@@ -61,7 +62,7 @@ policies:
     capacity: {CAPACITY}
     resume: 50000
     overflow: {overflow}
-"""
+{extra}"""
 
 
 class Clock:
@@ -121,15 +122,17 @@ class Setup:
     to_client: list[bytes] = field(default_factory=list)
     to_server: list[bytes] = field(default_factory=list)
     next_id: int = 0
+    spool: SpoolManager | None = None
+    policy_extra: str = ""  # more lines of the capped policy (indented 4)
 
     def __post_init__(self) -> None:
         self.fc = FlowController(DefaultExchange(), self.clock,
-                                 parse_policies(policies(self.overflow)))
+                                 parse_policies(policies(self.overflow, self.policy_extra)))
         for q in ("capped", "capped2", "free"):
             self.fc.queue_seen((VHOST, q))
         self.sample("capped", 0)
         self.sample("capped2", 0)
-        self.core = Connection(AMQP_HEADER, self.fc, conn_id=1)
+        self.core = Connection(AMQP_HEADER, self.fc, conn_id=1, spool=self.spool)
         self.notified = 0
         assert self.core.flow is not None
         self.core.flow.notify = self._notified
@@ -328,7 +331,11 @@ def test_a_transfer_beyond_every_grant_detaches_the_link(chunker: Chunker) -> No
     got = performatives(to_server)
     assert [code for code, _ in got] == [DETACH, TRANSFER]
     assert got[0][1][0] == CAPPED_H and got[0][1][1] is True
-    assert to_server.endswith(free)
+    # ... numbered as the broker counts: client ids 2 and 3 never reached it, 4 is its 2
+    assert to_server.endswith(amqp(TRANSFER, 0, message(100), handle=UInt(FREE_H),
+                                   delivery_id=UInt(2), delivery_tag=(4).to_bytes(4, "big"),
+                                   message_format=UInt(0)))
+    assert free.endswith(message(100))
     detached = performatives(to_client)
     assert [code for code, _ in detached] == [DETACH]
     assert detached[0][1][0] == 7
@@ -408,9 +415,12 @@ def test_anonymous_sender_under_reject_gets_rejected_and_keeps_its_credit() -> N
     s.take()
     s.sample("capped", 500_000)
     s.send(ANON_H, 100, to="/amq/queue/capped")
-    free = s.send(ANON_H, 100, to="/amq/queue/free")
+    s.send(ANON_H, 100, to="/amq/queue/free")
     to_server, to_client = s.take()
-    assert to_server == free  # the rejected one never reaches the broker
+    # the rejected one never reaches the broker; the next one takes its delivery-id
+    assert to_server == amqp(TRANSFER, 0, message(100, "/amq/queue/free"),
+                             handle=UInt(ANON_H), delivery_id=UInt(0),
+                             delivery_tag=(1).to_bytes(4, "big"), message_format=UInt(0))
     got = performatives(to_client)
     assert got[0][0] == DISPOSITION
     assert all(f[6] != 0 for f in flows(to_client, 9))  # credit is never withheld
@@ -465,24 +475,32 @@ def test_a_malformed_flow_closes_the_connection_with_decode_error() -> None:
     assert s.core.failure.condition == "amqp:decode-error"
 
 
-def test_broker_dispositions_leave_out_what_the_proxy_settled() -> None:
-    """RabbitMQ settles ranges that span the delivery-ids it never saw: the proxy splits them
-    so a delivery it rejected is not also accepted."""
+def test_delivery_ids_are_translated_around_what_the_proxy_settled() -> None:
+    """The broker numbers only the deliveries it got (consecutive, 2.7.5); its dispositions
+    are mapped back to the client's ids range by range, and the client's to the broker's."""
     s = Setup(overflow="reject")
     s.server(broker_flow(9, 0, 1000))
     s.take()
     s.sample("capped", 500_000)
     for to in ("free", "capped", "free", "capped", "free"):  # ids 0..4; 1 and 3 dropped
         s.send(ANON_H, 100, to=f"/amq/queue/{to}")
-    s.take()
+    to_server, _ = s.take()
+    assert [num(f[1]) for code, f in performatives(to_server) if code == TRANSFER] == [0, 1, 2]
     accepted = Described(ULong(0x24), [])
-    s.server(amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(0), last=UInt(4),
+    s.server(amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(0), last=UInt(2),
                   settled=True, state=accepted)
-             + amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(3), settled=True,
+             + amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(1), settled=True,
                     state=accepted))
     _, to_client = s.take()
     ranges = [(f[1], f[2]) for code, f in performatives(to_client) if code == DISPOSITION]
-    assert ranges == [(0, 0), (2, 2), (4, 4)]
+    assert ranges == [(0, 0), (2, 2), (4, 4), (2, 2)]
+    # the client settling its own: 0..4 is the broker's 0..2; 3 alone was never the broker's
+    s.client(amqp(DISPOSITION, 0, role=False, first=UInt(0), last=UInt(4), settled=True)
+             + amqp(DISPOSITION, 0, role=False, first=UInt(3), settled=True)
+             + amqp(DISPOSITION, 0, role=False, first=UInt(4), settled=True))
+    to_server, _ = s.take()
+    ranges = [(f[1], f[2]) for code, f in performatives(to_server) if code == DISPOSITION]
+    assert ranges == [(0, 2), (2, 2)]
 
 
 @pytest.mark.parametrize("next_incoming", [None, 0, 7, 300, MASK])
