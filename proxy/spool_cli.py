@@ -5,7 +5,8 @@ take the spool's lock, so they refuse while a proxy runs on it. ``replay`` publi
 straight to the broker with publisher confirms, via the default exchange to the queue the
 record was spooled for (``--original-routing``: to the record's exchange and routing key,
 which may reach other queues too), and deletes each record once confirmed: at least once,
-like the proxy's own replay.
+like the proxy's own replay. AMQP 1.0 records go over AMQP 1.0 to ``/amq/queue/QUEUE`` (with
+``--original-routing``: to the address the client sent them to), settled ``accepted``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from proxy.spool.manager import QueueKey, SpoolManager
 from proxy.spool.records import SpoolRecord
 
 if TYPE_CHECKING:
+    from proxy.io.amqp_client import AmqpClient
     from proxy.io.spool import SessionResult
 
 _DIR_OPTION = click.option(
@@ -112,15 +114,17 @@ def show(queue: str, spool_dir: str, vhost: str, limit: int, peek: int) -> None:
     root = Path(spool_dir)
     key = (vhost, queue)
     scan = Scan(_find(root, key), key)
-    click.echo("SEQ\tACCEPTED (UTC)\tEXCHANGE\tROUTING KEY\tBODY BYTES\tBODY")
+    click.echo("SEQ\tACCEPTED (UTC)\tEXCHANGE OR 1.0 ADDRESS\tROUTING KEY\tBODY BYTES\tBODY")
     shown = 0
     for rec in scan.records():
         if limit and shown >= limit:
             break
         shown += 1
         when = datetime.datetime.fromtimestamp(rec.accepted_at, datetime.UTC)
+        exchange, routing_key = ((f"(amqp10) {rec.address}", "") if rec.amqp10
+                                 else (rec.exchange or "(default)", rec.routing_key))
         click.echo(f"{rec.seq}\t{when.isoformat(timespec='milliseconds')}\t"
-                   f"{rec.exchange or '(default)'}\t{rec.routing_key}\t{len(rec.body)}\t"
+                   f"{exchange}\t{routing_key}\t{len(rec.body)}\t"
                    f"{rec.body[:peek]!r}{'...' if len(rec.body) > peek else ''}")
     if limit and shown >= limit:
         click.echo(f"# first {shown} shown (--limit)")
@@ -134,15 +138,17 @@ def show(queue: str, spool_dir: str, vhost: str, limit: int, peek: int) -> None:
               help="The broker's AMQP port, HOST:PORT (login: FLOODWALL_AMQP_USERNAME / "
                    "_PASSWORD / _PASSWORD_FILE, else the management ones, else guest).")
 @click.option("--original-routing", is_flag=True,
-              help="Publish to each record's exchange and routing key (may reach other "
-                   "queues too) instead of the default exchange to QUEUE.")
+              help="Publish to each record's exchange and routing key, or an AMQP 1.0 "
+                   "record's address (may reach other queues too), instead of straight to "
+                   "QUEUE.")
 @click.option("--window", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Unconfirmed publishes in flight.")
 def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routing: bool,
            window: int) -> None:
     """Publish QUEUE's spooled records to the broker with confirms; delete as confirmed."""
+    from proxy.io.amqp10_client import Amqp10Client
     from proxy.io.amqp_client import AmqpClient, AmqpClientError
-    from proxy.io.spool import replay_session
+    from proxy.io.spool import Amqp10Records, replay_session
 
     root = Path(spool_dir)
     key = (vhost, queue)
@@ -165,13 +171,32 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
         def target(rec: SpoolRecord) -> tuple[str, str]:
             return (rec.exchange, rec.routing_key) if original_routing else ("", queue)
 
+        def address(rec: SpoolRecord) -> str:  # an AMQP 1.0 record's
+            return rec.address if original_routing else f"/amq/queue/{queue}"
+
         async def run() -> SessionResult:
             client = AmqpClient(host, port, credentials.username, credentials.password, vhost)
+            client10: Amqp10Client | None = None
+
+            async def connect10() -> Amqp10Client:
+                nonlocal client10
+                if client10 is None:
+                    client10 = Amqp10Client(host, port, credentials.username,
+                                            credentials.password, vhost)
+                    await client10.connect(10.0)
+                return client10
+
+            records10 = Amqp10Records(connect10, address, 10.0)
             await client.connect()
             try:
                 publisher = await client.open_publisher(window)
-                return await replay_session(qspool, publisher, target, lambda: None)
+                return await replay_session(
+                    qspool, publisher, target, lambda: None, amqp10=records10,
+                    queue_exists=lambda: _exists(client, queue))
             finally:
+                await records10.close()
+                if client10 is not None:
+                    await client10.close()
                 await client.close()
 
         try:
@@ -189,6 +214,10 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
         raise click.ClickException(str(exc)) from None
     finally:
         manager.close()
+
+
+async def _exists(client: AmqpClient, queue: str) -> bool:
+    return await client.queue_counts(queue) is not None
 
 
 @spool.command()

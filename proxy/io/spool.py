@@ -36,17 +36,20 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pamqp import frame as pamqp_frame
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy.amqp10.addresses import parse_target, queues_for
+from proxy.amqp10.flow import message_routing
 from proxy.config import AmqpCredentials
 from proxy.gate import FlowController, QueueKey, Router
+from proxy.io.amqp10_client import Amqp10Client, Amqp10Sender
 from proxy.io.amqp_client import AmqpClient, AmqpClientError, Confirm, Publisher
 from proxy.logs import event
 from proxy.policy import Fsync, SpoolSettings
@@ -108,17 +111,33 @@ def record_headers(properties: bytes) -> dict[str, object] | None:
     return dict(headers) if isinstance(headers, dict) else None
 
 
+SendAmqp10 = Callable[[SpoolRecord], Awaitable["asyncio.Future[Confirm]"]]
+"""Sends one AMQP 1.0 record; its future resolves as the broker settles it."""
+
+
 async def replay_session(spool: QueueSpool, publisher: Publisher,
                          target: Callable[[SpoolRecord], tuple[str, str]],
                          stop_reason: Callable[[], str | None],
                          on_sent: Callable[[SpoolRecord], None] | None = None,
                          on_confirmed: Callable[[int, int], None] | None = None,
                          durable_wait: Callable[[], asyncio.Event] | None = None,
-                         batch_bytes: int = 1 << 20, settle_timeout: float = 10.0
+                         batch_bytes: int = 1 << 20, settle_timeout: float = 10.0,
+                         amqp10: SendAmqp10 | None = None,
+                         queue_exists: Callable[[], Awaitable[bool]] | None = None
                          ) -> SessionResult:
     """Publish ``spool``'s records in order until it is empty, ``stop_reason()`` says why
     not, or the broker refuses one; delete each record once confirmed (in order: a record
     is confirmed only when every record before it was). Returns what happened.
+
+    AMQP 0-9-1 records go through ``publisher`` to ``target(rec)``; AMQP 1.0 records through
+    ``amqp10`` (over AMQP 1.0, to their address). Where the path changes (0-9-1 to 1.0, or
+    another 1.0 address), what is in flight is confirmed first: two connections or links
+    keep no order between them, the queue must get its records in spool order.
+
+    AMQP 1.0 has no ``mandatory``: RabbitMQ 3.10 accepts a transfer to a queue that does not
+    exist and drops it. So before each batch with a 1.0 record ``queue_exists()`` is asked;
+    False stops the session as "returned" (the records stay on disk). A queue deleted in the
+    middle of a batch can still lose that batch's 1.0 records (at most ``batch_bytes``).
 
     ``durable_wait()`` gives an event set when more records become durable (else the
     session polls). Whatever is in flight at the end is waited for (``settle_timeout``).
@@ -128,6 +147,7 @@ async def replay_session(spool: QueueSpool, publisher: Publisher,
     failed: str | None = None
     after = spool.confirmed_seq
     position: ReadPosition | None = None
+    path: str | None = None  # where the last record went: None 0-9-1, else its 1.0 address
 
     def settle() -> None:
         nonlocal failed
@@ -183,15 +203,39 @@ async def replay_session(spool: QueueSpool, publisher: Publisher,
                 continue
             if not inflight:
                 spool.oldest_set(batch[0][0].accepted_at)
+            if queue_exists is not None and any(rec.amqp10 for rec, _ in batch):
+                try:
+                    there = await queue_exists()
+                except (AmqpClientError, OSError, TimeoutError) as exc:
+                    failed = f"lost: {exc or type(exc).__name__}"
+                    break
+                if not there:
+                    failed = Confirm.RETURNED.value
+                    break
             for rec, pos in batch:
                 if stop_reason() is not None:
                     break
-                exchange, routing_key = target(rec)
+                rec_path = rec.address if rec.amqp10 else None
+                if inflight and rec_path != path:
+                    await asyncio.wait([f for _, f in inflight], timeout=settle_timeout)
+                    settle()
+                    if failed is None and inflight:
+                        failed = "lost: no confirm before switching connection"
+                    if failed is not None:
+                        break
+                path = rec_path
                 try:
-                    fut = await publisher.publish(exchange, routing_key, rec.properties,
-                                                  rec.body, mandatory=True)
-                except AmqpClientError as exc:
-                    failed = f"lost: {exc}"
+                    if rec.amqp10:
+                        if amqp10 is None:
+                            failed = "an AMQP 1.0 record, and no AMQP 1.0 publisher"
+                            break
+                        fut = await amqp10(rec)
+                    else:
+                        exchange, routing_key = target(rec)
+                        fut = await publisher.publish(exchange, routing_key, rec.properties,
+                                                      rec.body, mandatory=True)
+                except (AmqpClientError, OSError, TimeoutError) as exc:
+                    failed = f"lost: {exc or type(exc).__name__}"
                     break
                 inflight.append((rec, fut))
                 result.published += 1
@@ -210,6 +254,50 @@ async def replay_session(spool: QueueSpool, publisher: Publisher,
     if failed is not None:
         result.reason = failed
     return result
+
+
+class Amqp10Records:
+    """Sends one queue's AMQP 1.0 records: a sender link per address, on the vhost's AMQP
+    1.0 connection (asked for at the first 1.0 record, so a 0-9-1-only spool opens none)."""
+
+    def __init__(self, client: Callable[[], Awaitable[Amqp10Client]],
+                 address_for: Callable[[SpoolRecord], str], timeout: float) -> None:
+        self._client = client
+        self._address_for = address_for
+        self._timeout = timeout
+        self.senders: dict[str, Amqp10Sender] = {}
+
+    async def __call__(self, rec: SpoolRecord) -> asyncio.Future[Confirm]:
+        address = self._address_for(rec)
+        sender = self.senders.get(address)
+        if sender is None:
+            client = await self._client()
+            sender = self.senders[address] = await client.open_sender(address, self._timeout)
+        return await sender.send(rec.body, rec.message_format)
+
+    async def close(self) -> None:
+        for sender in self.senders.values():
+            with contextlib.suppress(Exception):
+                await sender.close()
+        self.senders.clear()
+
+
+async def _queue_exists(client: AmqpClient, queue: str) -> bool:
+    return await client.queue_counts(queue) is not None
+
+
+class _Client(Protocol):
+    """What the spool needs of its own upstream connections (0-9-1 and 1.0)."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    async def connect(self, timeout: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Client)
 
 
 class SpoolService:
@@ -231,7 +319,8 @@ class SpoolService:
         self.commit_errors = 0
         self.commits = 0
         self._clients: dict[str, AmqpClient] = {}
-        self._connecting: dict[str, asyncio.Lock] = {}
+        self._clients10: dict[str, Amqp10Client] = {}
+        self._connecting: dict[tuple[str, str], asyncio.Lock] = {}
         self._replayers: dict[QueueKey, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake_commit: asyncio.Event | None = None
@@ -303,10 +392,12 @@ class SpoolService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._started:
             await asyncio.to_thread(self.manager.sync, True)
-        for client in list(self._clients.values()):
+        clients: list[_Client] = [*self._clients.values(), *self._clients10.values()]
+        for client in clients:
             with contextlib.suppress(Exception):
                 await client.close()
         self._clients.clear()
+        self._clients10.clear()
         records, nbytes = self.left()
         self.manager.close()
         event(log, "spool_stopped", logging.WARNING if records else logging.INFO,
@@ -453,28 +544,63 @@ class SpoolService:
 
         return target
 
+    def _address(self, key: QueueKey, replay: QueueReplay) -> Callable[[SpoolRecord], str]:
+        """Where an AMQP 1.0 record goes: its own address when the routing model sends that
+        to exactly this queue, else straight to the queue (logged once per queue)."""
+        vhost, queue = key
+        just_this = frozenset({queue})
+
+        def address(rec: SpoolRecord) -> str:
+            destination = parse_target(rec.address)
+            if destination is not None:
+                if destination.exchange == "" and destination.routing_key == queue:
+                    return rec.address
+                subject = None
+                if destination.per_message:
+                    found = message_routing(rec.body, 0, len(rec.body))
+                    subject = found[1] if found is not None else None
+                if queues_for(self.controller, vhost, destination, subject) == just_this:
+                    return rec.address
+            if not replay.rerouted:
+                replay.rerouted = True
+                event(log, "spool_replay_rerouted", logging.WARNING, vhost=vhost, queue=queue,
+                      address=rec.address, protocol="amqp10",
+                      reason="the routing model does not send that to exactly this queue "
+                             "(now)", action="sending to /amq/queue/ of the queue")
+            return f"/amq/queue/{queue}"
+
+        return address
+
     async def _client(self, vhost: str) -> AmqpClient:
-        client = self._clients.get(vhost)
+        return await self._connected(self._clients, "amqp091", vhost, AmqpClient)
+
+    async def _client10(self, vhost: str) -> Amqp10Client:
+        return await self._connected(self._clients10, "amqp10", vhost, Amqp10Client)
+
+    async def _connected(self, clients: dict[str, C], kind: str, vhost: str,
+                         factory: Callable[[str, int, str, str, str], C]) -> C:
+        """The spool's own connection of ``kind`` to ``vhost``, (re)connected if need be."""
+        client = clients.get(vhost)
         if client is not None and client.connected:
             return client
-        lock = self._connecting.setdefault(vhost, asyncio.Lock())
+        lock = self._connecting.setdefault((kind, vhost), asyncio.Lock())
         async with lock:
-            client = self._clients.get(vhost)
+            client = clients.get(vhost)
             if client is not None and client.connected:
                 return client
             if client is not None:
                 with contextlib.suppress(Exception):
                     await client.close()
             s = self.settings
-            client = AmqpClient(s.amqp_host, s.amqp_port, s.credentials.username,
-                                s.credentials.password, vhost)
+            client = factory(s.amqp_host, s.amqp_port, s.credentials.username,
+                             s.credentials.password, vhost)
             try:
                 await client.connect(s.connect_timeout)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await client.close()
                 raise
-            self._clients[vhost] = client
+            clients[vhost] = client
             return client
 
     async def _replay_queue(self, key: QueueKey) -> None:
@@ -515,6 +641,8 @@ class SpoolService:
                 event(log, "spool_replay_started", vhost=vhost, queue=queue, records=records,
                       bytes=nbytes, session=replay.sessions)
                 started = loop.time()
+                records10 = Amqp10Records(lambda: self._client10(vhost),
+                                          self._address(key, replay), s.connect_timeout)
                 try:
                     result = await replay_session(
                         spool, publisher, self._target(key, replay),
@@ -522,8 +650,11 @@ class SpoolService:
                         on_sent=lambda rec: self.controller.forwarded(
                             vhost, frozenset({queue}), len(rec.body)),
                         on_confirmed=lambda n, b: self._confirmed(replay, n, b),
-                        durable_wait=lambda: self._durable, batch_bytes=s.batch_bytes)
+                        durable_wait=lambda: self._durable, batch_bytes=s.batch_bytes,
+                        amqp10=records10, queue_exists=functools.partial(
+                            _queue_exists, client, queue))
                 finally:
+                    await records10.close()
                     await publisher.close()
                 seconds = loop.time() - started
                 failed = result.reason not in ("empty", "queue tripped", "broker alarm",

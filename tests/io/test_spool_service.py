@@ -17,6 +17,7 @@ from pamqp import header as pamqp_header
 from pamqp.commands import Basic
 from prometheus_client import generate_latest
 
+from proxy.amqp10.types import Described, ULong, decode_value, encode
 from proxy.config import AmqpCredentials
 from proxy.devbroker import BrokerEndpoint
 from proxy.gate import FlowController
@@ -169,6 +170,70 @@ def test_replay_in_order_byte_exact_and_confirmed_records_deleted(
     assert started and started[0].__dict__["records"] == 3000
     assert stopped[-1].__dict__["reason"] == "empty"
     assert sum(r.__dict__["replayed"] for r in stopped) == 3000
+
+
+def amqp10_record(n: int, address: str, size: int = 64) -> SpoolRecord:
+    """An AMQP 1.0 message as a client transferred it: properties and one data section."""
+    body = f"msg-{n:06d}|".encode().ljust(size, b"x")
+    message = (encode(Described(ULong(0x73), [f"m{n}", None, None, "subj"]))
+               + encode(Described(ULong(0x75), body)))
+    return SpoolRecord.amqp10_message(0, time.time(), address, 0, message)
+
+
+def body_of(rec: SpoolRecord) -> bytes:
+    """What a 0-9-1 consumer gets of a record (RabbitMQ 3.10: a single data section's bytes)."""
+    if not rec.amqp10:
+        return rec.body
+    _, end = decode_value(rec.body, 0, len(rec.body))  # the properties section
+    section, _ = decode_value(rec.body, end, len(rec.body))
+    assert isinstance(section, Described) and isinstance(section.value, bytes)
+    return section.value
+
+
+@pytest.mark.broker
+def test_replay_keeps_spool_order_across_0_9_1_and_1_0_records(
+        broker: BrokerEndpoint, admin: Admin, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """1.0 records go over AMQP 1.0 (to their address when it routes to exactly the queue,
+    else to /amq/queue/Q), 0-9-1 records over 0-9-1; the queue gets them in spool order."""
+    q = admin.queue(unique("replay10"))
+    other = admin.queue(unique("replay10-other"))
+    fanout = admin.exchange(unique("replay10-fan"), "fanout")
+    admin.ch.queue_bind(q, fanout)
+    admin.ch.queue_bind(other, fanout)
+    key = ("/", q)
+    recs: list[SpoolRecord] = []
+    for i in range(900):
+        if i % 300 == 150:
+            recs.append(amqp10_record(i, f"/exchange/{fanout}/x"))  # reaches other too
+        elif (i // 7) % 2:
+            recs.append(amqp10_record(i, f"/amq/queue/{q}"))
+        else:
+            recs.append(record(i, "", q))
+    recs[401] = amqp10_record(401, f"/amq/queue/{q}", size=400_000)  # several frames
+    fill(tmp_path, key, recs)
+    caplog.set_level(logging.INFO, "floodwall.spool")
+    topology = Topology()
+    for name in (q, other):
+        topology.declare_queue("/", name)
+    topology.declare_exchange("/", fanout, "fanout")
+    topology.bind_queue("/", q, fanout, "")
+    topology.bind_queue("/", other, fanout, "")
+    controller = FlowController(topology, time.monotonic, EMPTY_POLICIES)
+    svc = SpoolService(settings(tmp_path, broker), controller, topology)
+
+    async def body() -> None:
+        await svc.start()
+        await eventually(lambda: svc.manager.spools[key].empty, 60, "the spool to empty")
+        assert svc.replays[key].replayed == len(recs)
+        await svc.stop()
+
+    run(body)
+    got = admin.take(q)
+    assert [b for _, _, b in got] == [body_of(r) for r in recs]
+    assert admin.depth(other) == 0  # the fanout address was not used: rerouted to the queue
+    rerouted = events(caplog, "spool_replay_rerouted")
+    assert len(rerouted) == 1 and rerouted[0].__dict__["protocol"] == "amqp10"
 
 
 @pytest.mark.broker
