@@ -131,8 +131,14 @@ class Sampler:
         return self.seq
 
     def snapshot(self, c: FlowController, ts: float, mono: float,
-                 depth_known: Mapping[QueueKey, bool] | None = None) -> list[Record]:
-        """One ``sample`` per policed queue and one ``sidecar`` record, as of now."""
+                 depth_known: Mapping[QueueKey, bool] | None = None,
+                 spooled: Mapping[QueueKey, int] | None = None) -> list[Record]:
+        """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
+
+        ``spooled``: bytes in each queue's spool not yet confirmed by the broker (none
+        without ``--spool-dir``).
+        """
+        spooled = spooled or {}
         blocked = c.blocked_channels()
         per_queue: dict[QueueKey, int] = {}
         for b in blocked:
@@ -180,7 +186,7 @@ class Sampler:
                 "blocked_publishers": publishers,
                 "held_bytes": round(c.held_bytes * share),
                 "held_messages": round(c.held_messages * share),
-                "spooled_bytes": 0,  # reserved: the spool is not in this build
+                "spooled_bytes": spooled.get(key, 0),
             })
             records.append(rec)
             self._previous[key] = _Previous(mono, d.forwarded_bytes_total,
@@ -196,7 +202,7 @@ class Sampler:
             "blocked_channels": all_blocked,
             "held_bytes": c.held_bytes,
             "held_messages": c.held_messages,
-            "spooled_bytes": 0,
+            "spooled_bytes": sum(spooled.values()),
             "alarm": c.alarm_reason,
             "flow_off_total": c.signals.get("flow_off", 0),
             "flow_on_total": c.signals.get("flow_on", 0),
@@ -230,5 +236,6 @@ class Sampler:
 #: Fields an event record may carry besides the common ones (docs/telemetry.md).
 EVENT_FIELDS = frozenset({
     "policy", "depth_bytes", "depth_messages", "capacity", "resume", "reason", "conn",
-    "channel", "active", "body_bytes", "waited", "answer",
+    "channel", "active", "body_bytes", "waited", "answer", "replayed", "replayed_bytes",
+    "seconds", "records_left", "bytes_left",
 })

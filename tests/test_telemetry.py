@@ -117,6 +117,24 @@ def test_held_bytes_are_shared_by_blocked_channels() -> None:
     assert (b["blocked_publishers"], b["held_bytes"], b["held_messages"]) == (1, 500, 2)
 
 
+def test_spooled_bytes_per_queue_and_in_total() -> None:
+    fc, _ = _controller()
+    a, b, side = Sampler("s").snapshot(fc, 0.0, 0.0, spooled={("/", "orders.b"): 4096})
+    assert (a["spooled_bytes"], b["spooled_bytes"], side["spooled_bytes"]) == (0, 4096, 4096)
+    a, b, side = Sampler("s").snapshot(fc, 0.0, 0.0)  # no spool
+    assert (a["spooled_bytes"], b["spooled_bytes"], side["spooled_bytes"]) == (0, 0, 0)
+
+
+def test_spool_and_replay_events_keep_their_fields() -> None:
+    sampler = Sampler("s")
+    [spool] = sampler.event("spool", {"vhost": "/", "queue": "orders.a"}, 1.0, 1.0)
+    assert (spool["event"], spool["queue"]) == ("spool", "orders.a")
+    fields = {"reason": "empty", "replayed": 7, "replayed_bytes": 700, "seconds": 0.25,
+              "records_left": 0, "bytes_left": 0}
+    [replay] = sampler.event("replay", {"vhost": "/", "queue": "orders.a", **fields}, 2.0, 2.0)
+    assert {k: replay[k] for k in fields} == fields
+
+
 def test_events_become_one_record_per_queue() -> None:
     fc, clock = _controller()
     seen: list[tuple[str, dict[str, object]]] = []

@@ -25,12 +25,14 @@ import itertools
 import logging
 import signal
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client.registry import Collector
 
 from proxy import __version__
 from proxy.config import ProxySettings
+from proxy.gate import QueueKey
 from proxy.io.admin import AdminEndpoints, serve_admin
 from proxy.io.flow import FlowSettings, FlowSupervisor
 from proxy.io.relay import RelayedConnection, RelaySettings
@@ -58,7 +60,7 @@ class Proxy:
             self.flow = FlowSupervisor(FlowSettings.from_proxy_settings(settings), Topology())
         self.telemetry: Telemetry | None = None
         if settings.telemetry_dir is not None and self.flow is not None:
-            self.telemetry = make_telemetry(settings, self.flow)
+            self.telemetry = make_telemetry(settings, self.flow, self._spooled)
         self.spool: SpoolService | None = None
         if settings.spool_dir is not None and self.flow is not None:
             self.spool = make_spool(settings, self.flow)
@@ -123,6 +125,12 @@ class Proxy:
               upstream="{}:{}".format(*self.settings.upstream),
               admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
                      else "off"), event_loop=type(loop).__module__.split(".")[0])
+
+    def _spooled(self) -> Mapping[QueueKey, int]:
+        """Bytes in each queue's spool not yet confirmed by the broker (for telemetry)."""
+        if self.spool is None:
+            return {}
+        return {k: s.pending_bytes for k, s in self.spool.manager.spools.items()}
 
     async def _know_spooled_queues(self) -> None:
         """A queue with spooled backlog must be routed and policed before the first client
@@ -333,14 +341,16 @@ class Proxy:
         return doc
 
 
-def make_telemetry(settings: ProxySettings, flow: FlowSupervisor) -> Telemetry:
+def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
+                   spooled: Callable[[], Mapping[QueueKey, int]] | None = None) -> Telemetry:
     """``--telemetry-dir``: the controller's samples and events, to rotated NDJSON files."""
     assert settings.telemetry_dir is not None
     rotation = RotationPolicy(settings.telemetry_file_bytes, settings.telemetry_file_age,
                               settings.telemetry_total_bytes)
     return Telemetry(TelemetrySettings(settings.telemetry_dir, settings.telemetry_interval,
                                        rotation),
-                     flow.controller, depth_known=lambda: flow.stats.depth_known)
+                     flow.controller, depth_known=lambda: flow.stats.depth_known,
+                     spooled=spooled)
 
 
 def make_spool(settings: ProxySettings, flow: FlowSupervisor) -> SpoolService:

@@ -328,6 +328,7 @@ class SpoolService:
         self._stopping = False
         self._started = False
         self._sync_error_logged: dict[QueueKey, str] = {}
+        self._spooling: set[QueueKey] = set()  # queues whose spool filled since it was empty
         self.collector = SpoolCollector(self)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -423,6 +424,9 @@ class SpoolService:
 
     # -- group commit ------------------------------------------------------------------
     def _appended(self, key: QueueKey) -> None:
+        if key not in self._spooling:  # the queue's spool starts filling: one event
+            self._spooling.add(key)
+            self.controller.emit("spool", {"vhost": key[0], "queue": key[1]})
         self.controller.set_backlog(key, True)
         if self._wake_commit is not None:
             self._wake_commit.set()
@@ -614,6 +618,7 @@ class SpoolService:
             while not self._stopping:
                 spool = self.manager.spools.get(key)
                 if spool is None or spool.empty:
+                    self._spooling.discard(key)
                     self.controller.set_backlog(key, False)  # FIFO holds may go now
                     break
                 why = self.hold_reason(key)
@@ -667,6 +672,11 @@ class SpoolService:
                       rate=round(result.confirmed / seconds) if seconds > 0 else 0,
                       records_left=spool.pending_records, bytes_left=spool.pending_bytes,
                       **({"action": f"records kept; retrying in {backoff}s"} if failed else {}))
+                self.controller.emit("replay", {
+                    "vhost": vhost, "queue": queue, "reason": result.reason,
+                    "replayed": result.confirmed, "replayed_bytes": result.confirmed_bytes,
+                    "seconds": round(seconds, 3), "records_left": spool.pending_records,
+                    "bytes_left": spool.pending_bytes})
                 if failed:
                     replay.last_error = result.reason
                     if result.reason == "returned":

@@ -165,10 +165,12 @@ class Telemetry:
 
     def __init__(self, settings: TelemetrySettings, controller: FlowController,
                  depth_known: Callable[[], Mapping[QueueKey, bool]] | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 spooled: Callable[[], Mapping[QueueKey, int]] | None = None) -> None:
         self.settings = settings
         self.controller = controller
         self.depth_known = depth_known
+        self.spooled = spooled
         self.wall = wall
         self.sampler = Sampler(settings.sidecar, settings.interval)
         self.writer = TelemetryWriter(settings.directory, settings.sidecar, settings.rotation,
@@ -215,8 +217,9 @@ class Telemetry:
         """Snapshot the controller; hand it, with the pending events, to the writer."""
         records, self._events = self._events, []
         known = self.depth_known() if self.depth_known is not None else None
+        spooled = self.spooled() if self.spooled is not None else None
         records.extend(self.sampler.snapshot(self.controller, self.wall(),
-                                             self.controller.clock(), known))
+                                             self.controller.clock(), known, spooled))
         if self.writer.submit(records):
             self._dropping = False
             return

@@ -138,6 +138,8 @@ def test_replay_in_order_byte_exact_and_confirmed_records_deleted(
     topology = Topology()
     topology.declare_queue("/", q)
     controller = FlowController(topology, time.monotonic, EMPTY_POLICIES)
+    seen: list[tuple[str, dict[str, object]]] = []
+    controller.on_event = lambda name, fields: seen.append((name, fields))
     svc = SpoolService(settings(tmp_path, broker), controller, topology)
 
     async def body() -> None:
@@ -170,6 +172,9 @@ def test_replay_in_order_byte_exact_and_confirmed_records_deleted(
     assert started and started[0].__dict__["records"] == 3000
     assert stopped[-1].__dict__["reason"] == "empty"
     assert sum(r.__dict__["replayed"] for r in stopped) == 3000
+    replays = [fields for name, fields in seen if name == "replay"]  # telemetry events
+    assert sum(int(str(f["replayed"])) for f in replays) == 3000
+    assert replays[-1]["reason"] == "empty" and replays[-1]["records_left"] == 0
 
 
 def amqp10_record(n: int, address: str, size: int = 64) -> SpoolRecord:
@@ -404,7 +409,9 @@ policies:
     controller = FlowController(Topology(), time.monotonic, policies)
     owner = Owner(1)
     controller.register(owner)
-    controller.register(OwnerWithoutSpool())  # (an AMQP 1.0 core): skipped
+    controller.register(OwnerWithoutSpool())  # a core without spool_durable: skipped
+    seen: list[tuple[str, dict[str, object]]] = []
+    controller.on_event = lambda name, fields: seen.append((name, fields))
     svc = SpoolService(settings(tmp_path), controller, ready=lambda: False)
     fsynced: list[int] = []
     real = os.fsync
@@ -430,6 +437,9 @@ policies:
         assert time.monotonic() - t0 >= 0.05  # it waited for the group
         assert fsynced  # and fsynced it
         assert svc.commits == 2
+        # one telemetry event per queue whose spool started filling, not one per record
+        assert [(n, f["queue"]) for n, f in seen if n == "spool"] == [("spool", "n"),
+                                                                      ("spool", "g")]
         assert svc.replays == {} or all(r.replayed == 0 for r in svc.replays.values())
         await asyncio.sleep(0.05)
         assert "warming up" in svc.replays[("/", "g")].state
