@@ -80,6 +80,7 @@ from proxy.amqp10.performatives import (
     Role,
     encode_performative,
     performative,
+    uint_bytes,
 )
 from proxy.amqp10.types import Described, Symbol, UInt, ULong, decode_value, encode
 from proxy.gate import ALARM, FlowController, QueueKey
@@ -925,17 +926,6 @@ def _dispositions(fields: list[object], ranges: list[tuple[int, int]], channel: 
     return bytes(out)
 
 
-_UINT0: Final = b"\x43"
-_UINT_BYTES: Final = tuple(bytes((0x52, i)) for i in range(256))
-
-
-def _uint_bytes(value: int) -> bytes:
-    """A uint's most compact encoding, as ``encode(UInt(value))`` gives it."""
-    if value < 256:
-        return _UINT_BYTES[value] if value else _UINT0
-    return b"\x70" + value.to_bytes(4, "big")
-
-
 def grant_flow_body(next_incoming: int | None, incoming_window: int, next_outgoing: int,
                     outgoing_window: int, handle: int, delivery_count: int, link_credit: int,
                     drain: bool) -> bytes:
@@ -944,10 +934,10 @@ def grant_flow_body(next_incoming: int | None, incoming_window: int, next_outgoi
 
     Seven or nine small fields always fit a list8.
     """
-    fields = [b"\x40" if next_incoming is None else _uint_bytes(next_incoming),
-              _uint_bytes(incoming_window), _uint_bytes(next_outgoing),
-              _uint_bytes(outgoing_window), _uint_bytes(handle), _uint_bytes(delivery_count),
-              _uint_bytes(link_credit)]
+    fields = [b"\x40" if next_incoming is None else uint_bytes(next_incoming),
+              uint_bytes(incoming_window), uint_bytes(next_outgoing),
+              uint_bytes(outgoing_window), uint_bytes(handle), uint_bytes(delivery_count),
+              uint_bytes(link_credit)]
     if drain:
         fields += (b"\x40", b"\x41")  # available: null; drain: true
     body = b"".join(fields)

@@ -219,6 +219,33 @@ def encode_performative(code: int, /, **fields: object) -> bytes:
     return encode(performative(code, **fields))
 
 
+_UINT0: Final = b"\x43"
+_UINT_BYTES: Final = tuple(bytes((0x52, i)) for i in range(256))
+
+
+def uint_bytes(value: int) -> bytes:
+    """A uint's most compact encoding, as ``encode(UInt(value))`` gives it."""
+    if value < 256:
+        return _UINT_BYTES[value] if value else _UINT0
+    return b"\x70" + value.to_bytes(4, "big")
+
+
+def transfer_body(handle: int, delivery_id: int, tag: bytes, message_format: int,
+                  more: bool) -> bytes:
+    """The body of an unsettled delivery's first transfer (handle, delivery-id, delivery-tag,
+    message-format, settled false, ``more``): the bytes ``encode_performative`` makes of
+    those fields, without its generic encoder (the spool replayer sends one per record).
+    A tag of up to 32 bytes keeps it a list8."""
+    if len(tag) > 32:
+        return encode_performative(TRANSFER, handle=UInt(handle),
+                                   delivery_id=UInt(delivery_id), delivery_tag=tag,
+                                   message_format=UInt(message_format), settled=False,
+                                   more=more)
+    body = b"".join((uint_bytes(handle), uint_bytes(delivery_id), b"\xa0", bytes((len(tag),)),
+                     tag, uint_bytes(message_format), b"\x42", b"\x41" if more else b"\x42"))
+    return b"\x00\x53\x14\xc0" + bytes((len(body) + 1, 6)) + body
+
+
 # ---------------------------------------------------------------------------------------------
 # Typed views of the rare performatives. Each checks the wire type of the fields it reads:
 # a field of the wrong type, or a missing mandatory one, makes the frame undecodable.

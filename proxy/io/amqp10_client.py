@@ -81,6 +81,7 @@ from proxy.amqp10.performatives import (
     descriptor_code,
     encode_performative,
     performative,
+    transfer_body,
 )
 from proxy.amqp10.types import Array, Described, Symbol, UByte, UInt
 from proxy.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
@@ -229,17 +230,12 @@ def transfer_frames(handle: int, delivery_id: int, tag: bytes, message_format: i
     only the handle and ``more`` (2.7.5 lets them omit the rest). Every frame but the last
     has ``more=true``. An empty message is one frame with an empty payload.
     """
-    first_perf = encode_performative(TRANSFER, handle=UInt(handle), delivery_id=UInt(delivery_id),
-                                     delivery_tag=tag, message_format=UInt(message_format),
-                                     settled=False, more=False)
+    first_perf = transfer_body(handle, delivery_id, tag, message_format, more=False)
     room = max_frame_size - HEADER_SIZE - len(first_perf)
     if len(message) <= room:
         return [frame(first_perf + message, channel)]
     # true and false encode to one byte each: the performative's size does not change.
-    more_first = encode_performative(TRANSFER, handle=UInt(handle),
-                                     delivery_id=UInt(delivery_id), delivery_tag=tag,
-                                     message_format=UInt(message_format), settled=False,
-                                     more=True)
+    more_first = transfer_body(handle, delivery_id, tag, message_format, more=True)
     cont_more = encode_performative(TRANSFER, handle=UInt(handle), more=True)
     cont_last = encode_performative(TRANSFER, handle=UInt(handle), more=False)
     frames = [frame(more_first + message[:room], channel)]

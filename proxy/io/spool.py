@@ -553,12 +553,17 @@ class SpoolService:
         to exactly this queue, else straight to the queue (logged once per queue)."""
         vhost, queue = key
         just_this = frozenset({queue})
+        direct: set[str] = set()  # addresses that name the queue itself (no lookup again)
 
         def address(rec: SpoolRecord) -> str:
-            destination = parse_target(rec.address)
+            given = rec.address
+            if given in direct:
+                return given
+            destination = parse_target(given)
             if destination is not None:
                 if destination.exchange == "" and destination.routing_key == queue:
-                    return rec.address
+                    direct.add(given)
+                    return given
                 subject = None
                 if destination.per_message:
                     found = message_routing(rec.body, 0, len(rec.body))

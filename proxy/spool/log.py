@@ -21,7 +21,6 @@ A rotated-out segment keeps its descriptor until the next ``sync`` has fsynced i
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import threading
@@ -149,7 +148,9 @@ class QueueSpool:
 
     def _append(self, record: SpoolRecord) -> int:
         seq = self.next_seq
-        data = dataclasses.replace(record, seq=seq).encode()
+        data = SpoolRecord(seq, record.accepted_at, record.exchange, record.routing_key,
+                           record.properties, record.body, record.mandatory,
+                           record.amqp10).encode()
         try:
             seg = self._writable_segment(seq)
         except OSError as exc:

@@ -167,3 +167,18 @@ def test_peek_composite_agrees_with_decode_composite_or_declines() -> None:
         assert (fields, stop) == fast
         assert [type(f) for f in fields] == [type(f) for f in fast[0]]
     assert peeked > 300
+
+
+@pytest.mark.parametrize("handle", [0, 1, 255, 256, 2**32 - 1])
+@pytest.mark.parametrize("delivery_id", [0, 7, 300, 2**31])
+@pytest.mark.parametrize("tag", [b"", b"\x00\x00\x00\x01", b"t" * 32, b"t" * 33])
+@pytest.mark.parametrize("more", [False, True])
+def test_transfer_body_is_the_bytes_the_generic_encoder_makes(handle: int, delivery_id: int,
+                                                              tag: bytes, more: bool) -> None:
+    from proxy.amqp10.performatives import TRANSFER, encode_performative, transfer_body
+
+    for message_format in (0, 0x80013700):
+        assert transfer_body(handle, delivery_id, tag, message_format, more) == \
+            encode_performative(TRANSFER, handle=UInt(handle), delivery_id=UInt(delivery_id),
+                                delivery_tag=tag, message_format=UInt(message_format),
+                                settled=False, more=more)
