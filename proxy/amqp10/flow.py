@@ -177,6 +177,7 @@ class SenderLink:
     # its queue is released.
     spool_refused: bool = False
     message_to: str = ""  # an anonymous link's current message: its ``to``
+    id_shift: int = 0  # client - broker delivery-id of its current delivery
     not_spooled_reported: bool = False
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
@@ -479,8 +480,8 @@ class CreditFlow:
             return None
         handle = _uint(fields, 0, "transfer.handle")
         link = session.links.get(handle) if handle is not None else None
-        if not isinstance(link, SenderLink):
-            return self._renumbered(session, fields, payload, start, end, channel)
+        if not isinstance(link, SenderLink):  # a transaction coordinator's, say
+            return self._renumbered(session.ids.dropped, fields, payload, start, end, channel)
         if link.detaching:
             session.dropped_frames += 1
             if not link.in_delivery:
@@ -503,6 +504,9 @@ class CreditFlow:
                 blocking = self.controller.blocking(self.vhost, queues)
                 if blocking:
                     self._consume(session, link, fields, blocking)
+            # The broker numbers this delivery by the drops before it, also if one happens
+            # on another link between its frames (a continuation may repeat its id).
+            link.id_shift = session.ids.dropped
         link.in_delivery = more and not aborted
         if link.dropping:
             session.dropped_frames += 1
@@ -517,8 +521,9 @@ class CreditFlow:
                         self._spool(session, link)
         else:
             link.delivery_bytes += end - start
-            if session.ids.dropped:
-                replacement = self._renumbered(session, fields, payload, start, end, channel)
+            if link.id_shift:
+                replacement = self._renumbered(link.id_shift, fields, payload, start, end,
+                                               channel)
         if not link.in_delivery:
             if not link.dropping and not aborted:
                 link.deliveries += 1
@@ -566,15 +571,16 @@ class CreditFlow:
         link.credit.dropped()
         self._drop_delivery(session, fields)
 
-    def _renumbered(self, session: SessionGate, fields: list[object], payload: bytes,
-                    start: int, end: int, channel: int) -> bytes | None:
-        """A forwarded transfer with the broker's delivery-id (None: unchanged)."""
-        if not session.ids.dropped or len(fields) < 2 or fields[1] is None:
+    def _renumbered(self, shift: int, fields: list[object], payload: bytes, start: int,
+                    end: int, channel: int) -> bytes | None:
+        """A forwarded transfer with the broker's delivery-id, its client id less ``shift``
+        (None: unchanged)."""
+        if not shift or len(fields) < 2 or fields[1] is None:
             return None
         delivery_id = _uint(fields, 1, "transfer.delivery-id")
         assert delivery_id is not None
         fields = list(fields)
-        fields[1] = UInt(session.ids.to_broker(delivery_id))
+        fields[1] = UInt(serial_add(delivery_id, -shift))
         return frame(encode_performative_fields(TRANSFER, fields) + payload[start:end], channel)
 
     def on_server_transfer(self, channel: int, fields: list[object]) -> None:

@@ -216,3 +216,23 @@ def test_without_a_spool_the_link_is_held_by_credit(tmp_path: Path) -> None:
     frame = s.send(CAPPED_H)
     to_server, to_client = s.take()
     assert to_server == frame and credit_seen(to_client, 7, 1) == 0
+
+
+def test_a_drop_between_the_frames_of_another_links_delivery_keeps_its_id(
+        tmp_path: Path) -> None:
+    """Deliveries of two links interleave on one session: a continuation that repeats its
+    delivery-id keeps the broker id its first frame got, whatever was dropped meanwhile."""
+    s = spooling(tmp_path)
+    s.send(CAPPED_H)  # client id 0: spooled, so the free link's next delivery is the broker's 0
+    body = message(300)
+    s.client(transfer(0, FREE_H, 1, body[:100], more=True))
+    s.client(transfer(0, CAPPED_H, 2, message(10)))  # spooled between the free link's frames
+    s.client(amqp(TRANSFER, 0, body[100:], handle=UInt(FREE_H), delivery_id=UInt(1),
+                  more=False))
+    to_server, _ = s.take()
+    forwarded = [f for code, f in performatives(to_server) if code == TRANSFER]
+    assert [(num(f[0]), num(f[1])) for f in forwarded] == [(FREE_H, 0), (FREE_H, 0)]
+    s.next_id = 3
+    s.send(FREE_H)  # client id 3: two dropped before it
+    to_server, _ = s.take()
+    assert [num(f[1]) for code, f in performatives(to_server) if code == TRANSFER] == [1]
