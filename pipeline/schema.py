@@ -49,6 +49,9 @@ _FIELDS: list[tuple[str, DataType]] = [
     ("event", StringType()), ("reason", StringType()), ("conn", LongType()),
     ("channel", LongType()), ("active", BooleanType()), ("body_bytes", LongType()),
     ("waited", DoubleType()), ("answer", StringType()),
+    # event: replay (a spool's replay session)
+    ("replayed", LongType()), ("replayed_bytes", LongType()), ("seconds", DoubleType()),
+    ("records_left", LongType()), ("bytes_left", LongType()),
 ]
 
 #: Telemetry v1 as read: every field nullable, plus the corrupt-record column.
