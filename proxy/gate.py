@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -102,7 +103,9 @@ class FlowController:
         # Counters the protocol cores keep up to date (plain ints: read at scrape time).
         self.held_bytes = 0  # body bytes of publishes held right now, all connections
         self.held_messages = 0
-        self.signals: dict[str, int] = {"flow_off": 0, "flow_on": 0}
+        # Flow signals sent to clients by (protocol, "flow_off" | "flow_on"): 0-9-1's
+        # Channel.Flow, 1.0's link credit withheld or restored; see signalled().
+        self.signals: Counter[tuple[str, str]] = Counter()
         self.rejects = 0  # publishes refused under overflow: reject
         self.deadline_expiries = 0  # publishes refused because they waited too long
         self.spooled_records = 0  # publishes written to the spool instead of held
@@ -110,6 +113,14 @@ class FlowController:
         self.spool_fallbacks = 0  # spool said no (limits, disk): held instead
         # Observer of trips, releases, holds, signals and refusals (telemetry); None: off.
         self.on_event: Callable[[str, dict[str, object]], None] | None = None
+
+    def signalled(self, protocol: str, active: bool) -> None:
+        """A ``protocol`` core told a client to stop (False) or resume (True) publishing."""
+        self.signals[(protocol, "flow_on" if active else "flow_off")] += 1
+
+    def signal_total(self, kind: str) -> int:
+        """Signals of ``kind`` ("flow_off" or "flow_on") sent so far, every protocol."""
+        return sum(n for (_, k), n in self.signals.items() if k == kind)
 
     def emit(self, name: str, fields: dict[str, object]) -> None:
         """Tell the observer, if any (``on_event``), about one event."""

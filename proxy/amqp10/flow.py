@@ -647,7 +647,7 @@ class CreditFlow:
         return True
 
     def _signalled(self, link: SenderLink, active: bool) -> None:
-        self.controller.signals["flow_on" if active else "flow_off"] += 1
+        self.controller.signalled(PROTOCOL, active)
         event(log, "publisher_signalled", conn=self.conn_id, channel=link.ref, link=link.name,
               active=active, protocol=PROTOCOL)
         self.controller.emit("signal", {"vhost": self.vhost, "conn": self.conn_id,
