@@ -20,6 +20,7 @@ next sample brings it back down. All times are the caller's monotonic clock, in 
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
@@ -71,18 +72,18 @@ class QueueDepth:
     _base: Depth | None = None  # depth per the newest sample ...
     _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
     _base_messages_mark: int = 0
+    rebases: int = 0  # goes up each time a sample moves the base: equal values, same base
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int) -> None:
         """The proxy forwarded one publish to this queue."""
-        self.forwarded_bytes_total += body_bytes
-        self.forwarded_messages_total += 1
-        entry = (now, self.forwarded_bytes_total, self.forwarded_messages_total)
+        total_bytes = self.forwarded_bytes_total = self.forwarded_bytes_total + body_bytes
+        total_messages = self.forwarded_messages_total = self.forwarded_messages_total + 1
         ledger = self._ledger
-        if ledger and now - ledger[-1][0] < LEDGER_BUCKET:
-            ledger[-1] = (ledger[-1][0], entry[1], entry[2])
+        if ledger and now - (last := ledger[-1][0]) < LEDGER_BUCKET:
+            ledger[-1] = (last, total_bytes, total_messages)
         else:
-            ledger.append(entry)
+            ledger.append((now, total_bytes, total_messages))
 
     def delivered(self, count: int = 1) -> None:
         """The broker delivered messages from this queue through the proxy (telemetry)."""
@@ -119,6 +120,24 @@ class QueueDepth:
         return Depth(base.bytes + self.forwarded_bytes_total - self._base_bytes_mark,
                      base.messages + self.forwarded_messages_total - self._base_messages_mark)
 
+    def headroom(self, max_bytes: int | None, max_messages: int | None
+                 ) -> tuple[float, float] | None:
+        """The ledger totals (bytes, messages) up to which the estimate stays within
+        ``max_bytes`` / ``max_messages`` (None: no such limit, ``inf``), until the next
+        rebase (``rebases``); None when the depth is unknown.
+
+        ``estimate().bytes <= max_bytes`` exactly when ``forwarded_bytes_total`` is at most
+        the first figure, and the same for messages: a caller can compare the running totals
+        with these instead of making an estimate per publish.
+        """
+        base = self._base
+        if base is None:
+            return None
+        return (math.inf if max_bytes is None
+                else max_bytes - base.bytes + self._base_bytes_mark,
+                math.inf if max_messages is None
+                else max_messages - base.messages + self._base_messages_mark)
+
     def broker_depth(self) -> Depth | None:
         """The broker's own last word (management API), unadjusted."""
         m = self.management
@@ -154,6 +173,7 @@ class QueueDepth:
         else:
             return
         self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)
+        self.rebases += 1
         self._trim(since - LEDGER_HORIZON)
 
     def _totals_before(self, t: float) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from proxy.depth import Depth
 from proxy.gate import ALARM, FlowController, QueueKey
+from proxy.metrics import PROTOCOLS
 from proxy.policy import PolicySet
 
 #: ``ManagementError.kind`` values, always exported (as 0 until they happen).
@@ -125,9 +126,12 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
                                 value=c.held_messages)
         signals = CounterMetricFamily(
-            "floodwall_flow_signals", "Channel.Flow frames sent to clients", labels=["active"])
-        signals.add_metric(["false"], c.signals.get("flow_off", 0))
-        signals.add_metric(["true"], c.signals.get("flow_on", 0))
+            "floodwall_flow_signals",
+            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
+            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
+        for proto in sorted({*PROTOCOLS, *(p for p, _ in c.signals)}):
+            signals.add_metric([proto, "false"], c.signals[(proto, "flow_off")])
+            signals.add_metric([proto, "true"], c.signals[(proto, "flow_on")])
         yield signals
         yield CounterMetricFamily("floodwall_rejected_publishes",
                                   "Publishes refused under overflow: reject", value=c.rejects)

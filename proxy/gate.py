@@ -10,6 +10,8 @@ when a channel of theirs is free again.
 from __future__ import annotations
 
 import logging
+import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,6 +25,9 @@ log = logging.getLogger("floodwall.gate")
 QueueKey = tuple[str, str]  # (vhost, queue)
 #: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
 ALARM: QueueKey = ("", "broker resource alarm")
+_NOTHING: frozenset[QueueKey] = frozenset()
+#: Sets of queue names whose policed members ``FlowController.policed`` keeps.
+POLICED_CACHE_SIZE = 4096
 
 
 class ChannelOwner(Protocol):
@@ -46,6 +51,14 @@ class PolicedQueue:
     tripped_seconds: float = 0.0  # closed trip intervals; see seconds_tripped()
     trips: int = 0
     exists: bool = True
+    # The publish path's shortcut (``FlowController.forwarded``): while the queue is not
+    # tripped, its policy and its depth's base are those of the last evaluation
+    # (``armed_*``) and the ledger totals are at most ``quiet_*``, an evaluation would
+    # decide "not tripped" again, so none is made. -1: evaluate (nothing armed yet).
+    quiet_bytes: float = field(default=-1.0, compare=False, repr=False)
+    quiet_messages: float = field(default=-1.0, compare=False, repr=False)
+    armed_rebases: int = field(default=-1, compare=False, repr=False)
+    armed_policy: Policy | None = field(default=None, compare=False, repr=False)
 
     def seconds_tripped(self, now: float) -> float:
         open_interval = now - self.tripped_since if self.tripped_since is not None else 0.0
@@ -78,6 +91,8 @@ class FlowController:
         self.clock = clock
         self.policies = policies
         self.queues: dict[QueueKey, PolicedQueue] = {}
+        # policed(): the policed keys among a set of queue names, until ``queues`` changes.
+        self._policed_among: dict[tuple[str, frozenset[str]], frozenset[QueueKey]] = {}
         self._tripped: set[QueueKey] = set()
         # Queues with spooled backlog: what cannot join the spool waits behind it (FIFO).
         self._backlogged: set[QueueKey] = set()
@@ -88,7 +103,9 @@ class FlowController:
         # Counters the protocol cores keep up to date (plain ints: read at scrape time).
         self.held_bytes = 0  # body bytes of publishes held right now, all connections
         self.held_messages = 0
-        self.signals: dict[str, int] = {"flow_off": 0, "flow_on": 0}
+        # Flow signals sent to clients by (protocol, "flow_off" | "flow_on"): 0-9-1's
+        # Channel.Flow, 1.0's link credit withheld or restored; see signalled().
+        self.signals: Counter[tuple[str, str]] = Counter()
         self.rejects = 0  # publishes refused under overflow: reject
         self.deadline_expiries = 0  # publishes refused because they waited too long
         self.spooled_records = 0  # publishes written to the spool instead of held
@@ -96,6 +113,14 @@ class FlowController:
         self.spool_fallbacks = 0  # spool said no (limits, disk): held instead
         # Observer of trips, releases, holds, signals and refusals (telemetry); None: off.
         self.on_event: Callable[[str, dict[str, object]], None] | None = None
+
+    def signalled(self, protocol: str, active: bool) -> None:
+        """A ``protocol`` core told a client to stop (False) or resume (True) publishing."""
+        self.signals[(protocol, "flow_on" if active else "flow_off")] += 1
+
+    def signal_total(self, kind: str) -> int:
+        """Signals of ``kind`` ("flow_off" or "flow_on") sent so far, every protocol."""
+        return sum(n for (_, k), n in self.signals.items() if k == kind)
 
     def emit(self, name: str, fields: dict[str, object]) -> None:
         """Tell the observer, if any (``on_event``), about one event."""
@@ -127,6 +152,7 @@ class FlowController:
         if policy is None:
             return None
         q = self.queues[key] = PolicedQueue(key, policy)
+        self._policed_among.clear()
         return q
 
     def queue_deleted(self, key: QueueKey) -> None:
@@ -135,6 +161,7 @@ class FlowController:
 
     def _unpolice(self, key: QueueKey) -> None:
         q = self.queues.pop(key)
+        self._policed_among.clear()
         if q.tripped:
             self._set_tripped(q, False, "no longer policed")
 
@@ -143,11 +170,24 @@ class FlowController:
                      headers: dict[str, object] | None = None) -> frozenset[str]:
         return self.router.route(vhost, exchange, routing_key, headers)
 
+    def policed(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """The policed queues among ``queues`` (the answer for a set is kept until a queue
+        starts or stops being policed: routes are the same frozensets publish after publish)."""
+        known = self._policed_among
+        found = known.get((vhost, queues))
+        if found is None:
+            policed = self.queues
+            found = frozenset(k for name in queues if (k := (vhost, name)) in policed)
+            if len(known) >= POLICED_CACHE_SIZE:
+                known.clear()
+            known[(vhost, queues)] = found
+        return found
+
     def blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
         """The tripped queues among ``queues`` (plus ALARM while the broker has one)."""
         tripped, backlogged = self._tripped, self._backlogged
         if not tripped and not backlogged:
-            return frozenset()
+            return _NOTHING
         found = {(vhost, q) for q in queues
                  if (vhost, q) in tripped or (vhost, q) in backlogged}
         if ALARM in tripped:
@@ -155,15 +195,26 @@ class FlowController:
         return frozenset(found)
 
     def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int) -> None:
-        """A publish went to the broker; book it on each policed queue it lands in."""
-        if not self.queues:
+        """A publish went to the broker; book it on each policed queue it lands in.
+
+        A queue that is not tripped is evaluated only when the publish takes its ledger past
+        the totals at which the decision could change (``PolicedQueue.quiet_*``), or when
+        its depth or policy changed since the last evaluation: the decisions are the ones
+        an evaluation per publish makes.
+        """
+        policed = self.queues
+        if not policed:
             return
         now = self.clock()
         for name in queues:
-            q = self.queues.get((vhost, name))
+            q = policed.get((vhost, name))
             if q is not None:
-                q.depth.forwarded(now, body_bytes)
-                if not q.tripped:
+                depth = q.depth
+                depth.forwarded(now, body_bytes)
+                if not q.tripped and (depth.forwarded_bytes_total > q.quiet_bytes
+                                      or depth.forwarded_messages_total > q.quiet_messages
+                                      or depth.rebases != q.armed_rebases
+                                      or q.policy is not q.armed_policy):
                     self._evaluate(q)
 
     # -- blocking ----------------------------------------------------------------------
@@ -262,6 +313,29 @@ class FlowController:
             self._apply(q, decide(q.policy, None, None, q.tripped))
         else:
             self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped))
+        self._arm(q)
+
+    @staticmethod
+    def _arm(q: PolicedQueue) -> None:
+        """Set ``q.quiet_*`` for its policy and its depth's current base.
+
+        Not tripped, with a known depth, ``decide`` trips only when bytes > capacity (if
+        any) or messages > max_messages (if any): the ledger totals that keep both within
+        are the depth's ``headroom``. With the depth unknown it ignores the ledger: an
+        untripped queue stays so (on_unknown_depth keep or allow) or trips at once (block:
+        evaluate every publish).
+        """
+        policy = q.policy
+        limits = policy.limits
+        depth = q.depth
+        headroom = depth.headroom(limits.capacity if limits.capacity > 0 else None,
+                                  limits.max_messages)
+        if headroom is None:
+            quiet = -1.0 if decide(limits, None, None, False) else math.inf
+            headroom = (quiet, quiet)
+        q.quiet_bytes, q.quiet_messages = headroom
+        q.armed_rebases = depth.rebases
+        q.armed_policy = policy
 
     def _apply(self, q: PolicedQueue, tripped: bool) -> None:
         if tripped != q.tripped:

@@ -80,3 +80,33 @@ def test_the_in_flight_margin_follows_the_probes_round_trip() -> None:
     slow.sampled_ready_count(10.0, ready=2, rtt=0.2)  # margin 400 ms: both counted again
     assert fast.estimate() == Depth(300, 3)
     assert slow.estimate() == Depth(400, 4)
+
+
+def test_headroom_is_where_the_estimate_crosses_the_limits() -> None:
+    import math
+
+    q = QueueDepth()
+    assert q.headroom(1000, 10) is None  # depth unknown
+    q.forwarded(0.0, 100)
+    q.sampled_management(_mgmt(10.0, ready=5))  # 500 bytes, 5 messages
+    rebases = q.rebases
+    headroom = q.headroom(1000, 8)
+    assert headroom is not None
+    max_bytes_total, max_messages_total = headroom
+    while q.forwarded_messages_total < max_messages_total:
+        q.forwarded(10.5, 100)
+        est = q.estimate()
+        assert est is not None and est.messages <= 8 and est.bytes <= 1000
+    q.forwarded(10.5, 100)
+    est = q.estimate()
+    assert est is not None and est.messages == 9  # one past the limit: past the headroom
+    assert q.forwarded_messages_total > max_messages_total
+    for over in (False, True):  # bytes: 1000 is at the limit, 1100 past it
+        q.forwarded(10.5, 100)
+        est = q.estimate()
+        assert est is not None and (est.bytes > 1000) is over
+        assert (q.forwarded_bytes_total > max_bytes_total) is over
+    assert q.headroom(None, None) == (math.inf, math.inf)
+    assert q.rebases == rebases
+    q.sampled_ready_count(11.0, 0)
+    assert q.rebases == rebases + 1

@@ -6,14 +6,15 @@ from proxy.depth import ManagementSample
 from proxy.gate import ALARM, FlowController
 from proxy.policy import parse_policies
 
-POLICIES = parse_policies("""
+POLICIES_TEXT = """
 version: 1
 policies:
   - name: orders
     match: {vhost: "/", queue: "orders.*"}
     capacity: 1000
     resume: 500
-""")
+"""
+POLICIES = parse_policies(POLICIES_TEXT)
 
 
 class Clock:
@@ -148,3 +149,110 @@ def test_closing_a_connection_forgets_its_channels() -> None:
     assert fc.blocked_channels() == []
     fc.sampled_management(("/", "orders.a"), _empty(clock.t))
     assert owner.released == []
+
+
+class EveryPublish(FlowController):
+    """The gate as it was before the publish path's shortcut: an evaluation per publish."""
+
+    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int) -> None:
+        if not self.queues:
+            return
+        now = self.clock()
+        for name in queues:
+            q = self.queues.get((vhost, name))
+            if q is not None:
+                q.depth.forwarded(now, body_bytes)
+                if not q.tripped:
+                    self._evaluate(q)
+
+
+MIXED = """
+version: 1
+policies:
+  - {name: bytes, match: {vhost: "/", queue: "b"}, capacity: 3000, resume: 1000}
+  - {name: count, match: {vhost: "/", queue: "m"}, max_messages: 20, resume_messages: 5}
+  - {name: both, match: {vhost: "/", queue: "bm"}, capacity: 4000, max_messages: 30,
+     on_unknown_depth: block}
+  - {name: open, match: {vhost: "/", queue: "u"}, capacity: 2000, on_unknown_depth: allow}
+"""
+TIGHTER = MIXED.replace("capacity: 3000, resume: 1000", "capacity: 1500, resume: 700")
+
+
+def test_the_publish_shortcut_decides_as_an_evaluation_per_publish_does() -> None:
+    import random
+
+    rng = random.Random(4)
+    queues = ["b", "m", "bm", "u", "free"]
+    policy_files = [parse_policies(MIXED), parse_policies(TIGHTER)]
+    trips = 0
+    for trial in range(40):
+        clocks = Clock(), Clock()
+        gates = (FlowController(Router(), clocks[0], policy_files[0]),
+                 EveryPublish(Router(), clocks[1], policy_files[0]))
+        for fc in gates:
+            for name in queues:
+                fc.queue_seen(("/", name))
+        seen: list[list[frozenset[tuple[str, str]]]] = [[], []]
+        for _ in range(300):
+            step = rng.random()
+            key = ("/", rng.choice(queues))
+            names = frozenset(rng.sample(queues, rng.randint(1, 3)))
+            size = rng.choice([0, 1, 50, 200, 999])
+            ready, rtt = rng.randint(0, 30), rng.choice([None, 0.001, 0.1])
+            sample = ManagementSample(clocks[0].t - rng.random(), ready, rng.randint(0, 3),
+                                      ready * 100, ready * 90, rng.randint(0, 300))
+            policies = rng.choice(policy_files)
+            for i, fc in enumerate(gates):
+                clocks[i].t += 0.003
+                if step < 0.80:
+                    fc.forwarded("/", names, size)
+                elif step < 0.88:
+                    fc.sampled_ready_count(key, clocks[i].t - 0.01, ready, rtt)
+                elif step < 0.95:
+                    fc.sampled_management(key, sample)
+                elif step < 0.97:
+                    fc.depth_unknown(key)
+                elif step < 0.98 and key in fc.queues:  # behind the controller's back
+                    fc.queues[key].depth.sampled_management(sample)
+                else:
+                    fc.set_policies(policies, [("/", q) for q in queues])
+                seen[i].append(fc.tripped)
+        assert seen[0] == seen[1], f"trial {trial}"
+        trips += sum(q.trips for q in gates[0].queues.values())
+        assert [q.trips for q in gates[0].queues.values()] == \
+            [q.trips for q in gates[1].queues.values()]
+    assert trips > 100  # the runs did cross limits, many times
+
+
+def test_a_sample_or_a_new_policy_is_taken_into_account_by_the_next_publish() -> None:
+    fc, clock = _controller()
+    clock.t += 1
+    fc.forwarded("/", frozenset({"orders.a"}), 900)
+    clock.t += 1
+    # the broker has 999 bytes: one more is at capacity, the next one over it
+    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t, 9, 0, 999, 999, 0))
+    fc.forwarded("/", frozenset({"orders.a"}), 1)
+    assert fc.tripped == frozenset()
+    fc.forwarded("/", frozenset({"orders.a"}), 1)
+    assert fc.tripped == {("/", "orders.a")}
+    clock.t += 1
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t))
+    assert fc.tripped == frozenset()
+    clock.t += 1
+    fc.forwarded("/", frozenset({"orders.a"}), 300)
+    assert fc.tripped == frozenset()
+    tighter = parse_policies(POLICIES_TEXT.replace("capacity: 1000", "capacity: 200")
+                             .replace("resume: 500", "resume: 100"))
+    fc.set_policies(tighter, [])
+    assert fc.tripped == {("/", "orders.a")}  # 300 > 200
+
+
+def test_policed_answers_follow_the_queues_that_are_policed() -> None:
+    fc, _ = _controller()
+    names = frozenset({"orders.a", "orders.c", "free"})
+    assert fc.policed("/", names) == {("/", "orders.a")}
+    fc.queue_seen(("/", "orders.c"))
+    assert fc.policed("/", names) == {("/", "orders.a"), ("/", "orders.c")}
+    fc.queue_deleted(("/", "orders.a"))
+    assert fc.policed("/", names) == {("/", "orders.c")}
+    assert fc.policed("other", names) == frozenset()

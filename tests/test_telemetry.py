@@ -97,6 +97,12 @@ def test_samples_carry_depth_ingress_and_trips() -> None:
     assert (side["vhost"], side["queue"], side["held_bytes"], side["blocked_channels"]) == (
         "", "", 800, 1)
     assert side["tripped_queues"] == 1
+    assert (side["flow_off_total"], side["flow_on_total"]) == (0, 0)
+    fc.signalled("amqp091", False)
+    fc.signalled("amqp10", False)
+    fc.signalled("amqp10", True)
+    side = sampler.snapshot(fc, 1_001.5, clock.t)[-1]
+    assert (side["flow_off_total"], side["flow_on_total"]) == (2, 1)  # both protocols
     # The next interval counts only what came since.
     clock.t += 1.0
     a2 = sampler.snapshot(fc, 1_002.5, clock.t)[0]

@@ -31,6 +31,7 @@ from proxy.spool.records import SpoolRecord
 
 log = logging.getLogger("floodwall.flow")
 
+PROTOCOL: Final = "amqp091"
 _B = commands.Basic
 _CH = commands.Channel
 _SHORT = struct.Struct(">H")
@@ -569,7 +570,7 @@ class PublishFlow:
         self._to_client(encode_method(_CH.Flow(active=active), ch.channel))
         ch.flow_replies += 1
         ch.signalled_off = not active
-        self.controller.signals["flow_on" if active else "flow_off"] += 1
+        self.controller.signalled(PROTOCOL, active)
         event(log, "publisher_signalled", conn=self.conn_id, channel=ch.channel,
               active=active)
         self.controller.emit("signal", {"vhost": self.vhost, "conn": self.conn_id,

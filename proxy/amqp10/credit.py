@@ -121,9 +121,24 @@ class SenderCredit:
         return LinkFlow(self.delivery_count, credit, self.drain)
 
     def wants_top_up(self, window: int) -> bool:
-        """True when the client is down to half the window and the broker allows more."""
-        left = self.client_credit
-        return left * 2 <= window and self.broker_credit > left
+        """True when the client is down to half the window and the broker allows more.
+
+        ``client_credit`` and ``broker_credit`` worked out inline (asked after every transfer).
+        """
+        count = self.delivery_count
+        granted = self.granted
+        left = 0
+        if granted is not None:
+            d = (granted - count) & MASK
+            if d <= HALF:  # serial_diff(granted, count) >= 0
+                left = d
+        if left * 2 > window:
+            return False
+        limit = self.broker_limit
+        if limit is None:
+            return False
+        d = (limit - count) & MASK
+        return d <= HALF and d > left
 
     # -- what the client does -----------------------------------------------------------------
     def transfer(self) -> bool:
@@ -132,8 +147,11 @@ class SenderCredit:
         False when the client had no credit for it: it was at or past every limit the proxy
         ever granted (2.6.7: the receiver may then detach with transfer-limit-exceeded).
         """
-        within = self.high_water is not None and serial_lt(self.delivery_count, self.high_water)
-        self.delivery_count = serial_add(self.delivery_count, 1)
+        count = self.delivery_count
+        high_water = self.high_water
+        # serial_lt(count, high_water), inline: this runs for every delivery.
+        within = high_water is not None and (count - high_water) & MASK > HALF
+        self.delivery_count = (count + 1) & MASK
         return within
 
     def dropped(self) -> None:

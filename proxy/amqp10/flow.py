@@ -116,7 +116,9 @@ def link_ref(channel: int, handle: int) -> int:
 
 def window_for(message_bytes: int) -> int:
     """Credit for one policed link: WINDOW_BYTES of messages, at least 1, at most MAX_WINDOW."""
-    return max(1, min(MAX_WINDOW, WINDOW_BYTES // max(1, message_bytes)))
+    if message_bytes <= WINDOW_BYTES // MAX_WINDOW:  # sizes up to 256 (and 0): the most
+        return MAX_WINDOW
+    return WINDOW_BYTES // message_bytes or 1
 
 
 def message_routing(payload: bytes, pos: int, end: int) -> tuple[str | None, str | None] | None:
@@ -488,8 +490,9 @@ class CreditFlow:
                 self._drop_delivery(session, fields)
             link.in_delivery = _flag(fields, 5, "transfer.more")
             return b""
-        more = _flag(fields, 5, "transfer.more")
-        aborted = _flag(fields, 9, "transfer.aborted")
+        count = len(fields)  # most transfers end before more (5) and aborted (9)
+        more = count > 5 and _flag(fields, 5, "transfer.more")
+        aborted = count > 9 and _flag(fields, 9, "transfer.aborted")
         first = not link.in_delivery
         replacement: bytes | None = None
         if first:
@@ -750,7 +753,7 @@ class CreditFlow:
             return _NO_KEYS
         if names is None:
             names = self._queues(link)
-        return frozenset(k for name in names if (k := (self.vhost, name)) in queues)
+        return self.controller.policed(self.vhost, names)
 
     def _window(self, link: SenderLink, names: frozenset[str] | None = None) -> int | None:
         """The link's credit cap, or None when nothing it sends to is policed.
@@ -823,7 +826,7 @@ class CreditFlow:
         return True
 
     def _signalled(self, link: SenderLink, active: bool) -> None:
-        self.controller.signals["flow_on" if active else "flow_off"] += 1
+        self.controller.signalled(PROTOCOL, active)
         event(log, "publisher_signalled", conn=self.conn_id, channel=link.ref, link=link.name,
               active=active, protocol=PROTOCOL)
         self.controller.emit("signal", {"vhost": self.vhost, "conn": self.conn_id,

@@ -147,24 +147,21 @@ def peek_composite(buf: bytes, pos: int, end: int) -> tuple[list[object], int] |
             return None
         c = buf[p]
         p += 1
-        if c == 0x40:
-            append(None)
-        elif c == 0x52:  # smalluint
-            if p >= stop:
-                return None
-            append(uints[buf[p]])
-            p += 1
+        # The commonest first: a transfer is uint0 or smalluint, uint, vbin8, uint0, false.
+        if c == 0x43:  # uint0
+            append(uints[0])
         elif c == 0x70:  # uint
             if p + 4 > stop:
                 return None
             append(UInt(_UNPACK_U32(buf, p)[0]))
             p += 4
-        elif c == 0x43:  # uint0
-            append(uints[0])
+        elif c == 0x52:  # smalluint
+            if p >= stop:
+                return None
+            append(uints[buf[p]])
+            p += 1
         elif c == 0x42:
             append(False)
-        elif c == 0x41:
-            append(True)
         elif c == 0xA0:  # vbin8
             if p >= stop:
                 return None
@@ -173,6 +170,10 @@ def peek_composite(buf: bytes, pos: int, end: int) -> tuple[list[object], int] |
                 return None
             append(buf[p + 1 : n])
             p = n
+        elif c == 0x40:
+            append(None)
+        elif c == 0x41:
+            append(True)
         elif c == 0x50:  # ubyte
             if p >= stop:
                 return None

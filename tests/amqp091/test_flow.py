@@ -245,7 +245,7 @@ def test_unknown_and_breaking_clients_are_never_signalled() -> None:
     s.trip()
     s.core.receive_from_client(pub(1, "capped"))
     assert s.core.data_for_client() == b""
-    assert s.fc.signals["flow_off"] == 0
+    assert s.fc.signal_total("flow_off") == 0
 
 
 def test_connection_close_waits_behind_held_publishes() -> None:

@@ -229,3 +229,26 @@ def test_delivery_ids_without_drops_are_the_identity() -> None:
     assert ids.to_broker(5) == 5
     assert ids.client_ranges(3, 9) == [(3, 9)]
     assert ids.broker_ranges(3, 9) == [(3, 9)]
+
+
+def test_the_per_transfer_checks_agree_with_the_credit_figures() -> None:
+    """``wants_top_up`` and ``transfer`` work the serial arithmetic out inline: they must
+    say what ``client_credit``, ``broker_credit`` and ``serial_lt`` say, wrap included."""
+    import random
+
+    rng = random.Random(1982)
+    edges = [0, 1, 2, HALF - 1, HALF, HALF + 1, MASK - 1, MASK]
+    for _ in range(20_000):
+        count = rng.choice([rng.randrange(MASK + 1), rng.choice(edges)])
+
+        near = [None if rng.random() < 0.1 else serial_add(count, rng.choice(
+            [rng.randint(-300, 300), HALF, HALF + 1, -HALF, rng.randrange(MASK + 1)]))
+            for _ in range(3)]
+        credit = SenderCredit(count, broker_limit=near[0], granted=near[1], high_water=near[2])
+        window = rng.choice([0, 1, 2, 16, 63, 64, 256])
+        left = credit.client_credit
+        assert credit.wants_top_up(window) is (left * 2 <= window
+                                               and credit.broker_credit > left)
+        high_water = credit.high_water
+        assert credit.transfer() is (high_water is not None and serial_lt(count, high_water))
+        assert credit.delivery_count == serial_add(count, 1)

@@ -301,7 +301,7 @@ def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -
     assert s.notified == 1
     assert credit_seen(to_client, 7, n) > 0
     assert s.fc.blocked_channels() == []
-    assert s.fc.signals == {"flow_off": 1, "flow_on": 1}
+    assert s.fc.signals == {("amqp10", "flow_off"): 1, ("amqp10", "flow_on"): 1}
 
 
 def test_a_link_attached_while_its_queue_is_tripped_gets_no_credit() -> None:

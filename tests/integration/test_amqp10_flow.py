@@ -299,7 +299,8 @@ def test_seed_scenario_rhea_sender_proton_receiver(broker: BrokerEndpoint, start
     assert watch.max_message_bytes <= TARGET, watch.max_message_bytes
     assert watch.tripped_seen
     assert flow.metric("floodwall_queue_trips_total", queue=queue) > 0
-    assert flow.metric("floodwall_flow_signals_total", active="false") > 0
+    assert flow.metric("floodwall_flow_signals_total", protocol="amqp10", active="false") > 0
+    assert flow.metric("floodwall_flow_signals_total", protocol="amqp091") == 0
     assert flow.log("publisher_held"), "no publisher_held log line"
     assert not receiver.errors
 

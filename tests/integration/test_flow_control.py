@@ -372,7 +372,7 @@ def test_java_client_is_signalled_and_pauses(broker: BrokerEndpoint, start_flood
                            body_size=1024, confirm=True)
     client.wait_event("ready", timeout=30)
     off = client.wait_event("flow", active=False, timeout=20)
-    assert flow.metric("floodwall_flow_signals_total", active="false") >= 1
+    assert flow.metric("floodwall_flow_signals_total", protocol="amqp091", active="false") >= 1
     assert flow.tripped(queue)
     # it really pauses: its published count stops growing while the queue stays tripped
     def stopped() -> Any:  # two progress reports under flow off, the count unchanged

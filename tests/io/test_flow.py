@@ -480,7 +480,9 @@ def test_collector_output_and_state_shape() -> None:
     c.block(owner, 1, frozenset({orders}))
     c.set_alarm("memory alarm on rabbit@a")
     c.held_bytes, c.held_messages, c.rejects, c.deadline_expiries = 300, 2, 4, 1
-    c.signals["flow_off"] = 6
+    c.signals["amqp091", "flow_off"] = 6
+    c.signals["amqp10", "flow_off"] = 3
+    c.signals["amqp10", "flow_on"] = 2
     stats = FlowStats(policies, management=ManagementStatus("http://mq:15672", False, "auth",
                                                             "401", 100.0))
     stats.management_requests = 12
@@ -501,8 +503,12 @@ def test_collector_output_and_state_shape() -> None:
     assert metric_in(text, "floodwall_blocked_channels") == 1
     assert metric_in(text, "floodwall_held_bytes") == 300
     assert metric_in(text, "floodwall_held_messages") == 2
-    assert metric_in(text, "floodwall_flow_signals_total", active="false") == 6
-    assert metric_in(text, "floodwall_flow_signals_total", active="true") == 0
+    signals = "floodwall_flow_signals_total"
+    assert metric_in(text, signals, protocol="amqp091", active="false") == 6
+    assert metric_in(text, signals, protocol="amqp091", active="true") == 0
+    assert metric_in(text, signals, protocol="amqp10", active="false") == 3
+    assert metric_in(text, signals, protocol="amqp10", active="true") == 2
+    assert metric_in(text, signals, active="false") is None  # every sample names its protocol
     assert metric_in(text, "floodwall_rejected_publishes_total") == 4
     assert metric_in(text, "floodwall_deadline_expiries_total") == 1
     assert metric_in(text, "floodwall_broker_alarm") == 1

@@ -1,0 +1,229 @@
+"""Sans-IO micro-benchmark of the AMQP 1.0 credit gate's per-transfer path.
+
+The ``amqp10.Connection`` core alone, no sockets: a client session with one sender link
+attached to ``/exchange/amq.direct/Q`` (the firehose10 address), routed by a real
+``Topology``, with the policies of ``bench.flow``'s throughput scenario loaded and a depth
+sample in (nothing near capacity). The client side is fed 1 KiB unsettled transfers,
+``--batch`` per ``receive_from_client`` (as a socket read hands them over); the broker side
+answers with a credit flow whenever the link's broker credit runs low, and the depth probe
+answers every ``SAMPLE_EVERY`` transfers. Reports the microseconds per transfer spent in the
+core's calls (wall clock; the client's own work is not counted), best of ``--repeat`` runs,
+for three set-ups:
+
+- ``policed``: the link's queue is policed (the "policed" target of ``bench.flow``);
+- ``unpoliced``: policies loaded, but none matches the link's queue;
+- ``gate off``: no policies at all (the plain relay).
+
+```
+.venv/bin/python -m bench.gate10
+.venv/bin/python -m bench.gate10 --transfers 200000 --profile policed
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import struct
+import time
+from collections.abc import Callable
+
+from proxy.amqp10.connection import Connection
+from proxy.amqp10.framing import AMQP_HEADER, frame
+from proxy.amqp10.performatives import (
+    ATTACH,
+    BEGIN,
+    FLOW,
+    OPEN,
+    SOURCE,
+    TARGET,
+    decode_composite,
+    encode_performative,
+    performative,
+)
+from proxy.amqp10.types import UByte, UInt, UShort
+from proxy.depth import ManagementSample
+from proxy.gate import FlowController
+from proxy.policy import parse_policies
+from proxy.routing import Topology
+
+QUEUE = "bench.firehose10"
+OTHER = "other.queue"
+POLICIES = """
+version: 1
+policies:
+  - {name: firehose, match: {vhost: "/", queue: "bench.firehose*"}, capacity: 256MiB,
+     resume: 192MiB, deadline: 120s}
+  - {name: others, match: {vhost: "/", queue: "orders.*"}, capacity: 64MiB, resume: 48MiB,
+     deadline: 120s}
+  - {name: more, match: {vhost: "/", queue: "billing.*"}, capacity: 16MiB, resume: 8MiB,
+     deadline: 120s}
+"""
+BROKER_CREDIT = 65_536
+SAMPLE_EVERY = 4096
+"""Transfers between two ready-count samples (every 200 ms at ~20,000 msg/s)."""
+SAMPLED_READY = 20_000
+"""What each sample says: the firehose queue's x-max-length."""
+_U32 = struct.Struct(">I")
+
+
+def amqp(code: int, channel: int = 0, /, **fields: object) -> bytes:
+    return frame(encode_performative(code, **fields), channel)
+
+
+def transfer_template(body: bytes) -> tuple[bytes, int, int]:
+    """As ``bench.amqp10.transfer_template``: handle 0, unsettled, one data section."""
+    perf = (b"\x00\x53\x14\xc0\x0f\x05\x43\x70\x00\x00\x00\x00\xa0\x04\x00\x00\x00\x00"
+            b"\x43\x42")
+    payload = perf + b"\x00\x53\x75\xb0" + _U32.pack(len(body)) + body
+    return struct.pack(">IBBH", 8 + len(payload), 2, 0, 0) + payload, 16, 22
+
+
+def broker_flow(delivery_count: int, credit: int, next_incoming: int) -> bytes:
+    return amqp(FLOW, 0, next_incoming_id=UInt(next_incoming), incoming_window=UInt(65535),
+                next_outgoing_id=UInt(0), outgoing_window=UInt(65535), handle=UInt(0),
+                delivery_count=UInt(delivery_count), link_credit=UInt(credit))
+
+
+def make_core(setup: str) -> tuple[Connection, FlowController | None]:
+    """A core with the session and link attached on both sides and broker credit given."""
+    topology = Topology()
+    topology.declare_queue("/", QUEUE)
+    topology.bind_queue("/", QUEUE, "amq.direct", QUEUE)
+    controller: FlowController | None = None
+    if setup != "gate off":
+        clock = time.monotonic
+        controller = FlowController(topology, clock, parse_policies(POLICIES))
+        name = QUEUE if setup == "policed" else OTHER
+        if setup != "policed":
+            topology.declare_queue("/", OTHER)
+        controller.queue_seen(("/", name))
+        for key in list(controller.queues):
+            controller.sampled_management(key, ManagementSample(clock(), 0, 0, 0, 0, 0))
+    core = Connection(AMQP_HEADER, controller, conn_id=1)
+    address = f"/exchange/amq.direct/{QUEUE}"
+    core.receive_from_client(
+        amqp(OPEN, 0, container_id="client", hostname="localhost")
+        + amqp(BEGIN, 0, next_outgoing_id=UInt(0), incoming_window=UInt(65535),
+               outgoing_window=UInt(65535))
+        + amqp(ATTACH, 0, name="sender", handle=UInt(0), role=False,
+               snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
+               source=performative(SOURCE, address="client"),
+               target=performative(TARGET, address=address),
+               initial_delivery_count=UInt(0)))
+    core.receive_from_server(
+        AMQP_HEADER + amqp(OPEN, 0, container_id="broker")
+        + amqp(BEGIN, 0, remote_channel=UShort(0), next_outgoing_id=UInt(0),
+               incoming_window=UInt(65535), outgoing_window=UInt(65535))
+        + amqp(ATTACH, 0, name="sender", handle=UInt(0), role=True,
+               snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
+               source=performative(SOURCE, address="client"),
+               target=performative(TARGET, address=address))
+        + broker_flow(0, BROKER_CREDIT, 0))
+    core.data_for_server()
+    return core, controller
+
+
+def make_first_flows(core: Connection) -> bytes:
+    """What the client was sent during the set-up: its first credit."""
+    return core.data_for_client()
+
+
+def client_credit(data: bytes, sent: int, credit: int) -> int:
+    """The link credit the client has after reading ``data`` (flows for handle 0)."""
+    pos = 8 if data.startswith(b"AMQP") else 0
+    while pos < len(data):
+        size, doff = struct.unpack_from(">IB", data, pos)
+        body, end = pos + doff * 4, pos + size
+        if end > body and data[body + 2] == FLOW:
+            _, fields, _ = decode_composite(data, body, end)
+            if len(fields) > 6 and fields[4] == 0:
+                count = fields[5]
+                assert isinstance(count, int) and isinstance(fields[6], int)
+                credit = (count + fields[6] - sent) & 0xFFFFFFFF
+        pos = end
+    return credit
+
+
+def runner(setup: str, transfers: int, batch: int, size: int) -> Callable[[], float]:
+    """A function that relays ``transfers`` transfers and returns the seconds spent in the
+    core (the client's own work is not counted). The client sends at most ``batch``
+    transfers per read and never more than its link credit, as ``bench.amqp10`` does."""
+    core, controller = make_core(setup)
+    template, id_at, tag_at = transfer_template(b"\xab" * size)
+    step = len(template)
+    buf = bytearray(template * batch)
+    state = {"sent": 0, "credit": 0, "broker": BROKER_CREDIT}
+    clock = time.perf_counter
+
+    def run() -> float:
+        d, credit, broker = state["sent"], state["credit"], state["broker"]
+        spent = 0.0
+        stop = d + transfers
+        while d < stop:
+            n = min(batch, credit, stop - d)
+            if n == 0:
+                raise RuntimeError(f"{setup}: the client has no credit after {d} transfers")
+            for i in range(n):
+                struct.pack_into(">I", buf, i * step + id_at, d + i)
+                struct.pack_into(">I", buf, i * step + tag_at, d + i)
+            data = bytes(buf[:n * step])
+            t0 = clock()
+            core.receive_from_client(data)
+            core.data_for_server()
+            to_client = core.data_for_client()
+            spent += clock() - t0
+            d += n
+            broker -= n
+            if broker <= BROKER_CREDIT // 2:  # the broker tops its credit up
+                flow = broker_flow(d, BROKER_CREDIT, d)
+                broker = BROKER_CREDIT
+                t0 = clock()
+                core.receive_from_server(flow)
+                core.data_for_server()
+                to_client += core.data_for_client()
+                spent += clock() - t0
+            credit = client_credit(to_client, d, credit - n)
+            if core.failure is not None:
+                raise RuntimeError(f"{setup}: {core.failure}")
+            if controller is not None and d % SAMPLE_EVERY < n:  # the depth probe answers
+                t0 = clock()
+                for key in controller.queues:
+                    controller.sampled_ready_count(key, time.monotonic(), SAMPLED_READY, 0.001)
+                spent += clock() - t0
+                if controller.tripped:
+                    raise RuntimeError(f"{setup}: {sorted(controller.tripped)} tripped")
+        state.update(sent=d, credit=credit, broker=broker)
+        return spent
+
+    state["credit"] = client_credit(make_first_flows(core), 0, 0)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.gate10", description=__doc__.split("\n")[0])
+    ap.add_argument("--transfers", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=32, help="transfers per read")
+    ap.add_argument("--size", type=int, default=1024, help="body bytes")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--setups", default="policed,unpoliced,gate off")
+    ap.add_argument("--profile", metavar="SETUP", help="run SETUP once under cProfile")
+    opts = ap.parse_args(argv)
+    if opts.profile:
+        run = runner(opts.profile, opts.transfers, opts.batch, opts.size)
+        prof = cProfile.Profile()
+        prof.runcall(run)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        return 0
+    for setup in opts.setups.split(","):
+        run = runner(setup, opts.transfers, opts.batch, opts.size)
+        run()  # warm-up
+        best = min(run() for _ in range(opts.repeat))
+        print(f"{setup:<10} {best / opts.transfers * 1e6:6.2f} us/transfer "
+              f"(best of {opts.repeat} x {opts.transfers:,})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
