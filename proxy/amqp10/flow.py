@@ -617,25 +617,17 @@ class CreditFlow:
         """The broker settles the client's deliveries (role receiver): its delivery-ids are
         mapped to the client's, skipping those the proxy consumed."""
         session = self.by_server_channel.get(channel)
-        if session is None or not session.ids.dropped or not fields or fields[0] is not True:
+        if session is None or not fields or fields[0] is not True:
             return None
-        first, last = _range(fields)
-        ranges = session.ids.client_ranges(first, last)
-        if ranges == [(first, last)]:
-            return None
-        return _dispositions(fields, ranges, channel)
+        return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
 
     def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None:
         """The client settles its own deliveries (role sender): mapped to the broker's ids;
         those the proxy consumed (and settled itself) are left out."""
         session = self.sessions.get(channel)
-        if session is None or not session.ids.dropped or not fields or fields[0] is not False:
+        if session is None or not fields or fields[0] is not False:
             return None
-        first, last = _range(fields)
-        ranges = session.ids.broker_ranges(first, last)
-        if ranges == [(first, last)]:
-            return None
-        return _dispositions(fields, ranges, channel)
+        return _renumber_disposition(fields, session.ids, session.ids.broker_ranges, channel)
 
     # -- spool -------------------------------------------------------------------------------
     def _spool_key(self, link: SenderLink, queues: frozenset[str],
@@ -923,6 +915,19 @@ def _range(fields: list[object]) -> tuple[int, int]:
         raise DecodeError("disposition.first is mandatory")
     last = _uint(fields, 2, "disposition.last")
     return first, first if last is None else last
+
+
+def _renumber_disposition(fields: list[object], ids: DeliveryIds,
+                          mapped: Callable[[int, int], list[tuple[int, int]]],
+                          channel: int) -> bytes | None:
+    """A disposition with its range mapped by ``mapped`` (None: unchanged, nothing dropped)."""
+    if not ids.dropped:
+        return None
+    first, last = _range(fields)
+    ranges = mapped(first, last)
+    if ranges == [(first, last)]:
+        return None
+    return _dispositions(fields, ranges, channel)
 
 
 def _dispositions(fields: list[object], ranges: list[tuple[int, int]], channel: int) -> bytes:

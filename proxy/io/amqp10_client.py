@@ -85,6 +85,7 @@ from proxy.amqp10.performatives import (
 )
 from proxy.amqp10.types import Array, Described, Symbol, UByte, UInt
 from proxy.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
+from proxy.io.writes import BatchedWrites
 from proxy.logs import event
 
 __all__ = [
@@ -375,7 +376,7 @@ class Amqp10Sender:
                         session.sent_frame()
                         written += 1
                         if client.write_backlog() > WRITE_HIGH_WATER:
-                            await client._drain()
+                            await client.drain()
                 except asyncio.CancelledError:
                     if 0 < written < len(frames):
                         # Half a delivery is on the link: the next one would read as its
@@ -448,7 +449,7 @@ class Amqp10Sender:
         self.lost("closed")
 
 
-class Amqp10Client:
+class Amqp10Client(BatchedWrites):
     """One connection with one session; ``await connect()``, ``open_sender()``, ``close()``."""
 
     def __init__(self, host: str, port: int, username: str, password: str, vhost: str,
@@ -471,9 +472,7 @@ class Amqp10Client:
         self._by_remote: dict[int, Amqp10Sender] = {}  # by the broker's handle
         self._unsettled: dict[int, _Pending] = {}  # by delivery-id
         self._changed = asyncio.Event()
-        self._out: list[bytes] = []  # frames not yet handed to the socket (see _write)
-        self._out_bytes = 0
-        self._flush_scheduled = False
+        self._init_writes()
         self._closing = False
         self._peer_closed: asyncio.Event | None = None
         self.closed_reason: str | None = None
@@ -657,21 +656,11 @@ class Amqp10Client:
         replay rate for small messages. Every frame takes this path, so order holds."""
         if self._writer is None or self.closed_reason is not None:
             raise AmqpClientError(self.closed_reason or "not connected")
-        self._out.append(data)
-        self._out_bytes += len(data)
-        if self._out_bytes >= 65536:
-            self._flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        self.write_buffered(data)
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._out:
-            return
-        data, self._out, self._out_bytes = b"".join(self._out), [], 0
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(data)
+    def _can_write(self) -> bool:
+        # Also once closed_reason is set: a last end or close still goes out.
+        return self._writer is not None and not self._writer.is_closing()
 
     def _send(self, body: bytes) -> None:
         self._write(frame(body, 0))
@@ -692,17 +681,6 @@ class Amqp10Client:
                 next_outgoing_id=UInt(session.next_outgoing_id),
                 outgoing_window=UInt(OUTGOING_WINDOW), **link))
 
-    def write_backlog(self) -> int:
-        """Bytes written but not yet handed to the socket."""
-        if self._writer is None:
-            return 0
-        return self._out_bytes + self._writer.transport.get_write_buffer_size()
-
-    async def _drain(self) -> None:
-        self._flush()
-        if self._writer is not None and self.closed_reason is None:
-            with contextlib.suppress(OSError, ConnectionError):
-                await self._writer.drain()
 
     # -- waiting -------------------------------------------------------------------------
     def _notify(self) -> None:

@@ -31,6 +31,7 @@ from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ProtocolHeader
 
 from proxy import __version__
+from proxy.io.writes import BatchedWrites
 from proxy.logs import event
 
 log = logging.getLogger("floodwall.upstream")
@@ -239,7 +240,7 @@ class Publisher:
                 await self.client.close_channel(self.channel, timeout)
 
 
-class AmqpClient:
+class AmqpClient(BatchedWrites):
     """One connection; ``await connect()``, then RPCs; ``close()`` when done."""
 
     def __init__(self, host: str, port: int, username: str, password: str, vhost: str = "/",
@@ -258,9 +259,7 @@ class AmqpClient:
         self._frame_max = 131072
         self._probe_channel: int | None = None
         self._publishers: dict[int, Publisher] = {}
-        self._out: list[bytes] = []  # publishes not yet handed to the socket
-        self._out_bytes = 0
-        self._flush_scheduled = False
+        self._init_writes()
         self.closed_reason: str | None = None
 
     @property
@@ -327,37 +326,6 @@ class AmqpClient:
             raise AmqpClientError("not connected")
         self._flush()
         self._writer.write(frame.marshal(value, channel))
-
-    def write_buffered(self, data: bytes) -> None:
-        """Queue bytes for the socket; written at the end of this loop turn (or at 64 KiB)."""
-        self._out.append(data)
-        self._out_bytes += len(data)
-        if self._out_bytes >= 65536:
-            self._flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._out:
-            return
-        data, self._out, self._out_bytes = b"".join(self._out), [], 0
-        if self._writer is not None and self.closed_reason is None:
-            self._writer.write(data)
-
-    def write_backlog(self) -> int:
-        """Bytes written but not yet sent."""
-        if self._writer is None:
-            return 0
-        return self._out_bytes + self._writer.transport.get_write_buffer_size()
-
-    async def drain(self) -> None:
-        """Until the socket took what was written (or the connection is gone)."""
-        self._flush()
-        if self._writer is not None and self.closed_reason is None:
-            with contextlib.suppress(OSError, ConnectionError):
-                await self._writer.drain()
 
     async def _read_forever(self) -> None:
         try:
