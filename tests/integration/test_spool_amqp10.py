@@ -88,3 +88,40 @@ def test_amqp10_sender_to_a_tripped_queue_is_spooled_settled_and_replayed_in_ord
     assert flow.log("spool_replay_started")
     assert not flow.log("spool_replay_rerouted")
     assert [seq_in(b) for b in drain_direct(broker, free, count)] == list(range(count))
+
+
+@pytest.mark.timeout(180)
+def test_amqp10_deliveries_settled_from_the_spool_survive_kill_9(
+        start_floodwall: Callable[..., ProxyProcess], broker: BrokerEndpoint, queues: Any,
+        tmp_path: Path) -> None:
+    """``accepted`` from the proxy means durable: every delivery the proxy settled is on disk
+    when it is killed with SIGKILL, and the next process replays it over AMQP 1.0."""
+    capped = queues("spool10-kill")
+    spool_dir = tmp_path / "spool"
+    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml",
+                                                            spooled("k", capped, group_ms=5)),
+                      "--spool-dir", str(spool_dir), *FAST)
+    proc = flow.proc
+    declare_through(flow.port, capped)
+    wait_for(lambda: flow.policed(capped), 15, what="the queue policed")
+    count = 400
+    link = LinkStats("cap", f"/amq/queue/{capped}", 3000, count)
+    sender = ProtonSenders(flow.port, [link])
+    sender.start()
+    wait_for(lambda: sender.errors or len(link.settled) == count, 90,
+             what="every delivery settled")
+    sender.finish()
+    assert not sender.errors and (link.accepted, link.rejected) == (count, [])
+    spooled_at_kill = int(spool_state(proc)["records"])
+    assert spooled_at_kill > 0
+    assert proc.process is not None
+    proc.process.kill()  # SIGKILL: no drain, no flush, no cursor write
+    proc.process.wait(10)
+    proc.process = None
+    proc.start()  # same port, same spool directory: recovers, replays once drained
+    assert flow.log("spool_recovered")
+    got = drain_direct(broker, capped, count, timeout=120)
+    assert [seq_in(b) for b in got] == list(range(count))
+    wait_for(lambda: spool_state(proc)["records"] == 0, 15, what="an empty spool")
+    print(f"\n{count} deliveries accepted, {spooled_at_kill} of them in the spool at the "
+          f"kill, all delivered in order after the restart")
