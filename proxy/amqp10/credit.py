@@ -189,7 +189,8 @@ class DeliveryIds:
     ``overflow: reject``, written to the spool under ``overflow: spool``, or sent on a link
     the proxy detached): the broker never sees them, so its delivery-ids run on without the
     gaps (2.7.5: a session's delivery-ids are consecutive). ``dropped`` is how many the proxy
-    consumed so far: a forwarded delivery's broker id is its client id minus ``dropped``.
+    consumed so far: a forwarded delivery's broker id is its client id minus ``dropped`` (as it
+    was when the delivery's first frame came).
 
     ``shifts`` remembers where the difference grew, as (first broker id, client - broker from
     there on); ``base`` is the difference before the oldest entry. Dispositions name ranges,
@@ -214,10 +215,6 @@ class DeliveryIds:
             shifts.append((start, self.dropped))
         while len(shifts) > 1 and serial_diff(start, shifts[0][0]) > self.horizon:
             self.base = shifts.popleft()[1]
-
-    def to_broker(self, client_id: int) -> int:
-        """The broker's id for the newest delivery ``client_id`` (one that is forwarded)."""
-        return serial_add(client_id, -self.dropped)
 
     def client_ranges(self, first: int, last: int) -> list[tuple[int, int]]:
         """The client ids of the broker ids ``first..last``, as ranges (in order)."""
