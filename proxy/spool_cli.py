@@ -28,7 +28,6 @@ from proxy.spool.manager import QueueKey, SpoolManager
 from proxy.spool.records import SpoolRecord
 
 if TYPE_CHECKING:
-    from proxy.io.amqp_client import AmqpClient
     from proxy.io.spool import SessionResult
 
 _DIR_OPTION = click.option(
@@ -148,7 +147,7 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
     """Publish QUEUE's spooled records to the broker with confirms; delete as confirmed."""
     from proxy.io.amqp10_client import Amqp10Client
     from proxy.io.amqp_client import AmqpClient, AmqpClientError
-    from proxy.io.spool import Amqp10Records, replay_session
+    from proxy.io.spool import Amqp10Records, queue_exists, replay_session
 
     root = Path(spool_dir)
     key = (vhost, queue)
@@ -192,7 +191,7 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
                 publisher = await client.open_publisher(window)
                 return await replay_session(
                     qspool, publisher, target, lambda: None, amqp10=records10,
-                    queue_exists=lambda: _exists(client, queue))
+                    queue_exists=lambda: queue_exists(client, queue))
             finally:
                 await records10.close()
                 if client10 is not None:
@@ -214,10 +213,6 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
         raise click.ClickException(str(exc)) from None
     finally:
         manager.close()
-
-
-async def _exists(client: AmqpClient, queue: str) -> bool:
-    return await client.queue_counts(queue) is not None
 
 
 @spool.command()

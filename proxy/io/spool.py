@@ -282,7 +282,8 @@ class Amqp10Records:
         self.senders.clear()
 
 
-async def _queue_exists(client: AmqpClient, queue: str) -> bool:
+async def queue_exists(client: AmqpClient, queue: str) -> bool:
+    """Whether ``queue`` is there (a passive declare on ``client``'s probe channel)."""
     return await client.queue_counts(queue) is not None
 
 
@@ -662,7 +663,7 @@ class SpoolService:
                         on_confirmed=lambda n, b: self._confirmed(replay, n, b),
                         durable_wait=lambda: self._durable, batch_bytes=s.batch_bytes,
                         amqp10=records10, queue_exists=functools.partial(
-                            _queue_exists, client, queue))
+                            queue_exists, client, queue))
                 finally:
                     await records10.close()
                     await publisher.close()
