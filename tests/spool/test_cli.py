@@ -115,26 +115,36 @@ def channel(broker: BrokerEndpoint) -> Iterator[Any]:
     conn.close()
 
 
+def replay_with_login(broker: BrokerEndpoint, queue: str, spool_dir: Path) -> Any:
+    """``floodwall spool replay QUEUE`` to the broker, its login from the environment."""
+    env = {"FLOODWALL_AMQP_USERNAME": broker.username,
+           "FLOODWALL_AMQP_PASSWORD": broker.password}
+    return invoke("replay", queue, "--spool-dir", str(spool_dir),
+                  "--upstream", f"{broker.host}:{broker.amqp_port}", env=env)
+
+
+def take_all(channel: Any, queue: str) -> list[tuple[Any, bytes]]:
+    """Every message in ``queue`` now, in order, as (method, body)."""
+    got = []
+    while True:
+        method, _, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return got
+        got.append((method, body))
+
+
 @pytest.mark.broker
 def test_replay_publishes_in_order_and_deletes(broker: BrokerEndpoint, channel: Any,
                                                tmp_path: Path) -> None:
     q = f"cli-replay-{uuid.uuid4().hex[:8]}"
     channel.queue_declare(q)
     recs = make_spool(tmp_path, ("/", q), 500)
-    env = {"FLOODWALL_AMQP_USERNAME": broker.username,
-           "FLOODWALL_AMQP_PASSWORD": broker.password}
-    out = invoke("replay", q, "--spool-dir", str(tmp_path),
-                 "--upstream", f"{broker.host}:{broker.amqp_port}", env=env)
+    out = replay_with_login(broker, q, tmp_path)
     assert out.exit_code == 0, out.output
     assert "replayed 500 records" in out.output and "0 left" in out.output
-    bodies = []
-    while True:
-        method, _, body = channel.basic_get(q, auto_ack=True)
-        if method is None:
-            break
-        assert method.exchange == "" and method.routing_key == q
-        bodies.append(body)
-    assert bodies == [r.body for r in recs]
+    got = take_all(channel, q)
+    assert all(m.exchange == "" and m.routing_key == q for m, _ in got)
+    assert [body for _, body in got] == [r.body for r in recs]
     assert not list((tmp_path / "%2F" / q).glob("*.seg"))
     channel.queue_delete(q)
 
@@ -167,19 +177,10 @@ def test_show_and_replay_amqp10_records(broker: BrokerEndpoint, channel: Any,
     shown = invoke("show", q, "--spool-dir", str(tmp_path), "--limit", "1")
     assert shown.exit_code == 0, shown.output
     assert shown.output.splitlines()[1].split("\t")[2] == "(amqp10) /exchange/amq.fanout"
-    env = {"FLOODWALL_AMQP_USERNAME": broker.username,
-           "FLOODWALL_AMQP_PASSWORD": broker.password}
-    out = invoke("replay", q, "--spool-dir", str(tmp_path),
-                 "--upstream", f"{broker.host}:{broker.amqp_port}", env=env)
+    out = replay_with_login(broker, q, tmp_path)
     assert out.exit_code == 0, out.output
     assert "replayed 50 records" in out.output and "0 left" in out.output
-    bodies = []
-    while True:
-        method, _, body = channel.basic_get(q, auto_ack=True)
-        if method is None:
-            break
-        bodies.append(body)
-    assert bodies == [body_of(r) for r in recs]
+    assert [body for _, body in take_all(channel, q)] == [body_of(r) for r in recs]
     channel.queue_delete(q)
 
 
