@@ -112,6 +112,14 @@ def main() -> None:
 @click.option("--management-interval", default="5s", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_MANAGEMENT_INTERVAL",
               help="How often each policed queue is sampled from the management API.")
+@click.option("--topology-interval", default="30s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_TOPOLOGY_INTERVAL",
+              help="How often the routing model is checked against the management API's full "
+                   "listing (the safety net under the broker's topology events and lookups).")
+@click.option("--topology-events", type=click.Choice(["on", "off"]), default="on",
+              show_default=True, envvar="FLOODWALL_TOPOLOGY_EVENTS",
+              help="Follow the broker's topology events (amq.rabbitmq.event, the "
+                   "rabbitmq_event_exchange plugin) when it has them.")
 @click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
               metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
               help="Bytes of held publishes per connection before the proxy stops reading it.")
@@ -158,7 +166,8 @@ def main() -> None:
 @click.option("--log-format", type=click.Choice(["logfmt", "json"]), default="logfmt",
               show_default=True, envvar="FLOODWALL_LOG_FORMAT")
 def run(listen: str, upstream: str, admin: str, management: str | None, policies: str | None,
-        depth_interval: float, management_interval: float, hold_budget: int,
+        depth_interval: float, management_interval: float, topology_interval: float,
+        topology_events: str, hold_budget: int,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int,
         spool_dir: str | None, spool_total_max: int, spool_min_free: int,
@@ -179,6 +188,8 @@ def run(listen: str, upstream: str, admin: str, management: str | None, policies
             policies=Path(policies) if policies else None,
             depth_interval=depth_interval,
             management_interval=management_interval,
+            topology_interval=topology_interval,
+            topology_events=topology_events == "on",
             hold_budget=hold_budget,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval,

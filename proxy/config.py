@@ -114,6 +114,7 @@ class ProxySettings:
     hold_budget: int = DEFAULT_HOLD_BUDGET  # bytes held per connection (the relay's)
     alarm_interval: float = 2.0  # management API node alarms
     topology_interval: float = 30.0  # management API exchanges/queues/bindings re-sync
+    topology_events: bool = True  # consume the broker's topology events when it has them
     policy_poll_interval: float = 2.0  # has the policy file changed?
     holding_log_interval: float = 5.0  # repeat the "publishes held" lines this often
     # Telemetry (proxy/io/telemetry.py; needs ``policies``): None writes none.

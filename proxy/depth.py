@@ -52,6 +52,9 @@ class ManagementSample:
     message_bytes: int
     message_bytes_ready: int
     message_bytes_unacknowledged: int
+    # False when the broker gave counts but no byte figures (a stream): the bytes are then
+    # the messages times the mean body size the proxy saw.
+    bytes_known: bool = True
 
 
 @dataclass
@@ -148,7 +151,7 @@ class QueueDepth:
     def average_body_bytes(self) -> int:
         """Mean body size: from the broker's figures when it has messages, else our ledger."""
         m = self.management
-        if m is not None and m.messages_ready > 0:
+        if m is not None and m.messages_ready > 0 and m.bytes_known:
             return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
         if self.forwarded_messages_total:
             return -(-self.forwarded_bytes_total // self.forwarded_messages_total)
@@ -168,8 +171,9 @@ class QueueDepth:
                                self.ready_count + unacked_msgs)
         elif mgmt is not None:
             since = mgmt.taken_at - IN_FLIGHT_MARGIN
-            self._base = Depth(mgmt.message_bytes,
-                               mgmt.messages_ready + mgmt.messages_unacknowledged)
+            messages = mgmt.messages_ready + mgmt.messages_unacknowledged
+            self._base = Depth(mgmt.message_bytes if mgmt.bytes_known
+                               else messages * self.average_body_bytes(), messages)
         else:
             return
         self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)

@@ -24,7 +24,8 @@ SERVER_SCRIPT_CANDIDATES = (
     "/usr/lib/rabbitmq/bin/rabbitmq-server",
     "/usr/lib/rabbitmq/sbin/rabbitmq-server",
 )
-PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_amqp1_0")
+PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_amqp1_0",
+           "rabbitmq_event_exchange")
 # RabbitMQ's CLI tools take 35672-35682 for their own distribution ports.
 _CLI_PORTS = range(35672, 35683)
 

@@ -10,11 +10,17 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from proxy.depth import Depth
 from proxy.gate import ALARM, FlowController, QueueKey
+from proxy.lookups import is_pseudo
 from proxy.metrics import PROTOCOLS
 from proxy.policy import PolicySet
 
@@ -43,6 +49,36 @@ class ManagementStatus:
         return doc
 
 
+#: Upper bounds (seconds) of the lookup latency histogram's buckets.
+LOOKUP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: Where the routing model learns its changes (proxy.topology_sync.ChangeSource).
+CHANGE_SOURCES = ("event", "lookup", "sync", "relayed")
+
+
+@dataclass
+class Histogram:
+    """Cumulative bucket counts and a sum, as a Prometheus histogram has them."""
+
+    bounds: tuple[float, ...] = LOOKUP_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.bounds)
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def buckets(self) -> list[tuple[str, float]]:
+        counts = self.counts or [0] * len(self.bounds)
+        return [*((f"{b:g}", float(n)) for b, n in zip(self.bounds, counts, strict=True)),
+                ("+Inf", float(self.count))]
+
+
 @dataclass
 class FlowStats:
     """What the flow supervisor counts besides the controller's own figures."""
@@ -57,11 +93,25 @@ class FlowStats:
     own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
     own_connection_failures: int = 0  # failed connects and lost connections
     depth_known: dict[QueueKey, bool] = field(default_factory=dict)  # False: on_unknown_depth
+    # The routing model (proxy/io/topology.py): changes by source, events, lookups, syncs.
+    changes: Counter[str] = field(default_factory=Counter)  # by ChangeSource value
+    events_status: str = "off"  # off | starting | up | down: ... | unavailable: ...
+    events_received: int = 0
+    event_lag_seconds: float | None = None  # broker's event stamp to its arrival, last one
+    lookups: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, result)
+    lookup_seconds: Histogram = field(default_factory=Histogram)
+    syncs: Counter[str] = field(default_factory=Counter)  # ok | error
+    last_sync_at: float | None = None
+    sync_differences: int = 0  # syncs that found changes the events had not brought
+    out_of_step_seconds: float | None = None  # the last such: out of step for at most this
 
 
 def key_label(key: QueueKey) -> str:
-    """A queue for people: ``orders@/``; the alarm pseudo-queue is ``broker-alarm``."""
-    return "broker-alarm" if key == ALARM else f"{key[1]}@{key[0]}"
+    """A queue for people: ``orders@/``; the alarm pseudo-queue is ``broker-alarm``, a
+    lookup's is its description."""
+    if key == ALARM:
+        return "broker-alarm"
+    return key[1] if is_pseudo(key) else f"{key[1]}@{key[0]}"
 
 
 def _depth_doc(depth: Depth | None) -> dict[str, int] | None:
@@ -156,6 +206,7 @@ class FlowCollector(Collector):
         yield CounterMetricFamily("floodwall_own_connection_failures",
                                   "The proxy's own AMQP connections that failed or were lost",
                                   value=s.own_connection_failures)
+        yield from self._topology(c, s)
         reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
                                       labels=["result"])
         for result in ("ok", "error"):
@@ -164,6 +215,70 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily("floodwall_policies_loaded",
                                 "Policy and per-vhost defaults entries in effect",
                                 value=len(s.policies.policies) + len(s.policies.defaults))
+
+
+    @staticmethod
+    def _topology(c: FlowController, s: FlowStats) -> Iterator[Metric]:
+        changes = CounterMetricFamily(
+            "floodwall_topology_changes",
+            "Changes the routing model learned, by source: event (the broker's event "
+            "exchange), lookup (asked for a publish), sync (a full listing found it), "
+            "relayed (a declare/bind the proxy relayed)", labels=["source"])
+        for source in sorted({*CHANGE_SOURCES, *s.changes}):
+            changes.add_metric([source], s.changes[source])
+        yield changes
+        yield GaugeMetricFamily("floodwall_topology_events_up",
+                                "1 while the broker's topology events are consumed",
+                                value=1 if s.events_status == "up" else 0)
+        yield CounterMetricFamily("floodwall_topology_events",
+                                  "Topology events received from the broker",
+                                  value=s.events_received)
+        lookups = CounterMetricFamily("floodwall_topology_lookups",
+                                      "Lookups of names a publish needed, by kind and result",
+                                      labels=["kind", "result"])
+        for kind in ("queue", "exchange"):
+            for result in ("found", "absent", "failed"):
+                lookups.add_metric([kind, result], s.lookups[(kind, result)])
+        yield lookups
+        latency = HistogramMetricFamily("floodwall_topology_lookup_seconds",
+                                        "Time to ask the broker about one name")
+        latency.add_metric([], s.lookup_seconds.buckets(), s.lookup_seconds.total)
+        yield latency
+        yield GaugeMetricFamily("floodwall_topology_lookups_pending",
+                                "Lookups the gate is waiting for now",
+                                value=len(c.lookups.pending_lookups()))
+        syncs = CounterMetricFamily("floodwall_topology_syncs",
+                                    "Full listings of the topology, by result",
+                                    labels=["result"])
+        for result in ("ok", "error"):
+            syncs.add_metric([result], s.syncs[result])
+        yield syncs
+        yield CounterMetricFamily(
+            "floodwall_topology_sync_differences",
+            "Syncs that found changes the events had not brought (a bug to report)",
+            value=s.sync_differences)
+        yield GaugeMetricFamily(
+            "floodwall_topology_out_of_step_seconds",
+            "The last sync difference: how long the model was out of step, at most",
+            value=s.out_of_step_seconds or 0.0)
+
+
+def topology_state(controller: FlowController, stats: FlowStats, now: float
+                   ) -> dict[str, object]:
+    """Where the routing model's knowledge comes from now (``/state`` and ``/readyz``)."""
+    return {
+        "events": stats.events_status,
+        "events_received": stats.events_received,
+        "event_lag_seconds": (round(stats.event_lag_seconds, 3)
+                              if stats.event_lag_seconds is not None else None),
+        "last_sync_seconds_ago": (round(now - stats.last_sync_at, 1)
+                                  if stats.last_sync_at is not None else None),
+        "changes": {k: stats.changes[k] for k in sorted({*CHANGE_SOURCES, *stats.changes})},
+        "lookups_pending": [{"vhost": lk.vhost, "kind": lk.kind.value, "name": lk.name,
+                             "seconds": round(now - since, 3)}
+                            for lk, since in controller.lookups.pending_lookups()],
+        "sync_differences": stats.sync_differences,
+    }
 
 
 def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict[str, object]:
@@ -194,8 +309,10 @@ def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict
     blocked = [{
         "conn": b.conn_id,
         "channel": b.channel,
-        "queues": [{"vhost": k[0], "queue": k[1]} for k in sorted(b.queues) if k != ALARM],
+        "queues": [{"vhost": k[0], "queue": k[1]} for k in sorted(b.queues)
+                   if not is_pseudo(k)],
         "alarm": ALARM in b.queues,
+        "lookups": [k[1] for k in sorted(b.queues) if is_pseudo(k) and k != ALARM],
         "seconds": round(now - b.since, 3),
     } for b in sorted(c.blocked_channels(), key=lambda b: (b.conn_id, b.channel))]
     return {
@@ -209,6 +326,7 @@ def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict
         },
         "management": stats.management.as_dict(now),
         "own_connections": dict(stats.own_connections),
+        "topology": topology_state(c, stats, now),
         "alarm": c.alarm_reason,
         "queues": queues,
         "blocked_channels": blocked,

@@ -18,7 +18,9 @@ from typing import Protocol
 
 from proxy.depth import Depth, ManagementSample, QueueDepth
 from proxy.logs import event
-from proxy.policy import EMPTY_POLICIES, Policy, PolicySet, decide
+from proxy.lookups import Lookup, LookupKind, LookupResult, LookupTable
+from proxy.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
+from proxy.routing import REPLY_TO_PREFIX
 
 log = logging.getLogger("floodwall.gate")
 
@@ -81,6 +83,12 @@ class Router(Protocol):
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: dict[str, object] | None = None) -> frozenset[str]: ...
 
+    def knows_exchange(self, vhost: str, name: str) -> bool: ...
+
+    @property
+    def generation(self) -> int:
+        """Goes up on every change that can change a route."""
+
 
 class FlowController:
     """The shared state behind every gate decision."""
@@ -90,7 +98,13 @@ class FlowController:
         self.router = router
         self.clock = clock
         self.policies = policies
+        self._policy_vhosts = policies.vhosts
         self.queues: dict[QueueKey, PolicedQueue] = {}
+        # Names a publish needs the broker's word on before it may go (proxy/lookups.py),
+        # and the policed queues still waiting for their first depth figure (a queue
+        # lookup: publishes to them wait, so the ledger starts from the broker's figure).
+        self.lookups = LookupTable()
+        self._awaiting: dict[QueueKey, Lookup] = {}
         # policed(): the policed keys among a set of queue names, until ``queues`` changes.
         self._policed_among: dict[tuple[str, frozenset[str]], frozenset[QueueKey]] = {}
         self._tripped: set[QueueKey] = set()
@@ -131,6 +145,7 @@ class FlowController:
     def set_policies(self, policies: PolicySet, known_queues: Iterable[QueueKey]) -> None:
         """Apply a (re)loaded policy file to the queues that exist now."""
         self.policies = policies
+        self._policy_vhosts = policies.vhosts
         for key in list(self.queues):
             if policies.for_queue(*key) is None:
                 self._unpolice(key)
@@ -153,6 +168,11 @@ class FlowController:
             return None
         q = self.queues[key] = PolicedQueue(key, policy)
         self._policed_among.clear()
+        # Until the broker gives a first figure, publishes to it wait (a queue lookup).
+        lookup = Lookup(key[0], LookupKind.QUEUE, key[1])
+        self._awaiting[key] = lookup
+        self.lookups.forget(lookup)
+        self.lookups.start(lookup, self.clock())
         return q
 
     def queue_deleted(self, key: QueueKey) -> None:
@@ -162,13 +182,85 @@ class FlowController:
     def _unpolice(self, key: QueueKey) -> None:
         q = self.queues.pop(key)
         self._policed_among.clear()
+        self._first_figure(key)
         if q.tripped:
             self._set_tripped(q, False, "no longer policed")
+
+    # -- lookups -----------------------------------------------------------------------
+    def lookup_for(self, vhost: str, exchange: str, routing_key: str,
+                   queues: frozenset[str]) -> QueueKey | None:
+        """The pseudo-queue to hold a publish on until the broker was asked, or None.
+
+        ``queues`` is where the model routes the publish. A lookup is needed when the
+        publish names what the model does not know and a policy could match where it
+        lands: the default exchange with a routing key that is no known queue but matches
+        a policy, or an exchange the model has never seen, in a vhost with policies.
+        Answers are remembered (proxy/lookups.py), so a stream of publishes costs one.
+        """
+        if vhost not in self._policy_vhosts:
+            return None
+        if exchange:
+            if queues or self.router.knows_exchange(vhost, exchange):
+                return None
+            lookup = Lookup(vhost, LookupKind.EXCHANGE, exchange)
+        else:
+            if routing_key in queues or not routing_key \
+                    or routing_key.startswith(REPLY_TO_PREFIX) \
+                    or self.policies.for_queue(vhost, routing_key) is None:
+                return None
+            lookup = Lookup(vhost, LookupKind.QUEUE, routing_key)
+        return lookup.key if self.lookups.want(lookup, self.clock()) else None
+
+    def polices_vhost(self, vhost: str) -> bool:
+        """Whether a policy (or a vhost's limiting defaults) can police queues of ``vhost``."""
+        return vhost in self._policy_vhosts
+
+    def lookup_answered(self, lookup: Lookup, result: LookupResult) -> bool:
+        """The I/O layer asked the broker (and, when found, taught the model and fed the
+        queue's first figure). Releases what waited for it. Returns True when the lookup
+        stays pending: the broker could not be asked and a policy says ``on_unknown_depth:
+        block``; the caller asks again later (``lookups.retry``)."""
+        if result is LookupResult.FAILED and self._failure_blocks(lookup):
+            return True
+        if lookup.kind is LookupKind.QUEUE:
+            self._first_figure((lookup.vhost, lookup.name))
+        if self.lookups.answered(lookup, result is not LookupResult.FOUND,
+                                 self.clock()) is not None:
+            self._released(lookup.key)
+        return False
+
+    def _failure_blocks(self, lookup: Lookup) -> bool:
+        """Whether publishes keep waiting for a lookup the broker could not answer: the
+        queue's policy (or, for an exchange, any limited policy of the vhost) says block."""
+        if lookup.kind is LookupKind.QUEUE:
+            policy = self.policies.for_queue(lookup.vhost, lookup.name)
+            policies = [policy] if policy is not None else []
+        else:
+            policies = [p for p in self.policies
+                        if p.vhost == lookup.vhost and p.is_limited]
+            default = self.policies.defaults.get(lookup.vhost)
+            if default is not None and default.is_limited:
+                policies.append(default)
+        return any(p.on_unknown_depth is UnknownDepth.BLOCK for p in policies)
+
+    def _first_figure(self, key: QueueKey) -> None:
+        """``key`` no longer waits for its first figure (it came, or it never will)."""
+        lookup = self._awaiting.pop(key, None)
+        if lookup is not None and self.lookups.answered(lookup, False, self.clock()) is not None:
+            self._released(lookup.key)
+
+    def awaiting_first_figure(self, key: QueueKey) -> bool:
+        return key in self._awaiting
 
     # -- the publish path --------------------------------------------------------------
     def destinations(self, vhost: str, exchange: str, routing_key: str,
                      headers: dict[str, object] | None = None) -> frozenset[str]:
         return self.router.route(vhost, exchange, routing_key, headers)
+
+    @property
+    def generation(self) -> int:
+        """The routing model's generation: a route computed at another one may differ."""
+        return self.router.generation
 
     def policed(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
         """The policed queues among ``queues`` (the answer for a set is kept until a queue
@@ -184,12 +276,16 @@ class FlowController:
         return found
 
     def blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
-        """The tripped queues among ``queues`` (plus ALARM while the broker has one)."""
-        tripped, backlogged = self._tripped, self._backlogged
-        if not tripped and not backlogged:
+        """The tripped queues among ``queues`` (plus ALARM while the broker has one, and the
+        lookup pseudo-queue of each that waits for its first depth figure)."""
+        tripped, backlogged, awaiting = self._tripped, self._backlogged, self._awaiting
+        if not tripped and not backlogged and not awaiting:
             return _NOTHING
         found = {(vhost, q) for q in queues
                  if (vhost, q) in tripped or (vhost, q) in backlogged}
+        if awaiting:
+            found.update(lookup.key for q in queues
+                         if (lookup := awaiting.get((vhost, q))) is not None)
         if ALARM in tripped:
             found.add(ALARM)
         return frozenset(found)
@@ -238,7 +334,8 @@ class FlowController:
         dropped from the set again, and if none is left the channel is not blocked.
         """
         ref = (owner.conn_id, channel)
-        still = {k for k in queues if k in self._tripped or k in self._backlogged}
+        still = {k for k in queues if k in self._tripped or k in self._backlogged
+                 or self.lookups.pending_key(k)}
         if not still:
             return False
         blocked_on = self._blocked.get(ref)
@@ -267,12 +364,16 @@ class FlowController:
         if q is not None:
             q.depth.sampled_ready_count(requested_at, ready, rtt)
             self._evaluate(q)
+            if self._awaiting:
+                self._first_figure(key)
 
     def sampled_management(self, key: QueueKey, sample: ManagementSample) -> None:
         q = self.queues.get(key)
         if q is not None:
             q.depth.sampled_management(sample)
             self._evaluate(q)
+            if self._awaiting:
+                self._first_figure(key)
 
     def depth_unknown(self, key: QueueKey) -> None:
         """The depth could not be read; the policy's on_unknown_depth decides."""

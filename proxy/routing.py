@@ -17,12 +17,16 @@ __all__ = [
     "ROUTE_CACHE_SIZE",
     "STANDARD_EXCHANGES",
     "Binding",
+    "ChangeKind",
     "Destination",
     "DestinationKind",
     "Exchange",
     "ExchangeKind",
+    "QueueType",
     "Topology",
+    "TopologyChange",
     "TopologyError",
+    "exchange_changes",
     "headers_match",
     "topic_matches",
     "topic_words",
@@ -70,6 +74,78 @@ class Destination(NamedTuple):
 
     kind: DestinationKind
     name: str
+
+
+class QueueType(enum.StrEnum):
+    """A queue's type as RabbitMQ 3.10 has them; a stream's depth is counted differently."""
+
+    CLASSIC = "classic"
+    QUORUM = "quorum"
+    STREAM = "stream"
+
+    @classmethod
+    def of(cls, name: object) -> QueueType:
+        """From ``x-queue-type``, the management API's ``type`` or an event's
+        ``rabbit_*_queue`` module name; anything else is classic."""
+        if isinstance(name, bytes):
+            name = name.decode(errors="replace")
+        if not isinstance(name, str):
+            return cls.CLASSIC
+        name = name.removeprefix("rabbit_").removesuffix("_queue")
+        try:
+            return cls(name)
+        except ValueError:
+            return cls.CLASSIC
+
+
+class ChangeKind(enum.StrEnum):
+    """One change to the broker's topology, whoever made it."""
+
+    DECLARE_QUEUE = "declare_queue"
+    DELETE_QUEUE = "delete_queue"
+    DECLARE_EXCHANGE = "declare_exchange"
+    DELETE_EXCHANGE = "delete_exchange"
+    BIND_QUEUE = "bind_queue"
+    UNBIND_QUEUE = "unbind_queue"
+    BIND_EXCHANGE = "bind_exchange"
+    UNBIND_EXCHANGE = "unbind_exchange"
+    DECLARE_VHOST = "declare_vhost"
+    DELETE_VHOST = "delete_vhost"
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyChange:
+    """One change to apply to the routing model (``Topology.apply``).
+
+    ``name`` is the queue, exchange or vhost (for binds: the destination); ``source`` the
+    exchange bound from. ``message_count`` is a declare-ok's ready count, when there is one.
+    """
+
+    kind: ChangeKind
+    vhost: str
+    name: str
+    source: str = ""
+    routing_key: str = ""
+    arguments: Mapping[str, object] = field(default_factory=dict)
+    exchange_type: str = ""
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    message_count: int | None = None
+    queue_type: QueueType = QueueType.CLASSIC
+
+    def touches(self) -> tuple[tuple[str, ...], ...]:
+        """The model items this change is about, as ``Topology.items`` names them."""
+        k = self.kind
+        if k in (ChangeKind.DECLARE_QUEUE, ChangeKind.DELETE_QUEUE):
+            return (("queue", self.vhost, self.name),)
+        if k in (ChangeKind.DECLARE_EXCHANGE, ChangeKind.DELETE_EXCHANGE):
+            return (("exchange", self.vhost, self.name),)
+        if k in (ChangeKind.DECLARE_VHOST, ChangeKind.DELETE_VHOST):
+            return (("vhost", self.name),)
+        kind = "queue" if k in (ChangeKind.BIND_QUEUE, ChangeKind.UNBIND_QUEUE) else "exchange"
+        return (("binding", self.vhost, self.source, kind, self.name, self.routing_key),
+                (kind, self.vhost, self.name))
 
 
 STANDARD_EXCHANGES: tuple[tuple[str, str, bool], ...] = (
@@ -617,6 +693,7 @@ class _VirtualHost:
         self.name = name
         self.exchanges: dict[str, Exchange] = {}
         self.queues: set[str] = set()
+        self.queue_types: dict[str, QueueType] = {}  # those that are not classic
         self.outgoing: dict[str, _OutgoingBindings] = {}
         self.incoming: dict[Destination, set[Binding]] = {}
         self.policies: list[_Policy] = []
@@ -859,6 +936,39 @@ class Topology:
     def vhosts(self) -> list[str]:
         return sorted(self._vhosts)
 
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        """Whether the model has the exchange (the default exchange of a known vhost too)."""
+        v = self._vhosts.get(vhost)
+        return v is not None and name in v.exchanges
+
+    def knows_queue(self, vhost: str, name: str) -> bool:
+        v = self._vhosts.get(vhost)
+        return v is not None and name in v.queues
+
+    def queue_type(self, vhost: str, name: str) -> QueueType:
+        v = self._vhosts.get(vhost)
+        return QueueType.CLASSIC if v is None else v.queue_types.get(name, QueueType.CLASSIC)
+
+    def items(self) -> frozenset[tuple[object, ...]]:
+        """Everything the model holds that routing depends on, as comparable tuples:
+        ``("vhost", name)``, ``("queue", vhost, name, type)``, ``("exchange", vhost, name,
+        type, internal, auto_delete, alternate exchange)`` and ``("binding", vhost, source,
+        destination kind, destination, routing key, arguments)``. Two models that route alike
+        have equal items; a sync compares the model with the broker's listing this way."""
+        found: set[tuple[object, ...]] = set()
+        for v in self._vhosts.values():
+            found.add(("vhost", v.name))
+            for q in v.queues:
+                found.add(("queue", v.name, q, v.queue_types.get(q, QueueType.CLASSIC).value))
+            for x in v.exchanges.values():
+                found.add(("exchange", v.name, x.name, x.type, x.internal, x.auto_delete,
+                           x.alternate_exchange))
+            for out in v.outgoing.values():
+                for b in out.bindings:
+                    found.add(("binding", v.name, b.source, b.destination.kind.value,
+                               b.destination.name, b.routing_key, b.arguments_key))
+        return frozenset(found)
+
     # ------------------------------------------------------------------ mutations
 
     def declare_exchange(self, vhost: str, name: str, type: str, *, durable: bool = True,
@@ -884,12 +994,52 @@ class Topology:
         v.delete_exchange(name)
         self._changed()
 
-    def declare_queue(self, vhost: str, name: str) -> None:
+    def declare_queue(self, vhost: str, name: str,
+                      queue_type: QueueType = QueueType.CLASSIC) -> None:
         """Queue.DeclareOk, with the name the broker returned."""
         v = self._vhost(vhost)
+        if queue_type is QueueType.CLASSIC:
+            v.queue_types.pop(name, None)
+        else:
+            v.queue_types[name] = queue_type
         if name not in v.queues:
             v.queues.add(name)
             self._changed()
+
+    def declare_vhost(self, vhost: str) -> None:
+        """A vhost exists: it starts with the standard exchanges."""
+        self._vhost(vhost)
+
+    def delete_vhost(self, vhost: str) -> None:
+        if self._vhosts.pop(vhost, None) is not None:
+            self._changed()
+
+    def apply(self, change: TopologyChange) -> None:
+        """Apply one change, whoever made it (a client through the proxy, an event, a
+        lookup). Every change is idempotent: applying it twice is applying it once."""
+        c, k = change, change.kind
+        if k is ChangeKind.DECLARE_QUEUE:
+            self.declare_queue(c.vhost, c.name, c.queue_type)
+        elif k is ChangeKind.DELETE_QUEUE:
+            self.delete_queue(c.vhost, c.name)
+        elif k is ChangeKind.DECLARE_EXCHANGE:
+            self.declare_exchange(c.vhost, c.name, c.exchange_type, durable=c.durable,
+                                  auto_delete=c.auto_delete, internal=c.internal,
+                                  arguments=c.arguments)
+        elif k is ChangeKind.DELETE_EXCHANGE:
+            self.delete_exchange(c.vhost, c.name)
+        elif k is ChangeKind.BIND_QUEUE:
+            self.bind_queue(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+        elif k is ChangeKind.UNBIND_QUEUE:
+            self.unbind_queue(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+        elif k is ChangeKind.BIND_EXCHANGE:
+            self.bind_exchange(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+        elif k is ChangeKind.UNBIND_EXCHANGE:
+            self.unbind_exchange(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+        elif k is ChangeKind.DECLARE_VHOST:
+            self.declare_vhost(c.name)
+        elif k is ChangeKind.DELETE_VHOST:
+            self.delete_vhost(c.name)
 
     def delete_queue(self, vhost: str, name: str) -> None:
         """Queue.DeleteOk: removes it and its bindings (auto-delete exchanges may follow)."""
@@ -897,6 +1047,7 @@ class Topology:
         if v is None:
             return
         v.queues.discard(name)
+        v.queue_types.pop(name, None)
         v.delete_destination(Destination(DestinationKind.QUEUE, name))
         self._changed()
 
@@ -947,8 +1098,8 @@ class Topology:
         """Replace the model (or only ``vhost``'s part) with management API documents.
 
         ``exchanges``, ``queues``, ``bindings`` and ``policies`` are the decoded JSON of
-        ``/api/exchanges``, ``/api/queues`` (only ``name`` and ``vhost`` are read, so
-        ``?columns=name,vhost`` is enough), ``/api/bindings`` and ``/api/policies``, for all
+        ``/api/exchanges``, ``/api/queues`` (only ``name``, ``vhost`` and ``type`` are read, so
+        ``?columns=name,vhost,type`` is enough), ``/api/bindings`` and ``/api/policies``, for all
         vhosts or for one (``/api/exchanges/{vhost}``...). Without ``policies``, only
         ``alternate-exchange`` arguments give exchanges an AE. Nothing changes if a document
         is malformed (TopologyError).
@@ -989,7 +1140,11 @@ class Topology:
         for where, item in _items(queues, "queues"):
             v = target(where, item)
             if v is not None:
-                v.queues.add(_text(item, "name", where))
+                name = _text(item, "name", where)
+                v.queues.add(name)
+                queue_type = QueueType.of(item.get("type"))
+                if queue_type is not QueueType.CLASSIC:
+                    v.queue_types[name] = queue_type
         for where, item in _items(bindings, "bindings"):
             v = target(where, item)
             if v is None:
@@ -1009,3 +1164,33 @@ class Topology:
         else:
             self._vhosts[vhost] = loaded.get(vhost) or _VirtualHost(vhost)
         self._changed()
+
+
+def exchange_changes(exchange: object, bindings: object) -> list[TopologyChange]:
+    """The changes one exchange's management API documents mean: its declaration
+    (``/api/exchanges/{vhost}/{name}``) and its bindings as source
+    (``.../bindings/source``). Raises TopologyError for a malformed document."""
+    if not isinstance(exchange, Mapping):
+        raise TopologyError("exchange: expected an object")
+    where = "exchange"
+    vhost = _text(exchange, "vhost", where)
+    name = _text(exchange, "name", where)
+    changes = [TopologyChange(
+        ChangeKind.DECLARE_EXCHANGE, vhost, name,
+        arguments=_json_arguments(exchange, where),
+        exchange_type=_text(exchange, "type", where),
+        durable=_flag(exchange, "durable", True, where),
+        auto_delete=_flag(exchange, "auto_delete", False, where),
+        internal=_flag(exchange, "internal", False, where))]
+    for at, item in _items(bindings, "bindings"):
+        source = _text(item, "source", at)
+        if source == "":
+            continue
+        kind = _text(item, "destination_type", at)
+        if kind not in ("queue", "exchange"):
+            raise TopologyError(f"{at}: unknown destination_type")
+        changes.append(TopologyChange(
+            ChangeKind.BIND_QUEUE if kind == "queue" else ChangeKind.BIND_EXCHANGE,
+            _text(item, "vhost", at), _text(item, "destination", at), source,
+            _text(item, "routing_key", at), _json_arguments(item, at)))
+    return changes

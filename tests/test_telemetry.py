@@ -46,6 +46,11 @@ class Router:
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset({routing_key})
 
+    generation = 0
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
+
 
 class Owner:
     def __init__(self, conn_id: int) -> None:

@@ -24,6 +24,7 @@ from pamqp import frame as pamqp_frame
 from proxy.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
 from proxy.gate import ALARM, FlowController, QueueKey
 from proxy.logs import event
+from proxy.lookups import is_pseudo
 from proxy.policy import Fsync, Overflow, Policy, Signal
 from proxy.spool.log import SpoolError
 from proxy.spool.manager import SpoolManager
@@ -89,6 +90,7 @@ class HeldPublish:
     held_at: float
     client_seq: int  # its confirm sequence number on the client's side (0 = not confirming)
     spool_to: QueueKey | None = None  # goes to this queue's spool once its content is in
+    generation: int = 0  # the routing model's generation ``queues`` was computed at
 
     @property
     def complete(self) -> bool:
@@ -271,10 +273,15 @@ class PublishFlow:
             ch.discard_content = body_size
             self._maybe_slow = True
             return True
-        queues = self.controller.destinations(self.vhost, pub.exchange, pub.routing_key,
-                                              _headers_of(header))
-        blocking = self.controller.blocking(self.vhost, queues)
-        spool_to = self._spool_target(ch, pub, queues, blocking) if self.spool else None
+        controller = self.controller
+        queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key,
+                                         _headers_of(header))
+        blocking = controller.blocking(self.vhost, queues)
+        lookup = controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues)
+        if lookup is not None:  # the model does not know where it lands: ask first
+            blocking = blocking | {lookup}
+        spool_to = (self._spool_target(ch, pub, queues, blocking)
+                    if self.spool and lookup is None else None)
         if spool_to is not None:
             if method_bytes is None:
                 method_bytes = bytes(buf[offset:header_offset])
@@ -307,7 +314,8 @@ class PublishFlow:
             method_bytes = bytes(buf[offset:header_offset])
         item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues,
                            self.controller.clock(),
-                           ch.confirms.client_seq if ch.confirms is not None else 0)
+                           ch.confirms.client_seq if ch.confirms is not None else 0,
+                           generation=controller.generation)
         self._hold(ch, item)
         if blocking:
             self._block(ch, blocking)
@@ -544,13 +552,19 @@ class PublishFlow:
                 # Released while we looked (seed 000's race): let it go at once.
                 self.channel_released(ch.channel)
             return
+        if all(is_pseudo(k) and k != ALARM for k in blocking):
+            # A moment's wait for the broker's answer (a lookup): no signal, no hold event.
+            event(log, "publisher_waits_for_lookup", logging.DEBUG, conn=self.conn_id,
+                  channel=ch.channel, vhost=self.vhost,
+                  lookups=",".join(q for _, q in sorted(blocking)))
+            return
         names = ",".join(q for _, q in sorted(blocking))
         signal = self._signal_for(blocking)
         event(log, "publisher_held", logging.INFO, conn=self.conn_id, channel=ch.channel,
               vhost=self.vhost, queues=names, signalled=signal)
         self.controller.emit("hold", {"vhost": self.vhost, "conn": self.conn_id,
                                       "channel": ch.channel,
-                                      "queues": [k[1] for k in blocking if k != ALARM]})
+                                      "queues": [k[1] for k in blocking if not is_pseudo(k)]})
         if signal and not ch.signalled_off:
             self._send_flow(ch, active=False)
 
@@ -589,10 +603,24 @@ class PublishFlow:
 
     def _release(self, ch: ChannelFlow) -> None:
         held = ch.held
+        controller = self.controller
         while held:
             item = held[0]
             if isinstance(item, HeldPublish):
-                blocking = self.controller.blocking(self.vhost, item.queues)
+                blocking = controller.blocking(self.vhost, item.queues)
+                if item.generation != controller.generation:
+                    # The model learned something while it waited (a lookup's answer): it
+                    # goes where the broker will route it now, and is checked there.
+                    pub = item.publish
+                    item.generation = controller.generation
+                    item.queues = controller.destinations(self.vhost, pub.exchange,
+                                                          pub.routing_key,
+                                                          _headers_of(item.frames[1]))
+                    blocking = controller.blocking(self.vhost, item.queues)
+                    lookup = controller.lookup_for(self.vhost, pub.exchange, pub.routing_key,
+                                                   item.queues)
+                    if lookup is not None:
+                        blocking = blocking | {lookup}
                 if blocking:
                     self._block(ch, blocking)
                     if self.controller.is_blocked(self, ch.channel):

@@ -1,42 +1,28 @@
 """Declares, deletes and binds a 0-9-1 client makes, applied once the broker said -ok.
 
-The routing model must follow what clients do to the broker's topology between management
-API re-syncs. A request is remembered per channel and applied when its -ok comes back on
-that channel (requests with ``nowait`` at once); a refused request (the broker closes the
-channel) is forgotten with the channel.
+The routing model follows what clients do through the proxy as soon as the broker confirms
+it (the broker's event stream says the same a moment later, for every client). A request is
+remembered per channel and applied when its -ok comes back on that channel (requests with
+``nowait`` at once); a refused request (the broker closes the channel) is forgotten with the
+channel.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from pamqp import commands
 
 from proxy.amqp091.framing import Buffer, decode_method
+from proxy.routing import ChangeKind, QueueType, TopologyChange
+
+__all__ = ["REPLY_KEYS", "REQUEST_KEYS", "TopologyChange", "TopologyWatch"]
 
 _Q = commands.Queue
 _X = commands.Exchange
-
-
-@dataclass(frozen=True, slots=True)
-class TopologyChange:
-    """One change to apply to the routing model (``proxy.routing.Topology``'s methods)."""
-
-    kind: str  # declare_queue, delete_queue, declare_exchange, delete_exchange, bind_queue,
-    #            unbind_queue, bind_exchange, unbind_exchange
-    vhost: str
-    name: str  # the queue or exchange (for binds: the destination)
-    source: str = ""  # binds: the exchange bound from
-    routing_key: str = ""
-    arguments: dict[str, object] = field(default_factory=dict)
-    exchange_type: str = ""
-    durable: bool = True
-    auto_delete: bool = False
-    internal: bool = False
-    message_count: int | None = None  # declare_queue: ready messages per the declare-ok
 
 
 # request method index -> (its -ok index, how to read the request)
@@ -57,15 +43,16 @@ REPLY_KEYS: Final = frozenset(_REQUESTS.values())
 def _change(key: int, m: Any, vhost: str) -> TopologyChange:
     args = dict(getattr(m, "arguments", None) or {})
     if key == _Q.Declare.index:
-        return TopologyChange("declare_queue", vhost, m.queue)
+        return TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, m.queue,
+                              queue_type=QueueType.of(args.get("x-queue-type")))
     if key == _Q.Delete.index:
-        return TopologyChange("delete_queue", vhost, m.queue)
+        return TopologyChange(ChangeKind.DELETE_QUEUE, vhost, m.queue)
     if key in (_Q.Bind.index, _Q.Unbind.index):
-        kind = "bind_queue" if key == _Q.Bind.index else "unbind_queue"
+        kind = ChangeKind.BIND_QUEUE if key == _Q.Bind.index else ChangeKind.UNBIND_QUEUE
         return TopologyChange(kind, vhost, m.queue, m.exchange, m.routing_key or "", args)
     if key == _X.Declare.index:
         return TopologyChange(
-            "declare_exchange",
+            ChangeKind.DECLARE_EXCHANGE,
             vhost,
             m.exchange,
             arguments=args,
@@ -75,8 +62,8 @@ def _change(key: int, m: Any, vhost: str) -> TopologyChange:
             internal=bool(m.internal),
         )
     if key == _X.Delete.index:
-        return TopologyChange("delete_exchange", vhost, m.exchange)
-    kind = "bind_exchange" if key == _X.Bind.index else "unbind_exchange"
+        return TopologyChange(ChangeKind.DELETE_EXCHANGE, vhost, m.exchange)
+    kind = ChangeKind.BIND_EXCHANGE if key == _X.Bind.index else ChangeKind.UNBIND_EXCHANGE
     return TopologyChange(kind, vhost, m.destination, m.source, m.routing_key or "", args)
 
 
@@ -100,11 +87,13 @@ class TopologyWatch:
         if getattr(method, "passive", False) and key == _X.Declare.index:
             return  # a passive exchange declare changes nothing
         change = _change(key, method, self.vhost)
-        if change.name == "" and change.kind in ("bind_queue", "unbind_queue", "delete_queue"):
+        if change.name == "" and change.kind in (ChangeKind.BIND_QUEUE, ChangeKind.UNBIND_QUEUE,
+                                                 ChangeKind.DELETE_QUEUE):
             # RabbitMQ reads an empty queue name as the channel's last declared queue, and
             # an empty binding key along with it as that queue's name.
             last = self._last_queue.get(channel, "")
-            key_default = change.routing_key or (last if change.kind != "delete_queue" else "")
+            key_default = change.routing_key or (
+                last if change.kind is not ChangeKind.DELETE_QUEUE else "")
             change = replace(change, name=last, routing_key=key_default)
         if getattr(method, "nowait", False):
             self.apply(change)
@@ -118,8 +107,8 @@ class TopologyWatch:
         _, change = pending.popleft()
         if key == _Q.DeclareOk.index:  # the broker names server-named queues
             ok = decode_method(buf, offset, _Q.DeclareOk, base)
-            change = TopologyChange("declare_queue", change.vhost, ok.queue or change.name,
-                                    message_count=ok.message_count)
+            change = replace(change, name=ok.queue or change.name,
+                             message_count=ok.message_count)
             self._last_queue[channel] = change.name
         self.apply(change)
 

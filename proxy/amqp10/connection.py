@@ -55,8 +55,8 @@ from proxy.amqp10.performatives import (
 from proxy.core import Failure, FrameCounts, Side
 
 if TYPE_CHECKING:
-    from proxy.amqp091.topology import TopologyChange
     from proxy.gate import FlowController
+    from proxy.routing import TopologyChange
     from proxy.spool.manager import SpoolManager
 
 CONTAINER_ID: Final = "floodwall"
@@ -498,10 +498,10 @@ def _replace(stream: _Stream, buf: bytes, start: int, end: int, replacement: byt
 
 def _declare_queue(on_topology: Callable[[TopologyChange], None]) -> Callable[[str, str], None]:
     """The gate's ``on_declare``, as the topology change 0-9-1's queue.declare-ok makes."""
-    from proxy.amqp091.topology import TopologyChange
+    from proxy.routing import ChangeKind, TopologyChange
 
     def declared(vhost: str, queue: str) -> None:
-        on_topology(TopologyChange("declare_queue", vhost, queue))
+        on_topology(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, queue))
 
     return declared
 

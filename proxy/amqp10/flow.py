@@ -181,6 +181,10 @@ class SenderLink:
     message_to: str = ""  # an anonymous link's current message: its ``to``
     id_shift: int = 0  # client - broker delivery-id of its current delivery
     not_spooled_reported: bool = False
+    # Lookups (proxy/lookups.py): the pseudo-queue the current delivery's destination waits
+    # on (per-message links), and the model's generation the link's credit was capped at.
+    delivery_lookup: frozenset[QueueKey] = frozenset()
+    generation: int = -1
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
 
@@ -458,7 +462,8 @@ class CreditFlow:
                                         _uint(fields, 6, "flow.link-credit") or 0,
                                         _flag(fields, 8, "flow.drain")))
             window = self._window(link)
-            if window is None and credit.offset == 0 and not link.withheld:
+            if window is None and credit.offset == 0 and not link.withheld and (
+                    link.per_message or not self._lookup(link.destination, self._queues(link))):
                 credit.grant(None)  # the broker's own words: pass them as they are
             else:
                 grant = self._decide(link, window)
@@ -725,7 +730,7 @@ class CreditFlow:
     def _route(self, link: SenderLink, payload: bytes, start: int, end: int) -> frozenset[str]:
         if not link.per_message:
             return queues_for(self.controller, self.vhost, link.destination)
-        if not self.controller.queues:
+        if not self.controller.queues and not self.controller.polices_vhost(self.vhost):
             return frozenset()
         found = message_routing(payload, start, end)
         if found is None:
@@ -735,7 +740,21 @@ class CreditFlow:
         if link.anonymous:
             destination = parse_target(to) if to else None
             link.message_to = to or ""
-        return queues_for(self.controller, self.vhost, destination, subject)
+        queues = queues_for(self.controller, self.vhost, destination, subject)
+        link.delivery_lookup = self._lookup(destination, queues, subject)
+        return queues
+
+    def _lookup(self, destination: Destination | None, queues: frozenset[str],
+                subject: str | None = None) -> frozenset[QueueKey]:
+        """The lookup pseudo-queue to withhold credit on until the broker was asked about
+        a destination the model does not know (``FlowController.lookup_for``), or none."""
+        if destination is None:
+            return _NO_KEYS
+        key = destination.routing_key if destination.routing_key is not None else subject
+        if key is None:
+            return _NO_KEYS
+        pending = self.controller.lookup_for(self.vhost, destination.exchange, key, queues)
+        return _NO_KEYS if pending is None else frozenset((pending,))
 
     def _policed(self, link: SenderLink,
                  names: frozenset[str] | None = None) -> frozenset[QueueKey]:
@@ -765,6 +784,9 @@ class CreditFlow:
         """The credit to give the client now: withheld while a queue it feeds is tripped."""
         queues = self._queues(link)
         blocking = self.controller.blocking(self.vhost, queues)
+        if not link.per_message:
+            blocking |= self._lookup(link.destination, queues)
+        link.generation = self.controller.generation
         if blocking and self._spool_key(link, queues, blocking) is None \
                 and self._block(link, blocking):
             link.withheld = True
@@ -786,17 +808,29 @@ class CreditFlow:
         fixed: frozenset[str] | None = None
         if link.per_message:
             queues = link.delivery_queues
+            lookups = link.delivery_lookup
         else:
             queues = fixed = routed if routed is not None else self._queues(link)
+            lookups = _NO_KEYS
         blocking = self.controller.blocking(self.vhost, queues)
-        if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT) \
+        if lookups:
+            blocking |= lookups
+        generation = self.controller.generation
+        changed = link.generation != generation  # the model learned something since
+        if changed and not link.per_message:
+            blocking |= self._lookup(link.destination, queues)
+        if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT
+                             and not lookups) \
                 and self._spool_key(link, queues, blocking) is None:
             if self._block(link, blocking) and not link.withheld:
                 link.withheld = True
                 self._send_grant(link, link.credit.grant(0))
             return
         window = self._window(link, fixed)
-        if window is not None and link.credit.wants_top_up(window):
+        link.generation = generation
+        if window is not None and (link.credit.wants_top_up(window)
+                                   or (changed and link.credit.client_credit > window)):
+            # (a link that became policed since holds more credit than its window: cut it)
             self._send_grant(link, link.credit.grant(window))
 
     def _block(self, link: SenderLink, blocking: frozenset[QueueKey]) -> bool:

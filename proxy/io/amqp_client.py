@@ -1,7 +1,14 @@
-"""The proxy's own AMQP 0-9-1 connection to the broker: queue probes, broker alarms, replay.
+"""The proxy's own AMQP 0-9-1 connection to the broker: queue probes, lookups, topology
+events, broker alarms, replay.
 
 A small client on pamqp: handshake (PLAIN), heartbeats, one channel per outstanding RPC,
 ``connection.blocked`` notices. It is not on the relay's path; client traffic never uses it.
+
+RPCs run on *lanes*: a lane is one long-lived channel with one RPC at a time on it (a
+passive declare that finds nothing closes the channel; the lane opens another). The depth
+probes and the lookups have a lane each, so a lookup never waits behind a probe round.
+``consume()`` gives a ``Consumer`` (no-ack deliveries, assembled with their content) for the
+topology events.
 
 ``open_publisher()`` gives a ``Publisher``: a channel in confirm mode for the spool's
 replayer. Publishes are pipelined (up to ``window`` unconfirmed), their frames encoded here
@@ -26,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pamqp import commands, frame, heartbeat
+from pamqp import body as pamqp_body
+from pamqp import commands, frame, header, heartbeat
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ProtocolHeader
 
@@ -47,6 +55,61 @@ class QueueCounts:
 
     messages: int
     consumers: int
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message a consumer received: routing key, properties, body."""
+
+    exchange: str
+    routing_key: str
+    properties: Any  # pamqp commands.Basic.Properties
+    body: bytes
+
+
+class Consumer:
+    """A no-ack consumer on its own channel: each complete delivery goes to ``on_message``."""
+
+    def __init__(self, client: AmqpClient, channel: int,
+                 on_message: Callable[[Delivery], None]) -> None:
+        self.client = client
+        self.channel = channel
+        self.on_message = on_message
+        self.closed_reason: str | None = None
+        self.received = 0
+        self._deliver: Any = None  # the basic.deliver whose content is arriving
+        self._properties: Any = None
+        self._size = 0
+        self._parts: list[bytes] = []
+
+    def on_frame(self, value: Any) -> None:
+        if isinstance(value, commands.Basic.Deliver):
+            self._deliver, self._properties, self._parts = value, None, []
+        elif isinstance(value, header.ContentHeader) and self._deliver is not None:
+            self._properties, self._size = value.properties, value.body_size
+            if not self._size:
+                self._done()
+        elif isinstance(value, pamqp_body.ContentBody) and self._deliver is not None:
+            self._parts.append(bytes(value.value))
+            self._size -= len(value.value)
+            if self._size <= 0:
+                self._done()
+        elif isinstance(value, commands.Channel.Close | commands.Basic.Cancel):
+            reason = (f"broker closed the channel: {value.reply_code} {value.reply_text}"
+                      if isinstance(value, commands.Channel.Close) else "consumer cancelled")
+            self.lost(reason)
+
+    def _done(self) -> None:
+        deliver, self._deliver = self._deliver, None
+        self.received += 1
+        self.on_message(Delivery(deliver.exchange or "", deliver.routing_key or "",
+                                 self._properties, b"".join(self._parts)))
+        self._parts = []
+
+    def lost(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        self.client.forget_consumer(self)
 
 
 class Confirm(enum.Enum):
@@ -257,10 +320,13 @@ class AmqpClient(BatchedWrites):
         self._waiters: dict[int, asyncio.Future[Any]] = {}
         self._channel_ids = itertools.cycle(range(1, 2048))
         self._frame_max = 131072
-        self._probe_channel: int | None = None
+        self._lanes: dict[str, int] = {}  # lane name -> its channel
+        self._lane_locks: dict[str, asyncio.Lock] = {}
         self._publishers: dict[int, Publisher] = {}
+        self._consumers: dict[int, Consumer] = {}
         self._init_writes()
         self.closed_reason: str | None = None
+        self._lost: asyncio.Event | None = None
 
     @property
     def frame_max(self) -> int:
@@ -271,6 +337,7 @@ class AmqpClient(BatchedWrites):
         return self._writer is not None and self.closed_reason is None
 
     async def connect(self, timeout: float = 10.0) -> None:
+        self._lost = asyncio.Event()
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(self.host, self.port), timeout)
         self._reader, self._writer = reader, writer
@@ -358,6 +425,11 @@ class AmqpClient(BatchedWrites):
         if publisher is not None:
             publisher.on_frame(value)
             return
+        consumer = self._consumers.get(channel)
+        if consumer is not None:
+            consumer.on_frame(value)
+            if not isinstance(value, commands.Basic.ConsumeOk | commands.Channel.Close):
+                return
         waiter = self._waiters.get(channel)
         if waiter is not None and not waiter.done():
             waiter.set_result(value)
@@ -371,6 +443,10 @@ class AmqpClient(BatchedWrites):
                 waiter.set_exception(AmqpClientError(reason))
         for publisher in list(self._publishers.values()):
             publisher.lost(reason)
+        for consumer in list(self._consumers.values()):
+            consumer.lost(reason)
+        if self._lost is not None:
+            self._lost.set()
         if self._writer is not None:
             self._writer.close()
 
@@ -393,28 +469,45 @@ class AmqpClient(BatchedWrites):
 
     async def _open_channel(self, timeout: float) -> int:
         channel = next(self._channel_ids)
+        lanes = self._lanes.values()
         while (channel in self._waiters or channel in self._publishers
-               or channel == self._probe_channel):
+               or channel in self._consumers or channel in lanes):
             channel = next(self._channel_ids)
         opened = await self._rpc(channel, commands.Channel.Open(), timeout)
         if not isinstance(opened, commands.Channel.OpenOk):
             raise AmqpClientError(f"channel.open refused: {opened!r}")
         return channel
 
-    async def queue_counts(self, queue: str, timeout: float = 5.0) -> QueueCounts | None:
-        """Ready messages and consumers of ``queue`` now; None when it does not exist.
+    async def _lane_rpc(self, lane: str, value: Any, timeout: float) -> Any:
+        """One RPC on ``lane``'s channel (opened when needed), after the lane's previous one.
 
-        Uses one long-lived probe channel; a 404 closes it and the next call opens another.
+        A channel.close in reply (a passive declare of nothing) retires the lane's channel;
+        so does a timeout (a late reply must not answer the next request).
         """
         if not self.connected:
             raise AmqpClientError(self.closed_reason or "not connected")
-        if self._probe_channel is None:
-            self._probe_channel = await self._open_channel(timeout)
-        channel = self._probe_channel
-        reply = await self._rpc(channel, commands.Queue.Declare(queue=queue, passive=True),
-                                timeout)
+        lock = self._lane_locks.get(lane)
+        if lock is None:
+            lock = self._lane_locks[lane] = asyncio.Lock()
+        async with lock:
+            channel = self._lanes.get(lane)
+            if channel is None:
+                channel = self._lanes[lane] = await self._open_channel(timeout)
+            try:
+                reply = await self._rpc(channel, value, timeout)
+            except TimeoutError:
+                self._lanes.pop(lane, None)
+                raise
+            if isinstance(reply, commands.Channel.Close):
+                self._lanes.pop(lane, None)
+            return reply
+
+    async def queue_counts(self, queue: str, timeout: float = 5.0,
+                           lane: str = "probe") -> QueueCounts | None:
+        """Ready messages and consumers of ``queue`` now; None when it does not exist."""
+        reply = await self._lane_rpc(lane, commands.Queue.Declare(queue=queue, passive=True),
+                                     timeout)
         if isinstance(reply, commands.Channel.Close):  # the broker closed the channel
-            self._probe_channel = None
             if reply.reply_code == 404:
                 return None
             raise AmqpClientError(f"queue.declare {queue!r}: {reply.reply_code} "
@@ -422,6 +515,67 @@ class AmqpClient(BatchedWrites):
         if not isinstance(reply, commands.Queue.DeclareOk):
             raise AmqpClientError(f"queue.declare {queue!r}: unexpected {reply!r}")
         return QueueCounts(reply.message_count or 0, reply.consumer_count or 0)
+
+    async def exchange_exists(self, exchange: str, timeout: float = 5.0,
+                              lane: str = "probe") -> bool:
+        """Whether ``exchange`` exists (a passive exchange.declare)."""
+        reply = await self._lane_rpc(
+            lane, commands.Exchange.Declare(exchange=exchange, passive=True), timeout)
+        if isinstance(reply, commands.Channel.Close):
+            if reply.reply_code == 404:
+                return False
+            raise AmqpClientError(f"exchange.declare {exchange!r}: {reply.reply_code} "
+                                  f"{reply.reply_text}")
+        if not isinstance(reply, commands.Exchange.DeclareOk):
+            raise AmqpClientError(f"exchange.declare {exchange!r}: unexpected {reply!r}")
+        return True
+
+    async def declare_queue(self, queue: str = "", *, exclusive: bool = False,
+                            auto_delete: bool = False,
+                            arguments: dict[str, Any] | None = None,
+                            timeout: float = 5.0) -> str:
+        """Declare a queue (``""``: the broker names it); its name."""
+        reply = await self._lane_rpc("setup", commands.Queue.Declare(
+            queue=queue, exclusive=exclusive, auto_delete=auto_delete,
+            arguments=arguments or {}), timeout)
+        if not isinstance(reply, commands.Queue.DeclareOk):
+            raise AmqpClientError(f"queue.declare {queue!r}: {_refusal(reply)}")
+        return str(reply.queue)
+
+    async def bind_queue(self, queue: str, exchange: str, routing_key: str,
+                         timeout: float = 5.0) -> None:
+        reply = await self._lane_rpc("setup", commands.Queue.Bind(
+            queue=queue, exchange=exchange, routing_key=routing_key), timeout)
+        if not isinstance(reply, commands.Queue.BindOk):
+            raise AmqpClientError(f"queue.bind {queue!r} to {exchange!r}: {_refusal(reply)}")
+
+    async def consume(self, queue: str, on_message: Callable[[Delivery], None],
+                      timeout: float = 5.0) -> Consumer:
+        """A no-ack consumer of ``queue`` on a channel of its own."""
+        if not self.connected:
+            raise AmqpClientError(self.closed_reason or "not connected")
+        channel = await self._open_channel(timeout)
+        consumer = Consumer(self, channel, on_message)
+        self._consumers[channel] = consumer
+        try:
+            reply = await self._rpc(channel, commands.Basic.Consume(queue=queue, no_ack=True),
+                                    timeout)
+        except BaseException:
+            self.forget_consumer(consumer)
+            raise
+        if not isinstance(reply, commands.Basic.ConsumeOk):
+            self.forget_consumer(consumer)
+            raise AmqpClientError(f"basic.consume {queue!r}: {_refusal(reply)}")
+        return consumer
+
+    def forget_consumer(self, consumer: Consumer) -> None:
+        if self._consumers.get(consumer.channel) is consumer:
+            del self._consumers[consumer.channel]
+
+    async def wait_closed(self) -> None:
+        """Until the connection is lost or closed."""
+        if self._lost is not None:
+            await self._lost.wait()
 
     async def open_publisher(self, window: int = 1000, timeout: float = 5.0) -> Publisher:
         """A new channel in confirm mode (``confirm.select``)."""
@@ -456,6 +610,8 @@ class AmqpClient(BatchedWrites):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        if self._lost is not None:
+            self._lost.set()
         if self._writer is not None:
             if self.closed_reason is None:
                 with contextlib.suppress(OSError, AmqpClientError):
@@ -465,3 +621,9 @@ class AmqpClient(BatchedWrites):
             with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
         self.closed_reason = self.closed_reason or "closed"
+
+
+def _refusal(reply: Any) -> str:
+    if isinstance(reply, commands.Channel.Close):
+        return f"{reply.reply_code} {reply.reply_text}"
+    return f"unexpected {reply!r}"

@@ -5,12 +5,17 @@ through here, on timers, independent of how many clients are connected:
 
 - policies: loaded at startup (a bad file refuses to start), reloaded on SIGHUP and when the
   file changes (a bad reload keeps the old set);
-- topology: the management API's exchanges/queues/bindings/policies, loaded into the
-  routing model at startup and every ``topology_interval``; the relay adds what it sees
-  between syncs (``queue_declared``/``queue_deleted`` and the ``Topology`` mutations);
-- depth: per vhost with policed queues, one own AMQP connection that passive-declares each
-  policed queue every ``depth_interval`` (a real-time ready count), and one management API
-  sample of each policed queue every ``management_interval`` (bytes, unacked);
+- topology: ``proxy.io.topology.TopologyFeed`` keeps the routing model in step with the
+  broker (its topology events, lookups for publishes that name something unknown, a full
+  sync every ``topology_interval``) and tells the supervisor each change
+  (``topology_applied``): new queues a policy matches are policed at once, their first
+  depth figure asked for at once (a lookup: publishes to them wait for it); gone ones are
+  forgotten. What the relay sees (declares, binds, deletes confirmed by the broker) goes
+  the same way (``topology_changed``);
+- depth: per vhost a policy names (or with policed queues), one own AMQP connection that
+  passive-declares each policed queue every ``depth_interval`` (a real-time ready count)
+  and answers lookups, and one management API sample of each policed queue every
+  ``management_interval`` (bytes, unacked);
 - broker alarms: the management API's node alarms every ``alarm_interval`` and the
   ``connection.blocked`` notices of the own connections;
 - the repeating "publishes held" log line.
@@ -38,28 +43,30 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.amqp091.topology import TopologyChange
 from proxy.config import AmqpCredentials, ManagementCredentials, ProxySettings
 from proxy.depth import ManagementSample
-from proxy.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state, key_label
+from proxy.flow_metrics import (
+    FlowCollector,
+    FlowStats,
+    ManagementStatus,
+    flow_state,
+    key_label,
+    topology_state,
+)
 from proxy.gate import FlowController, QueueKey
 from proxy.io.amqp_client import AmqpClient, AmqpClientError
 from proxy.io.management import ManagementApi, ManagementError
+from proxy.io.topology import TOPOLOGY_PATHS, TopologyFeed
 from proxy.logs import event
 from proxy.policy import PolicySet, PolicyStore, ReloadResult
-from proxy.routing import Topology, TopologyError
+from proxy.routing import ChangeKind, QueueType, Topology, TopologyChange
+from proxy.topology_sync import ChangeSource
+
+__all__ = ["TOPOLOGY_PATHS", "FlowSettings", "FlowSupervisor", "describe_policy_changes"]
 
 log = logging.getLogger("floodwall.flow")
 
 T = TypeVar("T")
-
-# What the routing model reads (the management API's defaults omit policy/auto_delete).
-TOPOLOGY_PATHS = (
-    "/api/exchanges?columns=name,vhost,type,durable,auto_delete,internal,arguments,policy",
-    "/api/queues?columns=name,vhost",
-    "/api/bindings",
-    "/api/policies",
-)
 #: Most queue names one log line lists.
 LOG_LIST_LIMIT = 20
 
@@ -91,6 +98,13 @@ class FlowSettings:
     # a real-time ready count taken meanwhile is never overruled by an older figure.
     management_stats_age: float = 5.0
     unknown_after: float | None = None  # None: 3 * management_interval + management_timeout
+    # The routing model's live feed (proxy/io/topology.py).
+    topology_events: bool = True  # consume amq.rabbitmq.event when the broker has it
+    event_vhost: str = "/"  # where the rabbitmq_event_exchange plugin declares its exchange
+    lookup_timeout: float = 2.0  # longest a publish waits for a lookup before on_unknown_depth
+    lookup_ttl: float = 1.0  # how long "absent" (or "failed, allowed") is remembered
+    lookup_retry: float = 1.0  # a failed lookup a policy blocks on is asked again this often
+    sync_grace: float = 2.0  # how long changes in flight may explain a sync's difference
 
     @property
     def depth_unknown_after(self) -> float:
@@ -113,6 +127,7 @@ class FlowSettings:
             management_interval=s.management_interval,
             alarm_interval=s.alarm_interval,
             topology_interval=s.topology_interval,
+            topology_events=s.topology_events,
             policy_poll_interval=s.policy_poll_interval,
             holding_log_interval=s.holding_log_interval,
             connect_timeout=s.connect_timeout,
@@ -167,14 +182,16 @@ class FlowSupervisor:
         self.stats = FlowStats(self.store.current, self.store.generation,
                                ManagementStatus(settings.management_url))
         self.collector = FlowCollector(self.controller, self.stats)
+        self.feed = TopologyFeed(settings, self.topology, self.controller, self.api,
+                                 self.stats, self, clock)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._vhost_tasks: dict[str, asyncio.Task[None]] = {}
         self._clients: dict[str, AmqpClient] = {}
+        self._client_up: dict[str, asyncio.Event] = {}  # vhost -> set while connected
+        self._vhost_kick: dict[str, asyncio.Event] = {}  # vhost -> retry connecting now
         self._sampled_at: dict[QueueKey, float] = {}  # last good management sample
         self._asked: set[QueueKey] = set()  # the management API was asked about these
         self._probe_refused: dict[QueueKey, str] = {}  # passive declare refused (not 404)
-        self._topology_loaded = False
-        self._topology_error: str | None = None
         self._warm = False
         self._management_alarm: str | None = None
         self._blocked_alarm: dict[str, str] = {}  # vhost -> connection.blocked reason
@@ -190,8 +207,10 @@ class FlowSupervisor:
               management=self.settings.management_url,
               upstream=f"{self.settings.amqp_host}:{self.settings.amqp_port}",
               depth_interval=self.settings.depth_interval,
-              management_interval=self.settings.management_interval)
-        self._spawn(self._topology_loop(), "flow-topology")
+              management_interval=self.settings.management_interval,
+              topology_interval=self.settings.topology_interval,
+              topology_events="on" if self.settings.topology_events else "off")
+        self.feed.start()
         self._spawn(self._management_loop(), "flow-management")
         self._spawn(self._alarm_loop(), "flow-alarms")
         self._spawn(self._policy_watch_loop(), "flow-policy-watch")
@@ -200,6 +219,7 @@ class FlowSupervisor:
 
     async def stop(self) -> None:
         self._running = False
+        await self.feed.stop()
         tasks = [*self._tasks]
         for task in tasks:
             task.cancel()
@@ -223,55 +243,112 @@ class FlowSupervisor:
             event(log, "flow_task_failed", logging.ERROR, task=task.get_name(),
                   reason=_reason(exc) if exc else "?")
 
-    # -- what the relay tells us -------------------------------------------------------
+    # -- what the relay and the topology feed tell us ----------------------------------
     def topology_changed(self, change: TopologyChange) -> None:
-        """A declare, delete or bind a client made, confirmed by the broker."""
-        t = self.topology
-        c = change
-        if c.kind == "declare_queue":
-            self.queue_declared(c.vhost, c.name, c.message_count)
-        elif c.kind == "delete_queue":
-            self.queue_deleted(c.vhost, c.name)
-        elif c.kind == "declare_exchange":
-            t.declare_exchange(c.vhost, c.name, c.exchange_type, durable=c.durable,
-                               auto_delete=c.auto_delete, internal=c.internal,
-                               arguments=c.arguments)
-        elif c.kind == "delete_exchange":
-            t.delete_exchange(c.vhost, c.name)
-        elif c.kind == "bind_queue":
-            t.bind_queue(c.vhost, c.name, c.source, c.routing_key, c.arguments)
-            self._queues_appeared([(c.vhost, c.name)])
-        elif c.kind == "unbind_queue":
-            t.unbind_queue(c.vhost, c.name, c.source, c.routing_key, c.arguments)
-        elif c.kind == "bind_exchange":
-            t.bind_exchange(c.vhost, c.name, c.source, c.routing_key, c.arguments)
-        elif c.kind == "unbind_exchange":
-            t.unbind_exchange(c.vhost, c.name, c.source, c.routing_key, c.arguments)
+        """A declare, delete or bind a client made through the proxy, confirmed by the
+        broker."""
+        self.feed.apply(change, ChangeSource.RELAYED)
+
+    def topology_applied(self, change: TopologyChange, source: ChangeSource) -> None:
+        """A change is in the routing model (``TopologyFeed.apply``): police what a policy
+        matches from this moment, forget what is gone."""
+        c, kind = change, change.kind
+        if kind is ChangeKind.DECLARE_QUEUE:
+            key = (c.vhost, c.name)
+            self._queues_appeared([key], source)
+            q = self.controller.queues.get(key)
+            if c.message_count is not None and q is not None and q.depth.estimate() is None:
+                # A declare-ok's count is a real-time ready count: the queue's first figure.
+                self.feed_ready_count(key, self.clock(), c.message_count, None)
+        elif kind is ChangeKind.DELETE_QUEUE:
+            self._gone((c.vhost, c.name), source)
+        elif kind is ChangeKind.BIND_QUEUE:
+            self._queues_appeared([(c.vhost, c.name)], source)
+        elif kind is ChangeKind.DECLARE_VHOST:
+            self._kick(c.name)
+        elif kind is ChangeKind.DELETE_VHOST:
+            for key in [k for k in self.controller.queues if k[0] == c.name]:
+                self._gone(key, source)
+
+    def _gone(self, key: QueueKey, source: ChangeSource) -> None:
+        if key in self.controller.queues:
+            event(log, "policed_queue_gone", vhost=key[0], queue=key[1], seen_by=source.value)
+        self._forget(key)
 
     def queue_declared(self, vhost: str, queue: str, message_count: int | None = None) -> None:
-        """A Queue.DeclareOk the relay saw: into the topology, policed if a policy says.
-
-        Its message count is a real-time ready count: a queue policed from this moment has
-        a depth at once, so a burst right after the declare is gated from its first publish.
-        """
+        """A queue the proxy knows exists (its spool has a backlog for it): into the model,
+        policed if a policy says (``message_count``: its ready count, when known)."""
         self.topology.declare_queue(vhost, queue)
-        key = (vhost, queue)
-        self._queues_appeared([key])
-        q = self.controller.queues.get(key)
-        if message_count is not None and q is not None and q.depth.estimate() is None:
-            self.controller.sampled_ready_count(key, self.clock(), message_count)
+        self.topology_applied(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, queue,
+                                             message_count=message_count),
+                              ChangeSource.RELAYED)
 
     def queue_deleted(self, vhost: str, queue: str) -> None:
-        """A Queue.DeleteOk the relay saw."""
+        """A queue is gone."""
         self.topology.delete_queue(vhost, queue)
         self._forget((vhost, queue))
 
-    def _queues_appeared(self, keys: list[QueueKey]) -> None:
+    def _queues_appeared(self, keys: list[QueueKey],
+                         source: ChangeSource = ChangeSource.SYNC) -> None:
         new = [k for k in keys
                if k not in self.controller.queues and self.controller.queue_seen(k) is not None]
         if new:
-            event(log, "queues_policed", queues=_short_list(new), count=len(new))
+            event(log, "queues_policed", queues=_short_list(new), count=len(new),
+                  learned_by=source.value)
             self._after_queue_change()
+
+    def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
+                         rtt: float | None) -> None:
+        """A passive declare's (or declare-ok's) ready count of ``key``, if policed.
+
+        A stream's count is the broker's statistics figure, up to its statistics interval
+        old: it is dated back by ``management_stats_age``, so the ledger adds what was
+        forwarded since (the estimate errs high, never low).
+        """
+        if key not in self.controller.queues:
+            return
+        if self.topology.queue_type(*key) is QueueType.STREAM:
+            requested_at -= self.settings.management_stats_age
+            rtt = None
+        self.controller.sampled_ready_count(key, requested_at, ready, rtt)
+
+    async def queues_listed(self, listed: set[QueueKey]) -> None:
+        """A sync listed these queues: police new ones; a policed queue the listing lacks
+        is forgotten once the broker confirms it is gone."""
+        self._queues_appeared(sorted(listed), ChangeSource.SYNC)
+        for key in sorted(set(self.controller.queues) - listed):
+            if await self._confirm_gone(key):
+                self._gone(key, ChangeSource.SYNC)
+        self._reconcile_vhosts()
+        self._wake_until_warm()
+
+    async def client_for(self, vhost: str) -> AmqpClient:
+        """The vhost's own connection, waiting for it (and asking it to retry now) if it is
+        not up; the caller bounds the wait."""
+        client = self._clients.get(vhost)
+        if client is not None and client.connected:
+            return client
+        if vhost not in self._vhost_tasks and self._running:
+            self._vhost_tasks[vhost] = self._spawn(self._own_connection_loop(vhost),
+                                                   f"flow-own-{vhost}")
+        self._kick(vhost)
+        up = self._client_up.setdefault(vhost, asyncio.Event())
+        while True:
+            await up.wait()
+            client = self._clients.get(vhost)
+            if client is not None and client.connected:
+                return client
+            up.clear()
+
+    async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
+        """One management API call, counted (for the topology feed)."""
+        return await self._ask(call)
+
+    def _kick(self, vhost: str) -> None:
+        """Let the vhost's connection loop retry at once (the vhost may exist now)."""
+        kick = self._vhost_kick.get(vhost)
+        if kick is not None:
+            kick.set()
 
     def _forget(self, key: QueueKey) -> None:
         if key in self.controller.queues:
@@ -372,40 +449,11 @@ class FlowSupervisor:
         status.ok, status.kind, status.error = True, None, None
 
     # -- topology ----------------------------------------------------------------------
-    async def _topology_loop(self) -> None:
-        while True:
-            await self.sync_topology()
-            await asyncio.sleep(self.settings.topology_interval)
-
     async def sync_topology(self) -> bool:
-        """Reload the routing model from the management API; police new queues, drop gone."""
-        try:
-            docs = [await self._ask(functools.partial(self.api.get, path))
-                    for path in TOPOLOGY_PATHS]
-            self.topology.load_management(*docs)
-        except (ManagementError, TopologyError) as exc:
-            reason = str(exc)
-            if isinstance(exc, TopologyError) and self._topology_error != reason:
-                # (a ManagementError was logged by _ask, once per state change)
-                event(log, "topology_load_failed", logging.ERROR, reason=reason,
-                      action="routing keeps the model it has")
-            self._topology_error = reason
-            self._wake_until_warm()
-            return False
-        if self._topology_error is not None:
-            event(log, "topology_loaded", after_error=self._topology_error)
-        self._topology_error = None
-        self._topology_loaded = True
-        listed = {(v, q) for v in self.topology.vhosts() for q in self.topology.queues(v)}
-        self._queues_appeared(sorted(listed))
-        for key in sorted(set(self.controller.queues) - listed):
-            if await self._confirm_gone(key):
-                event(log, "policed_queue_gone", vhost=key[0], queue=key[1],
-                      seen_by="topology sync")
-                self._forget(key)
-        self._reconcile_vhosts()
+        """One full sync of the routing model now (``TopologyFeed.sync``)."""
+        ok = await self.feed.sync()
         self._wake_until_warm()
-        return True
+        return ok
 
     def _wake_until_warm(self) -> None:
         """Until the first round is complete, a topology answer triggers a depth round."""
@@ -457,7 +505,7 @@ class FlowSupervisor:
                 self.controller.sampled_management(key, dated)
             # None: the API does not know it; the passive declare decides whether it is gone
         self.apply_unknown_depth()
-        if self._topology_loaded or self._topology_error is not None:
+        if self.feed.loaded or self.feed.error is not None:
             if not self._warm and all(k in self._asked for k in self.controller.queues):
                 self._warm = True
                 event(log, "flow_ready", policed_queues=len(self.controller.queues),
@@ -481,13 +529,22 @@ class FlowSupervisor:
 
     # -- depth: own connections, one per vhost -----------------------------------------
     def _reconcile_vhosts(self) -> None:
-        wanted = {k[0] for k in self.controller.queues}
+        """One own connection per vhost with policed queues or a policy (lookups and the
+        first figures of new queues need it at once)."""
+        wanted = {k[0] for k in self.controller.queues} | self.controller.policies.vhosts
         for vhost in wanted - self._vhost_tasks.keys():
             self._vhost_tasks[vhost] = self._spawn(self._own_connection_loop(vhost),
                                                    f"flow-own-{vhost}")
         for vhost in self._vhost_tasks.keys() - wanted:
             self._vhost_tasks.pop(vhost).cancel()
             self.stats.own_connections.pop(vhost, None)
+
+    async def _pause(self, vhost: str, seconds: float) -> None:
+        """Sleep before reconnecting, unless kicked (the vhost appeared, a lookup waits)."""
+        kick = self._vhost_kick.setdefault(vhost, asyncio.Event())
+        kick.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(kick.wait(), seconds)
 
     async def _own_connection_loop(self, vhost: str) -> None:
         s = self.settings
@@ -511,7 +568,7 @@ class FlowSupervisor:
                               upstream=f"{s.amqp_host}:{s.amqp_port}", reason=reason,
                               action="retrying with backoff; management samples go on")
                     failing = True
-                    await asyncio.sleep(backoff)
+                    await self._pause(vhost, backoff)
                     backoff = min(backoff * 2, s.reconnect_max)
                     continue
                 event(log, "own_connection_up", vhost=vhost,
@@ -519,9 +576,11 @@ class FlowSupervisor:
                 failing, backoff = False, s.reconnect_min
                 self.stats.own_connections[vhost] = "up"
                 self._clients[vhost] = client
+                self._client_up.setdefault(vhost, asyncio.Event()).set()
                 try:
                     await self._probe_forever(client, vhost)
                 finally:
+                    self._client_up[vhost].clear()
                     self._clients.pop(vhost, None)
                     if self._blocked_alarm.pop(vhost, None) is not None:
                         self._update_alarm()
@@ -533,7 +592,7 @@ class FlowSupervisor:
                 event(log, "own_connection_reconnecting", logging.WARNING, vhost=vhost,
                       reason=reason, retry_in=backoff)
                 failing = True
-                await asyncio.sleep(backoff)
+                await self._pause(vhost, backoff)
         finally:
             self.stats.own_connections.pop(vhost, None)
 
@@ -563,13 +622,11 @@ class FlowSupervisor:
                     event(log, "queue_probe_ok", vhost=key[0], queue=key[1])
                 if counts is None:
                     if key in self.controller.queues:
-                        event(log, "policed_queue_gone", vhost=key[0], queue=key[1],
-                              seen_by="passive declare")
-                        self.topology.delete_queue(*key)
-                        self._forget(key)
+                        self.feed.apply(TopologyChange(ChangeKind.DELETE_QUEUE, *key),
+                                        ChangeSource.LOOKUP)
                 elif key in self.controller.queues:
                     rtt = self.clock() - requested_at
-                    self.controller.sampled_ready_count(key, requested_at, counts.messages, rtt)
+                    self.feed_ready_count(key, requested_at, counts.messages, rtt)
             next_at += interval
             now = loop.time()
             if next_at < now:
@@ -649,8 +706,12 @@ class FlowSupervisor:
                        if k not in self._asked]
             detail["warming_up"] = ({"first_depth_sample": waiting[:LOG_LIST_LIMIT]} if waiting
                                     else {"topology": "not loaded yet"})
-        if self._topology_error is not None:
-            detail["topology_error"] = self._topology_error
+        if self.feed.error is not None:
+            detail["topology_error"] = self.feed.error
+        if self.stats.events_status != "up":
+            # Not a reason to be unready (lookups and syncs go on), but say how stale the
+            # model can be: changes to known exchanges wait for the next sync.
+            detail["topology"] = topology_state(self.controller, self.stats, now)
         unknown = [key_label(k) for k in sorted(self.controller.queues)
                    if self.depth_is_unknown(k, now)]
         if unknown:

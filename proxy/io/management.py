@@ -112,7 +112,7 @@ class ManagementApi:
     async def topology(self) -> tuple[Any, Any, Any]:
         """The exchanges, queues and bindings documents, for the routing model."""
         exchanges = await self.get("/api/exchanges?columns=name,vhost,type,internal,arguments")
-        queues = await self.get("/api/queues?columns=name,vhost,arguments")
+        queues = await self.get("/api/queues?columns=name,vhost,type")
         bindings = await self.get("/api/bindings")
         return exchanges, queues, bindings
 
@@ -121,7 +121,8 @@ def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample:
     """Turn a /api/queues/VHOST/NAME document into a sample (missing figures count as 0).
 
     A queue whose statistics have not been emitted yet (just declared) has no figures at
-    all; that is reported as zero, which the ledger then corrects upward.
+    all; that is reported as zero, which the ledger then corrects upward. A stream has
+    message counts but no byte figures: ``bytes_known`` is then False.
     """
     if not isinstance(doc, dict):
         raise ManagementError("bad_reply", "queue document is not an object")
@@ -137,4 +138,5 @@ def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample:
         message_bytes=n("message_bytes"),
         message_bytes_ready=n("message_bytes_ready"),
         message_bytes_unacknowledged=n("message_bytes_unacknowledged"),
+        bytes_known=not ("message_bytes" not in doc and "messages_ready" in doc),
     )

@@ -56,6 +56,11 @@ class DefaultExchange:
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset({routing_key}) if exchange == "" else frozenset()
 
+    generation = 0
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
+
 
 class Setup:
     def __init__(self, overflow: str = "hold", deadline: str = "30s", signal: str = "auto",

@@ -78,6 +78,11 @@ class DefaultExchange:
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset({routing_key}) if exchange == "" else frozenset()
 
+    generation = 0
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
+
 
 def link_attach(channel: int, name: str, handle: int, role: bool, target: str | None,
                 source: str | None = None, initial: int | None = 0) -> bytes:

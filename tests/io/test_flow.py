@@ -460,9 +460,14 @@ def test_trouble_everywhere_is_logged_once_and_holding_repeats(
 
 
 class _NoRoutes:
+    generation = 0
+
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset()
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
 
 
 def test_collector_output_and_state_shape() -> None:
@@ -535,7 +540,14 @@ def test_collector_output_and_state_shape() -> None:
         "tripped": True, "tripped_seconds": 4.5, "trips": 1}
     assert state["blocked_channels"] == [
         {"conn": 5, "channel": 1, "queues": [{"vhost": "/", "queue": "orders.eu"}],
-         "alarm": False, "seconds": 0.0}]
+         "alarm": False, "lookups": [], "seconds": 0.0}]
+    # "audit" has had no figure yet: publishes to it wait for its first one (a lookup).
+    assert metric_in(text, "floodwall_topology_lookups_pending") == 1
+    assert state["topology"]["lookups_pending"] == [
+        {"vhost": "/", "kind": "queue", "name": "audit", "seconds": 4.5}]
+    assert state["topology"]["events"] == "off"
+    assert metric_in(text, "floodwall_topology_changes_total", source="event") == 0
+    assert metric_in(text, "floodwall_topology_lookup_seconds_count") == 0
 
 
 def test_policy_changes_are_named() -> None:
