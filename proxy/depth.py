@@ -13,7 +13,16 @@ sample was taken, less a safety margin, so a publish still in flight inside the 
 the sample was taken is counted rather than missed. For a ready count the margin follows
 the broker's responsiveness: twice the probe's round trip, within [20 ms, 1 s]; a broker
 slow to answer is slow to enqueue too. A management sample gets the fixed margin (and the
-supervisor dates it back by the broker's statistics interval). Consumption since the sample
+supervisor dates it back by the broker's statistics interval).
+
+A burst the proxy forwarded can take the broker longer to enqueue than the probe's round
+trip says (the probe is answered on the proxy's own connection while the client's channel
+is still working through the burst; ~50 ms for 1,000 1 KiB messages on a busy 2-core
+machine). A count taken then is low, and releasing on it would let another burst go. So
+the *release* decision uses the settled estimate (``estimate(settled=True)``): a ready
+count covers only what was forwarded ``SETTLE`` (100 ms) before it was asked for. The trip
+decision keeps the fast one; a tripped queue forwards nothing, so the two agree again
+``SETTLE`` after the trip. Consumption since the sample
 is not subtracted: the estimate errs high, so a queue trips early rather than late, and the
 next sample brings it back down. All times are the caller's monotonic clock, in seconds.
 """
@@ -28,6 +37,9 @@ from dataclasses import dataclass, field
 # A publish forwarded this long before a sample was requested may still not be in it.
 IN_FLIGHT_MARGIN = 0.25
 MIN_MARGIN, MAX_MARGIN = 0.02, 1.0
+# A ready count is trusted to hold what was forwarded this long before it, to release a
+# tripped queue (see the module docstring).
+SETTLE = 0.1
 # Ledger entries this much older than the newest sample are dropped.
 LEDGER_HORIZON = 5.0
 # Publishes this close together share one ledger entry.
@@ -75,6 +87,8 @@ class QueueDepth:
     _base: Depth | None = None  # depth per the newest sample ...
     _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
     _base_messages_mark: int = 0
+    _settled_bytes_mark: int = 0  # the same, for the settled estimate (release decisions)
+    _settled_messages_mark: int = 0
     rebases: int = 0  # goes up each time a sample moves the base: equal values, same base
 
     # -- inputs --------------------------------------------------------------------------
@@ -115,11 +129,19 @@ class QueueDepth:
         self._rebase()
 
     # -- output --------------------------------------------------------------------------
-    def estimate(self) -> Depth | None:
-        """Best estimate now, or None when no sample has arrived yet (depth unknown)."""
+    def estimate(self, settled: bool = False) -> Depth | None:
+        """Best estimate now, or None when no sample has arrived yet (depth unknown).
+
+        ``settled``: the estimate a release is decided on, which does not trust a ready
+        count with what was forwarded in the ``SETTLE`` before it (never lower).
+        """
         base = self._base
         if base is None:
             return None
+        if settled:
+            return Depth(base.bytes + self.forwarded_bytes_total - self._settled_bytes_mark,
+                         base.messages + self.forwarded_messages_total
+                         - self._settled_messages_mark)
         return Depth(base.bytes + self.forwarded_bytes_total - self._base_bytes_mark,
                      base.messages + self.forwarded_messages_total - self._base_messages_mark)
 
@@ -165,18 +187,20 @@ class QueueDepth:
             mgmt is None or self.ready_count_at >= mgmt.taken_at
         ):
             since = self.ready_count_at - self.ready_margin
+            settled = self.ready_count_at - max(self.ready_margin, SETTLE)
             unacked_msgs = mgmt.messages_unacknowledged if mgmt else 0
             unacked_bytes = mgmt.message_bytes_unacknowledged if mgmt else 0
             self._base = Depth(self.ready_count * self.average_body_bytes() + unacked_bytes,
                                self.ready_count + unacked_msgs)
         elif mgmt is not None:
-            since = mgmt.taken_at - IN_FLIGHT_MARGIN
+            since = settled = mgmt.taken_at - IN_FLIGHT_MARGIN
             messages = mgmt.messages_ready + mgmt.messages_unacknowledged
             self._base = Depth(mgmt.message_bytes if mgmt.bytes_known
                                else messages * self.average_body_bytes(), messages)
         else:
             return
         self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)
+        self._settled_bytes_mark, self._settled_messages_mark = self._totals_before(settled)
         self.rebases += 1
         self._trim(since - LEDGER_HORIZON)
 

@@ -409,7 +409,9 @@ class FlowController:
             self._released(ALARM)
 
     def _evaluate(self, q: PolicedQueue) -> None:
-        est = q.depth.estimate()
+        # A tripped queue is released on the settled estimate (proxy/depth.py: a ready
+        # count taken while a burst is still reaching the queue must not release it).
+        est = q.depth.estimate(settled=q.tripped)
         if est is None:
             self._apply(q, decide(q.policy, None, None, q.tripped))
         else:

@@ -46,7 +46,7 @@ __all__ = [
 
 EVENT_EXCHANGE: Final = "amq.rabbitmq.event"
 #: What the proxy's event queue is bound to: every event that changes routing.
-EVENT_BINDING_KEYS: Final = ("queue.*", "exchange.*", "binding.*", "vhost.*", "policy.*")
+EVENT_BINDING_KEYS: Final = ("binding.*", "queue.*", "exchange.*", "vhost.*", "policy.*")
 
 
 class EventError(ValueError):

@@ -39,6 +39,10 @@ _SHORT = struct.Struct(">H")
 _BODY_SIZE = struct.Struct(">HHQH")  # class id, weight, body size, property flags
 _HEADERS_FLAG: Final = 0x2000  # property flag bit of ``headers`` (third property)
 DEFAULT_HOLD_BUDGET: Final = 16 * 1024 * 1024
+#: Held bytes past which a connection is not read while a channel of it waits for a lookup
+#: (proxy/lookups.py): a lookup takes a round trip, and a flood read meanwhile would only
+#: take the event loop from the answer.
+LOOKUP_HOLD_BUDGET: Final = 256 * 1024
 
 # Methods that keep flowing on a channel while its publishes are held: they cannot
 # overtake a publish in any way the broker or the client could observe.
@@ -202,6 +206,7 @@ class PublishFlow:
         self.on_channel_closed: Callable[[int], None] = lambda channel: None
         self.client_gone = False
         self._connection_close: bytes | None = None  # the client's close, behind held frames
+        self._waiting_lookup: set[int] = set()  # channels blocked on lookups only
         self._maybe_slow = False  # set whenever a channel may have left the fast path
         controller.register(self)
 
@@ -227,7 +232,15 @@ class PublishFlow:
 
     @property
     def over_budget(self) -> bool:
-        return self.held_bytes > self.hold_budget
+        """Past the hold budget: stop reading the connection (the relay's backpressure)."""
+        held = self.held_bytes
+        return held > self.hold_budget or (held > LOOKUP_HOLD_BUDGET
+                                           and bool(self._waiting_lookup))
+
+    @property
+    def waiting_for_lookup(self) -> bool:
+        """True while a channel of this connection waits for a lookup's answer."""
+        return bool(self._waiting_lookup)
 
     @property
     def holding(self) -> bool:
@@ -410,6 +423,7 @@ class PublishFlow:
         if ch is not None and ch.closing_by_proxy:
             return
         self.channels.pop(channel, None)
+        self._waiting_lookup.discard(channel)
         if ch is not None and ch.held_bytes:
             self._account(-ch.held_bytes, -sum(1 for i in ch.held if isinstance(i, HeldPublish)))
         self.controller.channel_closed(self, channel)
@@ -547,13 +561,17 @@ class PublishFlow:
 
     def _block(self, ch: ChannelFlow, blocking: frozenset[QueueKey]) -> None:
         newly = self.controller.block(self, ch.channel, blocking)
+        only_lookups = all(is_pseudo(k) and k != ALARM for k in blocking)
+        if not only_lookups:
+            self._waiting_lookup.discard(ch.channel)
         if not newly:
             if not self.controller.is_blocked(self, ch.channel):
                 # Released while we looked (seed 000's race): let it go at once.
                 self.channel_released(ch.channel)
             return
-        if all(is_pseudo(k) and k != ALARM for k in blocking):
+        if only_lookups:
             # A moment's wait for the broker's answer (a lookup): no signal, no hold event.
+            self._waiting_lookup.add(ch.channel)
             event(log, "publisher_waits_for_lookup", logging.DEBUG, conn=self.conn_id,
                   channel=ch.channel, vhost=self.vhost,
                   lookups=",".join(q for _, q in sorted(blocking)))
@@ -592,6 +610,7 @@ class PublishFlow:
 
     def channel_released(self, channel: int) -> None:
         """The controller says every queue this channel waited on has drained."""
+        self._waiting_lookup.discard(channel)
         ch = self.channels.get(channel)
         if ch is None:
             return
@@ -674,6 +693,7 @@ class PublishFlow:
         ch.filling = None
         ch.closing_by_proxy = True
         ch.close_oks_due = {"client", "broker"}
+        self._waiting_lookup.discard(ch.channel)
         self.controller.channel_closed(self, ch.channel)
         reply = text.encode()[:255].decode("utf-8", "ignore")
         self._to_client(encode_method(_CH.Close(reply_code=406, reply_text=reply,

@@ -322,6 +322,7 @@ class AmqpClient(BatchedWrites):
         self._frame_max = 131072
         self._lanes: dict[str, int] = {}  # lane name -> its channel
         self._lane_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[None]] = set()  # lanes being reopened
         self._publishers: dict[int, Publisher] = {}
         self._consumers: dict[int, Consumer] = {}
         self._init_writes()
@@ -500,7 +501,22 @@ class AmqpClient(BatchedWrites):
                 raise
             if isinstance(reply, commands.Channel.Close):
                 self._lanes.pop(lane, None)
+                # Reopen it now, so the lane's next RPC (a lookup) is one round trip.
+                reopen = asyncio.get_running_loop().create_task(self._reopen(lane, timeout))
+                self._background.add(reopen)
+                reopen.add_done_callback(self._background.discard)
             return reply
+
+    async def _reopen(self, lane: str, timeout: float) -> None:
+        with contextlib.suppress(AmqpClientError, TimeoutError, OSError):
+            await self.open_lane(lane, timeout)
+
+    async def open_lane(self, lane: str, timeout: float = 5.0) -> None:
+        """Open ``lane``'s channel now, so its first RPC is one round trip."""
+        lock = self._lane_locks.setdefault(lane, asyncio.Lock())
+        async with lock:
+            if lane not in self._lanes:
+                self._lanes[lane] = await self._open_channel(timeout)
 
     async def queue_counts(self, queue: str, timeout: float = 5.0,
                            lane: str = "probe") -> QueueCounts | None:
@@ -600,6 +616,8 @@ class AmqpClient(BatchedWrites):
             raise AmqpClientError(f"channel.close: unexpected {reply!r}")
 
     async def close(self) -> None:
+        for reopening in list(self._background):
+            reopening.cancel()
         for publisher in list(self._publishers.values()):
             publisher.lost("connection closing")
         self._flush()

@@ -363,8 +363,9 @@ class FlowSupervisor:
         if not self._running:
             return
         self._reconcile_vhosts()
-        if self._wake_management is not None:
-            self._wake_management.set()
+        # A new queue's first figure is its lookup (a passive declare, at once); its bytes
+        # come with the next management round. Until warm, a round at once.
+        self._wake_until_warm()
 
     def known_queues(self) -> set[QueueKey]:
         """Every queue the topology knows, plus those policed now."""
@@ -571,6 +572,8 @@ class FlowSupervisor:
                     await self._pause(vhost, backoff)
                     backoff = min(backoff * 2, s.reconnect_max)
                     continue
+                with contextlib.suppress(AmqpClientError, TimeoutError):
+                    await client.open_lane("lookup", s.connect_timeout)
                 event(log, "own_connection_up", vhost=vhost,
                       upstream=f"{s.amqp_host}:{s.amqp_port}")
                 failing, backoff = False, s.reconnect_min

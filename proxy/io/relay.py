@@ -205,7 +205,8 @@ class RelayedConnection(asyncio.Protocol):
                 self._close_both()
                 return
             if flow.over_budget:
-                if "hold budget" not in self._client_paused:
+                if "hold budget" not in self._client_paused \
+                        and flow.held_bytes > flow.hold_budget:
                     event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
                           peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
                           action="stopped reading this connection")

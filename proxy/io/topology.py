@@ -135,15 +135,16 @@ class TopologyFeed:
         self._event_errors: set[str] = set()
         self._lookups_failing = False
         self._sync_wake = asyncio.Event()
-        self._lookup_wake = asyncio.Event()
-        controller.lookups.on_due = self._lookup_wake.set
+        self._started = False
+        controller.lookups.on_due = self._dispatch_lookups
         controller.lookups.ttl = settings.lookup_ttl
         self.stats.events_status = "off" if not settings.topology_events else "starting"
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
+        self._started = True
         self._spawn(self._sync_loop(), "topology-sync")
-        self._spawn(self._lookup_loop(), "topology-lookups")
+        self._dispatch_lookups()  # those asked for before the start
         if self.settings.topology_events:
             self._spawn(self._events_loop(), "topology-events")
         else:
@@ -152,6 +153,7 @@ class TopologyFeed:
                          f"{self.settings.topology_interval:g}s")
 
     async def stop(self) -> None:
+        self._started = False
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -401,13 +403,13 @@ class TopologyFeed:
         self.apply(change, ChangeSource.EVENT)
 
     # -- lookups ---------------------------------------------------------------------------
-    async def _lookup_loop(self) -> None:
-        wake = self._lookup_wake
-        while True:
-            await wake.wait()
-            wake.clear()
-            for lookup in self.controller.lookups.take_due():
-                self._spawn(self._lookup_task(lookup), f"lookup-{lookup.kind.value}")
+    def _dispatch_lookups(self) -> None:
+        """The gate asked for lookups: start each at once (a task each), in the same
+        callback that held the publish, so the question leaves before the next read."""
+        if not self._started:
+            return  # start() takes them
+        for lookup in self.controller.lookups.take_due():
+            self._spawn(self._lookup_task(lookup), f"lookup-{lookup.kind.value}")
 
     async def _lookup_task(self, lookup: Lookup) -> None:
         await self.lookup(lookup)
@@ -417,8 +419,8 @@ class TopologyFeed:
         started = self.clock()
         reason = ""
         try:
-            result = await asyncio.wait_for(self._ask_broker(lookup),
-                                            self.settings.lookup_timeout)
+            async with asyncio.timeout(self.settings.lookup_timeout):
+                result = await self._ask_broker(lookup)
         except TimeoutError:
             result, reason = LookupResult.FAILED, f"no answer in {self.settings.lookup_timeout:g}s"
         except (AmqpClientError, ManagementError, TopologyError, OSError) as exc:
