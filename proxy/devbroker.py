@@ -103,6 +103,7 @@ class LocalBroker:
 
     workdir: Path
     config_extra: str = ""
+    plugins: tuple[str, ...] = PLUGINS
     endpoint: BrokerEndpoint = field(init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
@@ -142,7 +143,7 @@ class LocalBroker:
             "log.console = false\n"
             "log.file.level = info\n" + self.config_extra
         )
-        (self.workdir / "enabled_plugins").write_text("[" + ",".join(PLUGINS) + "].\n")
+        (self.workdir / "enabled_plugins").write_text("[" + ",".join(self.plugins) + "].\n")
         out = open(self.workdir / "server.out", "wb")
         self.process = subprocess.Popen(
             [script],

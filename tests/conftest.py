@@ -63,6 +63,7 @@ def _docker_broker() -> tuple[BrokerEndpoint, Callable[[], None]] | None:
     container.with_exposed_ports(5672, 15672)
     container.with_command(
         "bash -c 'rabbitmq-plugins enable --offline rabbitmq_amqp1_0 rabbitmq_prometheus "
+        "rabbitmq_event_exchange "
         "&& exec docker-entrypoint.sh rabbitmq-server'")
     container.start()
     wait_for_logs(container, "Server startup complete", timeout=120)

@@ -772,13 +772,28 @@ class CreditFlow:
         ``names``: ``_queues(link)`` when the caller has just computed it.
         """
         policed = self._policed(link, names)
-        if not policed and not (link.per_message and self.controller.queues):
+        if not policed and not self._may_be_policed(link):
             return None
         size = link.typical_bytes
         if not size:
             size = max((self.controller.queues[k].depth.average_body_bytes() for k in policed),
                        default=0) or ASSUMED_MESSAGE_BYTES
         return window_for(size)
+
+    def _may_be_policed(self, link: SenderLink) -> bool:
+        """Whether the link can come to feed a policed queue at any moment, with nothing
+        sent through the proxy: a binding made elsewhere to its exchange, a queue a policy
+        matches declared elsewhere. Its credit is capped by the window too, so what it holds
+        when that happens is one window, not the broker's whole grant."""
+        controller = self.controller
+        if link.per_message:
+            return bool(controller.queues) or controller.polices_vhost(self.vhost)
+        destination = link.destination
+        if destination is None or destination.routing_key is None:
+            return False
+        if destination.exchange:
+            return controller.polices_vhost(self.vhost)
+        return controller.policies.for_queue(self.vhost, destination.routing_key) is not None
 
     def _decide(self, link: SenderLink, window: int | None) -> LinkFlow:
         """The credit to give the client now: withheld while a queue it feeds is tripped."""

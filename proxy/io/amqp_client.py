@@ -49,6 +49,11 @@ class AmqpClientError(RuntimeError):
     """The broker refused or dropped the proxy's own connection."""
 
 
+class QueueLocked(AmqpClientError):
+    """405 RESOURCE_LOCKED: the queue is exclusive to another connection (a passive declare
+    of it is refused; its figures come from the management API)."""
+
+
 @dataclass(frozen=True)
 class QueueCounts:
     """What a passive queue.declare says: ready messages and consumers, right now."""
@@ -526,8 +531,8 @@ class AmqpClient(BatchedWrites):
         if isinstance(reply, commands.Channel.Close):  # the broker closed the channel
             if reply.reply_code == 404:
                 return None
-            raise AmqpClientError(f"queue.declare {queue!r}: {reply.reply_code} "
-                                  f"{reply.reply_text}")
+            error = QueueLocked if reply.reply_code == 405 else AmqpClientError
+            raise error(f"queue.declare {queue!r}: {reply.reply_code} {reply.reply_text}")
         if not isinstance(reply, commands.Queue.DeclareOk):
             raise AmqpClientError(f"queue.declare {queue!r}: unexpected {reply!r}")
         return QueueCounts(reply.message_count or 0, reply.consumer_count or 0)

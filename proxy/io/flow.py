@@ -312,6 +312,15 @@ class FlowSupervisor:
             rtt = None
         self.controller.sampled_ready_count(key, requested_at, ready, rtt)
 
+    def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management sample of ``key``, dated back by the broker's statistics interval."""
+        if key not in self.controller.queues:
+            return
+        self._asked.add(key)
+        self._sampled_at[key] = self.clock()
+        self.controller.sampled_management(
+            key, replace(sample, taken_at=sample.taken_at - self.settings.management_stats_age))
+
     async def queues_listed(self, listed: set[QueueKey]) -> None:
         """A sync listed these queues: police new ones; a policed queue the listing lacks
         is forgotten once the broker confirms it is gone."""
@@ -500,10 +509,8 @@ class FlowSupervisor:
                 continue  # dropped while we asked
             self._asked.add(key)
             if isinstance(result, ManagementSample):
+                self.feed_management(key, result)
                 self._sampled_at[key] = now
-                dated = replace(result,
-                                taken_at=result.taken_at - self.settings.management_stats_age)
-                self.controller.sampled_management(key, dated)
             # None: the API does not know it; the passive declare decides whether it is gone
         self.apply_unknown_depth()
         if self.feed.loaded or self.feed.error is not None:

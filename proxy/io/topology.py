@@ -39,9 +39,10 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
+from proxy.depth import ManagementSample
 from proxy.flow_metrics import FlowStats
 from proxy.gate import FlowController, QueueKey
-from proxy.io.amqp_client import AmqpClient, AmqpClientError, Delivery
+from proxy.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
 from proxy.io.management import ManagementApi, ManagementError
 from proxy.logs import event
 from proxy.lookups import Lookup, LookupKind, LookupResult
@@ -100,6 +101,9 @@ class Policing(Protocol):
     def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
                          rtt: float | None) -> None:
         """A passive declare's ready count of a policed queue."""
+
+    def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management API sample of a policed queue."""
 
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
         """One counted management API call."""
@@ -453,11 +457,16 @@ class TopologyFeed:
         return await self._lookup_exchange(lookup)
 
     async def _lookup_queue(self, lookup: Lookup) -> LookupResult:
-        """A passive declare: the queue's existence and its ready count, now."""
+        """A passive declare: the queue's existence and its ready count, now. A queue
+        exclusive to another connection refuses it: the management API answers instead."""
         vhost, name = lookup.vhost, lookup.name
         client = await self.policing.client_for(vhost)
         requested_at = self.clock()
-        counts = await client.queue_counts(name, self.settings.lookup_timeout, lane="lookup")
+        try:
+            counts = await client.queue_counts(name, self.settings.lookup_timeout,
+                                               lane="lookup")
+        except QueueLocked:
+            return await self._lookup_locked_queue(lookup)
         if counts is None:
             if self.topology.knows_queue(vhost, name) \
                     or (vhost, name) in self.controller.queues:
@@ -469,6 +478,17 @@ class TopologyFeed:
             self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
                        ChangeSource.LOOKUP)
         self.policing.feed_ready_count((vhost, name), requested_at, counts.messages, rtt)
+        return LookupResult.FOUND
+
+    async def _lookup_locked_queue(self, lookup: Lookup) -> LookupResult:
+        vhost, name = lookup.vhost, lookup.name
+        sample = await self.policing.ask(functools.partial(self.api.queue_sample, vhost, name))
+        if sample is None:
+            return LookupResult.ABSENT
+        if not self.topology.knows_queue(vhost, name):
+            self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
+                       ChangeSource.LOOKUP)
+        self.policing.feed_management((vhost, name), sample)
         return LookupResult.FOUND
 
     async def _lookup_exchange(self, lookup: Lookup) -> LookupResult:
