@@ -99,6 +99,7 @@ class FlowController:
         self.clock = clock
         self.policies = policies
         self._policy_vhosts = policies.vhosts
+        self._policy_loads = 0  # set_policies calls: part of ``generation``
         self.queues: dict[QueueKey, PolicedQueue] = {}
         # Names a publish needs the broker's word on before it may go (proxy/lookups.py),
         # and the policed queues still waiting for their first depth figure (a queue
@@ -146,6 +147,7 @@ class FlowController:
         """Apply a (re)loaded policy file to the queues that exist now."""
         self.policies = policies
         self._policy_vhosts = policies.vhosts
+        self._policy_loads += 1
         for key in list(self.queues):
             if policies.for_queue(*key) is None:
                 self._unpolice(key)
@@ -259,8 +261,9 @@ class FlowController:
 
     @property
     def generation(self) -> int:
-        """The routing model's generation: a route computed at another one may differ."""
-        return self.router.generation
+        """Goes up when the routing model or the policies change: a route (or what is
+        policed along it) computed at another generation may differ."""
+        return self.router.generation + self._policy_loads
 
     def policed(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
         """The policed queues among ``queues`` (the answer for a set is kept until a queue

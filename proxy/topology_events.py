@@ -196,6 +196,10 @@ class _Reader:
             if text[self.pos] in "+-" and text[self.pos - 1] != "e":
                 break
             self.pos += 1
+            if text[self.pos - 1] == "#":  # base#digits: the digits may be letters
+                while self.pos < len(text) and text[self.pos].isalnum():
+                    self.pos += 1
+                break
         token = text[start:self.pos]
         try:
             if "#" in token:
@@ -299,9 +303,14 @@ def erlang_arguments(value: object) -> dict[str, object]:
         if not isinstance(item, str):
             raise EventError(f"argument {item!r} is not a string")
         reader = _Reader(item)
-        term = reader.term()
-        if reader.peek():
-            raise reader.fail("trailing characters")
+        try:
+            term = reader.term()
+            if reader.peek():
+                raise reader.fail("trailing characters")
+        except EventError:
+            raise
+        except (ValueError, IndexError, OverflowError, RecursionError) as exc:
+            raise reader.fail(str(exc)) from None
         key, argument = _table_entry(term)
         found[key] = argument
     return found

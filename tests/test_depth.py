@@ -110,3 +110,41 @@ def test_headroom_is_where_the_estimate_crosses_the_limits() -> None:
     assert q.rebases == rebases
     q.sampled_ready_count(11.0, 0)
     assert q.rebases == rebases + 1
+
+
+def test_release_decisions_do_not_trust_a_count_taken_right_after_a_burst() -> None:
+    """A burst forwarded 50 ms before a ready count may not all be in it (the broker is still
+    enqueueing it): the settled estimate keeps it, the fast one (for trips) trusts the count."""
+    from proxy.depth import SETTLE
+
+    q = QueueDepth()
+    q.sampled_ready_count(10.0, ready=0, rtt=0.001)
+    for i in range(10):
+        q.forwarded(10.2 + i * 0.001, 100)  # a burst of 10
+    q.sampled_ready_count(10.25, ready=4, rtt=0.001)  # 50 ms later: 4 of them enqueued
+    fast, settled = q.estimate(), q.estimate(settled=True)
+    assert fast is not None and settled is not None
+    assert fast.messages == 4  # everything up to 10.23 taken as counted
+    assert settled.messages == 14  # the burst is within SETTLE: counted on top
+    q.sampled_ready_count(10.2 + 0.01 + SETTLE, ready=10, rtt=0.001)  # all in by now
+    assert q.estimate(settled=True) == q.estimate() == Depth(10 * q.average_body_bytes(), 10)
+
+
+def test_a_stream_has_counts_without_bytes_so_bytes_come_from_the_ledger_mean() -> None:
+    q = QueueDepth()
+    for i in range(4):
+        q.forwarded(1.0 + i, 250)
+    q.sampled_management(ManagementSample(20.0, 40, 0, 0, 0, 0, bytes_known=False))
+    assert q.average_body_bytes() == 250
+    assert q.estimate() == Depth(40 * 250, 40)
+
+
+def test_management_documents_of_a_stream_say_the_bytes_are_unknown() -> None:
+    from proxy.io.management import sample_from_queue_doc
+
+    stream = sample_from_queue_doc({"name": "s", "messages_ready": 30,
+                                    "messages_unacknowledged": 0}, 1.0)
+    classic = sample_from_queue_doc({"name": "c", "messages_ready": 30, "message_bytes": 0,
+                                     "messages_unacknowledged": 0}, 1.0)
+    fresh = sample_from_queue_doc({"name": "f"}, 1.0)  # no statistics yet: zeros
+    assert not stream.bytes_known and classic.bytes_known and fresh.bytes_known
