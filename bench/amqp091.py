@@ -72,6 +72,7 @@ class Amqp091Client(asyncio.Protocol):
         self.bytes_in = 0
         self.on_body: Callable[[memoryview, int], None] | None = None
         self.on_delivery: Callable[[int], None] | None = None
+        self.on_confirm: Callable[[int], None] | None = None  # (highest tag confirmed)
 
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -125,6 +126,8 @@ class Amqp091Client(asyncio.Protocol):
                             self.nacked += (tag - self.confirmed) if multiple else 1
                         if tag > self.confirmed:
                             self.confirmed = tag
+                            if self.on_confirm is not None:
+                                self.on_confirm(tag)
                     else:
                         _, ch, value = pframe.unmarshal(bytes(buf[pos:end + 1]))
                         self._methods.put_nowait((ch, value))

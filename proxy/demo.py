@@ -132,15 +132,20 @@ def main() -> None:
                           "--management", broker.management_url,
                           "--telemetry-dir", str(out / "telemetry")])
     try:
+        proxy.start()
+        # As in production, the queue is declared by the consumer's side straight at the
+        # broker, after floodwall started: floodwall learns it from the broker's topology
+        # events (the rabbitmq_event_exchange plugin, enabled on this broker).
         setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1",
                                                                   broker.amqp_port))
         setup.channel().queue_declare(QUEUE, durable=False)
         setup.close()
-        proxy.start()
         console.print(f"broker on :{broker.amqp_port}, floodwall on :{proxy.port} "
                       f"(admin {proxy.admin_url}), policy: {QUEUE} capacity "
                       f"{format_bytes(capacity)}, resume "
                       f"{format_bytes(policy.resume if policy else 0)}")
+        console.print(f"{QUEUE} declared at the broker after floodwall started; "
+                      f"{_topology_line(proxy)}")
         probe = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1",
                                                                   broker.amqp_port))
         probe_ch = probe.channel()
@@ -198,6 +203,24 @@ def main() -> None:
     console.print()
     if run_analysis([str(out / "telemetry")], out / "report", resolution=1.0) == 0:
         console.print(f"[bold]report of this run[/]: {out / 'report' / 'report.html'}")
+
+
+def _topology_line(proxy: ProxyProcess, timeout: float = 5.0) -> str:
+    """How floodwall learned of the demo queue (its /state), once it polices it."""
+    deadline = time.monotonic() + timeout
+    topology: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        flow = proxy.state().get("flow")
+        if isinstance(flow, dict):
+            topology = flow.get("topology") or {}
+            if any(q.get("queue") == QUEUE for q in flow.get("queues") or []):
+                break
+        time.sleep(0.05)
+    changes = topology.get("changes")
+    learned = ", ".join(f"{n} by {source}" for source, n in sorted(changes.items())
+                        if n) if isinstance(changes, dict) else ""
+    return (f"floodwall polices it (topology events: {topology.get('events', '?')}; "
+            f"changes learned: {learned or 'none yet'})")
 
 
 def _table(samples: list[dict[str, float]], args: argparse.Namespace, capacity: int) -> Table:

@@ -469,7 +469,8 @@ class AmqpClient(BatchedWrites):
         self._waiters[channel] = waiter
         try:
             self._send(channel, value)
-            return await asyncio.wait_for(waiter, timeout)
+            async with asyncio.timeout(timeout):  # (one wake-up less than wait_for)
+                return await waiter
         finally:
             self._waiters.pop(channel, None)
 

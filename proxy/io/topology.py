@@ -301,28 +301,26 @@ class TopologyFeed:
             client = AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
                                 s.amqp_credentials.password, s.event_vhost)
             try:
-                unavailable = await self._subscribe(client)
-            except (AmqpClientError, OSError, TimeoutError) as exc:
+                try:
+                    unavailable = await self._subscribe(client)
+                except (AmqpClientError, OSError, TimeoutError) as exc:
+                    self._events_down(_reason(exc))
+                    wait = backoff
+                    backoff = min(backoff * 2, s.reconnect_max)
+                else:
+                    if unavailable is not None:
+                        self._events_unavailable(unavailable)
+                        wait = s.topology_interval
+                    else:
+                        backoff = s.reconnect_min
+                        self._events_up()
+                        await client.wait_closed()
+                        self._events_down(client.closed_reason or "closed")
+                        wait = 0.0
+            finally:  # (also when cancelled: the proxy is stopping)
                 with contextlib.suppress(Exception):
                     await client.close()
-                self._events_down(_reason(exc))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, s.reconnect_max)
-                continue
-            if unavailable is not None:
-                with contextlib.suppress(Exception):
-                    await client.close()
-                self._events_unavailable(unavailable)
-                await asyncio.sleep(s.topology_interval)
-                continue
-            backoff = s.reconnect_min
-            self._events_up()
-            try:
-                await client.wait_closed()
-            finally:
-                with contextlib.suppress(Exception):
-                    await client.close()
-            self._events_down(client.closed_reason or "closed")
+            await asyncio.sleep(wait)
 
     async def _subscribe(self, client: AmqpClient) -> str | None:
         """Connect, declare and bind the event queue, consume. Returns why the events
