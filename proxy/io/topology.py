@@ -475,7 +475,18 @@ class TopologyFeed:
         if not self.topology.knows_queue(vhost, name):
             self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
                        ChangeSource.LOOKUP)
-        self.policing.feed_ready_count((vhost, name), requested_at, counts.messages, rtt)
+        key = (vhost, name)
+        q = self.controller.queues.get(key)
+        if counts.messages and q is not None and q.depth.management is None \
+                and not q.depth.forwarded_messages_total:
+            # Messages of a size nobody has seen yet: their bytes come from the management
+            # API first, or the count would weigh nothing against a byte capacity.
+            with contextlib.suppress(ManagementError):
+                sample = await self.policing.ask(
+                    functools.partial(self.api.queue_sample, vhost, name))
+                if sample is not None:
+                    self.policing.feed_management(key, sample)
+        self.policing.feed_ready_count(key, requested_at, counts.messages, rtt)
         return LookupResult.FOUND
 
     async def _lookup_locked_queue(self, lookup: Lookup) -> LookupResult:

@@ -290,11 +290,14 @@ def test_queue_lookups_found_absent_and_locked() -> None:
         assert s.policing.counts == [(("/", "orders.f"), 7)]
         assert ("/", "orders.f") in s.controller.queues
         assert not s.controller.awaiting_first_figure(("/", "orders.f"))
+        # 7 messages nobody has seen the size of: their bytes came from the management API.
+        estimate = s.controller.queues[("/", "orders.f")].depth.estimate()
+        assert estimate is not None and estimate.bytes == 700
         absent = Lookup("/", LookupKind.QUEUE, "orders.none")
         assert await s.feed.lookup(absent) is LookupResult.ABSENT
         locked = Lookup("/", LookupKind.QUEUE, "orders.x")
         assert await s.feed.lookup(locked) is LookupResult.FOUND
-        assert s.policing.samples == [("/", "orders.x")]  # from the management API
+        assert s.policing.samples == [("/", "orders.f"), ("/", "orders.x")]
         assert s.stats.lookups[("queue", "found")] == 2
         assert s.stats.lookups[("queue", "absent")] == 1
         assert s.stats.lookup_seconds.count == 3
