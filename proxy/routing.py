@@ -674,6 +674,22 @@ def _from_json(value: object) -> object:
     return value
 
 
+def _listed_form(value: object) -> object:
+    """A binding argument as the management API lists it (a decimal as a float, a timestamp
+    as its integer, bytes as text), hashable: how two sources' bindings are compared."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _listed_form(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return ("array", *(_listed_form(v) for v in value))
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, datetime):
+        return _timestamp(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode(errors="replace")
+    return value
+
+
 def _items(document: object, what: str) -> Iterator[tuple[str, Mapping[str, object]]]:
     if not isinstance(document, list):
         raise TopologyError(f"{what}: expected a JSON array, got {type(document).__name__}")
@@ -966,7 +982,8 @@ class Topology:
             for out in v.outgoing.values():
                 for b in out.bindings:
                     found.add(("binding", v.name, b.source, b.destination.kind.value,
-                               b.destination.name, b.routing_key, b.arguments_key))
+                               b.destination.name, b.routing_key,
+                               _listed_form(b.arguments)))
         return frozenset(found)
 
     # ------------------------------------------------------------------ mutations

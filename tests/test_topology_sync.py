@@ -127,3 +127,22 @@ def test_describe_bindings_and_long_lists() -> None:
     text = describe(i for i in model.items() if i[0] == "binding")
     assert text.startswith("binding amq.topic->queue:q00[k]@/,")
     assert text.endswith(",... (2 more)")
+
+
+def test_bindings_from_events_and_from_the_listing_compare_equal() -> None:
+    """Decimals and timestamps: typed in frames and events, plain numbers in the listing."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    framed, listed = Topology(), Topology()
+    framed.bind_queue("/", "q", "amq.headers", "", {"d": Decimal("1.5"), "n": 2,
+                                                     "t": datetime(2020, 1, 1, tzinfo=UTC),
+                                                     "x-match": "any"})
+    listed.load_management(
+        exchanges=[{"name": "amq.headers", "vhost": "/", "type": "headers"}],
+        queues=[{"name": "q", "vhost": "/"}],
+        bindings=[{"source": "amq.headers", "vhost": "/", "destination": "q",
+                   "destination_type": "queue", "routing_key": "",
+                   "arguments": {"d": 1.5, "n": 2, "t": 1577836800, "x-match": "any"}}])
+    pick = [i for i in framed.items() if i[0] == "binding"]
+    assert pick and set(pick) == {i for i in listed.items() if i[0] == "binding"}
