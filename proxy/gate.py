@@ -226,8 +226,8 @@ class FlowController:
             return True
         if lookup.kind is LookupKind.QUEUE:
             self._first_figure((lookup.vhost, lookup.name))
-        if self.lookups.answered(lookup, result is not LookupResult.FOUND,
-                                 self.clock()) is not None:
+        if self.lookups.answered(lookup, result is not LookupResult.FOUND, self.clock(),
+                                 failed=result is LookupResult.FAILED) is not None:
             self._released(lookup.key)
         return False
 

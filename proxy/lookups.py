@@ -10,9 +10,9 @@ yet: its first figure is a queue lookup too.
 ``LookupTable`` is the bookkeeping, pure: which lookups are pending (the gate blocks channels
 on their ``key``, a pseudo-queue in the empty vhost, as it does on the broker alarm), which
 answers are remembered (a name found absent, or a lookup that failed and whose policy lets
-publishes go, for ``ttl`` seconds, so a stream of publishes to it costs one lookup), and the
-outbox of lookups the I/O layer must perform (``take_due``). The I/O layer reports each
-answer with ``answered``.
+publishes go, for ``ttl`` or ``failed_ttl`` seconds, so a stream of publishes to it costs
+one lookup), and the outbox of lookups the I/O layer must perform (``take_due``). The I/O
+layer reports each answer with ``answered``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from typing import Final
 
 QueueKey = tuple[str, str]  # (vhost, queue), as proxy.gate has it
 
-#: Seconds an "absent" or "failed, allowed" answer is remembered.
+#: Seconds an "absent" answer is remembered.
 DEFAULT_TTL: Final = 1.0
+#: Seconds a "failed, let go" answer is remembered: a broker that cannot answer (a hung
+#: management API) is not asked for every publish, each waiting out the lookup timeout.
+FAILED_TTL: Final = 10.0
 #: Remembered answers past which expired ones are swept.
 SWEEP_AT: Final = 4096
 #: The vhost of every pseudo-queue (RabbitMQ vhost names are never empty).
@@ -78,6 +81,7 @@ class LookupTable:
     """Pending lookups, remembered answers, and the lookups the I/O layer must perform."""
 
     ttl: float = DEFAULT_TTL
+    failed_ttl: float = FAILED_TTL
     on_due: Callable[[], None] | None = None  # the I/O layer's wake-up; None: nobody listens
     _entries: dict[Lookup, _Entry] = field(default_factory=dict)
     _by_key: dict[QueueKey, Lookup] = field(default_factory=dict)
@@ -134,16 +138,19 @@ class LookupTable:
     def lookup_of(self, key: QueueKey) -> Lookup | None:
         return self._by_key.get(key)
 
-    def answered(self, lookup: Lookup, remember: bool, now: float) -> float | None:
-        """The answer is in: not pending any more; remembered for ``ttl`` if ``remember``.
-        Returns how long it was pending (None if it was not)."""
+    def answered(self, lookup: Lookup, remember: bool, now: float,
+                 failed: bool = False) -> float | None:
+        """The answer is in: not pending any more; remembered for ``ttl`` (``failed_ttl``
+        for a failure) if ``remember``. Returns how long it was pending (None if it was
+        not)."""
         entry = self._entries.get(lookup)
         if entry is None or not entry.pending:
             return None
         self._by_key.pop(lookup.key, None)
         waited = now - entry.since
         if remember:
-            self._entries[lookup] = _Entry(False, now, now + self.ttl)
+            ttl = self.failed_ttl if failed else self.ttl
+            self._entries[lookup] = _Entry(False, now, now + ttl)
         else:
             del self._entries[lookup]
         return waited
