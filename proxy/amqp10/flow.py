@@ -19,7 +19,10 @@ client's session channel << 32 | the client's handle, a stable int per link.
 
 Anonymous terminus (null target) and per-message targets (``/exchange/X``, ``/queue``):
 credit cannot name one queue. Each message is routed by its ``to`` / ``subject``. Such a
-link's credit is always capped by the window when anything is policed. A message to a
+link's credit is always capped by the window when anything is policed (or a policy names
+the vhost), as is any link that may come to feed a policed queue (``_may_be_policed``).
+A destination the routing model does not know withholds the link's credit until the
+broker was asked (``_lookup``: proxy/lookups.py). A message to a
 tripped queue is forwarded (it was sent on credit; holding it would reorder the session's
 delivery-ids) and the link's credit is then withheld until every queue it hit drains; under
 ``overflow: reject`` the message is instead settled ``rejected`` with
