@@ -878,15 +878,12 @@ class Topology:
         self._vhosts: dict[str, _VirtualHost] = {}
         self._cache: dict[tuple[str, str, str], frozenset[str]] = {}
         self._cache_size = cache_size
-        self._generation = 0
-
-    @property
-    def generation(self) -> int:
-        """Goes up on every change that can change a route; equal values mean equal routes."""
-        return self._generation
+        # Goes up on every change that can change a route; equal values mean equal routes.
+        # (A plain attribute: the gates read it per message.)
+        self.generation = 0
 
     def _changed(self) -> None:
-        self._generation += 1
+        self.generation += 1
         self._cache.clear()
 
     def _vhost(self, vhost: str) -> _VirtualHost:
