@@ -317,6 +317,10 @@ def test_deleted_and_declared_again_is_policed_anew(
             # Its held publishes go where the broker routes them now: nowhere.
             wait_for(lambda: flow.held()["messages"] == 0, 10, what="held ones let go")
             wait_for(lambda: flow.queue_state(q) is None, 10, what="forgotten")
+            # ... once the broker has routed them (a round trip behind them on the channel),
+            # before the queue is there again.
+            raw.send_frame(commands.Exchange.Declare(exchange="amq.direct", passive=True), 1)
+            raw.expect(commands.Exchange.DeclareOk)
             ch.queue_declare(q)
             watch = BrokerDepth(broker, q)
             watch.start()
