@@ -185,9 +185,8 @@ class SenderLink:
     id_shift: int = 0  # client - broker delivery-id of its current delivery
     not_spooled_reported: bool = False
     # Lookups (proxy/lookups.py): the pseudo-queue the current delivery's destination waits
-    # on (per-message links), and the model's generation the link's credit was capped at.
+    # on (per-message links).
     delivery_lookup: frozenset[QueueKey] = frozenset()
-    generation: int = -1
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
 
@@ -804,7 +803,6 @@ class CreditFlow:
         blocking = self.controller.blocking(self.vhost, queues)
         if not link.per_message:
             blocking |= self._lookup(link.destination, queues)
-        link.generation = self.controller.generation
         if blocking and self._spool_key(link, queues, blocking) is None \
                 and self._block(link, blocking):
             link.withheld = True
@@ -833,10 +831,6 @@ class CreditFlow:
         blocking = self.controller.blocking(self.vhost, queues)
         if lookups:
             blocking |= lookups
-        generation = self.controller.generation
-        changed = link.generation != generation  # the model learned something since
-        if changed and not link.per_message:
-            blocking |= self._lookup(link.destination, queues)
         if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT
                              and not lookups) \
                 and self._spool_key(link, queues, blocking) is None:
@@ -845,10 +839,7 @@ class CreditFlow:
                 self._send_grant(link, link.credit.grant(0))
             return
         window = self._window(link, fixed)
-        link.generation = generation
-        if window is not None and (link.credit.wants_top_up(window)
-                                   or (changed and link.credit.client_credit > window)):
-            # (a link that became policed since holds more credit than its window: cut it)
+        if window is not None and link.credit.wants_top_up(window):
             self._send_grant(link, link.credit.grant(window))
 
     def _block(self, link: SenderLink, blocking: frozenset[QueueKey]) -> bool:

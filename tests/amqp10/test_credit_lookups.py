@@ -1,6 +1,7 @@
 """The AMQP 1.0 credit gate and lookups, driven by bytes: a link whose target the model does
 not know gets no credit until the broker was asked; a link that may come to feed a policed
-queue is capped by the window; one that becomes policed has its credit cut."""
+queue is capped by the window; one that becomes policed gets none until its queue's first
+figure, then the window."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_links_that_cannot_become_policed_get_the_brokers_credit_as_it_was() -> 
     assert link.take()[1] == grant
 
 
-def test_a_link_to_an_exchange_becomes_policed_and_its_credit_is_cut() -> None:
+def test_a_link_to_an_exchange_that_becomes_policed_waits_for_the_first_figure() -> None:
     link = Link("/exchange/amq.direct/orders.late")
     to_client = link.broker_grants()
     assert credit_seen(to_client, 7, 0) == WINDOW  # capped: a binding may come any moment
@@ -100,7 +101,7 @@ def test_a_link_to_an_exchange_becomes_policed_and_its_credit_is_cut() -> None:
     assert link.fc.queues[("/", "orders.late")].depth.forwarded_messages_total == 1
 
 
-def test_a_link_that_held_the_brokers_credit_is_cut_when_a_reload_polices_its_queue() -> None:
+def test_a_link_holding_the_brokers_credit_is_withheld_when_a_reload_polices_it() -> None:
     link = Link("/amq/queue/audit")
     link.topology.declare_queue("/", "audit")
     link.core.receive_from_server(broker_flow(7, 0, 1000))

@@ -465,10 +465,11 @@ def test_stream_depth_is_what_it_retains(
 @pytest.mark.timeout(120)
 def test_amqp10_link_to_a_queue_declared_later(
         broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path, queues: Any) -> None:
-    """A proton sender attaches to ``/exchange/amq.direct/Q`` while Q does not exist (the
-    proxy lets the broker's credit through: nothing policed is behind it). Q is then declared
-    and bound straight at the broker, and the sender sends as fast as credit allows: its
-    credit is cut to the proxy's window at its next transfer, and the queue holds."""
+    """A proton sender attaches to ``/exchange/amq.direct/Q`` while Q does not exist: nothing
+    policed is behind it yet, but a binding may come at any moment, so its credit is one
+    window, not the broker's grant. Q is then declared and bound straight at the broker, and
+    the sender sends as fast as credit allows: its next transfer finds Q policed (no credit
+    until Q's first figure, then the window), and the queue holds."""
     needs_event_plugin(broker)  # (a binding to a known exchange: only events tell it)
     q = queues("link10")
     count = 1024
