@@ -290,7 +290,9 @@ class PublishFlow:
         queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key,
                                          _headers_of(header))
         blocking = controller.blocking(self.vhost, queues)
-        lookup = controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues)
+        # Routed somewhere the model knows (the common case): no lookup can be needed.
+        lookup = None if (queues and (pub.exchange or pub.routing_key in queues)) else \
+            controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues)
         if lookup is not None:  # the model does not know where it lands: ask first
             blocking = blocking | {lookup}
         spool_to = (self._spool_target(ch, pub, queues, blocking)
