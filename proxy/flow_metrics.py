@@ -19,7 +19,8 @@ from proxy.metrics import PROTOCOLS
 from proxy.policy import PolicySet
 
 #: ``ManagementError.kind`` values, always exported (as 0 until they happen).
-MANAGEMENT_ERROR_KINDS = ("auth", "not_found", "unreachable", "timeout", "http", "bad_reply")
+MANAGEMENT_ERROR_KINDS = ("auth", "not_found", "unreachable", "timeout", "tls", "http",
+                          "bad_reply")
 QUEUE_LABELS = ["vhost", "queue", "policy"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -11,6 +12,7 @@ from proxy.amqp091.connection import Connection as Amqp091Connection
 from proxy.amqp10.connection import Connection as Amqp10Connection
 from proxy.core import FrameCounts, RelayCore, Side
 from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
+from proxy.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
 from proxy.logs import event
 
 if TYPE_CHECKING:
@@ -40,20 +42,24 @@ class RelaySettings:
     hold_budget: int = 16 * 1024 * 1024
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
     spool: SpoolManager | None = None  # with --spool-dir: where overflow: spool writes
+    upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
+    relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
               settings: RelaySettings | None = None) -> RelayCore:
     """The sans-IO core for a detected protocol."""
+    refuse_external = settings is None or not settings.relay_external
     if detected is Detected.AMQP091:
         if settings is None:
-            return Amqp091Connection()
+            return Amqp091Connection(refuse_external=refuse_external)
         return Amqp091Connection(settings.flow, conn_id, settings.hold_budget,
-                                 settings.on_topology, settings.spool)
+                                 settings.on_topology, settings.spool,
+                                 refuse_external=refuse_external)
     if settings is None or settings.flow is None:
-        return Amqp10Connection(header)
+        return Amqp10Connection(header, refuse_external=refuse_external)
     return Amqp10Connection(header, settings.flow, conn_id, settings.on_topology,
-                            settings.spool)
+                            settings.spool, refuse_external=refuse_external)
 
 
 class RelayedConnection(asyncio.Protocol):
@@ -64,8 +70,13 @@ class RelayedConnection(asyncio.Protocol):
     other once what was queued for it has been written.
     """
 
-    def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
+    def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int,
+                 listener_tls: ListenerTlsContext | None = None) -> None:
+        """``listener_tls``: the client's socket speaks TLS (the ``--listen-tls`` listener):
+        the handshake comes first, then protocol detection on what it decrypts."""
         self.settings = settings
+        self.listener_tls = listener_tls
+        self._tls_task: asyncio.Task[None] | None = None
         self.stats = stats
         self.conn_id = conn_id
         self.protocol = "unknown"
@@ -90,9 +101,38 @@ class RelayedConnection(asyncio.Protocol):
         self.client = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        transport.set_write_buffer_limits(high=self.settings.write_high_water)
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(self.settings.handshake_timeout, self._no_header)
+        if self.listener_tls is not None:
+            self._tls_task = loop.create_task(self._start_tls(transport, self.listener_tls))
+            return
+        transport.set_write_buffer_limits(high=self.settings.write_high_water)
+
+    async def _start_tls(self, raw: asyncio.Transport, tls: ListenerTlsContext) -> None:
+        """The client's TLS handshake; on success its TLS transport replaces the raw one."""
+        loop = asyncio.get_running_loop()
+        try:
+            transport = await loop.start_tls(raw, self, tls.front, server_side=True,
+                                             ssl_handshake_timeout=self.settings.handshake_timeout)
+        except (OSError, TimeoutError) as exc:
+            self.client = None
+            raw.close()
+            if not self._closed:
+                self.stats.client_tls_failures += 1
+                reason = (explain(exc, None, tls.settings.client_ca)
+                          if isinstance(exc, ssl.SSLError) else str(exc) or type(exc).__name__)
+                event(log, "client_tls_failed", logging.WARNING, conn=self.conn_id,
+                      peer=self.peer, reason=reason)
+                self._close_both()
+            return
+        finally:
+            self._tls_task = None
+        if transport is None or self._closed:
+            if transport is not None:
+                transport.close()
+            return
+        self.client = transport
+        transport.set_write_buffer_limits(high=self.settings.write_high_water)
 
     def data_received(self, data: bytes) -> None:
         core = self.core
@@ -138,12 +178,20 @@ class RelayedConnection(asyncio.Protocol):
     async def _connect_upstream(self) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
+        tls = s.upstream_tls
         try:
-            _, _ = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamSide(self), s.upstream_host,
-                                       s.upstream_port),
-                s.connect_timeout,
-            )
+            if tls is None:
+                connecting = loop.create_connection(lambda: UpstreamSide(self), s.upstream_host,
+                                                    s.upstream_port)
+            else:
+                connecting = loop.create_connection(
+                    lambda: UpstreamSide(self), s.upstream_host, s.upstream_port,
+                    ssl=tls.context, server_hostname=tls.server_name(s.upstream_host),
+                    ssl_handshake_timeout=s.connect_timeout)
+            await asyncio.wait_for(connecting, s.connect_timeout)
+        except ssl.SSLError as exc:
+            assert tls is not None
+            self.upstream_tls_failed(tls.failure(exc, s.upstream_host))
         except (OSError, TimeoutError) as exc:
             self.stats.upstream_connect_failures += 1
             reason = str(exc) or type(exc).__name__
@@ -152,6 +200,16 @@ class RelayedConnection(asyncio.Protocol):
             self._close_both()
         finally:
             self._connect_task = None
+
+    def upstream_tls_failed(self, failure: TlsFailure) -> None:
+        """The TLS handshake to the broker failed (or the broker's alert right after it,
+        with TLS 1.3): the client's connection ends now, and the log says why."""
+        s = self.settings
+        self.stats.upstream_connect_failures += 1
+        self.stats.upstream_tls_failures += 1
+        event(log, "upstream_tls_failed", logging.ERROR, conn=self.conn_id, peer=self.peer,
+              upstream=f"{s.upstream_host}:{s.upstream_port}", reason=str(failure))
+        self._close_both()
 
     def upstream_connected(self, transport: asyncio.Transport) -> None:
         self.upstream = transport
@@ -258,7 +316,11 @@ class RelayedConnection(asyncio.Protocol):
         else:
             self._resume_client("upstream backpressure")
 
-    def upstream_lost(self) -> None:
+    def upstream_lost(self, exc: Exception | None = None) -> None:
+        tls = self.settings.upstream_tls
+        if tls is not None and isinstance(exc, ssl.SSLError) and not self._closed:
+            self.upstream_tls_failed(tls.failure(exc, self.settings.upstream_host))
+            return
         self._close_both()
 
     # -- both ----------------------------------------------------------------------------
@@ -278,6 +340,9 @@ class RelayedConnection(asyncio.Protocol):
             return
         self._closed = True
         self._cancel_handshake_timer()
+        if self._tls_task is not None:
+            self._tls_task.cancel()
+            self._tls_task = None
         if self._connect_task is not None:
             self._connect_task.cancel()
             self._connect_task = None
@@ -325,7 +390,7 @@ class UpstreamSide(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.owner.upstream_lost()
+        self.owner.upstream_lost(exc)
 
 
 __all__ = ["RelaySettings", "RelayedConnection", "Side", "make_core"]
