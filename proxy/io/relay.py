@@ -272,10 +272,14 @@ class RelayedConnection(asyncio.Protocol):
                 self._resume_client("hold budget")
         if core.failure is not None:
             f = core.failure
-            self.stats.protocol_errors[(self.protocol, f.side.value)] += 1
-            event(log, "protocol_error", logging.WARNING, conn=self.conn_id, peer=self.peer,
-                  protocol=self.protocol, side=f.side.value, condition=f.condition,
-                  reason=f.reason)
+            if f.refused:
+                event(log, "client_refused", logging.WARNING, conn=self.conn_id, peer=self.peer,
+                      protocol=self.protocol, condition=f.condition, reason=f.reason)
+            else:
+                self.stats.protocol_errors[(self.protocol, f.side.value)] += 1
+                event(log, "protocol_error", logging.WARNING, conn=self.conn_id,
+                      peer=self.peer, protocol=self.protocol, side=f.side.value,
+                      condition=f.condition, reason=f.reason)
             self._close_both()
 
     def pause_writing(self) -> None:  # the client's write buffer is full
