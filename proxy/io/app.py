@@ -36,7 +36,7 @@ from proxy.config import ConfigError, ProxySettings
 from proxy.gate import QueueKey
 from proxy.io.admin import AdminEndpoints, serve_admin
 from proxy.io.flow import FlowSettings, FlowSupervisor
-from proxy.io.relay import RelayedConnection, RelaySettings
+from proxy.io.relay import RelayedConnection, RelaySettings, TlsListener
 from proxy.io.spool import SpoolService, SpoolServiceSettings
 from proxy.io.telemetry import Telemetry, TelemetrySettings
 from proxy.io.tls import (
@@ -107,13 +107,13 @@ class Proxy:
                             and settings.upstream_tls.relay_external),
         )
         self._ids = itertools.count(1)
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[asyncio.Server | TlsListener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         self._drain_cut = asyncio.Event()  # a second SIGTERM/SIGINT: stop waiting
         self._drain_deadline: float | None = None  # loop.time() when the drain gives up
         self._started = time.time()
-        self._listeners: list[asyncio.Server] = []
+        self._listeners: list[asyncio.Server | TlsListener] = []
         self.listen_port: int | None = None
         self.listen_tls_port: int | None = None
         self.admin_port: int | None = None
@@ -138,11 +138,12 @@ class Proxy:
             listening["listen"] = f"{host}:{self.listen_port}"
         if self.settings.listen_tls is not None and self.listener_tls is not None:
             host, port = self.settings.listen_tls
-            server = await loop.create_server(self._new_tls_connection, host, port,
-                                              backlog=1024)
-            self._servers.append(server)
-            self._listeners.append(server)
-            self.listen_tls_port = server.sockets[0].getsockname()[1]
+            tls_listener = await TlsListener.start(host, port, self._new_connection,
+                                                   self.listener_tls,
+                                                   self.settings.handshake_timeout, self.stats)
+            self._servers.append(tls_listener)
+            self._listeners.append(tls_listener)
+            self.listen_tls_port = tls_listener.port
             listening["listen_tls"] = f"{host}:{self.listen_tls_port}"
             listening["client_certificates"] = ("required" if self.listener_tls.settings.client_ca
                                                 else "not asked")
@@ -324,9 +325,6 @@ class Proxy:
     def _new_connection(self) -> RelayedConnection:
         return RelayedConnection(self.relay_settings, self.stats, next(self._ids))
 
-    def _new_tls_connection(self) -> RelayedConnection:
-        return RelayedConnection(self.relay_settings, self.stats, next(self._ids),
-                                 self.listener_tls)
 
     async def _expire_held_forever(self, interval: float = 0.25) -> None:
         """Refuse held publishes whose policy deadline has passed (nack or 406 close)."""

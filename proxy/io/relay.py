@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -70,13 +71,8 @@ class RelayedConnection(asyncio.Protocol):
     other once what was queued for it has been written.
     """
 
-    def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int,
-                 listener_tls: ListenerTlsContext | None = None) -> None:
-        """``listener_tls``: the client's socket speaks TLS (the ``--listen-tls`` listener):
-        the handshake comes first, then protocol detection on what it decrypts."""
+    def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
-        self.listener_tls = listener_tls
-        self._tls_task: asyncio.Task[None] | None = None
         self.stats = stats
         self.conn_id = conn_id
         self.protocol = "unknown"
@@ -101,38 +97,9 @@ class RelayedConnection(asyncio.Protocol):
         self.client = transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        transport.set_write_buffer_limits(high=self.settings.write_high_water)
         loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(self.settings.handshake_timeout, self._no_header)
-        if self.listener_tls is not None:
-            self._tls_task = loop.create_task(self._start_tls(transport, self.listener_tls))
-            return
-        transport.set_write_buffer_limits(high=self.settings.write_high_water)
-
-    async def _start_tls(self, raw: asyncio.Transport, tls: ListenerTlsContext) -> None:
-        """The client's TLS handshake; on success its TLS transport replaces the raw one."""
-        loop = asyncio.get_running_loop()
-        try:
-            transport = await loop.start_tls(raw, self, tls.front, server_side=True,
-                                             ssl_handshake_timeout=self.settings.handshake_timeout)
-        except (OSError, TimeoutError) as exc:
-            self.client = None
-            raw.close()
-            if not self._closed:
-                self.stats.client_tls_failures += 1
-                reason = (explain(exc, None, tls.settings.client_ca)
-                          if isinstance(exc, ssl.SSLError) else str(exc) or type(exc).__name__)
-                event(log, "client_tls_failed", logging.WARNING, conn=self.conn_id,
-                      peer=self.peer, reason=reason)
-                self._close_both()
-            return
-        finally:
-            self._tls_task = None
-        if transport is None or self._closed:
-            if transport is not None:
-                transport.close()
-            return
-        self.client = transport
-        transport.set_write_buffer_limits(high=self.settings.write_high_water)
 
     def data_received(self, data: bytes) -> None:
         core = self.core
@@ -344,9 +311,6 @@ class RelayedConnection(asyncio.Protocol):
             return
         self._closed = True
         self._cancel_handshake_timer()
-        if self._tls_task is not None:
-            self._tls_task.cancel()
-            self._tls_task = None
         if self._connect_task is not None:
             self._connect_task.cancel()
             self._connect_task = None
@@ -370,6 +334,85 @@ class RelayedConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close both sockets (shutdown)."""
         self._close_both()
+
+
+class TlsListener:
+    """The ``--listen-tls`` listener: accepts, runs each client's TLS handshake, then hands
+    the TLS transport to a new ``RelayedConnection`` (which detects the protocol in what TLS
+    decrypts). A handshake that fails (no or a refused client certificate, not TLS at all,
+    too slow) is logged with the peer and why; nothing of it reaches the relay."""
+
+    def __init__(self, sock: socket.socket, factory: Callable[[], RelayedConnection],
+                 tls: ListenerTlsContext, handshake_timeout: float, stats: RelayStats) -> None:
+        self.sock = sock
+        self.factory = factory
+        self.tls = tls
+        self.handshake_timeout = handshake_timeout
+        self.stats = stats
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._accepting: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+
+    @classmethod
+    async def start(cls, host: str, port: int, factory: Callable[[], RelayedConnection],
+                    tls: ListenerTlsContext, handshake_timeout: float, stats: RelayStats,
+                    backlog: int = 1024) -> TlsListener:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, backlog=backlog)
+        sock.setblocking(False)
+        listener = cls(sock, factory, tls, handshake_timeout, stats)
+        listener._accepting = asyncio.get_running_loop().create_task(
+            listener._accept_forever(), name="tls-accept")
+        return listener
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    async def _accept_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, addr = await loop.sock_accept(self.sock)
+            except OSError as exc:  # e.g. EMFILE: say so, do not spin
+                event(log, "accept_failed", logging.ERROR, reason=str(exc))
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._handshake(conn, addr))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, addr: object) -> None:
+        loop = asyncio.get_running_loop()
+        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        try:
+            await asyncio.wait_for(loop.connect_accepted_socket(
+                self.factory, conn, ssl=self.tls.front,
+                ssl_handshake_timeout=self.handshake_timeout), self.handshake_timeout + 1)
+        except (OSError, TimeoutError) as exc:
+            conn.close()
+            self.stats.client_tls_failures += 1
+            if isinstance(exc, ssl.SSLError):
+                reason = explain(exc, None, self.tls.settings.client_ca)
+            elif isinstance(exc, TimeoutError):
+                reason = f"no TLS handshake within {self.handshake_timeout}s"
+            else:
+                reason = str(exc) or type(exc).__name__
+            event(log, "client_tls_failed", logging.WARNING, peer=peer, reason=reason)
+
+    def close(self) -> None:
+        """Stop accepting (pending handshakes are cut); open connections are not touched."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for task in list(self._handshakes):
+            task.cancel()
+        self.sock.close()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+        tasks = [t for t in (self._accepting, *self._handshakes) if t is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class UpstreamSide(asyncio.Protocol):
@@ -397,4 +440,4 @@ class UpstreamSide(asyncio.Protocol):
         self.owner.upstream_lost(exc)
 
 
-__all__ = ["RelaySettings", "RelayedConnection", "Side", "make_core"]
+__all__ = ["RelaySettings", "RelayedConnection", "Side", "TlsListener", "make_core"]
