@@ -39,6 +39,9 @@ _HINTS = {
     "TLSV1_ALERT_UNKNOWN_CA": "the peer does not trust the CA of our certificate",
     "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the peer says our certificate has expired",
     "TLSV1_ALERT_PROTOCOL_VERSION": "no TLS version both sides accept",
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the client presented no certificate, and one is "
+                                         "required",
+    "CERTIFICATE_VERIFY_FAILED": "the certificate is not from a CA we trust",
 }
 
 
@@ -51,10 +54,12 @@ def explain(exc: BaseException, name: str | None, ca: Path | None) -> str:
     """One sentence for a TLS failure: what failed, the name verified, the CA file used."""
     trust = f"CA file {ca}" if ca is not None else "the system trust store"
     if isinstance(exc, ssl.SSLCertVerificationError):
-        what = exc.verify_message or exc.reason or str(exc)
+        what = exc.verify_message or getattr(exc, "reason", None) or str(exc)
+        if name is None:  # a client's certificate, verified by the listener
+            return f"client certificate verify failed: {what} (against {trust})"
         return f"certificate verify failed: {what} (verified name {name!r} against {trust})"
     if isinstance(exc, ssl.SSLError):
-        reason = exc.reason or ""
+        reason = getattr(exc, "reason", None) or ""
         text = reason.lower().replace("_", " ") if reason else str(exc)
         hint = _HINTS.get(reason)
         return f"TLS handshake failed: {text}" + (f": {hint}" if hint else "")

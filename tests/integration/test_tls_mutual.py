@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +75,8 @@ def test_without_a_client_certificate_the_broker_refuses_and_it_is_said(
 
     def unready() -> str | None:
         status, body = http_status(proc.admin_url + "/readyz")
-        return body.decode() if status == 503 and b"certificate" in body else None
+        error = str(json.loads(body).get("upstream_error", ""))
+        return error if status == 503 and error.startswith("TLS handshake failed") else None
 
     readyz = wait_for(unready, 15, what="/readyz naming the missing certificate")
     assert "requires a client certificate" in str(readyz) or "handshake failure" in str(readyz)
