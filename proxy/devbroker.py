@@ -3,6 +3,11 @@
 Runs the package's own server script as an ordinary process (not the wrapper that switches
 user) with every path in a private directory and every port chosen free, so several nodes
 can run side by side and nothing is left behind.
+
+``LocalBroker(workdir, tls=BrokerTls(ca, cert, key))`` starts a node that speaks only TLS:
+amqps on its AMQP port and https on its management port (no plain listener at all); with
+``require_client_cert`` it also wants a client certificate (``fail_if_no_peer_cert``) and
+offers SASL EXTERNAL (``rabbitmq_auth_mechanism_ssl``, the user is the certificate's CN).
 """
 
 from __future__ import annotations
