@@ -142,14 +142,15 @@ def window_for(message_bytes: int) -> int:
     return WINDOW_BYTES // message_bytes or 1
 
 
-def paced_window(ceiling: int, drain_per_interval: float | None) -> int:
-    """The window of a link whose queue is near capacity: the messages the queue's consumers
-    take in one depth-probe interval (the credit that keeps them busy until the next
-    decision), at least ``MIN_WINDOW``, at most ``ceiling`` (``window_for``); the ceiling
-    while the drain rate is not known yet."""
-    if drain_per_interval is None:
+def paced_window(ceiling: int, share: float | None) -> int:
+    """The window of a link whose queue is near capacity: its ``share`` of the messages the
+    queue's consumers take in one depth-probe interval (the credit that keeps them busy until
+    the next decision: drain rate x probe interval / the connection's links feeding the
+    queue), at least ``MIN_WINDOW``, at most ``ceiling`` (``window_for``); the ceiling while
+    the drain rate is not known yet."""
+    if share is None:
         return ceiling
-    return max(min(ceiling, math.ceil(drain_per_interval)), min(MIN_WINDOW, ceiling))
+    return max(min(ceiling, math.ceil(share)), min(MIN_WINDOW, ceiling))
 
 
 def message_routing(payload: bytes, pos: int, end: int) -> tuple[str | None, str | None] | None:
@@ -848,9 +849,22 @@ class CreditFlow:
             depth = q.depth
             drain = depth.drain_rate
             interval = depth.sample_interval
-            window = min(window, paced_window(
-                ceiling, None if drain is None or interval is None else drain * interval))
+            share = None
+            if drain is not None and interval is not None:
+                share = drain * interval / self._feeders(key[1])
+            window = min(window, paced_window(ceiling, share))
         return window
+
+    def _feeders(self, queue: str) -> int:
+        """This connection's sender links whose last message went to ``queue`` (at least 1):
+        they share the queue's drain. Counted only near capacity (a scan of the links)."""
+        n = 0
+        for session in self.sessions.values():
+            for link in session.links.values():
+                if isinstance(link, SenderLink) and not link.detaching \
+                        and queue in link.delivery_queues:
+                    n += 1
+        return n or 1
 
     def _overshoot(self, names: frozenset[str], body_bytes: int) -> None:
         """A delivery to ``names`` forwarded while some of them are tripped: count it on each."""
