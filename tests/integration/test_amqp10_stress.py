@@ -37,7 +37,7 @@ from proxy.devbroker import BrokerEndpoint
 from tests.clients import harness
 from tests.clients.fixtures import _node_ready
 from tests.conftest import wait_for
-from tests.integration.support import capped, direct_params, flow_with
+from tests.integration.support import DepthWatch, capped, direct_params, flow_with
 from tests.integration.test_amqp10_flow import _Proton
 
 pytestmark = pytest.mark.broker
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.broker
 KIB = 1024
 BIG = 150 * KIB  # > the broker's max-frame-size (128 KiB): several transfer frames each
 DEPTH_INTERVAL = 0.2  # floodwall's default --depth-interval
-CONSUMER_BYTES_PER_S = 1536 * KIB
+CONSUMER_BYTES_PER_S = 1024 * KIB
 
 
 def body(name: str, seq: int, size: int) -> bytes:
@@ -208,11 +208,11 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
             self.conn.close()
             return
         now = time.monotonic()
-        self.budget = min(self.budget + (now - self.last) * self.rate, 16 * KIB)
+        self.budget = min(self.budget + (now - self.last) * self.rate, 32 * KIB)
         self.last = now
-        if self.budget > 0 and self.cap.credit == 0:
-            self.cap.flow(1)
-        event.container.schedule(0.005, self)
+        if self.budget > 0 and self.cap.credit == 0:  # what the budget buys, in 1 KiB messages
+            self.cap.flow(max(1, int(self.budget // KIB)))
+        event.container.schedule(0.002, self)
 
     def on_link_error(self, event: Any) -> None:
         self.errors.append(f"link: {event.link.remote_condition}")
@@ -230,22 +230,33 @@ def wait_for_quietly(condition: Any, timeout: float) -> bool:
     return True
 
 
-def releases(logfile: Path, queue: str) -> list[float]:
-    """Wall-clock times of the proxy's ``queue_released`` lines for ``queue``."""
+def _wall(line: str) -> float:
+    ts = line.split(" ", 1)[0].removeprefix("ts=")
+    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def releases(logfile: Path, queue: str) -> list[tuple[float, set[str]]]:
+    """The proxy's ``queue_released`` lines for ``queue``: wall-clock time and the names of
+    the links blocked on it then (from the ``publisher_held`` lines that named them)."""
+    names: dict[str, str] = {}  # "conn/channel" -> link name
     out = []
     for line in logfile.read_text(errors="replace").splitlines():
-        if "event=queue_released " in line and f"queue={queue} " in line:
-            ts = line.split(" ", 1)[0].removeprefix("ts=")
-            out.append(datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp())
+        fields = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
+        if fields.get("event") == "publisher_held" and "link" in fields:
+            names[f"{fields['conn']}/{fields['channel']}"] = fields["link"]
+        elif fields.get("event") == "queue_released" and fields.get("queue") == queue:
+            blocked = {names.get(ref, ref) for ref in fields.get("blocked", "").split(",")}
+            out.append((_wall(line), blocked))
     return out
 
 
-def stalls(credit_back: list[tuple[str, float, float]], released: list[float]) -> list[float]:
-    """For each time a capped link ran out of credit and a release came before it got
+def stalls(credit_back: list[tuple[str, float, float]],
+           released: list[tuple[float, set[str]]]) -> list[float]:
+    """For each time a link ran out of credit and was blocked at a release before it got
     credit again: seconds from that release to the credit."""
     out = []
-    for _, starved, back in credit_back:
-        before = [r for r in released if starved <= r <= back]
+    for name, starved, back in credit_back:
+        before = [r for r, blocked in released if starved <= r <= back and name in blocked]
         if before:
             out.append(back - before[-1])
     return out
@@ -294,9 +305,9 @@ def test_fast_senders_through_many_trips(broker: BrokerEndpoint, start_floodwall
         rhea.stop()
     trips = flow.metric("floodwall_queue_trips_total", queue=qcap)
     released = releases(flow.proc.logfile, qcap)
-    waits = stalls([c for c in proton_side.credit_back if "-free" not in c[0]], released)
-    rhea_waits = stalls([(e["link"], e["starved_at"], e["t"]) for e in rhea.of("credit")
-                         if "-free" not in e["link"]], released)
+    waits = stalls(proton_side.credit_back, released)
+    rhea_waits = stalls([(e["link"], e["starved_at"], e["t"]) for e in rhea.of("credit")],
+                        released)
     overshoot = flow.metric("floodwall_queue_overshoot_bytes_total", queue=qcap)
     print(f"amqp10 stress: {trips:.0f} trips, {len(released)} releases; proton sent "
           f"{sum(proton_side.sent.values())}, rhea {done['links']}; consumed "
@@ -325,3 +336,94 @@ def test_fast_senders_through_many_trips(broker: BrokerEndpoint, start_floodwall
     assert trips >= 20 and len(released) >= 20, (trips, len(released))
     assert waits, "no proton link ever waited for a release"
     assert max(waits + rhea_waits) <= DEPTH_INTERVAL, sorted(waits + rhea_waits)[-5:]
+
+
+class NaiveSenders(MessagingHandler):  # type: ignore[misc]
+    """Links on one session, each sending while ``sender.credit`` says so: the idiom of
+    proton's own examples (``while event.sender.credit``), a negative credit included."""
+
+    def __init__(self, port: int, addresses: dict[str, str], count: int) -> None:
+        super().__init__()
+        self.url = f"amqp://guest:guest@127.0.0.1:{port}"
+        self.addresses, self.count = addresses, count  # link name -> address
+        self.sent: dict[str, int] = collections.Counter()
+        self.accepted: dict[str, set[int]] = collections.defaultdict(set)
+        self.errors: list[str] = []
+        self.finished = threading.Event()
+
+    def on_start(self, event: Any) -> None:
+        conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
+        session = conn.session()
+        session.open()
+        for name, address in self.addresses.items():
+            event.container.create_sender(session, address, name=name)
+
+    def on_sendable(self, event: Any) -> None:
+        name = event.sender.name
+        while event.sender.credit and self.sent[name] < self.count:
+            event.sender.send(Message(body=body(name, self.sent[name], KIB)))
+            self.sent[name] += 1
+
+    def on_accepted(self, event: Any) -> None:
+        self.accepted[event.link.name].add(int(event.delivery.tag))
+        if all(len(self.accepted[n]) >= self.count for n in self.addresses):
+            self.finished.set()
+            event.connection.close()
+
+    def on_link_error(self, event: Any) -> None:
+        self.errors.append(f"link {event.link.name}: {event.link.remote_condition}")
+        self.finished.set()
+        event.connection.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        self.errors.append(f"transport: {event.transport.condition}")
+        self.finished.set()
+
+
+@pytest.mark.timeout(180)
+def test_issue_12_two_links_at_full_speed(broker: BrokerEndpoint, start_floodwall: Any,
+                                          tmp_path: Path, queues: Any) -> None:
+    """The report of issue 12: one proton connection, two links written as a new user writes
+    them, ``/queue/`` addresses (the links declare their queues), 1 KiB messages, a 512 KiB
+    policy on one queue and none on the other, a consumer at 2,500 msg/s on the capped one.
+    Before the fix the capped link was detached with transfer-limit-exceeded ~60 ms after the
+    first trip. Now: 6,000/6,000 accepted on both links, 6,000 consumed from each queue, and
+    the capped queue at most 256 KiB over its capacity at the broker."""
+    qcap, qfree = queues("cap-two12"), queues("free-two12")
+    flow = flow_with(start_floodwall, broker, tmp_path,
+                     capped("two12", qcap, capacity="512KiB", resume="512KiB"))
+    count = 6000
+    senders = NaiveSenders(flow.port, {"capped": f"/queue/{qcap}", "free": f"/queue/{qfree}"},
+                           count)
+    sending = threading.Thread(target=lambda: Container(senders).run(), daemon=True)
+    sending.start()
+    wait_for(lambda: flow.policed(qcap), 20, what=f"{qcap} declared by its link and policed")
+    watch = DepthWatch(broker, flow, qcap)
+    watch.start()
+    consumer = Consumer(broker, qcap, qfree, 2500 * KIB)
+    consumer.start()
+    try:
+        assert senders.finished.wait(120), f"not finished: {dict(senders.sent)}"
+        wait_for_quietly(lambda: len(consumer.got["cap"]) >= count
+                         and len(consumer.got["free"]) >= count, 60)
+    finally:
+        watch.stop()
+        consumer.stop.set()
+        consumer.thread.join(10)
+        sending.join(10)
+    trips = flow.metric("floodwall_queue_trips_total", queue=qcap)
+    over = max(0, watch.max_ready * KIB - 512 * KIB)
+    print(f"amqp10 issue 12 two links: accepted {[len(v) for v in senders.accepted.values()]}, "
+          f"consumed {len(consumer.got['cap'])} + {len(consumer.got['free'])}, {trips:.0f} "
+          f"trips, broker-side max {watch.max_ready} ready = {over // KIB} KiB over capacity, "
+          f"overshoot counted {flow.metric('floodwall_queue_overshoot_messages_total')} msgs")
+    assert not senders.errors, senders.errors
+    assert not consumer.errors, consumer.errors
+    assert len(senders.accepted["capped"]) == len(senders.accepted["free"]) == count
+    for queue, link in (("cap", "capped"), ("free", "free")):
+        got = consumer.got[queue]
+        assert len(got) == len(set(got)) == count
+        assert set(got) == {(link, i) for i in range(count)}
+    assert trips >= 2 and watch.tripped_seen
+    assert watch.samples > 20
+    assert over <= 256 * KIB, f"{over // KIB} KiB over capacity"
