@@ -101,6 +101,13 @@ class FlowCollector(Collector):
             labels=QUEUE_LABELS)
         trips = CounterMetricFamily(
             "floodwall_queue_trips", "Times the queue tripped", labels=QUEUE_LABELS)
+        overshoot_messages = CounterMetricFamily(
+            "floodwall_queue_overshoot_messages",
+            "Publishes forwarded to the queue while it was tripped (AMQP 1.0: sent on link "
+            "credit granted before the trip)", labels=QUEUE_LABELS)
+        overshoot_bytes = CounterMetricFamily(
+            "floodwall_queue_overshoot_bytes",
+            "Message-body bytes of floodwall_queue_overshoot_messages", labels=QUEUE_LABELS)
         for key in sorted(c.queues):
             q = c.queues[key]
             labels = [key[0], key[1], q.policy.name]
@@ -114,8 +121,10 @@ class FlowCollector(Collector):
             tripped.add_metric(labels, 1 if q.tripped else 0)
             tripped_seconds.add_metric(labels, q.seconds_tripped(now))
             trips.add_metric(labels, q.trips)
+            overshoot_messages.add_metric(labels, q.overshoot_messages)
+            overshoot_bytes.add_metric(labels, q.overshoot_bytes)
         yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
-                    trips)
+                    trips, overshoot_messages, overshoot_bytes)
 
         yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
                                 value=len(c.queues))
@@ -191,6 +200,9 @@ def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict
             "tripped": q.tripped,
             "tripped_seconds": round(q.seconds_tripped(now), 3),
             "trips": q.trips,
+            "overshoot": {"messages": q.overshoot_messages, "bytes": q.overshoot_bytes},
+            "drain_rate": (None if q.depth.drain_rate is None
+                           else round(q.depth.drain_rate, 1)),
         })
     blocked = [{
         "conn": b.conn_id,
@@ -198,6 +210,9 @@ def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict
         "queues": [{"vhost": k[0], "queue": k[1]} for k in sorted(b.queues) if k != ALARM],
         "alarm": ALARM in b.queues,
         "seconds": round(now - b.since, 3),
+        # 1.0 links: how long it has had no credit (null: it still has some).
+        "starved_seconds": (None if b.starved_since is None
+                            else round(now - b.starved_since, 3)),
     } for b in sorted(c.blocked_channels(), key=lambda b: (b.conn_id, b.channel))]
     return {
         "policies": {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
 
 
@@ -110,3 +112,22 @@ def test_headroom_is_where_the_estimate_crosses_the_limits() -> None:
     assert q.rebases == rebases
     q.sampled_ready_count(11.0, 0)
     assert q.rebases == rebases + 1
+
+
+def test_drain_rate_from_successive_ready_counts_and_the_ledger() -> None:
+    """Messages that left the ready state between two counts: what was ready, plus what the
+    ledger forwarded in between, less what is ready now; averaged, with the interval."""
+    d = QueueDepth()
+    d.sampled_ready_count(10.0, 100, rtt=0.005)  # margin 0.02 s
+    assert d.drain_rate is None and d.sample_interval is None
+    for i in range(30):  # 30 publishes forwarded between the counts
+        d.forwarded(10.05 + i * 0.001, 1024)
+    d.sampled_ready_count(10.2, 80, rtt=0.005)  # 100 + 30 - 80 = 50 drained in 0.2 s
+    assert d.drain_rate == pytest.approx(250.0)
+    assert d.sample_interval == pytest.approx(0.2)
+    d.sampled_ready_count(10.4, 80, rtt=0.005)  # nothing forwarded, nothing drained
+    assert d.drain_rate == pytest.approx(0.7 * 250.0)
+    d.sampled_ready_count(10.3, 0, rtt=0.005)  # an older answer: ignored
+    assert d.drain_rate == pytest.approx(0.7 * 250.0)
+    d.sampled_ready_count(10.6, 200, rtt=0.005)  # grew without publishes: never negative
+    assert d.drain_rate == pytest.approx(0.49 * 250.0)

@@ -327,12 +327,14 @@ class Proxy:
 
 
     async def _expire_held_forever(self, interval: float = 0.25) -> None:
-        """Refuse held publishes whose policy deadline has passed (nack or 406 close)."""
+        """Refuse held publishes (nack or 406 close) and withheld 1.0 links (detach) whose
+        policy deadline has passed."""
         assert self.flow is not None
         clock = self.flow.controller.clock
         while True:
             await asyncio.sleep(interval)
-            if not self.flow.controller.held_messages:
+            controller = self.flow.controller
+            if not controller.held_messages and not controller.blocked_count:
                 continue
             now = clock()
             for conn in list(self.stats.live):

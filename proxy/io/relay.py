@@ -212,8 +212,9 @@ class RelayedConnection(asyncio.Protocol):
             self._flush(self.core)
 
     def expire_held(self, now: float) -> None:
-        """Refuse held publishes past their deadline (the proxy calls this periodically)."""
-        if self.flow is not None and self.flow.holding and not self._client_gone:
+        """Refuse held publishes past their deadline, detach 1.0 links without credit past
+        it (the proxy calls this periodically while anything is held or blocked)."""
+        if self.flow is not None and not self._client_gone:
             self.flow.expire(now)
 
     def _flush(self, core: RelayCore) -> None:

@@ -532,10 +532,11 @@ def test_collector_output_and_state_shape() -> None:
         "depth": {"estimate": {"bytes": 2 * 1024**2, "messages": 4},
                   "broker": {"bytes": 2 * 1024**2, "messages": 4},
                   "ready_count": None, "known": True},
-        "tripped": True, "tripped_seconds": 4.5, "trips": 1}
+        "tripped": True, "tripped_seconds": 4.5, "trips": 1,
+        "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None}
     assert state["blocked_channels"] == [
         {"conn": 5, "channel": 1, "queues": [{"vhost": "/", "queue": "orders.eu"}],
-         "alarm": False, "seconds": 0.0}]
+         "alarm": False, "seconds": 0.0, "starved_seconds": None}]
 
 
 def test_policy_changes_are_named() -> None:
