@@ -12,6 +12,7 @@ import asyncio
 import struct
 import time
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any, cast
 
 from pamqp import body as pbody
@@ -245,10 +246,13 @@ class Amqp091Client(asyncio.Protocol):
 
 
 async def connect(host: str, port: int, timeout: float = 10.0,
-                  open_channel: bool = True) -> Amqp091Client:
-    """A connected, handshaken client (channel 1 open when ``open_channel``)."""
+                  open_channel: bool = True, ssl: SSLContext | None = None
+                  ) -> Amqp091Client:
+    """A connected, handshaken client (channel 1 open when ``open_channel``); over TLS with
+    ``ssl`` (the name verified is ``localhost``, the bench's certificate)."""
     loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(loop.create_connection(Amqp091Client, host, port),
+    tls: dict[str, Any] = {"ssl": ssl, "server_hostname": "localhost"} if ssl else {}
+    _, client = await asyncio.wait_for(loop.create_connection(Amqp091Client, host, port, **tls),
                                        timeout)
     try:
         await client.handshake(timeout, open_channel)

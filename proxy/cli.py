@@ -11,13 +11,17 @@ import click
 import yaml
 
 from proxy import __version__
+from proxy.cli_tls import upstream_settings, upstream_tls_options
 from proxy.config import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HOLD_BUDGET,
     AmqpCredentials,
     ConfigError,
+    ListenerTls,
     ManagementCredentials,
+    ManagementTls,
     ProxySettings,
+    TlsVersion,
     parse_hostport,
 )
 from proxy.logs import setup_logging
@@ -93,15 +97,49 @@ def main() -> None:
               expose_value=False, callback=_load_config_file, envvar="FLOODWALL_CONFIG",
               help="YAML file of settings (keys are these flags' names).")
 @click.option("--listen", default="0.0.0.0:5673", show_default=True, envvar="FLOODWALL_LISTEN",
-              help="Where clients connect (AMQP 0-9-1 and 1.0 on one port).")
+              help="Where clients connect (AMQP 0-9-1 and 1.0 on one port); 'off' for none "
+                   "(then --listen-tls).")
+@click.option("--listen-tls", default=None, metavar="HOST:PORT", envvar="FLOODWALL_LISTEN_TLS",
+              help="A TLS listener (0-9-1 and 1.0 on one port) beside --listen; needs "
+                   "--listen-tls-cert and --listen-tls-key.")
+@click.option("--listen-tls-cert", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_LISTEN_TLS_CERT",
+              help="The TLS listener's certificate (PEM, chain); re-read when it changes.")
+@click.option("--listen-tls-key", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_LISTEN_TLS_KEY",
+              help="Its private key (PEM, unencrypted); re-read when it changes.")
+@click.option("--listen-tls-client-ca", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_LISTEN_TLS_CLIENT_CA",
+              help="Require client certificates issued by this CA (PEM) on the TLS listener.")
+@click.option("--listen-tls-min-version", type=click.Choice([v.value for v in TlsVersion]),
+              default="1.2", show_default=True, envvar="FLOODWALL_LISTEN_TLS_MIN_VERSION",
+              help="Lowest TLS version the TLS listener accepts.")
 @click.option("--upstream", default="127.0.0.1:5672", show_default=True,
-              envvar="FLOODWALL_UPSTREAM", help="The broker's AMQP port.")
+              envvar="FLOODWALL_UPSTREAM",
+              help="The broker: HOST:PORT or amqp://HOST[:PORT] (plain), amqps://HOST[:PORT] "
+                   "(TLS, port 5671 by default).")
+@upstream_tls_options
+@click.option("--upstream-tls-relay-external", is_flag=True, default=False,
+              envvar="FLOODWALL_UPSTREAM_TLS_RELAY_EXTERNAL",
+              help="Let clients log in with SASL EXTERNAL through the proxy. They are then "
+                   "logged in as the proxy's certificate (--upstream-tls-cert), not their "
+                   "own: off, EXTERNAL is refused.")
 @click.option("--admin", default="127.0.0.1:9090", show_default=True, envvar="FLOODWALL_ADMIN",
               help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
 @click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
               help="The broker's management API URL (credentials from "
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
-                   "http://<upstream host>:15672 when --policies is given.")
+                   "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
+                   "amqps upstream) when --policies is given.")
+@click.option("--management-tls-ca", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_MANAGEMENT_TLS_CA",
+              help="CA file (PEM) for an https management URL; default: --upstream-tls-ca, "
+                   "else the system's trust store.")
+@click.option("--management-tls-cert", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_MANAGEMENT_TLS_CERT",
+              help="Client certificate (PEM) for the management API, if it asks for one.")
+@click.option("--management-tls-key", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_MANAGEMENT_TLS_KEY", help="Its private key (PEM).")
 @click.option("--policies", type=click.Path(dir_okay=False), default=None,
               envvar="FLOODWALL_POLICIES",
               help="YAML policies file; a bad one refuses to start. Reloaded on SIGHUP and "
@@ -165,7 +203,15 @@ def main() -> None:
               default="info", show_default=True, envvar="FLOODWALL_LOG_LEVEL")
 @click.option("--log-format", type=click.Choice(["logfmt", "json"]), default="logfmt",
               show_default=True, envvar="FLOODWALL_LOG_FORMAT")
-def run(listen: str, upstream: str, admin: str, management: str | None, policies: str | None,
+def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
+        listen_tls_key: str | None, listen_tls_client_ca: str | None,
+        listen_tls_min_version: str, upstream: str, upstream_tls_ca: str | None,
+        upstream_tls_cert: str | None, upstream_tls_key: str | None,
+        upstream_tls_server_name: str | None, upstream_tls_insecure: bool,
+        upstream_tls_min_version: str, upstream_tls_sasl_external: bool,
+        upstream_tls_relay_external: bool, admin: str, management: str | None,
+        management_tls_ca: str | None, management_tls_cert: str | None,
+        management_tls_key: str | None, policies: str | None,
         depth_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, hold_budget: int,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
@@ -177,12 +223,46 @@ def run(listen: str, upstream: str, admin: str, management: str | None, policies
     setup_logging(log_level, log_format)
     try:
         credentials = ManagementCredentials.from_environment()
+        upstream_address, upstream_tls = upstream_settings(
+            upstream, upstream_tls_ca=upstream_tls_ca, upstream_tls_cert=upstream_tls_cert,
+            upstream_tls_key=upstream_tls_key,
+            upstream_tls_server_name=upstream_tls_server_name,
+            upstream_tls_insecure=upstream_tls_insecure,
+            upstream_tls_min_version=upstream_tls_min_version,
+            upstream_tls_sasl_external=upstream_tls_sasl_external,
+            relay_external=upstream_tls_relay_external)
+        plain_listener = None if listen.strip().lower() == "off" else parse_hostport(
+            listen, "--listen")
+        tls_listener = parse_hostport(listen_tls, "--listen-tls") if listen_tls else None
+        listener_tls = None
+        if tls_listener is not None:
+            listener_tls = ListenerTls.checked(
+                Path(listen_tls_cert) if listen_tls_cert else None,
+                Path(listen_tls_key) if listen_tls_key else None,
+                Path(listen_tls_client_ca) if listen_tls_client_ca else None,
+                TlsVersion.parse(listen_tls_min_version, "--listen-tls-min-version"))
+        elif listen_tls_cert or listen_tls_key or listen_tls_client_ca:
+            raise ConfigError("--listen-tls-cert/-key/-client-ca given without --listen-tls "
+                              "HOST:PORT")
+        if plain_listener is None and tls_listener is None:
+            raise ConfigError("--listen off needs --listen-tls: clients must connect somewhere")
+        management_tls = None
+        if management_tls_ca or management_tls_cert or management_tls_key:
+            management_tls = ManagementTls.checked(
+                Path(management_tls_ca) if management_tls_ca else (
+                    upstream_tls.ca if upstream_tls is not None else None),
+                Path(management_tls_cert) if management_tls_cert else None,
+                Path(management_tls_key) if management_tls_key else None)
         settings = ProxySettings(
-            listen=parse_hostport(listen, "--listen"),
-            upstream=parse_hostport(upstream, "--upstream", default_host="127.0.0.1"),
+            listen=plain_listener,
+            upstream=upstream_address,
             admin=None if admin.lower() == "off" else parse_hostport(admin, "--admin",
                                                                       "127.0.0.1"),
             management_url=management,
+            upstream_tls=upstream_tls,
+            listen_tls=tls_listener,
+            listener_tls=listener_tls,
+            management_tls=management_tls,
             credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
             policies=Path(policies) if policies else None,
@@ -213,7 +293,7 @@ def run(listen: str, upstream: str, admin: str, management: str | None, policies
 
     try:
         run_proxy(settings)
-    except (PolicyError, SpoolError) as exc:  # policies file, spool dir (locked): refuse
+    except (PolicyError, SpoolError, ConfigError) as exc:  # policies, spool dir, TLS files
         click.echo(f"floodwall: refusing to start: {exc}", err=True)
         raise SystemExit(1) from None
 

@@ -6,6 +6,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+EXTERNAL_REFUSED = (
+    "SASL EXTERNAL through floodwall would log in as the proxy's own TLS certificate, not "
+    "the client's: refused (--upstream-tls-relay-external allows it)")
+"""Why both cores refuse a client's SASL EXTERNAL by default (docs/architecture.md, "TLS"):
+RabbitMQ's EXTERNAL takes the user from the certificate on *its* side of the socket, which
+is the proxy's; a relayed EXTERNAL login would give every client the proxy's identity."""
+
 
 class Side(Enum):
     """Which peer of a proxied connection a byte stream comes from."""
@@ -26,6 +33,7 @@ class Failure:
     side: Side
     condition: str  # "501 FRAME_ERROR", "amqp:decode-error", ...
     reason: str
+    refused: bool = False  # well-formed, but the proxy refuses it (SASL EXTERNAL relayed)
 
 
 @dataclass(slots=True)

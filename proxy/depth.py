@@ -44,6 +44,8 @@ SETTLE = 0.1
 LEDGER_HORIZON = 5.0
 # Publishes this close together share one ledger entry.
 LEDGER_BUCKET = 0.005
+# Weight of the newest interval in the drain-rate and sample-interval averages.
+DRAIN_SMOOTHING = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,10 @@ class QueueDepth:
     _settled_bytes_mark: int = 0  # the same, for the settled estimate (release decisions)
     _settled_messages_mark: int = 0
     rebases: int = 0  # goes up each time a sample moves the base: equal values, same base
+    # Messages leaving the ready state per second between successive ready counts, and the
+    # seconds between those counts, both averaged (DRAIN_SMOOTHING); None before two counts.
+    drain_rate: float | None = None
+    sample_interval: float | None = None
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int) -> None:
@@ -117,10 +123,25 @@ class QueueDepth:
         """
         if self.ready_count_at is not None and requested_at < self.ready_count_at:
             return  # an older answer overtaken by a newer one
+        margin = (IN_FLIGHT_MARGIN if rtt is None else min(max(2 * rtt, MIN_MARGIN), MAX_MARGIN))
+        if self.ready_count is not None and self.ready_count_at is not None \
+                and requested_at > self.ready_count_at:
+            self._drained(self.ready_count, self.ready_count_at, ready, requested_at, margin)
         self.ready_count, self.ready_count_at = ready, requested_at
-        self.ready_margin = (IN_FLIGHT_MARGIN if rtt is None
-                             else min(max(2 * rtt, MIN_MARGIN), MAX_MARGIN))
+        self.ready_margin = margin
         self._rebase()
+
+    def _drained(self, before: int, before_at: float, ready: int, at: float,
+                 margin: float) -> None:
+        """Update the drain rate from two ready counts: what was ready, plus what the ledger
+        forwarded in between (each shifted by the in-flight margin), less what is ready now."""
+        forwarded = self._totals_before(at - margin)[1] - self._totals_before(before_at - margin)[1]
+        dt = at - before_at
+        rate = max(0, before + forwarded - ready) / dt
+        a = DRAIN_SMOOTHING
+        self.drain_rate = rate if self.drain_rate is None else a * rate + (1 - a) * self.drain_rate
+        self.sample_interval = (dt if self.sample_interval is None
+                                else a * dt + (1 - a) * self.sample_interval)
 
     def sampled_management(self, sample: ManagementSample) -> None:
         if self.management is not None and sample.taken_at < self.management.taken_at:

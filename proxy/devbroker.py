@@ -3,6 +3,11 @@
 Runs the package's own server script as an ordinary process (not the wrapper that switches
 user) with every path in a private directory and every port chosen free, so several nodes
 can run side by side and nothing is left behind.
+
+``LocalBroker(workdir, tls=BrokerTls(ca, cert, key))`` starts a node that speaks only TLS:
+amqps on its AMQP port and https on its management port (no plain listener at all); with
+``require_client_cert`` it also wants a client certificate (``fail_if_no_peer_cert``) and
+offers SASL EXTERNAL (``rabbitmq_auth_mechanism_ssl``, the user is the certificate's CN).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -26,6 +32,8 @@ SERVER_SCRIPT_CANDIDATES = (
 )
 PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_amqp1_0",
            "rabbitmq_event_exchange")
+#: The plugin that offers SASL EXTERNAL (the user is the client certificate's subject).
+EXTERNAL_PLUGIN = "rabbitmq_auth_mechanism_ssl"
 # RabbitMQ's CLI tools take 35672-35682 for their own distribution ports.
 _CLI_PORTS = range(35672, 35683)
 
@@ -55,19 +63,68 @@ def server_script() -> str:
     )
 
 
+@dataclass(frozen=True)
+class BrokerTls:
+    """A broker that speaks only TLS: amqps on its AMQP port, https on its management port.
+
+    ``ca`` signed ``cert`` (the broker's certificate, for ``key``) and is the CA it trusts for
+    client certificates. ``require_client_cert``: ``verify_peer`` with
+    ``fail_if_no_peer_cert = true`` and the ``rabbitmq_auth_mechanism_ssl`` plugin, so
+    EXTERNAL logs a client in as its certificate's common name.
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+    require_client_cert: bool = False
+
+    def config(self, amqp_port: int, management_port: int) -> str:
+        lines = [
+            "listeners.tcp = none",
+            f"listeners.ssl.default = {amqp_port}",
+            f"ssl_options.cacertfile = {self.ca}",
+            f"ssl_options.certfile = {self.cert}",
+            f"ssl_options.keyfile = {self.key}",
+            "ssl_options.verify = verify_peer",
+            "ssl_options.fail_if_no_peer_cert = "
+            + ("true" if self.require_client_cert else "false"),
+            f"management.ssl.port = {management_port}",
+            "management.ssl.ip = 127.0.0.1",
+            f"management.ssl.cacertfile = {self.ca}",
+            f"management.ssl.certfile = {self.cert}",
+            f"management.ssl.keyfile = {self.key}",
+        ]
+        if self.require_client_cert:
+            lines += ["auth_mechanisms.1 = PLAIN", "auth_mechanisms.2 = AMQPLAIN",
+                      "auth_mechanisms.3 = EXTERNAL", "ssl_cert_login_from = common_name"]
+        return "\n".join(lines) + "\n"
+
+
 @dataclass
 class BrokerEndpoint:
-    """Where a broker listens and how to log in to its management API."""
+    """Where a broker listens and how to log in to its management API.
+
+    ``tls_ca``: the broker speaks only TLS (amqps, https) with a certificate from this CA.
+    """
 
     host: str
     amqp_port: int
     management_port: int
     username: str = "guest"
     password: str = "guest"
+    tls_ca: Path | None = None
 
     @property
     def management_url(self) -> str:
-        return f"http://{self.host}:{self.management_port}"
+        scheme = "https" if self.tls_ca is not None else "http"
+        return f"{scheme}://{self.host}:{self.management_port}"
+
+    @property
+    def upstream(self) -> str:
+        """What ``floodwall run --upstream`` takes for this broker."""
+        if self.tls_ca is not None:
+            return f"amqps://{self.host}:{self.amqp_port}"
+        return f"{self.host}:{self.amqp_port}"
 
     def api(
         self, method: str, path: str, body: object | None = None, timeout: float = 10
@@ -78,7 +135,10 @@ class BrokerEndpoint:
         token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
         req.add_header("Authorization", f"Basic {token}")
         req.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        context = None
+        if self.tls_ca is not None:
+            context = ssl.create_default_context(cafile=str(self.tls_ca))
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             raw = resp.read()
         return json.loads(raw) if raw else None
 
@@ -104,12 +164,14 @@ class LocalBroker:
     workdir: Path
     config_extra: str = ""
     plugins: tuple[str, ...] = PLUGINS
+    tls: BrokerTls | None = None  # amqps and https only
     endpoint: BrokerEndpoint = field(init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()  # the node runs with cwd=workdir
-        self.endpoint = BrokerEndpoint("127.0.0.1", free_port(), free_port())
+        self.endpoint = BrokerEndpoint("127.0.0.1", free_port(), free_port(),
+                                       tls_ca=self.tls.ca if self.tls is not None else None)
         self.dist_port = free_port()
         self.prometheus_port = free_port()
         self.nodename = f"floodwall-{self.endpoint.amqp_port}@localhost"
@@ -133,17 +195,25 @@ class LocalBroker:
     def start(self, timeout: float = 90.0) -> BrokerEndpoint:
         script = server_script()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        ep = self.endpoint
+        if self.tls is None:
+            listeners = (f"listeners.tcp.default = {ep.amqp_port}\n"
+                         f"management.tcp.port = {ep.management_port}\n"
+                         "management.tcp.ip = 127.0.0.1\n")
+        else:
+            listeners = self.tls.config(ep.amqp_port, ep.management_port)
         (self.workdir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = {self.endpoint.amqp_port}\n"
-            f"management.tcp.port = {self.endpoint.management_port}\n"
-            "management.tcp.ip = 127.0.0.1\n"
+            listeners +
             f"prometheus.tcp.port = {self.prometheus_port}\n"
             "prometheus.tcp.ip = 127.0.0.1\n"
             "loopback_users = none\n"
             "log.console = false\n"
             "log.file.level = info\n" + self.config_extra
         )
-        (self.workdir / "enabled_plugins").write_text("[" + ",".join(self.plugins) + "].\n")
+        plugins = self.plugins
+        if self.tls is not None and self.tls.require_client_cert:
+            plugins = (*plugins, EXTERNAL_PLUGIN)
+        (self.workdir / "enabled_plugins").write_text("[" + ",".join(plugins) + "].\n")
         out = open(self.workdir / "server.out", "wb")
         self.process = subprocess.Popen(
             [script],

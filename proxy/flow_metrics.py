@@ -25,7 +25,8 @@ from proxy.metrics import PROTOCOLS
 from proxy.policy import PolicySet
 
 #: ``ManagementError.kind`` values, always exported (as 0 until they happen).
-MANAGEMENT_ERROR_KINDS = ("auth", "not_found", "unreachable", "timeout", "http", "bad_reply")
+MANAGEMENT_ERROR_KINDS = ("auth", "not_found", "unreachable", "timeout", "tls", "http",
+                          "bad_reply")
 QUEUE_LABELS = ["vhost", "queue", "policy"]
 
 
@@ -150,6 +151,13 @@ class FlowCollector(Collector):
             labels=QUEUE_LABELS)
         trips = CounterMetricFamily(
             "floodwall_queue_trips", "Times the queue tripped", labels=QUEUE_LABELS)
+        overshoot_messages = CounterMetricFamily(
+            "floodwall_queue_overshoot_messages",
+            "Publishes forwarded to the queue while it was tripped (AMQP 1.0: sent on link "
+            "credit granted before the trip)", labels=QUEUE_LABELS)
+        overshoot_bytes = CounterMetricFamily(
+            "floodwall_queue_overshoot_bytes",
+            "Message-body bytes of floodwall_queue_overshoot_messages", labels=QUEUE_LABELS)
         for key in sorted(c.queues):
             q = c.queues[key]
             labels = [key[0], key[1], q.policy.name]
@@ -163,8 +171,10 @@ class FlowCollector(Collector):
             tripped.add_metric(labels, 1 if q.tripped else 0)
             tripped_seconds.add_metric(labels, q.seconds_tripped(now))
             trips.add_metric(labels, q.trips)
+            overshoot_messages.add_metric(labels, q.overshoot_messages)
+            overshoot_bytes.add_metric(labels, q.overshoot_bytes)
         yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
-                    trips)
+                    trips, overshoot_messages, overshoot_bytes)
 
         yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
                                 value=len(c.queues))
@@ -305,6 +315,9 @@ def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict
             "tripped": q.tripped,
             "tripped_seconds": round(q.seconds_tripped(now), 3),
             "trips": q.trips,
+            "overshoot": {"messages": q.overshoot_messages, "bytes": q.overshoot_bytes},
+            "drain_rate": (None if q.depth.drain_rate is None
+                           else round(q.depth.drain_rate, 1)),
         })
     blocked = [{
         "conn": b.conn_id,
@@ -314,6 +327,9 @@ def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict
         "alarm": ALARM in b.queues,
         "lookups": [k[1] for k in sorted(b.queues) if is_pseudo(k) and k != ALARM],
         "seconds": round(now - b.since, 3),
+        # 1.0 links: how long it has had no credit (null: it still has some).
+        "starved_seconds": (None if b.starved_since is None
+                            else round(now - b.starved_since, 3)),
     } for b in sorted(c.blocked_channels(), key=lambda b: (b.conn_id, b.channel))]
     return {
         "policies": {

@@ -53,6 +53,9 @@ class PolicedQueue:
     tripped_seconds: float = 0.0  # closed trip intervals; see seconds_tripped()
     trips: int = 0
     exists: bool = True
+    # Publishes forwarded while the queue was tripped (1.0: sent on credit granted before).
+    overshoot_messages: int = 0
+    overshoot_bytes: int = 0
     # The publish path's shortcut (``FlowController.forwarded``): while the queue is not
     # tripped, its policy and its depth's base are those of the last evaluation
     # (``armed_*``) and the ledger totals are at most ``quiet_*``, an evaluation would
@@ -75,6 +78,7 @@ class Blocked:
     channel: int
     queues: frozenset[QueueKey]
     since: float
+    starved_since: float | None = None  # 1.0: out of link credit since (None: has some)
 
 
 class Router(Protocol):
@@ -113,6 +117,7 @@ class FlowController:
         self._backlogged: set[QueueKey] = set()
         self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
         self._blocked_since: dict[tuple[int, int], float] = {}
+        self._starved_since: dict[tuple[int, int], float] = {}  # see starved()
         self._owners: dict[int, ChannelOwner] = {}
         self.alarm_reason: str | None = None
         # Counters the protocol cores keep up to date (plain ints: read at scrape time).
@@ -329,6 +334,7 @@ class FlowController:
         for ref in [r for r in self._blocked if r[0] == owner.conn_id]:
             self._blocked.pop(ref, None)
             self._blocked_since.pop(ref, None)
+            self._starved_since.pop(ref, None)
 
     def block(self, owner: ChannelOwner, channel: int, queues: frozenset[QueueKey]) -> bool:
         """Block ``channel`` on ``queues``; True if it was not blocked before.
@@ -352,12 +358,28 @@ class FlowController:
     def is_blocked(self, owner: ChannelOwner, channel: int) -> bool:
         return (owner.conn_id, channel) in self._blocked
 
+    def blocked_on(self, owner: ChannelOwner, channel: int) -> frozenset[QueueKey]:
+        """The queues ``channel`` waits on (empty when it is not blocked)."""
+        return frozenset(self._blocked.get((owner.conn_id, channel), _NOTHING))
+
+    @property
+    def blocked_count(self) -> int:
+        return len(self._blocked)
+
+    def starved(self, owner: ChannelOwner, channel: int, since: float) -> None:
+        """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
+        ref = (owner.conn_id, channel)
+        if ref in self._blocked:
+            self._starved_since[ref] = since
+
     def channel_closed(self, owner: ChannelOwner, channel: int) -> None:
         self._blocked.pop((owner.conn_id, channel), None)
         self._blocked_since.pop((owner.conn_id, channel), None)
+        self._starved_since.pop((owner.conn_id, channel), None)
 
     def blocked_channels(self) -> list[Blocked]:
-        return [Blocked(ref[0], ref[1], frozenset(qs), self._blocked_since[ref])
+        return [Blocked(ref[0], ref[1], frozenset(qs), self._blocked_since[ref],
+                        self._starved_since.get(ref))
                 for ref, qs in self._blocked.items()]
 
     # -- depth and alarms --------------------------------------------------------------
@@ -490,6 +512,7 @@ class FlowController:
         for ref in freed:
             del self._blocked[ref]
             self._blocked_since.pop(ref, None)
+            self._starved_since.pop(ref, None)
             owner = self._owners.get(ref[0])
             if owner is not None:
                 owner.channel_released(ref[1])

@@ -35,6 +35,8 @@ class RelayStats:
     closed_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     protocol_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # protocol, side
     upstream_connect_failures: int = 0
+    upstream_tls_failures: int = 0  # of those, TLS handshakes that failed (or were refused)
+    client_tls_failures: int = 0  # clients whose TLS handshake with the listener failed
     upstream_up: bool = False
     tasks: int = 0
 
@@ -101,6 +103,17 @@ class RelayCollector(Collector):
             "floodwall_upstream_connect_failures",
             "Upstream (broker) connections that could not be opened",
             value=s.upstream_connect_failures,
+        )
+        yield CounterMetricFamily(
+            "floodwall_upstream_tls_failures",
+            "Upstream connections whose TLS handshake failed (verification, refused "
+            "certificate): also counted in floodwall_upstream_connect_failures",
+            value=s.upstream_tls_failures,
+        )
+        yield CounterMetricFamily(
+            "floodwall_client_tls_failures",
+            "Client connections to the TLS listener whose handshake failed",
+            value=s.client_tls_failures,
         )
         yield GaugeMetricFamily(
             "floodwall_upstream_up", "1 if the broker answered the last probe",

@@ -16,11 +16,12 @@ import datetime
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from proxy.config import AmqpCredentials, ConfigError, ManagementCredentials, parse_hostport
+from proxy.cli_tls import upstream_settings, upstream_tls_options
+from proxy.config import AmqpCredentials, ConfigError, ManagementCredentials
 from proxy.policy import format_bytes
 from proxy.spool.inspect import QueueSummary, Scan, queue_dir, queue_dirs, summarize
 from proxy.spool.log import SpoolError
@@ -134,8 +135,10 @@ def show(queue: str, spool_dir: str, vhost: str, limit: int, peek: int) -> None:
 @_DIR_OPTION
 @_VHOST_OPTION
 @click.option("--upstream", required=True, envvar="FLOODWALL_UPSTREAM",
-              help="The broker's AMQP port, HOST:PORT (login: FLOODWALL_AMQP_USERNAME / "
-                   "_PASSWORD / _PASSWORD_FILE, else the management ones, else guest).")
+              help="The broker: HOST:PORT, amqp://HOST[:PORT] or amqps://HOST[:PORT] (login: "
+                   "FLOODWALL_AMQP_USERNAME / _PASSWORD / _PASSWORD_FILE, else the management "
+                   "ones, else guest; or --upstream-tls-sasl-external).")
+@upstream_tls_options
 @click.option("--original-routing", is_flag=True,
               help="Publish to each record's exchange and routing key, or an AMQP 1.0 "
                    "record's address (may reach other queues too), instead of straight to "
@@ -143,28 +146,32 @@ def show(queue: str, spool_dir: str, vhost: str, limit: int, peek: int) -> None:
 @click.option("--window", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Unconfirmed publishes in flight.")
 def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routing: bool,
-           window: int) -> None:
+           window: int, **tls_options: Any) -> None:
     """Publish QUEUE's spooled records to the broker with confirms; delete as confirmed."""
     from proxy.io.amqp10_client import Amqp10Client
     from proxy.io.amqp_client import AmqpClient, AmqpClientError
     from proxy.io.spool import Amqp10Records, queue_exists, replay_session
+    from proxy.io.tls import UpstreamTlsContext
 
     root = Path(spool_dir)
     key = (vhost, queue)
     _find(root, key)
     try:
-        host, port = parse_hostport(upstream, "--upstream", default_host="127.0.0.1")
+        (host, port), tls_settings = upstream_settings(upstream, **tls_options)
         credentials = AmqpCredentials.from_environment(
             fallback=ManagementCredentials.from_environment())
+        tls = UpstreamTlsContext(tls_settings) if tls_settings is not None else None
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    except (OSError, ValueError) as exc:  # a certificate, key or CA file that does not load
+        raise click.UsageError(f"--upstream-tls-ca/-cert/-key: {exc}") from None
     manager = SpoolManager(root)
     try:
         manager.lock()
         qspool = manager.spool(key)
         records, nbytes = qspool.pending_records, qspool.pending_bytes
         click.echo(f"replaying {records} records ({format_bytes(nbytes)}) of {queue!r} "
-                   f"(vhost {vhost!r}) to {host}:{port}")
+                   f"(vhost {vhost!r}) to {'amqps://' if tls else ''}{host}:{port}")
         started = time.monotonic()
 
         def target(rec: SpoolRecord) -> tuple[str, str]:
@@ -174,14 +181,15 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
             return rec.address if original_routing else f"/amq/queue/{queue}"
 
         async def run() -> SessionResult:
-            client = AmqpClient(host, port, credentials.username, credentials.password, vhost)
+            client = AmqpClient(host, port, credentials.username, credentials.password, vhost,
+                                tls=tls)
             client10: Amqp10Client | None = None
 
             async def connect10() -> Amqp10Client:
                 nonlocal client10
                 if client10 is None:
                     client10 = Amqp10Client(host, port, credentials.username,
-                                            credentials.password, vhost)
+                                            credentials.password, vhost, tls=tls)
                     await client10.connect(10.0)
                 return client10
 

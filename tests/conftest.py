@@ -16,8 +16,9 @@ import pytest
 from proxy.devbroker import BrokerEndpoint, LocalBroker
 from proxy.devproxy import ProxyProcess
 
-# java_producer, node_producer, rhea_sender, rhea_receiver: real foreign clients.
-pytest_plugins = ("tests.clients.fixtures",)
+# java_producer, node_producer, rhea_sender, rhea_receiver: real foreign clients;
+# pki, tls_broker, mtls_broker: certificates and TLS-only brokers.
+pytest_plugins = ("tests.clients.fixtures", "tests.integration.tls_fixtures")
 
 BROKER_ENV = "FLOODWALL_TEST_BROKER"  # HOST:AMQP_PORT:MANAGEMENT_PORT[:USER:PASSWORD]
 

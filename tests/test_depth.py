@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
 
 
@@ -148,3 +150,22 @@ def test_management_documents_of_a_stream_say_the_bytes_are_unknown() -> None:
                                      "messages_unacknowledged": 0}, 1.0)
     fresh = sample_from_queue_doc({"name": "f"}, 1.0)  # no statistics yet: zeros
     assert not stream.bytes_known and classic.bytes_known and fresh.bytes_known
+
+
+def test_drain_rate_from_successive_ready_counts_and_the_ledger() -> None:
+    """Messages that left the ready state between two counts: what was ready, plus what the
+    ledger forwarded in between, less what is ready now; averaged, with the interval."""
+    d = QueueDepth()
+    d.sampled_ready_count(10.0, 100, rtt=0.005)  # margin 0.02 s
+    assert d.drain_rate is None and d.sample_interval is None
+    for i in range(30):  # 30 publishes forwarded between the counts
+        d.forwarded(10.05 + i * 0.001, 1024)
+    d.sampled_ready_count(10.2, 80, rtt=0.005)  # 100 + 30 - 80 = 50 drained in 0.2 s
+    assert d.drain_rate == pytest.approx(250.0)
+    assert d.sample_interval == pytest.approx(0.2)
+    d.sampled_ready_count(10.4, 80, rtt=0.005)  # nothing forwarded, nothing drained
+    assert d.drain_rate == pytest.approx(0.7 * 250.0)
+    d.sampled_ready_count(10.3, 0, rtt=0.005)  # an older answer: ignored
+    assert d.drain_rate == pytest.approx(0.7 * 250.0)
+    d.sampled_ready_count(10.6, 200, rtt=0.005)  # grew without publishes: never negative
+    assert d.drain_rate == pytest.approx(0.49 * 250.0)

@@ -11,7 +11,7 @@ from pamqp import commands
 from pamqp.common import FieldTable
 
 from proxy.amqp091.clients import may_signal
-from proxy.amqp091.errors import MethodSyntaxError, ProtocolError
+from proxy.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
 from proxy.amqp091.flow import DEFAULT_HOLD_BUDGET, PublishFlow
 from proxy.amqp091.framing import (
     FRAME_HEADER,
@@ -28,7 +28,7 @@ from proxy.amqp091.framing import (
     scan,
 )
 from proxy.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyChange, TopologyWatch
-from proxy.core import Failure, FrameCounts, Side
+from proxy.core import EXTERNAL_REFUSED, Failure, FrameCounts, Side
 from proxy.gate import FlowController
 from proxy.spool.manager import SpoolManager
 
@@ -186,8 +186,11 @@ class Connection:
     def __init__(self, flow: FlowController | None = None, conn_id: int = 0,
                  hold_budget: int = DEFAULT_HOLD_BUDGET,
                  on_topology: Callable[[TopologyChange], None] | None = None,
-                 spool: SpoolManager | None = None) -> None:
+                 spool: SpoolManager | None = None, refuse_external: bool = True) -> None:
+        """``refuse_external``: a client's connection.start-ok with SASL EXTERNAL is not
+        relayed; the client gets connection.close 403 (``EXTERNAL_REFUSED``)."""
         self.conn_id = conn_id
+        self.refuse_external = refuse_external
         self.failure: Failure | None = None
         self.from_client = FrameCounts()
         self.from_server = FrameCounts()
@@ -423,7 +426,7 @@ class Connection:
         return took, took
 
     def _fail(self, side: Side, err: ProtocolError) -> None:
-        self.failure = Failure(side, err.condition, err.reason)
+        self.failure = Failure(side, err.condition, err.reason, isinstance(err, AccessRefused))
         self._client_in.tail = bytearray()
         self._server_in.tail = bytearray()
         if side is Side.CLIENT:
@@ -451,6 +454,9 @@ class Connection:
             # Only client_properties is kept: ``response`` holds the credentials.
             method = decode_method(buf, offset, _C.StartOk, base)
             self.client = ClientInfo.from_properties(method.client_properties or {})
+            if self.refuse_external and str(method.mechanism).upper() == "EXTERNAL":
+                raise AccessRefused(EXTERNAL_REFUSED, offset, _C.StartOk.index >> 16,
+                                    _C.StartOk.index & 0xFFFF)
             if self.flow is not None:
                 self.flow.may_signal = may_signal(self.client)
 

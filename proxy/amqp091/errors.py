@@ -53,3 +53,11 @@ class UnexpectedFrame(ProtocolError):
 
     reply_code = 505
     reply_name = "UNEXPECTED_FRAME"
+
+
+class AccessRefused(ProtocolError):
+    """Well-formed, but the proxy will not relay it (spec 403 access-refused): a client's
+    SASL EXTERNAL login, which the broker would grant to the proxy's own certificate."""
+
+    reply_code = 403
+    reply_name = "ACCESS_REFUSED"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Final
 
 from proxy.amqp10.addresses import vhost_of
 from proxy.amqp10.endpoints import Peer
-from proxy.amqp10.errors import DecodeError, FramingError, ProtocolError
+from proxy.amqp10.errors import DecodeError, FramingError, ProtocolError, SaslRefused
 from proxy.amqp10.flow import CreditFlow
 from proxy.amqp10.framing import (
     AMQP_FRAME,
@@ -48,11 +48,13 @@ from proxy.amqp10.performatives import (
     check_sasl_fields,
     close_body,
     decode_composite,
+    encode_performative,
     name_of,
     open_body,
     peek_composite,
 )
-from proxy.core import Failure, FrameCounts, Side
+from proxy.amqp10.types import UByte
+from proxy.core import EXTERNAL_REFUSED, Failure, FrameCounts, Side
 
 if TYPE_CHECKING:
     from proxy.gate import FlowController
@@ -64,6 +66,9 @@ CONTAINER_ID: Final = "floodwall"
 
 DESCRIPTION_LIMIT: Final = 256
 """Bytes of UTF-8 kept of an injected close's description, so the frame stays under 512."""
+
+SASL_AUTH: Final = 1
+"""sasl-outcome code ``auth``: authentication failed (the credentials or mechanism)."""
 
 _CLIENT_SASL_FRAMES: Final = frozenset({SASL_INIT, SASL_RESPONSE})
 _SERVER_SASL_FRAMES: Final = frozenset({SASL_MECHANISMS, SASL_CHALLENGE, SASL_OUTCOME})
@@ -164,7 +169,10 @@ class Connection:
     def __init__(self, first_header: bytes, flow: FlowController | None = None,
                  conn_id: int = 0,
                  on_topology: Callable[[TopologyChange], None] | None = None,
-                 spool: SpoolManager | None = None) -> None:
+                 spool: SpoolManager | None = None, refuse_external: bool = True) -> None:
+        """``refuse_external``: a client's sasl-init with EXTERNAL is not relayed; the client
+        gets sasl-outcome ``auth`` and the connection closes."""
+        self.refuse_external = refuse_external
         if first_header == SASL_HEADER:
             client_phase, server_phase = Phase.SASL, Phase.SASL_HEADER
         elif first_header == AMQP_HEADER:
@@ -316,7 +324,10 @@ class Connection:
         if code == SASL_INIT:
             if peer.sasl_mechanism is not None:
                 raise DecodeError("client sent a second sasl-init")
-            peer.sasl_mechanism = SaslInit.from_fields(fields).mechanism
+            mechanism = SaslInit.from_fields(fields).mechanism
+            if self.refuse_external and mechanism.upper() == "EXTERNAL":
+                raise SaslRefused(EXTERNAL_REFUSED)
+            peer.sasl_mechanism = mechanism
         else:
             if peer.sasl_mechanism is None:
                 raise DecodeError("client sent sasl-response before sasl-init")
@@ -435,9 +446,14 @@ class Connection:
 
     def _fail(self, stream: _Stream, exc: ProtocolError) -> None:
         reason = str(exc)
-        self.failure = Failure(stream.side, exc.condition, reason)
+        refused = isinstance(exc, SaslRefused)
+        self.failure = Failure(stream.side, exc.condition, reason, refused)
         self._client.tail = bytearray()
         self._server.tail = bytearray()
+        if refused:  # the client waits for a sasl-outcome; the broker for a sasl-init
+            self._to_client.append(frame(encode_performative(SASL_OUTCOME, code=UByte(
+                SASL_AUTH)), 0, SASL_FRAME))
+            return
         blame = f"floodwall closed the connection: the {stream.side.value} sent bad data"
         if stream.side is Side.CLIENT:
             self._close_client(exc.condition, reason)

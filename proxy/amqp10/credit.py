@@ -17,6 +17,17 @@ dropped and settled one). ``offset`` is ``broker numbering - client numbering``,
 
 Every delivery-count, limit and offset is an RFC-1982 serial number: a ``uint`` that wraps at
 2^32 and compares within half the range.
+
+A limit the proxy granted is never taken back (``SenderCredit.grant``). Transfers the client
+sent under a limit are still on the wire when the proxy decides to lower it, so a flow with a
+lower limit can carry a delivery-count behind the client's own and a link-credit smaller than
+what the client has in flight: by 2.6.7 the client's credit is then negative. python-qpid-proton
+(proton-c, 0.40) keeps that figure in a ``uint32_t`` (``pn_link_state_t.link_credit``,
+``pn_do_flow``): it wraps to about 2^32 and the client sends everything its application has
+queued, far past every limit it was ever given. So a trip stops the top-ups instead, and the
+client's outstanding credit, at most one window, is what reaches the queue after the trip (the
+overshoot; ``proxy.amqp10.flow``). Only the broker's own flows can lower a limit, as they would
+without the proxy.
 """
 
 from __future__ import annotations
@@ -110,15 +121,29 @@ class SenderCredit:
         return max(0, serial_diff(self.granted, self.delivery_count))
 
     def grant(self, window: int | None) -> LinkFlow:
-        """The flow the client gets: the broker's credit, at most ``window`` (None: no cap;
-        0: nothing while the queue is tripped). Remembers it as granted."""
+        """The flow the client gets: the broker's credit, at most ``window`` more than the
+        client has used (None: no cap; 0: nothing more while the queue is tripped).
+
+        Never below the limit the client already has (see the module's docstring), unless
+        the broker lowered its own: the limit is ``max(count + min(broker credit, window),
+        min(granted, broker limit))``, and never behind ``count``. Remembers it as granted.
+        """
+        count = self.delivery_count
         credit = self.broker_credit
         if window is not None:
             credit = min(credit, window)
-        limit = serial_add(self.delivery_count, credit)
+        limit = serial_add(count, credit)
+        kept = self.granted
+        if kept is not None:
+            broker = self.broker_limit
+            if broker is not None:
+                kept = serial_min(kept, broker)
+            if serial_lt(limit, kept):
+                limit = kept
+                credit = serial_diff(limit, count)
         self.granted = limit
         self.high_water = limit if self.high_water is None else serial_max(self.high_water, limit)
-        return LinkFlow(self.delivery_count, credit, self.drain)
+        return LinkFlow(count, credit, self.drain)
 
     def wants_top_up(self, window: int) -> bool:
         """True when the client is down to half the window and the broker allows more.

@@ -23,3 +23,10 @@ class FramingError(ProtocolError):
     """A frame or protocol header that breaks the transport's framing rules."""
 
     condition = "amqp:connection:framing-error"
+
+
+class SaslRefused(ProtocolError):
+    """Well-formed, but the proxy will not relay it: a client's SASL EXTERNAL, which the
+    broker would grant to the proxy's own certificate. The client gets sasl-outcome auth."""
+
+    condition = "amqp:unauthorized-access"

@@ -3,11 +3,25 @@
 The 0-9-1 gate (``proxy.amqp091.flow``) holds publishes; AMQP 1.0 has a better lever. For a
 client *sender* link whose target routes to a policed queue, the broker's flow frames are
 rewritten on their way to the client: the credit the client sees is the broker's grant
-capped by a small window (``window_for``) while the queue is under capacity, and zero once it
-is tripped. The proxy tops the client up itself as it sends (it never waits for the broker to
-repeat a grant it considers current), and sends the flow that restores credit when the
-``FlowController`` releases the link. Transfers are never held: a client only ever sends
-what it had credit for, and that is at most one window per link, which bounds the overshoot.
+capped by a small window (``window_for``, paced to the queue's drain rate near capacity:
+``paced_window``) while the queue is under capacity, and no more once it is tripped. The proxy
+tops the client up itself as it sends (it never waits for the broker to repeat a grant it
+considers current), and sends the flow that restores credit when the ``FlowController``
+releases the link. Transfers are never held.
+
+A trip never lowers the limit the client already has (``SenderCredit.grant``: a lower limit
+crossing transfers in flight reads as negative credit, which proton-c wraps to about 2^32):
+the proxy stops topping up, and what the client still had credit for, at most one window,
+is forwarded (the broker's credit allows it: the window is below the broker's grant) and
+counted as overshoot (``PolicedQueue.overshoot_*``). Bound, per policed queue:
+``overshoot_messages <= sum over the links feeding it of their window``, so at most
+``links x WINDOW_BYTES`` of message bytes (windows are at most ``WINDOW_BYTES`` of the
+link's typical message).
+
+A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
+0-9-1 publisher gets: it is detached with ``amqp:resource-limit-exceeded`` and a description
+naming the queue, counted in ``deadline_expiries``. How long each withheld link has had no
+credit is in ``/state`` (``FlowController.starved``).
 
 Arithmetic: ``proxy.amqp10.credit.SenderCredit`` (2.6.7, RFC-1982 serial numbers). Drain and
 echo are relayed with translated counts; session fields are left as the broker sent them
@@ -56,6 +70,7 @@ ledger (``QueueDepth.delivered``).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -100,10 +115,16 @@ WINDOW_BYTES: Final = 64 * 1024
 """Message bytes one policed link may have credit for: its share of the overshoot bound."""
 MAX_WINDOW: Final = 256
 """Most credit the proxy gives one policed link, however small its messages."""
+MIN_WINDOW: Final = 2
+"""Least credit a paced link gets while its queue is not tripped (the floor of pacing)."""
+PACING_ROOM: Final = 2
+"""Windows of room below capacity under which a link's window is paced to the drain rate."""
 ASSUMED_MESSAGE_BYTES: Final = 4096
 """Message size assumed before a link or its queue has shown one (window 16)."""
 TRANSFER_LIMIT_EXCEEDED: Final = "amqp:link:transfer-limit-exceeded"
 RESOURCE_LIMIT_EXCEEDED: Final = "amqp:resource-limit-exceeded"
+DEFAULT_DEADLINE: Final = 30.0
+"""Seconds a link waits without credit when no policy names one (the broker alarm)."""
 ACCEPTED: Final = 0x24
 REJECTED: Final = 0x25
 TRANSACTIONAL_STATE: Final = 0x34
@@ -122,6 +143,17 @@ def window_for(message_bytes: int) -> int:
     if message_bytes <= WINDOW_BYTES // MAX_WINDOW:  # sizes up to 256 (and 0): the most
         return MAX_WINDOW
     return WINDOW_BYTES // message_bytes or 1
+
+
+def paced_window(ceiling: int, share: float | None) -> int:
+    """The window of a link whose queue is near capacity: its ``share`` of the messages the
+    queue's consumers take in one depth-probe interval (the credit that keeps them busy until
+    the next decision: drain rate x probe interval / the connection's links feeding the
+    queue), at least ``MIN_WINDOW``, at most ``ceiling`` (``window_for``); the ceiling while
+    the drain rate is not known yet."""
+    if share is None:
+        return ceiling
+    return max(min(ceiling, math.ceil(share)), min(MIN_WINDOW, ceiling))
 
 
 def message_routing(payload: bytes, pos: int, end: int) -> tuple[str | None, str | None] | None:
@@ -169,7 +201,8 @@ class SenderLink:
     deliveries: int = 0
     payload_bytes: int = 0
     blocked: bool = False
-    withheld: bool = False  # the client was told credit 0 because of a tripped queue
+    withheld: bool = False  # no more credit: a queue it feeds is tripped
+    starved_since: float | None = None  # withheld and out of credit since (expire's now)
     detaching: bool = False  # the proxy detached it: drop its frames, absorb the replies
     replies_due: set[str] = field(default_factory=set)  # "client", "broker"
     # The delivery in progress goes to this queue's spool (its frames are gathered).
@@ -295,6 +328,7 @@ class CreditFlow:
         # The first delivery the proxy drops: the core starts reading the broker's dispositions.
         self.on_drop: Callable[[], None] = lambda: None
         self.dropping = False
+        self.withheld_links: dict[int, SenderLink] = {}  # blocked links by link_ref
         controller.register(self)
 
     def close(self) -> None:
@@ -303,8 +337,49 @@ class CreditFlow:
         self.by_server_channel.clear()
 
     def expire(self, now: float) -> int:
-        """Nothing is held, so nothing expires (a link without credit is not a message)."""
-        return 0
+        """Withheld links: note since when each has had no credit (``now``, the caller's
+        clock; a link is seen out of credit at the first call after it ran out) and detach
+        those out of credit for longer than their policy's ``deadline`` with
+        ``amqp:resource-limit-exceeded``; returns how many were detached."""
+        expired = 0
+        for link in list(self.withheld_links.values()):
+            if link.credit.client_credit > 0 or link.in_delivery:
+                continue
+            since = link.starved_since
+            if since is None:
+                link.starved_since = now
+                self.controller.starved(self, link.ref, now)
+                continue
+            deadline = self._deadline(link)
+            if now - since < deadline:
+                continue
+            session = self.sessions.get(link.channel)
+            if session is None:
+                continue
+            expired += 1
+            queues = sorted(q for _, q in self.controller.blocked_on(self, link.ref)) \
+                or [self.controller.alarm_reason or "?"]
+            names = ",".join(queues)
+            self.controller.deadline_expiries += 1
+            self.controller.emit("deadline", {
+                "vhost": self.vhost, "conn": self.conn_id, "channel": link.ref,
+                "body_bytes": 0, "waited": round(now - since, 3), "queues": queues})
+            why = f"still over capacity after the {deadline:g}s deadline"
+            event(log, "publish_refused", logging.WARNING, conn=self.conn_id, channel=link.ref,
+                  link=link.name, queues=names, reason=why, waited=round(now - since, 3),
+                  answer=RESOURCE_LIMIT_EXCEEDED, protocol=PROTOCOL)
+            self._to_server(self._detach_by_proxy(
+                session, link, RESOURCE_LIMIT_EXCEEDED,
+                f"floodwall: queue '{names}' {why}: no link credit for {now - since:.1f}s"))
+        if expired:
+            self.notify()
+        return expired
+
+    def _deadline(self, link: SenderLink) -> float:
+        """The shortest ``deadline`` among the policies of the queues ``link`` waits on."""
+        deadlines = [q.policy.deadline for key in self.controller.blocked_on(self, link.ref)
+                     if (q := self.controller.queues.get(key)) is not None]
+        return min(deadlines, default=DEFAULT_DEADLINE)
 
     # -- sessions and links -----------------------------------------------------------------
     def client_begin(self, channel: int, begin: Begin) -> None:
@@ -410,6 +485,7 @@ class CreditFlow:
     def _link_gone(self, link: Link) -> None:
         if isinstance(link, SenderLink) and link.blocked:
             link.blocked = False
+            self.withheld_links.pop(link.ref, None)
             self.controller.channel_closed(self, link.ref)
 
     # -- flow frames -----------------------------------------------------------------------
@@ -538,6 +614,8 @@ class CreditFlow:
             if not link.dropping and not aborted:
                 link.deliveries += 1
                 link.payload_bytes += link.delivery_bytes
+                if self.controller.tripped:  # sent on credit granted before a trip
+                    self._overshoot(link.delivery_queues, link.delivery_bytes)
                 self.controller.forwarded(self.vhost, link.delivery_queues, link.delivery_bytes)
                 if link.per_message and self.controller.queues:
                     link.hit.update(q for q in link.delivery_queues
@@ -776,11 +854,47 @@ class CreditFlow:
         policed = self._policed(link, names)
         if not policed and not self._may_be_policed(link):
             return None
+        queues = self.controller.queues
         size = link.typical_bytes
         if not size:
-            size = max((self.controller.queues[k].depth.average_body_bytes() for k in policed),
+            size = max((queues[k].depth.average_body_bytes() for k in policed),
                        default=0) or ASSUMED_MESSAGE_BYTES
-        return window_for(size)
+        window = ceiling = window_for(size)
+        room = PACING_ROOM * ceiling * size
+        for key in policed:
+            q = queues[key]
+            # Bytes the queue may still take before its next evaluation could trip it (the
+            # armed headroom less the ledger; -1 - total when unarmed: pace).
+            if q.quiet_bytes - q.depth.forwarded_bytes_total > room:
+                continue
+            depth = q.depth
+            drain = depth.drain_rate
+            interval = depth.sample_interval
+            share = None
+            if drain is not None and interval is not None:
+                share = drain * interval / self._feeders(key[1])
+            window = min(window, paced_window(ceiling, share))
+        return window
+
+    def _feeders(self, queue: str) -> int:
+        """This connection's sender links whose last message went to ``queue`` (at least 1):
+        they share the queue's drain. Counted only near capacity (a scan of the links)."""
+        n = 0
+        for session in self.sessions.values():
+            for link in session.links.values():
+                if isinstance(link, SenderLink) and not link.detaching \
+                        and queue in link.delivery_queues:
+                    n += 1
+        return n or 1
+
+    def _overshoot(self, names: frozenset[str], body_bytes: int) -> None:
+        """A delivery to ``names`` forwarded while some of them are tripped: count it on each."""
+        queues = self.controller.queues
+        for key in self.controller.blocking(self.vhost, names):
+            q = queues.get(key)
+            if q is not None and q.tripped:
+                q.overshoot_messages += 1
+                q.overshoot_bytes += body_bytes
 
     def _may_be_policed(self, link: SenderLink) -> bool:
         """Whether the link can come to feed a policed queue at any moment, with nothing
@@ -834,9 +948,8 @@ class CreditFlow:
         if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT
                              and not lookups) \
                 and self._spool_key(link, queues, blocking) is None:
-            if self._block(link, blocking) and not link.withheld:
-                link.withheld = True
-                self._send_grant(link, link.credit.grant(0))
+            if self._block(link, blocking):
+                link.withheld = True  # no flow: the limit the client has stands (grant)
             return
         window = self._window(link, fixed)
         if window is not None and link.credit.wants_top_up(window):
@@ -850,6 +963,8 @@ class CreditFlow:
         if not newly and not self.controller.is_blocked(self, link.ref):
             return False
         link.blocked = True
+        link.starved_since = None
+        self.withheld_links[link.ref] = link
         names = ",".join(q for _, q in sorted(blocking))
         event(log, "publisher_held", logging.INFO, conn=self.conn_id, channel=link.ref,
               session=link.channel, handle=link.handle, link=link.name, vhost=self.vhost,
@@ -883,6 +998,8 @@ class CreditFlow:
         if not isinstance(link, SenderLink) or link.detaching:
             return
         link.blocked = False
+        link.starved_since = None
+        self.withheld_links.pop(link.ref, None)
         link.spool_refused = False
         link.hit.clear()
         window = self._window(link)
@@ -907,14 +1024,21 @@ class CreditFlow:
 
     def _transfer_limit_exceeded(self, session: SessionGate, link: SenderLink) -> bytes:
         """Detach the link on both sides; the broker's detach replaces the transfer."""
+        return self._detach_by_proxy(session, link, TRANSFER_LIMIT_EXCEEDED,
+                                     "floodwall: transfer beyond the granted link credit")
+
+    def _detach_by_proxy(self, session: SessionGate, link: SenderLink, condition: str,
+                         description: str) -> bytes:
+        """Detach ``link`` on both sides: the client's detach is queued, the broker's returned.
+
+        Later frames of the link are dropped, both peers' answering detaches absorbed."""
         link.detaching = True
         link.in_delivery = False
         self._link_gone(link)
         event(log, "link_detached_by_proxy", logging.WARNING, conn=self.conn_id,
-              channel=link.ref, link=link.name, condition=TRANSFER_LIMIT_EXCEEDED,
-              reason="transfer beyond the link credit the proxy granted", protocol=PROTOCOL)
-        error = performative(ERROR, condition=Symbol(TRANSFER_LIMIT_EXCEEDED),
-                             description="floodwall: transfer beyond the granted link credit")
+              channel=link.ref, link=link.name, condition=condition, reason=description,
+              protocol=PROTOCOL)
+        error = performative(ERROR, condition=Symbol(condition), description=description)
         if session.server_channel is not None and link.server_handle is not None:
             link.replies_due.add("client")
             self._to_client(frame(encode_performative(

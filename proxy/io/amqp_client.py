@@ -39,6 +39,7 @@ from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ProtocolHeader
 
 from proxy import __version__
+from proxy.io.tls import UpstreamTlsContext, open_upstream, tls_error
 from proxy.io.writes import BatchedWrites
 from proxy.logs import event
 
@@ -313,8 +314,12 @@ class AmqpClient(BatchedWrites):
 
     def __init__(self, host: str, port: int, username: str, password: str, vhost: str = "/",
                  heartbeat_seconds: int = 30,
-                 on_blocked: Callable[[str | None], None] | None = None) -> None:
+                 on_blocked: Callable[[str | None], None] | None = None,
+                 tls: UpstreamTlsContext | None = None) -> None:
+        """``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        EXTERNAL (the broker takes the user from the client certificate), else PLAIN."""
         self.host, self.port, self.vhost = host, port, vhost
+        self.tls = tls
         self._username, self._password = username, password
         self._heartbeat = heartbeat_seconds
         self.on_blocked = on_blocked  # called with a reason when blocked, None when unblocked
@@ -345,10 +350,13 @@ class AmqpClient(BatchedWrites):
     async def connect(self, timeout: float = 10.0) -> None:
         self._lost = asyncio.Event()
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), timeout)
+            open_upstream(self.host, self.port, self.tls), timeout)
         self._reader, self._writer = reader, writer
         writer.write(frame.marshal(ProtocolHeader(), 0))
-        await asyncio.wait_for(self._handshake(), timeout)
+        try:
+            await asyncio.wait_for(self._handshake(), timeout)
+        except OSError as exc:  # a TLS 1.3 broker refuses our certificate after the handshake
+            raise tls_error(exc, self.tls, self.host) from None
         loop = asyncio.get_running_loop()
         self._read_task = loop.create_task(self._read_forever(), name="amqp-client-read")
         if self._heartbeat:
@@ -373,9 +381,18 @@ class AmqpClient(BatchedWrites):
         props: dict[str, Any] = {"product": "floodwall", "version": __version__,
                  "capabilities": {"connection.blocked": True, "publisher_confirms": True,
                                   "consumer_cancel_notify": True}}
+        if self.tls is not None and self.tls.settings.sasl_external:
+            mechanism, response = "EXTERNAL", ""
+            offered = str(start.mechanisms or "").split()
+            if mechanism not in offered:
+                raise AmqpClientError(
+                    f"broker does not offer SASL EXTERNAL (offers {' '.join(offered)}): it "
+                    "needs the rabbitmq_auth_mechanism_ssl plugin, EXTERNAL in its "
+                    "auth_mechanisms and a client certificate it verified")
+        else:
+            mechanism, response = "PLAIN", f"\0{self._username}\0{self._password}"
         self._send(0, commands.Connection.StartOk(
-            client_properties=props, mechanism="PLAIN",
-            response=f"\0{self._username}\0{self._password}"))
+            client_properties=props, mechanism=mechanism, response=response))
         _, tune = await self._next_frame()
         if isinstance(tune, commands.Connection.Close):
             raise AmqpClientError(f"broker refused login: {tune.reply_code} {tune.reply_text}")

@@ -56,6 +56,7 @@ from proxy.flow_metrics import (
 from proxy.gate import FlowController, QueueKey
 from proxy.io.amqp_client import AmqpClient, AmqpClientError
 from proxy.io.management import ManagementApi, ManagementError
+from proxy.io.tls import ManagementTlsContext, UpstreamTlsContext
 from proxy.io.topology import TOPOLOGY_PATHS, TopologyFeed
 from proxy.logs import event
 from proxy.policy import PolicySet, PolicyStore, ReloadResult
@@ -105,6 +106,8 @@ class FlowSettings:
     lookup_ttl: float = 1.0  # how long "absent" (or "failed, allowed") is remembered
     lookup_retry: float = 1.0  # a failed lookup a policy blocks on is asked again this often
     sync_grace: float = 2.0  # how long changes in flight may explain a sync's difference
+    upstream_tls: UpstreamTlsContext | None = None  # amqps for the depth probes
+    management_tls: ManagementTlsContext | None = None  # https to the management API
 
     @property
     def depth_unknown_after(self) -> float:
@@ -113,7 +116,9 @@ class FlowSettings:
         return 3 * self.management_interval + self.management_timeout
 
     @classmethod
-    def from_proxy_settings(cls, s: ProxySettings) -> FlowSettings:
+    def from_proxy_settings(cls, s: ProxySettings, upstream_tls: UpstreamTlsContext | None = None,
+                            management_tls: ManagementTlsContext | None = None
+                            ) -> FlowSettings:
         if s.policies is None:
             raise ValueError("flow control needs a policies file")
         return cls(
@@ -131,6 +136,8 @@ class FlowSettings:
             policy_poll_interval=s.policy_poll_interval,
             holding_log_interval=s.holding_log_interval,
             connect_timeout=s.connect_timeout,
+            upstream_tls=upstream_tls,
+            management_tls=management_tls,
         )
 
 
@@ -178,7 +185,7 @@ class FlowSupervisor:
         self.topology = topology if topology is not None else Topology()
         self.controller = FlowController(self.topology, clock, self.store.current)
         self.api = ManagementApi(settings.management_url, settings.management_credentials,
-                                 settings.management_timeout)
+                                 settings.management_timeout, settings.management_tls)
         self.stats = FlowStats(self.store.current, self.store.generation,
                                ManagementStatus(settings.management_url))
         self.collector = FlowCollector(self.controller, self.stats)
@@ -562,7 +569,8 @@ class FlowSupervisor:
             while True:
                 client = AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
                                     s.amqp_credentials.password, vhost,
-                                    on_blocked=functools.partial(self._on_blocked, vhost))
+                                    on_blocked=functools.partial(self._on_blocked, vhost),
+                                    tls=s.upstream_tls)
                 try:
                     await client.connect(s.connect_timeout)
                 except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -14,6 +15,7 @@ from typing import Any
 
 from proxy.config import ManagementCredentials
 from proxy.depth import ManagementSample
+from proxy.io.tls import ManagementTlsContext, explain
 
 QUEUE_COLUMNS = ",".join((
     "name", "vhost", "messages_ready", "messages_unacknowledged", "message_bytes",
@@ -26,7 +28,7 @@ class ManagementError(RuntimeError):
 
     def __init__(self, kind: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
-        self.kind = kind  # auth | not_found | unreachable | timeout | http | bad_reply
+        self.kind = kind  # auth | not_found | unreachable | timeout | tls | http | bad_reply
         self.status = status
 
 
@@ -45,10 +47,12 @@ class NodeAlarms:
 class ManagementApi:
     """A client for the few endpoints floodwall reads; each call runs off the event loop."""
 
-    def __init__(self, url: str, credentials: ManagementCredentials, timeout: float = 5.0
-                 ) -> None:
+    def __init__(self, url: str, credentials: ManagementCredentials, timeout: float = 5.0,
+                 tls: ManagementTlsContext | None = None) -> None:
+        """``tls``: the https context, used when ``url`` is https."""
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.tls = tls if self.url.lower().startswith("https:") else None
         token = f"{credentials.username}:{credentials.password}".encode()
         self._auth = "Basic " + base64.b64encode(token).decode()
         self.requests = 0  # for metrics: load on the management API
@@ -56,8 +60,9 @@ class ManagementApi:
 
     def _get_blocking(self, path: str) -> Any:
         req = urllib.request.Request(self.url + path, headers={"Authorization": self._auth})
+        context = self.tls.context if self.tls is not None else None
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=context) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             if exc.code == 401:
@@ -72,6 +77,11 @@ class ManagementApi:
                                   f"{self.timeout}s") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLError):
+                name = urllib.parse.urlsplit(self.url).hostname
+                ca = self.tls.settings.ca if self.tls is not None else None
+                raise ManagementError("tls", f"{self.url}: {explain(reason, name, ca)}"
+                                      ) from None
             kind = "timeout" if isinstance(reason, TimeoutError) else "unreachable"
             raise ManagementError(kind, f"{self.url}: {reason}") from None
         try:

@@ -299,7 +299,7 @@ class TopologyFeed:
         backoff = s.reconnect_min
         while True:
             client = AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
-                                s.amqp_credentials.password, s.event_vhost)
+                                s.amqp_credentials.password, s.event_vhost, tls=s.upstream_tls)
             try:
                 try:
                     unavailable = await self._subscribe(client)

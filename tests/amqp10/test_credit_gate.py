@@ -275,14 +275,15 @@ def test_a_multi_frame_transfer_counts_once_and_books_all_its_bytes() -> None:
 def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -> None:
     s = Setup(chunker=chunker)
     s.server(broker_flow(7, 0, 1000) + broker_flow(8, 0, 1000))
-    s.take()
+    _, to_client = s.take()
+    limit = credit_seen(to_client, 7, 0)  # the client's limit: 0 + credit
     n = 0
     while (VHOST, "capped") not in s.fc.tripped:
         s.send(CAPPED_H, 20_000)
         n += 1
     to_server, to_client = s.take()
     assert n == 5  # 5 x ~20 KB > 100 KB
-    assert credit_seen(to_client, 7, n) == 0  # revoked at once
+    assert flows(to_client, 7) == []  # the limit the client has is not taken back
     assert s.fc.is_blocked(s.core.flow, link_ref(0, CAPPED_H))  # type: ignore[arg-type]
     blocked = s.fc.blocked_channels()
     assert [(b.conn_id, b.channel) for b in blocked] == [(1, link_ref(0, CAPPED_H))]
@@ -290,12 +291,14 @@ def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -
     free = b"".join(s.send(FREE_H, 20_000) for _ in range(5))
     to_server, to_client = s.take()
     assert to_server == free and flows(to_client, 7) == []
-    # a transfer that crossed the revocation in flight is still within what was granted
-    s.send(CAPPED_H, 100)
-    n += 1
-    to_server, _ = s.take()
-    assert performatives(to_server)[0][0] == TRANSFER
-    # the broker grants again while tripped: the client still sees none
+    # what the client still had credit for is forwarded and counted as overshoot
+    q = s.fc.queues[(VHOST, "capped")]
+    sent = b"".join(s.send(CAPPED_H, 100) for _ in range(limit - n))
+    n = limit
+    to_server, to_client = s.take()
+    assert to_server == sent and to_client == b""
+    assert q.overshoot_messages == limit - 5 and q.overshoot_bytes > 0
+    # the broker grants again while tripped: the client still sees no more than it had
     s.server(broker_flow(7, n, 1000))
     _, to_client = s.take()
     assert credit_seen(to_client, 7, n) == 0
@@ -408,7 +411,8 @@ def test_anonymous_sender_to_a_tripped_queue_is_forwarded_then_held_by_credit() 
     msg = s.send(ANON_H, 100, to="/amq/queue/capped")
     to_server, to_client = s.take()
     assert to_server == msg
-    assert credit_seen(to_client, 9, 2) == 0
+    assert flows(to_client, 9) == []  # no more credit (what it has is not taken back)
+    assert s.fc.is_blocked(s.core.flow, link_ref(0, ANON_H))  # type: ignore[arg-type]
     s.sample("capped", 0)
     _, to_client = s.take()
     assert credit_seen(to_client, 9, 2) > 0
@@ -523,3 +527,62 @@ def test_grant_flows_are_the_bytes_the_generic_encoder_makes(next_incoming: int 
             incoming_window=UInt(window_in), next_outgoing_id=UInt(next_out),
             outgoing_window=UInt(window_out), handle=UInt(handle), delivery_count=UInt(count),
             link_credit=UInt(credit), drain=drain or None)
+
+
+def test_a_link_without_credit_past_the_deadline_is_detached() -> None:
+    """What a 0-9-1 publisher gets at the deadline, in 1.0 terms: the link is detached with
+    amqp:resource-limit-exceeded naming the queue; counted; the broker's end detached too."""
+    s = Setup(policy_extra="    deadline: 5s\n")
+    s.server(broker_flow(7, 0, 1000) + broker_flow(8, 0, 1000))
+    _, to_client = s.take()
+    limit = credit_seen(to_client, 7, 0)
+    s.sample("capped", 500_000)
+    gate = s.core.flow
+    assert gate is not None
+    ref = link_ref(0, CAPPED_H)
+    s.send(CAPPED_H)  # the trip withholds more credit; the client has limit - 1 left
+    assert s.fc.is_blocked(gate, ref)  # type: ignore[arg-type]
+    t0 = s.clock.t
+    assert gate.expire(t0) == 0  # it still has credit: not starved
+    assert s.fc.blocked_channels()[0].starved_since is None
+    for _ in range(limit - 1):
+        s.send(CAPPED_H)
+    s.take()
+    assert gate.expire(t0 + 1) == 0  # out of credit from now (seen at this call)
+    assert s.fc.blocked_channels()[0].starved_since == t0 + 1
+    assert gate.expire(t0 + 5.9) == 0  # 4.9 s without credit: within the deadline
+    assert gate.expire(t0 + 6.0) == 1
+    to_server, to_client = s.take()
+    (code, fields), = performatives(to_client)
+    assert code == DETACH and fields[0] == SERVER_HANDLE[CAPPED_H] and fields[1] is True
+    error = fields[2]
+    assert isinstance(error, Described)
+    assert error.value[0] == Symbol("amqp:resource-limit-exceeded")
+    assert "queue 'capped'" in error.value[1] and "5s deadline" in error.value[1]
+    assert performatives(to_server)[0][0] == DETACH
+    assert s.fc.deadline_expiries == 1 and s.fc.blocked_channels() == []
+    assert s.notified == 1
+    # both peers' answering detaches are absorbed; the free link goes on
+    s.client(detach(0, CAPPED_H))
+    s.server(detach(SERVER_CH, SERVER_HANDLE[CAPPED_H]))
+    free = s.send(FREE_H)
+    to_server, to_client = s.take()
+    assert to_server == free and to_client == b""
+
+
+def test_a_release_before_the_deadline_restarts_the_wait() -> None:
+    s = Setup(policy_extra="    deadline: 5s\n")
+    s.server(broker_flow(7, 0, 1000))
+    _, to_client = s.take()
+    limit = credit_seen(to_client, 7, 0)
+    s.sample("capped", 500_000)
+    for _ in range(limit):
+        s.send(CAPPED_H)
+    gate = s.core.flow
+    assert gate is not None
+    t0 = s.clock.t
+    gate.expire(t0)
+    s.sample("capped", 0)  # released at t0 + 1: credit again
+    s.sample("capped", 500_000)
+    assert gate.expire(t0 + 10) == 0  # blocked again but not out of credit
+    assert s.fc.deadline_expiries == 0

@@ -537,10 +537,12 @@ def test_collector_output_and_state_shape() -> None:
         "depth": {"estimate": {"bytes": 2 * 1024**2, "messages": 4},
                   "broker": {"bytes": 2 * 1024**2, "messages": 4},
                   "ready_count": None, "known": True},
-        "tripped": True, "tripped_seconds": 4.5, "trips": 1}
+        "tripped": True, "tripped_seconds": 4.5, "trips": 1,
+        "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None}
     assert state["blocked_channels"] == [
         {"conn": 5, "channel": 1, "queues": [{"vhost": "/", "queue": "orders.eu"}],
-         "alarm": False, "lookups": [], "seconds": 0.0}]
+         "alarm": False, "lookups": [], "seconds": 0.0,
+         "starved_seconds": None}]
     # "audit" has had no figure yet: publishes to it wait for its first one (a lookup).
     assert metric_in(text, "floodwall_topology_lookups_pending") == 1
     assert state["topology"]["lookups_pending"] == [
