@@ -13,7 +13,7 @@ from proxy.lookups import Lookup, LookupKind, LookupResult
 from proxy.policy import parse_policies
 from proxy.routing import Topology
 from tests.amqp10.streams import begin, open_, transfer
-from tests.amqp10.test_credit_gate import broker_flow, credit_seen, link_attach, message
+from tests.amqp10.test_credit_gate import broker_flow, credit_seen, flows, link_attach, message
 
 POLICIES = """
 version: 1
@@ -89,19 +89,29 @@ def test_a_link_to_an_exchange_that_becomes_policed_waits_for_the_first_figure()
     to_client = link.broker_grants()
     assert credit_seen(to_client, 7, 0) == WINDOW  # capped: a binding may come any moment
     link.send()
+    _, to_client = link.take()
+    limit = credit_seen(to_client, 7, 0)  # topped up to a window of its 106-byte messages
+    assert limit == 1 + window_for(100 + 6)
     # Made elsewhere: the queue and its binding (an event), and its first figure.
     link.topology.bind_queue("/", "orders.late", "amq.direct", "orders.late")
     link.fc.queue_seen(("/", "orders.late"))
     link.send()
     _, to_client = link.take()
-    assert credit_seen(to_client, 7, 2) == 0  # waits for the queue's first figure
+    # Waits for the queue's first figure: no top-up, and no flow that takes back the limit
+    # the client holds (proton would wrap a negative credit; see proxy/amqp10/credit.py).
+    assert flows(to_client, 7) == []
     link.fc.sampled_ready_count(("/", "orders.late"), link.now[0], 0)
     _, to_client = link.take()
     assert credit_seen(to_client, 7, 2) == window_for(100 + 6)
     assert link.fc.queues[("/", "orders.late")].depth.forwarded_messages_total == 1
 
 
-def test_a_link_holding_the_brokers_credit_is_withheld_when_a_reload_polices_it() -> None:
+def test_a_link_holding_the_brokers_credit_gets_no_more_when_a_reload_polices_it() -> None:
+    """A reload that polices a queue a link already holds the broker's credit for cannot
+    take that credit back (a flow lowering the limit below what the client may have sent
+    makes proton's credit wrap): the link gets no top-up until the queue's first figure,
+    and the overshoot it can still cause is bounded by the broker's grant before the
+    reload (README, AMQP 1.0)."""
     link = Link("/amq/queue/audit")
     link.topology.declare_queue("/", "audit")
     link.core.receive_from_server(broker_flow(7, 0, 1000))
@@ -110,7 +120,12 @@ def test_a_link_holding_the_brokers_credit_is_withheld_when_a_reload_polices_it(
                          [("/", "audit")])
     link.send()
     _, to_client = link.take()
-    assert credit_seen(to_client, 7, 1) == 0  # policed now: waits for its first figure
+    assert flows(to_client, 7) == []  # no top-up; the 999 it holds stand
     link.fc.sampled_ready_count(("/", "audit"), link.now[0], 0)
     _, to_client = link.take()
-    assert credit_seen(to_client, 7, 1) == window_for(100 + 6)
+    # Its first figure: the grant is the window on top of what it has used, but never
+    # below the limit it holds (1000).
+    assert credit_seen(to_client, 7, 1) == 999
+    link.core.receive_from_server(broker_flow(7, 1, 1000))  # the broker tops up its own
+    _, to_client = link.take()
+    assert credit_seen(to_client, 7, 1) == 999  # capped: nothing beyond the limit held
