@@ -14,7 +14,7 @@ RUN python -m venv /opt/floodwall
 ENV PATH=/opt/floodwall/bin:$PATH
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY proxy ./proxy
 # `make test` runs `pip install -e '.[test,demo]'`; the image takes the same package, no extras.
 RUN pip install --no-cache-dir . \

@@ -43,7 +43,7 @@ from bench.flow import (
     write_policies,
 )
 from bench.meters import median, percentile
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devproxy import ProxyProcess
 
 BODY = b"x" * 1024
 CASES = ("lookup", "event", "unpoliced", "direct")

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.analyze import analyze, spark_session
-from pipeline.synthetic import generate
+from floodwall_pipeline.analyze import analyze, spark_session
+from floodwall_pipeline.synthetic import generate
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 BEGIN, END = "<!-- pipeline-bench:begin -->", "<!-- pipeline-bench:end -->"

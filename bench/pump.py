@@ -19,7 +19,7 @@ import ssl
 import sys
 from typing import cast
 
-WRITE_HIGH_WATER = 256 * 1024  # as proxy.io.relay.RelaySettings.write_high_water
+WRITE_HIGH_WATER = 256 * 1024  # as floodwall.io.relay.RelaySettings.write_high_water
 
 
 def _hostport(text: str) -> tuple[str, int]:

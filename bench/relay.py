@@ -37,8 +37,8 @@ import psutil
 from bench import amqp091
 from bench.meters import CpuMeter, cpu_seconds, median, percentile, rss_bytes
 from bench.report import print_report
-from proxy.devbroker import BrokerEndpoint, BrokerTls, LocalBroker, free_port
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, BrokerTls, LocalBroker, free_port
+from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("direct", "floodwall", "pump")

@@ -50,7 +50,7 @@ from bench.flow import (
     write_policies,
 )
 from bench.meters import median
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 
 KIB = 1024
 CAPACITY = 512 * KIB

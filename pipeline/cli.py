@@ -8,7 +8,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from rich.console import Console
 
-from pipeline.recommend import DEFAULT_TARGET_DRAIN
+from floodwall_pipeline.recommend import DEFAULT_TARGET_DRAIN
 
 
 def run_analysis(paths: Sequence[str], out: Path, *, master: str | None = None,
@@ -18,7 +18,7 @@ def run_analysis(paths: Sequence[str], out: Path, *, master: str | None = None,
     """Run the job with a progress display; 0 if it wrote the report, 2 if it could not."""
     from pyspark.errors import AnalysisException, PySparkException
 
-    from pipeline.analyze import analyze, print_summary
+    from floodwall_pipeline.analyze import analyze, print_summary
 
     console = Console(stderr=False)
     console.print(f"[bold]floodwall analyze[/]: {', '.join(paths)} -> {out}", soft_wrap=True)

@@ -8,7 +8,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.schema import CORRUPT, SUPPORTED_VERSIONS, TELEMETRY_SCHEMA
+from floodwall_pipeline.schema import CORRUPT, SUPPORTED_VERSIONS, TELEMETRY_SCHEMA
 
 #: Files read under a directory: the writer's ``*.ndjson``, and ``*.ndjson.gz`` when an
 #: operator compressed old ones (Spark decompresses by extension).

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from proxy.telemetry import SCHEMA_VERSION, file_name
+from floodwall.ops.telemetry import SCHEMA_VERSION, file_name
 
 KIB = 1024
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from proxy.devbroker import BrokerEndpoint, LocalBroker
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
+from floodwall.dev.devproxy import ProxyProcess
 
 # java_producer, node_producer, rhea_sender, rhea_receiver: real foreign clients;
 # pki, tls_broker, mtls_broker: certificates and TLS-only brokers.

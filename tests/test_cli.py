@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import proxy.io.app
-from proxy.cli import main
-from proxy.config import ProxySettings
+import floodwall.io.app
+from floodwall.cli import main
+from floodwall.ops.config import ProxySettings
 
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[ProxySettings]:
     runs: list[ProxySettings] = []
-    monkeypatch.setattr(proxy.io.app, "run_proxy", runs.append)
+    monkeypatch.setattr(floodwall.io.app, "run_proxy", runs.append)
     for var in ("FLOODWALL_LISTEN", "FLOODWALL_UPSTREAM", "FLOODWALL_ADMIN", "FLOODWALL_CONFIG",
                 "FLOODWALL_DEPTH_INTERVAL", "FLOODWALL_MANAGEMENT_INTERVAL",
                 "FLOODWALL_HOLD_BUDGET", "FLOODWALL_AMQP_USERNAME", "FLOODWALL_AMQP_PASSWORD",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import (
+from floodwall.ops.config import (
     AmqpCredentials,
     ConfigError,
     ListenerTls,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
+from floodwall.control.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
 
 
 def _mgmt(at: float, ready: int, unacked: int = 0, body: int = 100) -> ManagementSample:
@@ -117,7 +117,7 @@ def test_headroom_is_where_the_estimate_crosses_the_limits() -> None:
 def test_release_decisions_do_not_trust_a_count_taken_right_after_a_burst() -> None:
     """A burst forwarded 50 ms before a ready count may not all be in it (the broker is still
     enqueueing it): the settled estimate keeps it, the fast one (for trips) trusts the count."""
-    from proxy.depth import SETTLE
+    from floodwall.control.depth import SETTLE
 
     q = QueueDepth()
     q.sampled_ready_count(10.0, ready=0, rtt=0.001)
@@ -142,7 +142,7 @@ def test_a_stream_has_counts_without_bytes_so_bytes_come_from_the_ledger_mean() 
 
 
 def test_management_documents_of_a_stream_say_the_bytes_are_unknown() -> None:
-    from proxy.io.management import sample_from_queue_doc
+    from floodwall.io.management import sample_from_queue_doc
 
     stream = sample_from_queue_doc({"name": "s", "messages_ready": 30,
                                     "messages_unacknowledged": 0}, 1.0)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.depth import ManagementSample
-from proxy.gate import ALARM, FlowController
-from proxy.policy import parse_policies
+from floodwall.control.controller import ALARM, FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
 
 POLICIES_TEXT = """
 version: 1

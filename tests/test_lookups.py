@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.depth import ManagementSample
-from proxy.gate import FlowController
-from proxy.lookups import (
+from floodwall.control.controller import FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.lookups import (
     SWEEP_AT,
     Lookup,
     LookupKind,
@@ -14,8 +14,8 @@ from proxy.lookups import (
     LookupTable,
     is_pseudo,
 )
-from proxy.policy import parse_policies
-from proxy.routing import Topology
+from floodwall.control.policy import parse_policies
+from floodwall.control.routing import Topology
 
 Q = LookupKind.QUEUE
 X = LookupKind.EXCHANGE

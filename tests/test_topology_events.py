@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.routing import ChangeKind, QueueType, Topology
-from proxy.topology_events import EventError, EventNote, erlang_arguments, read_event
+from floodwall.control.routing import ChangeKind, QueueType, Topology
+from floodwall.control.routing.events import EventError, EventNote, erlang_arguments, read_event
 
 HEADERS_BINDING = [
     '{<<"arr">>,array,[{signedint,1},{longstr,<<"two">>},{bool,false}]}',

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.routing import (
+from floodwall.control.routing import (
     ChangeKind,
     QueueType,
     Topology,
@@ -12,7 +12,7 @@ from proxy.routing import (
     TopologyError,
     exchange_changes,
 )
-from proxy.topology_sync import SyncDifference, change_names, describe
+from floodwall.control.routing.sync import SyncDifference, change_names, describe
 
 K = ChangeKind
 

@@ -6,7 +6,7 @@ client library would decode and re-encode the message (and lose what the library
 model); this client sends the stored bytes unchanged as the transfer's payload, so the
 broker stores exactly what it would have stored had the proxy not spooled it.
 
-It is built on the proxy's own codec (``proxy.amqp10``) and does only what replay needs:
+It is built on the proxy's own codec (``floodwall.wire.amqp10``) and does only what replay needs:
 SASL (PLAIN, or ANONYMOUS without a username), one connection with one session, and sender
 links in mode *unsettled* / *first*: every delivery is sent unsettled and the broker settles
 it with its outcome, which resolves that delivery's future (``Confirm`` from the 0-9-1
@@ -40,9 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.amqp10.credit import serial_add, serial_diff
-from proxy.amqp10.errors import ProtocolError
-from proxy.amqp10.framing import (
+from floodwall.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
+from floodwall.io.tls import UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.writes import BatchedWrites
+from floodwall.ops.logs import event
+from floodwall.wire.amqp10.credit import serial_add, serial_diff
+from floodwall.wire.amqp10.errors import ProtocolError
+from floodwall.wire.amqp10.framing import (
     AMQP_FRAME,
     AMQP_HEADER,
     HEADER_SIZE,
@@ -53,7 +57,7 @@ from proxy.amqp10.framing import (
     frame,
     next_frame,
 )
-from proxy.amqp10.performatives import (
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     BEGIN,
     CLOSE,
@@ -83,11 +87,7 @@ from proxy.amqp10.performatives import (
     performative,
     transfer_body,
 )
-from proxy.amqp10.types import Array, Described, Symbol, UByte, UInt
-from proxy.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
-from proxy.io.tls import UpstreamTlsContext, open_upstream, tls_error
-from proxy.io.writes import BatchedWrites
-from proxy.logs import event
+from floodwall.wire.amqp10.types import Array, Described, Symbol, UByte, UInt
 
 __all__ = [
     "Amqp10Client",

@@ -38,10 +38,10 @@ from pamqp import commands, frame, header, heartbeat
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ProtocolHeader
 
-from proxy import __version__
-from proxy.io.tls import UpstreamTlsContext, open_upstream, tls_error
-from proxy.io.writes import BatchedWrites
-from proxy.logs import event
+from floodwall import __version__
+from floodwall.io.tls import UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.writes import BatchedWrites
+from floodwall.ops.logs import event
 
 log = logging.getLogger("floodwall.upstream")
 

@@ -31,15 +31,16 @@ from typing import Any, TypeVar
 
 from prometheus_client.registry import Collector
 
-from proxy import __version__
-from proxy.config import ConfigError, ProxySettings
-from proxy.gate import QueueKey
-from proxy.io.admin import AdminEndpoints, serve_admin
-from proxy.io.flow import FlowSettings, FlowSupervisor
-from proxy.io.relay import RelayedConnection, RelaySettings, TlsListener
-from proxy.io.spool import SpoolService, SpoolServiceSettings
-from proxy.io.telemetry import Telemetry, TelemetrySettings
-from proxy.io.tls import (
+from floodwall import __version__
+from floodwall.control.controller import QueueKey
+from floodwall.control.policy import set_spool_available
+from floodwall.control.routing import Topology
+from floodwall.io.admin import AdminEndpoints, serve_admin
+from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
+from floodwall.io.spool import SpoolService, SpoolServiceSettings
+from floodwall.io.supervisor import FlowSettings, FlowSupervisor
+from floodwall.io.telemetry import Telemetry, TelemetrySettings
+from floodwall.io.tls import (
     ListenerTlsContext,
     ManagementTlsContext,
     ReloadingContext,
@@ -48,12 +49,11 @@ from proxy.io.tls import (
     open_upstream,
     tls_error,
 )
-from proxy.logs import event
-from proxy.metrics import RelayCollector, RelayStats, make_registry
-from proxy.policy import set_spool_available
-from proxy.routing import Topology
-from proxy.spool.manager import SpoolLimits
-from proxy.telemetry import RotationPolicy
+from floodwall.ops.config import ConfigError, ProxySettings
+from floodwall.ops.logs import event
+from floodwall.ops.metrics import RelayCollector, RelayStats, make_registry
+from floodwall.ops.telemetry import RotationPolicy
+from floodwall.spool.manager import SpoolLimits
 
 log = logging.getLogger("floodwall")
 

@@ -13,9 +13,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.config import ManagementCredentials
-from proxy.depth import ManagementSample
-from proxy.io.tls import ManagementTlsContext, explain
+from floodwall.control.depth import ManagementSample
+from floodwall.io.tls import ManagementTlsContext, explain
+from floodwall.ops.config import ManagementCredentials
 
 QUEUE_COLUMNS = ",".join((
     "name", "vhost", "messages_ready", "messages_unacknowledged", "message_bytes",

@@ -9,21 +9,21 @@ import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from proxy.amqp091.connection import Connection as Amqp091Connection
-from proxy.amqp10.connection import Connection as Amqp10Connection
-from proxy.core import FrameCounts, RelayCore, Side
-from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
-from proxy.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
-from proxy.logs import event
+from floodwall.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
+from floodwall.ops.logs import event
+from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
+from floodwall.wire.amqp10.connection import Connection as Amqp10Connection
+from floodwall.wire.detect import HEADER_SIZE, Detected, detect, header_reply
+from floodwall.wire.relaycore import FrameCounts, RelayCore, Side
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from proxy.amqp091.flow import PublishFlow
-    from proxy.amqp091.topology import TopologyChange
-    from proxy.gate import FlowController
-    from proxy.metrics import RelayStats
-    from proxy.spool.manager import SpoolManager
+    from floodwall.control.controller import FlowController
+    from floodwall.enforce.amqp091.gate import PublishFlow
+    from floodwall.ops.metrics import RelayStats
+    from floodwall.spool.manager import SpoolManager
+    from floodwall.wire.amqp091.topology import TopologyChange
 
 log = logging.getLogger("floodwall.relay")
 

@@ -22,8 +22,8 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy.config import ListenerTls, ManagementTls, TlsVersion, UpstreamTls
-from proxy.logs import event
+from floodwall.ops.config import ListenerTls, ManagementTls, TlsVersion, UpstreamTls
+from floodwall.ops.logs import event
 
 log = logging.getLogger("floodwall.tls")
 

@@ -1,13 +1,14 @@
 """The routing model's live feed: the broker's topology events, lookups on the spot, full syncs.
 
-Three sources keep ``proxy.routing.Topology`` and the set of policed queues in step with the
+Three sources keep ``floodwall.control.routing.Topology`` and the set of policed queues in
+step with the
 broker, whoever changes it (clients of this proxy or not, the management UI, a definitions
 import, the broker deleting exclusive and auto-delete queues):
 
 - **events**: one consumer of ``amq.rabbitmq.event`` (the ``rabbitmq_event_exchange``
   plugin, vhost ``event_vhost``) on a connection of the proxy's own, an exclusive
   server-named queue bound to ``queue.*``, ``exchange.*``, ``binding.*``, ``vhost.*`` and
-  ``policy.*``. Each event is applied as it arrives (``proxy.topology_events``). When the
+  ``policy.*``. Each event is applied as it arrives (``floodwall.control.routing.events``). When the
   exchange does not exist (passive declare: 404) or the login may not use it, that is said
   once in the log and shown in ``/readyz`` and ``/state``; it is asked again at each sync.
   A (re)subscription asks for a full sync, which covers what happened while it was down.
@@ -39,31 +40,31 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
-from proxy.depth import ManagementSample
-from proxy.flow_metrics import FlowStats
-from proxy.gate import FlowController, QueueKey
-from proxy.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
-from proxy.io.management import ManagementApi, ManagementError
-from proxy.logs import event
-from proxy.lookups import Lookup, LookupKind, LookupResult
-from proxy.routing import (
+from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
+from floodwall.control.lookups import Lookup, LookupKind, LookupResult
+from floodwall.control.routing import (
     ChangeKind,
     Topology,
     TopologyChange,
     TopologyError,
     exchange_changes,
 )
-from proxy.topology_events import (
+from floodwall.control.routing.events import (
     EVENT_BINDING_KEYS,
     EVENT_EXCHANGE,
     EventError,
     EventNote,
     read_event,
 )
-from proxy.topology_sync import ChangeSource, SyncDifference, describe
+from floodwall.control.routing.sync import ChangeSource, SyncDifference, describe
+from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
+from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.ops.flow_metrics import FlowStats
+from floodwall.ops.logs import event
 
 if TYPE_CHECKING:
-    from proxy.io.flow import FlowSettings
+    from floodwall.io.supervisor import FlowSettings
 
 log = logging.getLogger("floodwall.topology")
 

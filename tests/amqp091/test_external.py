@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pamqp import commands
 
-from proxy.amqp091.connection import Connection
-from proxy.core import EXTERNAL_REFUSED, Side
+from floodwall.wire.amqp091.connection import Connection
+from floodwall.wire.relaycore import EXTERNAL_REFUSED, Side
 from tests.amqp091.wire import CLIENT_PROPERTIES, decode_all, method, server_handshake
 
 C = commands.Connection

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from proxy.amqp091.connection import Connection
-from proxy.amqp091.flow import LOOKUP_HOLD_BUDGET
-from proxy.gate import FlowController
-from proxy.lookups import Lookup, LookupKind, LookupResult
-from proxy.policy import parse_policies
-from proxy.routing import Topology
+from floodwall.control.controller import FlowController
+from floodwall.control.lookups import Lookup, LookupKind, LookupResult
+from floodwall.control.policy import parse_policies
+from floodwall.control.routing import Topology
+from floodwall.enforce.amqp091.gate import LOOKUP_HOLD_BUDGET
+from floodwall.wire.amqp091.connection import Connection
 from tests.amqp091.wire import CH, B, client_handshake, content, method, server_handshake
 
 POLICIES = """
@@ -112,7 +112,7 @@ def test_a_queue_found_over_capacity_holds_what_waited_for_it() -> None:
     s.core.receive_from_client(waiting)
     s.topology.declare_queue(VHOST, "orders.full")
     s.fc.queue_seen((VHOST, "orders.full"))
-    from proxy.depth import ManagementSample
+    from floodwall.control.depth import ManagementSample
 
     s.fc.sampled_management((VHOST, "orders.full"), ManagementSample(999.0, 30, 0, 3000,
                                                                      3000, 0))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.amqp10.credit import (
+from floodwall.wire.amqp10.credit import (
     HALF,
     MASK,
     DeliveryIds,

@@ -7,16 +7,20 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from proxy.amqp10.connection import Connection
-from proxy.amqp10.credit import MASK, serial_add
-from proxy.amqp10.flow import (
+from floodwall.control.controller import FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
+from floodwall.enforce.amqp10.gate import (
     ASSUMED_MESSAGE_BYTES,
     link_ref,
     message_routing,
     window_for,
 )
-from proxy.amqp10.framing import AMQP_HEADER
-from proxy.amqp10.performatives import (
+from floodwall.spool.manager import SpoolManager
+from floodwall.wire.amqp10.connection import Connection
+from floodwall.wire.amqp10.credit import MASK, serial_add
+from floodwall.wire.amqp10.framing import AMQP_HEADER
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     DETACH,
     DISPOSITION,
@@ -26,11 +30,7 @@ from proxy.amqp10.performatives import (
     TRANSFER,
     performative,
 )
-from proxy.amqp10.types import Described, Symbol, UByte, UInt, ULong, encode
-from proxy.depth import ManagementSample
-from proxy.gate import FlowController
-from proxy.policy import parse_policies
-from proxy.spool.manager import SpoolManager
+from floodwall.wire.amqp10.types import Described, Symbol, UByte, UInt, ULong, encode
 from tests.amqp10.streams import (
     amqp,
     begin,
@@ -516,8 +516,8 @@ def test_delivery_ids_are_translated_around_what_the_proxy_settled() -> None:
 @pytest.mark.parametrize("drain", [False, True])
 def test_grant_flows_are_the_bytes_the_generic_encoder_makes(next_incoming: int | None,
                                                              drain: bool) -> None:
-    from proxy.amqp10.flow import grant_flow_body
-    from proxy.amqp10.performatives import encode_performative
+    from floodwall.enforce.amqp10.gate import grant_flow_body
+    from floodwall.wire.amqp10.performatives import encode_performative
 
     for numbers in ([0, 0, 0, 0, 0, 0], [1, 255, 256, 65535, 2**31, MASK], [5000, 3, 9, 7, 16, 1]):
         window_in, next_out, window_out, handle, count, credit = numbers

@@ -5,13 +5,13 @@ figure, then the window."""
 
 from __future__ import annotations
 
-from proxy.amqp10.connection import Connection
-from proxy.amqp10.flow import ASSUMED_MESSAGE_BYTES, window_for
-from proxy.amqp10.framing import AMQP_HEADER
-from proxy.gate import FlowController
-from proxy.lookups import Lookup, LookupKind, LookupResult
-from proxy.policy import parse_policies
-from proxy.routing import Topology
+from floodwall.control.controller import FlowController
+from floodwall.control.lookups import Lookup, LookupKind, LookupResult
+from floodwall.control.policy import parse_policies
+from floodwall.control.routing import Topology
+from floodwall.enforce.amqp10.gate import ASSUMED_MESSAGE_BYTES, window_for
+from floodwall.wire.amqp10.connection import Connection
+from floodwall.wire.amqp10.framing import AMQP_HEADER
 from tests.amqp10.streams import begin, open_, transfer
 from tests.amqp10.test_credit_gate import broker_flow, credit_seen, flows, link_attach, message
 

@@ -30,10 +30,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.amqp10.credit import MASK, serial_add, serial_diff
-from proxy.amqp10.flow import ASSUMED_MESSAGE_BYTES, SenderLink, window_for
-from proxy.amqp10.performatives import DETACH, FLOW, TRANSFER
-from proxy.amqp10.types import UInt
+from floodwall.enforce.amqp10.gate import ASSUMED_MESSAGE_BYTES, SenderLink, window_for
+from floodwall.wire.amqp10.credit import MASK, serial_add, serial_diff
+from floodwall.wire.amqp10.performatives import DETACH, FLOW, TRANSFER
+from floodwall.wire.amqp10.types import UInt
 from tests.amqp10.streams import amqp, bytewise, performatives, transfer, whole
 from tests.amqp10.test_credit_gate import (
     CAPPED_H,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.amqp10.connection import Connection
-from proxy.amqp10.framing import SASL_HEADER
-from proxy.amqp10.performatives import SASL_INIT, SASL_MECHANISMS, SASL_OUTCOME
-from proxy.amqp10.types import Array, Symbol, UByte
-from proxy.core import EXTERNAL_REFUSED, Side
+from floodwall.wire.amqp10.connection import Connection
+from floodwall.wire.amqp10.framing import SASL_HEADER
+from floodwall.wire.amqp10.performatives import SASL_INIT, SASL_MECHANISMS, SASL_OUTCOME
+from floodwall.wire.amqp10.types import Array, Symbol, UByte
+from floodwall.wire.relaycore import EXTERNAL_REFUSED, Side
 from tests.amqp10.streams import sasl
 
 MECHANISMS = sasl(SASL_MECHANISMS, sasl_server_mechanisms=Array(

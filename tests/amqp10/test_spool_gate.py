@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from proxy.amqp10.flow import link_ref
-from proxy.amqp10.performatives import DISPOSITION, FLOW, TRANSFER
-from proxy.amqp10.types import Described, Symbol, UInt, ULong
-from proxy.spool.log import QueueSpool
-from proxy.spool.manager import SpoolManager
-from proxy.spool.records import SpoolRecord
+from floodwall.enforce.amqp10.gate import link_ref
+from floodwall.spool.log import QueueSpool
+from floodwall.spool.manager import SpoolManager
+from floodwall.spool.records import SpoolRecord
+from floodwall.wire.amqp10.performatives import DISPOSITION, FLOW, TRANSFER
+from floodwall.wire.amqp10.types import Described, Symbol, UInt, ULong
 from tests.amqp10.streams import amqp, continuation, performatives, transfer, whole
 from tests.amqp10.test_credit_gate import (
     CAPPED_H,

@@ -27,8 +27,8 @@ import jsonschema
 import pytest
 import yaml
 
-from proxy.cli import run as run_command
-from proxy.policy import load_policies
+from floodwall.cli import run as run_command
+from floodwall.control.policy import load_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "floodwall"

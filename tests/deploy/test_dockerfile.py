@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import run as run_command
-from proxy.devbroker import free_port
+from floodwall.cli import run as run_command
+from floodwall.dev.devbroker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -99,7 +99,7 @@ def test_installs_the_package_as_make_test_does() -> None:
     """`make test` installs the package from pyproject.toml with pip; so does the builder."""
     builder, _ = stages()
     copies = [args for word, args in builder if word == "COPY"]
-    assert "pyproject.toml README.md ./" in copies
+    assert "pyproject.toml setup.py README.md ./" in copies
     runs = [args for word, args in builder if word == "RUN"]
     assert any(re.search(r"\bpip install (--no-cache-dir )?\.(\s|$)", r) for r in runs), runs
     makefile = (ROOT / "Makefile").read_text()
@@ -195,9 +195,9 @@ def test_the_build_context_builds_the_package(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("floodwall-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-        assert "proxy/cli.py" in names and "proxy/io/app.py" in names
+        assert "floodwall/cli/__init__.py" in names and "floodwall/io/app.py" in names
         entry = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "floodwall = proxy.cli:main" in zf.read(entry).decode()
+        assert "floodwall = floodwall.cli:main" in zf.read(entry).decode()
     # The final stage: a fresh virtualenv with that package and its dependencies only
     # (nothing from this checkout on the path), then the entrypoint's command.
     venv = tmp_path / "venv"
@@ -300,8 +300,8 @@ def test_healthcheck_works_with_tls_on(tmp_path: Path) -> None:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLOODWALL_")}
     full_env.update(env)
     log = tmp_path / "floodwall.log"
-    with open(log, "wb") as out:  # this checkout's code: -m proxy from the repository root
-        proc = subprocess.Popen([sys.executable, "-m", "proxy", "run"], stdout=out,
+    with open(log, "wb") as out:  # this checkout's code: -m floodwall from the repository root
+        proc = subprocess.Popen([sys.executable, "-m", "floodwall", "run"], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=full_env, cwd=ROOT)
     try:

@@ -19,7 +19,7 @@ import pika
 from pamqp import commands, frame
 from pamqp.heartbeat import Heartbeat
 
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 
 AMQP091_HEADER = b"AMQP\x00\x00\x09\x01"
 AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"
@@ -419,7 +419,7 @@ def ready_count(broker: BrokerEndpoint, queue: str) -> int:
 class FlowProxy:
     """A ``floodwall run --policies FILE --management URL`` and what the tests ask of it."""
 
-    proc: Any  # proxy.devproxy.ProxyProcess
+    proc: Any  # floodwall.dev.devproxy.ProxyProcess
     policies: Path
 
     @property

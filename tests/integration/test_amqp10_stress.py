@@ -34,7 +34,7 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import AtMostOnce, Container
 
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 from tests.clients import harness
 from tests.clients.fixtures import _node_ready
 from tests.conftest import wait_for

@@ -20,7 +20,7 @@ import pika
 import pytest
 from pamqp.commands import Basic
 
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 from tests.conftest import wait_for
 from tests.integration.support import (
     DepthWatch,

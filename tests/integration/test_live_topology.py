@@ -28,7 +28,7 @@ from pamqp import body as pamqp_body
 from pamqp import commands, frame
 from pamqp import header as pamqp_header
 
-from proxy.devbroker import PLUGINS, BrokerEndpoint, BrokerError, LocalBroker, server_script
+from floodwall.dev.devbroker import PLUGINS, BrokerEndpoint, BrokerError, LocalBroker, server_script
 from tests.conftest import wait_for
 from tests.integration.support import (
     FlowProxy,

@@ -21,8 +21,8 @@ import pytest
 from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 
-from proxy.devbroker import BrokerEndpoint, free_port
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, free_port
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import direct_params, log_lines, pika_connection, temp_queue
 from tests.integration.tls_fixtures import Pki

@@ -28,13 +28,13 @@ import pytest
 from proton import SSLDomain
 from proton.utils import BlockingConnection
 
-from proxy.config import UpstreamTls
-from proxy.core import EXTERNAL_REFUSED
-from proxy.devbroker import BrokerEndpoint
-from proxy.devproxy import ProxyProcess
-from proxy.io.amqp10_client import Amqp10Client
-from proxy.io.amqp_client import AmqpClient, AmqpClientError, Confirm
-from proxy.io.tls import TlsFailure, UpstreamTlsContext
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
+from floodwall.io.amqp10_client import Amqp10Client
+from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Confirm
+from floodwall.io.tls import TlsFailure, UpstreamTlsContext
+from floodwall.ops.config import UpstreamTls
+from floodwall.wire.relaycore import EXTERNAL_REFUSED
 from tests.conftest import wait_for
 from tests.integration.support import (
     http_status,

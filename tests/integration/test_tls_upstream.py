@@ -29,8 +29,8 @@ from pamqp.commands import Basic
 from proton import Message
 from proton.utils import BlockingConnection
 
-from proxy.devbroker import BrokerEndpoint, LocalBroker, free_port
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker, free_port
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     http_status,
@@ -327,7 +327,7 @@ def test_spool_replays_over_tls_by_the_proxy_and_by_the_cli(
     flow.proc.stop(drain=0.5)
     at_broker = ready(tls_broker, pki, q091)
     replay = subprocess.run(
-        [sys.executable, "-m", "proxy", "spool", "replay", q091, "--spool-dir", str(spool_dir),
+        [sys.executable, "-m", "floodwall", "spool", "replay", q091, "--spool-dir", str(spool_dir),
          "--upstream", amqps(tls_broker), "--upstream-tls-ca", str(pki.ca)],
         capture_output=True, text=True, timeout=60, check=False)
     assert replay.returncode == 0, replay.stdout + replay.stderr

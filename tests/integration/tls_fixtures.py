@@ -30,7 +30,7 @@ import pika
 import pytest
 import trustme
 
-from proxy.devbroker import BrokerEndpoint, BrokerTls, LocalBroker
+from floodwall.dev.devbroker import BrokerEndpoint, BrokerTls, LocalBroker
 
 PROXY_CN = "floodwall-proxy"
 APP_CN = "orders-app"

@@ -24,16 +24,22 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import generate_latest
 
-from proxy.cli import main
-from proxy.config import AmqpCredentials, ManagementCredentials
-from proxy.depth import ManagementSample
-from proxy.devbroker import BrokerEndpoint, BrokerError, LocalBroker, free_port, server_script
-from proxy.devproxy import ProxyProcess
-from proxy.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state
-from proxy.gate import ALARM, FlowController, QueueKey
-from proxy.io.flow import FlowSettings, FlowSupervisor, describe_policy_changes
-from proxy.metrics import make_registry
-from proxy.policy import parse_policies
+from floodwall.cli import main
+from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
+from floodwall.dev.devbroker import (
+    BrokerEndpoint,
+    BrokerError,
+    LocalBroker,
+    free_port,
+    server_script,
+)
+from floodwall.dev.devproxy import ProxyProcess
+from floodwall.io.supervisor import FlowSettings, FlowSupervisor, describe_policy_changes
+from floodwall.ops.config import AmqpCredentials, ManagementCredentials
+from floodwall.ops.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state
+from floodwall.ops.metrics import make_registry
 from tests.conftest import eventually, run, wait_for
 
 pika = pytest.importorskip("pika")

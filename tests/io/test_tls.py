@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from proxy.config import ListenerTls, ManagementTls, TlsVersion, UpstreamTls
-from proxy.io.tls import (
+from floodwall.io.tls import (
     ListenerTlsContext,
     ManagementTlsContext,
     UpstreamTlsContext,
@@ -20,6 +19,7 @@ from proxy.io.tls import (
     explain,
     listener_context,
 )
+from floodwall.ops.config import ListenerTls, ManagementTls, TlsVersion, UpstreamTls
 
 
 def write(directory: Path, name: str, leaf: trustme.LeafCert) -> tuple[Path, Path]:

@@ -13,18 +13,18 @@ from typing import Any, TypeVar
 
 import pytest
 
-from proxy.config import AmqpCredentials, ManagementCredentials
-from proxy.depth import ManagementSample
-from proxy.flow_metrics import FlowStats
-from proxy.gate import FlowController, QueueKey
-from proxy.io.amqp_client import Delivery, QueueCounts, QueueLocked
-from proxy.io.flow import FlowSettings
-from proxy.io.management import ManagementError
-from proxy.io.topology import TopologyFeed
-from proxy.lookups import Lookup, LookupKind, LookupResult
-from proxy.policy import parse_policies
-from proxy.routing import ChangeKind, Topology, TopologyChange
-from proxy.topology_sync import ChangeSource
+from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
+from floodwall.control.lookups import Lookup, LookupKind, LookupResult
+from floodwall.control.policy import parse_policies
+from floodwall.control.routing import ChangeKind, Topology, TopologyChange
+from floodwall.control.routing.sync import ChangeSource
+from floodwall.io.amqp_client import Delivery, QueueCounts, QueueLocked
+from floodwall.io.management import ManagementError
+from floodwall.io.supervisor import FlowSettings
+from floodwall.io.topology import TopologyFeed
+from floodwall.ops.config import AmqpCredentials, ManagementCredentials
+from floodwall.ops.flow_metrics import FlowStats
 from tests.conftest import run
 
 T = TypeVar("T")

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline import aggregate
-from pipeline.load import Telemetry, load
+from floodwall_pipeline import aggregate
+from floodwall_pipeline.load import Telemetry, load
 from tests.pipeline.conftest import write_ndjson
 
 DEPTH = [0, 500, 1200, 1500, 900, 500, 300, 100, 0, 0]
