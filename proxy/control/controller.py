@@ -19,7 +19,7 @@ from typing import Protocol
 from floodwall.control.depth import Depth, ManagementSample, QueueDepth
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
-from floodwall.control.routing import REPLY_TO_PREFIX
+from floodwall.control.routing.model import REPLY_TO_PREFIX
 from floodwall.ops.logs import event
 
 log = logging.getLogger("floodwall.gate")

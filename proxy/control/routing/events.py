@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Final
 
-from floodwall.control.routing import ChangeKind, QueueType, TopologyChange
+from floodwall.wire.topology import ChangeKind, QueueType, TopologyChange
 
 __all__ = [
     "EVENT_BINDING_KEYS",

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from floodwall.control.routing import ChangeKind, TopologyChange
+from floodwall.wire.topology import ChangeKind, TopologyChange
 
 Item = tuple[object, ...]
 
