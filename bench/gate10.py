@@ -33,6 +33,8 @@ from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.control.routing import Topology
+from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.shared import Enforcement
 from floodwall.wire.amqp10.connection import Connection
 from floodwall.wire.amqp10.framing import AMQP_HEADER, frame
 from floodwall.wire.amqp10.performatives import (
@@ -94,14 +96,16 @@ def make_core(setup: str) -> tuple[Connection, FlowController | None]:
     controller: FlowController | None = None
     if setup != "gate off":
         clock = time.monotonic
-        controller = FlowController(topology, clock, parse_policies(POLICIES))
+        controller = FlowController(topology, parse_policies(POLICIES))
         name = QUEUE if setup == "policed" else OTHER
         if setup != "policed":
             topology.declare_queue("/", OTHER)
-        controller.queue_seen(("/", name))
+        controller.queue_seen(("/", name), clock())
         for key in list(controller.queues):
-            controller.sampled_management(key, ManagementSample(clock(), 0, 0, 0, 0, 0))
-    core = Connection(AMQP_HEADER, controller, conn_id=1)
+            controller.sampled_management(key, ManagementSample(clock(), 0, 0, 0, 0, 0),
+                                          clock())
+    gate = None if controller is None else CreditFlow(Enforcement(controller), 1)
+    core = Connection(AMQP_HEADER, gate, conn_id=1)
     address = f"/exchange/amq.direct/{QUEUE}"
     core.receive_from_client(
         amqp(OPEN, 0, container_id="client", hostname="localhost")
@@ -111,7 +115,7 @@ def make_core(setup: str) -> tuple[Connection, FlowController | None]:
                snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
                source=performative(SOURCE, address="client"),
                target=performative(TARGET, address=address),
-               initial_delivery_count=UInt(0)))
+               initial_delivery_count=UInt(0)), time.monotonic())
     core.receive_from_server(
         AMQP_HEADER + amqp(OPEN, 0, container_id="broker")
         + amqp(BEGIN, 0, remote_channel=UShort(0), next_outgoing_id=UInt(0),
@@ -120,7 +124,7 @@ def make_core(setup: str) -> tuple[Connection, FlowController | None]:
                snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
                source=performative(SOURCE, address="client"),
                target=performative(TARGET, address=address))
-        + broker_flow(0, BROKER_CREDIT, 0))
+        + broker_flow(0, BROKER_CREDIT, 0), time.monotonic())
     core.data_for_server()
     return core, controller
 
@@ -170,7 +174,7 @@ def runner(setup: str, transfers: int, batch: int, size: int) -> Callable[[], fl
                 struct.pack_into(">I", buf, i * step + tag_at, d + i)
             data = bytes(buf[:n * step])
             t0 = clock()
-            core.receive_from_client(data)
+            core.receive_from_client(data, time.monotonic())
             core.data_for_server()
             to_client = core.data_for_client()
             spent += clock() - t0
@@ -180,7 +184,7 @@ def runner(setup: str, transfers: int, batch: int, size: int) -> Callable[[], fl
                 flow = broker_flow(d, BROKER_CREDIT, d)
                 broker = BROKER_CREDIT
                 t0 = clock()
-                core.receive_from_server(flow)
+                core.receive_from_server(flow, time.monotonic())
                 core.data_for_server()
                 to_client += core.data_for_client()
                 spent += clock() - t0
@@ -190,7 +194,8 @@ def runner(setup: str, transfers: int, batch: int, size: int) -> Callable[[], fl
             if controller is not None and d % SAMPLE_EVERY < n:  # the depth probe answers
                 t0 = clock()
                 for key in controller.queues:
-                    controller.sampled_ready_count(key, time.monotonic(), SAMPLED_READY, 0.001)
+                    controller.sampled_ready_count(key, time.monotonic(), SAMPLED_READY, 0.001,
+                                                   time.monotonic())
                 spent += clock() - t0
                 if controller.tripped:
                     raise RuntimeError(f"{setup}: {sorted(controller.tripped)} tripped")

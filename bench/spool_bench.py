@@ -50,7 +50,9 @@ from floodwall.control.controller import FlowController
 from floodwall.control.policy import EMPTY_POLICIES, parse_policies
 from floodwall.control.routing import Topology
 from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
+from floodwall.enforce.shared import Enforcement
 from floodwall.io.spool import SpoolService, SpoolServiceSettings
+from floodwall.io.switchboard import Switchboard
 from floodwall.ops.config import AmqpCredentials
 from floodwall.spool.manager import SpoolLimits, SpoolManager
 from floodwall.spool.records import SpoolRecord
@@ -90,7 +92,7 @@ class Owner:
         self.calls = 0
         self.event = asyncio.Event()
 
-    def channel_released(self, channel: int) -> None:
+    def channel_released(self, channel: int, now: float) -> None:
         pass
 
     def spool_durable(self, durable: dict[tuple[str, str], int]) -> None:
@@ -107,15 +109,16 @@ def service_settings(root: Path, ep: BrokerEndpoint | None) -> SpoolServiceSetti
 
 
 async def append_round(root: Path, mib: int) -> dict[str, float]:
-    controller = FlowController(Topology(), time.monotonic, parse_policies(GROUP_POLICY))
+    controller = FlowController(Topology(), parse_policies(GROUP_POLICY))
     owner = Owner()
-    controller.register(owner)
-    svc = SpoolService(service_settings(root, None), controller, ready=lambda: False)
+    board = Switchboard(Enforcement(controller), time.monotonic)
+    board.attach(owner)
+    svc = SpoolService(service_settings(root, None), board, ready=lambda: False)
     await svc.start()
     count = mib * 1024 * 1024 // BODY
     hdr = header(BODY)
     payload = body(0)
-    append = svc.manager.append
+    append = svc.append  # the gates' spool port
     started = time.perf_counter()
     cpu0 = time.process_time()
     for i in range(count):
@@ -169,8 +172,9 @@ async def replay_round(root: Path, ep: BrokerEndpoint, count: int,
            {"durable": False, "auto_delete": False, "arguments": {"x-max-length": 20000}})
     topology = Topology()
     topology.declare_queue("/", KEY[1])
-    controller = FlowController(topology, time.monotonic, EMPTY_POLICIES)
-    svc = SpoolService(service_settings(root, ep), controller, topology)
+    controller = FlowController(topology, EMPTY_POLICIES)
+    svc = SpoolService(service_settings(root, ep),
+                       Switchboard(Enforcement(controller), time.monotonic), topology)
     meter = CpuMeter(broker_process(ep))
     cpu0 = time.process_time()
     await svc.start()

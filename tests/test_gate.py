@@ -5,6 +5,7 @@ from __future__ import annotations
 from floodwall.control.controller import ALARM, FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
+from tests.fakes import Clock, Owner
 
 POLICIES_TEXT = """
 version: 1
@@ -15,14 +16,6 @@ policies:
     resume: 500
 """
 POLICIES = parse_policies(POLICIES_TEXT)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Router:
@@ -36,26 +29,17 @@ class Router:
         return True
 
 
-class Owner:
-    def __init__(self, conn_id: int) -> None:
-        self.conn_id = conn_id
-        self.released: list[int] = []
-
-    def channel_released(self, channel: int) -> None:
-        self.released.append(channel)
-
-
 def _empty(at: float) -> ManagementSample:
     return ManagementSample(at, 0, 0, 0, 0, 0)
 
 
 def _controller() -> tuple[FlowController, Clock]:
-    clock = Clock()
-    fc = FlowController(Router(), clock, POLICIES)
+    clock = Clock(100.0)
+    fc = FlowController(Router(), POLICIES)
     for q in ("orders.a", "orders.b", "free"):
-        fc.queue_seen(("/", q))
-    fc.sampled_management(("/", "orders.a"), _empty(clock.t))
-    fc.sampled_management(("/", "orders.b"), _empty(clock.t))
+        fc.queue_seen(("/", q), clock.t)
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t), clock.t)
+    fc.sampled_management(("/", "orders.b"), _empty(clock.t), clock.t)
     return fc, clock
 
 
@@ -68,9 +52,9 @@ def test_the_publish_that_crosses_capacity_trips_the_queue_at_once() -> None:
     fc, clock = _controller()
     clock.t += 1
     for _ in range(10):
-        fc.forwarded("/", frozenset({"orders.a"}), 100)
+        fc.forwarded("/", frozenset({"orders.a"}), 100, clock.t)
     assert fc.tripped == frozenset()  # exactly at capacity: not over
-    fc.forwarded("/", frozenset({"orders.a", "free"}), 1)
+    fc.forwarded("/", frozenset({"orders.a", "free"}), 1, clock.t)
     assert fc.tripped == {("/", "orders.a")}
     assert fc.blocking("/", frozenset({"orders.a", "free"})) == {("/", "orders.a")}
     assert fc.blocking("/", frozenset({"free", "orders.b"})) == frozenset()
@@ -79,45 +63,46 @@ def test_the_publish_that_crosses_capacity_trips_the_queue_at_once() -> None:
 def test_release_at_resume_only_and_only_when_every_queue_of_the_set_drained() -> None:
     fc, clock = _controller()
     owner = Owner(7)
-    fc.register(owner)
+    owner.watch(fc)
     clock.t += 1
-    fc.forwarded("/", frozenset({"orders.a", "orders.b"}), 2000)
+    fc.forwarded("/", frozenset({"orders.a", "orders.b"}), 2000, clock.t)
     assert fc.tripped == {("/", "orders.a"), ("/", "orders.b")}
-    assert fc.block(owner, 1, frozenset({("/", "orders.a"), ("/", "orders.b")}))
-    assert not fc.block(owner, 1, frozenset({("/", "orders.a")}))  # already blocked
+    assert fc.block(owner.conn_id, 1, frozenset({("/", "orders.a"), ("/", "orders.b")}), clock.t)
+    # already blocked
+    assert not fc.block(owner.conn_id, 1, frozenset({("/", "orders.a")}), clock.t)
 
     clock.t += 1
-    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t, 6, 0, 600, 600, 0))
+    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t, 6, 0, 600, 600, 0), clock.t)
     assert ("/", "orders.a") in fc.tripped  # 600 > resume 500: hysteresis holds
-    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t, 5, 0, 500, 500, 0))
+    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t, 5, 0, 500, 500, 0), clock.t)
     assert ("/", "orders.a") not in fc.tripped
     assert owner.released == []  # still blocked on orders.b
-    assert fc.is_blocked(owner, 1)
-    fc.sampled_management(("/", "orders.b"), _empty(clock.t))
+    assert fc.is_blocked(owner.conn_id, 1)
+    fc.sampled_management(("/", "orders.b"), _empty(clock.t), clock.t)
     assert owner.released == [1]
-    assert not fc.is_blocked(owner, 1)
+    assert not fc.is_blocked(owner.conn_id, 1)
 
 
 def test_block_rechecks_so_a_drain_that_raced_cannot_leave_a_channel_stuck() -> None:
     fc, clock = _controller()
     owner = Owner(1)
-    fc.register(owner)
+    owner.watch(fc)
     clock.t += 1
-    fc.forwarded("/", frozenset({"orders.a"}), 2000)
+    fc.forwarded("/", frozenset({"orders.a"}), 2000, clock.t)
     tripped = fc.blocking("/", frozenset({"orders.a"}))
     clock.t += 1
-    fc.sampled_management(("/", "orders.a"), _empty(clock.t))  # drains before block()
-    assert not fc.block(owner, 3, tripped)
-    assert not fc.is_blocked(owner, 3)
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t), clock.t)  # drains before block()
+    assert not fc.block(owner.conn_id, 3, tripped, clock.t)
+    assert not fc.is_blocked(owner.conn_id, 3)
 
 
 def test_broker_alarm_blocks_every_publish_and_clearing_releases() -> None:
-    fc, _ = _controller()
+    fc, clock = _controller()
     owner = Owner(2)
-    fc.register(owner)
+    owner.watch(fc)
     fc.set_alarm("memory alarm on rabbit@a")
     assert fc.blocking("/", frozenset({"free"})) == {ALARM}
-    assert fc.block(owner, 5, frozenset({ALARM}))
+    assert fc.block(owner.conn_id, 5, frozenset({ALARM}), clock.t)
     fc.set_alarm(None)
     assert owner.released == [5]
     assert fc.blocking("/", frozenset({"free"})) == frozenset()
@@ -126,11 +111,11 @@ def test_broker_alarm_blocks_every_publish_and_clearing_releases() -> None:
 def test_time_tripped_accumulates() -> None:
     fc, clock = _controller()
     clock.t += 1
-    fc.forwarded("/", frozenset({"orders.a"}), 2000)
+    fc.forwarded("/", frozenset({"orders.a"}), 2000, clock.t)
     q = fc.queues[("/", "orders.a")]
     clock.t += 4
     assert q.seconds_tripped(clock.t) == 4
-    fc.sampled_management(("/", "orders.a"), _empty(clock.t))
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t), clock.t)
     clock.t += 10
     assert q.seconds_tripped(clock.t) == 4 and q.trips == 1
 
@@ -138,37 +123,37 @@ def test_time_tripped_accumulates() -> None:
 def test_unknown_depth_keeps_the_last_decision_by_default() -> None:
     fc, clock = _controller()
     clock.t += 1
-    fc.forwarded("/", frozenset({"orders.a"}), 2000)
-    fc.depth_unknown(("/", "orders.a"))
+    fc.forwarded("/", frozenset({"orders.a"}), 2000, clock.t)
+    fc.depth_unknown(("/", "orders.a"), clock.t)
     assert ("/", "orders.a") in fc.tripped
 
 
 def test_closing_a_connection_forgets_its_channels() -> None:
     fc, clock = _controller()
     owner = Owner(9)
-    fc.register(owner)
+    owner.watch(fc)
     clock.t += 1
-    fc.forwarded("/", frozenset({"orders.a"}), 2000)
-    fc.block(owner, 1, frozenset({("/", "orders.a")}))
-    fc.unregister(owner)
+    fc.forwarded("/", frozenset({"orders.a"}), 2000, clock.t)
+    fc.block(owner.conn_id, 1, frozenset({("/", "orders.a")}), clock.t)
+    fc.connection_closed(owner.conn_id)
     assert fc.blocked_channels() == []
-    fc.sampled_management(("/", "orders.a"), _empty(clock.t))
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t), clock.t)
     assert owner.released == []
 
 
 class EveryPublish(FlowController):
     """The gate as it was before the publish path's shortcut: an evaluation per publish."""
 
-    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int) -> None:
+    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int,
+                  now: float) -> None:
         if not self.queues:
             return
-        now = self.clock()
         for name in queues:
             q = self.queues.get((vhost, name))
             if q is not None:
                 q.depth.forwarded(now, body_bytes)
                 if not q.tripped:
-                    self._evaluate(q)
+                    self._evaluate(q, now)
 
 
 MIXED = """
@@ -191,12 +176,12 @@ def test_the_publish_shortcut_decides_as_an_evaluation_per_publish_does() -> Non
     policy_files = [parse_policies(MIXED), parse_policies(TIGHTER)]
     trips = 0
     for trial in range(40):
-        clocks = Clock(), Clock()
-        gates = (FlowController(Router(), clocks[0], policy_files[0]),
-                 EveryPublish(Router(), clocks[1], policy_files[0]))
-        for fc in gates:
+        clocks = Clock(100.0), Clock(100.0)
+        gates = (FlowController(Router(), policy_files[0]),
+                 EveryPublish(Router(), policy_files[0]))
+        for i, fc in enumerate(gates):
             for name in queues:
-                fc.queue_seen(("/", name))
+                fc.queue_seen(("/", name), clocks[i].t)
         seen: list[list[frozenset[tuple[str, str]]]] = [[], []]
         for _ in range(300):
             step = rng.random()
@@ -210,17 +195,17 @@ def test_the_publish_shortcut_decides_as_an_evaluation_per_publish_does() -> Non
             for i, fc in enumerate(gates):
                 clocks[i].t += 0.003
                 if step < 0.80:
-                    fc.forwarded("/", names, size)
+                    fc.forwarded("/", names, size, clocks[i].t)
                 elif step < 0.88:
-                    fc.sampled_ready_count(key, clocks[i].t - 0.01, ready, rtt)
+                    fc.sampled_ready_count(key, clocks[i].t - 0.01, ready, rtt, clocks[i].t)
                 elif step < 0.95:
-                    fc.sampled_management(key, sample)
+                    fc.sampled_management(key, sample, clocks[i].t)
                 elif step < 0.97:
-                    fc.depth_unknown(key)
+                    fc.depth_unknown(key, clocks[i].t)
                 elif step < 0.98 and key in fc.queues:  # behind the controller's back
                     fc.queues[key].depth.sampled_management(sample)
                 else:
-                    fc.set_policies(policies, [("/", q) for q in queues])
+                    fc.set_policies(policies, [("/", q) for q in queues], clocks[i].t)
                 seen[i].append(fc.tripped)
         assert seen[0] == seen[1], f"trial {trial}"
         trips += sum(q.trips for q in gates[0].queues.values())
@@ -232,32 +217,32 @@ def test_the_publish_shortcut_decides_as_an_evaluation_per_publish_does() -> Non
 def test_a_sample_or_a_new_policy_is_taken_into_account_by_the_next_publish() -> None:
     fc, clock = _controller()
     clock.t += 1
-    fc.forwarded("/", frozenset({"orders.a"}), 900)
+    fc.forwarded("/", frozenset({"orders.a"}), 900, clock.t)
     clock.t += 1
     # the broker has 999 bytes: one more is at capacity, the next one over it
-    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t, 9, 0, 999, 999, 0))
-    fc.forwarded("/", frozenset({"orders.a"}), 1)
+    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t, 9, 0, 999, 999, 0), clock.t)
+    fc.forwarded("/", frozenset({"orders.a"}), 1, clock.t)
     assert fc.tripped == frozenset()
-    fc.forwarded("/", frozenset({"orders.a"}), 1)
+    fc.forwarded("/", frozenset({"orders.a"}), 1, clock.t)
     assert fc.tripped == {("/", "orders.a")}
     clock.t += 1
-    fc.sampled_management(("/", "orders.a"), _empty(clock.t))
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t), clock.t)
     assert fc.tripped == frozenset()
     clock.t += 1
-    fc.forwarded("/", frozenset({"orders.a"}), 300)
+    fc.forwarded("/", frozenset({"orders.a"}), 300, clock.t)
     assert fc.tripped == frozenset()
     tighter = parse_policies(POLICIES_TEXT.replace("capacity: 1000", "capacity: 200")
                              .replace("resume: 500", "resume: 100"))
-    fc.set_policies(tighter, [])
+    fc.set_policies(tighter, [], clock.t)
     assert fc.tripped == {("/", "orders.a")}  # 300 > 200
 
 
 def test_policed_answers_follow_the_queues_that_are_policed() -> None:
-    fc, _ = _controller()
+    fc, clock = _controller()
     names = frozenset({"orders.a", "orders.c", "free"})
     assert fc.policed("/", names) == {("/", "orders.a")}
-    fc.queue_seen(("/", "orders.c"))
+    fc.queue_seen(("/", "orders.c"), clock.t)
     assert fc.policed("/", names) == {("/", "orders.a"), ("/", "orders.c")}
-    fc.queue_deleted(("/", "orders.a"))
+    fc.queue_deleted(("/", "orders.a"), clock.t)
     assert fc.policed("/", names) == {("/", "orders.c")}
     assert fc.policed("other", names) == frozenset()

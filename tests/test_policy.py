@@ -166,13 +166,12 @@ def test_policy_refuses_inconsistent_values(kwargs: dict[str, object]) -> None:
         Policy(name="p", **kwargs)  # type: ignore[arg-type]
 
 
-def test_spool_is_hold_without_a_spool_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spool_is_hold_without_a_spool_dir() -> None:
     spool = Policy(name="s", capacity=1, overflow=Overflow.SPOOL)
-    assert spool.effective_overflow is Overflow.HOLD
-    assert Policy(name="r", capacity=1, overflow=Overflow.REJECT).effective_overflow is \
-        Overflow.REJECT
-    monkeypatch.setattr(floodwall.control.policy.model, "SPOOL_AVAILABLE", True)
-    assert spool.effective_overflow is Overflow.SPOOL
+    assert spool.effective_overflow(spooling=False) is Overflow.HOLD
+    assert Policy(name="r", capacity=1, overflow=Overflow.REJECT).effective_overflow(
+        spooling=False) is Overflow.REJECT
+    assert spool.effective_overflow(spooling=True) is Overflow.SPOOL
 
 
 # --- the engine -----------------------------------------------------------------------
@@ -286,7 +285,8 @@ def test_example_and_demo_load() -> None:
     assert orders is not None and orders.name == "orders"
     assert (orders.capacity, orders.resume) == (64 * 2**20, 48 * 2**20)
     assert (orders.max_messages, orders.resume_messages) == (100000, 80000)
-    assert orders.overflow is Overflow.SPOOL and orders.effective_overflow is Overflow.HOLD
+    assert orders.overflow is Overflow.SPOOL and orders.effective_overflow(
+        spooling=False) is Overflow.HOLD
     assert orders.spool == SpoolSettings(max_bytes=10 * 2**30, fsync=Fsync.GROUP,
                                          group_commit_ms=5)
     audit = example.for_queue("billing", "audit.eu.17")

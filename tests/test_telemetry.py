@@ -12,11 +12,15 @@ import pytest
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
+from floodwall.enforce.counters import GateCounters
+from floodwall.enforce.shared import Enforcement
+from floodwall.io.switchboard import Switchboard
 from floodwall.io.telemetry import Telemetry, TelemetrySettings, TelemetryWriter
 from floodwall.ops.telemetry import (
     SCHEMA_VERSION,
     RotationPolicy,
     Sampler,
+    event_fields,
     file_name,
     sidecar_identity,
 )
@@ -30,15 +34,9 @@ policies:
     resume: 500
     deadline: 5s
 """)
+from tests.fakes import Clock  # noqa: E402
+
 COMMON = {"v", "type", "ts", "mono", "seq", "sidecar", "vhost", "queue"}
-
-
-class Clock:
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Router:
@@ -52,21 +50,19 @@ class Router:
         return True
 
 
-class Owner:
-    def __init__(self, conn_id: int) -> None:
-        self.conn_id = conn_id
-
-    def channel_released(self, channel: int) -> None:
-        pass
-
-
 def _controller() -> tuple[FlowController, Clock]:
-    clock = Clock()
-    fc = FlowController(Router(), clock, POLICIES)
+    clock = Clock(100.0)
+    fc = FlowController(Router(), POLICIES)
     for q in ("orders.a", "orders.b"):
-        fc.queue_seen(("/", q))
-        fc.sampled_management(("/", q), ManagementSample(clock.t, 0, 0, 0, 0, 0))
+        fc.queue_seen(("/", q), clock.t)
+        fc.sampled_management(("/", q), ManagementSample(clock.t, 0, 0, 0, 0, 0), clock.t)
     return fc, clock
+
+
+def _board(fc: FlowController, clock: Clock) -> tuple[Switchboard, GateCounters]:
+    """What io/ has around the controller: the gates' counters, where events go."""
+    board = Switchboard(Enforcement(fc), clock)
+    return board, board.enforcement.counters
 
 
 def test_identity_is_the_pod_name_else_the_host_name() -> None:
@@ -77,21 +73,20 @@ def test_identity_is_the_pod_name_else_the_host_name() -> None:
 
 def test_samples_carry_depth_ingress_and_trips() -> None:
     fc, clock = _controller()
+    _, counters = _board(fc, clock)
     sampler = Sampler("pod-1", interval=1.0)
-    first = sampler.snapshot(fc, 1_000.0, clock.t)
+    first = sampler.snapshot(fc, counters, 1_000.0, clock.t)
     assert [r["type"] for r in first] == ["sample", "sample", "sidecar"]
     assert all(COMMON <= r.keys() and r["v"] == SCHEMA_VERSION for r in first)
     assert [r["seq"] for r in first] == [1, 2, 3]
 
     clock.t += 1.0
     for _ in range(3):  # 3 x 400 bytes: the third takes orders.a over capacity (1000)
-        fc.forwarded("/", frozenset({"orders.a"}), 400)
-    owner = Owner(7)
-    fc.register(owner)
-    fc.block(owner, 1, frozenset({("/", "orders.a")}))
-    fc.held_bytes, fc.held_messages = 800, 2
+        fc.forwarded("/", frozenset({"orders.a"}), 400, clock.t)
+    fc.block(7, 1, frozenset({("/", "orders.a")}), clock.t)
+    counters.held_bytes, counters.held_messages = 800, 2
     clock.t += 0.5
-    a, b, side = sampler.snapshot(fc, 1_001.5, clock.t)
+    a, b, side = sampler.snapshot(fc, counters, 1_001.5, clock.t)
     assert (a["queue"], a["interval"], a["ingress_bytes"], a["ingress_messages"]) == (
         "orders.a", 1.5, 1200, 3)
     assert (a["depth_bytes"], a["depth_messages"], a["broker_depth_bytes"]) == (1200, 3, 0)
@@ -103,36 +98,38 @@ def test_samples_carry_depth_ingress_and_trips() -> None:
         "", "", 800, 1)
     assert side["tripped_queues"] == 1
     assert (side["flow_off_total"], side["flow_on_total"]) == (0, 0)
-    fc.signalled("amqp091", False)
-    fc.signalled("amqp10", False)
-    fc.signalled("amqp10", True)
-    side = sampler.snapshot(fc, 1_001.5, clock.t)[-1]
+    counters.signalled("amqp091", False)
+    counters.signalled("amqp10", False)
+    counters.signalled("amqp10", True)
+    side = sampler.snapshot(fc, counters, 1_001.5, clock.t)[-1]
     assert (side["flow_off_total"], side["flow_on_total"]) == (2, 1)  # both protocols
     # The next interval counts only what came since.
     clock.t += 1.0
-    a2 = sampler.snapshot(fc, 1_002.5, clock.t)[0]
+    a2 = sampler.snapshot(fc, counters, 1_002.5, clock.t)[0]
     assert (a2["ingress_bytes"], a2["interval"]) == (0, 1.0)
 
 
 def test_held_bytes_are_shared_by_blocked_channels() -> None:
-    fc, _ = _controller()
+    fc, clock = _controller()
+    _, counters = _board(fc, clock)
     for q in ("orders.a", "orders.b"):
         for _ in range(3):
-            fc.forwarded("/", frozenset({q}), 400)
-    o1, o2 = Owner(1), Owner(2)
-    fc.block(o1, 1, frozenset({("/", "orders.a")}))
-    fc.block(o2, 1, frozenset({("/", "orders.a"), ("/", "orders.b")}))
-    fc.held_bytes, fc.held_messages = 1000, 4
-    a, b, _ = Sampler("s").snapshot(fc, 0.0, 0.0)
+            fc.forwarded("/", frozenset({q}), 400, clock.t)
+    fc.block(1, 1, frozenset({("/", "orders.a")}), clock.t)
+    fc.block(2, 1, frozenset({("/", "orders.a"), ("/", "orders.b")}), clock.t)
+    counters.held_bytes, counters.held_messages = 1000, 4
+    a, b, _ = Sampler("s").snapshot(fc, counters, 0.0, 0.0)
     assert (a["blocked_publishers"], a["held_bytes"], a["held_messages"]) == (2, 1000, 4)
     assert (b["blocked_publishers"], b["held_bytes"], b["held_messages"]) == (1, 500, 2)
 
 
 def test_spooled_bytes_per_queue_and_in_total() -> None:
-    fc, _ = _controller()
-    a, b, side = Sampler("s").snapshot(fc, 0.0, 0.0, spooled={("/", "orders.b"): 4096})
+    fc, clock = _controller()
+    _, counters = _board(fc, clock)
+    a, b, side = Sampler("s").snapshot(fc, counters, 0.0, 0.0,
+                                       spooled={("/", "orders.b"): 4096})
     assert (a["spooled_bytes"], b["spooled_bytes"], side["spooled_bytes"]) == (0, 4096, 4096)
-    a, b, side = Sampler("s").snapshot(fc, 0.0, 0.0)  # no spool
+    a, b, side = Sampler("s").snapshot(fc, counters, 0.0, 0.0)  # no spool
     assert (a["spooled_bytes"], b["spooled_bytes"], side["spooled_bytes"]) == (0, 0, 0)
 
 
@@ -149,10 +146,13 @@ def test_spool_and_replay_events_keep_their_fields() -> None:
 def test_events_become_one_record_per_queue() -> None:
     fc, clock = _controller()
     seen: list[tuple[str, dict[str, object]]] = []
-    fc.on_event = lambda name, fields: seen.append((name, fields))
+    board, _ = _board(fc, clock)
+    board.observe(lambda ev: seen.extend(filter(None, [event_fields(ev)])))
     for _ in range(3):
-        fc.forwarded("/", frozenset({"orders.a"}), 400)
-    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t + 1, 0, 0, 0, 0, 0))
+        fc.forwarded("/", frozenset({"orders.a"}), 400, clock.t)
+    fc.sampled_management(("/", "orders.a"), ManagementSample(clock.t + 1, 0, 0, 0, 0, 0),
+                          clock.t)
+    board.settle()
     assert [name for name, _ in seen] == ["trip", "release"]
     assert seen[0][1]["depth_bytes"] == 1200 and seen[0][1]["capacity"] == 1000
     assert seen[1][1]["reason"] == "depth"
@@ -208,11 +208,12 @@ def test_writer_rotates_and_bounds_the_directory(tmp_path: Path) -> None:
 
 
 def test_telemetry_task_writes_off_the_loop(tmp_path: Path) -> None:
-    fc, _ = _controller()
+    fc, clock = _controller()
+    board, _ = _board(fc, clock)
     writers: set[str] = set()
 
     async def scenario() -> None:
-        t = Telemetry(TelemetrySettings(tmp_path, interval=0.05, sidecar="pod-9"), fc)
+        t = Telemetry(TelemetrySettings(tmp_path, interval=0.05, sidecar="pod-9"), board)
         write = t.writer.write
 
         def spy(batch: list[dict[str, object]]) -> None:
@@ -221,12 +222,13 @@ def test_telemetry_task_writes_off_the_loop(tmp_path: Path) -> None:
 
         t.writer.write = spy  # type: ignore[method-assign]
         await t.start()
-        assert fc.on_event is not None
+        assert board._observers == [t._on_event]
         for _ in range(3):
-            fc.forwarded("/", frozenset({"orders.a"}), 400)  # trips: an event
+            fc.forwarded("/", frozenset({"orders.a"}), 400, clock.t)  # trips: an event
+        board.settle()  # as the relay does after a read
         await asyncio.sleep(0.2)
         await t.stop()
-        assert fc.on_event is None
+        assert board._observers == []
 
     asyncio.run(scenario())
     assert writers == {"floodwall-telemetry"}  # never the event loop's thread
@@ -243,12 +245,14 @@ def test_telemetry_task_writes_off_the_loop(tmp_path: Path) -> None:
 
 
 def test_a_failing_observer_never_breaks_the_gate(tmp_path: Path) -> None:
-    fc, _ = _controller()
-    t = Telemetry(TelemetrySettings(tmp_path, sidecar="s"), fc)
+    fc, clock = _controller()
+    board, _ = _board(fc, clock)
+    t = Telemetry(TelemetrySettings(tmp_path, sidecar="s"), board)
     t.sampler.event = None  # type: ignore[assignment,method-assign]  # a bug in telemetry
-    fc.on_event = t._on_event
+    board.observe(t._on_event)
     for _ in range(3):
-        fc.forwarded("/", frozenset({"orders.a"}), 400)
+        fc.forwarded("/", frozenset({"orders.a"}), 400, clock.t)
+    board.settle()
     assert ("/", "orders.a") in fc.tripped
 
 

@@ -2,27 +2,32 @@
 
 Seed 000's design, moved out of the broker: a channel that publishes to a full queue is
 blocked on that queue; a channel can be blocked on a *set* of queues and is released only
-when the set is empty. Pure: the I/O layer feeds it depth samples and the time; protocol
-cores ask it about each publish and are told, through their ``ChannelOwner`` interface,
-when a channel of theirs is free again.
+when the set is empty. Pure: the I/O layer feeds it depth samples, alarms and policies,
+the gates ask it about each publish; every entry point that needs the time takes ``now``.
+What happens (a queue trips or releases, the alarm, a channel whose blocking set emptied) is
+appended to ``outbox`` as values (``floodwall.control.events``); the I/O layer takes them
+(``take_output``) and hands each freed channel to its connection's gate.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from floodwall.control.depth import Depth, ManagementSample, QueueDepth
+from floodwall.control.events import (
+    AlarmCleared,
+    AlarmRaised,
+    ChannelFreed,
+    ControlOutput,
+    QueueReleased,
+    QueueTripped,
+)
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
 from floodwall.control.routing.model import REPLY_TO_PREFIX
-from floodwall.ops.logs import event
-
-log = logging.getLogger("floodwall.gate")
 
 QueueKey = tuple[str, str]  # (vhost, queue)
 #: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
@@ -30,15 +35,6 @@ ALARM: QueueKey = ("", "broker resource alarm")
 _NOTHING: frozenset[QueueKey] = frozenset()
 #: Sets of queue names whose policed members ``FlowController.policed`` keeps.
 POLICED_CACHE_SIZE = 4096
-
-
-class ChannelOwner(Protocol):
-    """A connection's protocol core, as the gate sees it."""
-
-    conn_id: int
-
-    def channel_released(self, channel: int) -> None:
-        """Every queue ``channel`` was blocked on has drained: let its held frames go."""
 
 
 @dataclass
@@ -97,10 +93,8 @@ class Router(Protocol):
 class FlowController:
     """The shared state behind every gate decision."""
 
-    def __init__(self, router: Router, clock: Callable[[], float],
-                 policies: PolicySet = EMPTY_POLICIES) -> None:
+    def __init__(self, router: Router, policies: PolicySet = EMPTY_POLICIES) -> None:
         self.router = router
-        self.clock = clock
         self.policies = policies
         self._policy_vhosts = policies.vhosts
         self._policy_loads = 0  # set_policies calls: part of ``generation``
@@ -118,53 +112,35 @@ class FlowController:
         self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
         self._blocked_since: dict[tuple[int, int], float] = {}
         self._starved_since: dict[tuple[int, int], float] = {}  # see starved()
-        self._owners: dict[int, ChannelOwner] = {}
         self.alarm_reason: str | None = None
-        # Counters the protocol cores keep up to date (plain ints: read at scrape time).
-        self.held_bytes = 0  # body bytes of publishes held right now, all connections
-        self.held_messages = 0
-        # Flow signals sent to clients by (protocol, "flow_off" | "flow_on"): 0-9-1's
-        # Channel.Flow, 1.0's link credit withheld or restored; see signalled().
-        self.signals: Counter[tuple[str, str]] = Counter()
-        self.rejects = 0  # publishes refused under overflow: reject
-        self.deadline_expiries = 0  # publishes refused because they waited too long
-        self.spooled_records = 0  # publishes written to the spool instead of held
-        self.spooled_bytes = 0
-        self.spool_fallbacks = 0  # spool said no (limits, disk): held instead
-        # Observer of trips, releases, holds, signals and refusals (telemetry); None: off.
-        self.on_event: Callable[[str, dict[str, object]], None] | None = None
+        # What happened, for the I/O layer to take (``take_output``), in order.
+        self.outbox: list[ControlOutput] = []
 
-    def signalled(self, protocol: str, active: bool) -> None:
-        """A ``protocol`` core told a client to stop (False) or resume (True) publishing."""
-        self.signals[(protocol, "flow_on" if active else "flow_off")] += 1
-
-    def signal_total(self, kind: str) -> int:
-        """Signals of ``kind`` ("flow_off" or "flow_on") sent so far, every protocol."""
-        return sum(n for (_, k), n in self.signals.items() if k == kind)
-
-    def emit(self, name: str, fields: dict[str, object]) -> None:
-        """Tell the observer, if any (``on_event``), about one event."""
-        if self.on_event is not None:
-            self.on_event(name, fields)
+    def take_output(self) -> list[ControlOutput]:
+        """Everything that happened since the last call (events and freed channels), in
+        order; the outbox is empty afterwards."""
+        out, self.outbox = self.outbox, []
+        return out
 
     # -- policies and queues -----------------------------------------------------------
-    def set_policies(self, policies: PolicySet, known_queues: Iterable[QueueKey]) -> None:
+    def set_policies(self, policies: PolicySet, known_queues: Iterable[QueueKey],
+                     now: float) -> None:
         """Apply a (re)loaded policy file to the queues that exist now."""
         self.policies = policies
         self._policy_vhosts = policies.vhosts
         self._policy_loads += 1
         for key in list(self.queues):
             if policies.for_queue(*key) is None:
-                self._unpolice(key)
+                self._unpolice(key, now)
         for key in known_queues:
-            self.queue_seen(key)
+            self.queue_seen(key, now)
         for q in self.queues.values():
             new = policies.for_queue(*q.key)
             if new is not None and new != q.policy:
                 q.policy = new
-                self._evaluate(q)
+                self._evaluate(q, now)
 
-    def queue_seen(self, key: QueueKey) -> PolicedQueue | None:
+    def queue_seen(self, key: QueueKey, now: float) -> PolicedQueue | None:
         """A queue exists (declared, or found in the topology); police it if a policy says."""
         q = self.queues.get(key)
         if q is not None:
@@ -179,23 +155,23 @@ class FlowController:
         lookup = Lookup(key[0], LookupKind.QUEUE, key[1])
         self._awaiting[key] = lookup
         self.lookups.forget(lookup)
-        self.lookups.start(lookup, self.clock())
+        self.lookups.start(lookup, now)
         return q
 
-    def queue_deleted(self, key: QueueKey) -> None:
+    def queue_deleted(self, key: QueueKey, now: float) -> None:
         if key in self.queues:
-            self._unpolice(key)
+            self._unpolice(key, now)
 
-    def _unpolice(self, key: QueueKey) -> None:
+    def _unpolice(self, key: QueueKey, now: float) -> None:
         q = self.queues.pop(key)
         self._policed_among.clear()
-        self._first_figure(key)
+        self._first_figure(key, now)
         if q.tripped:
-            self._set_tripped(q, False, "no longer policed")
+            self._set_tripped(q, False, "no longer policed", now)
 
     # -- lookups -----------------------------------------------------------------------
     def lookup_for(self, vhost: str, exchange: str, routing_key: str,
-                   queues: frozenset[str]) -> QueueKey | None:
+                   queues: frozenset[str], now: float) -> QueueKey | None:
         """The pseudo-queue to hold a publish on until the broker was asked, or None.
 
         ``queues`` is where the model routes the publish. A lookup is needed when the
@@ -216,13 +192,13 @@ class FlowController:
                     or self.policies.for_queue(vhost, routing_key) is None:
                 return None
             lookup = Lookup(vhost, LookupKind.QUEUE, routing_key)
-        return lookup.key if self.lookups.want(lookup, self.clock()) else None
+        return lookup.key if self.lookups.want(lookup, now) else None
 
     def polices_vhost(self, vhost: str) -> bool:
         """Whether a policy (or a vhost's limiting defaults) can police queues of ``vhost``."""
         return vhost in self._policy_vhosts
 
-    def lookup_answered(self, lookup: Lookup, result: LookupResult) -> bool:
+    def lookup_answered(self, lookup: Lookup, result: LookupResult, now: float) -> bool:
         """The I/O layer asked the broker (and, when found, taught the model and fed the
         queue's first figure). Releases what waited for it. Returns True when the lookup
         stays pending: the broker could not be asked and a policy says ``on_unknown_depth:
@@ -230,8 +206,8 @@ class FlowController:
         if result is LookupResult.FAILED and self._failure_blocks(lookup):
             return True
         if lookup.kind is LookupKind.QUEUE:
-            self._first_figure((lookup.vhost, lookup.name))
-        if self.lookups.answered(lookup, result is not LookupResult.FOUND, self.clock(),
+            self._first_figure((lookup.vhost, lookup.name), now)
+        if self.lookups.answered(lookup, result is not LookupResult.FOUND, now,
                                  failed=result is LookupResult.FAILED) is not None:
             self._released(lookup.key)
         return False
@@ -250,10 +226,10 @@ class FlowController:
                 policies.append(default)
         return any(p.on_unknown_depth is UnknownDepth.BLOCK for p in policies)
 
-    def _first_figure(self, key: QueueKey) -> None:
+    def _first_figure(self, key: QueueKey, now: float) -> None:
         """``key`` no longer waits for its first figure (it came, or it never will)."""
         lookup = self._awaiting.pop(key, None)
-        if lookup is not None and self.lookups.answered(lookup, False, self.clock()) is not None:
+        if lookup is not None and self.lookups.answered(lookup, False, now) is not None:
             self._released(lookup.key)
 
     def awaiting_first_figure(self, key: QueueKey) -> bool:
@@ -298,7 +274,7 @@ class FlowController:
             found.add(ALARM)
         return frozenset(found)
 
-    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int) -> None:
+    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int, now: float) -> None:
         """A publish went to the broker; book it on each policed queue it lands in.
 
         A queue that is not tripped is evaluated only when the publish takes its ledger past
@@ -309,7 +285,6 @@ class FlowController:
         policed = self.queues
         if not policed:
             return
-        now = self.clock()
         for name in queues:
             q = policed.get((vhost, name))
             if q is not None:
@@ -319,30 +294,23 @@ class FlowController:
                                       or depth.forwarded_messages_total > q.quiet_messages
                                       or depth.rebases != q.armed_rebases
                                       or q.policy is not q.armed_policy):
-                    self._evaluate(q)
+                    self._evaluate(q, now)
 
     # -- blocking ----------------------------------------------------------------------
-    def register(self, owner: ChannelOwner) -> None:
-        self._owners[owner.conn_id] = owner
-
-    def owners(self) -> list[ChannelOwner]:
-        """Every connection core registered with the gate."""
-        return list(self._owners.values())
-
-    def unregister(self, owner: ChannelOwner) -> None:
-        self._owners.pop(owner.conn_id, None)
-        for ref in [r for r in self._blocked if r[0] == owner.conn_id]:
+    def connection_closed(self, conn: int) -> None:
+        """Connection ``conn`` is gone: none of its channels is blocked any more."""
+        for ref in [r for r in self._blocked if r[0] == conn]:
             self._blocked.pop(ref, None)
             self._blocked_since.pop(ref, None)
             self._starved_since.pop(ref, None)
 
-    def block(self, owner: ChannelOwner, channel: int, queues: frozenset[QueueKey]) -> bool:
+    def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float) -> bool:
         """Block ``channel`` on ``queues``; True if it was not blocked before.
 
         Re-checks at once (seed 000's race): any of the queues that released meanwhile is
         dropped from the set again, and if none is left the channel is not blocked.
         """
-        ref = (owner.conn_id, channel)
+        ref = (conn, channel)
         still = {k for k in queues if k in self._tripped or k in self._backlogged
                  or self.lookups.pending_key(k)}
         if not still:
@@ -350,32 +318,32 @@ class FlowController:
         blocked_on = self._blocked.get(ref)
         if blocked_on is None:
             self._blocked[ref] = still
-            self._blocked_since[ref] = self.clock()
+            self._blocked_since[ref] = now
             return True
         blocked_on |= still
         return False
 
-    def is_blocked(self, owner: ChannelOwner, channel: int) -> bool:
-        return (owner.conn_id, channel) in self._blocked
+    def is_blocked(self, conn: int, channel: int) -> bool:
+        return (conn, channel) in self._blocked
 
-    def blocked_on(self, owner: ChannelOwner, channel: int) -> frozenset[QueueKey]:
+    def blocked_on(self, conn: int, channel: int) -> frozenset[QueueKey]:
         """The queues ``channel`` waits on (empty when it is not blocked)."""
-        return frozenset(self._blocked.get((owner.conn_id, channel), _NOTHING))
+        return frozenset(self._blocked.get((conn, channel), _NOTHING))
 
     @property
     def blocked_count(self) -> int:
         return len(self._blocked)
 
-    def starved(self, owner: ChannelOwner, channel: int, since: float) -> None:
+    def starved(self, conn: int, channel: int, since: float) -> None:
         """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
-        ref = (owner.conn_id, channel)
+        ref = (conn, channel)
         if ref in self._blocked:
             self._starved_since[ref] = since
 
-    def channel_closed(self, owner: ChannelOwner, channel: int) -> None:
-        self._blocked.pop((owner.conn_id, channel), None)
-        self._blocked_since.pop((owner.conn_id, channel), None)
-        self._starved_since.pop((owner.conn_id, channel), None)
+    def channel_closed(self, conn: int, channel: int) -> None:
+        self._blocked.pop((conn, channel), None)
+        self._blocked_since.pop((conn, channel), None)
+        self._starved_since.pop((conn, channel), None)
 
     def blocked_channels(self) -> list[Blocked]:
         return [Blocked(ref[0], ref[1], frozenset(qs), self._blocked_since[ref],
@@ -384,27 +352,27 @@ class FlowController:
 
     # -- depth and alarms --------------------------------------------------------------
     def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,
-                            rtt: float | None = None) -> None:
+                            rtt: float | None, now: float) -> None:
         q = self.queues.get(key)
         if q is not None:
             q.depth.sampled_ready_count(requested_at, ready, rtt)
-            self._evaluate(q)
+            self._evaluate(q, now)
             if self._awaiting:
-                self._first_figure(key)
+                self._first_figure(key, now)
 
-    def sampled_management(self, key: QueueKey, sample: ManagementSample) -> None:
+    def sampled_management(self, key: QueueKey, sample: ManagementSample, now: float) -> None:
         q = self.queues.get(key)
         if q is not None:
             q.depth.sampled_management(sample)
-            self._evaluate(q)
+            self._evaluate(q, now)
             if self._awaiting:
-                self._first_figure(key)
+                self._first_figure(key, now)
 
-    def depth_unknown(self, key: QueueKey) -> None:
+    def depth_unknown(self, key: QueueKey, now: float) -> None:
         """The depth could not be read; the policy's on_unknown_depth decides."""
         q = self.queues.get(key)
         if q is not None:
-            self._apply(q, decide(q.policy, None, None, q.tripped))
+            self._apply(q, decide(q.policy, None, None, q.tripped), now)
 
     def set_backlog(self, key: QueueKey, backlogged: bool) -> None:
         """The spool of ``key`` has records (True) or has drained (False).
@@ -426,21 +394,20 @@ class FlowController:
         self.alarm_reason = reason
         if reason is not None:
             self._tripped.add(ALARM)
-            event(log, "broker_alarm", logging.WARNING, reason=reason,
-                  action="every publish is held until it clears")
+            self.outbox.append(AlarmRaised(reason))
         else:
             self._tripped.discard(ALARM)
-            event(log, "broker_alarm_cleared")
+            self.outbox.append(AlarmCleared())
             self._released(ALARM)
 
-    def _evaluate(self, q: PolicedQueue) -> None:
+    def _evaluate(self, q: PolicedQueue, now: float) -> None:
         # A tripped queue is released on the settled estimate (proxy/depth.py: a ready
         # count taken while a burst is still reaching the queue must not release it).
         est = q.depth.estimate(settled=q.tripped)
         if est is None:
-            self._apply(q, decide(q.policy, None, None, q.tripped))
+            self._apply(q, decide(q.policy, None, None, q.tripped), now)
         else:
-            self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped))
+            self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped), now)
         self._arm(q)
 
     @staticmethod
@@ -465,36 +432,29 @@ class FlowController:
         q.armed_rebases = depth.rebases
         q.armed_policy = policy
 
-    def _apply(self, q: PolicedQueue, tripped: bool) -> None:
+    def _apply(self, q: PolicedQueue, tripped: bool, now: float) -> None:
         if tripped != q.tripped:
-            self._set_tripped(q, tripped, "depth")
+            self._set_tripped(q, tripped, "depth", now)
 
-    def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str) -> None:
-        now = self.clock()
+    def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str, now: float) -> None:
         est = q.depth.estimate() or Depth(-1, -1)
         q.tripped = tripped
+        policy = q.policy
         if tripped:
             q.trips += 1
             q.tripped_since = now
             self._tripped.add(q.key)
-            event(log, "queue_tripped", logging.WARNING, vhost=q.key[0], queue=q.key[1],
-                  depth_bytes=est.bytes, depth_messages=est.messages,
-                  capacity=q.policy.capacity, max_messages=q.policy.max_messages,
-                  policy=q.policy.name, publishers=self._publishers_of(q.key))
-            self.emit("trip", {"vhost": q.key[0], "queue": q.key[1], "policy": q.policy.name,
-                               "depth_bytes": est.bytes, "depth_messages": est.messages,
-                               "capacity": q.policy.capacity})
+            self.outbox.append(QueueTripped(
+                q.key, policy.name, est.bytes, est.messages, policy.capacity,
+                policy.max_messages, self._publishers_of(q.key)))
         else:
             if q.tripped_since is not None:
                 q.tripped_seconds += now - q.tripped_since
             q.tripped_since = None
             self._tripped.discard(q.key)
-            event(log, "queue_released", vhost=q.key[0], queue=q.key[1],
-                  depth_bytes=est.bytes, depth_messages=est.messages, resume=q.policy.resume,
-                  policy=q.policy.name, reason=why, blocked=self._publishers_of(q.key))
-            self.emit("release", {"vhost": q.key[0], "queue": q.key[1], "policy": q.policy.name,
-                                  "depth_bytes": est.bytes, "depth_messages": est.messages,
-                                  "resume": q.policy.resume, "reason": why})
+            self.outbox.append(QueueReleased(
+                q.key, policy.name, est.bytes, est.messages, policy.resume, why,
+                self._publishers_of(q.key)))
             if q.key not in self._backlogged:
                 self._released(q.key)
 
@@ -502,7 +462,7 @@ class FlowController:
         return ",".join(f"{c}/{ch}" for (c, ch), qs in self._blocked.items() if key in qs)
 
     def _released(self, key: QueueKey) -> None:
-        """Drop ``key`` from every blocked set; tell owners whose channel is free again."""
+        """Drop ``key`` from every blocked set; a channel whose set empties is freed."""
         freed: list[tuple[int, int]] = []
         for ref, qs in self._blocked.items():
             if key in qs:
@@ -513,9 +473,7 @@ class FlowController:
             del self._blocked[ref]
             self._blocked_since.pop(ref, None)
             self._starved_since.pop(ref, None)
-            owner = self._owners.get(ref[0])
-            if owner is not None:
-                owner.channel_released(ref[1])
+            self.outbox.append(ChannelFreed(*ref))
 
     # -- views -------------------------------------------------------------------------
     @property

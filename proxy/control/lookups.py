@@ -11,14 +11,13 @@ yet: its first figure is a queue lookup too.
 on their ``key``, a pseudo-queue in the empty vhost, as it does on the broker alarm), which
 answers are remembered (a name found absent, or a lookup that failed and whose policy lets
 publishes go, for ``ttl`` or ``failed_ttl`` seconds, so a stream of publishes to it costs
-one lookup), and the outbox of lookups the I/O layer must perform (``take_due``). The I/O
-layer reports each answer with ``answered``.
+one lookup), and the outbox of lookups the I/O layer must perform (``take_due``; ``due``
+says whether there are any). The I/O layer reports each answer with ``answered``.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -82,7 +81,6 @@ class LookupTable:
 
     ttl: float = DEFAULT_TTL
     failed_ttl: float = FAILED_TTL
-    on_due: Callable[[], None] | None = None  # the I/O layer's wake-up; None: nobody listens
     _entries: dict[Lookup, _Entry] = field(default_factory=dict)
     _by_key: dict[QueueKey, Lookup] = field(default_factory=dict)
     _due: list[Lookup] = field(default_factory=list)
@@ -111,16 +109,17 @@ class LookupTable:
         self._by_key[lookup.key] = lookup
         self._due.append(lookup)
         self.asked += 1
-        if self.on_due is not None:
-            self.on_due()
 
     def retry(self, lookup: Lookup) -> None:
         """Ask again (a failed lookup whose policy says block): back in the outbox."""
         entry = self._entries.get(lookup)
         if entry is not None and entry.pending and lookup not in self._due:
             self._due.append(lookup)
-            if self.on_due is not None:
-                self.on_due()
+
+    @property
+    def due(self) -> bool:
+        """True while lookups wait in the outbox for the I/O layer (``take_due``)."""
+        return bool(self._due)
 
     def take_due(self) -> list[Lookup]:
         """The lookups to perform now (each once), emptying the outbox."""

@@ -7,13 +7,15 @@ drain), until none is left or ``--drain-timeout`` passes; then what is left is c
 the last log line (``stopped``) says how much that was. A second signal ends the drain at
 once.
 
-With ``--policies``, ``Proxy.flow`` is the ``FlowSupervisor`` (proxy/io/flow.py): the relay
-gets the ``FlowController`` as ``proxy.flow.controller`` and the routing model as
+With ``--policies``, ``Proxy.flow`` is the ``FlowSupervisor`` (``floodwall.io.supervisor``):
+the relay gets its switchboard (``proxy.flow.board``: the controller, the gates' shared
+parts, where released channels and events go) and the routing model as
 ``proxy.flow.topology``; without policies ``Proxy.flow`` is None and nothing is policed.
 
 With ``--spool-dir`` (and policies), ``Proxy.spool`` is the ``SpoolService``
-(proxy/io/spool.py): the relay writes ``overflow: spool`` publishes to its manager; it is
-recovered before the listener opens and stopped after the connections are closed.
+(``floodwall.io.spool``): the gates' spool port (``overflow: spool`` publishes are written
+through it); it is recovered before the listener opens and stopped after the connections are
+closed.
 ``SpoolService.drain(deadline)`` is the spool's part of the SIGTERM drain.
 """
 
@@ -33,7 +35,6 @@ from prometheus_client.registry import Collector
 
 from floodwall import __version__
 from floodwall.control.controller import QueueKey
-from floodwall.control.policy import set_spool_available
 from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
 from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
@@ -86,7 +87,7 @@ class Proxy:
         self.spool: SpoolService | None = None
         if settings.spool_dir is not None and self.flow is not None:
             self.spool = make_spool(settings, self.flow, self.upstream_tls)
-        set_spool_available(self.spool is not None)
+            self.flow.enforcement.spool = self.spool  # overflow: spool spools from now
         collectors: list[Collector] = [RelayCollector(self.stats)]
         if self.flow is not None:
             collectors.append(self.flow.collector)
@@ -98,10 +99,9 @@ class Proxy:
             upstream_port=settings.upstream[1],
             connect_timeout=settings.connect_timeout,
             handshake_timeout=settings.handshake_timeout,
-            flow=self.flow.controller if self.flow is not None else None,
+            board=self.flow.board if self.flow is not None else None,
             hold_budget=settings.hold_budget,
             on_topology=self.flow.topology_changed if self.flow is not None else None,
-            spool=self.spool.manager if self.spool is not None else None,
             upstream_tls=self.upstream_tls,
             relay_external=(settings.upstream_tls is not None
                             and settings.upstream_tls.relay_external),
@@ -288,7 +288,8 @@ class Proxy:
         """(messages, body bytes) of publishes held right now, on every connection."""
         if self.flow is None:
             return 0, 0
-        return self.flow.controller.held_messages, self.flow.controller.held_bytes
+        counters = self.flow.enforcement.counters
+        return counters.held_messages, counters.held_bytes
 
     async def stop(self) -> None:
         connections_left = len(self.stats.live)
@@ -330,11 +331,11 @@ class Proxy:
         """Refuse held publishes (nack or 406 close) and withheld 1.0 links (detach) whose
         policy deadline has passed."""
         assert self.flow is not None
-        clock = self.flow.controller.clock
+        clock = self.flow.clock
+        counters = self.flow.enforcement.counters
         while True:
             await asyncio.sleep(interval)
-            controller = self.flow.controller
-            if not controller.held_messages and not controller.blocked_count:
+            if not counters.held_messages and not self.flow.controller.blocked_count:
                 continue
             now = clock()
             for conn in list(self.stats.live):
@@ -453,7 +454,7 @@ def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
                               settings.telemetry_total_bytes)
     return Telemetry(TelemetrySettings(settings.telemetry_dir, settings.telemetry_interval,
                                        rotation),
-                     flow.controller, depth_known=lambda: flow.stats.depth_known,
+                     flow.board, depth_known=lambda: flow.stats.depth_known,
                      spooled=spooled)
 
 
@@ -498,7 +499,7 @@ def make_spool(settings: ProxySettings, flow: FlowSupervisor,
                              settings.effective_amqp_credentials,
                              SpoolLimits(settings.spool_total_max, settings.spool_min_free),
                              connect_timeout=settings.connect_timeout, tls=tls),
-        flow.controller, flow.topology, ready=lambda: flow.readiness()[0])
+        flow.board, flow.topology, ready=lambda: flow.readiness()[0])
 
 
 def run_proxy(settings: ProxySettings) -> None:

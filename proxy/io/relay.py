@@ -6,28 +6,34 @@ import asyncio
 import logging
 import socket
 import ssl
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from floodwall.control.controller import QueueKey
+from floodwall.enforce.amqp091.gate import PublishFlow
+from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.shared import ConnectionGate
 from floodwall.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
 from floodwall.ops.logs import event
 from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
+from floodwall.wire.amqp091.connection import close_frame
 from floodwall.wire.amqp10.connection import Connection as Amqp10Connection
 from floodwall.wire.detect import HEADER_SIZE, Detected, detect, header_reply
 from floodwall.wire.relaycore import FrameCounts, RelayCore, Side
+from floodwall.wire.topology import TopologyChange
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
-    from floodwall.control.controller import FlowController
-    from floodwall.enforce.amqp091.gate import PublishFlow
+    from floodwall.io.switchboard import Switchboard
     from floodwall.ops.metrics import RelayStats
-    from floodwall.spool.manager import SpoolManager
-    from floodwall.wire.amqp091.topology import TopologyChange
 
 log = logging.getLogger("floodwall.relay")
 
 _NO_COUNTS = FrameCounts()
+#: Seconds the broker has to answer the connection.close of a vanished client's connection.
+RETIRE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -39,28 +45,30 @@ class RelaySettings:
     connect_timeout: float = 5.0
     handshake_timeout: float = 10.0
     write_high_water: int = 256 * 1024
-    flow: FlowController | None = None  # None: no policies, a plain relay
+    board: Switchboard | None = None  # None: no policies, a plain relay (no gates)
     hold_budget: int = 16 * 1024 * 1024
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
-    spool: SpoolManager | None = None  # with --spool-dir: where overflow: spool writes
     upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
     relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
-              settings: RelaySettings | None = None) -> RelayCore:
-    """The sans-IO core for a detected protocol."""
+              settings: RelaySettings | None = None
+              ) -> tuple[RelayCore, ConnectionGate | None]:
+    """The sans-IO core for a detected protocol, and its gate (with policies)."""
     refuse_external = settings is None or not settings.relay_external
+    board = settings.board if settings is not None else None
+    watch = settings is not None and settings.on_topology is not None
     if detected is Detected.AMQP091:
-        if settings is None:
-            return Amqp091Connection(refuse_external=refuse_external)
-        return Amqp091Connection(settings.flow, conn_id, settings.hold_budget,
-                                 settings.on_topology, settings.spool,
-                                 refuse_external=refuse_external)
-    if settings is None or settings.flow is None:
-        return Amqp10Connection(header, refuse_external=refuse_external)
-    return Amqp10Connection(header, settings.flow, conn_id, settings.on_topology,
-                            settings.spool, refuse_external=refuse_external)
+        gate = None
+        if board is not None and settings is not None:
+            gate = PublishFlow(board.enforcement, conn_id, settings.hold_budget)
+        return Amqp091Connection(gate, conn_id, watch_topology=watch,
+                                 refuse_external=refuse_external), gate
+    if board is None:
+        return Amqp10Connection(header, refuse_external=refuse_external), None
+    gate10 = CreditFlow(board.enforcement, conn_id)
+    return Amqp10Connection(header, gate10, conn_id, refuse_external=refuse_external), gate10
 
 
 class RelayedConnection(asyncio.Protocol):
@@ -88,8 +96,11 @@ class RelayedConnection(asyncio.Protocol):
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._closed = False
         self._client_paused: set[str] = set()  # why the client's socket is not read
-        self.flow: PublishFlow | None = None
+        self.gate: ConnectionGate | None = None
         self._client_gone = False
+        self._retire_timer: asyncio.TimerHandle | None = None
+        board = settings.board
+        self._clock: Callable[[], float] = board.clock if board is not None else time.monotonic
 
     # -- client side -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -104,7 +115,7 @@ class RelayedConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         core = self.core
         if core is not None and self.upstream is not None:
-            core.receive_from_client(data)
+            core.receive_from_client(data, self._clock())
             self._flush(core)
             return
         if core is None:
@@ -130,12 +141,11 @@ class RelayedConnection(asyncio.Protocol):
         header, rest = self._head[:HEADER_SIZE], self._head[HEADER_SIZE:]
         self._head = b""
         self.protocol = found.value
-        self.core = core = make_core(found, header, self.conn_id, self.settings)
+        self.core, self.gate = make_core(found, header, self.conn_id, self.settings)
+        core = self.core
         self.from_client, self.from_server = core.from_client, core.from_server
-        flow = getattr(core, "flow", None)
-        if flow is not None:
-            self.flow = flow
-            flow.notify = self._core_output
+        if self.gate is not None and self.settings.board is not None:
+            self.settings.board.attach(self)
         self.stats.accepted[self.protocol] += 1
         self.stats.live.add(self)
         self._pending += header + rest
@@ -189,7 +199,7 @@ class RelayedConnection(asyncio.Protocol):
         transport.write(pending[:HEADER_SIZE])
         assert self.core is not None and self.client is not None
         if len(pending) > HEADER_SIZE:
-            self.core.receive_from_client(pending[HEADER_SIZE:])
+            self.core.receive_from_client(pending[HEADER_SIZE:], self._clock())
             self._flush(self.core)
         if not self._closed:
             self._resume_client("connecting")
@@ -206,29 +216,52 @@ class RelayedConnection(asyncio.Protocol):
         if not self._client_paused and self.client is not None and not self._closed:
             self.client.resume_reading()
 
-    def _core_output(self) -> None:
-        """The core produced output outside a read (held publishes released, expiries)."""
-        if self.core is not None and not self._closed:
-            self._flush(self.core)
+    # -- the gate, outside a read (the switchboard, the expiry timer, the spool) ---------
+    def channel_released(self, channel: int, now: float) -> None:
+        """Every queue ``channel`` (1.0: a link_ref) waited on has drained: its held frames
+        (1.0: its credit) go now."""
+        if self.gate is not None and self.core is not None and not self._closed:
+            self.gate.channel_released(channel, now)
+            self._gate_output(self.core)
 
     def expire_held(self, now: float) -> None:
         """Refuse held publishes past their deadline, detach 1.0 links without credit past
         it (the proxy calls this periodically while anything is held or blocked)."""
-        if self.flow is not None and not self._client_gone:
-            self.flow.expire(now)
+        if self.gate is not None and self.core is not None and not self._client_gone \
+                and not self._closed:
+            self.gate.expire(now)
+            self._gate_output(self.core)
+
+    def spool_durable(self, durable: dict[QueueKey, int]) -> None:
+        """The spool synced: ack (1.0: settle) the spooled publishes now durable."""
+        if self.gate is not None and self.core is not None and not self._closed:
+            self.gate.spool_durable(durable)
+            self._gate_output(self.core)
+
+    def _gate_output(self, core: RelayCore) -> None:
+        """The gate made output outside a read: into the core's queues, then written."""
+        core.collect()
+        self._flush(core)
 
     def _flush(self, core: RelayCore) -> None:
+        """Carry out what the core (and its gate) handed back: topology changes and events,
+        then the bytes for each peer; then what the controller handed back meanwhile."""
+        events = core.events()
+        if events:
+            self._carry_out(events)
         to_server = core.data_for_server()
         if to_server and self.upstream is not None:
             self.upstream.write(to_server)
         to_client = core.data_for_client()
         if to_client and self.client is not None:
             self.client.write(to_client)
-        flow = self.flow
+        board = self.settings.board
+        if board is not None and board.pending:
+            board.settle()
+        flow = self.gate
         if flow is not None:
             if self._client_gone and not flow.holding:
-                event(log, "held_publishes_delivered", conn=self.conn_id, peer=self.peer)
-                self._close_both()
+                self._retire_upstream(core)
                 return
             if flow.over_budget:
                 if "hold budget" not in self._client_paused \
@@ -251,6 +284,35 @@ class RelayedConnection(asyncio.Protocol):
                       condition=f.condition, reason=f.reason)
             self._close_both()
 
+    def _retire_upstream(self, core: RelayCore) -> None:
+        """A vanished client's held publishes are all written: end its broker connection as
+        a client would, with connection.close; the broker takes every frame before it, sends
+        close-ok and closes the socket (``upstream_lost``). A socket closed right behind the
+        publishes instead can lose the last of them: RabbitMQ's reader ends the connection's
+        channels when it sees the socket close, whatever they still had to route. Closed
+        from our side after ``RETIRE_TIMEOUT`` if the broker does not answer."""
+        if self._retire_timer is not None:
+            return
+        event(log, "held_publishes_delivered", conn=self.conn_id, peer=self.peer)
+        if self.upstream is None:
+            self._close_both()
+            return
+        if isinstance(core, Amqp091Connection) and core.closing is None:
+            self.upstream.write(close_frame(200, "floodwall: the client is gone; its held "
+                                                 "publishes were delivered"))
+        self._retire_timer = asyncio.get_running_loop().call_later(RETIRE_TIMEOUT,
+                                                                   self._close_both)
+
+    def _carry_out(self, events: Sequence[object]) -> None:
+        on_topology = self.settings.on_topology
+        board = self.settings.board
+        for item in events:
+            if isinstance(item, TopologyChange):
+                if on_topology is not None:
+                    on_topology(item)
+            elif board is not None:
+                board.report(item)
+
     def pause_writing(self) -> None:  # the client's write buffer is full
         if self.upstream is not None:
             self.upstream.pause_reading()
@@ -263,7 +325,7 @@ class RelayedConnection(asyncio.Protocol):
         return False  # close our side; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        flow = self.flow
+        flow = self.gate
         if flow is not None and flow.holding and self.upstream is not None and not self._closed:
             # Held publishes are still delivered: keep the upstream until they have left.
             self._client_gone = True
@@ -278,7 +340,7 @@ class RelayedConnection(asyncio.Protocol):
     def server_data(self, data: bytes) -> None:
         core = self.core
         assert core is not None
-        core.receive_from_server(data)
+        core.receive_from_server(data, self._clock())
         if self._client_gone:
             core.data_for_client()  # nobody to tell
         self._flush(core)
@@ -313,6 +375,8 @@ class RelayedConnection(asyncio.Protocol):
             return
         self._closed = True
         self._cancel_handshake_timer()
+        if self._retire_timer is not None:
+            self._retire_timer.cancel()
         if self._connect_task is not None:
             self._connect_task.cancel()
             self._connect_task = None
@@ -323,13 +387,15 @@ class RelayedConnection(asyncio.Protocol):
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None
-        if self.flow is not None:
-            if self.flow.holding:
+        if self.gate is not None:
+            if self.gate.holding:
                 event(log, "held_publishes_lost", logging.ERROR, conn=self.conn_id,
-                      peer=self.peer, held_bytes=self.flow.held_bytes,
+                      peer=self.peer, held_bytes=self.gate.held_bytes,
                       reason="the broker connection closed")
-            self.flow.close()
-            self.flow = None
+            self.gate.close()
+            self.gate = None
+            if self.settings.board is not None:
+                self.settings.board.detach(self)
         if self in self.stats.live:
             self.stats.retire(self)
 

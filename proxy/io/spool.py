@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -48,11 +49,14 @@ from prometheus_client.registry import Collector
 from floodwall.control.controller import FlowController, QueueKey, Router
 from floodwall.control.policy import Fsync, SpoolSettings
 from floodwall.enforce.amqp10.gate import message_routing
+from floodwall.enforce.ports import SpoolRefused
 from floodwall.io.amqp10_client import Amqp10Client, Amqp10Sender
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Confirm, Publisher
+from floodwall.io.switchboard import Switchboard
 from floodwall.io.tls import UpstreamTlsContext
 from floodwall.ops.config import AmqpCredentials
 from floodwall.ops.logs import event
+from floodwall.spool.events import ReplayEnded, SpoolFilling
 from floodwall.spool.log import QueueSpool, ReadPosition, SpoolError
 from floodwall.spool.manager import SpoolLimits, SpoolManager
 from floodwall.spool.records import SpoolRecord
@@ -304,20 +308,21 @@ C = TypeVar("C", bound=_Client)
 
 
 class SpoolService:
-    """``--spool-dir`` at run time; construct, hand ``manager`` to the relay, ``start()``."""
+    """``--spool-dir`` at run time; construct, hand it to the gates as their spool port
+    (``Enforcement.spool``: it implements ``floodwall.enforce.ports.SpoolPort``), ``start()``."""
 
-    def __init__(self, settings: SpoolServiceSettings, controller: FlowController,
+    def __init__(self, settings: SpoolServiceSettings, board: Switchboard,
                  router: Router | None = None, ready: Callable[[], bool] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        self.controller = controller
+        self.board = board
+        self.controller: FlowController = board.controller
         self.router = router
         self._ready = ready
         self._warm = ready is None
         self.clock = clock
         self.manager = SpoolManager(settings.directory, settings.limits)
         self.manager.accepting = False  # until start() has recovered what is on disk
-        self.manager.on_append = self._appended
         self.replays: dict[QueueKey, QueueReplay] = {}
         self.commit_errors = 0
         self.commits = 0
@@ -425,11 +430,31 @@ class SpoolService:
             event(log, "spool_task_failed", logging.ERROR, task=task.get_name(),
                   reason=repr(task.exception()))
 
+    # -- the gates' spool port (enforce.ports.SpoolPort) ---------------------------------
+    @property
+    def accepting(self) -> bool:
+        return self.manager.accepting
+
+    def has_backlog(self, key: QueueKey) -> bool:
+        return self.manager.has_backlog(key)
+
+    def append(self, key: QueueKey, record: SpoolRecord, max_bytes: int) -> int:
+        """Write a gate's record (stamped with the wall clock now) within the limits; the
+        queue has a backlog from now and the group commit is woken. SpoolRefused on a limit
+        or a failed write."""
+        try:
+            seq = self.manager.append(key, dataclasses.replace(record, accepted_at=self.clock()),
+                                      max_bytes)
+        except SpoolError as exc:
+            raise SpoolRefused(str(exc)) from None
+        self._appended(key)
+        return seq
+
     # -- group commit ------------------------------------------------------------------
     def _appended(self, key: QueueKey) -> None:
         if key not in self._spooling:  # the queue's spool starts filling: one event
             self._spooling.add(key)
-            self.controller.emit("spool", {"vhost": key[0], "queue": key[1]})
+            self.board.report(SpoolFilling(key))
         self.controller.set_backlog(key, True)
         if self._wake_commit is not None:
             self._wake_commit.set()
@@ -472,14 +497,7 @@ class SpoolService:
         self.commits += 1
         self._report_sync_errors()
         if durable:
-            for owner in self.controller.owners():
-                spool_durable = getattr(owner, "spool_durable", None)
-                if spool_durable is not None:
-                    try:
-                        spool_durable(durable)
-                    except Exception as exc:  # one connection's bug must not stop the acks
-                        event(log, "spool_ack_failed", logging.ERROR,
-                              conn=getattr(owner, "conn_id", "?"), reason=repr(exc))
+            self.board.spool_durable(durable)
             ev, self._durable = self._durable, asyncio.Event()
             ev.set()
         return durable
@@ -630,6 +648,7 @@ class SpoolService:
                 if spool is None or spool.empty:
                     self._spooling.discard(key)
                     self.controller.set_backlog(key, False)  # FIFO holds may go now
+                    self.board.settle()
                     break
                 why = self.hold_reason(key)
                 if why is not None:
@@ -662,8 +681,7 @@ class SpoolService:
                     result = await replay_session(
                         spool, publisher, self._target(key, replay),
                         lambda: self.hold_reason(key),
-                        on_sent=lambda rec: self.controller.forwarded(
-                            vhost, frozenset({queue}), len(rec.body)),
+                        on_sent=functools.partial(self._replayed, key),
                         on_confirmed=lambda n, b: self._confirmed(replay, n, b),
                         durable_wait=lambda: self._durable, batch_bytes=s.batch_bytes,
                         amqp10=records10, queue_exists=functools.partial(
@@ -682,11 +700,9 @@ class SpoolService:
                       rate=round(result.confirmed / seconds) if seconds > 0 else 0,
                       records_left=spool.pending_records, bytes_left=spool.pending_bytes,
                       **({"action": f"records kept; retrying in {backoff}s"} if failed else {}))
-                self.controller.emit("replay", {
-                    "vhost": vhost, "queue": queue, "reason": result.reason,
-                    "replayed": result.confirmed, "replayed_bytes": result.confirmed_bytes,
-                    "seconds": round(seconds, 3), "records_left": spool.pending_records,
-                    "bytes_left": spool.pending_bytes})
+                self.board.report(ReplayEnded(
+                    key, result.reason, result.confirmed, result.confirmed_bytes,
+                    round(seconds, 3), spool.pending_records, spool.pending_bytes))
                 if failed:
                     replay.last_error = result.reason
                     if result.reason == "returned":
@@ -701,6 +717,13 @@ class SpoolService:
         finally:
             if replay.state == "replaying":
                 replay.state = "idle"
+
+    def _replayed(self, key: QueueKey, rec: SpoolRecord) -> None:
+        """A record was sent to the broker: it is booked on the queue's ledger."""
+        self.controller.forwarded(key[0], frozenset({key[1]}), len(rec.body),
+                                  self.board.clock())
+        if self.board.pending:
+            self.board.settle()
 
     def _confirmed(self, replay: QueueReplay, count: int, nbytes: int) -> None:
         replay.replayed += count
@@ -782,14 +805,14 @@ class SpoolCollector(Collector):
             replayed.add_metric(values, replay.replayed if replay else 0)
             replayed_bytes.add_metric(values, replay.replayed_bytes if replay else 0)
         yield from (size, count, age, replayed, replayed_bytes)
-        c = svc.controller
+        c = svc.board.enforcement.counters
         appended = CounterMetricFamily("floodwall_spool_appended_records",
                                        "Client publishes written to the spool.")
-        appended.add_metric([], getattr(c, "spooled_records", 0))
+        appended.add_metric([], c.spooled_records)
         yield appended
         appended_bytes = CounterMetricFamily("floodwall_spool_appended_bytes",
                                              "Bytes of records written to the spool.")
-        appended_bytes.add_metric([], getattr(c, "spooled_bytes", 0))
+        appended_bytes.add_metric([], c.spooled_bytes)
         yield appended_bytes
         errors = CounterMetricFamily("floodwall_spool_write_errors",
                                      "Spool appends and syncs that failed (disk full, I/O).")
@@ -803,7 +826,7 @@ class SpoolCollector(Collector):
         yield full
         fallbacks = CounterMetricFamily("floodwall_spool_fallbacks",
                                         "Publishes held because the spool refused them.")
-        fallbacks.add_metric([], getattr(c, "spool_fallbacks", 0))
+        fallbacks.add_metric([], c.spool_fallbacks)
         yield fallbacks
         total = GaugeMetricFamily("floodwall_spool_total_bytes",
                                   "Bytes in the spool, all queues.")

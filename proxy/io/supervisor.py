@@ -48,8 +48,10 @@ from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import PolicySet, PolicyStore, ReloadResult
 from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
+from floodwall.enforce.shared import Enforcement
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
 from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.io.switchboard import Switchboard
 from floodwall.io.tls import ManagementTlsContext, UpstreamTlsContext
 from floodwall.io.topology import TOPOLOGY_PATHS, TopologyFeed
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials, ProxySettings
@@ -183,13 +185,18 @@ class FlowSupervisor:
         self.clock = clock
         self.store = PolicyStore.from_file(settings.policies)
         self.topology = topology if topology is not None else Topology()
-        self.controller = FlowController(self.topology, clock, self.store.current)
+        self.controller = FlowController(self.topology, self.store.current)
+        # The gates' shared parts (the app adds the spool) and where what the controller
+        # hands back is carried out.
+        self.enforcement = Enforcement(self.controller)
+        self.board = Switchboard(self.enforcement, clock)
         self.api = ManagementApi(settings.management_url, settings.management_credentials,
                                  settings.management_timeout, settings.management_tls)
         self.stats = FlowStats(self.store.current, self.store.generation,
                                ManagementStatus(settings.management_url))
-        self.collector = FlowCollector(self.controller, self.stats)
-        self.feed = TopologyFeed(settings, self.topology, self.controller, self.api,
+        self.collector = FlowCollector(self.controller, self.enforcement.counters, self.stats,
+                                       clock)
+        self.feed = TopologyFeed(settings, self.topology, self.board, self.api,
                                  self.stats, self, clock)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._vhost_tasks: dict[str, asyncio.Task[None]] = {}
@@ -276,6 +283,7 @@ class FlowSupervisor:
         elif kind is ChangeKind.DELETE_VHOST:
             for key in [k for k in self.controller.queues if k[0] == c.name]:
                 self._gone(key, source)
+        self.board.settle()
 
     def _gone(self, key: QueueKey, source: ChangeSource) -> None:
         if key in self.controller.queues:
@@ -297,8 +305,10 @@ class FlowSupervisor:
 
     def _queues_appeared(self, keys: list[QueueKey],
                          source: ChangeSource = ChangeSource.SYNC) -> None:
-        new = [k for k in keys
-               if k not in self.controller.queues and self.controller.queue_seen(k) is not None]
+        now = self.clock()
+        new = [k for k in keys if k not in self.controller.queues
+               and self.controller.queue_seen(k, now) is not None]
+        self.board.settle()
         if new:
             event(log, "queues_policed", queues=_short_list(new), count=len(new),
                   learned_by=source.value)
@@ -317,16 +327,19 @@ class FlowSupervisor:
         if self.topology.queue_type(*key) is QueueType.STREAM:
             requested_at -= self.settings.management_stats_age
             rtt = None
-        self.controller.sampled_ready_count(key, requested_at, ready, rtt)
+        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock())
+        self.board.settle()
 
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
         """A management sample of ``key``, dated back by the broker's statistics interval."""
         if key not in self.controller.queues:
             return
         self._asked.add(key)
-        self._sampled_at[key] = self.clock()
+        now = self._sampled_at[key] = self.clock()
         self.controller.sampled_management(
-            key, replace(sample, taken_at=sample.taken_at - self.settings.management_stats_age))
+            key, replace(sample, taken_at=sample.taken_at - self.settings.management_stats_age),
+            now)
+        self.board.settle()
 
     async def queues_listed(self, listed: set[QueueKey]) -> None:
         """A sync listed these queues: police new ones; a policed queue the listing lacks
@@ -368,7 +381,8 @@ class FlowSupervisor:
 
     def _forget(self, key: QueueKey) -> None:
         if key in self.controller.queues:
-            self.controller.queue_deleted(key)
+            self.controller.queue_deleted(key, self.clock())
+            self.board.settle()
         self._sampled_at.pop(key, None)
         self._asked.discard(key)
         self._probe_refused.pop(key, None)
@@ -403,7 +417,8 @@ class FlowSupervisor:
         self.stats.reloads["ok"] += 1
         self.stats.last_reload_error = None
         before = set(self.controller.queues)
-        self.controller.set_policies(result.policies, self.known_queues())
+        self.controller.set_policies(result.policies, self.known_queues(), self.clock())
+        self.board.settle()
         after = set(self.controller.queues)
         self.stats.policies = result.policies
         self.stats.policies_generation = self.store.generation
@@ -540,7 +555,8 @@ class FlowSupervisor:
             unknown = self.depth_is_unknown(key, now)
             self.stats.depth_known[key] = not unknown
             if unknown:
-                self.controller.depth_unknown(key)
+                self.controller.depth_unknown(key, now)
+        self.board.settle()
 
     # -- depth: own connections, one per vhost -----------------------------------------
     def _reconcile_vhosts(self) -> None:
@@ -622,7 +638,8 @@ class FlowSupervisor:
         while client.connected:
             for key in [k for k in self.controller.queues if k[0] == vhost]:
                 if self.depth_is_unknown(key):
-                    self.controller.depth_unknown(key)
+                    self.controller.depth_unknown(key, self.clock())
+                    self.board.settle()
                     continue
                 requested_at = self.clock()
                 try:
@@ -670,6 +687,7 @@ class FlowSupervisor:
         if reason is None and self._blocked_alarm:
             reason = self._blocked_alarm[min(self._blocked_alarm)]
         self.controller.set_alarm(reason)
+        self.board.settle()
 
     async def _alarm_loop(self) -> None:
         while True:
@@ -742,4 +760,4 @@ class FlowSupervisor:
         return self._warm, detail
 
     def state(self) -> dict[str, object]:
-        return flow_state(self.controller, self.stats, self.clock())
+        return flow_state(self.controller, self.enforcement.counters, self.stats, self.clock())

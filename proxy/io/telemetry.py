@@ -1,8 +1,9 @@
 """Telemetry on disk: a timer that snapshots the FlowController, a thread that writes NDJSON.
 
 Every ``interval`` the event loop builds one ``sample`` record per policed queue and one
-``sidecar`` record (proxy/telemetry.py), adds the events the controller reported since the
-last tick (``FlowController.on_event``) and hands the batch to a writer thread through a
+``sidecar`` record (``floodwall.ops.telemetry``), adds the events the switchboard showed it
+since the last tick (trips, releases, holds, signals, refusals, spool and replay: it observes
+``Switchboard.report``) and hands the batch to a writer thread through a
 bounded queue: the loop never touches the disk, and never waits for it. A full queue (a
 disk slower than the records come) drops the batch; the ``sidecar`` record's
 ``dropped_records`` and the records' ``seq`` gaps say so. The thread encodes the records,
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.ops.logs import event
@@ -32,9 +33,13 @@ from floodwall.ops.telemetry import (
     Record,
     RotationPolicy,
     Sampler,
+    event_fields,
     file_name,
     sidecar_identity,
 )
+
+if TYPE_CHECKING:
+    from floodwall.io.switchboard import Switchboard
 
 log = logging.getLogger("floodwall.telemetry")
 
@@ -163,12 +168,13 @@ class TelemetryWriter:
 class Telemetry:
     """The asyncio side: a timer, the controller's observer, and the writer thread."""
 
-    def __init__(self, settings: TelemetrySettings, controller: FlowController,
+    def __init__(self, settings: TelemetrySettings, board: Switchboard,
                  depth_known: Callable[[], Mapping[QueueKey, bool]] | None = None,
                  wall: Callable[[], float] = time.time,
                  spooled: Callable[[], Mapping[QueueKey, int]] | None = None) -> None:
         self.settings = settings
-        self.controller = controller
+        self.board = board
+        self.controller: FlowController = board.controller
         self.depth_known = depth_known
         self.spooled = spooled
         self.wall = wall
@@ -182,7 +188,7 @@ class Telemetry:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.writer.start)  # mkdir, thread start
-        self.controller.on_event = self._on_event
+        self.board.observe(self._on_event)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="telemetry")
         r = self.settings.rotation
         event(log, "telemetry_started", directory=str(self.settings.directory),
@@ -197,7 +203,7 @@ class Telemetry:
                 await self._task
             self._task = None
         self.tick()
-        self.controller.on_event = None
+        self.board.unobserve(self._on_event)
         await asyncio.to_thread(self.writer.close)
         event(log, "telemetry_stopped", records=self.writer.records_written,
               dropped=self.sampler.dropped, files_deleted=self.writer.files_deleted)
@@ -218,8 +224,8 @@ class Telemetry:
         records, self._events = self._events, []
         known = self.depth_known() if self.depth_known is not None else None
         spooled = self.spooled() if self.spooled is not None else None
-        records.extend(self.sampler.snapshot(self.controller, self.wall(),
-                                             self.controller.clock(), known, spooled))
+        records.extend(self.sampler.snapshot(self.controller, self.board.enforcement.counters,
+                                             self.wall(), self.board.clock(), known, spooled))
         if self.writer.submit(records):
             self._dropping = False
             return
@@ -229,14 +235,19 @@ class Telemetry:
                   reason="the writer is behind (slow disk?)")
         self._dropping = True
 
-    def _on_event(self, name: str, fields: dict[str, object]) -> None:
-        """FlowController.on_event: on the hot path, so cheap, and never raises."""
+    def _on_event(self, item: object) -> None:
+        """The switchboard's observer: on the hot path, so cheap, and never raises."""
+        name = type(item).__name__
         try:
+            found = event_fields(item)
+            if found is None:
+                return
+            name = found[0]
             if len(self._events) >= MAX_PENDING_EVENTS:
                 self.sampler.dropped += 1
                 return
-            self._events.extend(self.sampler.event(name, fields, self.wall(),
-                                                   self.controller.clock()))
+            self._events.extend(self.sampler.event(name, found[1], self.wall(),
+                                                   self.board.clock()))
         except Exception as exc:  # a telemetry bug must never break a publish
             if not self._observer_failed:
                 event(log, "telemetry_event_failed", logging.ERROR, event_name=name,

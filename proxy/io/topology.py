@@ -60,6 +60,7 @@ from floodwall.control.routing.events import (
 from floodwall.control.routing.sync import ChangeSource, SyncDifference, describe
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
 from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.io.switchboard import Switchboard
 from floodwall.ops.flow_metrics import FlowStats
 from floodwall.ops.logs import event
 
@@ -119,11 +120,12 @@ class TopologyFeed:
     """Events, lookups and syncs into one ``Topology``; owned by the ``FlowSupervisor``."""
 
     def __init__(self, settings: FlowSettings, topology: Topology,
-                 controller: FlowController, api: ManagementApi, stats: FlowStats,
+                 board: Switchboard, api: ManagementApi, stats: FlowStats,
                  policing: Policing, clock: Callable[[], float]) -> None:
         self.settings = settings
         self.topology = topology
-        self.controller = controller
+        self.board = board
+        self.controller: FlowController = board.controller
         self.api = api
         self.stats = stats
         self.policing = policing
@@ -141,15 +143,15 @@ class TopologyFeed:
         self._lookups_failing = False
         self._sync_wake = asyncio.Event()
         self._started = False
-        controller.lookups.on_due = self._dispatch_lookups
-        controller.lookups.ttl = settings.lookup_ttl
+        board.start_lookups_with(self)
+        self.controller.lookups.ttl = settings.lookup_ttl
         self.stats.events_status = "off" if not settings.topology_events else "starting"
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         self._started = True
         self._spawn(self._sync_loop(), "topology-sync")
-        self._dispatch_lookups()  # those asked for before the start
+        self.dispatch_lookups()  # those asked for before the start
         if self.settings.topology_events:
             self._spawn(self._events_loop(), "topology-events")
         else:
@@ -406,7 +408,7 @@ class TopologyFeed:
         self.apply(change, ChangeSource.EVENT)
 
     # -- lookups ---------------------------------------------------------------------------
-    def _dispatch_lookups(self) -> None:
+    def dispatch_lookups(self) -> None:
         """The gate asked for lookups: start each at once (a task each), in the same
         callback that held the publish, so the question leaves before the next read."""
         if not self._started:
@@ -445,10 +447,15 @@ class TopologyFeed:
             event(log, "topology_lookup", logging.DEBUG, vhost=lookup.vhost,
                   kind=lookup.kind.value, item=lookup.name, result=result.value,
                   seconds=round(elapsed, 6))
-        if self.controller.lookup_answered(lookup, result):
-            retry = functools.partial(self.controller.lookups.retry, lookup)
-            self._later(self.settings.lookup_retry, retry)
+        if self.controller.lookup_answered(lookup, result, self.clock()):
+            self._later(self.settings.lookup_retry, functools.partial(self._retry, lookup))
+        self.board.settle()
         return result
+
+    def _retry(self, lookup: Lookup) -> None:
+        """Ask again (a failed lookup whose policy says block)."""
+        self.controller.lookups.retry(lookup)
+        self.dispatch_lookups()
 
     async def _ask_broker(self, lookup: Lookup) -> LookupResult:
         if lookup.kind is LookupKind.QUEUE:

@@ -22,6 +22,7 @@ from floodwall.control.controller import ALARM, FlowController, QueueKey
 from floodwall.control.depth import Depth
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import PolicySet
+from floodwall.enforce.counters import GateCounters
 from floodwall.ops.metrics import PROTOCOLS
 
 #: ``ManagementError.kind`` values, always exported (as 0 until they happen).
@@ -122,14 +123,16 @@ def _depth_doc(depth: Depth | None) -> dict[str, int] | None:
 class FlowCollector(Collector):
     """Turns a FlowController and FlowStats into ``floodwall_*`` metric families."""
 
-    def __init__(self, controller: FlowController, stats: FlowStats,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, controller: FlowController, counters: GateCounters, stats: FlowStats,
+                 clock: Callable[[], float]) -> None:
         self.controller = controller
+        self.counters = counters
         self.stats = stats
-        self.clock = clock or controller.clock
+        self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
         c, s, now = self.controller, self.stats, self.clock()
+        g = self.counters
         depth_bytes = GaugeMetricFamily(
             "floodwall_queue_depth_bytes",
             "Message-body bytes in a policed queue: the broker's last figure or the estimate",
@@ -182,22 +185,22 @@ class FlowCollector(Collector):
                                 "Channels whose publishes are held now",
                                 value=len(c.blocked_channels()))
         yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
-                                value=c.held_bytes)
+                                value=g.held_bytes)
         yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
-                                value=c.held_messages)
+                                value=g.held_messages)
         signals = CounterMetricFamily(
             "floodwall_flow_signals",
             "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
             "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
-        for proto in sorted({*PROTOCOLS, *(p for p, _ in c.signals)}):
-            signals.add_metric([proto, "false"], c.signals[(proto, "flow_off")])
-            signals.add_metric([proto, "true"], c.signals[(proto, "flow_on")])
+        for proto in sorted({*PROTOCOLS, *(p for p, _ in g.signals)}):
+            signals.add_metric([proto, "false"], g.signals[(proto, "flow_off")])
+            signals.add_metric([proto, "true"], g.signals[(proto, "flow_on")])
         yield signals
         yield CounterMetricFamily("floodwall_rejected_publishes",
-                                  "Publishes refused under overflow: reject", value=c.rejects)
+                                  "Publishes refused under overflow: reject", value=g.rejects)
         yield CounterMetricFamily("floodwall_deadline_expiries",
                                   "Publishes refused because they were held past the deadline",
-                                  value=c.deadline_expiries)
+                                  value=g.deadline_expiries)
         yield GaugeMetricFamily("floodwall_broker_alarm",
                                 "1 while the broker has a memory or disk alarm",
                                 value=1 if c.alarm_reason is not None else 0)
@@ -291,7 +294,8 @@ def topology_state(controller: FlowController, stats: FlowStats, now: float
     }
 
 
-def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict[str, object]:
+def flow_state(controller: FlowController, counters: GateCounters, stats: FlowStats,
+               now: float) -> dict[str, object]:
     """The ``flow`` section of ``GET /state`` (JSON-ready)."""
     c = controller
     queues: list[dict[str, object]] = []
@@ -346,5 +350,5 @@ def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict
         "alarm": c.alarm_reason,
         "queues": queues,
         "blocked_channels": blocked,
-        "held": {"bytes": c.held_bytes, "messages": c.held_messages},
+        "held": {"bytes": counters.held_bytes, "messages": counters.held_messages},
     }

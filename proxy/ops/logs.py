@@ -1,4 +1,5 @@
-"""Structured log lines: one event per line, ``key=value`` (logfmt) or JSON."""
+"""Structured log lines: one event per line, ``key=value`` (logfmt) or JSON; and the one place
+the typed events of the gates and the flow controller become lines (``log_event``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,24 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
+
+from floodwall.control.events import AlarmCleared, AlarmRaised, QueueReleased, QueueTripped
+from floodwall.enforce.events import (
+    Answer,
+    At,
+    ChannelClosed,
+    DeadlineExpired,
+    LinkDetached,
+    NotSpooled,
+    ProtocolName,
+    PublisherHeld,
+    Refused,
+    Signalled,
+    SpoolFellBack,
+    WaitingForLookup,
+)
 
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
 
@@ -68,3 +86,78 @@ def event(logger: logging.Logger, name: str, level: int = logging.INFO, **fields
     """Log one structured event: ``event(log, "upstream_unreachable", peer=…, reason=…)``."""
     if logger.isEnabledFor(level):
         logger.log(level, name, extra=fields)
+
+
+# -- typed events: the one place they become log lines -------------------------------------
+_gate_log = logging.getLogger("floodwall.flow")
+_control_log = logging.getLogger("floodwall.gate")
+
+
+def _link_fields(at: At) -> dict[str, Any]:
+    """What a 1.0 event line says about its link (nothing for 0-9-1)."""
+    return {} if at.link is None else {"link": at.link.name}
+
+
+def _protocol(at: At) -> dict[str, Any]:
+    return {} if at.protocol is ProtocolName.AMQP091 else {"protocol": at.protocol.value}
+
+
+def _names(keys: Iterable[tuple[str, str]]) -> str:
+    return ",".join(q for _, q in sorted(keys))
+
+
+def log_event(ev: object) -> None:
+    """Log one typed event of a gate or of the flow controller (anything else: nothing)."""
+    match ev:
+        case PublisherHeld(at=at):
+            link = {} if at.link is None else {"session": at.link.session,
+                                               "handle": at.link.handle, "link": at.link.name}
+            event(_gate_log, "publisher_held", logging.INFO, conn=at.conn, channel=at.channel,
+                  **link, vhost=at.vhost, queues=_names(ev.queues), signalled=ev.signalled,
+                  **_protocol(at))
+        case WaitingForLookup(at=at):
+            event(_gate_log, "publisher_waits_for_lookup", logging.DEBUG, conn=at.conn,
+                  channel=at.channel, vhost=at.vhost, lookups=_names(ev.lookups))
+        case Signalled(at=at):
+            event(_gate_log, "publisher_signalled", conn=at.conn, channel=at.channel,
+                  **_link_fields(at), active=ev.active, **_protocol(at))
+        case Refused(at=at) if ev.answer is not Answer.CHANNEL_CLOSE:
+            event(_gate_log, "publish_refused", logging.WARNING, conn=at.conn,
+                  channel=at.channel, **_link_fields(at), queues=_names(ev.queues) or "?",
+                  reason=ev.reason, answer=ev.answer.value, **_protocol(at))
+        case DeadlineExpired(at=at) if ev.answer is not Answer.CHANNEL_CLOSE:
+            detail = {} if at.link is None else {"link": at.link.name,
+                                                 "queues": ",".join(ev.queues)}
+            waited = {} if at.link is None else {"waited": ev.waited}
+            event(_gate_log, "publish_refused", logging.WARNING, conn=at.conn,
+                  channel=at.channel, **detail, reason=ev.reason, **waited,
+                  answer=ev.answer.value, **_protocol(at))
+        case ChannelClosed(at=at):
+            event(_gate_log, "channel_closed_by_proxy", logging.WARNING, conn=at.conn,
+                  channel=at.channel, reason=ev.reason)
+        case LinkDetached(at=at):
+            event(_gate_log, "link_detached_by_proxy", logging.WARNING, conn=at.conn,
+                  channel=at.channel, **_link_fields(at), condition=ev.condition,
+                  reason=ev.reason, **_protocol(at))
+        case NotSpooled(at=at):
+            event(_gate_log, "publish_not_spooled", conn=at.conn, channel=at.channel,
+                  **_link_fields(at), queue=ev.queue, reason=ev.reason, action=ev.action,
+                  **_protocol(at))
+        case SpoolFellBack(at=at):
+            event(_gate_log, "spool_refused", logging.WARNING, conn=at.conn,
+                  channel=at.channel, **_link_fields(at), queue=ev.queue, reason=ev.reason,
+                  action=ev.action, **_protocol(at))
+        case QueueTripped(key=(vhost, queue)):
+            event(_control_log, "queue_tripped", logging.WARNING, vhost=vhost, queue=queue,
+                  depth_bytes=ev.depth_bytes, depth_messages=ev.depth_messages,
+                  capacity=ev.capacity, max_messages=ev.max_messages, policy=ev.policy,
+                  publishers=ev.publishers)
+        case QueueReleased(key=(vhost, queue)):
+            event(_control_log, "queue_released", vhost=vhost, queue=queue,
+                  depth_bytes=ev.depth_bytes, depth_messages=ev.depth_messages,
+                  resume=ev.resume, policy=ev.policy, reason=ev.reason, blocked=ev.blocked)
+        case AlarmRaised():
+            event(_control_log, "broker_alarm", logging.WARNING, reason=ev.reason,
+                  action="every publish is held until it clears")
+        case AlarmCleared():
+            event(_control_log, "broker_alarm_cleared")

@@ -1,7 +1,7 @@
 """Telemetry records: what a sidecar writes about its policed queues (schema in docs/telemetry.md).
 
-Pure: building records from a ``FlowController`` snapshot or an observer event, the file
-names, and the rotation policy. Writing happens in ``proxy/io/telemetry.py``, off the event
+Pure: building records from a ``FlowController`` snapshot or a typed event (``event_fields``),
+the file names, and the rotation policy. Writing happens in ``proxy/io/telemetry.py``, off the event
 loop. One record is one JSON object on one line (NDJSON); three types share one schema:
 
 - ``sample``: one per policed queue per interval (depth, ingress, tripped, held ...);
@@ -22,6 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.events import QueueReleased, QueueTripped
+from floodwall.control.lookups import is_pseudo
+from floodwall.enforce.counters import GateCounters
+from floodwall.enforce.events import DeadlineExpired, PublisherHeld, Refused, Signalled
+from floodwall.spool.events import ReplayEnded, SpoolFilling
 
 #: The version every record carries as ``v``; docs/telemetry.md describes each version.
 SCHEMA_VERSION = 1
@@ -130,7 +135,7 @@ class Sampler:
         self.seq += 1
         return self.seq
 
-    def snapshot(self, c: FlowController, ts: float, mono: float,
+    def snapshot(self, c: FlowController, counters: GateCounters, ts: float, mono: float,
                  depth_known: Mapping[QueueKey, bool] | None = None,
                  spooled: Mapping[QueueKey, int] | None = None) -> list[Record]:
         """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
@@ -184,8 +189,8 @@ class Sampler:
                 "trips": q.trips,
                 "tripped_seconds": round(q.seconds_tripped(mono), 3),
                 "blocked_publishers": publishers,
-                "held_bytes": round(c.held_bytes * share),
-                "held_messages": round(c.held_messages * share),
+                "held_bytes": round(counters.held_bytes * share),
+                "held_messages": round(counters.held_messages * share),
                 "spooled_bytes": spooled.get(key, 0),
             })
             records.append(rec)
@@ -200,14 +205,14 @@ class Sampler:
             "policed_queues": len(c.queues),
             "tripped_queues": sum(1 for k in c.tripped if k != ALARM),
             "blocked_channels": all_blocked,
-            "held_bytes": c.held_bytes,
-            "held_messages": c.held_messages,
+            "held_bytes": counters.held_bytes,
+            "held_messages": counters.held_messages,
             "spooled_bytes": sum(spooled.values()),
             "alarm": c.alarm_reason,
-            "flow_off_total": c.signal_total("flow_off"),
-            "flow_on_total": c.signal_total("flow_on"),
-            "rejects_total": c.rejects,
-            "deadline_expiries_total": c.deadline_expiries,
+            "flow_off_total": counters.signal_total("flow_off"),
+            "flow_on_total": counters.signal_total("flow_on"),
+            "rejects_total": counters.rejects,
+            "deadline_expiries_total": counters.deadline_expiries,
             "dropped_records": self.dropped,
         })
         records.append(side)
@@ -231,6 +236,44 @@ class Sampler:
             rec.update(extra)
             out.append(rec)
         return out
+
+
+def event_fields(ev: object) -> tuple[str, dict[str, object]] | None:
+    """The telemetry event a typed event is (its name and fields), or None for events the
+    telemetry does not record."""
+    match ev:
+        case QueueTripped(key=(vhost, queue)):
+            return "trip", {"vhost": vhost, "queue": queue, "policy": ev.policy,
+                            "depth_bytes": ev.depth_bytes, "depth_messages": ev.depth_messages,
+                            "capacity": ev.capacity}
+        case QueueReleased(key=(vhost, queue)):
+            return "release", {"vhost": vhost, "queue": queue, "policy": ev.policy,
+                               "depth_bytes": ev.depth_bytes,
+                               "depth_messages": ev.depth_messages, "resume": ev.resume,
+                               "reason": ev.reason}
+        case PublisherHeld(at=at):
+            return "hold", {"vhost": at.vhost, "conn": at.conn, "channel": at.channel,
+                            "queues": sorted(q for k in ev.queues
+                                             if not is_pseudo(k) for q in (k[1],))}
+        case Signalled(at=at):
+            return "signal", {"vhost": at.vhost, "conn": at.conn, "channel": at.channel,
+                              "active": ev.active}
+        case Refused(at=at):
+            return "reject", {"vhost": at.vhost, "conn": at.conn, "channel": at.channel,
+                              "body_bytes": ev.body_bytes,
+                              "queues": sorted(k[1] for k in ev.queues if k != ALARM)}
+        case DeadlineExpired(at=at):
+            return "deadline", {"vhost": at.vhost, "conn": at.conn, "channel": at.channel,
+                                "body_bytes": ev.body_bytes, "waited": ev.waited,
+                                "queues": list(ev.queues)}
+        case SpoolFilling(key=(vhost, queue)):
+            return "spool", {"vhost": vhost, "queue": queue}
+        case ReplayEnded(key=(vhost, queue)):
+            return "replay", {"vhost": vhost, "queue": queue, "reason": ev.reason,
+                              "replayed": ev.replayed, "replayed_bytes": ev.replayed_bytes,
+                              "seconds": ev.seconds, "records_left": ev.records_left,
+                              "bytes_left": ev.bytes_left}
+    return None
 
 
 #: Fields an event record may carry besides the common ones (docs/telemetry.md).

@@ -71,7 +71,6 @@ class SpoolManager:
         self.full: Counter[str] = Counter()  # appends refused, by reason
         self.write_errors = 0  # appends and syncs that failed (disk full, I/O error)
         self.sync_errors: dict[QueueKey, str] = {}  # queues whose last sync failed
-        self.on_append: Callable[[QueueKey], None] | None = None  # after each append
         self._lock_fd: int | None = None
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -158,8 +157,6 @@ class SpoolManager:
             self.write_errors += 1
             raise SpoolError(exc.errno or errno.EIO, f"spool of {key[1]!r}: "
                              f"{exc.strerror or exc}") from None
-        if self.on_append is not None:
-            self.on_append(key)
         return seq
 
     def _free_space(self, total: int) -> int:

@@ -1,7 +1,13 @@
-"""The contract between the I/O layer and a sans-IO protocol core: one proxied connection."""
+"""The contract between the I/O layer and a sans-IO protocol core: one proxied connection.
+
+Also the two commands every core and gate output comes down to, frames the proxy itself sends
+a peer (``ToClient``, ``ToServer``): a gate appends them to its outbox, the core moves them
+into its outgoing data in order.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -44,23 +50,46 @@ class FrameCounts:
     bytes: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ToClient:
+    """Bytes (whole frames) the proxy itself sends the client."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ToServer:
+    """Bytes (whole frames) the proxy itself sends the broker."""
+
+    data: bytes
+
+
 class RelayCore(Protocol):
     """One proxied connection's protocol state, both directions, no I/O.
 
-    The I/O layer feeds what it reads from each socket into ``receive_from_client`` /
-    ``receive_from_server`` and writes what ``data_for_server`` / ``data_for_client`` hand
-    back. Frames the core does not change leave exactly as they came, in order; a partial
-    frame is kept until the rest arrives. After a call, ``failure`` set means: flush, close.
+    The I/O layer feeds what it reads from each socket, with the time (``now``: the
+    caller's monotonic clock, seconds; the core reads no clock), into ``receive_from_client``
+    / ``receive_from_server`` and writes what ``data_for_server`` / ``data_for_client`` hand
+    back; ``events`` hands back the typed values the core and its gate produced (topology
+    changes, gate events) for the I/O layer to act on. Frames the core does not change leave
+    exactly as they came, in order; a partial frame is kept until the rest arrives. After a
+    call, ``failure`` set means: flush, close. ``collect`` takes what the core's gate produced
+    outside a receive call (a release, an expiry, a spool acknowledgement) into the same
+    outgoing data and events.
     """
 
     failure: Failure | None
     from_client: FrameCounts
     from_server: FrameCounts
 
-    def receive_from_client(self, data: bytes) -> None: ...
+    def receive_from_client(self, data: bytes, now: float) -> None: ...
 
-    def receive_from_server(self, data: bytes) -> None: ...
+    def receive_from_server(self, data: bytes, now: float) -> None: ...
 
     def data_for_server(self) -> bytes: ...
 
     def data_for_client(self) -> bytes: ...
+
+    def events(self) -> Sequence[object]: ...
+
+    def collect(self) -> None: ...

@@ -41,10 +41,10 @@ def feed(core: Connection, side: Side, chunks: list[bytes]) -> bytes:
     out = []
     for chunk in chunks:
         if side is Side.CLIENT:
-            core.receive_from_client(chunk)
+            core.receive_from_client(chunk, 0.0)
             out.append(core.data_for_server())
         else:
-            core.receive_from_server(chunk)
+            core.receive_from_server(chunk, 0.0)
             out.append(core.data_for_client())
     return b"".join(out)
 
@@ -61,9 +61,9 @@ def chunked(data: bytes, rng: random.Random, largest: int) -> list[bytes]:
 def tuned(frame_max: int = FRAME_MAX) -> Connection:
     """A core past the handshake, with channel 1 open, and its queues emptied."""
     core = Connection()
-    core.receive_from_server(b"".join(server_handshake(frame_max)))
-    core.receive_from_client(b"".join(client_handshake(frame_max)) + method(CH.Open(), 1))
-    core.receive_from_server(method(CH.OpenOk(), 1))
+    core.receive_from_server(b"".join(server_handshake(frame_max)), 0.0)
+    core.receive_from_client(b"".join(client_handshake(frame_max)) + method(CH.Open(), 1), 0.0)
+    core.receive_from_server(method(CH.OpenOk(), 1), 0.0)
     core.data_for_client()
     core.data_for_server()
     return core
@@ -125,11 +125,11 @@ def test_relays_a_whole_conversation_byte_exact_and_reads_its_state() -> None:
 def test_a_chunk_of_complete_frames_is_forwarded_as_the_same_object() -> None:
     core = tuned()
     chunk = b"".join(publish(1, b"p" * 1024) * 60)
-    core.receive_from_client(chunk)
+    core.receive_from_client(chunk, 0.0)
     assert core.data_for_server() is chunk
     assert core.data_for_server() == b""
     assert core.from_client.frames == 4 + 180
-    core.receive_from_server(HEARTBEAT)
+    core.receive_from_server(HEARTBEAT, 0.0)
     assert core.data_for_client() is HEARTBEAT
 
 
@@ -137,7 +137,7 @@ def test_nothing_queued_gives_empty_bytes() -> None:
     core = Connection()
     assert core.data_for_server() == b""
     assert core.data_for_client() == b""
-    core.receive_from_client(b"")
+    core.receive_from_client(b"", 0.0)
     assert core.data_for_server() == b""
 
 
@@ -168,22 +168,22 @@ def test_a_trailing_partial_frame_is_held_until_complete(cut: int) -> None:
     core = tuned()
     frames = publish(1, b"z" * 1024)
     whole = frames[0] + frames[1]
-    core.receive_from_client(whole + frames[2][:cut])
+    core.receive_from_client(whole + frames[2][:cut], 0.0)
     assert core.data_for_server() == whole
     assert core.pending_from_client == cut
     assert core.from_client.frames == 4 + 2
-    core.receive_from_client(frames[2][cut:] + HEARTBEAT[:3])
+    core.receive_from_client(frames[2][cut:] + HEARTBEAT[:3], 0.0)
     assert core.data_for_server() == frames[2]
     assert core.pending_from_client == 3
-    core.receive_from_client(HEARTBEAT[3:])
+    core.receive_from_client(HEARTBEAT[3:], 0.0)
     assert core.data_for_server() == HEARTBEAT
     assert core.pending_from_client == 0
 
 
 def test_heartbeats_pass_untouched_both_ways() -> None:
     core = tuned()
-    core.receive_from_client(HEARTBEAT * 3)
-    core.receive_from_server(HEARTBEAT)
+    core.receive_from_client(HEARTBEAT * 3, 0.0)
+    core.receive_from_server(HEARTBEAT, 0.0)
     assert core.data_for_server() == HEARTBEAT * 3
     assert core.data_for_client() == HEARTBEAT
     assert core.failure is None
@@ -203,9 +203,9 @@ def test_input_that_is_not_bytes_is_copied_before_it_is_kept() -> None:
     core = tuned()
     frames = publish(1, b"m" * 10)
     data = bytearray(frames[0] + frames[1][:3])
-    core.receive_from_client(data)  # type: ignore[arg-type]  # the I/O layer may do this
+    core.receive_from_client(data, 0.0)  # type: ignore[arg-type]  # the I/O layer may do this
     data[:] = b"\x00" * len(data)
-    core.receive_from_client(frames[1][3:])
+    core.receive_from_client(frames[1][3:], 0.0)
     assert core.data_for_server() == frames[0] + frames[1]
 
 
@@ -214,14 +214,14 @@ def test_input_that_is_not_bytes_is_copied_before_it_is_kept() -> None:
 
 def test_before_tune_ok_client_frames_are_limited_to_frame_min_size() -> None:
     core = Connection()
-    core.receive_from_server(b"".join(server_handshake()))
+    core.receive_from_server(b"".join(server_handshake()), 0.0)
     core.data_for_client()
     start_ok = client_handshake()[0]
     fits = raw_frame(3, 1, b"a" * (FRAME_MIN_SIZE - 8))
-    core.receive_from_client(start_ok + fits)
+    core.receive_from_client(start_ok + fits, 0.0)
     assert core.data_for_server() == start_ok + fits
     assert core.frame_max == FRAME_MIN_SIZE and not core.tuned
-    core.receive_from_client(raw_frame(3, 1, b"a" * (FRAME_MIN_SIZE - 7)))
+    core.receive_from_client(raw_frame(3, 1, b"a" * (FRAME_MIN_SIZE - 7)), 0.0)
     assert core.data_for_server() == b""
     assert core.failure == Failure(
         Side.CLIENT,
@@ -237,11 +237,11 @@ def test_before_tune_ok_client_frames_are_limited_to_frame_min_size() -> None:
 def test_after_tune_ok_the_negotiated_frame_max_applies() -> None:
     core = tuned(FRAME_MAX)
     fits = raw_frame(3, 1, b"a" * (FRAME_MAX - 8))
-    core.receive_from_client(fits)
+    core.receive_from_client(fits, 0.0)
     assert core.data_for_server() is fits
-    core.receive_from_server(fits)
+    core.receive_from_server(fits, 0.0)
     assert core.data_for_client() is fits
-    core.receive_from_client(raw_frame(3, 1, b"a" * (FRAME_MAX - 7)))
+    core.receive_from_client(raw_frame(3, 1, b"a" * (FRAME_MAX - 7)), 0.0)
     assert core.failure is not None
     assert core.failure.condition == "501 FRAME_ERROR"
     assert f"of {FRAME_MAX + 1} bytes" in core.failure.reason
@@ -249,10 +249,10 @@ def test_after_tune_ok_the_negotiated_frame_max_applies() -> None:
 
 def test_tune_ok_in_the_same_chunk_raises_the_limit_for_the_frames_after_it() -> None:
     core = Connection()
-    core.receive_from_server(b"".join(server_handshake(FRAME_MAX)))
+    core.receive_from_server(b"".join(server_handshake(FRAME_MAX)), 0.0)
     big = raw_frame(3, 1, b"a" * 10000)
     data = b"".join(client_handshake(FRAME_MAX)) + big
-    core.receive_from_client(data)
+    core.receive_from_client(data, 0.0)
     assert core.data_for_server() is data
     assert core.failure is None
 
@@ -268,23 +268,23 @@ def test_a_tiny_negotiated_frame_max_still_allows_frame_min_size() -> None:
     core = tuned(512)
     assert core.frame_max == 512
     fits = raw_frame(3, 1, b"a" * (FRAME_MIN_SIZE - 8))
-    core.receive_from_client(fits)
+    core.receive_from_client(fits, 0.0)
     assert core.data_for_server() is fits
 
 
 def test_an_oversize_frame_fails_on_its_header_without_being_buffered() -> None:
     core = tuned(FRAME_MAX)
     header = struct.pack(">BHI", 3, 1, 50_000_000)
-    core.receive_from_client(header[:4])
+    core.receive_from_client(header[:4], 0.0)
     assert core.failure is None
-    core.receive_from_client(header[4:])
+    core.receive_from_client(header[4:], 0.0)
     assert core.failure is not None and "exceeds frame_max 131072" in core.failure.reason
     assert core.pending_from_client == 0
 
 
 def test_server_frames_before_tune_ok_are_limited_too() -> None:
     core = Connection()
-    core.receive_from_server(raw_frame(1, 0, b"\x00\x0a\x00\x0a" + b"s" * 5000))
+    core.receive_from_server(raw_frame(1, 0, b"\x00\x0a\x00\x0a" + b"s" * 5000), 0.0)
     assert core.failure is not None and core.failure.side is Side.SERVER
 
 
@@ -294,20 +294,20 @@ def test_server_frames_before_tune_ok_are_limited_too() -> None:
 def test_channel_lifecycle_both_initiators() -> None:
     core = tuned()
     assert core.channels == {1: ChannelState.OPEN}
-    core.receive_from_client(method(CH.Open(), 2) + method(CH.Open(), 3))
+    core.receive_from_client(method(CH.Open(), 2) + method(CH.Open(), 3), 0.0)
     assert core.channels == {1: ChannelState.OPEN, 2: ChannelState.OPENING, 3: ChannelState.OPENING}
-    core.receive_from_server(method(CH.OpenOk(), 2))
+    core.receive_from_server(method(CH.OpenOk(), 2), 0.0)
     assert core.channels[2] is ChannelState.OPEN
     # client closes 1; broker closes 2 (e.g. 404 on a passive declare)
-    core.receive_from_client(method(CH.Close(200, "", 0, 0), 1))
-    core.receive_from_server(method(CH.Close(404, "NOT_FOUND - no queue 'x'", 50, 10), 2))
+    core.receive_from_client(method(CH.Close(200, "", 0, 0), 1), 0.0)
+    core.receive_from_server(method(CH.Close(404, "NOT_FOUND - no queue 'x'", 50, 10), 2), 0.0)
     assert core.channels == {
         1: ChannelState.CLOSING,
         2: ChannelState.CLOSING,
         3: ChannelState.OPENING,
     }
-    core.receive_from_server(method(CH.CloseOk(), 1))
-    core.receive_from_client(method(CH.CloseOk(), 2))
+    core.receive_from_server(method(CH.CloseOk(), 1), 0.0)
+    core.receive_from_client(method(CH.CloseOk(), 2), 0.0)
     assert core.open_channels == {3}
     assert core.failure is None
 
@@ -315,7 +315,7 @@ def test_channel_lifecycle_both_initiators() -> None:
 def test_methods_on_the_wrong_channel_are_relayed_but_not_read() -> None:
     core = tuned()
     odd = method(CH.Open(), 0) + method(C.Close(200, "", 0, 0), 5) + method(C.TuneOk(0, 0, 0), 4)
-    core.receive_from_client(odd)
+    core.receive_from_client(odd, 0.0)
     assert core.data_for_server() is odd
     assert core.open_channels == {1}
     assert core.closing is None
@@ -324,7 +324,7 @@ def test_methods_on_the_wrong_channel_are_relayed_but_not_read() -> None:
 
 def test_a_second_channel_open_leaves_the_state_for_the_broker_to_judge() -> None:
     core = tuned()
-    core.receive_from_client(method(CH.Open(), 1))
+    core.receive_from_client(method(CH.Open(), 1), 0.0)
     assert core.channels == {1: ChannelState.OPEN}
     assert core.failure is None
 
@@ -332,11 +332,11 @@ def test_a_second_channel_open_leaves_the_state_for_the_broker_to_judge() -> Non
 def test_broker_initiated_connection_close() -> None:
     core = tuned()
     close = method(C.Close(320, "CONNECTION_FORCED - shutdown", 0, 0))
-    core.receive_from_server(close)
+    core.receive_from_server(close, 0.0)
     assert core.data_for_client() is close
     assert core.closing is Side.SERVER and not core.closed
     assert core.close_reply == CloseReply(Side.SERVER, 320, "CONNECTION_FORCED - shutdown", 0, 0)
-    core.receive_from_client(method(C.CloseOk()))
+    core.receive_from_client(method(C.CloseOk()), 0.0)
     assert core.closed and core.channels == {}
 
 
@@ -382,7 +382,7 @@ def test_bad_client_input_fails_with_a_close_for_the_client(
     prefix_len = core.from_client.bytes
     at = prefix_len + len(before)
     reason = reason.format(at=at, at16=at + 16)
-    core.receive_from_client(before + bad + after)
+    core.receive_from_client(before + bad + after, 0.0)
     assert core.data_for_server() == before
     assert core.from_client.frames == PREFIX_FRAMES + 4
     assert core.failure is not None
@@ -394,18 +394,18 @@ def test_bad_client_input_fails_with_a_close_for_the_client(
     assert close.reply_text == f"{condition.split()[1]} - {core.failure.reason}"[:255]
     assert (close.class_id, close.method_id) == ids
     # nothing more is relayed, from either side
-    core.receive_from_client(HEARTBEAT)
-    core.receive_from_server(HEARTBEAT)
+    core.receive_from_client(HEARTBEAT, 0.0)
+    core.receive_from_server(HEARTBEAT, 0.0)
     assert core.data_for_server() == b"" and core.data_for_client() == b""
 
 
 def test_undecodable_start_ok_fails_with_syntax_error() -> None:
     core = Connection()
-    core.receive_from_server(b"".join(server_handshake()))
+    core.receive_from_server(b"".join(server_handshake()), 0.0)
     core.data_for_client()
     # a client_properties table whose length runs past the frame
     bad = raw_frame(1, 0, b"\x00\x0a\x00\x0b" + b"\x00\x00\xff\xff" + b"x" * 10)
-    core.receive_from_client(bad)
+    core.receive_from_client(bad, 0.0)
     assert core.failure is not None
     assert core.failure.condition == "502 SYNTAX_ERROR"
     close = close_sent(core.data_for_client())
@@ -416,7 +416,7 @@ def test_undecodable_start_ok_fails_with_syntax_error() -> None:
 
 def test_garbage_right_after_the_protocol_header() -> None:
     core = Connection()
-    core.receive_from_client(b"GET / HTTP/1.1\r\n\r\n")
+    core.receive_from_client(b"GET / HTTP/1.1\r\n\r\n", 0.0)
     assert core.failure == Failure(
         Side.CLIENT, "501 FRAME_ERROR", "unknown frame type 0x47 at offset 0"
     )
@@ -427,7 +427,7 @@ def test_garbage_right_after_the_protocol_header() -> None:
 def test_bad_broker_input_closes_both_peers_and_names_the_upstream() -> None:
     core = tuned()
     good = method(commands.Basic.QosOk(), 1) + HEARTBEAT
-    core.receive_from_server(good + raw_frame(3, 1, b"body", end=0x41) + HEARTBEAT)
+    core.receive_from_server(good + raw_frame(3, 1, b"body", end=0x41) + HEARTBEAT, 0.0)
     assert core.failure is not None
     assert core.failure.side is Side.SERVER
     assert core.failure.condition == "501 FRAME_ERROR"
@@ -446,7 +446,7 @@ def test_bad_broker_input_closes_both_peers_and_names_the_upstream() -> None:
 
 def test_undecodable_tune_from_the_broker_is_a_server_failure() -> None:
     core = Connection()
-    core.receive_from_server(raw_frame(1, 0, b"\x00\x0a\x00\x1e\x07"))
+    core.receive_from_server(raw_frame(1, 0, b"\x00\x0a\x00\x1e\x07"), 0.0)
     assert core.failure is not None
     assert (core.failure.side, core.failure.condition) == (Side.SERVER, "502 SYNTAX_ERROR")
     to_server = close_sent(core.data_for_server())
@@ -457,8 +457,8 @@ def test_undecodable_tune_from_the_broker_is_a_server_failure() -> None:
 def test_failure_while_a_partial_frame_is_held() -> None:
     core = tuned()
     frames = publish(1, b"q" * 100)
-    core.receive_from_client(frames[0] + frames[1][:5])
-    core.receive_from_client(frames[1][5:] + b"\xff" * 8)
+    core.receive_from_client(frames[0] + frames[1][:5], 0.0)
+    core.receive_from_client(frames[1][5:] + b"\xff" * 8, 0.0)
     assert core.data_for_server() == frames[0] + frames[1]
     assert core.failure is not None and "unknown frame type 0xff" in core.failure.reason
     assert core.pending_from_client == 0

@@ -21,16 +21,16 @@ def start_ok(mechanism: str) -> bytes:
 def feed(core: Connection, data: bytes, bytewise: bool) -> None:
     if bytewise:
         for i in range(len(data)):
-            core.receive_from_client(data[i:i + 1])
+            core.receive_from_client(data[i:i + 1], 0.0)
     else:
-        core.receive_from_client(data)
+        core.receive_from_client(data, 0.0)
 
 
 @pytest.mark.parametrize("bytewise", [False, True], ids=["whole", "byte-at-a-time"])
 @pytest.mark.parametrize("mechanism", ["EXTERNAL", "external"])
 def test_external_is_refused_with_403_and_not_relayed(mechanism: str, bytewise: bool) -> None:
     core = Connection()
-    core.receive_from_server(server_handshake()[0])
+    core.receive_from_server(server_handshake()[0], 0.0)
     assert core.data_for_client()  # the broker's connection.start reaches the client
     feed(core, start_ok(mechanism) + method(C.TuneOk(2047, 131072, 60)), bytewise)
     assert core.failure is not None
@@ -46,17 +46,17 @@ def test_external_is_refused_with_403_and_not_relayed(mechanism: str, bytewise: 
 
 def test_plain_passes_in_place() -> None:
     core = Connection()
-    core.receive_from_server(server_handshake()[0])
+    core.receive_from_server(server_handshake()[0], 0.0)
     data = start_ok("PLAIN")
-    core.receive_from_client(data)
+    core.receive_from_client(data, 0.0)
     assert core.failure is None
     assert core.data_for_server() == data
 
 
 def test_external_is_relayed_when_allowed() -> None:
     core = Connection(refuse_external=False)
-    core.receive_from_server(server_handshake()[0])
+    core.receive_from_server(server_handshake()[0], 0.0)
     data = start_ok("EXTERNAL")
-    core.receive_from_client(data)
+    core.receive_from_client(data, 0.0)
     assert core.failure is None
     assert core.data_for_server() == data

@@ -11,6 +11,7 @@ from pamqp import commands
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
+from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.spool.manager import SpoolManager
 from floodwall.wire.amqp091.connection import Connection
 from tests.amqp091.wire import (
@@ -23,6 +24,7 @@ from tests.amqp091.wire import (
     publish,
     server_handshake,
 )
+from tests.fakes import Board, Clock, DefaultExchange, DiskSpool
 
 CF = commands.Confirm
 
@@ -41,48 +43,32 @@ policies:
 """
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class DefaultExchange:
-    """Routes like the default exchange: the routing key names the queue."""
-
-    def route(self, vhost: str, exchange: str, routing_key: str,
-              headers: dict[str, object] | None = None) -> frozenset[str]:
-        return frozenset({routing_key}) if exchange == "" else frozenset()
-
-    generation = 0
-
-    def knows_exchange(self, vhost: str, name: str) -> bool:
-        return True
-
-
 class Setup:
     def __init__(self, overflow: str = "hold", deadline: str = "30s", signal: str = "auto",
-                 product: str = "pytest-client") -> None:
+                 product: str = "pytest-client", spool: DiskSpool | None = None,
+                 policies: str | None = None) -> None:
         self.clock = Clock()
-        self.fc = FlowController(DefaultExchange(), self.clock,
-                                 parse_policies(_policies(overflow, deadline, signal)))
+        self.fc = FlowController(DefaultExchange(), parse_policies(
+            policies or _policies(overflow, deadline, signal)))
+        self.board = Board(self.fc, self.clock, spool)
+        self.counters = self.board.counters
         for q in ("capped", "capped2", "free"):
-            self.fc.queue_seen(("/orders", q))
+            self.fc.queue_seen(("/orders", q), self.clock.t)
         self.sample("capped", 0)
         self.sample("capped2", 0)
-        self.core = Connection(self.fc, conn_id=1)
+        self.gate = PublishFlow(self.board.enforcement, 1)
+        self.core = Connection(self.gate, conn_id=1)
+        self.board.attach(1, self.core, self.gate)
         hs = client_handshake()
         if product != "pytest-client":
             from pamqp.commands import Connection as C
             hs[0] = method(C.StartOk(client_properties={"product": product,
                                                         "platform": "Java"},
                                      mechanism="PLAIN", response="\0g\0g"))
-        self.core.receive_from_server(b"".join(server_handshake()))
-        self.core.receive_from_client(b"".join(hs))
-        self.core.receive_from_client(method(CH.Open(), 1) + method(CH.Open(), 2))
-        self.core.receive_from_server(method(CH.OpenOk(), 1) + method(CH.OpenOk(), 2))
+        self.core.receive_from_server(b"".join(server_handshake()), self.clock.t)
+        self.core.receive_from_client(b"".join(hs), self.clock.t)
+        self.core.receive_from_client(method(CH.Open(), 1) + method(CH.Open(), 2), self.clock.t)
+        self.core.receive_from_server(method(CH.OpenOk(), 1) + method(CH.OpenOk(), 2), self.clock.t)
         self.core.data_for_server()
         self.core.data_for_client()
 
@@ -90,7 +76,8 @@ class Setup:
         self.clock.t += 1
         self.fc.sampled_management(("/orders", queue),
                                    ManagementSample(self.clock.t, nbytes // 100, 0, nbytes,
-                                                    nbytes, 0))
+                                                    nbytes, 0), self.clock.t)
+        self.board.settle()
 
     def trip(self, queue: str = "capped") -> None:
         self.sample(queue, 5000)
@@ -104,7 +91,7 @@ def pub(channel: int, queue: str, size: int = 100, tag: int = 0) -> bytes:
 def test_untripped_publishes_pass_as_the_same_bytes_and_are_booked() -> None:
     s = Setup()
     data = pub(1, "capped") + pub(1, "free")
-    s.core.receive_from_client(data)
+    s.core.receive_from_client(data, s.clock.t)
     assert s.core.data_for_server() == data
     q = s.fc.queues[("/orders", "capped")]
     assert q.depth.forwarded_bytes_total == 100
@@ -113,29 +100,29 @@ def test_untripped_publishes_pass_as_the_same_bytes_and_are_booked() -> None:
 def test_publish_crossing_capacity_trips_and_the_next_one_is_held() -> None:
     s = Setup()
     first = b"".join(pub(1, "capped", 1000, i) for i in range(3))  # 3000 > 2000
-    s.core.receive_from_client(first)
+    s.core.receive_from_client(first, s.clock.t)
     assert s.core.data_for_server() == first
     assert ("/orders", "capped") in s.fc.tripped
-    s.core.receive_from_client(pub(1, "capped", 1000, 9))
+    s.core.receive_from_client(pub(1, "capped", 1000, 9), s.clock.t)
     assert s.core.data_for_server() == b""
-    assert s.fc.held_messages == 1
+    assert s.counters.held_messages == 1
 
 
 def test_held_channel_keeps_order_while_other_channels_and_acks_flow() -> None:
     s = Setup()
     s.trip()
     held = pub(1, "capped", tag=1) + pub(1, "free", tag=2)  # free waits behind on ch 1
-    s.core.receive_from_client(held)
+    s.core.receive_from_client(held, s.clock.t)
     assert s.core.data_for_server() == b""
     other = pub(2, "free", tag=3) + method(B.Ack(delivery_tag=5), 1)
-    s.core.receive_from_client(other)
+    s.core.receive_from_client(other, s.clock.t)
     assert s.core.data_for_server() == other  # channel 2 and the ack on channel 1 pass
     commit = method(commands.Tx.Commit(), 1)
-    s.core.receive_from_client(commit)
+    s.core.receive_from_client(commit, s.clock.t)
     assert s.core.data_for_server() == b""  # behind the held publishes
     s.sample("capped", 0)  # drains to resume
     assert s.core.data_for_server() == held + commit
-    assert s.fc.held_messages == 0 and s.fc.held_bytes == 0
+    assert s.counters.held_messages == 0 and s.counters.held_bytes == 0
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 333, None])
@@ -148,7 +135,7 @@ def test_holding_is_the_same_however_the_bytes_arrive(chunk: int | None) -> None
     pos = 0
     while pos < len(stream):
         step = len(stream) if chunk is None else rng.randint(1, chunk)
-        s.core.receive_from_client(stream[pos:pos + step])
+        s.core.receive_from_client(stream[pos:pos + step], s.clock.t)
         pos += step
     passed = s.core.data_for_server()
     assert passed == pub(2, "free", 10, 2) + method(B.Qos(prefetch_count=5), 1)
@@ -160,31 +147,31 @@ def test_holding_is_the_same_however_the_bytes_arrive(chunk: int | None) -> None
 def test_release_stops_when_a_released_publish_trips_the_queue_again() -> None:
     s = Setup()
     s.trip()
-    s.core.receive_from_client(b"".join(pub(1, "capped", 800, i) for i in range(4)))
+    s.core.receive_from_client(b"".join(pub(1, "capped", 800, i) for i in range(4)), s.clock.t)
     s.sample("capped", 0)  # release: 800, 1600 pass; 2400 > 2000 trips again
     out = decode_all(s.core.data_for_server())
     publishes = [f for _, f in out if isinstance(f, B.Publish)]
     assert len(publishes) == 3  # the third publish crossed capacity; the fourth waits
     assert ("/orders", "capped") in s.fc.tripped
-    assert s.fc.held_messages == 1
+    assert s.counters.held_messages == 1
 
 
 def test_reject_nacks_in_confirm_mode_and_renumbers_the_brokers_acks() -> None:
     s = Setup(overflow="reject")
-    s.core.receive_from_client(method(CF.Select(), 1))
-    s.core.receive_from_server(method(CF.SelectOk(), 1))
+    s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
+    s.core.receive_from_server(method(CF.SelectOk(), 1), s.clock.t)
     s.core.data_for_server()
     s.core.data_for_client()
-    s.core.receive_from_client(pub(1, "free"))  # client seq 1 -> broker seq 1
+    s.core.receive_from_client(pub(1, "free"), s.clock.t)  # client seq 1 -> broker seq 1
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))  # client seq 2: refused by the proxy
-    s.core.receive_from_client(pub(1, "free"))  # client seq 3 -> broker seq 2
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)  # client seq 2: refused by the proxy
+    s.core.receive_from_client(pub(1, "free"), s.clock.t)  # client seq 3 -> broker seq 2
     sent = [f for _, f in decode_all(s.core.data_for_server()) if isinstance(f, B.Publish)]
     assert len(sent) == 2
     (nack,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(nack, B.Nack) and nack.delivery_tag == 2
     s.core.receive_from_server(method(B.Ack(delivery_tag=1), 1) +
-                               method(B.Ack(delivery_tag=2), 1))
+                               method(B.Ack(delivery_tag=2), 1), s.clock.t)
     acks = [f.delivery_tag for _, f in decode_all(s.core.data_for_client())]
     assert acks == [1, 3]
 
@@ -192,38 +179,36 @@ def test_reject_nacks_in_confirm_mode_and_renumbers_the_brokers_acks() -> None:
 def test_reject_without_confirms_closes_the_channel_with_406_naming_the_queue() -> None:
     s = Setup(overflow="reject")
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
     (close_client,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(close_client, CH.Close) and close_client.reply_code == 406
     assert "capped" in close_client.reply_text
     (close_broker,) = [f for _, f in decode_all(s.core.data_for_server())]
     assert isinstance(close_broker, CH.Close)
-    s.core.receive_from_client(pub(1, "free") + method(CH.CloseOk(), 1))
+    s.core.receive_from_client(pub(1, "free") + method(CH.CloseOk(), 1), s.clock.t)
     assert s.core.data_for_server() == b""  # dropped after our close, close-ok absorbed
-    s.core.receive_from_server(method(CH.CloseOk(), 1))
+    s.core.receive_from_server(method(CH.CloseOk(), 1), s.clock.t)
     assert s.core.data_for_client() == b""  # the broker's close-ok is ours
 
 
 def test_deadline_nacks_in_confirm_mode() -> None:
     s = Setup(deadline="5s")
-    s.core.receive_from_client(method(CF.Select(), 1))
+    s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
     s.core.data_for_server()
-    assert s.core.flow is not None
-    assert s.core.flow.expire(s.clock.t + 4) == 0
-    assert s.core.flow.expire(s.clock.t + 6) == 1
+    assert s.board.expire(s.clock.t + 4) == 0
+    assert s.board.expire(s.clock.t + 6) == 1
     (nack,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(nack, B.Nack) and nack.delivery_tag == 1
-    assert s.fc.deadline_expiries == 1 and s.fc.held_messages == 0
+    assert s.counters.deadline_expiries == 1 and s.counters.held_messages == 0
 
 
 def test_deadline_without_confirms_closes_the_channel() -> None:
     s = Setup(deadline="5s")
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))
-    assert s.core.flow is not None
-    s.core.flow.expire(s.clock.t + 6)
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
+    s.board.expire(s.clock.t + 6)
     (close,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(close, CH.Close) and close.reply_code == 406
     assert "deadline" in close.reply_text
@@ -232,15 +217,15 @@ def test_deadline_without_confirms_closes_the_channel() -> None:
 def test_java_client_is_signalled_and_its_flow_ok_absorbed() -> None:
     s = Setup(product="RabbitMQ")
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
     (flow,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(flow, CH.Flow) and flow.active is False
-    s.core.receive_from_client(method(CH.FlowOk(active=False), 1))
+    s.core.receive_from_client(method(CH.FlowOk(active=False), 1), s.clock.t)
     assert s.core.data_for_server() == b""
     s.sample("capped", 0)
     out = decode_all(s.core.data_for_client())
     assert [(type(f), f.active) for _, f in out] == [(CH.Flow, True)]
-    s.core.receive_from_client(method(CH.FlowOk(active=True), 1))
+    s.core.receive_from_client(method(CH.FlowOk(active=True), 1), s.clock.t)
     assert decode_all(s.core.data_for_server())[-1][1].__class__ is B.Publish or True
     assert not any(isinstance(f, CH.FlowOk) for _, f in decode_all(s.core.data_for_server()))
 
@@ -248,9 +233,9 @@ def test_java_client_is_signalled_and_its_flow_ok_absorbed() -> None:
 def test_unknown_and_breaking_clients_are_never_signalled() -> None:
     s = Setup()  # product "pytest-client": unknown
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
     assert s.core.data_for_client() == b""
-    assert s.fc.signal_total("flow_off") == 0
+    assert s.counters.signal_total("flow_off") == 0
 
 
 def test_connection_close_waits_behind_held_publishes() -> None:
@@ -258,7 +243,7 @@ def test_connection_close_waits_behind_held_publishes() -> None:
     s.trip()
     held = pub(1, "capped")
     close = method(commands.Connection.Close(200, "bye", 0, 0))
-    s.core.receive_from_client(held + close)
+    s.core.receive_from_client(held + close, s.clock.t)
     assert s.core.data_for_server() == b""
     s.sample("capped", 0)
     assert s.core.data_for_server() == held + close
@@ -268,9 +253,9 @@ def test_a_publish_whose_header_comes_later_is_decided_then() -> None:
     s = Setup()
     s.trip()
     frames = publish(1, b"x" * 10, routing_key="free")
-    s.core.receive_from_client(frames[0])  # method alone
+    s.core.receive_from_client(frames[0], s.clock.t)  # method alone
     assert s.core.data_for_server() == b""
-    s.core.receive_from_client(b"".join(frames[1:]))
+    s.core.receive_from_client(b"".join(frames[1:]), s.clock.t)
     assert s.core.data_for_server() == b"".join(frames)  # free queue: passes, in order
 
 
@@ -280,7 +265,7 @@ def test_content_split_across_frames_of_other_channels_is_held_whole() -> None:
     capped = publish(1, b"a" * 300_000, routing_key="capped")  # method, header, 3 bodies
     other = pub(2, "free")
     stream = capped[0] + capped[1] + other + b"".join(capped[2:])
-    s.core.receive_from_client(stream)
+    s.core.receive_from_client(stream, s.clock.t)
     assert s.core.data_for_server() == other
     s.sample("capped", 0)
     assert s.core.data_for_server() == b"".join(capped)
@@ -290,7 +275,7 @@ def test_no_body_publish_is_held_and_released() -> None:
     s = Setup()
     s.trip()
     frames = [method(B.Publish(exchange="", routing_key="capped"), 1), *content(1, b"")]
-    s.core.receive_from_client(b"".join(frames))
+    s.core.receive_from_client(b"".join(frames), s.clock.t)
     assert s.core.data_for_server() == b""
     s.sample("capped", 0)
     assert s.core.data_for_server() == b"".join(frames)
@@ -300,34 +285,31 @@ def test_no_body_publish_is_held_and_released() -> None:
 
 def _spool_setup(tmp_path: Path, max_bytes: str = "1MiB", fsync: str = "group"
                  ) -> tuple[Setup, SpoolManager]:
-    s = Setup(overflow="spool")
     text = _policies("spool").replace("    signal: auto\n",
                                       f"    signal: auto\n    spool: {{max_bytes: {max_bytes}, "
                                       f"fsync: {fsync}}}\n")
-    s.fc.set_policies(parse_policies(text), [])
     manager = SpoolManager(tmp_path / "spool")
-    assert s.core.flow is not None
-    s.core.flow.spool = manager
+    s = Setup(overflow="spool", spool=DiskSpool(manager), policies=text)
     return s, manager
 
 
 def test_spooled_publish_is_acked_once_durable_and_later_acks_renumbered(tmp_path: Path
                                                                           ) -> None:
     s, manager = _spool_setup(tmp_path)
-    s.core.receive_from_client(method(CF.Select(), 1))
+    s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
     s.core.data_for_server()
     s.trip()
-    s.core.receive_from_client(pub(1, "capped", 300_000, 7))  # client seq 1, 3 body frames
+    # client seq 1, 3 body frames
+    s.core.receive_from_client(pub(1, "capped", 300_000, 7), s.clock.t)
     assert s.core.data_for_server() == b""  # not forwarded ...
-    assert s.fc.held_messages == 0  # ... and not held: the channel keeps going
-    s.core.receive_from_client(pub(1, "free"))  # client seq 2 -> broker seq 1
+    assert s.counters.held_messages == 0  # ... and not held: the channel keeps going
+    s.core.receive_from_client(pub(1, "free"), s.clock.t)  # client seq 2 -> broker seq 1
     assert next(type(f) for _, f in decode_all(s.core.data_for_server())) is B.Publish
     assert s.core.data_for_client() == b""  # no ack before the record is durable
-    assert s.core.flow is not None
-    s.core.flow.spool_durable(manager.sync())
+    s.board.spool_durable(manager.sync())
     (ack,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(ack, B.Ack) and ack.delivery_tag == 1
-    s.core.receive_from_server(method(B.Ack(delivery_tag=1), 1))
+    s.core.receive_from_server(method(B.Ack(delivery_tag=1), 1), s.clock.t)
     (renumbered,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert renumbered.delivery_tag == 2
     (record,) = manager.spool(("/orders", "capped")).records()
@@ -337,9 +319,9 @@ def test_spooled_publish_is_acked_once_durable_and_later_acks_renumbered(tmp_pat
 def test_backlog_keeps_fifo_after_release_until_replayed(tmp_path: Path) -> None:
     s, manager = _spool_setup(tmp_path)
     s.trip()
-    s.core.receive_from_client(pub(1, "capped", tag=1))
+    s.core.receive_from_client(pub(1, "capped", tag=1), s.clock.t)
     s.sample("capped", 0)  # released, but the spool still has a record for it
-    s.core.receive_from_client(pub(2, "capped", tag=2))
+    s.core.receive_from_client(pub(2, "capped", tag=2), s.clock.t)
     assert s.core.data_for_server() == b""
     manager.sync()
     assert [r.body[0] for r in manager.spool(("/orders", "capped")).records()] == [1, 2]
@@ -347,29 +329,29 @@ def test_backlog_keeps_fifo_after_release_until_replayed(tmp_path: Path) -> None
 
 def test_transactional_publishes_are_held_not_spooled(tmp_path: Path) -> None:
     s, manager = _spool_setup(tmp_path)
-    s.core.receive_from_client(method(commands.Tx.Select(), 1))
+    s.core.receive_from_client(method(commands.Tx.Select(), 1), s.clock.t)
     s.core.data_for_server()
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))
-    assert s.fc.held_messages == 1
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
+    assert s.counters.held_messages == 1
     assert manager.spool(("/orders", "capped")).empty
 
 
 def test_a_full_spool_falls_back_to_holding(tmp_path: Path) -> None:
     s, _manager = _spool_setup(tmp_path, max_bytes="1KiB")
     s.trip()
-    s.core.receive_from_client(pub(1, "capped", 600, 1) + pub(1, "capped", 600, 2))
-    assert s.fc.spooled_records == 1 and s.fc.spool_fallbacks == 1
-    assert s.fc.held_messages == 1
+    s.core.receive_from_client(pub(1, "capped", 600, 1) + pub(1, "capped", 600, 2), s.clock.t)
+    assert s.counters.spooled_records == 1 and s.counters.spool_fallbacks == 1
+    assert s.counters.held_messages == 1
     s.sample("capped", 0)
     assert decode_all(s.core.data_for_server())  # the held one leaves on release
 
 
 def test_fsync_never_acks_at_once(tmp_path: Path) -> None:
     s, _ = _spool_setup(tmp_path, fsync="never")
-    s.core.receive_from_client(method(CF.Select(), 1))
+    s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
     s.trip()
-    s.core.receive_from_client(pub(1, "capped"))
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
     (ack,) = [f for _, f in decode_all(s.core.data_for_client())]
     assert isinstance(ack, B.Ack) and ack.delivery_tag == 1
 
@@ -377,14 +359,16 @@ def test_fsync_never_acks_at_once(tmp_path: Path) -> None:
 def test_what_cannot_join_the_backlog_waits_behind_it(tmp_path: Path) -> None:
     s, manager = _spool_setup(tmp_path)
     s.trip()
-    s.core.receive_from_client(pub(1, "capped", tag=1))  # spooled
+    s.core.receive_from_client(pub(1, "capped", tag=1), s.clock.t)  # spooled
     s.fc.set_backlog(("/orders", "capped"), True)  # the spool service says so on append
     s.sample("capped", 0)  # released, but the backlog is still there
-    s.core.receive_from_client(method(commands.Tx.Select(), 2))
+    s.core.receive_from_client(method(commands.Tx.Select(), 2), s.clock.t)
     s.core.data_for_server()
-    s.core.receive_from_client(pub(2, "capped", tag=2))  # transactional: cannot be spooled
+    # transactional: cannot be spooled
+    s.core.receive_from_client(pub(2, "capped", tag=2), s.clock.t)
     assert s.core.data_for_server() == b""  # held: it must not overtake the backlog
     s.fc.set_backlog(("/orders", "capped"), False)  # replayed
+    s.board.settle()
     assert s.core.data_for_server() == pub(2, "capped", tag=2)
     manager.sync()
     assert [r.body[0] for r in manager.spool(("/orders", "capped")).records()] == [1]
@@ -395,9 +379,9 @@ def test_frames_after_a_held_empty_publish_wait_behind_it() -> None:
     s.trip()
     held = b"".join([method(B.Publish(exchange="", routing_key="capped"), 1),
                      *content(1, b"")])  # complete as soon as it is held: no body frames
-    s.core.receive_from_client(held)
+    s.core.receive_from_client(held, s.clock.t)
     commit = method(commands.Tx.Commit(), 1)
-    s.core.receive_from_client(commit)  # a later read: must not take the fast path
+    s.core.receive_from_client(commit, s.clock.t)  # a later read: must not take the fast path
     assert s.core.data_for_server() == b""
     s.sample("capped", 0)
     assert s.core.data_for_server() == held + commit

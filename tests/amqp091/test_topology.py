@@ -12,31 +12,48 @@ Q = commands.Queue
 X = commands.Exchange
 
 
-def _core() -> tuple[Connection, list[TopologyChange]]:
-    changes: list[TopologyChange] = []
-    core = Connection(on_topology=changes.append)
-    core.receive_from_server(b"".join(server_handshake()))
-    core.receive_from_client(b"".join(client_handshake()) + method(CH.Open(), 1))
-    core.receive_from_server(method(CH.OpenOk(), 1))
+class Watched:
+    """A core that watches topology; the changes it hands back are collected after each read,
+    as the relay does (``RelayedConnection._flush``)."""
+
+    def __init__(self) -> None:
+        self.core = Connection(watch_topology=True)
+        self.changes: list[TopologyChange] = []
+
+    def receive_from_client(self, data: bytes, now: float) -> None:
+        self.core.receive_from_client(data, now)
+        self.changes.extend(c for c in self.core.events() if isinstance(c, TopologyChange))
+
+    def receive_from_server(self, data: bytes, now: float) -> None:
+        self.core.receive_from_server(data, now)
+        self.changes.extend(c for c in self.core.events() if isinstance(c, TopologyChange))
+
+
+def _core() -> tuple[Watched, list[TopologyChange]]:
+    core = Watched()
+    changes = core.changes
+    core.receive_from_server(b"".join(server_handshake()), 0.0)
+    core.receive_from_client(b"".join(client_handshake()) + method(CH.Open(), 1), 0.0)
+    core.receive_from_server(method(CH.OpenOk(), 1), 0.0)
     return core, changes
 
 
 def test_changes_apply_on_the_brokers_ok_not_on_the_request() -> None:
     core, changes = _core()
-    core.receive_from_client(method(X.Declare(exchange="ex", exchange_type="topic"), 1))
+    core.receive_from_client(method(X.Declare(exchange="ex", exchange_type="topic"), 1), 0.0)
     assert changes == []
-    core.receive_from_server(method(X.DeclareOk(), 1))
+    core.receive_from_server(method(X.DeclareOk(), 1), 0.0)
     assert [(c.kind, c.vhost, c.name, c.exchange_type) for c in changes] == [
         ("declare_exchange", "/orders", "ex", "topic")]
 
 
 def test_server_named_queue_and_the_empty_name_shortcut() -> None:
     core, changes = _core()
-    core.receive_from_client(method(Q.Declare(queue="", exclusive=True), 1))
+    core.receive_from_client(method(Q.Declare(queue="", exclusive=True), 1), 0.0)
     core.receive_from_server(method(Q.DeclareOk(queue="amq.gen-abc", message_count=0,
-                                                consumer_count=0), 1))
-    core.receive_from_client(method(Q.Bind(queue="", exchange="ex", routing_key=""), 1))
-    core.receive_from_server(method(Q.BindOk(), 1))
+                                                consumer_count=0), 1), 0.0)
+    core.receive_from_client(method(Q.Bind(queue="", exchange="ex", routing_key=""), 1), 0.0)
+    core.receive_from_server(method(Q.BindOk(), 1), 0.0)
     assert [(c.kind, c.name, c.source, c.routing_key) for c in changes] == [
         ("declare_queue", "amq.gen-abc", "", ""),
         ("bind_queue", "amq.gen-abc", "ex", "amq.gen-abc"),
@@ -45,18 +62,18 @@ def test_server_named_queue_and_the_empty_name_shortcut() -> None:
 
 def test_a_refused_request_is_forgotten_with_its_channel() -> None:
     core, changes = _core()
-    core.receive_from_client(method(Q.Delete(queue="nope"), 1))
-    core.receive_from_server(method(CH.Close(404, "NOT_FOUND", 50, 40), 1))
-    core.receive_from_client(method(CH.CloseOk(), 1))
-    core.receive_from_client(method(CH.Open(), 1))
-    core.receive_from_server(method(CH.OpenOk(), 1))
-    core.receive_from_client(method(Q.Delete(queue="other"), 1))
-    core.receive_from_server(method(Q.DeleteOk(message_count=0), 1))
+    core.receive_from_client(method(Q.Delete(queue="nope"), 1), 0.0)
+    core.receive_from_server(method(CH.Close(404, "NOT_FOUND", 50, 40), 1), 0.0)
+    core.receive_from_client(method(CH.CloseOk(), 1), 0.0)
+    core.receive_from_client(method(CH.Open(), 1), 0.0)
+    core.receive_from_server(method(CH.OpenOk(), 1), 0.0)
+    core.receive_from_client(method(Q.Delete(queue="other"), 1), 0.0)
+    core.receive_from_server(method(Q.DeleteOk(message_count=0), 1), 0.0)
     assert [(c.kind, c.name) for c in changes] == [("delete_queue", "other")]
 
 
 def test_nowait_requests_apply_at_once() -> None:
     core, changes = _core()
     core.receive_from_client(method(Q.Bind(queue="q", exchange="ex", routing_key="k",
-                                           nowait=True), 1))
+                                           nowait=True), 1), 0.0)
     assert [(c.kind, c.name, c.routing_key) for c in changes] == [("bind_queue", "q", "k")]

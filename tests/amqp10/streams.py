@@ -256,9 +256,9 @@ def relay(conn: Connection, events: Sequence[tuple[Side, bytes]], chunker: Chunk
     for side, data in events:
         for chunk in chunker(data):
             if side is Side.CLIENT:
-                conn.receive_from_client(chunk)
+                conn.receive_from_client(chunk, 0.0)
             else:
-                conn.receive_from_server(chunk)
+                conn.receive_from_server(chunk, 0.0)
             to_server.append(conn.data_for_server())
             to_client.append(conn.data_for_client())
     return Relayed(b"".join(to_server), b"".join(to_client))

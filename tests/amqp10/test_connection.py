@@ -49,8 +49,8 @@ def opened(
 ) -> Connection:
     """A plain (no SASL) connection with both Opens relayed, queues emptied."""
     conn = Connection(AMQP_HEADER)
-    conn.receive_from_client(open_("c", client_max_frame) + streams.begin(0))
-    conn.receive_from_server(AMQP_HEADER + open_("s", server_max_frame) + streams.begin(0, 0))
+    conn.receive_from_client(open_("c", client_max_frame) + streams.begin(0), 0.0)
+    conn.receive_from_server(AMQP_HEADER + open_("s", server_max_frame) + streams.begin(0, 0), 0.0)
     conn.data_for_server()
     conn.data_for_client()
     assert conn.failure is None
@@ -135,24 +135,24 @@ def test_tracks_sasl_open_sessions_and_links() -> None:
 def test_a_chunk_of_whole_frames_is_forwarded_as_the_same_object() -> None:
     conn = opened()
     chunk = b"".join(transfer(0, 0, n, b"x" * 100) for n in range(50)) + EMPTY_FRAME
-    conn.receive_from_client(chunk)
+    conn.receive_from_client(chunk, 0.0)
     assert conn.data_for_server() is chunk
     assert conn.data_for_server() == b""
     reply = streams.disposition(0, True, 0, 49)
-    conn.receive_from_server(reply)
+    conn.receive_from_server(reply, 0.0)
     assert conn.data_for_client() is reply
 
 
 def test_partial_frames_are_held_back_until_complete() -> None:
     conn = opened()
     one, two = transfer(0, 0, 1, b"a" * 300), transfer(0, 0, 2, b"b" * 300)
-    conn.receive_from_client(one + two[:5])  # header of `two` incomplete
+    conn.receive_from_client(one + two[:5], 0.0)  # header of `two` incomplete
     assert conn.data_for_server() == one
-    conn.receive_from_client(two[5:-1])  # all but the last byte
+    conn.receive_from_client(two[5:-1], 0.0)  # all but the last byte
     assert conn.data_for_server() == b""
-    conn.receive_from_client(two[-1:] + one[:9])
+    conn.receive_from_client(two[-1:] + one[:9], 0.0)
     assert conn.data_for_server() == two
-    conn.receive_from_client(one[9:])
+    conn.receive_from_client(one[9:], 0.0)
     assert conn.data_for_server() == one
     assert conn.from_client.frames == 2 + 3
 
@@ -160,7 +160,7 @@ def test_partial_frames_are_held_back_until_complete() -> None:
 def test_data_for_peers_is_empty_bytes_when_nothing_is_queued() -> None:
     conn = Connection(SASL_HEADER)
     assert conn.data_for_server() == b"" and conn.data_for_client() == b""
-    conn.receive_from_server(b"")
+    conn.receive_from_server(b"", 0.0)
     assert conn.data_for_client() == b""
 
 
@@ -179,9 +179,9 @@ def test_symbolic_and_full_ulong_descriptors_are_understood() -> None:
     symbolic = frame(
         b"\x00\xa3\x0eamqp:open:list" + b"\xc0\x0a\x03\xa1\x01c\x40\x70\x00\x00\x04\x00"
     )
-    conn.receive_from_client(symbolic)
+    conn.receive_from_client(symbolic, 0.0)
     full = frame(b"\x00\x80" + (0x14).to_bytes(8, "big") + b"\xc0\x03\x01\x43\x43" + b"payload")
-    conn.receive_from_client(full)
+    conn.receive_from_client(full, 0.0)
     assert conn.failure is None
     assert conn.client.open is not None and conn.client.open.max_frame_size == 1024
     assert conn.data_for_server() == symbolic + full
@@ -191,7 +191,7 @@ def test_extended_frame_header_is_relayed() -> None:
     conn = opened()
     body = encode_performative(ATTACH, name="x", handle=UInt(4), role=False)
     extended = (8 + 8 + len(body)).to_bytes(4, "big") + b"\x04\x00\x00\x00" + b"\xee" * 8 + body
-    conn.receive_from_client(extended)
+    conn.receive_from_client(extended, 0.0)
     assert conn.failure is None
     assert conn.data_for_server() == extended
     assert 4 in conn.client.sessions[0].links
@@ -208,9 +208,9 @@ def padded_transfer(size: int) -> bytes:
 
 def test_frames_before_the_receiving_peers_open_are_limited_to_512() -> None:
     conn = Connection(AMQP_HEADER)
-    conn.receive_from_client(open_("c", 4096) + padded_transfer(512))
+    conn.receive_from_client(open_("c", 4096) + padded_transfer(512), 0.0)
     assert conn.failure is None
-    conn.receive_from_client(padded_transfer(513))
+    conn.receive_from_client(padded_transfer(513), 0.0)
     assert conn.failure is not None
     assert (conn.failure.side, conn.failure.condition) == (Side.CLIENT, FRAMING)
     assert "513" in conn.failure.reason and "512" in conn.failure.reason
@@ -218,10 +218,10 @@ def test_frames_before_the_receiving_peers_open_are_limited_to_512() -> None:
 
 def test_after_open_the_limit_is_the_receiving_peers_max_frame_size() -> None:
     conn = opened(server_max_frame=1024, client_max_frame=2048)
-    conn.receive_from_client(padded_transfer(1024))
-    conn.receive_from_server(padded_transfer(2048))
+    conn.receive_from_client(padded_transfer(1024), 0.0)
+    conn.receive_from_server(padded_transfer(2048), 0.0)
     assert conn.failure is None
-    conn.receive_from_client(padded_transfer(1025))
+    conn.receive_from_client(padded_transfer(1025), 0.0)
     assert conn.failure == Failure(
         Side.CLIENT, FRAMING, "frame size 1025 exceeds the max-frame-size 1024"
     )
@@ -229,26 +229,26 @@ def test_after_open_the_limit_is_the_receiving_peers_max_frame_size() -> None:
 
 def test_server_frames_are_limited_by_the_clients_max_frame_size() -> None:
     conn = opened(server_max_frame=1024, client_max_frame=2048)
-    conn.receive_from_server(padded_transfer(2049))
+    conn.receive_from_server(padded_transfer(2049), 0.0)
     assert conn.failure is not None and conn.failure.side is Side.SERVER
 
 
 def test_an_open_without_max_frame_size_lifts_the_limit_to_the_default() -> None:
     conn = opened(server_max_frame=None)
-    conn.receive_from_client(padded_transfer(200_000))
+    conn.receive_from_client(padded_transfer(200_000), 0.0)
     assert conn.failure is None
 
 
 def test_a_max_frame_size_below_512_still_allows_512() -> None:
     conn = opened(server_max_frame=100)
-    conn.receive_from_client(padded_transfer(512))
+    conn.receive_from_client(padded_transfer(512), 0.0)
     assert conn.failure is None
 
 
 def test_sasl_frames_are_limited_to_512() -> None:
     conn = Connection(SASL_HEADER)
     big = sasl(SASL_INIT, mechanism=Symbol("PLAIN"), initial_response=b"x" * 600)
-    conn.receive_from_client(big)
+    conn.receive_from_client(big, 0.0)
     assert conn.failure is not None and conn.failure.condition == FRAMING
     assert conn.data_for_client() == b""  # in SASL: nothing to say, the I/O layer hangs up
 
@@ -259,7 +259,7 @@ def test_sasl_frames_are_limited_to_512() -> None:
 def test_client_garbage_after_open_closes_the_client_with_framing_error() -> None:
     conn = opened()
     good = transfer(0, 0, 1, b"ok")
-    conn.receive_from_client(good + b"\x00\x00\x00\x04garbage")
+    conn.receive_from_client(good + b"\x00\x00\x00\x04garbage", 0.0)
     assert conn.failure == Failure(
         Side.CLIENT, FRAMING, "frame size 4 is smaller than the 8-byte frame header"
     )
@@ -274,12 +274,12 @@ def test_client_garbage_after_open_closes_the_client_with_framing_error() -> Non
 
 def test_after_a_failure_nothing_more_is_relayed() -> None:
     conn = opened()
-    conn.receive_from_client(b"\x00\x00\x00\x08\x01\x00\x00\x00")  # SASL frame in AMQP
+    conn.receive_from_client(b"\x00\x00\x00\x08\x01\x00\x00\x00", 0.0)  # SASL frame in AMQP
     assert conn.failure is not None
     conn.data_for_client()
     conn.data_for_server()
-    conn.receive_from_client(transfer(0, 0, 1, b"late"))
-    conn.receive_from_server(transfer(0, 0, 1, b"late"))
+    conn.receive_from_client(transfer(0, 0, 1, b"late"), 0.0)
+    conn.receive_from_server(transfer(0, 0, 1, b"late"), 0.0)
     assert conn.data_for_server() == b"" and conn.data_for_client() == b""
 
 
@@ -294,7 +294,7 @@ def test_after_a_failure_nothing_more_is_relayed() -> None:
 )
 def test_bad_frame_headers_are_framing_errors(bad: bytes, reason_part: str) -> None:
     conn = opened()
-    conn.receive_from_client(bad)
+    conn.receive_from_client(bad, 0.0)
     assert conn.failure is not None
     assert (conn.failure.side, conn.failure.condition) == (Side.CLIENT, FRAMING)
     assert reason_part in conn.failure.reason
@@ -314,7 +314,7 @@ def test_bad_frame_headers_are_framing_errors(bad: bytes, reason_part: str) -> N
 )
 def test_malformed_performatives_are_decode_errors(body: bytes, reason_part: str) -> None:
     conn = opened()
-    conn.receive_from_client(frame(body, 0))
+    conn.receive_from_client(frame(body, 0), 0.0)
     assert conn.failure is not None
     assert (conn.failure.side, conn.failure.condition) == (Side.CLIENT, DECODE)
     assert reason_part in conn.failure.reason
@@ -323,9 +323,9 @@ def test_malformed_performatives_are_decode_errors(body: bytes, reason_part: str
 
 def test_client_error_before_the_servers_open_sends_open_then_close() -> None:
     conn = Connection(AMQP_HEADER)
-    conn.receive_from_server(AMQP_HEADER)
+    conn.receive_from_server(AMQP_HEADER, 0.0)
     assert conn.data_for_client() == AMQP_HEADER
-    conn.receive_from_client(open_("c") + frame(b"\x00\x53\x12\x45"))  # attach without fields
+    conn.receive_from_client(open_("c") + frame(b"\x00\x53\x12\x45"), 0.0)  # attach without fields
     assert conn.failure is not None and conn.failure.condition == DECODE
     to_client = conn.data_for_client()
     codes = performatives(to_client)
@@ -336,7 +336,7 @@ def test_client_error_before_the_servers_open_sends_open_then_close() -> None:
 
 def test_client_error_before_the_servers_header_sends_header_open_close() -> None:
     conn = Connection(AMQP_HEADER)
-    conn.receive_from_client(b"\xff" * 8)
+    conn.receive_from_client(b"\xff" * 8, 0.0)
     assert conn.failure is not None and conn.failure.condition == FRAMING
     to_client = conn.data_for_client()
     assert to_client.startswith(AMQP_HEADER)
@@ -346,9 +346,9 @@ def test_client_error_before_the_servers_header_sends_header_open_close() -> Non
 
 def test_client_error_during_sasl_sends_nothing() -> None:
     conn = Connection(SASL_HEADER)
-    conn.receive_from_server(SASL_HEADER + MECHANISMS)
+    conn.receive_from_server(SASL_HEADER + MECHANISMS, 0.0)
     conn.data_for_client()
-    conn.receive_from_client(frame(encode_performative(OPEN, container_id="c")))  # AMQP frame
+    conn.receive_from_client(frame(encode_performative(OPEN, container_id="c")), 0.0)  # AMQP frame
     assert conn.failure is not None
     assert conn.failure.condition == FRAMING and "AMQP frame where an SASL" in conn.failure.reason
     assert conn.data_for_client() == b"" and conn.data_for_server() == b""
@@ -368,7 +368,7 @@ def test_client_error_during_sasl_sends_nothing() -> None:
 )
 def test_sasl_layer_errors(client_bytes: bytes, condition: str, reason_part: str) -> None:
     conn = Connection(SASL_HEADER)
-    conn.receive_from_client(client_bytes)
+    conn.receive_from_client(client_bytes, 0.0)
     assert conn.failure is not None
     assert (conn.failure.side, conn.failure.condition) == (Side.CLIENT, condition)
     assert reason_part in conn.failure.reason
@@ -376,9 +376,9 @@ def test_sasl_layer_errors(client_bytes: bytes, condition: str, reason_part: str
 
 def test_pipelined_client_error_while_server_is_in_sasl_closes_only_the_server() -> None:
     conn = Connection(SASL_HEADER)
-    conn.receive_from_server(SASL_HEADER + MECHANISMS)
+    conn.receive_from_server(SASL_HEADER + MECHANISMS, 0.0)
     conn.data_for_client()
-    conn.receive_from_client(INIT + AMQP_HEADER + open_("c") + b"\x00\x00\x00\x01....")
+    conn.receive_from_client(INIT + AMQP_HEADER + open_("c") + b"\x00\x00\x00\x01....", 0.0)
     assert conn.failure is not None and conn.failure.side is Side.CLIENT
     assert conn.data_for_client() == b""  # the client still waits for sasl-outcome
     to_server = conn.data_for_server()
@@ -390,7 +390,7 @@ def test_long_reasons_are_clipped_to_keep_the_close_frame_small() -> None:
     conn = opened()
     source = Described(Symbol("x" * 400), [])
     conn.receive_from_client(
-        frame(encode_performative(ATTACH, name="x", handle=UInt(1), role=False, source=source))
+        frame(encode_performative(ATTACH, name="x", handle=UInt(1), role=False, source=source)), 0.0
     )
     assert conn.failure is not None and len(conn.failure.reason) > 400
     assert all(len(f) <= 512 for f in _frames(conn.data_for_client()))
@@ -398,10 +398,10 @@ def test_long_reasons_are_clipped_to_keep_the_close_frame_small() -> None:
 
 def test_no_close_to_a_client_whose_connection_the_server_already_closed() -> None:
     conn = opened()
-    conn.receive_from_server(streams.close())
+    conn.receive_from_server(streams.close(), 0.0)
     assert conn.data_for_client() == streams.close()
-    conn.receive_from_client(b"\x00\x00\x00\x00")
-    conn.receive_from_client(b"\x02\x00\x00\x00")
+    conn.receive_from_client(b"\x00\x00\x00\x00", 0.0)
+    conn.receive_from_client(b"\x02\x00\x00\x00", 0.0)
     assert conn.failure is not None
     assert conn.data_for_client() == b""
 
@@ -411,7 +411,7 @@ def test_no_close_to_a_client_whose_connection_the_server_already_closed() -> No
 
 def test_server_garbage_fails_on_the_server_side_and_closes_both() -> None:
     conn = opened()
-    conn.receive_from_server(b"\x00\x00\x00\x09\x02\x00\x00\x00\x00")
+    conn.receive_from_server(b"\x00\x00\x00\x09\x02\x00\x00\x00\x00", 0.0)
     assert conn.failure is not None
     assert (conn.failure.side, conn.failure.condition) == (Side.SERVER, DECODE)
     assert close_error(conn.data_for_server()) == (DECODE, conn.failure.reason)
@@ -421,7 +421,7 @@ def test_server_garbage_fails_on_the_server_side_and_closes_both() -> None:
 
 def test_server_answering_another_protocol_header_is_relayed_then_fails() -> None:
     conn = Connection(SASL_HEADER)
-    conn.receive_from_server(AMQP_HEADER)  # "I do not do SASL"
+    conn.receive_from_server(AMQP_HEADER, 0.0)  # "I do not do SASL"
     assert conn.failure is not None
     assert (conn.failure.side, conn.failure.condition) == (Side.SERVER, FRAMING)
     assert conn.data_for_client() == AMQP_HEADER
@@ -430,19 +430,19 @@ def test_server_answering_another_protocol_header_is_relayed_then_fails() -> Non
 
 def test_server_sending_non_amqp_bytes_is_not_relayed() -> None:
     conn = Connection(AMQP_HEADER)
-    conn.receive_from_server(b"HTTP/1.1 400 Bad Request\r\n")
+    conn.receive_from_server(b"HTTP/1.1 400 Bad Request\r\n", 0.0)
     assert conn.failure is not None and conn.failure.side is Side.SERVER
     assert conn.data_for_client() == b""
 
 
 def test_failed_sasl_outcome_is_relayed_and_nothing_is_injected() -> None:
     conn = Connection(SASL_HEADER)
-    conn.receive_from_server(SASL_HEADER + MECHANISMS)
-    conn.receive_from_client(INIT + AMQP_HEADER + open_("c"))
-    conn.receive_from_server(OUTCOME_AUTH)
+    conn.receive_from_server(SASL_HEADER + MECHANISMS, 0.0)
+    conn.receive_from_client(INIT + AMQP_HEADER + open_("c"), 0.0)
+    conn.receive_from_server(OUTCOME_AUTH, 0.0)
     assert conn.server.sasl_outcome == 1 and conn.failure is None
     assert conn.data_for_client() == SASL_HEADER + MECHANISMS + OUTCOME_AUTH
-    conn.receive_from_client(b"\x00\x00\x00\x01\x02\x00\x00\x00")  # garbage after refusal
+    conn.receive_from_client(b"\x00\x00\x00\x01\x02\x00\x00\x00", 0.0)  # garbage after refusal
     assert conn.failure is not None
     assert conn.data_for_client() == b""
 
@@ -458,7 +458,7 @@ def test_failed_sasl_outcome_is_relayed_and_nothing_is_injected() -> None:
 )
 def test_server_sasl_errors_are_decode_errors(server_bytes: bytes) -> None:
     conn = Connection(SASL_HEADER)
-    conn.receive_from_server(server_bytes)
+    conn.receive_from_server(server_bytes, 0.0)
     assert conn.failure is not None
     assert (conn.failure.side, conn.failure.condition) == (Side.SERVER, DECODE)
     assert conn.data_for_client() == SASL_HEADER
@@ -500,7 +500,7 @@ def _frames(data: bytes) -> list[bytes]:
 
 def test_close_frame_descriptor_is_numeric() -> None:
     conn = opened()
-    conn.receive_from_client(b"\x00\x00\x00\x05")
-    conn.receive_from_client(b"\x02\x00\x00\x00")
+    conn.receive_from_client(b"\x00\x00\x00\x05", 0.0)
+    conn.receive_from_client(b"\x02\x00\x00\x00", 0.0)
     close_frame = _frames(conn.data_for_client())[-1]
     assert close_frame[8:11] == b"\x00\x53\x18"

@@ -192,8 +192,7 @@ class World:
     # -- checks ------------------------------------------------------------------------------
     @property
     def gate_link(self) -> SenderLink:
-        assert self.s.core.flow is not None
-        link = self.s.core.flow.sessions[0].links[CAPPED_H]
+        link = self.s.gate.sessions[0].links[CAPPED_H]
         assert isinstance(link, SenderLink)
         return link
 

@@ -23,12 +23,12 @@ def init(mechanism: str) -> bytes:
 @pytest.mark.parametrize("bytewise", [False, True], ids=["whole", "byte-at-a-time"])
 def test_external_is_refused_with_sasl_outcome_auth(bytewise: bool) -> None:
     core = Connection(SASL_HEADER)
-    core.receive_from_server(SASL_HEADER + MECHANISMS)
+    core.receive_from_server(SASL_HEADER + MECHANISMS, 0.0)
     assert core.data_for_client() == SASL_HEADER + MECHANISMS
     data = init("EXTERNAL")
     chunks = [data[i:i + 1] for i in range(len(data))] if bytewise else [data]
     for chunk in chunks:
-        core.receive_from_client(chunk)
+        core.receive_from_client(chunk, 0.0)
     assert core.failure is not None
     assert core.failure.refused and core.failure.side is Side.CLIENT
     assert core.failure.condition == "amqp:unauthorized-access"
@@ -40,9 +40,9 @@ def test_external_is_refused_with_sasl_outcome_auth(bytewise: bool) -> None:
 def test_plain_and_allowed_external_pass_in_place() -> None:
     for mechanism, refuse in (("PLAIN", True), ("EXTERNAL", False)):
         core = Connection(SASL_HEADER, refuse_external=refuse)
-        core.receive_from_server(SASL_HEADER + MECHANISMS)
+        core.receive_from_server(SASL_HEADER + MECHANISMS, 0.0)
         core.data_for_client()
         data = init(mechanism)
-        core.receive_from_client(data)
+        core.receive_from_client(data, 0.0)
         assert core.failure is None
         assert core.data_for_server() == data

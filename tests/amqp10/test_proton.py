@@ -197,9 +197,9 @@ class ProtonPair:
         self.sent[side] += data
         for chunk in self.chunker(data):
             if side is Side.CLIENT:
-                self.core.receive_from_client(chunk)
+                self.core.receive_from_client(chunk, 0.0)
             else:
-                self.core.receive_from_server(chunk)
+                self.core.receive_from_server(chunk, 0.0)
             self._deliver()
         return True
 
@@ -313,7 +313,7 @@ def test_proton_understands_our_close_after_a_client_framing_error() -> None:
     pair.pump()
     core = pair.core
     assert core is not None
-    core.receive_from_client(b"\x00\x00\x00\x03\x02\x00\x00\x00")  # a bad frame "from" it
+    core.receive_from_client(b"\x00\x00\x00\x03\x02\x00\x00\x00", 0.0)  # a bad frame "from" it
     pair.client_transport.push(core.data_for_client())
     pair.server_transport.push(core.data_for_server())
     assert core.failure is not None and core.failure.side is Side.CLIENT
@@ -336,7 +336,7 @@ def test_proton_accepts_our_open_and_close_before_the_servers_open() -> None:
         pair._move(Side.SERVER)
     core = pair.core
     assert core is not None and core.client.open is not None and core.server.open is None
-    core.receive_from_client(b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x12\x45")  # bad attach
+    core.receive_from_client(b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x12\x45", 0.0)  # bad attach
     pair.client_transport.push(core.data_for_client())
     assert core.failure is not None and core.failure.condition == "amqp:decode-error"
     assert pair.client.remote_container == "floodwall"

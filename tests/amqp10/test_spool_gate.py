@@ -43,7 +43,6 @@ def spooling(tmp_path: Path, chunker: Chunker = whole, fsync: str = "group",
     manager = SpoolManager(tmp_path / "spool")
     s = Setup(overflow="spool", spool=manager, chunker=chunker,
               policy_extra=f"    spool: {{max_bytes: {max_bytes}, fsync: {fsync}}}\n")
-    manager.on_append = lambda key: s.fc.set_backlog(key, True)  # as the SpoolService does
     s.server(broker_flow(7, 0, 1000) + broker_flow(8, 0, 1000))
     s.take()
     s.sample("capped", 500_000)
@@ -88,13 +87,12 @@ def test_a_tripped_queues_link_keeps_credit_and_its_messages_are_spooled(
     assert {r.address for r in got} == {"/amq/queue/capped"}
     assert [r.body for r in got] == [message(100 + i) for i in range(5)]
     assert all(frame.endswith(r.body) for frame, r in zip(sent, got, strict=True))
-    assert s.fc.spooled_records == 5
+    assert s.counters.spooled_records == 5
     assert dispositions(to_client) == []  # nothing is settled before it is durable
-    assert s.core.flow is not None
-    s.core.flow.spool_durable({CAPPED: 3})
+    s.board.spool_durable({CAPPED: 3})
     _, to_client = s.take()
     assert [(a, b, c) for a, b, c, _ in dispositions(to_client)] == [(0, 2, ACCEPTED)]
-    s.core.flow.spool_durable({CAPPED: 5})
+    s.board.spool_durable({CAPPED: 5})
     _, to_client = s.take()
     assert [(a, b, c) for a, b, c, _ in dispositions(to_client)] == [(3, 4, ACCEPTED)]
 
@@ -139,8 +137,7 @@ def test_a_multi_frame_delivery_is_spooled_whole_and_an_aborted_one_not_at_all(
     assert [r.body for r in records(s)] == [body]
     forwarded = [f for code, f in performatives(to_server) if code == TRANSFER]
     assert [num(f[1]) for f in forwarded] == [0]  # the broker's first delivery
-    assert s.core.flow is not None
-    s.core.flow.spool_durable({CAPPED: 1})
+    s.board.spool_durable({CAPPED: 1})
     _, to_client = s.take()
     assert [(a, b) for a, b, _, _ in dispositions(to_client)] == [(0, 0)]
 
@@ -149,8 +146,7 @@ def test_a_delivery_sent_settled_is_spooled_and_not_settled_again(tmp_path: Path
     s = spooling(tmp_path)
     s.client(amqp(TRANSFER, 0, message(50), handle=UInt(CAPPED_H), delivery_id=UInt(0),
                   delivery_tag=b"t0", message_format=UInt(0), settled=True))
-    assert s.core.flow is not None
-    s.core.flow.spool_durable({CAPPED: 1})
+    s.board.spool_durable({CAPPED: 1})
     to_server, to_client = s.take()
     assert to_server == b"" and dispositions(to_client) == []
     assert [r.body for r in records(s)] == [message(50)]
@@ -189,11 +185,12 @@ def test_what_the_spool_refuses_is_rejected_and_the_link_is_held(tmp_path: Path)
     assert error.value[0] == Symbol("amqp:resource-limit-exceeded")  # type: ignore[index]
     assert "spool" in error.value[1]  # type: ignore[index]
     # held by credit from now on: no more is granted than the client had
-    assert s.fc.is_blocked(s.core.flow, link_ref(0, CAPPED_H))  # type: ignore[arg-type]
-    assert s.fc.spool_fallbacks == 1 and len(records(s)) == 1
+    assert s.fc.is_blocked(1, link_ref(0, CAPPED_H))
+    assert s.counters.spool_fallbacks == 1 and len(records(s)) == 1
     # the queue drains and the backlog with it: the link gets credit again
     s.sample("capped", 0)
     s.fc.set_backlog(CAPPED, False)
+    s.board.settle()
     _, to_client = s.take()
     assert credit_seen(to_client, 7, 2) > 0
 
@@ -207,7 +204,7 @@ def test_a_transactional_transfer_is_not_spooled(tmp_path: Path) -> None:
     to_server, to_client = s.take()
     assert to_server == frame  # forwarded as it was, then held by credit
     assert flows(to_client, 7) == []
-    assert s.fc.is_blocked(s.core.flow, link_ref(0, CAPPED_H))  # type: ignore[arg-type]
+    assert s.fc.is_blocked(1, link_ref(0, CAPPED_H))
     assert s.spool is not None and CAPPED not in s.spool.spools
 
 
@@ -219,7 +216,7 @@ def test_without_a_spool_the_link_is_held_by_credit(tmp_path: Path) -> None:
     frame = s.send(CAPPED_H)
     to_server, to_client = s.take()
     assert to_server == frame and flows(to_client, 7) == []
-    assert s.fc.is_blocked(s.core.flow, link_ref(0, CAPPED_H))  # type: ignore[arg-type]
+    assert s.fc.is_blocked(1, link_ref(0, CAPPED_H))
 
 
 def test_a_drop_between_the_frames_of_another_links_delivery_keeps_its_id(

@@ -36,6 +36,7 @@ from floodwall.dev.devbroker import (
     server_script,
 )
 from floodwall.dev.devproxy import ProxyProcess
+from floodwall.enforce.counters import GateCounters
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor, describe_policy_changes
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials
 from floodwall.ops.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state
@@ -110,8 +111,11 @@ class Owner:
         self.conn_id = conn_id
         self.released: list[int] = []
 
-    def channel_released(self, channel: int) -> None:
+    def channel_released(self, channel: int, now: float) -> None:
         self.released.append(channel)
+
+    def spool_durable(self, durable: dict[QueueKey, int]) -> None:
+        pass
 
 
 class AmqpAdmin:
@@ -353,8 +357,8 @@ policies:
             await eventually(lambda: c.alarm_reason is not None, 30, "the alarm")
             assert "memory alarm" in (c.alarm_reason or "")
             assert c.blocking("/", frozenset({"any-queue"})) == frozenset({ALARM})
-            c.register(owner)
-            assert c.block(owner, 1, frozenset({ALARM}))
+            flow.board.attach(owner)
+            assert c.block(owner.conn_id, 1, frozenset({ALARM}), flow.clock())
             assert metric_value(flow, "floodwall_broker_alarm") == 1
             assert flow.readiness()[1]["broker_alarm"] == c.alarm_reason
             await asyncio.to_thread(private_node.ctl, "set_vm_memory_high_watermark", "0.4")
@@ -401,7 +405,7 @@ def test_reload_good_then_bad_keeps_the_old_set(tmp_path: Path,
 
     async def body() -> None:
         flow = FlowSupervisor(nowhere_settings(path))
-        flow.controller.queue_seen(("/", "orders.eu"))
+        flow.controller.queue_seen(("/", "orders.eu"), flow.clock())
         await flow.start()
         try:
             write_policies(path, GOOD.replace("capacity: 1MiB", "capacity: 2MiB"))
@@ -441,11 +445,12 @@ def test_trouble_everywhere_is_logged_once_and_holding_repeats(
             await eventually(lambda: flow.readiness()[0], 5, "readiness despite the trouble")
             flow.queue_declared("/", "audit")
             c.sampled_management(("/", "audit"), ManagementSample(time.monotonic(), 11, 0,
-                                                                  1100, 1100, 0))
+                                                                  1100, 1100, 0), flow.clock())
+            flow.board.settle()
             assert ("/", "audit") in c.tripped
             owner = Owner(3)
-            c.register(owner)
-            assert c.block(owner, 2, frozenset({("/", "audit")}))
+            flow.board.attach(owner)
+            assert c.block(owner.conn_id, 2, frozenset({("/", "audit")}), flow.clock())
             await eventually(lambda: len(events(caplog, "publishes_held")) >= 3, 5,
                              "repeated holding lines")
             held = events(caplog, "publishes_held")[-1].__dict__
@@ -479,27 +484,26 @@ class _NoRoutes:
 def test_collector_output_and_state_shape() -> None:
     now = [100.0]
     policies = parse_policies(GOOD, "policies.yaml")
-    c = FlowController(_NoRoutes(), lambda: now[0], policies)
+    c = FlowController(_NoRoutes(), policies)
+    g = GateCounters()
     orders: QueueKey = ("/", "orders.eu")
-    c.queue_seen(orders)
-    c.queue_seen(("/", "audit"))
+    c.queue_seen(orders, now[0])
+    c.queue_seen(("/", "audit"), now[0])
     c.sampled_management(orders, ManagementSample(99.0, 3, 1, 2 * 1024**2, 1536 * 1024,
-                                                  512 * 1024))
+                                                  512 * 1024), now[0])
     now[0] = 104.5
-    owner = Owner(5)
-    c.register(owner)
-    c.block(owner, 1, frozenset({orders}))
+    c.block(5, 1, frozenset({orders}), now[0])
     c.set_alarm("memory alarm on rabbit@a")
-    c.held_bytes, c.held_messages, c.rejects, c.deadline_expiries = 300, 2, 4, 1
-    c.signals["amqp091", "flow_off"] = 6
-    c.signals["amqp10", "flow_off"] = 3
-    c.signals["amqp10", "flow_on"] = 2
+    g.held_bytes, g.held_messages, g.rejects, g.deadline_expiries = 300, 2, 4, 1
+    g.signals["amqp091", "flow_off"] = 6
+    g.signals["amqp10", "flow_off"] = 3
+    g.signals["amqp10", "flow_on"] = 2
     stats = FlowStats(policies, management=ManagementStatus("http://mq:15672", False, "auth",
                                                             "401", 100.0))
     stats.management_requests = 12
     stats.management_errors["auth"] = 12
     stats.reloads["ok"] = 1
-    text = generate_latest(make_registry([FlowCollector(c, stats)])).decode()
+    text = generate_latest(make_registry([FlowCollector(c, g, stats, lambda: now[0])])).decode()
     q = {"vhost": "/", "queue": "orders.eu", "policy": "orders"}
     assert metric_in(text, "floodwall_queue_depth_bytes", source="broker", **q) == 2 * 1024**2
     assert metric_in(text, "floodwall_queue_depth_messages", source="estimate", **q) == 4
@@ -530,7 +534,7 @@ def test_collector_output_and_state_shape() -> None:
     assert metric_in(text, "floodwall_policy_reloads_total", result="error") == 0
     assert metric_in(text, "floodwall_policies_loaded") == 3  # 2 policies + 1 defaults entry
 
-    state = json.loads(json.dumps(flow_state(c, stats, now[0])))
+    state = json.loads(json.dumps(flow_state(c, g, stats, now[0])))
     assert state["policies"]["source"] == "policies.yaml"
     assert state["alarm"] == "memory alarm on rabbit@a"
     assert state["management"] == {"url": "http://mq:15672", "ok": False, "kind": "auth",

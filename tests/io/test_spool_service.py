@@ -21,9 +21,12 @@ from floodwall.control.controller import FlowController
 from floodwall.control.policy import EMPTY_POLICIES, PolicySet, parse_policies
 from floodwall.control.routing import Topology
 from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.enforce.shared import Enforcement
 from floodwall.io.spool import SpoolService, SpoolServiceSettings, record_headers
+from floodwall.io.switchboard import Switchboard
 from floodwall.ops.config import AmqpCredentials
 from floodwall.ops.metrics import make_registry
+from floodwall.ops.telemetry import event_fields
 from floodwall.spool.manager import SpoolFull, SpoolLimits, SpoolLocked, SpoolManager
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp10.types import Described, ULong, decode_value, encode
@@ -119,6 +122,15 @@ def admin(broker: BrokerEndpoint) -> Iterator[Admin]:
     a.close()
 
 
+def board_for(controller: FlowController,
+              seen: list[tuple[str, dict[str, object]]] | None = None) -> Switchboard:
+    """What io/ has around the controller; ``seen`` gets the telemetry's view of events."""
+    board = Switchboard(Enforcement(controller), time.monotonic)
+    if seen is not None:
+        board.observe(lambda ev: seen.extend(filter(None, [event_fields(ev)])))
+    return board
+
+
 def events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage() == name]
 
@@ -137,10 +149,9 @@ def test_replay_in_order_byte_exact_and_confirmed_records_deleted(
     caplog.set_level(logging.INFO, "floodwall.spool")
     topology = Topology()
     topology.declare_queue("/", q)
-    controller = FlowController(topology, time.monotonic, EMPTY_POLICIES)
+    controller = FlowController(topology, EMPTY_POLICIES)
     seen: list[tuple[str, dict[str, object]]] = []
-    controller.on_event = lambda name, fields: seen.append((name, fields))
-    svc = SpoolService(settings(tmp_path, broker), controller, topology)
+    svc = SpoolService(settings(tmp_path, broker), board_for(controller, seen), topology)
 
     async def body() -> None:
         await svc.start()
@@ -224,8 +235,8 @@ def test_replay_keeps_spool_order_across_0_9_1_and_1_0_records(
     topology.declare_exchange("/", fanout, "fanout")
     topology.bind_queue("/", q, fanout, "")
     topology.bind_queue("/", other, fanout, "")
-    controller = FlowController(topology, time.monotonic, EMPTY_POLICIES)
-    svc = SpoolService(settings(tmp_path, broker), controller, topology)
+    controller = FlowController(topology, EMPTY_POLICIES)
+    svc = SpoolService(settings(tmp_path, broker), board_for(controller), topology)
 
     async def body() -> None:
         await svc.start()
@@ -250,10 +261,10 @@ def test_replay_stops_when_the_queue_trips_and_resumes_on_release(
     fill(tmp_path, key, recs)
     topology = Topology()
     topology.declare_queue("/", q)
-    controller = FlowController(topology, time.monotonic, policies_for(q))
-    controller.queue_seen(key)
-    controller.sampled_ready_count(key, time.monotonic(), 0, rtt=0.01)
-    svc = SpoolService(settings(tmp_path, broker), controller, topology)
+    controller = FlowController(topology, policies_for(q))
+    controller.queue_seen(key, time.monotonic())
+    controller.sampled_ready_count(key, time.monotonic(), 0, 0.01, time.monotonic())
+    svc = SpoolService(settings(tmp_path, broker), board_for(controller), topology)
     received: list[bytes] = []
 
     async def body() -> None:
@@ -275,7 +286,9 @@ def test_replay_stops_when_the_queue_trips_and_resumes_on_release(
             # a consumer drains the queue; the next depth sample releases it
             received.extend(b for _, _, b in admin.take(q))
             await asyncio.sleep(0.05)
-            controller.sampled_ready_count(key, time.monotonic(), admin.depth(q), rtt=0.01)
+            controller.sampled_ready_count(key, time.monotonic(), admin.depth(q), 0.01,
+                                           time.monotonic())
+            svc.board.settle()
         await eventually(lambda: admin.depth(q) == len(recs) - len(received), 10, "the rest")
         assert rounds >= 2
         await svc.stop()
@@ -308,7 +321,7 @@ def test_routing_kept_when_it_reaches_only_the_queue_else_default_exchange(
     fill(tmp_path, key, [record(0, direct, "k1"), record(1, fan, "any"), record(2, direct, "k1")])
     caplog.set_level(logging.INFO, "floodwall.spool")
     svc = SpoolService(settings(tmp_path, broker),
-                       FlowController(topology, time.monotonic, EMPTY_POLICIES), topology)
+                       board_for(FlowController(topology, EMPTY_POLICIES)), topology)
 
     async def body() -> None:
         await svc.start()
@@ -332,7 +345,7 @@ def test_unroutable_records_stay_on_disk(broker: BrokerEndpoint, tmp_path: Path,
     fill(tmp_path, key, [record(i, "", q) for i in range(5)])
     caplog.set_level(logging.INFO, "floodwall.spool")
     svc = SpoolService(settings(tmp_path, broker),
-                       FlowController(Topology(), time.monotonic, EMPTY_POLICIES))
+                       board_for(FlowController(Topology(), EMPTY_POLICIES)))
 
     async def body() -> None:
         await svc.start()
@@ -355,7 +368,7 @@ def test_drain_replays_within_the_deadline(broker: BrokerEndpoint, admin: Admin,
     topology = Topology()
     topology.declare_queue("/", q)
     svc = SpoolService(settings(tmp_path, broker),
-                       FlowController(topology, time.monotonic, EMPTY_POLICIES), topology)
+                       board_for(FlowController(topology, EMPTY_POLICIES)), topology)
 
     async def body() -> None:
         await svc.start()
@@ -376,18 +389,11 @@ class Owner:
         self.conn_id = conn_id
         self.durable: list[dict[tuple[str, str], int]] = []
 
-    def channel_released(self, channel: int) -> None:
+    def channel_released(self, channel: int, now: float) -> None:
         pass
 
     def spool_durable(self, durable: dict[tuple[str, str], int]) -> None:
         self.durable.append(dict(durable))
-
-
-class OwnerWithoutSpool:
-    conn_id = 99
-
-    def channel_released(self, channel: int) -> None:
-        pass
 
 
 def test_group_commit_tells_owners_and_never_does_not_fsync(
@@ -406,13 +412,12 @@ policies:
     overflow: spool
     spool: {fsync: never}
 """)
-    controller = FlowController(Topology(), time.monotonic, policies)
+    controller = FlowController(Topology(), policies)
     owner = Owner(1)
-    controller.register(owner)
-    controller.register(OwnerWithoutSpool())  # a core without spool_durable: skipped
     seen: list[tuple[str, dict[str, object]]] = []
-    controller.on_event = lambda name, fields: seen.append((name, fields))
-    svc = SpoolService(settings(tmp_path), controller, ready=lambda: False)
+    board = board_for(controller, seen)
+    board.attach(owner)
+    svc = SpoolService(settings(tmp_path), board, ready=lambda: False)
     fsynced: list[int] = []
     real = os.fsync
 
@@ -427,11 +432,11 @@ policies:
             svc.manager.append(("/", "g"), record(0, "", "g"), 1 << 30)
         await svc.start()
         t0 = time.monotonic()
-        svc.manager.append(("/", "n"), record(1, "", "n"), 1 << 30)
+        svc.append(("/", "n"), record(1, "", "n"), 1 << 30)  # as a gate does
         await eventually(lambda: owner.durable, 2, "the never-fsync commit")
         assert owner.durable[-1] == {("/", "n"): 1} and not fsynced
-        svc.manager.append(("/", "g"), record(2, "", "g"), 1 << 30)
-        svc.manager.append(("/", "g"), record(3, "", "g"), 1 << 30)
+        svc.append(("/", "g"), record(2, "", "g"), 1 << 30)
+        svc.append(("/", "g"), record(3, "", "g"), 1 << 30)
         await eventually(lambda: len(owner.durable) == 2, 2, "the group commit")
         assert owner.durable[-1] == {("/", "g"): 2}
         assert time.monotonic() - t0 >= 0.05  # it waited for the group
@@ -458,12 +463,12 @@ def test_start_recovers_and_logs_torn_tails_and_takes_the_lock(
     with open(seg, "ab") as f:
         f.write(b"FWR1\x00\x00\x10\x00garbage")  # a torn last append
     caplog.set_level(logging.INFO, "floodwall.spool")
-    svc = SpoolService(settings(tmp_path), FlowController(Topology(), time.monotonic),
+    svc = SpoolService(settings(tmp_path), board_for(FlowController(Topology())),
                        ready=lambda: False)
 
     async def body() -> None:
         await svc.start()
-        other = SpoolService(settings(tmp_path), FlowController(Topology(), time.monotonic))
+        other = SpoolService(settings(tmp_path), board_for(FlowController(Topology())))
         with pytest.raises(SpoolLocked):
             await other.start()
         state = svc.state()

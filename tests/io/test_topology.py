@@ -19,9 +19,11 @@ from floodwall.control.lookups import Lookup, LookupKind, LookupResult
 from floodwall.control.policy import parse_policies
 from floodwall.control.routing import ChangeKind, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
+from floodwall.enforce.shared import Enforcement
 from floodwall.io.amqp_client import Delivery, QueueCounts, QueueLocked
 from floodwall.io.management import ManagementError
 from floodwall.io.supervisor import FlowSettings
+from floodwall.io.switchboard import Switchboard
 from floodwall.io.topology import TopologyFeed
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials
 from floodwall.ops.flow_metrics import FlowStats
@@ -116,9 +118,11 @@ class Client:
 class Policing:
     """The flow supervisor's part, recorded."""
 
-    def __init__(self, broker: Broker, controller: FlowController) -> None:
+    def __init__(self, broker: Broker, controller: FlowController,
+                 now: list[float]) -> None:
         self.broker = broker
         self.controller = controller
+        self.now = now
         self.applied: list[tuple[ChangeKind, str, ChangeSource]] = []
         self.listed: list[set[QueueKey]] = []
         self.counts: list[tuple[QueueKey, int]] = []
@@ -127,7 +131,7 @@ class Policing:
     def topology_applied(self, change: TopologyChange, source: ChangeSource) -> None:
         self.applied.append((change.kind, change.name, source))
         if change.kind in (ChangeKind.DECLARE_QUEUE, ChangeKind.BIND_QUEUE):
-            self.controller.queue_seen((change.vhost, change.name))
+            self.controller.queue_seen((change.vhost, change.name), self.now[0])
 
     async def queues_listed(self, listed: set[QueueKey]) -> None:
         self.listed.append(listed)
@@ -138,11 +142,11 @@ class Policing:
     def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
                          rtt: float | None) -> None:
         self.counts.append((key, ready))
-        self.controller.sampled_ready_count(key, requested_at, ready, rtt)
+        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.now[0])
 
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
         self.samples.append(key)
-        self.controller.sampled_management(key, sample)
+        self.controller.sampled_management(key, sample, self.now[0])
 
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
         return await call()
@@ -153,14 +157,15 @@ class Setup:
         self.now = [100.0]
         self.broker = Broker()
         self.topology = Topology()
-        self.controller = FlowController(self.topology, lambda: self.now[0], POLICIES)
+        self.controller = FlowController(self.topology, POLICIES)
+        self.board = Switchboard(Enforcement(self.controller), lambda: self.now[0])
         self.settings = FlowSettings(
             policies=Path("unused.yaml"), management_url="http://mq:15672",
             management_credentials=ManagementCredentials(), amqp_host="mq", amqp_port=5672,
             amqp_credentials=AmqpCredentials(), sync_grace=0.05, lookup_timeout=1.0)
         self.stats = FlowStats(POLICIES)
-        self.policing = Policing(self.broker, self.controller)
-        self.feed = TopologyFeed(self.settings, self.topology, self.controller,
+        self.policing = Policing(self.broker, self.controller, self.now)
+        self.feed = TopologyFeed(self.settings, self.topology, self.board,
                                  self.broker,  # type: ignore[arg-type]
                                  self.stats, self.policing, lambda: self.now[0])
 

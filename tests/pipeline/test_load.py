@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
+from floodwall.enforce.counters import GateCounters
 from floodwall.ops.telemetry import EVENT_FIELDS, Sampler
 from floodwall_pipeline.load import load
 from floodwall_pipeline.schema import FIELD_NAMES
@@ -27,11 +28,11 @@ class _Router:
 def test_schema_knows_every_field_the_proxy_and_the_generator_write(tmp_path: Path) -> None:
     policies = parse_policies("version: 1\npolicies:\n  - name: p\n    match: {queue: 'q'}\n"
                               "    capacity: 100\n")
-    fc = FlowController(_Router(), lambda: 1.0, policies)
-    fc.queue_seen(("/", "q"))
-    fc.sampled_management(("/", "q"), ManagementSample(1.0, 0, 0, 0, 0, 0))
+    fc = FlowController(_Router(), policies)
+    fc.queue_seen(("/", "q"), 1.0)
+    fc.sampled_management(("/", "q"), ManagementSample(1.0, 0, 0, 0, 0, 0), 1.0)
     written: set[str] = set()
-    for rec in Sampler("s").snapshot(fc, 1.0, 1.0):
+    for rec in Sampler("s").snapshot(fc, GateCounters(), 1.0, 1.0):
         written |= rec.keys()
     written |= set(EVENT_FIELDS) | {"event"}
     assert written <= set(FIELD_NAMES), written - set(FIELD_NAMES)

@@ -39,7 +39,6 @@ from floodwall.control.policy.model import (
     DEFAULT_DEADLINE,
     EMPTY_POLICIES,
     FORMAT_VERSION,
-    SPOOL_AVAILABLE,
     Fsync,
     Overflow,
     Policy,
@@ -50,7 +49,6 @@ from floodwall.control.policy.model import (
     SpoolSettings,
     UnknownDepth,
     glob_to_regex,
-    set_spool_available,
 )
 from floodwall.control.policy.render import (
     render_policies,
@@ -68,7 +66,6 @@ __all__ = [
     "DEFAULT_DEADLINE",
     "EMPTY_POLICIES",
     "FORMAT_VERSION",
-    "SPOOL_AVAILABLE",
     "Fsync",
     "Overflow",
     "Policy",
@@ -90,5 +87,4 @@ __all__ = [
     "parse_duration",
     "parse_policies",
     "render_policies",
-    "set_spool_available",
 ]

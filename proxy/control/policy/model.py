@@ -11,16 +11,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-#: True while the running proxy has a spool (``--spool-dir``; the proxy sets it at start,
-#: ``set_spool_available``); otherwise ``overflow: spool`` acts as hold.
-SPOOL_AVAILABLE = False
-
-
-def set_spool_available(available: bool) -> None:
-    """The running proxy has (True) or has no (False) spool directory."""
-    global SPOOL_AVAILABLE
-    SPOOL_AVAILABLE = available
-
 #: Seconds a publisher may be held before it gets a nack or a channel close.
 DEFAULT_DEADLINE: Final = 30.0
 
@@ -233,10 +223,10 @@ class Policy:
         """False for a policy with no byte and no count limit: its queues are not policed."""
         return self.capacity > 0 or self.max_messages is not None
 
-    @property
-    def effective_overflow(self) -> Overflow:
-        """The overflow applied: ``spool`` is ``hold`` without a spool (``--spool-dir``)."""
-        if self.overflow is Overflow.SPOOL and not SPOOL_AVAILABLE:
+    def effective_overflow(self, spooling: bool) -> Overflow:
+        """The overflow applied: ``spool`` is ``hold`` without a spool (``spooling`` False: no
+        ``--spool-dir``, which the caller knows; the policy does not)."""
+        if self.overflow is Overflow.SPOOL and not spooling:
             return Overflow.HOLD
         return self.overflow
 

@@ -31,9 +31,10 @@ def _limit_lines(p: Policy) -> list[tuple[str, str]]:
         lines.append((f"max_messages: {p.max_messages}", ""))
         lines.append((f"resume_messages: {p.resume_messages}", ""))
     note = ""
-    if p.overflow is not p.effective_overflow:
+    without_spool = p.effective_overflow(spooling=False)
+    if p.overflow is not without_spool:
         note = (f"NOTE: {p.overflow.value} needs --spool-dir at run time "
-                f"(acts as {p.effective_overflow.value} without it)")
+                f"(acts as {without_spool.value} without it)")
     lines.append((f"overflow: {p.overflow.value}", note))
     lines.append((f"deadline: {format_duration(p.deadline)}", ""))
     lines.append((f"signal: {p.signal.value}", ""))

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from floodwall.wire.amqp091.connection import ClientInfo
+from floodwall.wire.amqp091.hooks import ClientInfo
 
 
 class FlowReaction(Enum):

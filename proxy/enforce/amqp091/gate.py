@@ -6,33 +6,47 @@ destination queue is tripped, and then either lets it pass untouched, holds it (
 frame that must stay behind it on that channel) or refuses it as the policy says. Held
 frames leave, in channel order, when the controller releases the channel; each held
 publish is checked again as it leaves, so a queue that trips again stops the release.
+
+Output is a value: frames the proxy sends (a Channel.Flow, a nack, held frames released)
+and typed events (``floodwall.enforce.events``) go to ``outbox`` in order; every entry point
+that needs the time takes ``now``. The core moves the outbox into its outgoing data.
 """
 
 from __future__ import annotations
 
-import logging
 import struct
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.controller import ALARM, QueueKey
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import Fsync, Overflow, Policy, Signal
-from floodwall.ops.logs import event
-from floodwall.spool.log import SpoolError
-from floodwall.spool.manager import SpoolManager
+from floodwall.enforce.amqp091.clients import may_signal
+from floodwall.enforce.commands import Command, ForgetChannel, ToClient, ToServer
+from floodwall.enforce.events import (
+    Answer,
+    At,
+    ChannelClosed,
+    DeadlineExpired,
+    NotSpooled,
+    ProtocolName,
+    PublisherHeld,
+    Refused,
+    Signalled,
+    SpoolFellBack,
+    WaitingForLookup,
+)
+from floodwall.enforce.ports import SpoolRefused
+from floodwall.enforce.shared import Enforcement
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
+from floodwall.wire.amqp091.hooks import ClientInfo
 
-log = logging.getLogger("floodwall.flow")
-
-PROTOCOL: Final = "amqp091"
+PROTOCOL: Final = ProtocolName.AMQP091
 _B = commands.Basic
 _CH = commands.Channel
 _SHORT = struct.Struct(">H")
@@ -182,33 +196,51 @@ class ChannelFlow:
 
 
 class PublishFlow:
-    """The gate for one connection's publishes; owned by its ``amqp091.Connection``.
+    """The gate for one connection's publishes; asked by its ``amqp091.Connection``
+    (``floodwall.wire.amqp091.hooks.PublishHooks``), released and expired by the I/O layer.
 
-    ``to_server`` / ``to_client`` append bytes to the core's output queues in order; the
-    core calls ``notify`` after output produced outside a receive call (a release).
+    What it makes goes to ``outbox`` (``take_output`` empties it): frames for either peer in
+    the order they must leave, ``ForgetChannel``, and typed events.
     """
 
-    def __init__(self, controller: FlowController, conn_id: int,
-                 to_server: Callable[[bytes], None], to_client: Callable[[bytes], None],
-                 hold_budget: int = DEFAULT_HOLD_BUDGET,
-                 spool: SpoolManager | None = None) -> None:
-        self.controller = controller
-        self.spool = spool
+    def __init__(self, shared: Enforcement, conn_id: int,
+                 hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
+        self.controller = shared.controller
+        self.counters = shared.counters
+        self.spool = shared.spool
         self.conn_id = conn_id
-        self._to_server = to_server
-        self._to_client = to_client
         self.hold_budget = hold_budget
         self.vhost = "/"
         self.may_signal = False
         self.channels: dict[int, ChannelFlow] = {}
         self.held_bytes = 0
-        self.notify: Callable[[], None] = lambda: None
-        self.on_channel_closed: Callable[[int], None] = lambda channel: None
-        self.client_gone = False
+        self.outbox: list[Command] = []
         self._connection_close: bytes | None = None  # the client's close, behind held frames
         self._waiting_lookup: set[int] = set()  # channels blocked on lookups only
         self._maybe_slow = False  # set whenever a channel may have left the fast path
-        controller.register(self)
+
+    # -- output --------------------------------------------------------------------------
+    def take_output(self) -> list[Command]:
+        """What the gate made since the last call, in order; the outbox is empty after."""
+        out, self.outbox = self.outbox, []
+        return out
+
+    def _to_server(self, data: bytes) -> None:
+        self.outbox.append(ToServer(data))
+
+    def _to_client(self, data: bytes) -> None:
+        self.outbox.append(ToClient(data))
+
+    def _at(self, channel: int) -> At:
+        return At(PROTOCOL, self.conn_id, self.vhost, channel)
+
+    # -- what the core learns about the connection ----------------------------------------
+    def client_identified(self, client: ClientInfo) -> None:
+        """connection.start-ok: whether the client may be sent Channel.Flow (clients.py)."""
+        self.may_signal = may_signal(client)
+
+    def vhost_opened(self, vhost: str) -> None:
+        self.vhost = vhost
 
     # -- state -------------------------------------------------------------------------
     def channel(self, channel: int) -> ChannelFlow:
@@ -247,14 +279,15 @@ class PublishFlow:
         return any(ch.holding for ch in self.channels.values())
 
     def close(self) -> None:
-        self.controller.unregister(self)
+        """The connection is gone: nothing of it is blocked or held any more."""
+        self.controller.connection_closed(self.conn_id)
         self._account(-self.held_bytes, -sum(
             sum(1 for i in ch.held if isinstance(i, HeldPublish)) for ch in self.channels.values()))
         self.channels.clear()
 
     # -- client frames -----------------------------------------------------------------
     def on_publish(self, channel: int, buf: Buffer, offset: int, end: int,
-                   header_end: int | None) -> int | None:
+                   header_end: int | None, now: float) -> int | None:
         """A basic.publish frame ``buf[offset:end]``.
 
         ``header_end`` is where its content header ends when that header follows at once
@@ -270,11 +303,12 @@ class PublishFlow:
             ch.awaiting = (pub, bytes(buf[offset:end]))
             self._maybe_slow = True
             return end
-        took = self._decide(ch, pub, None, buf, offset, end, header_end)
+        took = self._decide(ch, pub, None, buf, offset, end, header_end, now)
         return header_end if took else None
 
     def _decide(self, ch: ChannelFlow, pub: Publish, method_bytes: bytes | None,
-                buf: Buffer, offset: int, header_offset: int, header_end: int) -> bool:
+                buf: Buffer, offset: int, header_offset: int, header_end: int,
+                now: float) -> bool:
         """Decide a publish once its content header is known; True if the gate took it.
 
         ``method_bytes`` is the method frame when it already left ``buf`` (it waited for its
@@ -292,7 +326,7 @@ class PublishFlow:
         blocking = controller.blocking(self.vhost, queues)
         # Routed somewhere the model knows (the common case): no lookup can be needed.
         lookup = None if (queues and (pub.exchange or pub.routing_key in queues)) else \
-            controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues)
+            controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues, now)
         if lookup is not None:  # the model does not know where it lands: ask first
             blocking = blocking | {lookup}
         spool_to = (self._spool_target(ch, pub, queues, blocking)
@@ -301,39 +335,34 @@ class PublishFlow:
             if method_bytes is None:
                 method_bytes = bytes(buf[offset:header_offset])
             item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues,
-                               self.controller.clock(),
-                               ch.confirms.client_seq if ch.confirms is not None else 0,
+                               now, ch.confirms.client_seq if ch.confirms is not None else 0,
                                spool_to)
             if item.complete:
-                self._spool(ch, item, blocking)
+                self._spool(ch, item, blocking, now)
             else:
                 ch.filling = item  # its body frames come next; spooled when all are in
                 self._maybe_slow = True
             return True
         if not blocking and not ch.holding:
-            self.controller.forwarded(self.vhost, queues, body_size)
+            self.controller.forwarded(self.vhost, queues, body_size, now)
             if ch.confirms is not None:
                 ch.confirms.forwarded()
             if method_bytes is not None:  # it waited for its header: it goes first
                 self._to_server(method_bytes)
             return False
         policy = self._strictest(blocking)
-        if policy is not None and policy.effective_overflow is Overflow.REJECT:
+        if policy is not None and policy.overflow is Overflow.REJECT:
             self._refuse(ch, blocking, body_size, "over capacity (overflow: reject)")
-            self.controller.rejects += 1
-            self.controller.emit("reject", {"vhost": self.vhost, "conn": self.conn_id,
-                                            "channel": ch.channel, "body_bytes": body_size,
-                                            "queues": [k[1] for k in blocking if k != ALARM]})
+            self.counters.rejects += 1
             return True
         if method_bytes is None:
             method_bytes = bytes(buf[offset:header_offset])
-        item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues,
-                           self.controller.clock(),
+        item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues, now,
                            ch.confirms.client_seq if ch.confirms is not None else 0,
                            generation=controller.generation)
         self._hold(ch, item)
         if blocking:
-            self._block(ch, blocking)
+            self._block(ch, blocking, now)
         return True
 
     def _strictest(self, blocking: frozenset[QueueKey]) -> Policy | None:
@@ -343,11 +372,11 @@ class PublishFlow:
             q = self.controller.queues.get(key)
             if q is None:
                 continue
-            if chosen is None or q.policy.effective_overflow is Overflow.REJECT:
+            if chosen is None or q.policy.overflow is Overflow.REJECT:
                 chosen = q.policy
         return chosen
 
-    def on_content(self, channel: int, buf: Buffer, offset: int, end: int) -> bool:
+    def on_content(self, channel: int, buf: Buffer, offset: int, end: int, now: float) -> bool:
         """A content header or body frame (slow path); True if the gate took it."""
         ch = self.channels.get(channel)
         if ch is None:
@@ -356,7 +385,7 @@ class PublishFlow:
         if ch.awaiting is not None and ftype == 2:
             pub, method_bytes = ch.awaiting
             ch.awaiting = None
-            return self._decide(ch, pub, method_bytes, buf, offset, offset, end)
+            return self._decide(ch, pub, method_bytes, buf, offset, offset, end, now)
         item = ch.filling
         if item is not None and ftype == 3:
             data = bytes(buf[offset:end])
@@ -367,7 +396,8 @@ class PublishFlow:
             if item.complete:
                 ch.filling = None
                 if item.spool_to is not None:
-                    self._spool(ch, item, self.controller.blocking(self.vhost, item.queues))
+                    self._spool(ch, item, self.controller.blocking(self.vhost, item.queues),
+                                now)
             return True
         if ch.discard_content > 0 and ftype == 3:
             ch.discard_content -= size
@@ -428,7 +458,7 @@ class PublishFlow:
         self._waiting_lookup.discard(channel)
         if ch is not None and ch.held_bytes:
             self._account(-ch.held_bytes, -sum(1 for i in ch.held if isinstance(i, HeldPublish)))
-        self.controller.channel_closed(self, channel)
+        self.controller.channel_closed(self.conn_id, channel)
 
     # -- broker frames -----------------------------------------------------------------
     def on_broker_confirm(self, channel: int, buf: Buffer, offset: int, end: int,
@@ -460,8 +490,8 @@ class PublishFlow:
         ch.close_oks_due.discard(side)
         if not ch.close_oks_due:  # both sides answered: the channel number is free again
             self.channels.pop(ch.channel, None)
-            self.controller.channel_closed(self, ch.channel)
-            self.on_channel_closed(ch.channel)
+            self.controller.channel_closed(self.conn_id, ch.channel)
+            self.outbox.append(ForgetChannel(ch.channel))
             for frame in ch.reopen:
                 self._to_server(frame)
 
@@ -488,34 +518,34 @@ class PublishFlow:
         if ch.transactional or pub.mandatory or ch.holding:
             if not ch.not_spooled_reported and not ch.holding:
                 ch.not_spooled_reported = True
-                event(log, "publish_not_spooled", conn=self.conn_id, channel=ch.channel,
-                      queue=key[1], reason=("transactional channel" if ch.transactional
-                                            else "mandatory publish"), action="held")
+                self.outbox.append(NotSpooled(
+                    self._at(ch.channel), key[1], "transactional channel" if ch.transactional
+                    else "mandatory publish", "held"))
             return None
         return key
 
-    def _spool(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey]) -> None:
+    def _spool(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey],
+               now: float) -> None:
         """Write a complete publish to its queue's spool; hold it if the spool says no."""
         assert self.spool is not None and item.spool_to is not None
         key = item.spool_to
         q = self.controller.queues.get(key)
         settings = q.policy.spool if q is not None else None
-        record = SpoolRecord(0, time.time(), item.publish.exchange, item.publish.routing_key,
+        record = SpoolRecord(0, 0.0, item.publish.exchange, item.publish.routing_key,
                              bytes(item.frames[1][HEADER_SIZE:-1]),
                              b"".join(f[HEADER_SIZE:-1] for f in item.frames[2:]),
                              item.publish.mandatory)
         try:
             seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
-        except SpoolError as exc:
-            self.controller.spool_fallbacks += 1
-            event(log, "spool_refused", logging.WARNING, conn=self.conn_id, channel=ch.channel,
-                  queue=key[1], reason=str(exc), action="held")
+        except SpoolRefused as exc:
+            self.counters.spool_fallbacks += 1
+            self.outbox.append(SpoolFellBack(self._at(ch.channel), key[1], str(exc), "held"))
             item.spool_to = None
             self._hold(ch, item)
-            self._block(ch, blocking or frozenset({key}))
+            self._block(ch, blocking or frozenset({key}), now)
             return
-        self.controller.spooled_records += 1
-        self.controller.spooled_bytes += record.size
+        self.counters.spooled_records += 1
+        self.counters.spooled_bytes += record.size
         if ch.confirms is None:
             return
         ch.confirms.answered_by_proxy()  # the broker will never number this one
@@ -526,7 +556,6 @@ class PublishFlow:
 
     def spool_durable(self, durable: dict[QueueKey, int]) -> None:
         """The spool synced: ack spooled publishes that are now durable."""
-        sent = False
         for ch in self.channels.values():
             acks = ch.spool_acks
             while acks:
@@ -535,9 +564,6 @@ class PublishFlow:
                     break
                 acks.popleft()
                 self._to_client(encode_method(_B.Ack(delivery_tag=client_seq), ch.channel))
-                sent = True
-        if sent:
-            self.notify()
 
     def on_tx_select(self, channel: int) -> None:
         self.channel(channel).transactional = True
@@ -558,33 +584,26 @@ class PublishFlow:
 
     def _account(self, nbytes: int, messages: int) -> None:
         self.held_bytes += nbytes
-        self.controller.held_bytes += nbytes
-        self.controller.held_messages += messages
+        self.counters.held_bytes += nbytes
+        self.counters.held_messages += messages
 
-    def _block(self, ch: ChannelFlow, blocking: frozenset[QueueKey]) -> None:
-        newly = self.controller.block(self, ch.channel, blocking)
+    def _block(self, ch: ChannelFlow, blocking: frozenset[QueueKey], now: float) -> None:
+        newly = self.controller.block(self.conn_id, ch.channel, blocking, now)
         only_lookups = all(is_pseudo(k) and k != ALARM for k in blocking)
         if not only_lookups:
             self._waiting_lookup.discard(ch.channel)
         if not newly:
-            if not self.controller.is_blocked(self, ch.channel):
+            if not self.controller.is_blocked(self.conn_id, ch.channel):
                 # Released while we looked (seed 000's race): let it go at once.
-                self.channel_released(ch.channel)
+                self.channel_released(ch.channel, now)
             return
         if only_lookups:
             # A moment's wait for the broker's answer (a lookup): no signal, no hold event.
             self._waiting_lookup.add(ch.channel)
-            event(log, "publisher_waits_for_lookup", logging.DEBUG, conn=self.conn_id,
-                  channel=ch.channel, vhost=self.vhost,
-                  lookups=",".join(q for _, q in sorted(blocking)))
+            self.outbox.append(WaitingForLookup(self._at(ch.channel), blocking))
             return
-        names = ",".join(q for _, q in sorted(blocking))
         signal = self._signal_for(blocking)
-        event(log, "publisher_held", logging.INFO, conn=self.conn_id, channel=ch.channel,
-              vhost=self.vhost, queues=names, signalled=signal)
-        self.controller.emit("hold", {"vhost": self.vhost, "conn": self.conn_id,
-                                      "channel": ch.channel,
-                                      "queues": [k[1] for k in blocking if not is_pseudo(k)]})
+        self.outbox.append(PublisherHeld(self._at(ch.channel), blocking, signal))
         if signal and not ch.signalled_off:
             self._send_flow(ch, active=False)
 
@@ -604,25 +623,21 @@ class PublishFlow:
         self._to_client(encode_method(_CH.Flow(active=active), ch.channel))
         ch.flow_replies += 1
         ch.signalled_off = not active
-        self.controller.signalled(PROTOCOL, active)
-        event(log, "publisher_signalled", conn=self.conn_id, channel=ch.channel,
-              active=active)
-        self.controller.emit("signal", {"vhost": self.vhost, "conn": self.conn_id,
-                                        "channel": ch.channel, "active": active})
+        self.counters.signalled(PROTOCOL, active)
+        self.outbox.append(Signalled(self._at(ch.channel), active))
 
-    def channel_released(self, channel: int) -> None:
+    def channel_released(self, channel: int, now: float) -> None:
         """The controller says every queue this channel waited on has drained."""
         self._waiting_lookup.discard(channel)
         ch = self.channels.get(channel)
         if ch is None:
             return
-        self._release(ch)
+        self._release(ch, now)
         if self._connection_close is not None and not self.holding:
             self._to_server(self._connection_close)
             self._connection_close = None
-        self.notify()
 
-    def _release(self, ch: ChannelFlow) -> None:
+    def _release(self, ch: ChannelFlow, now: float) -> None:
         held = ch.held
         controller = self.controller
         while held:
@@ -639,12 +654,12 @@ class PublishFlow:
                                                           _headers_of(item.frames[1]))
                     blocking = controller.blocking(self.vhost, item.queues)
                     lookup = controller.lookup_for(self.vhost, pub.exchange, pub.routing_key,
-                                                   item.queues)
+                                                   item.queues, now)
                     if lookup is not None:
                         blocking = blocking | {lookup}
                 if blocking:
-                    self._block(ch, blocking)
-                    if self.controller.is_blocked(self, ch.channel):
+                    self._block(ch, blocking, now)
+                    if self.controller.is_blocked(self.conn_id, ch.channel):
                         return
                     continue  # released in the same breath: look again
                 held.popleft()
@@ -653,7 +668,7 @@ class PublishFlow:
                     self._to_server(f)
                 ch.held_bytes -= nbytes
                 self._account(-nbytes, -1)
-                self.controller.forwarded(self.vhost, item.queues, item.body_size)
+                self.controller.forwarded(self.vhost, item.queues, item.body_size, now)
                 if ch.confirms is not None:
                     ch.confirms.forwarded()
                 if ch.filling is item:
@@ -676,18 +691,19 @@ class PublishFlow:
             ch.confirms.answered_by_proxy()
             ch.discard_content = body_size
             self._maybe_slow = True
-            event(log, "publish_refused", logging.WARNING, conn=self.conn_id,
-                  channel=ch.channel, queues=names, reason=why, answer="basic.nack")
+            self.outbox.append(Refused(self._at(ch.channel), blocking, why, Answer.NACK,
+                                       body_size))
             return
         self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' {why}")
+        self.outbox.append(Refused(self._at(ch.channel), blocking, why, Answer.CHANNEL_CLOSE,
+                                   body_size))
         ch.discard_content = body_size
         self._maybe_slow = True
 
     def _close_channel(self, ch: ChannelFlow, text: str) -> None:
         """Close a channel on both sides: 406 to the client, a plain close to the broker."""
         self._maybe_slow = True
-        event(log, "channel_closed_by_proxy", logging.WARNING, conn=self.conn_id,
-              channel=ch.channel, reason=text)
+        self.outbox.append(ChannelClosed(self._at(ch.channel), text))
         dropped = [i for i in ch.held if isinstance(i, HeldPublish)]
         self._account(-ch.held_bytes, -len(dropped))
         ch.held.clear()
@@ -696,7 +712,7 @@ class PublishFlow:
         ch.closing_by_proxy = True
         ch.close_oks_due = {"client", "broker"}
         self._waiting_lookup.discard(ch.channel)
-        self.controller.channel_closed(self, ch.channel)
+        self.controller.channel_closed(self.conn_id, ch.channel)
         reply = text.encode()[:255].decode("utf-8", "ignore")
         self._to_client(encode_method(_CH.Close(reply_code=406, reply_text=reply,
                                                 class_id=60, method_id=40), ch.channel))
@@ -716,12 +732,13 @@ class PublishFlow:
                 if now - item.held_at < deadline:
                     break
                 refused += 1
-                self.controller.deadline_expiries += 1
-                self.controller.emit("deadline", {
-                    "vhost": self.vhost, "conn": self.conn_id, "channel": ch.channel,
-                    "body_bytes": item.body_size, "waited": round(now - item.held_at, 3),
-                    "queues": sorted(item.queues)})
+                self.counters.deadline_expiries += 1
                 why = f"still over capacity after the {deadline:g}s deadline"
+                answer = Answer.NACK if ch.confirms is not None and item.complete \
+                    else Answer.CHANNEL_CLOSE
+                self.outbox.append(DeadlineExpired(
+                    self._at(ch.channel), tuple(sorted(item.queues)), why, answer,
+                    item.body_size, round(now - item.held_at, 3)))
                 if ch.confirms is not None and item.complete:
                     ch.held.popleft()
                     nbytes = item.nbytes
@@ -731,14 +748,10 @@ class PublishFlow:
                     self._to_client(encode_method(_B.Nack(delivery_tag=item.client_seq),
                                                   ch.channel))
                     ch.confirms.answered_by_proxy()
-                    event(log, "publish_refused", logging.WARNING, conn=self.conn_id,
-                          channel=ch.channel, reason=why, answer="basic.nack")
                     continue
                 names = ",".join(sorted(item.queues)) or "?"
                 self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' "
                                         f"{why}")
-        if refused:
-            self.notify()
         return refused
 
     def _deadline_of(self, item: HeldPublish) -> float:

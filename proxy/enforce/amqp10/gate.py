@@ -67,23 +67,38 @@ ways, and a client disposition that names only consumed deliveries is absorbed).
 
 Receiver links pass untouched; their deliveries from a policed queue are counted in its
 ledger (``QueueDepth.delivered``).
+
+Output is a value: frames the proxy makes (grants, settlements, detaches), topology changes
+(a link that declared a queue), ``ReadEveryFrame`` and typed events go to ``outbox`` in order;
+every entry point that needs the time takes ``now``.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.controller import ALARM, QueueKey
 from floodwall.control.policy import Fsync, Overflow
-from floodwall.ops.logs import event
-from floodwall.spool.log import SpoolError
-from floodwall.spool.manager import SpoolManager
+from floodwall.enforce.commands import Command, ReadEveryFrame, ToClient, ToServer
+from floodwall.enforce.events import (
+    Answer,
+    At,
+    DeadlineExpired,
+    LinkDetached,
+    LinkName,
+    NotSpooled,
+    ProtocolName,
+    PublisherHeld,
+    Refused,
+    Signalled,
+    SpoolFellBack,
+)
+from floodwall.enforce.ports import SpoolRefused
+from floodwall.enforce.shared import Enforcement
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp10.addresses import (
     Destination,
@@ -109,10 +124,9 @@ from floodwall.wire.amqp10.performatives import (
     uint_bytes,
 )
 from floodwall.wire.amqp10.types import Described, Symbol, UInt, ULong, decode_value, encode
+from floodwall.wire.topology import ChangeKind, TopologyChange
 
-log = logging.getLogger("floodwall.flow")
-
-PROTOCOL: Final = "amqp10"
+PROTOCOL: Final = ProtocolName.AMQP10
 WINDOW_BYTES: Final = 64 * 1024
 """Message bytes one policed link may have credit for: its share of the overshoot bound."""
 MAX_WINDOW: Final = 256
@@ -298,12 +312,12 @@ def _padded(fields: list[object], size: int) -> list[object]:
 
 
 class CreditFlow:
-    """The credit gate of one AMQP 1.0 connection; owned by its ``amqp10.Connection``.
+    """The credit gate of one AMQP 1.0 connection; asked by its ``amqp10.Connection``
+    (``floodwall.wire.amqp10.hooks.TransferHooks``), released and expired by the I/O layer.
 
     The core hands it the frames it needs (``on_*``); an ``on_*`` returning bytes means "send
-    these instead of the frame" (b"" drops it). ``to_client`` / ``to_server`` append frames the
-    proxy makes on its own to the core's output queues; ``notify`` tells the I/O layer about
-    output made outside a receive call (a release).
+    these instead of the frame" (b"" drops it). Frames the proxy makes on its own, and events,
+    go to ``outbox`` (``take_output`` empties it).
 
     The I/O layer reads ``holding``, ``held_bytes``, ``over_budget`` and calls ``expire`` as
     it does for 0-9-1's ``PublishFlow``: this gate never holds a message, so they are inert.
@@ -313,30 +327,44 @@ class CreditFlow:
     held_bytes: Final = 0
     over_budget: Final = False
 
-    def __init__(self, controller: FlowController, conn_id: int,
-                 to_server: Callable[[bytes], None], to_client: Callable[[bytes], None],
-                 hold_budget: int = 0, spool: SpoolManager | None = None) -> None:
-        self.controller = controller
+    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int = 0) -> None:
+        self.controller = shared.controller
+        self.counters = shared.counters
+        self.spool = shared.spool
         self.conn_id = conn_id
-        self.spool = spool
-        self._to_server = to_server
-        self._to_client = to_client
         self.hold_budget = hold_budget
         self.vhost = "/"
         self.sessions: dict[int, SessionGate] = {}  # by the client's channel
         self.by_server_channel: dict[int, SessionGate] = {}
-        self.notify: Callable[[], None] = lambda: None
-        self.on_declare: Callable[[str, str], None] | None = None  # (vhost, queue)
+        self.outbox: list[Command] = []
         # The first delivery the proxy drops: the core starts reading the broker's dispositions.
-        self.on_drop: Callable[[], None] = lambda: None
         self.dropping = False
         self.withheld_links: dict[int, SenderLink] = {}  # blocked links by link_ref
-        controller.register(self)
 
     def close(self) -> None:
-        self.controller.unregister(self)
+        """The connection is gone: none of its links is blocked any more."""
+        self.controller.connection_closed(self.conn_id)
         self.sessions.clear()
         self.by_server_channel.clear()
+
+    # -- output ------------------------------------------------------------------------------
+    def take_output(self) -> list[Command]:
+        """What the gate made since the last call, in order; the outbox is empty after."""
+        out, self.outbox = self.outbox, []
+        return out
+
+    def _to_server(self, data: bytes) -> None:
+        self.outbox.append(ToServer(data))
+
+    def _to_client(self, data: bytes) -> None:
+        self.outbox.append(ToClient(data))
+
+    def _at(self, link: SenderLink) -> At:
+        return At(PROTOCOL, self.conn_id, self.vhost, link.ref,
+                  LinkName(link.channel, link.handle, link.name))
+
+    def vhost_opened(self, vhost: str) -> None:
+        self.vhost = vhost
 
     def expire(self, now: float) -> int:
         """Withheld links: note since when each has had no credit (``now``, the caller's
@@ -350,7 +378,7 @@ class CreditFlow:
             since = link.starved_since
             if since is None:
                 link.starved_since = now
-                self.controller.starved(self, link.ref, now)
+                self.controller.starved(self.conn_id, link.ref, now)
                 continue
             deadline = self._deadline(link)
             if now - since < deadline:
@@ -359,27 +387,22 @@ class CreditFlow:
             if session is None:
                 continue
             expired += 1
-            queues = sorted(q for _, q in self.controller.blocked_on(self, link.ref)) \
+            queues = sorted(q for _, q in self.controller.blocked_on(self.conn_id, link.ref)) \
                 or [self.controller.alarm_reason or "?"]
             names = ",".join(queues)
-            self.controller.deadline_expiries += 1
-            self.controller.emit("deadline", {
-                "vhost": self.vhost, "conn": self.conn_id, "channel": link.ref,
-                "body_bytes": 0, "waited": round(now - since, 3), "queues": queues})
+            self.counters.deadline_expiries += 1
             why = f"still over capacity after the {deadline:g}s deadline"
-            event(log, "publish_refused", logging.WARNING, conn=self.conn_id, channel=link.ref,
-                  link=link.name, queues=names, reason=why, waited=round(now - since, 3),
-                  answer=RESOURCE_LIMIT_EXCEEDED, protocol=PROTOCOL)
+            self.outbox.append(DeadlineExpired(self._at(link), tuple(queues), why,
+                                               Answer.DETACHED, 0, round(now - since, 3)))
             self._to_server(self._detach_by_proxy(
                 session, link, RESOURCE_LIMIT_EXCEEDED,
                 f"floodwall: queue '{names}' {why}: no link credit for {now - since:.1f}s"))
-        if expired:
-            self.notify()
         return expired
 
     def _deadline(self, link: SenderLink) -> float:
         """The shortest ``deadline`` among the policies of the queues ``link`` waits on."""
-        deadlines = [q.policy.deadline for key in self.controller.blocked_on(self, link.ref)
+        deadlines = [q.policy.deadline for key in self.controller.blocked_on(self.conn_id,
+                                                                             link.ref)
                      if (q := self.controller.queues.get(key)) is not None]
         return min(deadlines, default=DEFAULT_DEADLINE)
 
@@ -433,7 +456,7 @@ class CreditFlow:
         session.attaching[attach.name] = link
         address = attach.target_address if attach.role is Role.SENDER else attach.source_address
         declared = declared_queue(address)
-        if declared is not None and self.on_declare is not None:
+        if declared is not None:
             session.declaring[attach.name] = declared
 
     def server_attach(self, channel: int, attach: Attach) -> None:
@@ -442,8 +465,8 @@ class CreditFlow:
             return
         declared = session.declaring.pop(attach.name, None)
         answered = attach.source_address if attach.role is Role.SENDER else attach.target_address
-        if declared is not None and answered is not None and self.on_declare is not None:
-            self.on_declare(self.vhost, declared)  # the broker declared it for the link
+        if declared is not None and answered is not None:  # the broker declared it for the link
+            self.outbox.append(TopologyChange(ChangeKind.DECLARE_QUEUE, self.vhost, declared))
         link = session.attaching.pop(attach.name, None)
         if link is None:
             return
@@ -488,7 +511,7 @@ class CreditFlow:
         if isinstance(link, SenderLink) and link.blocked:
             link.blocked = False
             self.withheld_links.pop(link.ref, None)
-            self.controller.channel_closed(self, link.ref)
+            self.controller.channel_closed(self.conn_id, link.ref)
 
     # -- flow frames -----------------------------------------------------------------------
     def on_client_flow(self, channel: int, fields: list[object]) -> bytes | None:
@@ -522,7 +545,7 @@ class CreditFlow:
             return None
         return frame(encode_performative_fields(FLOW, fields), channel)
 
-    def on_server_flow(self, channel: int, fields: list[object]) -> bytes | None:
+    def on_server_flow(self, channel: int, fields: list[object], now: float) -> bytes | None:
         session = self.by_server_channel.get(channel)
         if session is None:
             return None
@@ -543,10 +566,11 @@ class CreditFlow:
                                         _flag(fields, 8, "flow.drain")))
             window = self._window(link)
             if window is None and credit.offset == 0 and not link.withheld and (
-                    link.per_message or not self._lookup(link.destination, self._queues(link))):
+                    link.per_message or not self._lookup(link.destination, self._queues(link),
+                                                         now)):
                 credit.grant(None)  # the broker's own words: pass them as they are
             else:
-                grant = self._decide(link, window)
+                grant = self._decide(link, window, now)
                 fields = _padded(fields, 9)
                 fields[5] = UInt(grant.delivery_count or 0)
                 fields[6] = UInt(grant.link_credit)
@@ -561,7 +585,7 @@ class CreditFlow:
 
     # -- transfers ---------------------------------------------------------------------------
     def on_client_transfer(self, channel: int, fields: list[object], payload: bytes,
-                           start: int, end: int) -> bytes | None:
+                           start: int, end: int, now: float) -> bytes | None:
         session = self.sessions.get(channel)
         if session is None:
             return None
@@ -587,7 +611,7 @@ class CreditFlow:
                 return self._transfer_limit_exceeded(session, link)
             link.delivery_bytes = 0
             link.dropping = False
-            queues = link.delivery_queues = self._route(link, payload, start, end)
+            queues = link.delivery_queues = self._route(link, payload, start, end, now)
             if link.per_message or self.spool is not None:
                 blocking = self.controller.blocking(self.vhost, queues)
                 if blocking:
@@ -618,14 +642,15 @@ class CreditFlow:
                 link.payload_bytes += link.delivery_bytes
                 if self.controller.tripped:  # sent on credit granted before a trip
                     self._overshoot(link.delivery_queues, link.delivery_bytes)
-                self.controller.forwarded(self.vhost, link.delivery_queues, link.delivery_bytes)
+                self.controller.forwarded(self.vhost, link.delivery_queues, link.delivery_bytes,
+                                          now)
                 if link.per_message and self.controller.queues:
                     link.hit.update(q for q in link.delivery_queues
                                     if (self.vhost, q) in self.controller.queues)
             link.dropping = False
         if first or not link.in_delivery:
             # A fixed destination's queues were routed just now for a first frame: the same.
-            self._after_transfer(link, link.delivery_queues if first else None)
+            self._after_transfer(link, now, link.delivery_queues if first else None)
         return replacement
 
     def _consume(self, session: SessionGate, link: SenderLink, fields: list[object],
@@ -647,9 +672,8 @@ class CreditFlow:
             link.spool_refused = True  # so its credit is withheld after this one
             if not link.not_spooled_reported:
                 link.not_spooled_reported = True
-                event(log, "publish_not_spooled", conn=self.conn_id, channel=link.ref,
-                      link=link.name, queue=key[1], reason="transactional transfer",
-                      action="held by credit", protocol=PROTOCOL)
+                self.outbox.append(NotSpooled(self._at(link), key[1], "transactional transfer",
+                                              "held by credit"))
             return
         delivery_id = _uint(fields, 1, "transfer.delivery-id")
         link.dropping = True
@@ -698,7 +722,7 @@ class CreditFlow:
         session.ids.drop(delivery_id)
         if not self.dropping:
             self.dropping = True
-            self.on_drop()
+            self.outbox.append(ReadEveryFrame())
 
     def on_server_disposition(self, channel: int, fields: list[object]) -> bytes | None:
         """The broker settles the client's deliveries (role receiver): its delivery-ids are
@@ -745,24 +769,23 @@ class CreditFlow:
         link.spool_parts = []
         q = self.controller.queues.get(key)
         settings = q.policy.spool if q is not None else None
-        record = SpoolRecord.amqp10_message(0, time.time(), link.spool_address,
-                                            link.spool_format, message)
+        record = SpoolRecord.amqp10_message(0, 0.0, link.spool_address, link.spool_format,
+                                            message)
         delivery_id = link.spool_delivery
         try:
             seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
-        except SpoolError as exc:
-            self.controller.spool_fallbacks += 1
+        except SpoolRefused as exc:
+            self.counters.spool_fallbacks += 1
             link.spool_refused = True
-            event(log, "spool_refused", logging.WARNING, conn=self.conn_id, channel=link.ref,
-                  link=link.name, queue=key[1], reason=str(exc),
-                  action="rejected; the link's credit is withheld until the queue drains",
-                  protocol=PROTOCOL)
+            self.outbox.append(SpoolFellBack(
+                self._at(link), key[1], str(exc),
+                "rejected; the link's credit is withheld until the queue drains"))
             if delivery_id is not None:
                 self._settle(session, delivery_id, delivery_id, _rejected(
                     f"floodwall: the spool of queue '{key[1]}' refused the message ({exc})"))
             return
-        self.controller.spooled_records += 1
-        self.controller.spooled_bytes += record.size
+        self.counters.spooled_records += 1
+        self.counters.spooled_bytes += record.size
         if delivery_id is None:
             return
         if settings is not None and settings.fsync is Fsync.NEVER:
@@ -772,7 +795,6 @@ class CreditFlow:
 
     def spool_durable(self, durable: dict[QueueKey, int]) -> None:
         """The spool synced: settle ``accepted`` the spooled deliveries now durable."""
-        sent = False
         for session in self.sessions.values():
             acks = session.spool_acks
             first = last = -1
@@ -789,9 +811,6 @@ class CreditFlow:
                 first = last = delivery_id
             if first >= 0:
                 self._settle(session, first, last, _ACCEPTED)
-                sent = True
-        if sent:
-            self.notify()
 
     def _settle(self, session: SessionGate, first: int, last: int, state: Described) -> None:
         """Settle the client's deliveries ``first..last`` with ``state``, as the receiver."""
@@ -809,7 +828,8 @@ class CreditFlow:
             return frozenset(link.hit)
         return queues_for(self.controller, self.vhost, link.destination)
 
-    def _route(self, link: SenderLink, payload: bytes, start: int, end: int) -> frozenset[str]:
+    def _route(self, link: SenderLink, payload: bytes, start: int, end: int,
+               now: float) -> frozenset[str]:
         if not link.per_message:
             return queues_for(self.controller, self.vhost, link.destination)
         if not self.controller.queues and not self.controller.polices_vhost(self.vhost):
@@ -823,10 +843,10 @@ class CreditFlow:
             destination = parse_target(to) if to else None
             link.message_to = to or ""
         queues = queues_for(self.controller, self.vhost, destination, subject)
-        link.delivery_lookup = self._lookup(destination, queues, subject)
+        link.delivery_lookup = self._lookup(destination, queues, now, subject)
         return queues
 
-    def _lookup(self, destination: Destination | None, queues: frozenset[str],
+    def _lookup(self, destination: Destination | None, queues: frozenset[str], now: float,
                 subject: str | None = None) -> frozenset[QueueKey]:
         """The lookup pseudo-queue to withhold credit on until the broker was asked about
         a destination the model does not know (``FlowController.lookup_for``), or none."""
@@ -835,7 +855,7 @@ class CreditFlow:
         key = destination.routing_key if destination.routing_key is not None else subject
         if key is None:
             return _NO_KEYS
-        pending = self.controller.lookup_for(self.vhost, destination.exchange, key, queues)
+        pending = self.controller.lookup_for(self.vhost, destination.exchange, key, queues, now)
         return _NO_KEYS if pending is None else frozenset((pending,))
 
     def _policed(self, link: SenderLink,
@@ -913,14 +933,14 @@ class CreditFlow:
             return controller.polices_vhost(self.vhost)
         return controller.policies.for_queue(self.vhost, destination.routing_key) is not None
 
-    def _decide(self, link: SenderLink, window: int | None) -> LinkFlow:
+    def _decide(self, link: SenderLink, window: int | None, now: float) -> LinkFlow:
         """The credit to give the client now: withheld while a queue it feeds is tripped."""
         queues = self._queues(link)
         blocking = self.controller.blocking(self.vhost, queues)
         if not link.per_message:
-            blocking |= self._lookup(link.destination, queues)
+            blocking |= self._lookup(link.destination, queues, now)
         if blocking and self._spool_key(link, queues, blocking) is None \
-                and self._block(link, blocking):
+                and self._block(link, blocking, now):
             link.withheld = True
             return link.credit.grant(0)
         if link.withheld:
@@ -928,7 +948,8 @@ class CreditFlow:
             self._signalled(link, active=True)
         return link.credit.grant(window)
 
-    def _after_transfer(self, link: SenderLink, routed: frozenset[str] | None = None) -> None:
+    def _after_transfer(self, link: SenderLink, now: float,
+                        routed: frozenset[str] | None = None) -> None:
         """After a client transfer: withhold credit if a queue tripped, else top it up.
 
         A per-message link under ``overflow: reject`` keeps its credit: what it sends to the
@@ -950,50 +971,41 @@ class CreditFlow:
         if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT
                              and not lookups) \
                 and self._spool_key(link, queues, blocking) is None:
-            if self._block(link, blocking):
+            if self._block(link, blocking, now):
                 link.withheld = True  # no flow: the limit the client has stands (grant)
             return
         window = self._window(link, fixed)
         if window is not None and link.credit.wants_top_up(window):
             self._send_grant(link, link.credit.grant(window))
 
-    def _block(self, link: SenderLink, blocking: frozenset[QueueKey]) -> bool:
+    def _block(self, link: SenderLink, blocking: frozenset[QueueKey], now: float) -> bool:
         """Block the link on ``blocking``; False when they all released meanwhile."""
         if link.blocked:
             return True
-        newly = self.controller.block(self, link.ref, blocking)
-        if not newly and not self.controller.is_blocked(self, link.ref):
+        newly = self.controller.block(self.conn_id, link.ref, blocking, now)
+        if not newly and not self.controller.is_blocked(self.conn_id, link.ref):
             return False
         link.blocked = True
         link.starved_since = None
         self.withheld_links[link.ref] = link
-        names = ",".join(q for _, q in sorted(blocking))
-        event(log, "publisher_held", logging.INFO, conn=self.conn_id, channel=link.ref,
-              session=link.channel, handle=link.handle, link=link.name, vhost=self.vhost,
-              queues=names, signalled=True, protocol=PROTOCOL)
-        self.controller.emit("hold", {"vhost": self.vhost, "conn": self.conn_id,
-                                      "channel": link.ref,
-                                      "queues": [k[1] for k in blocking if k != ALARM]})
+        self.outbox.append(PublisherHeld(self._at(link), blocking, True))
         self._signalled(link, active=False)
         return True
 
     def _signalled(self, link: SenderLink, active: bool) -> None:
-        self.controller.signalled(PROTOCOL, active)
-        event(log, "publisher_signalled", conn=self.conn_id, channel=link.ref, link=link.name,
-              active=active, protocol=PROTOCOL)
-        self.controller.emit("signal", {"vhost": self.vhost, "conn": self.conn_id,
-                                        "channel": link.ref, "active": active})
+        self.counters.signalled(PROTOCOL, active)
+        self.outbox.append(Signalled(self._at(link), active))
 
     def _overflow(self, blocking: frozenset[QueueKey]) -> Overflow:
         """What the strictest policy among ``blocking`` says: reject wins."""
         overflow = Overflow.HOLD
         for key in blocking:
             q = self.controller.queues.get(key)
-            if q is not None and q.policy.effective_overflow is Overflow.REJECT:
+            if q is not None and q.policy.overflow is Overflow.REJECT:
                 return Overflow.REJECT
         return overflow
 
-    def channel_released(self, channel: int) -> None:
+    def channel_released(self, channel: int, now: float) -> None:
         """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
         session = self.sessions.get(channel >> 32)
         link = session.links.get(channel & 0xFFFFFFFF) if session is not None else None
@@ -1005,10 +1017,9 @@ class CreditFlow:
         link.spool_refused = False
         link.hit.clear()
         window = self._window(link)
-        grant = self._decide(link, window)
+        grant = self._decide(link, window, now)
         if not link.blocked:
             self._send_grant(link, grant)
-        self.notify()
 
     # -- frames the proxy makes --------------------------------------------------------------
     def _send_grant(self, link: SenderLink, grant: LinkFlow) -> None:
@@ -1037,9 +1048,7 @@ class CreditFlow:
         link.detaching = True
         link.in_delivery = False
         self._link_gone(link)
-        event(log, "link_detached_by_proxy", logging.WARNING, conn=self.conn_id,
-              channel=link.ref, link=link.name, condition=condition, reason=description,
-              protocol=PROTOCOL)
+        self.outbox.append(LinkDetached(self._at(link), condition, description))
         error = performative(ERROR, condition=Symbol(condition), description=description)
         if session.server_channel is not None and link.server_handle is not None:
             link.replies_due.add("client")
@@ -1053,14 +1062,10 @@ class CreditFlow:
     def _reject(self, session: SessionGate, link: SenderLink, fields: list[object],
                 blocking: frozenset[QueueKey]) -> None:
         """Settle the delivery ``rejected`` ourselves (it will not reach the broker)."""
-        self.controller.rejects += 1
+        self.counters.rejects += 1
         names = ",".join(q for _, q in sorted(blocking))
-        event(log, "publish_refused", logging.WARNING, conn=self.conn_id, channel=link.ref,
-              link=link.name, queues=names, reason="over capacity (overflow: reject)",
-              answer="rejected", protocol=PROTOCOL)
-        self.controller.emit("reject", {"vhost": self.vhost, "conn": self.conn_id,
-                                        "channel": link.ref, "body_bytes": 0,
-                                        "queues": [k[1] for k in blocking if k != ALARM]})
+        self.outbox.append(Refused(self._at(link), blocking, "over capacity (overflow: reject)",
+                                   Answer.REJECTED, 0))
         delivery_id = _uint(fields, 1, "transfer.delivery-id")
         if _flag(fields, 4, "transfer.settled") or delivery_id is None:
             return

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
 from pamqp import commands
-from pamqp.common import FieldTable
 
-from floodwall.control.controller import FlowController
-from floodwall.enforce.amqp091.clients import may_signal
-from floodwall.enforce.amqp091.gate import DEFAULT_HOLD_BUDGET, PublishFlow
-from floodwall.spool.manager import SpoolManager
 from floodwall.wire.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
 from floodwall.wire.amqp091.framing import (
     FRAME_HEADER,
@@ -29,8 +24,16 @@ from floodwall.wire.amqp091.framing import (
     frame_at,
     scan,
 )
-from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyChange, TopologyWatch
-from floodwall.wire.relaycore import EXTERNAL_REFUSED, Failure, FrameCounts, Side
+from floodwall.wire.amqp091.hooks import ClientInfo, ForgetChannel, PublishHooks
+from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyWatch
+from floodwall.wire.relaycore import (
+    EXTERNAL_REFUSED,
+    Failure,
+    FrameCounts,
+    Side,
+    ToClient,
+    ToServer,
+)
 
 INTERNAL_ERROR: Final = 541
 """Reply code the client gets when the upstream broker sent a malformed frame."""
@@ -93,37 +96,6 @@ class TuneParams:
 
 
 @dataclass(frozen=True, slots=True)
-class ClientInfo:
-    """What a client says about itself in connection.start-ok's client_properties."""
-
-    product: str | None
-    version: str | None
-    platform: str | None
-    information: str | None
-    properties: FieldTable  # all of them, e.g. ``capabilities``
-
-    @classmethod
-    def from_properties(cls, properties: FieldTable) -> ClientInfo:
-        """Read the well-known keys; absent ones are None, non-text ones are str()-ed."""
-
-        def text(key: str) -> str | None:
-            value = properties.get(key)
-            if value is None:
-                return None
-            if isinstance(value, bytes | bytearray):
-                return bytes(value).decode("utf-8", "replace")
-            return str(value)
-
-        return cls(
-            product=text("product"),
-            version=text("version"),
-            platform=text("platform"),
-            information=text("information"),
-            properties=properties,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class CloseReply:
     """A connection.close seen passing: who sent it and why."""
 
@@ -183,12 +155,13 @@ class Connection:
     Complete frames before the bad one are still relayed; later input is ignored.
     """
 
-    def __init__(self, flow: FlowController | None = None, conn_id: int = 0,
-                 hold_budget: int = DEFAULT_HOLD_BUDGET,
-                 on_topology: Callable[[TopologyChange], None] | None = None,
-                 spool: SpoolManager | None = None, refuse_external: bool = True) -> None:
-        """``refuse_external``: a client's connection.start-ok with SASL EXTERNAL is not
-        relayed; the client gets connection.close 403 (``EXTERNAL_REFUSED``)."""
+    def __init__(self, gate: PublishHooks | None = None, conn_id: int = 0,
+                 watch_topology: bool = False, refuse_external: bool = True) -> None:
+        """``gate``: the publish gate (with policies), asked about every publish and the
+        frames around it. ``watch_topology``: the declares, deletes and binds the broker
+        confirms become ``TopologyChange`` events. ``refuse_external``: a client's
+        connection.start-ok with SASL EXTERNAL is not relayed; the client gets
+        connection.close 403 (``EXTERNAL_REFUSED``)."""
         self.conn_id = conn_id
         self.refuse_external = refuse_external
         self.failure: Failure | None = None
@@ -212,27 +185,40 @@ class Connection:
         self._frame_limit = FRAME_MIN_SIZE  # what scan() enforces; never below FRAME_MIN_SIZE
         self._to_server: list[Buffer] = []
         self._to_client: list[Buffer] = []
+        self._events: list[object] = []  # topology changes, the gate's events
+        self._now = 0.0  # the time the current receive call was given
         self._client_in = _Inbound(Side.CLIENT, self.from_client, self._to_server)
         self._server_in = _Inbound(Side.SERVER, self.from_server, self._to_client)
-        self._client_in.read(
-            {
-                _C.StartOk.index: self._on_start_ok,
-                _C.TuneOk.index: self._on_tune_ok,
-                _C.Open.index: self._on_open,
-                _C.Close.index: self._on_client_close,
-                _C.CloseOk.index: self._on_close_ok,
-                _CH.Open.index: self._on_channel_open,
-                _CH.Close.index: self._on_channel_close,
-                _CH.CloseOk.index: self._on_channel_close_ok,
-            }
-        )
-        self.flow: PublishFlow | None = None
-        if flow is not None:
-            self.flow = PublishFlow(flow, conn_id, self._to_server.append,
-                                    self._to_client.append, hold_budget, spool)
-            self.flow.on_channel_closed = self._forget_channel
-            self._client_in.read({
-                **self._client_in.handlers,
+        self.gate = gate
+        self.topology = TopologyWatch() if watch_topology else None
+        client, server = self._handlers()
+        self._client_in.read(client)
+        self._server_in.read(server)
+
+    def _handlers(self) -> tuple[dict[int, Handler], dict[int, Handler]]:
+        """What each direction stops at: connection and channel lifecycle always; publishes,
+        confirms and flow replies with a gate; declares and binds when watching topology."""
+        client: dict[int, Handler] = {
+            _C.StartOk.index: self._on_start_ok,
+            _C.TuneOk.index: self._on_tune_ok,
+            _C.Open.index: self._on_open,
+            _C.Close.index: self._on_client_close,
+            _C.CloseOk.index: self._on_close_ok,
+            _CH.Open.index: self._on_channel_open,
+            _CH.Close.index: self._on_channel_close,
+            _CH.CloseOk.index: self._on_channel_close_ok,
+        }
+        server: dict[int, Handler] = {
+            _C.Tune.index: self._on_tune,
+            _C.OpenOk.index: self._on_open_ok,
+            _C.Close.index: self._on_server_close,
+            _C.CloseOk.index: self._on_close_ok,
+            _CH.OpenOk.index: self._on_channel_open_ok,
+            _CH.Close.index: self._on_channel_close,
+            _CH.CloseOk.index: self._on_channel_close_ok,
+        }
+        if self.gate is not None:
+            client.update({
                 _B.Publish.index: self._on_publish,
                 _CF.Select.index: self._on_confirm_select,
                 commands.Tx.Select.index: self._on_tx_select,
@@ -240,42 +226,28 @@ class Connection:
                 _CH.Flow.index: self._on_flow_reply,
                 _C.Close.index: self._on_client_close_held,
             })
-        self._server_in.read(
-            {
-                _C.Tune.index: self._on_tune,
-                _C.OpenOk.index: self._on_open_ok,
-                _C.Close.index: self._on_server_close,
-                _C.CloseOk.index: self._on_close_ok,
-                _CH.OpenOk.index: self._on_channel_open_ok,
-                _CH.Close.index: self._on_channel_close,
-                _CH.CloseOk.index: self._on_channel_close_ok,
-            }
-        )
-        if self.flow is not None:
-            self._server_in.read({
-                **self._server_in.handlers,
+            server.update({
                 _B.Ack.index: self._on_broker_ack,
                 _B.Nack.index: self._on_broker_nack,
                 _CH.CloseOk.index: self._on_broker_channel_close_ok,
             })
-        self.topology: TopologyWatch | None = None
-        if on_topology is not None:
-            self.topology = TopologyWatch(on_topology)
-            self._client_in.read({**self._client_in.handlers,
-                                  **dict.fromkeys(REQUEST_KEYS, self._on_topology_request)})
-            self._server_in.read({**self._server_in.handlers,
-                                  **dict.fromkeys(REPLY_KEYS, self._on_topology_reply)})
+        if self.topology is not None:
+            client.update(dict.fromkeys(REQUEST_KEYS, self._on_topology_request))
+            server.update(dict.fromkeys(REPLY_KEYS, self._on_topology_reply))
+        return client, server
 
     # --- RelayCore -------------------------------------------------------------------
 
-    def receive_from_client(self, data: bytes) -> None:
+    def receive_from_client(self, data: bytes, now: float) -> None:
         """Take bytes read from the client; complete frames are queued for the server."""
         if self.failure is None and data:
+            self._now = now
             self._receive(self._client_in, data)
 
-    def receive_from_server(self, data: bytes) -> None:
+    def receive_from_server(self, data: bytes, now: float) -> None:
         """Take bytes read from the broker; complete frames are queued for the client."""
         if self.failure is None and data:
+            self._now = now
             self._receive(self._server_in, data)
 
     def data_for_server(self) -> bytes:
@@ -285,6 +257,32 @@ class Connection:
     def data_for_client(self) -> bytes:
         """Everything queued for the client (b"" if nothing), and forget it."""
         return _drain(self._to_client)
+
+    def events(self) -> Sequence[object]:
+        """Topology changes the broker confirmed and the gate's events, in order (and
+        forget them)."""
+        if not self._events:
+            return ()
+        out, self._events = self._events, []
+        return out
+
+    def collect(self) -> None:
+        """Take what the gate made outside a receive call (held frames released, expiries,
+        spool acknowledgements) into the outgoing data and events."""
+        if self.gate is not None and self.gate.outbox:
+            self._take(self.gate)
+
+    def _take(self, gate: PublishHooks) -> None:
+        """Move the gate's output into the queues, in order; keep its events."""
+        for command in gate.take_output():
+            if isinstance(command, ToServer):
+                self._to_server.append(command.data)
+            elif isinstance(command, ToClient):
+                self._to_client.append(command.data)
+            elif isinstance(command, ForgetChannel):
+                self.channels.pop(command.channel, None)
+            else:
+                self._events.append(command)
 
     # --- state for the rest of the proxy ----------------------------------------------
 
@@ -353,11 +351,11 @@ class Connection:
         base = counts.bytes - pos  # stream position of buf[0], for error messages
         stop_at = inbound.stop_at
         handlers = inbound.handlers
-        flow = self.flow if inbound is self._client_in else None
+        gate = self.gate if inbound is self._client_in else None
         try:
             while True:
-                if flow is not None and flow.needs_every_frame:
-                    pos, start = self._relay_one(inbound, flow, buf, pos, start, base)
+                if gate is not None and gate.needs_every_frame:
+                    pos, start = self._relay_one(inbound, gate, buf, pos, start, base)
                     if pos < 0:
                         pos = -pos - 1
                         break
@@ -391,7 +389,7 @@ class Connection:
         _emit(inbound, buf, start, pos)
         return pos
 
-    def _relay_one(self, inbound: _Inbound, flow: PublishFlow, buf: Buffer, pos: int,
+    def _relay_one(self, inbound: _Inbound, gate: PublishHooks, buf: Buffer, pos: int,
                    start: int, base: int) -> tuple[int, int]:
         """Take the one frame at ``pos`` through the gate; returns (next pos, next start).
 
@@ -411,15 +409,17 @@ class Connection:
         inbound.counts.frames += 1
         took: int | None = None
         if key == NEED_DATA:  # content or heartbeat, already validated
-            if ftype != FRAME_HEARTBEAT and flow.on_content(channel, buf, pos, end):
+            if ftype != FRAME_HEARTBEAT and gate.on_content(channel, buf, pos, end, self._now):
                 took = end
         else:
             handler = inbound.handlers.get(key)
             if handler is not None:
                 took = handler(channel, buf, pos, base)
-            if took is None and channel and flow.on_method_while_held(channel, key, buf, pos,
+            if took is None and channel and gate.on_method_while_held(channel, key, buf, pos,
                                                                       end):
                 took = end
+        if gate.outbox:
+            self._take(gate)
         if took is None:
             return end, pos
         inbound.counts.bytes += took - pos
@@ -457,8 +457,8 @@ class Connection:
             if self.refuse_external and str(method.mechanism).upper() == "EXTERNAL":
                 raise AccessRefused(EXTERNAL_REFUSED, offset, _C.StartOk.index >> 16,
                                     _C.StartOk.index & 0xFFFF)
-            if self.flow is not None:
-                self.flow.may_signal = may_signal(self.client)
+            if self.gate is not None:
+                self.gate.client_identified(self.client)
 
     def _on_tune(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
@@ -480,8 +480,8 @@ class Connection:
     def _on_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
             self.virtual_host = decode_method(buf, offset, _C.Open, base).virtual_host
-            if self.flow is not None and self.virtual_host:
-                self.flow.vhost = self.virtual_host
+            if self.gate is not None and self.virtual_host:
+                self.gate.vhost_opened(self.virtual_host)
             if self.topology is not None and self.virtual_host:
                 self.topology.vhost = self.virtual_host
 
@@ -513,10 +513,11 @@ class Connection:
             self.closed = True
             self.channels.clear()
 
-    # --- the publish gate's methods (only with a flow controller) ---------------------
+    # --- the publish gate's methods (only with a gate) --------------------------------
 
     def _on_publish(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
-        assert self.flow is not None
+        gate = self.gate
+        assert gate is not None
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         header_end = None
         if end + HEADER_SIZE <= len(buf):
@@ -528,32 +529,35 @@ class Connection:
                 if hsize >= 14:
                     header_end = header_stop
         try:
-            return self.flow.on_publish(channel, buf, offset, end, header_end)
+            took = gate.on_publish(channel, buf, offset, end, header_end, self._now)
         except (ValueError, IndexError) as exc:
             raise MethodSyntaxError(f"cannot decode basic.publish on channel {channel}: {exc}",
                                     offset, 60, 40) from None
+        if gate.outbox:
+            self._take(gate)
+        return took
 
     def _on_confirm_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
-        assert self.flow is not None
-        self.flow.on_confirm_select(channel)
+        assert self.gate is not None
+        self.gate.on_confirm_select(channel)
 
     def _on_tx_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
-        assert self.flow is not None
-        self.flow.on_tx_select(channel)
+        assert self.gate is not None
+        self.gate.on_tx_select(channel)
 
     def _on_flow_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
-        assert self.flow is not None
-        if self.flow.on_flow_reply(channel):
+        assert self.gate is not None
+        if self.gate.on_flow_reply(channel):
             return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         return None
 
     def _on_client_close_held(self, channel: int, buf: Buffer, offset: int, base: int
                               ) -> int | None:
         """connection.close from the client waits until every held publish has left."""
-        assert self.flow is not None
+        assert self.gate is not None
         self._on_client_close(channel, buf, offset, base)
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
-        if channel == 0 and self.flow.hold_connection_close(bytes(buf[offset:end])):
+        if channel == 0 and self.gate.hold_connection_close(bytes(buf[offset:end])):
             return end
         return None
 
@@ -565,16 +569,22 @@ class Connection:
 
     def _on_broker_confirm(self, channel: int, buf: Buffer, offset: int, nack: bool
                            ) -> int | None:
-        assert self.flow is not None
+        gate = self.gate
+        assert gate is not None
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
-        if self.flow.on_broker_confirm(channel, buf, offset, end, nack):
-            return end
-        return None
+        replaced = gate.on_broker_confirm(channel, buf, offset, end, nack)
+        if gate.outbox:
+            self._take(gate)
+        return end if replaced else None
 
     def _on_broker_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int
                                     ) -> int | None:
-        assert self.flow is not None
-        if self.flow.on_broker_close_ok(channel):
+        gate = self.gate
+        assert gate is not None
+        absorbed = gate.on_broker_close_ok(channel)
+        if gate.outbox:
+            self._take(gate)
+        if absorbed:
             return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         self._on_channel_close_ok(channel, buf, offset, base)
         return None
@@ -583,22 +593,17 @@ class Connection:
         assert self.topology is not None
         key = (buf[offset + 7] << 24 | buf[offset + 8] << 16 | buf[offset + 9] << 8
                | buf[offset + 10])
-        self.topology.request(key, channel, buf, offset, base)
+        change = self.topology.request(key, channel, buf, offset, base)
+        if change is not None:
+            self._events.append(change)
 
     def _on_topology_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         assert self.topology is not None
         key = (buf[offset + 7] << 24 | buf[offset + 8] << 16 | buf[offset + 9] << 8
                | buf[offset + 10])
-        self.topology.reply(key, channel, buf, offset, base)
-
-    def _forget_channel(self, channel: int) -> None:
-        """A channel the proxy closed on both sides is gone."""
-        self.channels.pop(channel, None)
-
-    def channel_released(self, channel: int) -> None:
-        """The gate let ``channel``'s held frames go; they are in ``data_for_server``."""
-        if self.flow is not None:
-            self.flow.channel_released(channel)
+        change = self.topology.reply(key, channel, buf, offset, base)
+        if change is not None:
+            self._events.append(change)
 
     def _on_channel_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         self._channel_event(channel, ChannelEvent.OPEN)
@@ -622,8 +627,8 @@ class Connection:
         after = CHANNEL_TRANSITIONS[key]
         if after is None:
             del self.channels[channel]
-            if self.flow is not None:
-                self.flow.on_channel_gone(channel)
+            if self.gate is not None:
+                self.gate.on_channel_gone(channel)
             if self.topology is not None:
                 self.topology.channel_gone(channel)
         else:

@@ -10,7 +10,6 @@ channel.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
 
@@ -74,18 +73,19 @@ _CLASSES: Final = {
 
 
 class TopologyWatch:
-    """Pending topology requests per channel; changes go to ``apply`` when confirmed."""
+    """Pending topology requests per channel; ``request`` and ``reply`` return the change
+    the broker has confirmed, if any (a request with ``nowait`` at once)."""
 
-    def __init__(self, apply: Callable[[TopologyChange], None]) -> None:
-        self.apply = apply
+    def __init__(self) -> None:
         self.vhost = "/"
         self._pending: dict[int, deque[tuple[int, TopologyChange]]] = {}
         self._last_queue: dict[int, str] = {}  # the channel's last declared queue
 
-    def request(self, key: int, channel: int, buf: Buffer, offset: int, base: int) -> None:
+    def request(self, key: int, channel: int, buf: Buffer, offset: int, base: int
+                ) -> TopologyChange | None:
         method = decode_method(buf, offset, _CLASSES[key], base)
         if getattr(method, "passive", False) and key == _X.Declare.index:
-            return  # a passive exchange declare changes nothing
+            return None  # a passive exchange declare changes nothing
         change = _change(key, method, self.vhost)
         if change.name == "" and change.kind in (ChangeKind.BIND_QUEUE, ChangeKind.UNBIND_QUEUE,
                                                  ChangeKind.DELETE_QUEUE):
@@ -96,21 +96,22 @@ class TopologyWatch:
                 last if change.kind is not ChangeKind.DELETE_QUEUE else "")
             change = replace(change, name=last, routing_key=key_default)
         if getattr(method, "nowait", False):
-            self.apply(change)
-            return
+            return change
         self._pending.setdefault(channel, deque()).append((_REQUESTS[key], change))
+        return None
 
-    def reply(self, key: int, channel: int, buf: Buffer, offset: int, base: int) -> None:
+    def reply(self, key: int, channel: int, buf: Buffer, offset: int, base: int
+              ) -> TopologyChange | None:
         pending = self._pending.get(channel)
         if not pending or pending[0][0] != key:
-            return
+            return None
         _, change = pending.popleft()
         if key == _Q.DeclareOk.index:  # the broker names server-named queues
             ok = decode_method(buf, offset, _Q.DeclareOk, base)
             change = replace(change, name=ok.queue or change.name,
                              message_count=ok.message_count)
             self._last_queue[channel] = change.name
-        self.apply(change)
+        return change
 
     def channel_gone(self, channel: int) -> None:
         self._pending.pop(channel, None)

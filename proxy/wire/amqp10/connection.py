@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.wire.amqp10.addresses import vhost_of
 from floodwall.wire.amqp10.endpoints import Peer
 from floodwall.wire.amqp10.errors import DecodeError, FramingError, ProtocolError, SaslRefused
@@ -21,6 +20,7 @@ from floodwall.wire.amqp10.framing import (
     frame,
     scan_frames,
 )
+from floodwall.wire.amqp10.hooks import ReadEveryFrame, TransferHooks
 from floodwall.wire.amqp10.performatives import (
     AMQP_PERFORMATIVES,
     ATTACH,
@@ -54,12 +54,14 @@ from floodwall.wire.amqp10.performatives import (
     peek_composite,
 )
 from floodwall.wire.amqp10.types import UByte
-from floodwall.wire.relaycore import EXTERNAL_REFUSED, Failure, FrameCounts, Side
-
-if TYPE_CHECKING:
-    from floodwall.control.controller import FlowController
-    from floodwall.spool.manager import SpoolManager
-    from floodwall.wire.topology import TopologyChange
+from floodwall.wire.relaycore import (
+    EXTERNAL_REFUSED,
+    Failure,
+    FrameCounts,
+    Side,
+    ToClient,
+    ToServer,
+)
 
 CONTAINER_ID: Final = "floodwall"
 """container-id of the Open the proxy sends when it must close a peer that has seen none."""
@@ -166,12 +168,12 @@ class Connection:
     from_client: FrameCounts
     from_server: FrameCounts
 
-    def __init__(self, first_header: bytes, flow: FlowController | None = None,
-                 conn_id: int = 0,
-                 on_topology: Callable[[TopologyChange], None] | None = None,
-                 spool: SpoolManager | None = None, refuse_external: bool = True) -> None:
-        """``refuse_external``: a client's sasl-init with EXTERNAL is not relayed; the client
-        gets sasl-outcome ``auth`` and the connection closes."""
+    def __init__(self, first_header: bytes, gate: TransferHooks | None = None,
+                 conn_id: int = 0, refuse_external: bool = True) -> None:
+        """``gate``: the credit gate (with policies), handed flow, transfer and disposition
+        frames and the session and link lifecycle. ``refuse_external``: a client's sasl-init
+        with EXTERNAL is not relayed; the client gets sasl-outcome ``auth`` and the
+        connection closes."""
         self.refuse_external = refuse_external
         if first_header == SASL_HEADER:
             client_phase, server_phase = Phase.SASL, Phase.SASL_HEADER
@@ -184,6 +186,8 @@ class Connection:
         self.from_server = FrameCounts()
         self._to_server: list[bytes] = []
         self._to_client: list[bytes] = []
+        self._events: list[object] = []  # what the gate made besides frames
+        self._now = 0.0  # the time the current receive call was given
         self._client = _Stream(Side.CLIENT, client_phase, self.from_client, self._to_server)
         self._server = _Stream(Side.SERVER, server_phase, self.from_server, self._to_client)
         client, server = self._client, self._server
@@ -194,23 +198,20 @@ class Connection:
         client.on_sasl = self._client_sasl_frame
         server.on_sasl = self._server_sasl_frame
         self.conn_id = conn_id
-        self.flow: CreditFlow | None = None
-        if flow is not None:
-            self.flow = CreditFlow(flow, conn_id, self._to_server.append, self._to_client.append,
-                                   spool=spool)
+        self.gate = gate
+        if gate is not None:
             client.skip = server.skip = GATED_SKIP
-            self.flow.on_drop = self._read_dispositions
-            if on_topology is not None:
-                self.flow.on_declare = _declare_queue(on_topology)
 
     # -- the RelayCore interface ------------------------------------------------------------
 
-    def receive_from_client(self, data: bytes) -> None:
+    def receive_from_client(self, data: bytes, now: float) -> None:
         if self.failure is None and data:
+            self._now = now
             self._receive(self._client, data)
 
-    def receive_from_server(self, data: bytes) -> None:
+    def receive_from_server(self, data: bytes, now: float) -> None:
         if self.failure is None and data:
+            self._now = now
             self._receive(self._server, data)
 
     def data_for_server(self) -> bytes:
@@ -218,6 +219,32 @@ class Connection:
 
     def data_for_client(self) -> bytes:
         return _drain(self._to_client)
+
+    def events(self) -> Sequence[object]:
+        """What the gate made besides frames (topology changes, typed events), in order (and
+        forget them)."""
+        if not self._events:
+            return ()
+        out, self._events = self._events, []
+        return out
+
+    def collect(self) -> None:
+        """Take what the gate made outside a receive call (a release, an expiry, a spool
+        acknowledgement) into the outgoing data and events."""
+        if self.gate is not None and self.gate.outbox:
+            self._take(self.gate)
+
+    def _take(self, gate: TransferHooks) -> None:
+        """Move the gate's output into the queues, in order; keep the rest."""
+        for command in gate.take_output():
+            if isinstance(command, ToClient):
+                self._to_client.append(command.data)
+            elif isinstance(command, ToServer):
+                self._to_server.append(command.data)
+            elif isinstance(command, ReadEveryFrame):
+                self._read_dispositions()
+            else:
+                self._events.append(command)
 
     # -- what the frames said -----------------------------------------------------------------
 
@@ -361,7 +388,7 @@ class Connection:
     ) -> bool:
         if code not in AMQP_PERFORMATIVES:
             raise DecodeError(f"{name_of(code)} is not an AMQP performative")
-        gate = self.flow
+        gate = self.gate
         if gate is not None and FLOW <= code <= DISPOSITION:
             peeked = peek_composite(buf, body, end)
             if peeked is None:
@@ -369,6 +396,8 @@ class Connection:
             else:
                 fields, payload = peeked
             self._gate_frame(gate, stream, code, channel, fields, buf, start, payload, end)
+            if gate.outbox:
+                self._take(gate)
             return False
         _, fields, payload = decode_composite(buf, body, end)
         peer = stream.peer
@@ -382,7 +411,7 @@ class Connection:
             other.limit = max(peer.open.max_frame_size, MIN_MAX_FRAME_SIZE)
             stream.open_relayed = True
             if gate is not None and client:
-                gate.vhost = vhost_of(peer.open.hostname)
+                gate.vhost_opened(vhost_of(peer.open.hostname))
         elif code == BEGIN:
             begin = Begin.from_fields(fields)
             peer.begin(channel, begin)
@@ -407,18 +436,21 @@ class Connection:
         elif code == CLOSE:
             peer.close = Ending.from_fields(fields)
             stream.close_relayed = True
+        if gate is not None and gate.outbox:
+            self._take(gate)
         if replacement is not None:
             _replace(stream, buf, start, end, replacement)
         return False
 
-    def _gate_frame(self, gate: CreditFlow, stream: _Stream, code: int, channel: int,
+    def _gate_frame(self, gate: TransferHooks, stream: _Stream, code: int, channel: int,
                     fields: list[object], buf: bytes, start: int, payload: int,
                     end: int) -> None:
         """A flow or transfer frame, while the credit gate is on."""
         replacement: bytes | None
         if stream.side is Side.CLIENT:
             if code == TRANSFER:
-                replacement = gate.on_client_transfer(channel, fields, buf, payload, end)
+                replacement = gate.on_client_transfer(channel, fields, buf, payload, end,
+                                                      self._now)
             elif code == FLOW:
                 replacement = gate.on_client_flow(channel, fields)
             else:
@@ -427,7 +459,7 @@ class Connection:
             gate.on_server_transfer(channel, fields)
             return
         elif code == FLOW:
-            replacement = gate.on_server_flow(channel, fields)
+            replacement = gate.on_server_flow(channel, fields, self._now)
         else:
             replacement = gate.on_server_disposition(channel, fields)
         if replacement is not None:
@@ -436,11 +468,6 @@ class Connection:
     def _read_dispositions(self) -> None:
         """The gate consumed a delivery: both peers' dispositions are renumbered from now."""
         self._server.skip = self._client.skip = SKIP_NONE
-
-    def channel_released(self, channel: int) -> None:
-        """The gate's link ``channel`` (a link_ref) may have credit again."""
-        if self.flow is not None:
-            self.flow.channel_released(channel)
 
     # -- failing ----------------------------------------------------------------------------------
 
@@ -510,16 +537,6 @@ def _replace(stream: _Stream, buf: bytes, start: int, end: int, replacement: byt
         stream.queue.append(replacement)
     stream.counts.bytes += end - start
     stream.mark = end
-
-
-def _declare_queue(on_topology: Callable[[TopologyChange], None]) -> Callable[[str, str], None]:
-    """The gate's ``on_declare``, as the topology change 0-9-1's queue.declare-ok makes."""
-    from floodwall.wire.topology import ChangeKind, TopologyChange
-
-    def declared(vhost: str, queue: str) -> None:
-        on_topology(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, queue))
-
-    return declared
 
 
 def _drain(queue: list[bytes]) -> bytes:

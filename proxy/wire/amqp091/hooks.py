@@ -1,0 +1,101 @@
+"""What the 0-9-1 core tells and asks the publish gate, as a Protocol the gate implements
+(``floodwall.enforce.amqp091.PublishFlow``), and what the core knows about its client.
+
+The core calls the gate only through ``PublishHooks``. The gate answers by return value
+(whether it took frames out of the stream) and appends what it makes to its outbox: frames
+for either peer (``ToClient``, ``ToServer``), ``ForgetChannel`` when a channel the proxy closed
+on both sides is free again, and typed events. After each call the core moves the frames into
+its outgoing data in order and keeps the events for the I/O layer (``events``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pamqp.common import FieldTable
+
+from floodwall.wire.amqp091.framing import Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """What a client says about itself in connection.start-ok's client_properties."""
+
+    product: str | None
+    version: str | None
+    platform: str | None
+    information: str | None
+    properties: FieldTable  # all of them, e.g. ``capabilities``
+
+    @classmethod
+    def from_properties(cls, properties: FieldTable) -> ClientInfo:
+        """Read the well-known keys; absent ones are None, non-text ones are str()-ed."""
+
+        def text(key: str) -> str | None:
+            value = properties.get(key)
+            if value is None:
+                return None
+            if isinstance(value, bytes | bytearray):
+                return bytes(value).decode("utf-8", "replace")
+            return str(value)
+
+        return cls(
+            product=text("product"),
+            version=text("version"),
+            platform=text("platform"),
+            information=text("information"),
+            properties=properties,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetChannel:
+    """A channel the proxy closed on both sides is closed: the core forgets it."""
+
+    channel: int
+
+
+class PublishHooks(Protocol):
+    """The publish gate, as the 0-9-1 core sees it. Offsets are into ``buf``; a method
+    returning an offset (or True) took frames up to it (or the frame) out of the stream."""
+
+    @property
+    def needs_every_frame(self) -> bool:
+        """True while the gate must see each client frame (a channel holds, a publish waits
+        for its content): the core leaves its fast scan."""
+
+    @property
+    def outbox(self) -> Sequence[object]:
+        """What the gate made since ``take_output`` last emptied it."""
+
+    def take_output(self) -> Sequence[object]: ...
+
+    def client_identified(self, client: ClientInfo) -> None: ...
+
+    def vhost_opened(self, vhost: str) -> None: ...
+
+    def on_publish(self, channel: int, buf: Buffer, offset: int, end: int,
+                   header_end: int | None, now: float) -> int | None: ...
+
+    def on_content(self, channel: int, buf: Buffer, offset: int, end: int,
+                   now: float) -> bool: ...
+
+    def on_method_while_held(self, channel: int, key: int, buf: Buffer, offset: int,
+                             end: int) -> bool: ...
+
+    def hold_connection_close(self, frame: bytes) -> bool: ...
+
+    def on_flow_reply(self, channel: int) -> bool: ...
+
+    def on_confirm_select(self, channel: int) -> None: ...
+
+    def on_tx_select(self, channel: int) -> None: ...
+
+    def on_channel_gone(self, channel: int) -> None: ...
+
+    def on_broker_confirm(self, channel: int, buf: Buffer, offset: int, end: int,
+                          nack: bool) -> bool: ...
+
+    def on_broker_close_ok(self, channel: int) -> bool: ...

@@ -1,0 +1,65 @@
+"""What the AMQP 1.0 core tells and asks the credit gate, as a Protocol the gate implements
+(``floodwall.enforce.amqp10.gate.CreditFlow``).
+
+The core hands the gate the frames it needs. A method returning bytes means "send these
+instead of the frame" (b"" drops it). What else the gate makes goes to its outbox: frames for
+either peer (``ToClient``, ``ToServer``), ``ReadEveryFrame`` (the gate consumed a delivery, so
+both peers' dispositions must be renumbered from now: the core stops passing them by size),
+topology changes and typed events. After each call the core moves the frames into its
+outgoing data, in order, and keeps the rest for the I/O layer (``events``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from floodwall.wire.amqp10.performatives import Attach, Begin
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEveryFrame:
+    """The gate consumed a delivery: the core reads every frame of both peers from now."""
+
+
+class TransferHooks(Protocol):
+    """The credit gate, as the 1.0 core sees it. ``fields`` are a performative's decoded
+    fields; ``payload[start:end]`` a transfer's payload."""
+
+    @property
+    def outbox(self) -> Sequence[object]:
+        """What the gate made since ``take_output`` last emptied it."""
+
+    def take_output(self) -> Sequence[object]: ...
+
+    def vhost_opened(self, vhost: str) -> None: ...
+
+    def client_begin(self, channel: int, begin: Begin) -> None: ...
+
+    def server_begin(self, channel: int, begin: Begin) -> None: ...
+
+    def client_attach(self, channel: int, attach: Attach) -> None: ...
+
+    def server_attach(self, channel: int, attach: Attach) -> None: ...
+
+    def client_detach(self, channel: int, handle: int) -> bytes | None: ...
+
+    def server_detach(self, channel: int, handle: int) -> bytes | None: ...
+
+    def client_end(self, channel: int) -> None: ...
+
+    def server_end(self, channel: int) -> None: ...
+
+    def on_client_transfer(self, channel: int, fields: list[object], payload: bytes,
+                           start: int, end: int, now: float) -> bytes | None: ...
+
+    def on_client_flow(self, channel: int, fields: list[object]) -> bytes | None: ...
+
+    def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None: ...
+
+    def on_server_transfer(self, channel: int, fields: list[object]) -> None: ...
+
+    def on_server_flow(self, channel: int, fields: list[object], now: float) -> bytes | None: ...
+
+    def on_server_disposition(self, channel: int, fields: list[object]) -> bytes | None: ...
