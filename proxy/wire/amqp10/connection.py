@@ -242,7 +242,10 @@ class Connection:
             elif isinstance(command, ToServer):
                 self._to_server.append(command.data)
             elif isinstance(command, ReadEveryFrame):
-                self._read_dispositions()
+                if command.broker_only:
+                    self._read_server_dispositions()
+                else:
+                    self._read_dispositions()
             else:
                 self._events.append(command)
 
@@ -461,13 +464,17 @@ class Connection:
         elif code == FLOW:
             replacement = gate.on_server_flow(channel, fields, self._now)
         else:
-            replacement = gate.on_server_disposition(channel, fields)
+            replacement = gate.on_server_disposition(channel, fields, self._now)
         if replacement is not None:
             _replace(stream, buf, start, end, replacement)
 
     def _read_dispositions(self) -> None:
         """The gate consumed a delivery: both peers' dispositions are renumbered from now."""
         self._server.skip = self._client.skip = SKIP_NONE
+
+    def _read_server_dispositions(self) -> None:
+        """The gate counts a windowed link's deliveries until the broker settles them."""
+        self._server.skip = SKIP_NONE
 
     # -- failing ----------------------------------------------------------------------------------
 

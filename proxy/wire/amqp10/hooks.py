@@ -20,7 +20,11 @@ from floodwall.wire.amqp10.performatives import Attach, Begin
 
 @dataclass(frozen=True, slots=True)
 class ReadEveryFrame:
-    """The gate consumed a delivery: the core reads every frame of both peers from now."""
+    """The gate consumed a delivery: the core reads every frame of both peers from now
+    (``broker_only``: the gate counts deliveries until the broker settles them, so only the
+    broker's dispositions)."""
+
+    broker_only: bool = False
 
 
 class TransferHooks(Protocol):
@@ -62,4 +66,5 @@ class TransferHooks(Protocol):
 
     def on_server_flow(self, channel: int, fields: list[object], now: float) -> bytes | None: ...
 
-    def on_server_disposition(self, channel: int, fields: list[object]) -> bytes | None: ...
+    def on_server_disposition(self, channel: int, fields: list[object],
+                              now: float) -> bytes | None: ...
