@@ -9,8 +9,4 @@ broker, events), the counters they keep (``counters``), the spool port they writ
 May import: ``floodwall.control``, ``floodwall.wire``, ``floodwall.spool.records`` (the record
 value). No clock, logger, file or socket: every entry point takes ``now``; output goes to
 the outbox.
-
-Where the restructuring stands (issue 13): the gates (``amqp091.gate``, ``amqp10.gate``;
-``amqp091.clients``), ``events``, ``commands``, ``counters``, ``ports`` and ``shared`` are here;
-the shared ``decide`` and the state tables are its next phase.
 """

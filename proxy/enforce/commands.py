@@ -21,4 +21,5 @@ Command = ToClient | ToServer | ForgetChannel | ReadEveryFrame | TopologyChange 
 
 Outbox = list[Command]
 
+
 __all__ = ["Command", "ForgetChannel", "Outbox", "ReadEveryFrame", "ToClient", "ToServer"]

@@ -25,9 +25,9 @@ class Answer(Enum):
     """How the proxy answered a publish it refused."""
 
     NACK = "basic.nack"  # 0-9-1, confirm mode
-    CHANNEL_CLOSE = "channel.close"  # 0-9-1: 406 to the client (ChannelClosed says why)
+    CHANNEL_CLOSE = "channel.close"  # 0-9-1: 406 to the client (EndedByProxy says why)
     REJECTED = "rejected"  # 1.0: the delivery settled rejected by the proxy
-    DETACHED = "amqp:resource-limit-exceeded"  # 1.0: the link detached (LinkDetached)
+    DETACHED = "amqp:resource-limit-exceeded"  # 1.0: the link detached (EndedByProxy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,20 +103,13 @@ class DeadlineExpired:
 
 
 @dataclass(frozen=True, slots=True)
-class ChannelClosed:
-    """The proxy closed a 0-9-1 channel on both sides (406 to the client)."""
+class EndedByProxy:
+    """The proxy ended a publisher on both sides: closed a 0-9-1 channel (406 to the client)
+    or detached a 1.0 link (``condition``: the detach's error condition; "" for 0-9-1)."""
 
     at: At
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class LinkDetached:
-    """The proxy detached a 1.0 link on both sides."""
-
-    at: At
-    condition: str
-    reason: str
+    condition: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +134,4 @@ class SpoolFellBack:
 
 
 GateEvent = (PublisherHeld | WaitingForLookup | Signalled | Refused | DeadlineExpired
-             | ChannelClosed | LinkDetached | NotSpooled | SpoolFellBack)
-GATE_EVENTS = (PublisherHeld, WaitingForLookup, Signalled, Refused, DeadlineExpired,
-               ChannelClosed, LinkDetached, NotSpooled, SpoolFellBack)
+             | EndedByProxy | NotSpooled | SpoolFellBack)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from floodwall.control.controller import FlowController, QueueKey
+from floodwall.enforce.commands import Outbox, ToClient, ToServer
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.ports import SpoolPort
 
@@ -27,6 +28,35 @@ class Enforcement:
     def spooling(self) -> bool:
         """Whether ``overflow: spool`` can spool (a spool exists), else it holds."""
         return self.spool is not None
+
+
+class GateBase:
+    """What every connection's gate has: the process' shared parts, its connection and
+    vhost, and its outbox (``floodwall.enforce.commands``): what it made since
+    ``take_output`` last emptied it, in order."""
+
+    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int) -> None:
+        self.controller = shared.controller
+        self.counters = shared.counters
+        self.spool = shared.spool
+        self.conn_id = conn_id
+        self.hold_budget = hold_budget
+        self.vhost = "/"
+        self.outbox: Outbox = []
+
+    def take_output(self) -> Outbox:
+        """What the gate made since the last call, in order; the outbox is empty after."""
+        out, self.outbox = self.outbox, []
+        return out
+
+    def vhost_opened(self, vhost: str) -> None:
+        self.vhost = vhost
+
+    def _to_server(self, data: bytes) -> None:
+        self.outbox.append(ToServer(data))
+
+    def _to_client(self, data: bytes) -> None:
+        self.outbox.append(ToClient(data))
 
 
 class ConnectionGate(Protocol):

@@ -14,9 +14,8 @@ from floodwall.control.events import AlarmCleared, AlarmRaised, QueueReleased, Q
 from floodwall.enforce.events import (
     Answer,
     At,
-    ChannelClosed,
     DeadlineExpired,
-    LinkDetached,
+    EndedByProxy,
     NotSpooled,
     ProtocolName,
     PublisherHeld,
@@ -132,10 +131,10 @@ def log_event(ev: object) -> None:
             event(_gate_log, "publish_refused", logging.WARNING, conn=at.conn,
                   channel=at.channel, **detail, reason=ev.reason, **waited,
                   answer=ev.answer.value, **_protocol(at))
-        case ChannelClosed(at=at):
+        case EndedByProxy(at=at) if at.link is None:
             event(_gate_log, "channel_closed_by_proxy", logging.WARNING, conn=at.conn,
                   channel=at.channel, reason=ev.reason)
-        case LinkDetached(at=at):
+        case EndedByProxy(at=at):
             event(_gate_log, "link_detached_by_proxy", logging.WARNING, conn=at.conn,
                   channel=at.channel, **_link_fields(at), condition=ev.condition,
                   reason=ev.reason, **_protocol(at))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 EXTERNAL_REFUSED = (
     "SASL EXTERNAL through floodwall would log in as the proxy's own TLS certificate, not "
@@ -62,6 +62,46 @@ class ToServer:
     """Bytes (whole frames) the proxy itself sends the broker."""
 
     data: bytes
+
+
+class GateOutputHooks(Protocol):
+    """A gate's outbox, as a core empties it (``floodwall.enforce.shared.GateBase``)."""
+
+    @property
+    def outbox(self) -> Sequence[object]: ...
+
+    def take_output(self) -> Sequence[object]: ...
+
+
+class CoreOutput:
+    """What both cores do with what their gate made: frames into the outgoing queues at the
+    point the gate made them, the core's own commands (``_own``), and the rest (topology
+    changes, typed events) kept for the I/O layer (``events``)."""
+
+    _to_server: list[Any]
+    _to_client: list[Any]
+    _events: list[object]
+
+    def events(self) -> Sequence[object]:
+        """What the gate made besides frames, in order (and forget it)."""
+        if not self._events:
+            return ()
+        out, self._events = self._events, []
+        return out
+
+    def _take(self, gate: GateOutputHooks) -> None:
+        """Move the gate's output into the queues, in order; keep its events."""
+        for command in gate.take_output():
+            if isinstance(command, ToServer):
+                self._to_server.append(command.data)
+            elif isinstance(command, ToClient):
+                self._to_client.append(command.data)
+            elif not self._own(command):
+                self._events.append(command)
+
+    def _own(self, command: object) -> bool:
+        """Carry out a command meant for the core itself; False for anything else."""
+        return False
 
 
 class RelayCore(Protocol):

@@ -24,7 +24,7 @@ from tests.amqp091.wire import (
     publish,
     server_handshake,
 )
-from tests.fakes import Board, Clock, DefaultExchange, DiskSpool
+from tests.fakes import Board, Clock, DefaultExchange, DiskSpool, FakeSpool
 
 CF = commands.Confirm
 
@@ -45,7 +45,7 @@ policies:
 
 class Setup:
     def __init__(self, overflow: str = "hold", deadline: str = "30s", signal: str = "auto",
-                 product: str = "pytest-client", spool: DiskSpool | None = None,
+                 product: str = "pytest-client", spool: DiskSpool | FakeSpool | None = None,
                  policies: str | None = None) -> None:
         self.clock = Clock()
         self.fc = FlowController(DefaultExchange(), parse_policies(
@@ -345,6 +345,21 @@ def test_a_full_spool_falls_back_to_holding(tmp_path: Path) -> None:
     assert s.counters.held_messages == 1
     s.sample("capped", 0)
     assert decode_all(s.core.data_for_server())  # the held one leaves on release
+
+
+def test_a_spool_that_does_not_accept_holds_like_the_1_0_gate() -> None:
+    """Recovering at start or draining at stop, the spool takes nothing: the publish is held
+    (as a 1.0 link's credit is withheld), not offered to the spool and counted a fallback."""
+    spool = FakeSpool(accepting=False)
+    s = Setup(overflow="spool", spool=spool)
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped"), s.clock.t)
+    assert s.core.data_for_server() == b""
+    assert s.counters.held_messages == 1 and spool.records == {}
+    assert s.counters.spool_fallbacks == 0 and s.counters.spooled_records == 0
+    spool.accepting = True
+    s.sample("capped", 0)
+    assert decode_all(s.core.data_for_server())  # released as a held publish
 
 
 def test_fsync_never_acks_at_once(tmp_path: Path) -> None:

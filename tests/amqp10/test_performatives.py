@@ -182,3 +182,29 @@ def test_transfer_body_is_the_bytes_the_generic_encoder_makes(handle: int, deliv
             encode_performative(TRANSFER, handle=UInt(handle), delivery_id=UInt(delivery_id),
                                 delivery_tag=tag, message_format=UInt(message_format),
                                 settled=False, more=more)
+
+
+def test_named_field_positions_come_from_the_layouts() -> None:
+    from floodwall.wire.amqp10.performatives import (
+        DISPOSITION,
+        FLOW,
+        LAYOUTS,
+        MESSAGE_PROPERTIES_LAYOUT,
+        TRANSFER,
+        DispositionFields,
+        FlowFields,
+        MessageProperties,
+        TransferFields,
+        field_label,
+    )
+
+    for names, code in ((FlowFields, FLOW), (TransferFields, TRANSFER),
+                        (DispositionFields, DISPOSITION)):
+        fields = LAYOUTS[code][1]
+        for attr, index in vars(names).items():
+            if attr.isupper():
+                assert fields[index] == attr.lower().replace("_", "-"), (code, attr)
+    assert MESSAGE_PROPERTIES_LAYOUT[MessageProperties.TO] == "to"
+    assert MESSAGE_PROPERTIES_LAYOUT[MessageProperties.SUBJECT] == "subject"
+    assert field_label(FLOW, FlowFields.HANDLE) == "flow.handle"
+    assert field_label(TRANSFER, TransferFields.DELIVERY_ID) == "transfer.delivery-id"

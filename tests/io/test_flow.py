@@ -42,6 +42,7 @@ from floodwall.ops.config import AmqpCredentials, ManagementCredentials
 from floodwall.ops.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state
 from floodwall.ops.metrics import make_registry
 from tests.conftest import eventually, run, wait_for
+from tests.fakes import NoRoutes
 
 pika = pytest.importorskip("pika")
 
@@ -470,21 +471,10 @@ def test_trouble_everywhere_is_logged_once_and_holding_repeats(
     run(body)
 
 
-class _NoRoutes:
-    generation = 0
-
-    def route(self, vhost: str, exchange: str, routing_key: str,
-              headers: dict[str, object] | None = None) -> frozenset[str]:
-        return frozenset()
-
-    def knows_exchange(self, vhost: str, name: str) -> bool:
-        return True
-
-
 def test_collector_output_and_state_shape() -> None:
     now = [100.0]
     policies = parse_policies(GOOD, "policies.yaml")
-    c = FlowController(_NoRoutes(), policies)
+    c = FlowController(NoRoutes(), policies)
     g = GateCounters()
     orders: QueueKey = ("/", "orders.eu")
     c.queue_seen(orders, now[0])

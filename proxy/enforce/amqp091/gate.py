@@ -24,29 +24,31 @@ from pamqp import frame as pamqp_frame
 
 from floodwall.control.controller import ALARM, QueueKey
 from floodwall.control.lookups import is_pseudo
-from floodwall.control.policy import Fsync, Overflow, Policy, Signal
+from floodwall.control.policy import Fsync
+from floodwall.enforce import events as ev
 from floodwall.enforce.amqp091.clients import may_signal
-from floodwall.enforce.commands import Command, ForgetChannel, ToClient, ToServer
-from floodwall.enforce.events import (
-    Answer,
-    At,
-    ChannelClosed,
-    DeadlineExpired,
-    NotSpooled,
-    ProtocolName,
-    PublisherHeld,
-    Refused,
-    Signalled,
-    SpoolFellBack,
-    WaitingForLookup,
+from floodwall.enforce.commands import ForgetChannel
+from floodwall.enforce.decision import (
+    Unspoolable,
+    Verdict,
+    deadline_of,
+    decide,
+    should_signal,
 )
 from floodwall.enforce.ports import SpoolRefused
-from floodwall.enforce.shared import Enforcement
+from floodwall.enforce.shared import Enforcement, GateBase
+from floodwall.enforce.states import (
+    CHANNEL_PHASES,
+    CLOSING_PHASES,
+    ChannelInput,
+    ChannelPhase,
+    step,
+)
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
 from floodwall.wire.amqp091.hooks import ClientInfo
 
-PROTOCOL: Final = ProtocolName.AMQP091
+PROTOCOL: Final = ev.ProtocolName.AMQP091
 _B = commands.Basic
 _CH = commands.Channel
 _SHORT = struct.Struct(">H")
@@ -181,9 +183,13 @@ class ChannelFlow:
     not_spooled_reported: bool = False
     signalled_off: bool = False  # we sent channel.flow(active=false)
     flow_replies: int = 0  # replies to injected channel.flow still to absorb
-    closing_by_proxy: bool = False
-    close_oks_due: set[str] = field(default_factory=set)  # "client", "broker"
+    phase: ChannelPhase = ChannelPhase.OPEN  # see floodwall.enforce.states
     reopen: list[bytes] = field(default_factory=list)  # client frames after its close-ok
+
+    @property
+    def closing_by_proxy(self) -> bool:
+        """The proxy closed the channel on both sides and waits for the close-oks."""
+        return self.phase in CLOSING_PHASES
 
     @property
     def holding(self) -> bool:
@@ -195,7 +201,7 @@ class ChannelFlow:
                 or self.discard_content > 0 or self.closing_by_proxy)
 
 
-class PublishFlow:
+class PublishFlow(GateBase):
     """The gate for one connection's publishes; asked by its ``amqp091.Connection``
     (``floodwall.wire.amqp091.hooks.PublishHooks``), released and expired by the I/O layer.
 
@@ -205,42 +211,23 @@ class PublishFlow:
 
     def __init__(self, shared: Enforcement, conn_id: int,
                  hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
-        self.controller = shared.controller
-        self.counters = shared.counters
-        self.spool = shared.spool
-        self.conn_id = conn_id
-        self.hold_budget = hold_budget
-        self.vhost = "/"
+        super().__init__(shared, conn_id, hold_budget)
         self.may_signal = False
         self.channels: dict[int, ChannelFlow] = {}
         self.held_bytes = 0
-        self.outbox: list[Command] = []
         self._connection_close: bytes | None = None  # the client's close, behind held frames
         self._waiting_lookup: set[int] = set()  # channels blocked on lookups only
         self._maybe_slow = False  # set whenever a channel may have left the fast path
 
     # -- output --------------------------------------------------------------------------
-    def take_output(self) -> list[Command]:
-        """What the gate made since the last call, in order; the outbox is empty after."""
-        out, self.outbox = self.outbox, []
-        return out
-
-    def _to_server(self, data: bytes) -> None:
-        self.outbox.append(ToServer(data))
-
-    def _to_client(self, data: bytes) -> None:
-        self.outbox.append(ToClient(data))
-
-    def _at(self, channel: int) -> At:
-        return At(PROTOCOL, self.conn_id, self.vhost, channel)
+    def _at(self, channel: int) -> ev.At:
+        return ev.At(PROTOCOL, self.conn_id, self.vhost, channel)
 
     # -- what the core learns about the connection ----------------------------------------
     def client_identified(self, client: ClientInfo) -> None:
         """connection.start-ok: whether the client may be sent Channel.Flow (clients.py)."""
         self.may_signal = may_signal(client)
 
-    def vhost_opened(self, vhost: str) -> None:
-        self.vhost = vhost
 
     # -- state -------------------------------------------------------------------------
     def channel(self, channel: int) -> ChannelFlow:
@@ -329,52 +316,39 @@ class PublishFlow:
             controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues, now)
         if lookup is not None:  # the model does not know where it lands: ask first
             blocking = blocking | {lookup}
-        spool_to = (self._spool_target(ch, pub, queues, blocking)
-                    if self.spool and lookup is None else None)
-        if spool_to is not None:
-            if method_bytes is None:
-                method_bytes = bytes(buf[offset:header_offset])
-            item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues,
-                               now, ch.confirms.client_seq if ch.confirms is not None else 0,
-                               spool_to)
+        decision = decide(self.vhost, queues, blocking, controller.queues, self.spool,
+                          lookup=lookup is not None, transactional=ch.transactional,
+                          mandatory=pub.mandatory, behind=ch.holding)
+        verdict = decision.verdict
+        if verdict is Verdict.PASS:
+            controller.forwarded(self.vhost, queues, body_size, now)
+            if ch.confirms is not None:
+                ch.confirms.forwarded()
+            if method_bytes is not None:  # it waited for its header: it goes first
+                self._to_server(method_bytes)
+            return False
+        if verdict is Verdict.REJECT:
+            self._refuse(ch, blocking, body_size, "over capacity (overflow: reject)")
+            self.counters.rejects += 1
+            return True
+        if decision.not_spooled is not None:
+            self._not_spooled(ch, queues, decision.not_spooled)
+        if method_bytes is None:
+            method_bytes = bytes(buf[offset:header_offset])
+        item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues, now,
+                           ch.confirms.client_seq if ch.confirms is not None else 0,
+                           decision.spool_to, controller.generation)
+        if verdict is Verdict.SPOOL:
             if item.complete:
                 self._spool(ch, item, blocking, now)
             else:
                 ch.filling = item  # its body frames come next; spooled when all are in
                 self._maybe_slow = True
             return True
-        if not blocking and not ch.holding:
-            self.controller.forwarded(self.vhost, queues, body_size, now)
-            if ch.confirms is not None:
-                ch.confirms.forwarded()
-            if method_bytes is not None:  # it waited for its header: it goes first
-                self._to_server(method_bytes)
-            return False
-        policy = self._strictest(blocking)
-        if policy is not None and policy.overflow is Overflow.REJECT:
-            self._refuse(ch, blocking, body_size, "over capacity (overflow: reject)")
-            self.counters.rejects += 1
-            return True
-        if method_bytes is None:
-            method_bytes = bytes(buf[offset:header_offset])
-        item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues, now,
-                           ch.confirms.client_seq if ch.confirms is not None else 0,
-                           generation=controller.generation)
         self._hold(ch, item)
         if blocking:
             self._block(ch, blocking, now)
         return True
-
-    def _strictest(self, blocking: frozenset[QueueKey]) -> Policy | None:
-        """The policy that decides for a publish blocked on several queues: reject wins."""
-        chosen: Policy | None = None
-        for key in blocking:
-            q = self.controller.queues.get(key)
-            if q is None:
-                continue
-            if chosen is None or q.policy.overflow is Overflow.REJECT:
-                chosen = q.policy
-        return chosen
 
     def on_content(self, channel: int, buf: Buffer, offset: int, end: int, now: float) -> bool:
         """A content header or body frame (slow path); True if the gate took it."""
@@ -411,12 +385,12 @@ class PublishFlow:
         if ch is None:
             return False
         if ch.closing_by_proxy:
-            if "client" not in ch.close_oks_due:
+            if ch.phase is ChannelPhase.BROKER_CLOSE_OK_DUE:
                 # The client is done with the channel and opens it again before the broker
                 # answered our close: that channel.open waits for the broker's close-ok.
                 ch.reopen.append(bytes(buf[offset:end]))
             elif key == _CH.CloseOk.index:  # the client's answer to our close
-                self._close_ok(ch, "client")
+                self._close_ok(ch, ChannelInput.CLIENT_CLOSE_OK)
             return True  # the spec: frames after a close, other than close-ok, are dropped
         if not ch.held or key in PASS_WHILE_HELD:
             return False
@@ -481,14 +455,14 @@ class PublishFlow:
     def on_broker_close_ok(self, channel: int) -> bool:
         """A channel.close-ok answering a close the proxy sent: absorb it."""
         ch = self.channels.get(channel)
-        if ch is None or "broker" not in ch.close_oks_due:
+        if ch is None or step(CHANNEL_PHASES, ch.phase, ChannelInput.BROKER_CLOSE_OK) is None:
             return False
-        self._close_ok(ch, "broker")
+        self._close_ok(ch, ChannelInput.BROKER_CLOSE_OK)
         return True
 
-    def _close_ok(self, ch: ChannelFlow, side: str) -> None:
-        ch.close_oks_due.discard(side)
-        if not ch.close_oks_due:  # both sides answered: the channel number is free again
+    def _close_ok(self, ch: ChannelFlow, answer: ChannelInput) -> None:
+        ch.phase = step(CHANNEL_PHASES, ch.phase, answer) or ch.phase
+        if ch.phase is ChannelPhase.GONE:  # both answered: the channel number is free again
             self.channels.pop(ch.channel, None)
             self.controller.channel_closed(self.conn_id, ch.channel)
             self.outbox.append(ForgetChannel(ch.channel))
@@ -496,33 +470,14 @@ class PublishFlow:
                 self._to_server(frame)
 
     # -- spool -------------------------------------------------------------------------
-    def _spool_target(self, ch: ChannelFlow, pub: Publish, queues: frozenset[str],
-                      blocking: frozenset[QueueKey]) -> QueueKey | None:
-        """The queue whose spool takes this publish, or None (held or passed instead).
-
-        Spooled: a publish that lands in exactly one queue, whose policy says ``spool``,
-        while that queue is tripped or still has spooled backlog (so the broker gets its
-        messages in the order the proxy accepted them). Never spooled: transactional and
-        mandatory publishes (their semantics need the broker now), a publish behind held
-        frames on its channel, and anything while the broker has a resource alarm.
-        """
-        assert self.spool is not None
-        if len(queues) != 1 or ALARM in blocking:
-            return None
-        key = (self.vhost, next(iter(queues)))
-        q = self.controller.queues.get(key)
-        if q is None or q.policy.overflow is not Overflow.SPOOL:
-            return None
-        if key not in blocking and not self.spool.has_backlog(key):
-            return None
-        if ch.transactional or pub.mandatory or ch.holding:
-            if not ch.not_spooled_reported and not ch.holding:
-                ch.not_spooled_reported = True
-                self.outbox.append(NotSpooled(
-                    self._at(ch.channel), key[1], "transactional channel" if ch.transactional
-                    else "mandatory publish", "held"))
-            return None
-        return key
+    def _not_spooled(self, ch: ChannelFlow, queues: frozenset[str], why: Unspoolable) -> None:
+        """A publish to a spooling queue is held instead: said once per channel."""
+        if not ch.not_spooled_reported:
+            ch.not_spooled_reported = True
+            reason = ("transactional channel" if why is Unspoolable.TRANSACTIONAL
+                      else "mandatory publish")
+            self.outbox.append(ev.NotSpooled(self._at(ch.channel), next(iter(queues)), reason,
+                                          "held"))
 
     def _spool(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey],
                now: float) -> None:
@@ -539,7 +494,7 @@ class PublishFlow:
             seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
         except SpoolRefused as exc:
             self.counters.spool_fallbacks += 1
-            self.outbox.append(SpoolFellBack(self._at(ch.channel), key[1], str(exc), "held"))
+            self.outbox.append(ev.SpoolFellBack(self._at(ch.channel), key[1], str(exc), "held"))
             item.spool_to = None
             self._hold(ch, item)
             self._block(ch, blocking or frozenset({key}), now)
@@ -600,31 +555,19 @@ class PublishFlow:
         if only_lookups:
             # A moment's wait for the broker's answer (a lookup): no signal, no hold event.
             self._waiting_lookup.add(ch.channel)
-            self.outbox.append(WaitingForLookup(self._at(ch.channel), blocking))
+            self.outbox.append(ev.WaitingForLookup(self._at(ch.channel), blocking))
             return
-        signal = self._signal_for(blocking)
-        self.outbox.append(PublisherHeld(self._at(ch.channel), blocking, signal))
+        signal = should_signal(self.controller.queues, blocking, self.may_signal)
+        self.outbox.append(ev.PublisherHeld(self._at(ch.channel), blocking, signal))
         if signal and not ch.signalled_off:
             self._send_flow(ch, active=False)
-
-    def _signal_for(self, blocking: frozenset[QueueKey]) -> bool:
-        decision = self.may_signal
-        for key in blocking:
-            q = self.controller.queues.get(key)
-            if q is None:
-                continue
-            if q.policy.signal is Signal.NONE:
-                return False
-            if q.policy.signal is Signal.FLOW:
-                decision = True
-        return decision
 
     def _send_flow(self, ch: ChannelFlow, active: bool) -> None:
         self._to_client(encode_method(_CH.Flow(active=active), ch.channel))
         ch.flow_replies += 1
         ch.signalled_off = not active
         self.counters.signalled(PROTOCOL, active)
-        self.outbox.append(Signalled(self._at(ch.channel), active))
+        self.outbox.append(ev.Signalled(self._at(ch.channel), active))
 
     def channel_released(self, channel: int, now: float) -> None:
         """The controller says every queue this channel waited on has drained."""
@@ -684,18 +627,18 @@ class PublishFlow:
     # -- refusals ----------------------------------------------------------------------
     def _refuse(self, ch: ChannelFlow, blocking: frozenset[QueueKey], body_size: int,
                 why: str) -> None:
-        """Answer a publish the proxy will not forward: nack it, or close the channel."""
+        """ev.Answer a publish the proxy will not forward: nack it, or close the channel."""
         names = ",".join(q for _, q in sorted(blocking)) or "?"
         if ch.confirms is not None:
             self._to_client(encode_method(_B.Nack(delivery_tag=ch.confirms.client_seq), ch.channel))
             ch.confirms.answered_by_proxy()
             ch.discard_content = body_size
             self._maybe_slow = True
-            self.outbox.append(Refused(self._at(ch.channel), blocking, why, Answer.NACK,
+            self.outbox.append(ev.Refused(self._at(ch.channel), blocking, why, ev.Answer.NACK,
                                        body_size))
             return
         self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' {why}")
-        self.outbox.append(Refused(self._at(ch.channel), blocking, why, Answer.CHANNEL_CLOSE,
+        self.outbox.append(ev.Refused(self._at(ch.channel), blocking, why, ev.Answer.CHANNEL_CLOSE,
                                    body_size))
         ch.discard_content = body_size
         self._maybe_slow = True
@@ -703,14 +646,13 @@ class PublishFlow:
     def _close_channel(self, ch: ChannelFlow, text: str) -> None:
         """Close a channel on both sides: 406 to the client, a plain close to the broker."""
         self._maybe_slow = True
-        self.outbox.append(ChannelClosed(self._at(ch.channel), text))
+        self.outbox.append(ev.EndedByProxy(self._at(ch.channel), text))
         dropped = [i for i in ch.held if isinstance(i, HeldPublish)]
         self._account(-ch.held_bytes, -len(dropped))
         ch.held.clear()
         ch.held_bytes = 0
         ch.filling = None
-        ch.closing_by_proxy = True
-        ch.close_oks_due = {"client", "broker"}
+        ch.phase = step(CHANNEL_PHASES, ch.phase, ChannelInput.PROXY_CLOSES) or ch.phase
         self._waiting_lookup.discard(ch.channel)
         self.controller.channel_closed(self.conn_id, ch.channel)
         reply = text.encode()[:255].decode("utf-8", "ignore")
@@ -734,9 +676,9 @@ class PublishFlow:
                 refused += 1
                 self.counters.deadline_expiries += 1
                 why = f"still over capacity after the {deadline:g}s deadline"
-                answer = Answer.NACK if ch.confirms is not None and item.complete \
-                    else Answer.CHANNEL_CLOSE
-                self.outbox.append(DeadlineExpired(
+                answer = ev.Answer.NACK if ch.confirms is not None and item.complete \
+                    else ev.Answer.CHANNEL_CLOSE
+                self.outbox.append(ev.DeadlineExpired(
                     self._at(ch.channel), tuple(sorted(item.queues)), why, answer,
                     item.body_size, round(now - item.held_at, 3)))
                 if ch.confirms is not None and item.complete:
@@ -755,11 +697,8 @@ class PublishFlow:
         return refused
 
     def _deadline_of(self, item: HeldPublish) -> float:
-        deadlines = [q.policy.deadline for name in item.queues
-                     if (q := self.controller.queues.get((self.vhost, name))) is not None]
-        if not deadlines and ALARM in self.controller.tripped:
-            return 30.0
-        return min(deadlines, default=30.0)
+        return deadline_of(self.controller.queues,
+                           ((self.vhost, name) for name in item.queues))
 
 
 def _headers_of(header_frame: Buffer) -> dict[str, object] | None:

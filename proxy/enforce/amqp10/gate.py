@@ -87,26 +87,16 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
-from floodwall.control.controller import ALARM, QueueKey
-from floodwall.control.policy import Fsync, Overflow
-from floodwall.enforce.commands import Command, ReadEveryFrame, ToClient, ToServer
-from floodwall.enforce.events import (
-    Answer,
-    At,
-    DeadlineExpired,
-    LinkDetached,
-    LinkName,
-    NotSpooled,
-    ProtocolName,
-    PublisherHeld,
-    Refused,
-    Signalled,
-    SpoolFellBack,
-)
+from floodwall.control.controller import QueueKey
+from floodwall.control.policy import Fsync
+from floodwall.enforce import events as ev
+from floodwall.enforce.commands import ReadEveryFrame
+from floodwall.enforce.decision import Decision, Verdict, deadline_of, decide
 from floodwall.enforce.ports import SpoolRefused
-from floodwall.enforce.shared import Enforcement
+from floodwall.enforce.shared import Enforcement, GateBase
+from floodwall.enforce.states import DETACHING_PHASES, LINK_PHASES, LinkInput, LinkPhase, step
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp10.addresses import (
     Destination,
@@ -129,18 +119,32 @@ from floodwall.wire.amqp10.performatives import (
     DISPOSITION,
     ERROR,
     FLOW,
+    MESSAGE_PROPERTIES,
     TRANSFER,
     Attach,
     Begin,
     Role,
     encode_performative,
+    field_label,
     performative,
     uint_bytes,
+)
+from floodwall.wire.amqp10.performatives import (
+    DispositionFields as D,
+)
+from floodwall.wire.amqp10.performatives import (
+    FlowFields as F,
+)
+from floodwall.wire.amqp10.performatives import (
+    MessageProperties as P,
+)
+from floodwall.wire.amqp10.performatives import (
+    TransferFields as T,
 )
 from floodwall.wire.amqp10.types import Described, Symbol, UInt, ULong, decode_value, encode
 from floodwall.wire.topology import ChangeKind, TopologyChange
 
-PROTOCOL: Final = ProtocolName.AMQP10
+PROTOCOL: Final = ev.ProtocolName.AMQP10
 WINDOW_BYTES: Final = 64 * 1024
 """Message bytes one policed link may have credit for: its share of the overshoot bound."""
 MAX_WINDOW: Final = 256
@@ -156,13 +160,11 @@ ASSUMED_MESSAGE_BYTES: Final = 4096
 """Message size assumed before a link or its queue has shown one (window 16)."""
 TRANSFER_LIMIT_EXCEEDED: Final = "amqp:link:transfer-limit-exceeded"
 RESOURCE_LIMIT_EXCEEDED: Final = "amqp:resource-limit-exceeded"
-DEFAULT_DEADLINE: Final = 30.0
-"""Seconds a link waits without credit when no policy names one (the broker alarm)."""
 ACCEPTED: Final = 0x24
 REJECTED: Final = 0x25
 TRANSACTIONAL_STATE: Final = 0x34
 _NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
-PROPERTIES: Final = 0x73
+PROPERTIES: Final = MESSAGE_PROPERTIES
 FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
 
 
@@ -203,8 +205,8 @@ def message_routing(payload: bytes, pos: int, end: int) -> tuple[str | None, str
             code = int(value.descriptor)
             if code == PROPERTIES:
                 fields = value.value if isinstance(value.value, list) else []
-                to = fields[2] if len(fields) > 2 else None
-                subject = fields[3] if len(fields) > 3 else None
+                to = fields[P.TO] if len(fields) > P.TO else None
+                subject = fields[P.SUBJECT] if len(fields) > P.SUBJECT else None
                 return (to if isinstance(to, str) else None,
                         subject if isinstance(subject, str) else None)
             if code >= FIRST_BODY_SECTION:
@@ -214,9 +216,44 @@ def message_routing(payload: bytes, pos: int, end: int) -> tuple[str | None, str
     return None
 
 
+#: The phases in which the proxy waits for a peer's detach (its own, absorbed when it comes).
+ANSWERS_AWAITED: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.BROKER_DETACH_DUE,
+                                    LinkPhase.CLIENT_DETACH_DUE})
+CLIENT_DETACH_AWAITED: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.CLIENT_DETACH_DUE})
+
+
+@dataclass(slots=True)
+class Delivery:
+    """The delivery a sender link is in the middle of (its first frame decided its fate)."""
+
+    in_progress: bool = False  # more frames of it are to come
+    dropping: bool = False  # not forwarded (rejected or spooled by the proxy)
+    bytes: int = 0
+    queues: frozenset[str] = frozenset()  # where it lands
+    # Lookups (control/lookups.py): the pseudo-queue its destination waits on (per-message
+    # links).
+    lookup: frozenset[QueueKey] = frozenset()
+    message_to: str = ""  # an anonymous link's message: its ``to``
+    id_shift: int = 0  # client - broker delivery-id
+    tracked_id: int | None = None  # its broker id while counted in flight (``_track``)
+
+
+@dataclass(slots=True)
+class SpoolCapture:
+    """A delivery on its way to a queue's spool: its frames gathered until the last one."""
+
+    key: QueueKey
+    address: str  # where it is replayed to: the link's target, or the message's ``to``
+    delivery_id: int | None  # its client delivery-id; None: sent settled
+    message_format: int
+    parts: list[bytes] = field(default_factory=list)
+
+
 @dataclass(eq=False, slots=True)
 class SenderLink:
-    """A link on which the client sends: its credit as the proxy relays it."""
+    """A link on which the client sends: its credit as the proxy relays it, its phase
+    (``enforce.states.LinkPhase``), the delivery in progress and, when that goes to the
+    spool, its capture."""
 
     channel: int  # the client's session channel
     handle: int  # the client's handle
@@ -226,38 +263,21 @@ class SenderLink:
     credit: SenderCredit
     address: str | None = None  # the target address as attached
     server_handle: int | None = None
-    in_delivery: bool = False
-    dropping: bool = False  # the current delivery is being dropped (rejected by the proxy)
-    delivery_bytes: int = 0
-    delivery_queues: frozenset[str] = frozenset()
+    phase: LinkPhase = LinkPhase.OPEN
+    delivery: Delivery = field(default_factory=Delivery)
+    capture: SpoolCapture | None = None
     hit: set[str] = field(default_factory=set)  # per-message links: queues sent to lately
     deliveries: int = 0
     payload_bytes: int = 0
-    blocked: bool = False
-    withheld: bool = False  # no more credit: a queue it feeds is tripped
     starved_since: float | None = None  # withheld and out of credit since (expire's now)
-    detaching: bool = False  # the proxy detached it: drop its frames, absorb the replies
-    replies_due: set[str] = field(default_factory=set)  # "client", "broker"
-    # The delivery in progress goes to this queue's spool (its frames are gathered).
-    spool_to: QueueKey | None = None
-    spool_parts: list[bytes] = field(default_factory=list)
-    spool_address: str = ""
-    spool_delivery: int | None = None  # its client delivery-id; None: sent settled
-    spool_format: int = 0
     # The spool said no, or the link sent a transactional transfer: held by credit until
     # its queue is released.
     spool_refused: bool = False
-    message_to: str = ""  # an anonymous link's current message: its ``to``
-    id_shift: int = 0  # client - broker delivery-id of its current delivery
     # Deliveries forwarded unsettled while the link was windowed, not yet settled by the
-    # broker (``SessionGate.in_flight``), and the broker's id of the current one.
+    # broker (``SessionGate.in_flight``); the current one's broker id: ``delivery.tracked_id``.
     unsettled: int = 0
     windowed: bool = False  # its credit was last capped by a window (``_window``)
-    tracked_id: int | None = None
     not_spooled_reported: bool = False
-    # Lookups (proxy/lookups.py): the pseudo-queue the current delivery's destination waits
-    # on (per-message links).
-    delivery_lookup: frozenset[QueueKey] = frozenset()
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
 
@@ -273,6 +293,26 @@ class SenderLink:
     @property
     def typical_bytes(self) -> int:
         return -(-self.payload_bytes // self.deliveries) if self.deliveries else 0
+
+    @property
+    def blocked(self) -> bool:
+        """Blocked on queues in the controller (its credit withheld)."""
+        return self.phase is LinkPhase.WITHHELD
+
+    @property
+    def withheld(self) -> bool:
+        """The client was told to stop (no more credit) and not yet to go on."""
+        return self.phase is LinkPhase.WITHHELD or self.phase is LinkPhase.RELEASED
+
+    @property
+    def detaching(self) -> bool:
+        """The proxy detached it: its frames are dropped, both peers' detaches absorbed."""
+        return self.phase in DETACHING_PHASES
+
+    def move(self, event: LinkInput) -> None:
+        """Take ``event`` (``enforce.states.LINK_PHASES``); one its phase does not take
+        leaves it where it is."""
+        self.phase = step(LINK_PHASES, self.phase, event) or self.phase
 
 
 @dataclass(eq=False, slots=True)
@@ -313,29 +353,49 @@ class SessionGate:
     in_flight: dict[int, SenderLink] = field(default_factory=dict)
 
 
-def _uint(fields: list[object], index: int, what: str) -> int | None:
-    value = fields[index] if index < len(fields) else None
-    if value is None:
-        return None
-    if not isinstance(value, UInt):
-        raise DecodeError(f"{what} is {type(value).__name__}, expected UInt")
-    return int(value)
+K = TypeVar("K")
 
 
-def _flag(fields: list[object], index: int, what: str) -> bool:
+def _typed(fields: list[object], index: int, code: int, kind: type[K]) -> K | None:
+    """Field ``index`` of performative ``code`` if it is of wire type ``kind``; None when
+    absent; anything else is a ``DecodeError`` naming the field."""
     value = fields[index] if index < len(fields) else None
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise DecodeError(f"{what} is {type(value).__name__}, expected boolean")
-    return value
+    if value is None or isinstance(value, kind):
+        return value
+    raise DecodeError(f"{field_label(code, index)} is {type(value).__name__}, expected "
+                      f"{_KIND_NAMES.get(kind, kind.__name__)}")
+
+
+def _uint(fields: list[object], index: int, code: int) -> int | None:
+    """Field ``index`` of performative ``code``: an uint, or None when absent."""
+    value = _typed(fields, index, code, UInt)
+    return None if value is None else int(value)
+
+
+def _flag(fields: list[object], index: int, code: int) -> bool:
+    """Field ``index`` of performative ``code``: a boolean, False when absent."""
+    return _typed(fields, index, code, bool) or False
+
+
+_KIND_NAMES: Final[dict[type, str]] = {bool: "boolean"}
+
+
+_DETACHING: Final = object()
+
+
+def _flow_link(links: dict[int, Link], fields: list[object]) -> Link | object | None:
+    """The link a flow names among ``links`` (by handle); ``_DETACHING`` for a sender link
+    the proxy is detaching (its flows are dropped)."""
+    handle = _uint(fields, F.HANDLE, FLOW)
+    link = links.get(handle) if handle is not None else None
+    return _DETACHING if isinstance(link, SenderLink) and link.detaching else link
 
 
 def _padded(fields: list[object], size: int) -> list[object]:
     return fields + [None] * (size - len(fields)) if len(fields) < size else list(fields)
 
 
-class CreditFlow:
+class CreditFlow(GateBase):
     """The credit gate of one AMQP 1.0 connection; asked by its ``amqp10.Connection``
     (``floodwall.wire.amqp10.hooks.TransferHooks``), released and expired by the I/O layer.
 
@@ -352,15 +412,9 @@ class CreditFlow:
     over_budget: Final = False
 
     def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int = 0) -> None:
-        self.controller = shared.controller
-        self.counters = shared.counters
-        self.spool = shared.spool
-        self.conn_id = conn_id
-        self.hold_budget = hold_budget
-        self.vhost = "/"
+        super().__init__(shared, conn_id, hold_budget)
         self.sessions: dict[int, SessionGate] = {}  # by the client's channel
         self.by_server_channel: dict[int, SessionGate] = {}
-        self.outbox: list[Command] = []
         # The first delivery the proxy drops: the core starts reading the broker's dispositions.
         self.dropping = False
         # The first delivery counted in flight: the core starts reading the broker's
@@ -375,23 +429,10 @@ class CreditFlow:
         self.by_server_channel.clear()
 
     # -- output ------------------------------------------------------------------------------
-    def take_output(self) -> list[Command]:
-        """What the gate made since the last call, in order; the outbox is empty after."""
-        out, self.outbox = self.outbox, []
-        return out
+    def _at(self, link: SenderLink) -> ev.At:
+        return ev.At(PROTOCOL, self.conn_id, self.vhost, link.ref,
+                  ev.LinkName(link.channel, link.handle, link.name))
 
-    def _to_server(self, data: bytes) -> None:
-        self.outbox.append(ToServer(data))
-
-    def _to_client(self, data: bytes) -> None:
-        self.outbox.append(ToClient(data))
-
-    def _at(self, link: SenderLink) -> At:
-        return At(PROTOCOL, self.conn_id, self.vhost, link.ref,
-                  LinkName(link.channel, link.handle, link.name))
-
-    def vhost_opened(self, vhost: str) -> None:
-        self.vhost = vhost
 
     def expire(self, now: float) -> int:
         """Withheld links: note since when each has had no credit (``now``, the caller's
@@ -400,7 +441,7 @@ class CreditFlow:
         ``amqp:resource-limit-exceeded``; returns how many were detached."""
         expired = 0
         for link in list(self.withheld_links.values()):
-            if link.credit.client_credit > 0 or link.in_delivery:
+            if link.credit.client_credit > 0 or link.delivery.in_progress:
                 continue
             since = link.starved_since
             if since is None:
@@ -419,8 +460,8 @@ class CreditFlow:
             names = ",".join(queues)
             self.counters.deadline_expiries += 1
             why = f"still over capacity after the {deadline:g}s deadline"
-            self.outbox.append(DeadlineExpired(self._at(link), tuple(queues), why,
-                                               Answer.DETACHED, 0, round(now - since, 3)))
+            self.outbox.append(ev.DeadlineExpired(self._at(link), tuple(queues), why,
+                                               ev.Answer.DETACHED, 0, round(now - since, 3)))
             self._to_server(self._detach_by_proxy(
                 session, link, RESOURCE_LIMIT_EXCEEDED,
                 f"floodwall: queue '{names}' {why}: no link credit for {now - since:.1f}s"))
@@ -428,10 +469,8 @@ class CreditFlow:
 
     def _deadline(self, link: SenderLink) -> float:
         """The shortest ``deadline`` among the policies of the queues ``link`` waits on."""
-        deadlines = [q.policy.deadline for key in self.controller.blocked_on(self.conn_id,
-                                                                             link.ref)
-                     if (q := self.controller.queues.get(key)) is not None]
-        return min(deadlines, default=DEFAULT_DEADLINE)
+        return deadline_of(self.controller.queues,
+                           self.controller.blocked_on(self.conn_id, link.ref))
 
     # -- sessions and links -----------------------------------------------------------------
     def client_begin(self, channel: int, begin: Begin) -> None:
@@ -505,8 +544,8 @@ class CreditFlow:
         link = session.links.get(handle) if session is not None else None
         if session is None or link is None:
             return None
-        if isinstance(link, SenderLink) and link.detaching and "client" in link.replies_due:
-            link.replies_due.discard("client")  # the answer to the detach the proxy sent
+        if isinstance(link, SenderLink) and link.phase in CLIENT_DETACH_AWAITED:
+            link.move(LinkInput.CLIENT_DETACH)  # the answer to the detach the proxy sent
             self._forget(session, link)
             return b""
         self._forget(session, link)
@@ -519,14 +558,14 @@ class CreditFlow:
             return None
         session.by_server_handle.pop(handle, None)
         if isinstance(link, SenderLink) and link.detaching:
-            link.replies_due.discard("broker")
+            link.move(LinkInput.BROKER_DETACH)
             self._forget(session, link)
             return b""
         return None
 
     def _forget(self, session: SessionGate, link: Link) -> None:
         """Forget the link once neither peer will speak of it again."""
-        if isinstance(link, SenderLink) and link.replies_due:
+        if isinstance(link, SenderLink) and link.phase in ANSWERS_AWAITED:
             return
         if session.links.get(link.handle) is link:
             del session.links[link.handle]
@@ -540,7 +579,7 @@ class CreditFlow:
 
     def _link_gone(self, link: Link) -> None:
         if isinstance(link, SenderLink) and link.blocked:
-            link.blocked = False
+            link.move(LinkInput.RELEASED)
             self.withheld_links.pop(link.ref, None)
             self.controller.channel_closed(self.conn_id, link.ref)
 
@@ -549,28 +588,29 @@ class CreditFlow:
         session = self.sessions.get(channel)
         if session is None:
             return None
-        handle = _uint(fields, 4, "flow.handle")
-        link = session.links.get(handle) if handle is not None else None
+        link = _flow_link(session.links, fields)
+        if link is _DETACHING:
+            return b""
         changed = False
         if isinstance(link, SenderLink):
-            if link.detaching:
-                return b""
-            sent = LinkFlow(_uint(fields, 5, "flow.delivery-count"),
-                            _uint(fields, 6, "flow.link-credit") or 0,
-                            _flag(fields, 8, "flow.drain"), _flag(fields, 9, "flow.echo"))
+            sent = LinkFlow(_uint(fields, F.DELIVERY_COUNT, FLOW),
+                            _uint(fields, F.LINK_CREDIT, FLOW) or 0,
+                            _flag(fields, F.DRAIN, FLOW), _flag(fields, F.ECHO, FLOW))
             offset = link.credit.offset
             out = link.credit.client_flow(sent)
             if out.delivery_count != sent.delivery_count or out.link_credit != sent.link_credit \
                     or offset != link.credit.offset:
-                fields = _padded(fields, 7)
-                fields[5] = None if out.delivery_count is None else UInt(out.delivery_count)
-                fields[6] = UInt(out.link_credit)
+                fields = _padded(fields, F.LINK_CREDIT + 1)
+                fields[F.DELIVERY_COUNT] = (None if out.delivery_count is None
+                                            else UInt(out.delivery_count))
+                fields[F.LINK_CREDIT] = UInt(out.link_credit)
                 changed = True
         if session.dropped_frames:
-            next_outgoing = _uint(fields, 2, "flow.next-outgoing-id")
+            next_outgoing = _uint(fields, F.NEXT_OUTGOING_ID, FLOW)
             if next_outgoing is not None:
-                fields = _padded(fields, 4)
-                fields[2] = UInt(serial_add(next_outgoing, -session.dropped_frames))
+                fields = _padded(fields, F.NEXT_OUTGOING_ID + 1)
+                fields[F.NEXT_OUTGOING_ID] = UInt(serial_add(next_outgoing,
+                                                             -session.dropped_frames))
                 changed = True
         if not changed:
             return None
@@ -580,21 +620,20 @@ class CreditFlow:
         session = self.by_server_channel.get(channel)
         if session is None:
             return None
-        next_incoming = _uint(fields, 0, "flow.next-incoming-id")
+        next_incoming = _uint(fields, F.NEXT_INCOMING_ID, FLOW)
         session.next_incoming = next_incoming
-        session.incoming_window = _uint(fields, 1, "flow.incoming-window") or 0
-        session.next_outgoing = _uint(fields, 2, "flow.next-outgoing-id") or 0
-        session.outgoing_window = _uint(fields, 3, "flow.outgoing-window") or 0
-        handle = _uint(fields, 4, "flow.handle")
-        link = session.by_server_handle.get(handle) if handle is not None else None
+        session.incoming_window = _uint(fields, F.INCOMING_WINDOW, FLOW) or 0
+        session.next_outgoing = _uint(fields, F.NEXT_OUTGOING_ID, FLOW) or 0
+        session.outgoing_window = _uint(fields, F.OUTGOING_WINDOW, FLOW) or 0
+        link = _flow_link(session.by_server_handle, fields)
+        if link is _DETACHING:
+            return b""
         changed = False
         if isinstance(link, SenderLink):
-            if link.detaching:
-                return b""
             credit = link.credit
-            credit.broker_flow(LinkFlow(_uint(fields, 5, "flow.delivery-count"),
-                                        _uint(fields, 6, "flow.link-credit") or 0,
-                                        _flag(fields, 8, "flow.drain")))
+            credit.broker_flow(LinkFlow(_uint(fields, F.DELIVERY_COUNT, FLOW),
+                                        _uint(fields, F.LINK_CREDIT, FLOW) or 0,
+                                        _flag(fields, F.DRAIN, FLOW)))
             window = self._window(link)
             link.windowed = window is not None
             if window is None and credit.offset == 0 and not link.withheld and (
@@ -603,13 +642,13 @@ class CreditFlow:
                 credit.grant(None)  # the broker's own words: pass them as they are
             else:
                 grant = self._decide(link, window, now)
-                fields = _padded(fields, 9)
-                fields[5] = UInt(grant.delivery_count or 0)
-                fields[6] = UInt(grant.link_credit)
+                fields = _padded(fields, F.DRAIN + 1)
+                fields[F.DELIVERY_COUNT] = UInt(grant.delivery_count or 0)
+                fields[F.LINK_CREDIT] = UInt(grant.link_credit)
                 changed = True
         if session.dropped_frames and next_incoming is not None:
-            fields = _padded(fields, 4)
-            fields[0] = UInt(serial_add(next_incoming, session.dropped_frames))
+            fields = _padded(fields, F.NEXT_INCOMING_ID + 1)
+            fields[F.NEXT_INCOMING_ID] = UInt(serial_add(next_incoming, session.dropped_frames))
             changed = True
         if not changed:
             return None
@@ -621,73 +660,72 @@ class CreditFlow:
         session = self.sessions.get(channel)
         if session is None:
             return None
-        handle = _uint(fields, 0, "transfer.handle")
+        handle = _uint(fields, T.HANDLE, TRANSFER)
         link = session.links.get(handle) if handle is not None else None
         if not isinstance(link, SenderLink):  # a transaction coordinator's, say
             return self._renumbered(session.ids.dropped, fields, payload, start, end, channel)
         if link.detaching:
             session.dropped_frames += 1
-            if not link.in_delivery:
+            if not link.delivery.in_progress:
                 self._drop_delivery(session, fields)
-            link.in_delivery = _flag(fields, 5, "transfer.more")
+            link.delivery.in_progress = _flag(fields, T.MORE, TRANSFER)
             return b""
         count = len(fields)  # most transfers end before more (5) and aborted (9)
-        more = count > 5 and _flag(fields, 5, "transfer.more")
-        aborted = count > 9 and _flag(fields, 9, "transfer.aborted")
-        first = not link.in_delivery
+        more = count > T.MORE and _flag(fields, T.MORE, TRANSFER)
+        aborted = count > T.ABORTED and _flag(fields, T.ABORTED, TRANSFER)
+        first = not link.delivery.in_progress
         replacement: bytes | None = None
         if first:
             if not link.credit.transfer():
                 session.dropped_frames += 1
                 self._drop_delivery(session, fields)
                 return self._transfer_limit_exceeded(session, link)
-            link.delivery_bytes = 0
-            link.dropping = False
-            queues = link.delivery_queues = self._route(link, payload, start, end, now)
+            link.delivery.bytes = 0
+            link.delivery.dropping = False
+            queues = link.delivery.queues = self._route(link, payload, start, end, now)
             if link.per_message or self.spool is not None:
                 blocking = self.controller.blocking(self.vhost, queues)
                 if blocking:
                     self._consume(session, link, fields, blocking)
             # The broker numbers this delivery by the drops before it, also if one happens
             # on another link between its frames (a continuation may repeat its id).
-            link.id_shift = session.ids.dropped
-        link.in_delivery = more and not aborted
-        if link.dropping:
+            link.delivery.id_shift = session.ids.dropped
+        link.delivery.in_progress = more and not aborted
+        if link.delivery.dropping:
             session.dropped_frames += 1
             replacement = b""
-            if link.spool_to is not None:
+            if link.capture is not None:
                 if aborted:  # the client gave up on it: nothing to store or settle
-                    link.spool_to = None
-                    link.spool_parts = []
+                    link.capture = None
                 else:
-                    link.spool_parts.append(payload[start:end])
+                    link.capture.parts.append(payload[start:end])
                     if not more:
                         self._spool(session, link)
         else:
-            link.delivery_bytes += end - start
-            if link.id_shift:
-                replacement = self._renumbered(link.id_shift, fields, payload, start, end,
+            link.delivery.bytes += end - start
+            if link.delivery.id_shift:
+                replacement = self._renumbered(link.delivery.id_shift, fields, payload, start, end,
                                                channel)
-            if first and link.windowed and not (count > 4 and _flag(fields, 4,
-                                                                     "transfer.settled")):
+            if first and link.windowed and not (count > T.SETTLED
+                                                 and _flag(fields, T.SETTLED, TRANSFER)):
                 self._track(session, link, fields)
-            elif aborted and link.tracked_id is not None:  # the broker will not settle it
+            elif aborted and link.delivery.tracked_id is not None:  # the broker will not settle
                 self._untrack(session, link)
-        if not link.in_delivery:
-            if not link.dropping and not aborted:
+        if not link.delivery.in_progress:
+            if not link.delivery.dropping and not aborted:
                 link.deliveries += 1
-                link.payload_bytes += link.delivery_bytes
+                link.payload_bytes += link.delivery.bytes
                 if self.controller.tripped:  # sent on credit granted before a trip
-                    self._overshoot(link.delivery_queues, link.delivery_bytes)
-                self.controller.forwarded(self.vhost, link.delivery_queues, link.delivery_bytes,
+                    self._overshoot(link.delivery.queues, link.delivery.bytes)
+                self.controller.forwarded(self.vhost, link.delivery.queues, link.delivery.bytes,
                                           now)
                 if link.per_message and self.controller.queues:
-                    link.hit.update(q for q in link.delivery_queues
+                    link.hit.update(q for q in link.delivery.queues
                                     if (self.vhost, q) in self.controller.queues)
-            link.dropping = False
-        if first or not link.in_delivery:
+            link.delivery.dropping = False
+        if first or not link.delivery.in_progress:
             # A fixed destination's queues were routed just now for a first frame: the same.
-            self._after_transfer(link, now, link.delivery_queues if first else None)
+            self._after_transfer(link, now, link.delivery.queues if first else None)
         return replacement
 
     def _track(self, session: SessionGate, link: SenderLink, fields: list[object]) -> None:
@@ -695,21 +733,22 @@ class CreditFlow:
         it: what the broker has not settled may not be in its queue yet (RabbitMQ's internal
         flow control can hold hundreds of messages between the socket and the queue, and a
         ready count does not see them), so it counts against the link's window."""
-        delivery_id = _uint(fields, 1, "transfer.delivery-id")
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
         if delivery_id is None:
             return
-        broker_id = serial_add(delivery_id, -link.id_shift) if link.id_shift else delivery_id
+        shift = link.delivery.id_shift
+        broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
         session.in_flight[broker_id] = link
-        link.tracked_id = broker_id
+        link.delivery.tracked_id = broker_id
         link.unsettled += 1
         if not self.tracking:
             self.tracking = True
             self.outbox.append(ReadEveryFrame(broker_only=True))
 
     def _untrack(self, session: SessionGate, link: SenderLink) -> None:
-        if session.in_flight.pop(link.tracked_id, None) is link:  # type: ignore[arg-type]
+        if session.in_flight.pop(link.delivery.tracked_id, None) is link:  # type: ignore[arg-type]
             link.unsettled -= 1
-        link.tracked_id = None
+        link.delivery.tracked_id = None
 
     def _broker_settled(self, session: SessionGate, first: int, last: int, now: float) -> None:
         """The broker settled deliveries ``first``..``last`` (its ids): their links' windows
@@ -725,11 +764,11 @@ class CreditFlow:
             link = in_flight.pop(broker_id, None)
             if link is not None:
                 link.unsettled -= 1
-                if link.tracked_id == broker_id:
-                    link.tracked_id = None
+                if link.delivery.tracked_id == broker_id:
+                    link.delivery.tracked_id = None
                 settled.append(link)
         for link in set(settled):
-            if not link.detaching and not link.in_delivery:
+            if not link.detaching and not link.delivery.in_progress:
                 self._after_transfer(link, now)
 
     def _in_flight_window(self, link: SenderLink, window: int) -> int:
@@ -745,30 +784,32 @@ class CreditFlow:
         """A delivery's first frame, to a tripped (or backlogged) queue: refuse it under
         ``overflow: reject`` (per-message links), spool it under ``overflow: spool``, else
         let it through (it was sent on credit; the link's credit is withheld after it)."""
-        if link.per_message and self._overflow(blocking) is Overflow.REJECT:
-            link.dropping = True
+        state = fields[T.STATE] if len(fields) > T.STATE else None
+        transactional = isinstance(state, Described) and state.descriptor == TRANSACTIONAL_STATE
+        decision = decide(self.vhost, link.delivery.queues, blocking, self.controller.queues,
+                          self.spool, transactional=transactional, behind=link.spool_refused)
+        if decision.verdict is Verdict.REJECT and link.per_message:
+            link.delivery.dropping = True
             link.credit.dropped()
             self._drop_delivery(session, fields)
             self._reject(session, link, fields, blocking)
             return
-        key = self._spool_key(link, link.delivery_queues, blocking)
-        if key is None:
-            return
-        if len(fields) > 7 and isinstance(fields[7], Described) \
-                and fields[7].descriptor == TRANSACTIONAL_STATE:
+        if decision.not_spooled is not None:
             link.spool_refused = True  # so its credit is withheld after this one
             if not link.not_spooled_reported:
                 link.not_spooled_reported = True
-                self.outbox.append(NotSpooled(self._at(link), key[1], "transactional transfer",
-                                              "held by credit"))
+                self.outbox.append(ev.NotSpooled(self._at(link), next(iter(link.delivery.queues)),
+                                              "transactional transfer", "held by credit"))
             return
-        delivery_id = _uint(fields, 1, "transfer.delivery-id")
-        link.dropping = True
-        link.spool_to = key
-        link.spool_parts = []
-        link.spool_delivery = None if _flag(fields, 4, "transfer.settled") else delivery_id
-        link.spool_format = _uint(fields, 3, "transfer.message-format") or 0
-        link.spool_address = link.message_to if link.anonymous else (link.address or "")
+        key = decision.spool_to
+        if key is None:
+            return
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
+        link.delivery.dropping = True
+        link.capture = SpoolCapture(
+            key, link.delivery.message_to if link.anonymous else (link.address or ""),
+            None if _flag(fields, T.SETTLED, TRANSFER) else delivery_id,
+            _uint(fields, T.MESSAGE_FORMAT, TRANSFER) or 0)
         link.credit.dropped()
         self._drop_delivery(session, fields)
 
@@ -776,12 +817,12 @@ class CreditFlow:
                     end: int, channel: int) -> bytes | None:
         """A forwarded transfer with the broker's delivery-id, its client id less ``shift``
         (None: unchanged)."""
-        if not shift or len(fields) < 2 or fields[1] is None:
+        if not shift or len(fields) <= T.DELIVERY_ID or fields[T.DELIVERY_ID] is None:
             return None
-        delivery_id = _uint(fields, 1, "transfer.delivery-id")
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
         assert delivery_id is not None
         fields = list(fields)
-        fields[1] = UInt(serial_add(delivery_id, -shift))
+        fields[T.DELIVERY_ID] = UInt(serial_add(delivery_id, -shift))
         return frame(encode_performative_fields(TRANSFER, fields) + payload[start:end], channel)
 
     def on_server_transfer(self, channel: int, fields: list[object]) -> None:
@@ -790,7 +831,7 @@ class CreditFlow:
         if session is None:
             return
         session.next_outgoing = serial_add(session.next_outgoing, 1)
-        handle = _uint(fields, 0, "transfer.handle")
+        handle = _uint(fields, T.HANDLE, TRANSFER)
         link = session.by_server_handle.get(handle) if handle is not None else None
         if not isinstance(link, ReceiverLink) or link.queue is None:
             return
@@ -798,12 +839,12 @@ class CreditFlow:
             q = self.controller.queues.get((self.vhost, link.queue))
             if q is not None:
                 q.depth.delivered()
-        link.in_delivery = _flag(fields, 5, "transfer.more") and not _flag(
-            fields, 9, "transfer.aborted")
+        link.in_delivery = _flag(fields, T.MORE, TRANSFER) and not _flag(
+            fields, T.ABORTED, TRANSFER)
 
     def _drop_delivery(self, session: SessionGate, fields: list[object]) -> None:
         """The delivery whose first frame this is will not reach the broker: renumber."""
-        delivery_id = _uint(fields, 1, "transfer.delivery-id")
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
         if delivery_id is None:
             raise DecodeError("transfer.delivery-id is mandatory on a delivery's first frame")
         session.ids.drop(delivery_id)
@@ -816,7 +857,7 @@ class CreditFlow:
         """The broker settles the client's deliveries (role receiver): its delivery-ids are
         mapped to the client's, skipping those the proxy consumed."""
         session = self.by_server_channel.get(channel)
-        if session is None or not fields or fields[0] is not True:
+        if session is None or not fields or fields[D.ROLE] is not True:
             return None
         if session.in_flight:
             first, last = _range(fields)
@@ -827,48 +868,34 @@ class CreditFlow:
         """The client settles its own deliveries (role sender): mapped to the broker's ids;
         those the proxy consumed (and settled itself) are left out."""
         session = self.sessions.get(channel)
-        if session is None or not fields or fields[0] is not False:
+        if session is None or not fields or fields[D.ROLE] is not False:
             return None
         return _renumber_disposition(fields, session.ids, session.ids.broker_ranges, channel)
 
     # -- spool -------------------------------------------------------------------------------
-    def _spool_key(self, link: SenderLink, queues: frozenset[str],
-                   blocking: frozenset[QueueKey]) -> QueueKey | None:
-        """The queue whose spool takes ``link``'s messages now, or None (credit decides).
-
-        Spooled: messages that land in exactly one queue whose policy says ``spool``, while it
-        is tripped or has spooled backlog, the broker has no alarm and the spool accepts.
-        """
-        spool = self.spool
-        if spool is None or not spool.accepting or len(queues) != 1 or ALARM in blocking \
-                or link.spool_refused:
-            return None
-        key = (self.vhost, next(iter(queues)))
-        if key not in blocking:
-            return None
-        q = self.controller.queues.get(key)
-        if q is None or q.policy.overflow is not Overflow.SPOOL:
-            return None
-        return key
+    def _spooling(self, link: SenderLink, queues: frozenset[str],
+                  blocking: frozenset[QueueKey], lookups: frozenset[QueueKey]) -> Decision:
+        """What the decision says of ``link``'s next messages (spooled: its credit stays)."""
+        return decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
+                      lookup=bool(lookups), behind=link.spool_refused)
 
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""
-        key = link.spool_to
-        assert key is not None and self.spool is not None
-        message = b"".join(link.spool_parts)
-        link.spool_to = None
-        link.spool_parts = []
+        capture = link.capture
+        assert capture is not None and self.spool is not None
+        link.capture = None
+        key = capture.key
         q = self.controller.queues.get(key)
         settings = q.policy.spool if q is not None else None
-        record = SpoolRecord.amqp10_message(0, 0.0, link.spool_address, link.spool_format,
-                                            message)
-        delivery_id = link.spool_delivery
+        record = SpoolRecord.amqp10_message(0, 0.0, capture.address, capture.message_format,
+                                            b"".join(capture.parts))
+        delivery_id = capture.delivery_id
         try:
             seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
         except SpoolRefused as exc:
             self.counters.spool_fallbacks += 1
             link.spool_refused = True
-            self.outbox.append(SpoolFellBack(
+            self.outbox.append(ev.SpoolFellBack(
                 self._at(link), key[1], str(exc),
                 "rejected; the link's credit is withheld until the queue drains"))
             if delivery_id is not None:
@@ -932,9 +959,9 @@ class CreditFlow:
         destination = link.destination
         if link.anonymous:
             destination = parse_target(to) if to else None
-            link.message_to = to or ""
+            link.delivery.message_to = to or ""
         queues = queues_for(self.controller, self.vhost, destination, subject)
-        link.delivery_lookup = self._lookup(destination, queues, now, subject)
+        link.delivery.lookup = self._lookup(destination, queues, now, subject)
         return queues
 
     def _lookup(self, destination: Destination | None, queues: frozenset[str], now: float,
@@ -996,7 +1023,7 @@ class CreditFlow:
         for session in self.sessions.values():
             for link in session.links.values():
                 if isinstance(link, SenderLink) and not link.detaching \
-                        and queue in link.delivery_queues:
+                        and queue in link.delivery.queues:
                     n += 1
         return n or 1
 
@@ -1028,14 +1055,13 @@ class CreditFlow:
         """The credit to give the client now: withheld while a queue it feeds is tripped."""
         queues = self._queues(link)
         blocking = self.controller.blocking(self.vhost, queues)
-        if not link.per_message:
-            blocking |= self._lookup(link.destination, queues, now)
-        if blocking and self._spool_key(link, queues, blocking) is None \
-                and self._block(link, blocking, now):
-            link.withheld = True
+        lookups = _NO_KEYS if link.per_message else self._lookup(link.destination, queues, now)
+        blocking |= lookups
+        if blocking and self._spooling(link, queues, blocking, lookups).verdict \
+                is not Verdict.SPOOL and self._block(link, blocking, now):
             return link.credit.grant(0)
         if link.withheld:
-            link.withheld = False
+            link.move(LinkInput.GRANTED)
             self._signalled(link, active=True)
         if window is not None and link.unsettled:
             window = self._in_flight_window(link, window)
@@ -1053,19 +1079,19 @@ class CreditFlow:
             return
         fixed: frozenset[str] | None = None
         if link.per_message:
-            queues = link.delivery_queues
-            lookups = link.delivery_lookup
+            queues = link.delivery.queues
+            lookups = link.delivery.lookup
         else:
             queues = fixed = routed if routed is not None else self._queues(link)
             lookups = _NO_KEYS
         blocking = self.controller.blocking(self.vhost, queues)
         if lookups:
             blocking |= lookups
-        if blocking and not (link.per_message and self._overflow(blocking) is Overflow.REJECT
-                             and not lookups) \
-                and self._spool_key(link, queues, blocking) is None:
-            if self._block(link, blocking, now):
-                link.withheld = True  # no flow: the limit the client has stands (grant)
+        verdict = self._spooling(link, queues, blocking, lookups).verdict if blocking \
+            else Verdict.PASS
+        if blocking and not (link.per_message and verdict is Verdict.REJECT and not lookups) \
+                and verdict is not Verdict.SPOOL:
+            self._block(link, blocking, now)  # no flow: the limit the client has stands
             return
         window = self._window(link, fixed)
         link.windowed = window is not None
@@ -1085,25 +1111,16 @@ class CreditFlow:
         newly = self.controller.block(self.conn_id, link.ref, blocking, now)
         if not newly and not self.controller.is_blocked(self.conn_id, link.ref):
             return False
-        link.blocked = True
+        link.move(LinkInput.BLOCKED)
         link.starved_since = None
         self.withheld_links[link.ref] = link
-        self.outbox.append(PublisherHeld(self._at(link), blocking, True))
+        self.outbox.append(ev.PublisherHeld(self._at(link), blocking, True))
         self._signalled(link, active=False)
         return True
 
     def _signalled(self, link: SenderLink, active: bool) -> None:
         self.counters.signalled(PROTOCOL, active)
-        self.outbox.append(Signalled(self._at(link), active))
-
-    def _overflow(self, blocking: frozenset[QueueKey]) -> Overflow:
-        """What the strictest policy among ``blocking`` says: reject wins."""
-        overflow = Overflow.HOLD
-        for key in blocking:
-            q = self.controller.queues.get(key)
-            if q is not None and q.policy.overflow is Overflow.REJECT:
-                return Overflow.REJECT
-        return overflow
+        self.outbox.append(ev.Signalled(self._at(link), active))
 
     def channel_released(self, channel: int, now: float) -> None:
         """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
@@ -1111,7 +1128,7 @@ class CreditFlow:
         link = session.links.get(channel & 0xFFFFFFFF) if session is not None else None
         if not isinstance(link, SenderLink) or link.detaching:
             return
-        link.blocked = False
+        link.move(LinkInput.RELEASED)
         link.starved_since = None
         self.withheld_links.pop(link.ref, None)
         link.spool_refused = False
@@ -1145,17 +1162,17 @@ class CreditFlow:
         """Detach ``link`` on both sides: the client's detach is queued, the broker's returned.
 
         Later frames of the link are dropped, both peers' answering detaches absorbed."""
-        link.detaching = True
-        link.in_delivery = False
+        link.delivery.in_progress = False
         self._link_gone(link)
-        self.outbox.append(LinkDetached(self._at(link), condition, description))
+        self.outbox.append(ev.EndedByProxy(self._at(link), description, condition))
         error = performative(ERROR, condition=Symbol(condition), description=description)
         if session.server_channel is not None and link.server_handle is not None:
-            link.replies_due.add("client")
+            link.move(LinkInput.PROXY_DETACHES)  # both peers answer
             self._to_client(frame(encode_performative(
                 DETACH, handle=UInt(link.server_handle), closed=True, error=error),
                 session.server_channel))
-        link.replies_due.add("broker")
+        else:  # the client has not heard of the broker's end: only the broker answers
+            link.move(LinkInput.PROXY_DETACHES_BROKER_SIDE)
         return frame(encode_performative(DETACH, handle=UInt(link.handle), closed=True,
                                          error=error), link.channel)
 
@@ -1164,10 +1181,10 @@ class CreditFlow:
         """Settle the delivery ``rejected`` ourselves (it will not reach the broker)."""
         self.counters.rejects += 1
         names = ",".join(q for _, q in sorted(blocking))
-        self.outbox.append(Refused(self._at(link), blocking, "over capacity (overflow: reject)",
-                                   Answer.REJECTED, 0))
-        delivery_id = _uint(fields, 1, "transfer.delivery-id")
-        if _flag(fields, 4, "transfer.settled") or delivery_id is None:
+        self.outbox.append(ev.Refused(self._at(link), blocking, "over capacity (overflow: reject)",
+                                   ev.Answer.REJECTED, 0))
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
+        if _flag(fields, T.SETTLED, TRANSFER) or delivery_id is None:
             return
         self._settle(session, delivery_id, delivery_id,
                      _rejected(f"floodwall: queue '{names}' is over capacity"))
@@ -1184,10 +1201,10 @@ def _rejected(description: str) -> Described:
 
 def _range(fields: list[object]) -> tuple[int, int]:
     """A disposition's first..last."""
-    first = _uint(fields, 1, "disposition.first")
+    first = _uint(fields, D.FIRST, DISPOSITION)
     if first is None:
         raise DecodeError("disposition.first is mandatory")
-    last = _uint(fields, 2, "disposition.last")
+    last = _uint(fields, D.LAST, DISPOSITION)
     return first, first if last is None else last
 
 
@@ -1208,8 +1225,8 @@ def _dispositions(fields: list[object], ranges: list[tuple[int, int]], channel: 
     """``fields``' disposition once per range (b"": none left)."""
     out = bytearray()
     for first, last in ranges:
-        piece = _padded(fields, 3)
-        piece[1], piece[2] = UInt(first), UInt(last)
+        piece = _padded(fields, D.LAST + 1)
+        piece[D.FIRST], piece[D.LAST] = UInt(first), UInt(last)
         out += frame(encode_performative_fields(DISPOSITION, piece), channel)
     return bytes(out)
 

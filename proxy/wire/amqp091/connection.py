@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -28,11 +28,10 @@ from floodwall.wire.amqp091.hooks import ClientInfo, ForgetChannel, PublishHooks
 from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyWatch
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
+    CoreOutput,
     Failure,
     FrameCounts,
     Side,
-    ToClient,
-    ToServer,
 )
 
 INTERNAL_ERROR: Final = 541
@@ -137,7 +136,7 @@ def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: 
     return encode_method(method, 0)
 
 
-class Connection:
+class Connection(CoreOutput):
     """One proxied AMQP 0-9-1 connection (client <-> proxy <-> broker); a ``RelayCore``.
 
     Starts at the first frame in both directions (the I/O layer has relayed the protocol
@@ -258,31 +257,17 @@ class Connection:
         """Everything queued for the client (b"" if nothing), and forget it."""
         return _drain(self._to_client)
 
-    def events(self) -> Sequence[object]:
-        """Topology changes the broker confirmed and the gate's events, in order (and
-        forget them)."""
-        if not self._events:
-            return ()
-        out, self._events = self._events, []
-        return out
-
     def collect(self) -> None:
         """Take what the gate made outside a receive call (held frames released, expiries,
         spool acknowledgements) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
             self._take(self.gate)
 
-    def _take(self, gate: PublishHooks) -> None:
-        """Move the gate's output into the queues, in order; keep its events."""
-        for command in gate.take_output():
-            if isinstance(command, ToServer):
-                self._to_server.append(command.data)
-            elif isinstance(command, ToClient):
-                self._to_client.append(command.data)
-            elif isinstance(command, ForgetChannel):
-                self.channels.pop(command.channel, None)
-            else:
-                self._events.append(command)
+    def _own(self, command: object) -> bool:
+        if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone
+            self.channels.pop(command.channel, None)
+            return True
+        return False
 
     # --- state for the rest of the proxy ----------------------------------------------
 

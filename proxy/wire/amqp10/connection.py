@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from enum import Enum
 from typing import Final
 
@@ -56,11 +55,10 @@ from floodwall.wire.amqp10.performatives import (
 from floodwall.wire.amqp10.types import UByte
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
+    CoreOutput,
     Failure,
     FrameCounts,
     Side,
-    ToClient,
-    ToServer,
 )
 
 CONTAINER_ID: Final = "floodwall"
@@ -146,7 +144,7 @@ def _clip(text: str) -> str:
     return raw[: DESCRIPTION_LIMIT - 3].decode("utf-8", "ignore") + "..."
 
 
-class Connection:
+class Connection(CoreOutput):
     """The AMQP 1.0 ``RelayCore``: relays both directions unchanged and tracks the connection.
 
     Built with the client's first protocol header, which the I/O layer has already read and
@@ -220,34 +218,20 @@ class Connection:
     def data_for_client(self) -> bytes:
         return _drain(self._to_client)
 
-    def events(self) -> Sequence[object]:
-        """What the gate made besides frames (topology changes, typed events), in order (and
-        forget them)."""
-        if not self._events:
-            return ()
-        out, self._events = self._events, []
-        return out
-
     def collect(self) -> None:
         """Take what the gate made outside a receive call (a release, an expiry, a spool
         acknowledgement) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
             self._take(self.gate)
 
-    def _take(self, gate: TransferHooks) -> None:
-        """Move the gate's output into the queues, in order; keep the rest."""
-        for command in gate.take_output():
-            if isinstance(command, ToClient):
-                self._to_client.append(command.data)
-            elif isinstance(command, ToServer):
-                self._to_server.append(command.data)
-            elif isinstance(command, ReadEveryFrame):
-                if command.broker_only:
-                    self._read_server_dispositions()
-                else:
-                    self._read_dispositions()
+    def _own(self, command: object) -> bool:
+        if isinstance(command, ReadEveryFrame):
+            if command.broker_only:
+                self._read_server_dispositions()
             else:
-                self._events.append(command)
+                self._read_dispositions()
+            return True
+        return False
 
     # -- what the frames said -----------------------------------------------------------------
 

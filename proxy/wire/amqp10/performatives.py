@@ -78,6 +78,70 @@ LAYOUTS: Final[dict[int, tuple[str, tuple[str, ...]]]] = {
 }
 """Name and field names of every composite type the proxy knows, by descriptor code."""
 
+
+def field_at(code: int, name: str) -> int:
+    """The position of field ``name`` in the layout of ``code`` (raises KeyError if none)."""
+    try:
+        return LAYOUTS[code][1].index(name)
+    except ValueError:
+        raise KeyError(f"{LAYOUTS[code][0]} has no field {name!r}") from None
+
+
+def field_label(code: int, index: int) -> str:
+    """``flow.handle``: the performative's and the field's names, for error messages."""
+    name, fields = LAYOUTS[code]
+    return f"{name}.{fields[index]}" if index < len(fields) else f"{name}.{index}"
+
+
+class FlowFields:
+    """Positions of a flow's fields (``LAYOUTS[FLOW]``)."""
+
+    NEXT_INCOMING_ID: Final = field_at(FLOW, "next-incoming-id")
+    INCOMING_WINDOW: Final = field_at(FLOW, "incoming-window")
+    NEXT_OUTGOING_ID: Final = field_at(FLOW, "next-outgoing-id")
+    OUTGOING_WINDOW: Final = field_at(FLOW, "outgoing-window")
+    HANDLE: Final = field_at(FLOW, "handle")
+    DELIVERY_COUNT: Final = field_at(FLOW, "delivery-count")
+    LINK_CREDIT: Final = field_at(FLOW, "link-credit")
+    DRAIN: Final = field_at(FLOW, "drain")
+    ECHO: Final = field_at(FLOW, "echo")
+
+
+class TransferFields:
+    """Positions of a transfer's fields (``LAYOUTS[TRANSFER]``)."""
+
+    HANDLE: Final = field_at(TRANSFER, "handle")
+    DELIVERY_ID: Final = field_at(TRANSFER, "delivery-id")
+    MESSAGE_FORMAT: Final = field_at(TRANSFER, "message-format")
+    SETTLED: Final = field_at(TRANSFER, "settled")
+    MORE: Final = field_at(TRANSFER, "more")
+    STATE: Final = field_at(TRANSFER, "state")
+    ABORTED: Final = field_at(TRANSFER, "aborted")
+
+
+class DispositionFields:
+    """Positions of a disposition's fields (``LAYOUTS[DISPOSITION]``)."""
+
+    ROLE: Final = field_at(DISPOSITION, "role")
+    FIRST: Final = field_at(DISPOSITION, "first")
+    LAST: Final = field_at(DISPOSITION, "last")
+
+
+MESSAGE_PROPERTIES: Final = 0x73
+"""Descriptor code of a message's properties section (3.2.4)."""
+MESSAGE_PROPERTIES_LAYOUT: Final = (
+    "message-id", "user-id", "to", "subject", "reply-to", "correlation-id",
+    "content-type", "content-encoding", "absolute-expiry-time", "creation-time", "group-id",
+    "group-sequence", "reply-to-group-id")
+"""The fields of a message's properties section, in order (3.2.4)."""
+
+
+class MessageProperties:
+    """Positions of a message properties section's fields (``MESSAGE_PROPERTIES_LAYOUT``)."""
+
+    TO: Final = MESSAGE_PROPERTIES_LAYOUT.index("to")
+    SUBJECT: Final = MESSAGE_PROPERTIES_LAYOUT.index("subject")
+
 SYMBOLIC_CODES: Final[dict[str, int]] = {
     f"amqp:{name}:list": code for code, (name, _) in LAYOUTS.items()
 }
@@ -254,23 +318,30 @@ def transfer_body(handle: int, delivery_id: int, tag: bytes, message_format: int
 T = TypeVar("T")
 
 
-def _field(fields: list[object], index: int, where: int, kind: type[T]) -> T | None:
+def _field(fields: list[object], name: str, where: int, kind: type[T]) -> T | None:
+    """Field ``name`` of composite ``where`` (by its layout), of wire type ``kind``."""
+    index = field_at(where, name)
     value = fields[index] if index < len(fields) else None
     if value is None:
         return None
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        field = LAYOUTS[where][1][index]
         raise DecodeError(
-            f"{name_of(where)}.{field} is {type(value).__name__}, expected {kind.__name__}"
+            f"{name_of(where)}.{name} is {type(value).__name__}, expected {kind.__name__}"
         )
     return value
 
 
-def _mandatory(fields: list[object], index: int, where: int, kind: type[T]) -> T:
-    value = _field(fields, index, where, kind)
+def _mandatory(fields: list[object], name: str, where: int, kind: type[T]) -> T:
+    value = _field(fields, name, where, kind)
     if value is None:
-        raise DecodeError(f"{name_of(where)}.{LAYOUTS[where][1][index]} is mandatory")
+        raise DecodeError(f"{name_of(where)}.{name} is mandatory")
     return value
+
+
+def _raw(fields: list[object], name: str, where: int) -> object:
+    """Field ``name`` of composite ``where`` as decoded (None when absent)."""
+    index = field_at(where, name)
+    return fields[index] if index < len(fields) else None
 
 
 def _optional_int(value: int | None) -> int | None:
@@ -304,8 +375,8 @@ class ErrorInfo:
             return None
         _, fields = _composite(value, ERROR, frozenset({ERROR}))
         return cls(
-            condition=str(_mandatory(fields, 0, ERROR, Symbol)),
-            description=_field(fields, 1, ERROR, str),
+            condition=str(_mandatory(fields, "condition", ERROR, Symbol)),
+            description=_field(fields, "description", ERROR, str),
         )
 
     def to_value(self) -> Described:
@@ -324,14 +395,14 @@ class Open:
 
     @classmethod
     def from_fields(cls, fields: list[object]) -> Open:
-        max_frame_size = _field(fields, 2, OPEN, UInt)
-        channel_max = _field(fields, 3, OPEN, UShort)
+        max_frame_size = _field(fields, "max-frame-size", OPEN, UInt)
+        channel_max = _field(fields, "channel-max", OPEN, UShort)
         return cls(
-            container_id=_mandatory(fields, 0, OPEN, str),
-            hostname=_field(fields, 1, OPEN, str),
+            container_id=_mandatory(fields, "container-id", OPEN, str),
+            hostname=_field(fields, "hostname", OPEN, str),
             max_frame_size=0xFFFFFFFF if max_frame_size is None else int(max_frame_size),
             channel_max=0xFFFF if channel_max is None else int(channel_max),
-            idle_time_out=_optional_int(_field(fields, 4, OPEN, UInt)),
+            idle_time_out=_optional_int(_field(fields, "idle-time-out", OPEN, UInt)),
         )
 
 
@@ -347,12 +418,12 @@ class Begin:
 
     @classmethod
     def from_fields(cls, fields: list[object]) -> Begin:
-        handle_max = _field(fields, 4, BEGIN, UInt)
+        handle_max = _field(fields, "handle-max", BEGIN, UInt)
         return cls(
-            remote_channel=_optional_int(_field(fields, 0, BEGIN, UShort)),
-            next_outgoing_id=int(_mandatory(fields, 1, BEGIN, UInt)),
-            incoming_window=int(_mandatory(fields, 2, BEGIN, UInt)),
-            outgoing_window=int(_mandatory(fields, 3, BEGIN, UInt)),
+            remote_channel=_optional_int(_field(fields, "remote-channel", BEGIN, UShort)),
+            next_outgoing_id=int(_mandatory(fields, "next-outgoing-id", BEGIN, UInt)),
+            incoming_window=int(_mandatory(fields, "incoming-window", BEGIN, UInt)),
+            outgoing_window=int(_mandatory(fields, "outgoing-window", BEGIN, UInt)),
             handle_max=0xFFFFFFFF if handle_max is None else int(handle_max),
         )
 
@@ -374,24 +445,25 @@ class Attach:
         source_address: str | None = None
         target_address: str | None = None
         coordinator = False
-        source = fields[5] if len(fields) > 5 else None
+        source = _raw(fields, "source", ATTACH)
         if source is not None:
             _, terminus = _composite(source, ATTACH, frozenset({SOURCE}))
-            source_address = _field(terminus, 0, SOURCE, str)
-        target = fields[6] if len(fields) > 6 else None
+            source_address = _field(terminus, "address", SOURCE, str)
+        target = _raw(fields, "target", ATTACH)
         if target is not None:
             code, terminus = _composite(target, ATTACH, frozenset({TARGET, COORDINATOR}))
             coordinator = code == COORDINATOR
             if not coordinator:
-                target_address = _field(terminus, 0, TARGET, str)
+                target_address = _field(terminus, "address", TARGET, str)
         return cls(
-            name=_mandatory(fields, 0, ATTACH, str),
-            handle=int(_mandatory(fields, 1, ATTACH, UInt)),
-            role=Role(_mandatory(fields, 2, ATTACH, bool)),
+            name=_mandatory(fields, "name", ATTACH, str),
+            handle=int(_mandatory(fields, "handle", ATTACH, UInt)),
+            role=Role(_mandatory(fields, "role", ATTACH, bool)),
             source_address=source_address,
             target_address=target_address,
             coordinator=coordinator,
-            initial_delivery_count=_optional_int(_field(fields, 9, ATTACH, UInt)),
+            initial_delivery_count=_optional_int(
+                _field(fields, "initial-delivery-count", ATTACH, UInt)),
         )
 
 
@@ -406,9 +478,9 @@ class Detach:
     @classmethod
     def from_fields(cls, fields: list[object]) -> Detach:
         return cls(
-            handle=int(_mandatory(fields, 0, DETACH, UInt)),
-            closed=bool(_field(fields, 1, DETACH, bool)),
-            error=ErrorInfo.from_value(fields[2] if len(fields) > 2 else None),
+            handle=int(_mandatory(fields, "handle", DETACH, UInt)),
+            closed=bool(_field(fields, "closed", DETACH, bool)),
+            error=ErrorInfo.from_value(_raw(fields, "error", DETACH)),
         )
 
 
@@ -420,7 +492,7 @@ class Ending:
 
     @classmethod
     def from_fields(cls, fields: list[object]) -> Ending:
-        return cls(error=ErrorInfo.from_value(fields[0] if fields else None))
+        return cls(error=ErrorInfo.from_value(_raw(fields, "error", END)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,10 +504,10 @@ class SaslInit:
 
     @classmethod
     def from_fields(cls, fields: list[object]) -> SaslInit:
-        _field(fields, 1, SASL_INIT, bytes)
+        _field(fields, "initial-response", SASL_INIT, bytes)
         return cls(
-            mechanism=str(_mandatory(fields, 0, SASL_INIT, Symbol)),
-            hostname=_field(fields, 2, SASL_INIT, str),
+            mechanism=str(_mandatory(fields, "mechanism", SASL_INIT, Symbol)),
+            hostname=_field(fields, "hostname", SASL_INIT, str),
         )
 
 
@@ -447,16 +519,16 @@ class SaslOutcome:
 
     @classmethod
     def from_fields(cls, fields: list[object]) -> SaslOutcome:
-        _field(fields, 1, SASL_OUTCOME, bytes)
-        return cls(code=int(_mandatory(fields, 0, SASL_OUTCOME, UByte)))
+        _field(fields, "additional-data", SASL_OUTCOME, bytes)
+        return cls(code=int(_mandatory(fields, "code", SASL_OUTCOME, UByte)))
 
 
 def check_sasl_fields(code: int, fields: list[object]) -> None:
     """Check sasl-mechanisms' symbols and the binary of sasl-challenge / sasl-response."""
     if code in (SASL_CHALLENGE, SASL_RESPONSE):
-        _mandatory(fields, 0, code, bytes)
+        _mandatory(fields, LAYOUTS[code][1][0], code, bytes)  # challenge, response
     elif code == SASL_MECHANISMS:
-        mechanisms = fields[0] if fields else None
+        mechanisms = _raw(fields, "sasl-server-mechanisms", SASL_MECHANISMS)
         symbols = isinstance(mechanisms, Symbol) or (
             isinstance(mechanisms, Array) and mechanisms.code in (0xA3, 0xB3)
         )

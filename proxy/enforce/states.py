@@ -1,0 +1,102 @@
+"""The phases of a 0-9-1 channel and of a 1.0 sender link as the gates see them: enums and
+transition tables (h11's ``_state.py`` is the model).
+
+A gate moves a channel or link with ``step(TABLE, phase, input)``; a pair the table does not
+hold is an input that phase does not take, and ``step`` returns None: the caller leaves the
+frame alone (it is not an answer the proxy waits for). The tests walk every pair.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Final, TypeVar
+
+
+class ChannelPhase(Enum):
+    """A 0-9-1 channel's phase in its publish gate."""
+
+    OPEN = "open"  # publishes pass, are held or refused
+    CLOSE_OKS_DUE = "close-oks due"  # the proxy closed it on both sides; both answers due
+    BROKER_CLOSE_OK_DUE = "broker close-ok due"  # the client answered
+    CLIENT_CLOSE_OK_DUE = "client close-ok due"  # the broker answered
+    GONE = "gone"  # both answered: the channel number is free again
+
+
+class ChannelInput(Enum):
+    """What moves a channel: the proxy closing it, and each peer's close-ok to that."""
+
+    PROXY_CLOSES = "the proxy closes the channel"
+    CLIENT_CLOSE_OK = "the client's channel.close-ok"
+    BROKER_CLOSE_OK = "the broker's channel.close-ok"
+
+
+CHANNEL_PHASES: Final[dict[tuple[ChannelPhase, ChannelInput], ChannelPhase]] = {
+    (ChannelPhase.OPEN, ChannelInput.PROXY_CLOSES): ChannelPhase.CLOSE_OKS_DUE,
+    (ChannelPhase.CLOSE_OKS_DUE, ChannelInput.CLIENT_CLOSE_OK): ChannelPhase.BROKER_CLOSE_OK_DUE,
+    (ChannelPhase.CLOSE_OKS_DUE, ChannelInput.BROKER_CLOSE_OK): ChannelPhase.CLIENT_CLOSE_OK_DUE,
+    (ChannelPhase.BROKER_CLOSE_OK_DUE, ChannelInput.BROKER_CLOSE_OK): ChannelPhase.GONE,
+    (ChannelPhase.CLIENT_CLOSE_OK_DUE, ChannelInput.CLIENT_CLOSE_OK): ChannelPhase.GONE,
+}
+"""A channel the proxy closes (a refusal without confirms, a deadline) waits for both
+close-oks, which it absorbs; then it is forgotten."""
+
+CLOSING_PHASES: Final = frozenset({ChannelPhase.CLOSE_OKS_DUE, ChannelPhase.BROKER_CLOSE_OK_DUE,
+                                   ChannelPhase.CLIENT_CLOSE_OK_DUE})
+
+
+class LinkPhase(Enum):
+    """A 1.0 sender link's phase in its credit gate."""
+
+    OPEN = "open"  # credit flows as the gate relays it
+    WITHHELD = "withheld"  # blocked on queues: no more credit (the client was told)
+    RELEASED = "released"  # the queues drained; its credit is decided again now
+    DETACHES_DUE = "detaches due"  # the proxy detached it on both sides; both answers due
+    BROKER_DETACH_DUE = "broker detach due"  # the client answered (or was not asked)
+    CLIENT_DETACH_DUE = "client detach due"  # the broker answered
+    GONE = "gone"  # both answered: forgotten
+
+
+class LinkInput(Enum):
+    """What moves a link."""
+
+    BLOCKED = "a queue it feeds is tripped (or a lookup pending): credit withheld"
+    RELEASED = "every queue it waited on drained"
+    GRANTED = "credit given again"
+    PROXY_DETACHES = "the proxy detaches it on both sides"
+    PROXY_DETACHES_BROKER_SIDE = "the proxy detaches it where only the broker knows it"
+    CLIENT_DETACH = "the client's detach answering the proxy's"
+    BROKER_DETACH = "the broker's detach answering the proxy's"
+
+
+_L, _I = LinkPhase, LinkInput
+LINK_PHASES: Final[dict[tuple[LinkPhase, LinkInput], LinkPhase]] = {
+    (_L.OPEN, _I.BLOCKED): _L.WITHHELD,
+    (_L.OPEN, _I.GRANTED): _L.OPEN,
+    (_L.OPEN, _I.RELEASED): _L.OPEN,  # nothing was withheld: its credit is decided again
+    (_L.WITHHELD, _I.BLOCKED): _L.WITHHELD,  # blocked on more queues
+    (_L.WITHHELD, _I.RELEASED): _L.RELEASED,
+    (_L.RELEASED, _I.BLOCKED): _L.WITHHELD,  # tripped again in the same breath
+    (_L.RELEASED, _I.GRANTED): _L.OPEN,  # the client is told to go on
+    **{(phase, _I.PROXY_DETACHES): _L.DETACHES_DUE
+       for phase in (_L.OPEN, _L.WITHHELD, _L.RELEASED)},
+    **{(phase, _I.PROXY_DETACHES_BROKER_SIDE): _L.BROKER_DETACH_DUE
+       for phase in (_L.OPEN, _L.WITHHELD, _L.RELEASED)},
+    (_L.DETACHES_DUE, _I.CLIENT_DETACH): _L.BROKER_DETACH_DUE,
+    (_L.DETACHES_DUE, _I.BROKER_DETACH): _L.CLIENT_DETACH_DUE,
+    (_L.BROKER_DETACH_DUE, _I.BROKER_DETACH): _L.GONE,
+    (_L.CLIENT_DETACH_DUE, _I.CLIENT_DETACH): _L.GONE,
+}
+"""A link's credit is withheld while a queue it feeds is tripped, and decided again when the
+controller releases it; a link the proxy detaches (past its deadline, beyond its credit)
+drops its frames and absorbs both peers' detaches, then is forgotten."""
+
+DETACHING_PHASES: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.BROKER_DETACH_DUE,
+                                     LinkPhase.CLIENT_DETACH_DUE, LinkPhase.GONE})
+
+P = TypeVar("P", ChannelPhase, LinkPhase)
+I = TypeVar("I", ChannelInput, LinkInput)  # noqa: E741
+
+
+def step(table: dict[tuple[P, I], P], phase: P, event: I) -> P | None:
+    """The phase after ``event``, or None when ``phase`` does not take it."""
+    return table.get((phase, event))

@@ -1,0 +1,94 @@
+"""Every (phase, input) pair of the channel and link tables: what it moves to, or that the
+phase does not take it (h11's ``_state.py`` tests are the model)."""
+
+from __future__ import annotations
+
+import itertools
+
+from floodwall.enforce.states import (
+    CHANNEL_PHASES,
+    CLOSING_PHASES,
+    DETACHING_PHASES,
+    LINK_PHASES,
+    ChannelInput,
+    ChannelPhase,
+    LinkInput,
+    LinkPhase,
+    step,
+)
+
+C, CI = ChannelPhase, ChannelInput
+L, LI = LinkPhase, LinkInput
+
+CHANNEL_EXPECTED = {
+    (C.OPEN, CI.PROXY_CLOSES): C.CLOSE_OKS_DUE,
+    (C.CLOSE_OKS_DUE, CI.CLIENT_CLOSE_OK): C.BROKER_CLOSE_OK_DUE,
+    (C.CLOSE_OKS_DUE, CI.BROKER_CLOSE_OK): C.CLIENT_CLOSE_OK_DUE,
+    (C.BROKER_CLOSE_OK_DUE, CI.BROKER_CLOSE_OK): C.GONE,
+    (C.CLIENT_CLOSE_OK_DUE, CI.CLIENT_CLOSE_OK): C.GONE,
+}
+
+LINK_EXPECTED = {
+    (L.OPEN, LI.BLOCKED): L.WITHHELD,
+    (L.OPEN, LI.GRANTED): L.OPEN,
+    (L.OPEN, LI.RELEASED): L.OPEN,
+    (L.OPEN, LI.PROXY_DETACHES): L.DETACHES_DUE,
+    (L.OPEN, LI.PROXY_DETACHES_BROKER_SIDE): L.BROKER_DETACH_DUE,
+    (L.WITHHELD, LI.BLOCKED): L.WITHHELD,
+    (L.WITHHELD, LI.RELEASED): L.RELEASED,
+    (L.WITHHELD, LI.PROXY_DETACHES): L.DETACHES_DUE,
+    (L.WITHHELD, LI.PROXY_DETACHES_BROKER_SIDE): L.BROKER_DETACH_DUE,
+    (L.RELEASED, LI.BLOCKED): L.WITHHELD,
+    (L.RELEASED, LI.GRANTED): L.OPEN,
+    (L.RELEASED, LI.PROXY_DETACHES): L.DETACHES_DUE,
+    (L.RELEASED, LI.PROXY_DETACHES_BROKER_SIDE): L.BROKER_DETACH_DUE,
+    (L.DETACHES_DUE, LI.CLIENT_DETACH): L.BROKER_DETACH_DUE,
+    (L.DETACHES_DUE, LI.BROKER_DETACH): L.CLIENT_DETACH_DUE,
+    (L.BROKER_DETACH_DUE, LI.BROKER_DETACH): L.GONE,
+    (L.CLIENT_DETACH_DUE, LI.CLIENT_DETACH): L.GONE,
+}
+
+
+def test_every_channel_pair_moves_as_expected_or_is_not_taken() -> None:
+    for phase, event in itertools.product(ChannelPhase, ChannelInput):
+        assert step(CHANNEL_PHASES, phase, event) == CHANNEL_EXPECTED.get((phase, event)), (
+            phase, event)
+    assert CHANNEL_PHASES == CHANNEL_EXPECTED
+
+
+def test_every_link_pair_moves_as_expected_or_is_not_taken() -> None:
+    for phase, event in itertools.product(LinkPhase, LinkInput):
+        assert step(LINK_PHASES, phase, event) == LINK_EXPECTED.get((phase, event)), (
+            phase, event)
+    assert LINK_PHASES == LINK_EXPECTED
+
+
+def _reachable(table: dict[tuple[object, object], object], start: object) -> set[object]:
+    seen, todo = {start}, [start]
+    while todo:
+        phase = todo.pop()
+        for (src, _), dst in table.items():
+            if src == phase and dst not in seen:
+                seen.add(dst)
+                todo.append(dst)
+    return seen
+
+
+def test_every_phase_is_reachable_and_gone_is_final() -> None:
+    assert _reachable(CHANNEL_PHASES, C.OPEN) == set(ChannelPhase)
+    assert _reachable(LINK_PHASES, L.OPEN) == set(LinkPhase)
+    assert not any(src is C.GONE for src, _ in CHANNEL_PHASES)
+    assert not any(src is L.GONE for src, _ in LINK_PHASES)
+
+
+def test_a_closing_channel_or_detaching_link_takes_only_the_peers_answers() -> None:
+    for (phase, event) in CHANNEL_PHASES:
+        if phase in CLOSING_PHASES:
+            assert event in (CI.CLIENT_CLOSE_OK, CI.BROKER_CLOSE_OK)
+    for (phase, event) in LINK_PHASES:
+        if phase in DETACHING_PHASES:
+            assert event in (LI.CLIENT_DETACH, LI.BROKER_DETACH)
+    # once detaching, no credit decision moves it back
+    for phase in DETACHING_PHASES:
+        for event in (LI.BLOCKED, LI.RELEASED, LI.GRANTED, LI.PROXY_DETACHES):
+            assert step(LINK_PHASES, phase, event) is None
