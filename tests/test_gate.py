@@ -261,3 +261,41 @@ def test_policed_answers_follow_the_queues_that_are_policed() -> None:
     fc.queue_deleted(("/", "orders.a"))
     assert fc.policed("/", names) == {("/", "orders.c")}
     assert fc.policed("other", names) == frozenset()
+
+
+def test_hold_time_is_recorded_where_a_hold_ends_by_policy_and_outcome() -> None:
+    """Released: from the block to the release that freed the channel; closed: to the close
+    of a channel still held (a deadline, a reject, its client); the alarm has its own
+    label; a wait for a lookup alone is not a hold."""
+    fc, clock = _controller()
+    owner = Owner(4)
+    fc.register(owner)
+    clock.t += 1
+    fc.forwarded("/", frozenset({"orders.a"}), 2000)
+    assert fc.block(owner, 1, frozenset({("/", "orders.a")}))
+    assert fc.block(owner, 2, frozenset({("/", "orders.a")}))
+    clock.t += 2.5
+    fc.channel_closed(owner, 2)
+    clock.t += 1.5
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t))
+    assert owner.released == [1]
+    released = fc.hold_seconds[("orders", "released")]
+    assert (released.count, released.total) == (1, 4.0)
+    closed = fc.hold_seconds[("orders", "closed")]
+    assert (closed.count, closed.total) == (1, 2.5)
+    assert dict(released.buckets())["2.5"] == 0 and dict(released.buckets())["5"] == 1
+
+    fc.set_alarm("disk alarm on rabbit@a")
+    assert fc.block(owner, 3, frozenset({ALARM}))
+    clock.t += 0.5
+    fc.set_alarm(None)
+    assert fc.hold_seconds[("broker-alarm", "released")].total == 0.5
+    assert set(fc.hold_seconds) == {("orders", "released"), ("orders", "closed"),
+                                    ("broker-alarm", "released")}
+
+    # A connection that goes away while held: closed.
+    fc.forwarded("/", frozenset({"orders.b"}), 2000)
+    assert fc.block(owner, 4, frozenset({("/", "orders.b")}))
+    clock.t += 3
+    fc.unregister(owner)
+    assert fc.hold_seconds[("orders", "closed")].count == 2

@@ -163,6 +163,17 @@ def main() -> None:
               show_default=True, envvar="FLOODWALL_TOPOLOGY_EVENTS",
               help="Follow the broker's topology events (amq.rabbitmq.event, the "
                    "rabbitmq_event_exchange plugin) when it has them.")
+@click.option("--alarm-interval", default="2s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_ALARM_INTERVAL",
+              help="How often the management API is asked for the broker's memory and disk "
+                   "alarms.")
+@click.option("--management-timeout", default="5s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_MANAGEMENT_TIMEOUT",
+              help="Longest one management API request may take (connecting included).")
+@click.option("--management-connections", type=click.IntRange(1, 64), default=4,
+              show_default=True, envvar="FLOODWALL_MANAGEMENT_CONNECTIONS",
+              help="Keep-alive connections pooled to the management API: requests in flight "
+                   "at most.")
 @click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
               metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
               help="Bytes of held publishes per connection before the proxy stops reading it.")
@@ -218,7 +229,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None,
         depth_interval: float, management_interval: float, topology_interval: float,
-        topology_events: str, hold_budget: int,
+        topology_events: str, alarm_interval: float, management_timeout: float,
+        management_connections: int, hold_budget: int,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int,
         spool_dir: str | None, spool_total_max: int, spool_min_free: int,
@@ -275,6 +287,9 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             management_interval=management_interval,
             topology_interval=topology_interval,
             topology_events=topology_events == "on",
+            alarm_interval=alarm_interval,
+            management_timeout=management_timeout,
+            management_connections=management_connections,
             hold_budget=hold_budget,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval,

@@ -51,7 +51,12 @@ from floodwall.io.tls import (
 )
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.logs import event
-from floodwall.ops.metrics import RelayCollector, RelayStats, make_registry
+from floodwall.ops.metrics import (
+    RelayCollector,
+    RelayStats,
+    make_registry,
+    standard_collectors,
+)
 from floodwall.ops.telemetry import RotationPolicy
 from floodwall.spool.manager import SpoolLimits
 
@@ -87,7 +92,7 @@ class Proxy:
         if settings.spool_dir is not None and self.flow is not None:
             self.spool = make_spool(settings, self.flow, self.upstream_tls)
         set_spool_available(self.spool is not None)
-        collectors: list[Collector] = [RelayCollector(self.stats)]
+        collectors: list[Collector] = [RelayCollector(self.stats), *standard_collectors()]
         if self.flow is not None:
             collectors.append(self.flow.collector)
         if self.spool is not None:

@@ -93,7 +93,7 @@ class FlowSettings:
     probe_timeout: float = 5.0
     reconnect_min: float = 0.5
     reconnect_max: float = 30.0
-    management_concurrency: int = 4
+    management_connections: int = 4  # the API client's pool: requests in flight at most
     # How old the management API's queue figures can be when it answers: RabbitMQ's
     # collect_statistics_interval (5 s by default). Samples are dated back by this much, so
     # a real-time ready count taken meanwhile is never overruled by an older figure.
@@ -135,6 +135,8 @@ class FlowSettings:
             topology_events=s.topology_events,
             policy_poll_interval=s.policy_poll_interval,
             holding_log_interval=s.holding_log_interval,
+            management_timeout=s.management_timeout,
+            management_connections=s.management_connections,
             connect_timeout=s.connect_timeout,
             upstream_tls=upstream_tls,
             management_tls=management_tls,
@@ -184,10 +186,12 @@ class FlowSupervisor:
         self.store = PolicyStore.from_file(settings.policies)
         self.topology = topology if topology is not None else Topology()
         self.controller = FlowController(self.topology, clock, self.store.current)
-        self.api = ManagementApi(settings.management_url, settings.management_credentials,
-                                 settings.management_timeout, settings.management_tls)
         self.stats = FlowStats(self.store.current, self.store.generation,
                                ManagementStatus(settings.management_url))
+        self.api = ManagementApi(settings.management_url, settings.management_credentials,
+                                 settings.management_timeout, settings.management_tls,
+                                 settings.management_connections,
+                                 observe=self.stats.observe_management)
         self.collector = FlowCollector(self.controller, self.stats)
         self.feed = TopologyFeed(settings, self.topology, self.controller, self.api,
                                  self.stats, self, clock)
@@ -236,6 +240,7 @@ class FlowSupervisor:
             with contextlib.suppress(Exception):
                 await client.close()
         self._clients.clear()
+        await self.api.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -500,7 +505,7 @@ class FlowSupervisor:
     async def sample_management(self) -> None:
         """One management sample of every policed queue, then the unknown-depth rule."""
         keys = sorted(self.controller.queues)
-        limit = asyncio.Semaphore(self.settings.management_concurrency)
+        limit = asyncio.Semaphore(self.settings.management_connections)
 
         async def one(key: QueueKey) -> ManagementSample | ManagementError | None:
             async with limit:

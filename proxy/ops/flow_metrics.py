@@ -18,8 +18,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.controller import ALARM, HOLD_BUCKETS, FlowController, QueueKey
 from floodwall.control.depth import Depth
+from floodwall.control.histogram import Histogram
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import PolicySet
 from floodwall.ops.metrics import PROTOCOLS
@@ -52,32 +53,12 @@ class ManagementStatus:
 
 #: Upper bounds (seconds) of the lookup latency histogram's buckets.
 LOOKUP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: Upper bounds (seconds) of the management API's request latency histogram.
+MANAGEMENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: The endpoints the management API latency is labelled by (floodwall.io.management).
+MANAGEMENT_ENDPOINTS = ("queues", "nodes", "exchanges", "bindings", "policies", "other")
 #: Where the routing model learns its changes (floodwall.control.routing.sync.ChangeSource).
 CHANGE_SOURCES = ("event", "lookup", "sync", "relayed")
-
-
-@dataclass
-class Histogram:
-    """Cumulative bucket counts and a sum, as a Prometheus histogram has them."""
-
-    bounds: tuple[float, ...] = LOOKUP_BUCKETS
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def observe(self, value: float) -> None:
-        if not self.counts:
-            self.counts = [0] * len(self.bounds)
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.count += 1
-
-    def buckets(self) -> list[tuple[str, float]]:
-        counts = self.counts or [0] * len(self.bounds)
-        return [*((f"{b:g}", float(n)) for b, n in zip(self.bounds, counts, strict=True)),
-                ("+Inf", float(self.count))]
 
 
 @dataclass
@@ -89,6 +70,7 @@ class FlowStats:
     management: ManagementStatus = field(default_factory=lambda: ManagementStatus(""))
     management_requests: int = 0
     management_errors: Counter[str] = field(default_factory=Counter)  # by kind
+    management_seconds: dict[str, Histogram] = field(default_factory=dict)  # by endpoint
     reloads: Counter[str] = field(default_factory=Counter)  # ok | error
     last_reload_error: str | None = None
     own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
@@ -100,11 +82,19 @@ class FlowStats:
     events_received: int = 0
     event_lag_seconds: float | None = None  # broker's event stamp to its arrival, last one
     lookups: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, result)
-    lookup_seconds: Histogram = field(default_factory=Histogram)
+    lookup_seconds: Histogram = field(default_factory=lambda: Histogram(LOOKUP_BUCKETS))
     syncs: Counter[str] = field(default_factory=Counter)  # ok | error
     last_sync_at: float | None = None
     sync_differences: int = 0  # syncs that found changes the events had not brought
     out_of_step_seconds: float | None = None  # the last such: out of step for at most this
+
+
+    def observe_management(self, endpoint: str, seconds: float) -> None:
+        """One management API request took ``seconds`` (answered or failed)."""
+        histogram = self.management_seconds.get(endpoint)
+        if histogram is None:
+            histogram = self.management_seconds[endpoint] = Histogram(MANAGEMENT_BUCKETS)
+        histogram.observe(seconds)
 
 
 def key_label(key: QueueKey) -> str:
@@ -158,9 +148,26 @@ class FlowCollector(Collector):
         overshoot_bytes = CounterMetricFamily(
             "floodwall_queue_overshoot_bytes",
             "Message-body bytes of floodwall_queue_overshoot_messages", labels=QUEUE_LABELS)
+        sample_age = GaugeMetricFamily(
+            "floodwall_queue_depth_sample_age_seconds",
+            "Age of the queue's newest broker figure, by source: ready_count (the passive "
+            "declare) or management (dated back by the broker's statistics interval)",
+            labels=[*QUEUE_LABELS, "source"])
+        unknown = GaugeMetricFamily(
+            "floodwall_queue_depth_unknown",
+            "1 while the queue's depth is unknown (no management figures for "
+            "3 intervals + the timeout): its policy's on_unknown_depth applies",
+            labels=QUEUE_LABELS)
         for key in sorted(c.queues):
             q = c.queues[key]
             labels = [key[0], key[1], q.policy.name]
+            if q.depth.ready_count_at is not None:
+                sample_age.add_metric([*labels, "ready_count"],
+                                      max(0.0, now - q.depth.ready_count_at))
+            if q.depth.management is not None:
+                sample_age.add_metric([*labels, "management"],
+                                      max(0.0, now - q.depth.management.taken_at))
+            unknown.add_metric(labels, 0 if s.depth_known.get(key, True) else 1)
             for source, depth in (("broker", q.depth.broker_depth()),
                                   ("estimate", q.depth.estimate())):
                 if depth is not None:
@@ -174,7 +181,21 @@ class FlowCollector(Collector):
             overshoot_messages.add_metric(labels, q.overshoot_messages)
             overshoot_bytes.add_metric(labels, q.overshoot_bytes)
         yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
-                    trips, overshoot_messages, overshoot_bytes)
+                    trips, overshoot_messages, overshoot_bytes, sample_age, unknown)
+        holds = HistogramMetricFamily(
+            "floodwall_hold_seconds",
+            "How long channels (0-9-1) and sender links (1.0) were held, from the block to "
+            "the release (outcome released) or to their close while held (outcome closed: "
+            "a deadline, a reject, the client), by the policy of the queues they waited on "
+            "(broker-alarm: the broker's alarm)", labels=["policy", "outcome"])
+        names = sorted({p.name for p in s.policies.policies if p.is_limited}
+                       | {d.name for d in s.policies.defaults.values() if d.is_limited}
+                       | {label for label, _ in c.hold_seconds})
+        for name in names:
+            for outcome in ("released", "closed"):
+                h = c.hold_seconds.get((name, outcome)) or Histogram(HOLD_BUCKETS)
+                holds.add_metric([name, outcome], h.buckets(), h.total)
+        yield holds
 
         yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
                                 value=len(c.queues))
@@ -210,6 +231,14 @@ class FlowCollector(Collector):
         for kind in sorted({*MANAGEMENT_ERROR_KINDS, *s.management_errors}):
             errors.add_metric([kind], s.management_errors[kind])
         yield errors
+        latency = HistogramMetricFamily(
+            "floodwall_management_request_seconds",
+            "Management API request latency (answered or failed), by endpoint",
+            labels=["endpoint"])
+        for endpoint in sorted({*MANAGEMENT_ENDPOINTS, *s.management_seconds}):
+            h = s.management_seconds.get(endpoint) or Histogram(MANAGEMENT_BUCKETS)
+            latency.add_metric([endpoint], h.buckets(), h.total)
+        yield latency
         yield GaugeMetricFamily("floodwall_management_up",
                                 "1 if the management API's last answer was good",
                                 value=1 if s.management.ok else 0)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import platform
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from floodwall import __version__
 from floodwall.wire.relaycore import FrameCounts
 
 PROTOCOLS = ("amqp091", "amqp10")
@@ -130,6 +132,24 @@ def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> Coun
         for direction in ("client_to_server", "server_to_client"):
             family.add_metric([proto, direction], values[(proto, direction)])
     return family
+
+
+class BuildInfoCollector(Collector):
+    """``floodwall_build_info{version,python}``: always 1, for joins and upgrade dashboards."""
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("floodwall_build_info",
+                                 "Always 1: the floodwall version and the Python running it",
+                                 labels=["version", "python"])
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+
+
+def standard_collectors() -> list[Collector]:
+    """What every process exports besides its own figures: ``process_*`` (CPU, memory,
+    file descriptors, start time), ``python_info`` and ``floodwall_build_info``."""
+    return [ProcessCollector(registry=None), PlatformCollector(registry=None),
+            BuildInfoCollector()]
 
 
 def make_registry(collectors: Iterable[Collector]) -> CollectorRegistry:

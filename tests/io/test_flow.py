@@ -568,3 +568,54 @@ def test_policy_changes_are_named() -> None:
     assert describe_policy_changes(old, new) == {
         "added": "fresh", "changed": "audit", "defaults_changed": "/"}
     assert describe_policy_changes(old, parse_policies(GOOD)) == {}
+
+
+def test_collector_sample_ages_unknown_depth_hold_times_and_latency() -> None:
+    """Issue 18's series: how old each broker figure is, whether depth is unknown, how long
+    channels were held (by policy and outcome), the management API's latency."""
+    now = [100.0]
+    policies = parse_policies(GOOD, "policies.yaml")
+    c = FlowController(_NoRoutes(), lambda: now[0], policies)
+    orders: QueueKey = ("/", "orders.eu")
+    c.queue_seen(orders)
+    c.sampled_management(orders, ManagementSample(99.0, 3, 1, 2 * 1024**2, 1536 * 1024,
+                                                  512 * 1024))  # tripped: over 1 MiB
+    owner = Owner(5)
+    c.register(owner)
+    assert c.block(owner, 1, frozenset({orders}))
+    stats = FlowStats(policies)
+    now[0] = 104.5
+    text = generate_latest(make_registry([FlowCollector(c, stats)])).decode()
+    q = {"vhost": "/", "queue": "orders.eu", "policy": "orders"}
+    assert metric_in(text, "floodwall_queue_depth_sample_age_seconds", source="management",
+                     **q) == 5.5
+    assert metric_in(text, "floodwall_queue_depth_sample_age_seconds", source="ready_count",
+                     **q) is None  # no passive declare answered yet
+    assert metric_in(text, "floodwall_queue_depth_unknown", **q) == 0
+    assert metric_in(text, "floodwall_hold_seconds_count", policy="orders",
+                     outcome="released") == 0
+    assert metric_in(text, "floodwall_management_request_seconds_count",
+                     endpoint="queues") == 0
+
+    stats.observe_management("queues", 0.02)
+    stats.depth_known[orders] = False
+    now[0] = 106.5
+    c.sampled_ready_count(orders, 106.0, 0)
+    c.sampled_management(orders, ManagementSample(106.5, 0, 0, 0, 0, 0))  # released
+    assert owner.released == [1]
+    text = generate_latest(make_registry([FlowCollector(c, stats)])).decode()
+    assert metric_in(text, "floodwall_queue_depth_sample_age_seconds", source="ready_count",
+                     **q) == 0.5
+    assert metric_in(text, "floodwall_queue_depth_unknown", **q) == 1
+    assert metric_in(text, "floodwall_hold_seconds_count", policy="orders",
+                     outcome="released") == 1
+    assert metric_in(text, "floodwall_hold_seconds_sum", policy="orders",
+                     outcome="released") == 6.5
+    assert metric_in(text, "floodwall_hold_seconds_bucket", policy="orders",
+                     outcome="released", le="5") == 0
+    assert metric_in(text, "floodwall_hold_seconds_bucket", policy="orders",
+                     outcome="released", le="10") == 1
+    assert metric_in(text, "floodwall_management_request_seconds_count",
+                     endpoint="queues") == 1
+    assert metric_in(text, "floodwall_management_request_seconds_bucket", endpoint="queues",
+                     le="0.025") == 1
