@@ -79,7 +79,7 @@ class Proxy:
     def __init__(self, settings: ProxySettings) -> None:
         """Raises ``PolicyError`` (``FILE:LINE: reason``) for a bad policies file."""
         self.settings = settings
-        self.stats = RelayStats()
+        self.stats = RelayStats(hold_budget=settings.hold_budget)
         self.upstream_tls, self.management_tls, self.listener_tls = make_tls(settings)
         self.flow: FlowSupervisor | None = None
         if settings.policies is not None:

@@ -92,6 +92,11 @@ class RelayedConnection(asyncio.Protocol):
         self._client_gone = False
 
     # -- client side -----------------------------------------------------------------
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of publishes held now (for the metrics: the hold budget's measure)."""
+        return self.flow.held_bytes if self.flow is not None else 0
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self.client = transport = cast(asyncio.Transport, transport)

@@ -25,6 +25,10 @@ class LiveConnection(Protocol):
     from_client: FrameCounts
     from_server: FrameCounts
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of publishes the connection holds now (its hold budget's measure)."""
+
 
 @dataclass
 class RelayStats:
@@ -41,6 +45,7 @@ class RelayStats:
     client_tls_failures: int = 0  # clients whose TLS handshake with the listener failed
     upstream_up: bool = False
     tasks: int = 0
+    hold_budget: int = 0  # bytes held per connection before the relay stops reading it
 
     def retire(self, conn: LiveConnection) -> None:
         """Move a closing connection's counts into the totals."""
@@ -124,6 +129,14 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily(
             "floodwall_event_loop_tasks", "asyncio tasks alive in the proxy", value=s.tasks
         )
+        yield GaugeMetricFamily(
+            "floodwall_hold_budget_bytes",
+            "Bytes of held publishes per connection before the proxy stops reading it "
+            "(--hold-budget)", value=s.hold_budget)
+        yield GaugeMetricFamily(
+            "floodwall_connection_held_bytes_max",
+            "Bytes of publishes held now by the connection that holds the most",
+            value=max((c.held_bytes for c in list(s.live)), default=0))
 
 
 def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> CounterMetricFamily:

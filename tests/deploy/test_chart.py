@@ -39,7 +39,8 @@ STANDALONE_VALUES = EXAMPLES / "standalone-values.yaml"
 # Oldest Kubernetes the chart supports (Chart.yaml kubeVersion), the first with native
 # sidecars on by default, and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25.0", "1.29.0", "1.33.0")
-CRD_KINDS = {"ServiceMonitor"}  # not in the Kubernetes schemas: checked by hand
+CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # not in the Kubernetes
+# schemas: checked by hand (tests/deploy/test_monitoring.py)
 
 
 def load_yaml(path: Path) -> Any:
@@ -298,7 +299,7 @@ def test_helpers_parse_with_the_expected_keys() -> None:
 def _values_paths(node: Any, prefix: str = "") -> Iterator[str]:
     """Leaf paths of values.yaml; empty maps, lists and free-form maps are leaves."""
     free_form = {"resources", "securityContext", "policies.config", "standalone.podSecurityContext",
-                 "standalone.affinity"}
+                 "standalone.affinity", "metrics.grafanaDashboard.labels"}
     if isinstance(node, dict) and node and prefix not in free_form:
         for key, value in node.items():
             yield from _values_paths(value, f"{prefix}.{key}" if prefix else key)
