@@ -7,8 +7,10 @@ lazily, the PySpark pipeline (``floodwall_pipeline``). ``spool`` is ``floodwall 
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,17 @@ from floodwall import __version__
 from floodwall.cli.tls import upstream_settings, upstream_tls_options
 from floodwall.control.policy import (
     PolicyError,
+    PolicySet,
+    Problem,
+    Severity,
     format_bytes,
     format_duration,
     load_policies,
+    overlaps,
     parse_bytes,
     parse_duration,
+    parse_policies,
+    policy_document,
     render_policies,
 )
 from floodwall.ops.config import (
@@ -318,23 +326,83 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         raise SystemExit(1) from None
 
 
+@dataclass(frozen=True)
+class CheckedFile:
+    """What ``floodwall check`` found in one file."""
+
+    source: str
+    policies: PolicySet | None  # None: refused
+    errors: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
+
+
+def check_file(path: str) -> CheckedFile:
+    """Every error of a policies file (``-``: standard input) and, if it loads, the
+    warnings about policies that are shadowed or overlap."""
+    try:
+        if path == "-":
+            policies = parse_policies(sys.stdin.read(), "<stdin>")
+        else:
+            policies = load_policies(path)
+    except PolicyError as exc:
+        return CheckedFile("<stdin>" if path == "-" else path, None, exc.problems, ())
+    warnings = tuple(Problem(policies.source, o.later.line, o.later.column, o.reason(),
+                             Severity.WARNING) for o in overlaps(policies))
+    return CheckedFile(policies.source, policies, (), warnings)
+
+
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
 @click.option("--queue", "queues", multiple=True, metavar="QUEUE",
               help="Also say which policy polices this queue (repeatable).")
 @click.option("--vhost", default="/", show_default=True, help="The vhost of --queue.")
-def check(file: str, queues: tuple[str, ...], vhost: str) -> None:
-    """Validate a policies FILE and print the effective policies (exit 1 if it is bad)."""
-    try:
-        policies = load_policies(file)
-    except PolicyError as exc:
-        click.echo(str(exc), err=True)
-        raise SystemExit(1) from None
-    click.echo(render_policies(policies), nl=False)
-    for queue in queues:
-        found = policies.for_queue(vhost, queue)
-        verdict = f"policy {found.name!r}" if found is not None else "not policed"
-        click.echo(f"# queue {queue!r} in vhost {vhost!r}: {verdict}")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text",
+              show_default=True,
+              help="text: the effective policies on stdout, problems on stderr; json: one "
+                   "document with both.")
+def check(files: tuple[str, ...], queues: tuple[str, ...], vhost: str, output: str) -> None:
+    """Validate policy FILEs ('-': standard input) and print the effective policies.
+
+    Every error is reported in one run, as FILE:LINE:COLUMN: reason (YAML syntax errors
+    too), and warnings for policies that can never match (shadowed by an earlier one) or
+    that overlap an earlier one. Exit 1 if any file has an error; warnings do not fail.
+    """
+    checked = [check_file(path) for path in files]
+    failed = any(c.errors for c in checked)
+    if output == "json":
+        click.echo(json.dumps({"valid": not failed,
+                               "files": [_check_document(c, queues, vhost) for c in checked]},
+                              indent=2))
+    else:
+        for c in checked:
+            for problem in (*c.errors, *c.warnings):
+                click.echo(str(problem), err=True)
+            if c.policies is None:
+                continue
+            click.echo(render_policies(c.policies), nl=False)
+            for queue in queues:
+                found = c.policies.for_queue(vhost, queue)
+                verdict = f"policy {found.name!r}" if found is not None else "not policed"
+                click.echo(f"# queue {queue!r} in vhost {vhost!r}: {verdict}")
+    if failed:
+        raise SystemExit(1)
+
+
+def _check_document(c: CheckedFile, queues: tuple[str, ...], vhost: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "file": c.source, "valid": not c.errors,
+        "errors": [p.as_dict() for p in c.errors],
+        "warnings": [p.as_dict() for p in c.warnings],
+        "policies": None, "defaults": None, "queues": [],
+    }
+    if c.policies is not None:
+        doc["policies"] = [policy_document(p) for p in c.policies.policies]
+        doc["defaults"] = [policy_document(d) for d in c.policies.defaults.values()]
+        for queue in queues:
+            found = c.policies.for_queue(vhost, queue)
+            doc["queues"].append({"vhost": vhost, "queue": queue,
+                                  "policy": found.name if found is not None else None})
+    return doc
 
 
 @main.command()

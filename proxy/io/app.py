@@ -77,7 +77,7 @@ class Proxy:
     """One floodwall process' worth of state; ``await run()`` until stopped."""
 
     def __init__(self, settings: ProxySettings) -> None:
-        """Raises ``PolicyError`` (``FILE:LINE: reason``) for a bad policies file."""
+        """Raises ``PolicyError`` (``FILE:LINE:COLUMN: reason`` each error) for bad policies."""
         self.settings = settings
         self.stats = RelayStats(hold_budget=settings.hold_budget)
         self.upstream_tls, self.management_tls, self.listener_tls = make_tls(settings)

@@ -302,7 +302,7 @@ policies:
         wait_for(lambda: proxy.metric("floodwall_policy_reloads_total", result="error") == 1,
                  10, what="a bad reload to be counted")
         flow: Any = proxy.state()["flow"]
-        assert flow["policies"]["last_reload_error"].startswith(f"{policies}:3: ")
+        assert flow["policies"]["last_reload_error"].startswith(f"{policies}:3:")
         assert proxy.metric("floodwall_policies_loaded") == 1  # the good set stays
         ch.basic_publish("", name, b"still here")  # the client never noticed
         wait_for(lambda: ch.basic_get(name, auto_ack=True)[2] == b"still here", 5,
@@ -391,7 +391,7 @@ def test_bad_policies_refuse_to_start(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", "--policies", str(bad), "--admin", "off",
                                        "--listen", "127.0.0.1:0"])
     assert result.exit_code == 1
-    assert f"{bad}:5: " in result.output and "capacity" in result.output
+    assert f"{bad}:5:15: " in result.output and "capacity" in result.output
 
 
 def test_reload_good_then_bad_keeps_the_old_set(tmp_path: Path,
@@ -414,7 +414,7 @@ def test_reload_good_then_bad_keeps_the_old_set(tmp_path: Path,
             write_policies(path, GOOD.replace("resume: 512KiB", "resume: 4MiB"))
             await eventually(lambda: flow.stats.reloads["error"] == 1, 5, "the bad file")
             (failed,) = events(caplog, "policy_reload_failed")
-            assert failed.__dict__["reason"].startswith(f"{path}:9: ")
+            assert failed.__dict__["reason"].startswith(f"{path}:9:")
             assert flow.controller.queues[("/", "orders.eu")].policy.capacity == 2 * 1024**2
             assert metric_value(flow, "floodwall_policy_reloads_total", result="error") == 1
             await asyncio.sleep(0.3)  # several polls of the unchanged bad file
