@@ -279,9 +279,9 @@ def test_hold_time_is_recorded_where_a_hold_ends_by_policy_and_outcome() -> None
     clock.t += 1.5
     fc.sampled_management(("/", "orders.a"), _empty(clock.t))
     assert owner.released == [1]
-    released = fc.hold_seconds[("orders", "released")]
+    released = fc.holds.seconds[("orders", "released")]
     assert (released.count, released.total) == (1, 4.0)
-    closed = fc.hold_seconds[("orders", "closed")]
+    closed = fc.holds.seconds[("orders", "closed")]
     assert (closed.count, closed.total) == (1, 2.5)
     assert dict(released.buckets())["2.5"] == 0 and dict(released.buckets())["5"] == 1
 
@@ -289,8 +289,8 @@ def test_hold_time_is_recorded_where_a_hold_ends_by_policy_and_outcome() -> None
     assert fc.block(owner, 3, frozenset({ALARM}))
     clock.t += 0.5
     fc.set_alarm(None)
-    assert fc.hold_seconds[("broker-alarm", "released")].total == 0.5
-    assert set(fc.hold_seconds) == {("orders", "released"), ("orders", "closed"),
+    assert fc.holds.seconds[("broker-alarm", "released")].total == 0.5
+    assert set(fc.holds.seconds) == {("orders", "released"), ("orders", "closed"),
                                     ("broker-alarm", "released")}
 
     # A connection that goes away while held: closed.
@@ -298,4 +298,4 @@ def test_hold_time_is_recorded_where_a_hold_ends_by_policy_and_outcome() -> None
     assert fc.block(owner, 4, frozenset({("/", "orders.b")}))
     clock.t += 3
     fc.unregister(owner)
-    assert fc.hold_seconds[("orders", "closed")].count == 2
+    assert fc.holds.seconds[("orders", "closed")].count == 2

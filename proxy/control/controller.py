@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from floodwall.control.depth import Depth, ManagementSample, QueueDepth
-from floodwall.control.histogram import Histogram
+from floodwall.control.histogram import HoldTimes
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
 from floodwall.control.routing.model import REPLY_TO_PREFIX
@@ -29,8 +29,6 @@ QueueKey = tuple[str, str]  # (vhost, queue)
 #: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
 ALARM: QueueKey = ("", "broker resource alarm")
 _NOTHING: frozenset[QueueKey] = frozenset()
-#: Upper bounds (seconds) of the hold-time histograms (``FlowController.hold_seconds``).
-HOLD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: The hold-time label of a hold on the broker's alarm (it has no policy).
 ALARM_LABEL = "broker-alarm"
 #: Sets of queue names whose policed members ``FlowController.policed`` keeps.
@@ -122,12 +120,7 @@ class FlowController:
         self._backlogged: set[QueueKey] = set()
         self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
         self._blocked_since: dict[tuple[int, int], float] = {}
-        # The policies (and ALARM_LABEL) a blocked channel waited on, for hold_seconds.
-        self._blocked_policies: dict[tuple[int, int], frozenset[str]] = {}
-        # How long channels and links were held, by (policy, "released" | "closed"): from
-        # the block to the release that let them go, or to their close (a deadline, a
-        # reject, the client) while still held. Waits for lookups alone are not holds.
-        self.hold_seconds: dict[tuple[str, str], Histogram] = {}
+        self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
         self._starved_since: dict[tuple[int, int], float] = {}  # see starved()
         self._owners: dict[int, ChannelOwner] = {}
         self.alarm_reason: str | None = None
@@ -359,9 +352,9 @@ class FlowController:
                  or self.lookups.pending_key(k)}
         if not still:
             return False
-        labels = self._hold_labels(still)
-        if labels:
-            self._blocked_policies[ref] = self._blocked_policies.get(ref, frozenset()) | labels
+        self.holds.blocked(ref, frozenset(
+            {self.queues[k].policy.name for k in still if k in self.queues}
+            | ({ALARM_LABEL} if ALARM in still else set())))
         blocked_on = self._blocked.get(ref)
         if blocked_on is None:
             self._blocked[ref] = still
@@ -370,24 +363,10 @@ class FlowController:
         blocked_on |= still
         return False
 
-    def _hold_labels(self, keys: set[QueueKey]) -> frozenset[str]:
-        labels = {self.queues[k].policy.name for k in keys if k in self.queues}
-        if ALARM in keys:
-            labels.add(ALARM_LABEL)
-        return frozenset(labels)
-
     def _hold_ended(self, ref: tuple[int, int], outcome: str) -> None:
-        """Where a hold ends (a release, a close): its time into ``hold_seconds``."""
-        labels = self._blocked_policies.pop(ref, None)
+        """Where a hold ends (a release, a close): its time into ``holds``."""
         since = self._blocked_since.get(ref)
-        if not labels or since is None:
-            return
-        held = self.clock() - since
-        for label in labels:
-            histogram = self.hold_seconds.get((label, outcome))
-            if histogram is None:
-                histogram = self.hold_seconds[(label, outcome)] = Histogram(HOLD_BUCKETS)
-            histogram.observe(held)
+        self.holds.ended(ref, None if since is None else self.clock() - since, outcome)
 
     def is_blocked(self, owner: ChannelOwner, channel: int) -> bool:
         return (owner.conn_id, channel) in self._blocked

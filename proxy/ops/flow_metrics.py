@@ -18,9 +18,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from floodwall.control.controller import ALARM, HOLD_BUCKETS, FlowController, QueueKey
+from floodwall.control.controller import ALARM, FlowController, QueueKey
 from floodwall.control.depth import Depth
-from floodwall.control.histogram import Histogram
+from floodwall.control.histogram import HOLD_BUCKETS, Histogram
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import PolicySet
 from floodwall.ops.metrics import PROTOCOLS
@@ -120,6 +120,53 @@ class FlowCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c, s, now = self.controller, self.stats, self.clock()
+        yield from self._queues(c, s, now)
+        yield from self._depth_freshness(c, s, now)
+        yield self._holds(c, s)
+
+        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
+                                value=len(c.queues))
+        yield GaugeMetricFamily("floodwall_blocked_channels",
+                                "Channels whose publishes are held now",
+                                value=len(c.blocked_channels()))
+        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
+                                value=c.held_bytes)
+        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
+                                value=c.held_messages)
+        signals = CounterMetricFamily(
+            "floodwall_flow_signals",
+            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
+            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
+        for proto in sorted({*PROTOCOLS, *(p for p, _ in c.signals)}):
+            signals.add_metric([proto, "false"], c.signals[(proto, "flow_off")])
+            signals.add_metric([proto, "true"], c.signals[(proto, "flow_on")])
+        yield signals
+        yield CounterMetricFamily("floodwall_rejected_publishes",
+                                  "Publishes refused under overflow: reject", value=c.rejects)
+        yield CounterMetricFamily("floodwall_deadline_expiries",
+                                  "Publishes refused because they were held past the deadline",
+                                  value=c.deadline_expiries)
+        yield GaugeMetricFamily("floodwall_broker_alarm",
+                                "1 while the broker has a memory or disk alarm",
+                                value=1 if c.alarm_reason is not None else 0)
+        yield from self._management(s)
+        yield CounterMetricFamily("floodwall_own_connection_failures",
+                                  "The proxy's own AMQP connections that failed or were lost",
+                                  value=s.own_connection_failures)
+        yield from self._topology(c, s)
+        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
+                                      labels=["result"])
+        for result in ("ok", "error"):
+            reloads.add_metric([result], s.reloads[result])
+        yield reloads
+        yield GaugeMetricFamily("floodwall_policies_loaded",
+                                "Policy and per-vhost defaults entries in effect",
+                                value=len(s.policies.policies) + len(s.policies.defaults))
+
+
+    @staticmethod
+    def _queues(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
+        """The families of each policed queue."""
         depth_bytes = GaugeMetricFamily(
             "floodwall_queue_depth_bytes",
             "Message-body bytes in a policed queue: the broker's last figure or the estimate",
@@ -148,6 +195,27 @@ class FlowCollector(Collector):
         overshoot_bytes = CounterMetricFamily(
             "floodwall_queue_overshoot_bytes",
             "Message-body bytes of floodwall_queue_overshoot_messages", labels=QUEUE_LABELS)
+        for key in sorted(c.queues):
+            q = c.queues[key]
+            labels = [key[0], key[1], q.policy.name]
+            for source, depth in (("broker", q.depth.broker_depth()),
+                                  ("estimate", q.depth.estimate())):
+                if depth is not None:
+                    depth_bytes.add_metric([*labels, source], depth.bytes)
+                    depth_messages.add_metric([*labels, source], depth.messages)
+            capacity.add_metric(labels, q.policy.capacity)
+            resume.add_metric(labels, q.policy.resume)
+            tripped.add_metric(labels, 1 if q.tripped else 0)
+            tripped_seconds.add_metric(labels, q.seconds_tripped(now))
+            trips.add_metric(labels, q.trips)
+            overshoot_messages.add_metric(labels, q.overshoot_messages)
+            overshoot_bytes.add_metric(labels, q.overshoot_bytes)
+        yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
+                    trips, overshoot_messages, overshoot_bytes)
+
+    @staticmethod
+    def _depth_freshness(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
+        """How old each queue's broker figures are, and whether its depth is unknown."""
         sample_age = GaugeMetricFamily(
             "floodwall_queue_depth_sample_age_seconds",
             "Age of the queue's newest broker figure, by source: ready_count (the passive "
@@ -168,20 +236,10 @@ class FlowCollector(Collector):
                 sample_age.add_metric([*labels, "management"],
                                       max(0.0, now - q.depth.management.taken_at))
             unknown.add_metric(labels, 0 if s.depth_known.get(key, True) else 1)
-            for source, depth in (("broker", q.depth.broker_depth()),
-                                  ("estimate", q.depth.estimate())):
-                if depth is not None:
-                    depth_bytes.add_metric([*labels, source], depth.bytes)
-                    depth_messages.add_metric([*labels, source], depth.messages)
-            capacity.add_metric(labels, q.policy.capacity)
-            resume.add_metric(labels, q.policy.resume)
-            tripped.add_metric(labels, 1 if q.tripped else 0)
-            tripped_seconds.add_metric(labels, q.seconds_tripped(now))
-            trips.add_metric(labels, q.trips)
-            overshoot_messages.add_metric(labels, q.overshoot_messages)
-            overshoot_bytes.add_metric(labels, q.overshoot_bytes)
-        yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
-                    trips, overshoot_messages, overshoot_bytes, sample_age, unknown)
+        yield from (sample_age, unknown)
+
+    @staticmethod
+    def _holds(c: FlowController, s: FlowStats) -> Metric:
         holds = HistogramMetricFamily(
             "floodwall_hold_seconds",
             "How long channels (0-9-1) and sender links (1.0) were held, from the block to "
@@ -190,38 +248,15 @@ class FlowCollector(Collector):
             "(broker-alarm: the broker's alarm)", labels=["policy", "outcome"])
         names = sorted({p.name for p in s.policies.policies if p.is_limited}
                        | {d.name for d in s.policies.defaults.values() if d.is_limited}
-                       | {label for label, _ in c.hold_seconds})
+                       | {label for label, _ in c.holds.seconds})
         for name in names:
             for outcome in ("released", "closed"):
-                h = c.hold_seconds.get((name, outcome)) or Histogram(HOLD_BUCKETS)
+                h = c.holds.seconds.get((name, outcome)) or Histogram(HOLD_BUCKETS)
                 holds.add_metric([name, outcome], h.buckets(), h.total)
-        yield holds
+        return holds
 
-        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
-                                value=len(c.queues))
-        yield GaugeMetricFamily("floodwall_blocked_channels",
-                                "Channels whose publishes are held now",
-                                value=len(c.blocked_channels()))
-        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
-                                value=c.held_bytes)
-        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
-                                value=c.held_messages)
-        signals = CounterMetricFamily(
-            "floodwall_flow_signals",
-            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
-            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
-        for proto in sorted({*PROTOCOLS, *(p for p, _ in c.signals)}):
-            signals.add_metric([proto, "false"], c.signals[(proto, "flow_off")])
-            signals.add_metric([proto, "true"], c.signals[(proto, "flow_on")])
-        yield signals
-        yield CounterMetricFamily("floodwall_rejected_publishes",
-                                  "Publishes refused under overflow: reject", value=c.rejects)
-        yield CounterMetricFamily("floodwall_deadline_expiries",
-                                  "Publishes refused because they were held past the deadline",
-                                  value=c.deadline_expiries)
-        yield GaugeMetricFamily("floodwall_broker_alarm",
-                                "1 while the broker has a memory or disk alarm",
-                                value=1 if c.alarm_reason is not None else 0)
+    @staticmethod
+    def _management(s: FlowStats) -> Iterator[Metric]:
         yield CounterMetricFamily("floodwall_management_requests",
                                   "Requests made to the broker's management API",
                                   value=s.management_requests)
@@ -242,19 +277,6 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily("floodwall_management_up",
                                 "1 if the management API's last answer was good",
                                 value=1 if s.management.ok else 0)
-        yield CounterMetricFamily("floodwall_own_connection_failures",
-                                  "The proxy's own AMQP connections that failed or were lost",
-                                  value=s.own_connection_failures)
-        yield from self._topology(c, s)
-        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
-                                      labels=["result"])
-        for result in ("ok", "error"):
-            reloads.add_metric([result], s.reloads[result])
-        yield reloads
-        yield GaugeMetricFamily("floodwall_policies_loaded",
-                                "Policy and per-vhost defaults entries in effect",
-                                value=len(s.policies.policies) + len(s.policies.defaults))
-
 
     @staticmethod
     def _topology(c: FlowController, s: FlowStats) -> Iterator[Metric]:

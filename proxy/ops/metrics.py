@@ -129,14 +129,18 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily(
             "floodwall_event_loop_tasks", "asyncio tasks alive in the proxy", value=s.tasks
         )
-        yield GaugeMetricFamily(
-            "floodwall_hold_budget_bytes",
-            "Bytes of held publishes per connection before the proxy stops reading it "
-            "(--hold-budget)", value=s.hold_budget)
-        yield GaugeMetricFamily(
-            "floodwall_connection_held_bytes_max",
-            "Bytes of publishes held now by the connection that holds the most",
-            value=max((c.held_bytes for c in list(s.live)), default=0))
+        yield from _hold_budget(s)
+
+
+def _hold_budget(s: RelayStats) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "floodwall_hold_budget_bytes",
+        "Bytes of held publishes per connection before the proxy stops reading it "
+        "(--hold-budget)", value=s.hold_budget)
+    yield GaugeMetricFamily(
+        "floodwall_connection_held_bytes_max",
+        "Bytes of publishes held now by the connection that holds the most",
+        value=max((c.held_bytes for c in list(s.live)), default=0))
 
 
 def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> CounterMetricFamily:
