@@ -238,6 +238,7 @@ class SenderLink:
     # Deliveries forwarded unsettled while the link was windowed, not yet settled by the
     # broker (``SessionGate.in_flight``), and the broker's id of the current one.
     unsettled: int = 0
+    squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
     tracked_id: int | None = None
     not_spooled_reported: bool = False
@@ -703,9 +704,11 @@ class CreditFlow:
                 link.unsettled -= 1
                 if link.tracked_id == broker_id:
                     link.tracked_id = None
-                settled.append(link)
+                if link.squeezed:  # (else its own transfers top it up, as they do)
+                    settled.append(link)
         for link in set(settled):
             if not link.detaching and not link.in_delivery:
+                link.squeezed = False
                 self._after_transfer(link)
 
     def _in_flight_window(self, link: SenderLink, window: int) -> int:
@@ -1018,7 +1021,10 @@ class CreditFlow:
             link.withheld = False
             self._signalled(link, active=True)
         if window is not None and link.unsettled:
-            window = self._in_flight_window(link, window)
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                window = room
         return link.credit.grant(window)
 
     def _after_transfer(self, link: SenderLink, routed: frozenset[str] | None = None) -> None:
@@ -1051,9 +1057,12 @@ class CreditFlow:
         if window is None:
             return
         if link.unsettled:
-            window = self._in_flight_window(link, window)
-            if not window:
-                return
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                if not room:
+                    return
+                window = room
         if link.credit.wants_top_up(window):
             self._send_grant(link, link.credit.grant(window))
 
