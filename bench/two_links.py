@@ -1,6 +1,6 @@
 """Issue 12's two-link scenario: a python-qpid-proton sender at full speed, through floodwall.
 
-``python -m bench.two_links [--rounds 3] [--rates 2500,250] [--count 6000]``
+``python -m bench.two_links [--rounds 3] [--rates 2500,250,0] [--count 6000]``
 
 One proton connection, one session, two sender links written the way a new user writes them
 (``while sender.credit: sender.send(...)``): ``/queue/two.capped`` (policy 512 KiB, resume =
@@ -15,7 +15,13 @@ message accepted as it comes) and the free queue as fast as it can. Per round an
   tripped, sent on credit granted before the trip) per trip;
 - the free link's rate (accepted/s from its 1,000th to its last acceptance) with the capped
   link throttled beside it, against its rate alone (the capped link idle) in the same round:
-  rounds alternate alone/both and both/alone.
+  rounds alternate alone/both and both/alone. At a consumer rate of 0 nobody consumes the
+  capped queue (``/queue/two.stopped``, 512 KiB, resume 256 KiB): the free link starts
+  once the capped one is tripped and stays throttled outright (no credit), so the free
+  link's ratio shows what the proxy's throttling itself costs a neighbour on the same
+  session. At rates above 0 the capped link is admitted at the consumer's pace and its
+  sends share the client's one proton thread with the free link, so the ratio there also
+  measures the client's own CPU.
 
 Targets (issue 12): 6,000/6,000 accepted on both links, 6,000 consumed, at most 256 KiB over
 capacity (goal 64 KiB), no link error, free-link ratio >= 0.95.
@@ -59,10 +65,16 @@ CAPACITY = 512 * KIB
 class NaiveSender(MessagingHandler):  # type: ignore[misc]
     """Two links on one session; each sends while ``sender.credit`` says so."""
 
-    def __init__(self, port: int, addresses: list[str], count: int) -> None:
+    def __init__(self, port: int, addresses: list[str], count: int,
+                 finish: list[str] | None = None) -> None:
         super().__init__()
         self.url = f"amqp://guest:guest@127.0.0.1:{port}"
         self.addresses, self.count = addresses, count
+        self.finish = addresses if finish is None else finish  # done when these are
+        self.hold: set[str] = set()  # addresses that wait for ``go`` before sending
+        self.go = threading.Event()
+        self.tags: set[tuple[str, bytes]] = set()  # (RabbitMQ repeats dispositions)
+        self.senders: list[Any] = []
         self.sent: dict[str, int] = collections.Counter()
         self.accepted: dict[str, list[float]] = collections.defaultdict(list)
         self.errors: list[str] = []
@@ -71,17 +83,37 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
     def on_start(self, event: Any) -> None:
         conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
         for address in self.addresses:
-            event.container.create_sender(conn, address)
+            self.senders.append(event.container.create_sender(conn, address))
+        if self.hold:
+            event.container.schedule(0.005, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        if not self.go.is_set():
+            event.container.schedule(0.005, self)
+            return
+        self.hold.clear()
+        for sender in self.senders:
+            if sender.credit > 0:
+                self.send(sender)
 
     def on_sendable(self, event: Any) -> None:
-        address = event.sender.target.address
-        while event.sender.credit > 0 and self.sent[address] < self.count:
-            event.sender.send(Message(body=b"x" * KIB))
+        self.send(event.sender)
+
+    def send(self, sender: Any) -> None:
+        address = sender.target.address
+        if address in self.hold:
+            return
+        while sender.credit > 0 and self.sent[address] < self.count:
+            sender.send(Message(body=b"x" * KIB))
             self.sent[address] += 1
 
     def on_accepted(self, event: Any) -> None:
-        self.accepted[event.link.target.address].append(time.monotonic())
-        if all(len(self.accepted[a]) >= self.count for a in self.addresses):
+        address = event.link.target.address
+        if (address, event.delivery.tag) in self.tags:
+            return
+        self.tags.add((address, event.delivery.tag))
+        self.accepted[address].append(time.monotonic())
+        if all(len(self.accepted[a]) >= self.count for a in self.finish):
             self.done.set()
             event.connection.close()
 
@@ -120,7 +152,8 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
 
     def on_start(self, event: Any) -> None:
         self.conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
-        self.cap = event.container.create_receiver(self.conn, f"/amq/queue/{self.qcap}")
+        self.cap = (event.container.create_receiver(self.conn, f"/amq/queue/{self.qcap}")
+                    if self.qcap else None)  # (alone: no capped queue to attach to)
         self.free = event.container.create_receiver(self.conn, f"/amq/queue/{self.qfree}")
         self.free.flow(500)
         event.container.schedule(0.002, self)
@@ -142,7 +175,7 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
         now = time.monotonic()
         self.budget = min(self.budget + (now - self.last) * self.rate, 8)
         self.last = now
-        if self.budget > 0 and self.cap.credit == 0:
+        if self.cap is not None and self.budget > 0 and self.cap.credit == 0:
             self.cap.flow(max(1, int(self.budget)))
         event.container.schedule(0.002, self)
 
@@ -170,16 +203,33 @@ def watch_depth(broker: BrokerEndpoint, queue: str, stop: threading.Event,
     conn.close()
 
 
+def tripped(fw: Any, queue: str) -> bool:
+    return metric_sum(fw, "floodwall_queue_tripped", queue=queue) > 0
+
+
+def delete_queue(broker: BrokerEndpoint, queue: str) -> None:
+    params = pika.ConnectionParameters(broker.host, broker.amqp_port, credentials=(
+        pika.PlainCredentials(broker.username, broker.password)))
+    with pika.BlockingConnection(params) as conn:
+        conn.channel().queue_delete(queue)
+
+
 def free_rate(times: list[float]) -> float:
     tail = sorted(times)[1000:]
     return (len(tail) - 1) / (tail[-1] - tail[0]) if len(tail) > 1 else float("nan")
 
 
 def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str, Any]:
-    qcap, qfree = f"two.capped.{uuid.uuid4().hex[:6]}", f"two.free.{uuid.uuid4().hex[:6]}"
+    kind = "stopped" if rate == 0 else "capped"  # (a policy with hysteresis, see scenario)
+    qcap, qfree = f"two.{kind}.{uuid.uuid4().hex[:6]}", f"two.free.{uuid.uuid4().hex[:6]}"
     addresses = ([f"/queue/{qcap}"] if both else []) + [f"/queue/{qfree}"]
-    sender = NaiveSender(fw.port, addresses, count)
-    consumer = PacedConsumer(st.endpoint, qcap, qfree, rate)
+    # rate 0: nobody consumes the capped queue, so its link stays throttled (no credit)
+    # once the queue is full; the run ends when the free link is done
+    sender = NaiveSender(fw.port, addresses, count,
+                         finish=[f"/queue/{qfree}"] if rate == 0 else None)
+    if rate == 0:  # the free link starts once the capped one is throttled (or alone: at once)
+        sender.hold.add(f"/queue/{qfree}")
+    consumer = PacedConsumer(st.endpoint, qcap if both else "", qfree, rate)
     stop = threading.Event()
     depth: dict[str, int] = {}
     watcher = threading.Thread(target=watch_depth, args=(st.endpoint, qcap, stop, depth),
@@ -193,9 +243,14 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str
         while not policed(fw, qcap) and time.monotonic() < deadline:
             time.sleep(0.02)
     t_consumer = thread(consumer)
+    if rate == 0:
+        deadline = time.monotonic() + 30
+        while both and not tripped(fw, qcap) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sender.go.set()
     sender.done.wait(120)
     deadline = time.monotonic() + 60
-    want = {"cap": count if both else 0, "free": count}
+    want = {"cap": count if both and rate else 0, "free": count}
     while any(consumer.got[k] < v for k, v in want.items()) and time.monotonic() < deadline:
         time.sleep(0.05)
     consumer.stop.set()
@@ -205,6 +260,8 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str
     watcher.join(10)
     trips = metric_sum(fw, "floodwall_queue_trips_total") - trips0
     over = metric_sum(fw, "floodwall_queue_overshoot_messages_total") - over0
+    if both and rate == 0:  # what the throttled link left behind (after its metrics)
+        delete_queue(st.endpoint, qcap)
     acc = {a.split("/")[-1].split(".")[1]: len(t) for a, t in sender.accepted.items()}
     return {"both": both, "rate": rate, "accepted": acc, "consumed": dict(consumer.got),
             "errors": sender.errors,
@@ -215,8 +272,12 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str
 
 
 async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    # resume = capacity trips as often as possible while a consumer drains; with nobody
+    # consuming it would flap on the estimate's noise (each release a burst of credit), so
+    # the stopped runs' queue resumes at half its capacity
     policies = write_policies(st.workdir / "two-links.yaml",
-                              policy_entry("two-capped", "two.capped.*", "512KiB", "512KiB"))
+                              policy_entry("two-capped", "two.capped.*", "512KiB", "512KiB"),
+                              policy_entry("two-stopped", "two.stopped.*", "512KiB", "256KiB"))
     fw = st.floodwall("floodwall-two-links", policies)
     out: dict[str, Any] = {}
     try:
@@ -243,13 +304,14 @@ async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> d
 
 def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
     both = [r for r in runs if r["both"]]
+    stopped = both and both[0]["rate"] == 0  # the capped link sends only until it trips
     alone = {r["round"]: r["free_msgs_per_s"] for r in runs if not r["both"]}
     ratios = [r["free_msgs_per_s"] / alone[r["round"]] for r in both if alone.get(r["round"])]
     return {
         "runs": runs,
-        "all_accepted": all(r["accepted"].get("capped") == count
+        "all_accepted": all((stopped or r["accepted"].get("capped") == count)
                             and r["accepted"].get("free") == count for r in both),
-        "all_consumed": all(r["consumed"].get("cap") == count
+        "all_consumed": all((stopped or r["consumed"].get("cap") == count)
                             and r["consumed"].get("free") == count for r in both),
         "errors": [e for r in runs for e in r["errors"]],
         "max_over_capacity_kib": max(r["over_capacity_kib"] for r in both),
@@ -267,7 +329,8 @@ def report(doc: dict[str, Any]) -> None:
     for rate, s in doc["results"]["two_links"].items():
         if not isinstance(s, dict):
             continue
-        print(f"  consumer {rate} msg/s: accepted 6000/6000 both links: {s['all_accepted']}, "
+        what = ("free link" if rate == "0" else "both links")
+        print(f"  consumer {rate} msg/s: accepted 6000/6000 {what}: {s['all_accepted']}, "
               f"consumed all: {s['all_consumed']}, errors {s['errors'] or 'none'}")
         print(f"    capped queue over capacity: max {fmt(s['max_over_capacity_kib'], '.0f')} "
               f"KiB; trips (median) {fmt(s['trips'], '.0f')}, overshoot per trip "
@@ -282,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
-                   default=[2500.0, 250.0])
+                   default=[2500.0, 250.0, 0.0],
+                   help="the capped queue's consumer, msg/s; 0: stopped (the capped link "
+                   "stays throttled, the run ends when the free link is done)")
     p.add_argument("--count", type=int, default=6000)
     p.add_argument("--out", type=Path, default=None)
     opts = p.parse_args(argv)

@@ -9,4 +9,10 @@ broker, events), the counters they keep (``counters``), the spool port they writ
 May import: ``floodwall.control``, ``floodwall.wire``, ``floodwall.spool.records`` (the record
 value). No clock, logger, file or socket: every entry point takes ``now``; output goes to
 the outbox.
+
+Where the restructuring stands (issue 13): the two gates are here (``amqp091.gate``,
+``amqp10.gate``, and which 0-9-1 clients get ``channel.flow``: ``amqp091.clients``); the
+shared ``decide``, typed events, commands, counters, the spool port and the state tables
+are its next phases, and until then the gates still log and the cores still build them
+(the import-linter contracts list those exceptions).
 """

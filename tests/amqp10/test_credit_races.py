@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 
 from floodwall.enforce.amqp10.gate import ASSUMED_MESSAGE_BYTES, SenderLink, window_for
 from floodwall.wire.amqp10.credit import MASK, serial_add, serial_diff
-from floodwall.wire.amqp10.performatives import DETACH, FLOW, TRANSFER
-from floodwall.wire.amqp10.types import UInt
+from floodwall.wire.amqp10.performatives import DETACH, DISPOSITION, FLOW, TRANSFER
+from floodwall.wire.amqp10.types import Described, UInt, ULong
 from tests.amqp10.streams import amqp, bytewise, performatives, transfer, whole
 from tests.amqp10.test_credit_gate import (
     CAPPED_H,
@@ -68,6 +68,9 @@ class ClientLink:
         if self.proton:
             return (self.limit - self.count) & MASK
         return serial_diff(self.limit, self.count)
+
+
+ACCEPTED = Described(ULong(0x24), [])
 
 
 @dataclass
@@ -171,6 +174,11 @@ class World:
                 assert serial_diff(b.limit, b.received) > 0, "beyond the broker's credit"
                 b.received = serial_add(b.received, 1)
                 b.tags.append(num(fields[1]))
+                # RabbitMQ settles each delivery once its queue has it: the gate counts a
+                # windowed link's unsettled deliveries against its window until then
+                self.from_broker.append(amqp(DISPOSITION, SERVER_CH, role=True,
+                                             first=UInt(num(fields[1])), settled=True,
+                                             state=ACCEPTED))
             elif code == FLOW and len(fields) > 5 and fields[4] is not None:
                 h = num(fields[4])
                 b = self.broker[h]

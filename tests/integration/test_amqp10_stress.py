@@ -285,7 +285,11 @@ def test_fast_senders_through_many_trips(broker: BrokerEndpoint, start_floodwall
     proton_side = ProtonStress(flow.port, p_specs)
     rhea = harness.ForeignClient.start(
         harness.node_command("rhea_stress.js", ["127.0.0.1", flow.port, json.dumps(r_specs)]),
-        name="rhea-stress", cwd=harness.NODE_DIR)
+        name="rhea-stress", cwd=harness.NODE_DIR,
+        # its pre-settled link has no outcomes to wait for: it keeps the connection open
+        # until everything is consumed (a broker may drop pre-settled transfers still on
+        # their way to the queue when the connection closes)
+        env={"FLOODWALL_HOLD_OPEN": "1"})
     proton_side.start()
     try:
         wait_for(lambda: proton_side.done() or proton_side.errors, 150, 0.1,

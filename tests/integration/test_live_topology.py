@@ -502,6 +502,50 @@ def test_amqp10_link_to_a_queue_declared_later(
     assert len(got) == count
 
 
+# -- 8b. AMQP 1.0: a link that declares its own queue and sends at once -----------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("events", ["on", "off"])
+@pytest.mark.parametrize("neighbour", [False, True])
+def test_amqp10_link_declaring_its_queue_sends_at_once(
+        broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path, queues: Any,
+        events: str, neighbour: bool) -> None:
+    """A proton sender attaches to ``/queue/Q`` (RabbitMQ declares Q on the attach) and sends
+    as fast as credit allows from its first flow, nobody consuming: Q matches a policy but
+    the proxy learns of Q only from the attach's effects (an event, or the lookup), so the
+    link's first window is all it may send before Q is policed with a first figure; then the
+    ledger trips Q. Bound: capacity + one window at the broker. ``neighbour``: a second link
+    on the same session sends to a queue no policy matches, as fast as it can, too."""
+    if events == "on":
+        needs_event_plugin(broker)
+    q = queues("own10")
+    count = 3072  # 3 MiB against 512 KiB
+    flow = live_flow(start_floodwall, broker, tmp_path,
+                     capped("own10", q, "512KiB", "256KiB"), events=events)
+    watch = BrokerDepth(broker, q)
+    watch.start()
+    link = LinkStats("own", f"/queue/{q}", rate=0, count=count)
+    free = LinkStats("free", f"/queue/{queues('free10')}", rate=0, count=count)
+    sender = ProtonSenders(flow.port, [link, free] if neighbour else [link])
+    sender.start()
+    try:
+        wait_for(lambda: flow.tripped(q), 20, what="tripped")
+        # the link gets no more credit: what it sent stops growing
+        wait_for(lambda: link.sent == link.accepted and link.link is not None
+                 and link.link.credit == 0, 20, what="the link without credit, all settled")
+        max_ready = watch.stop()
+        print(f"amqp10 own queue (events {events}): {link.sent} sent, broker max "
+              f"{max_ready} ready")
+        assert max_ready * KIB <= 512 * KIB + OVER, f"{max_ready} KiB at the broker"
+        got = drain_direct(broker, q, count, timeout=60)  # the held link gets credit again
+        wait_for(lambda: link.accepted >= count, 30, what="every message accepted")
+    finally:
+        if not watch.done.is_set():
+            watch.stop()
+        sender.finish()
+    assert not sender.errors and not link.rejected
+    assert len(got) == count
+
+
 # -- 9. management API load does not grow with queues no policy matches ---------------------
 @pytest.mark.timeout(180)
 def test_management_load_does_not_grow_with_unpoliced_queues(

@@ -19,6 +19,14 @@ counted as overshoot (``PolicedQueue.overshoot_*``). Bound, per policed queue:
 ``links x WINDOW_BYTES`` of message bytes (windows are at most ``WINDOW_BYTES`` of the
 link's typical message).
 
+The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
+off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
+hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
+against its window until the broker settles them (``_track``, ``_broker_settled``): credit
+plus unsettled stay within ``IN_FLIGHT_WINDOWS`` windows, which bounds what a broker slow to
+enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x WINDOW_BYTES``. Deliveries
+sent settled get no disposition and are not counted.
+
 A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
 0-9-1 publisher gets: it is detached with ``amqp:resource-limit-exceeded`` and a description
 naming the queue, counted in ``deadline_expiries``. How long each withheld link has had no
@@ -92,7 +100,13 @@ from floodwall.wire.amqp10.addresses import (
     queues_for,
     source_queue,
 )
-from floodwall.wire.amqp10.credit import DeliveryIds, LinkFlow, SenderCredit, serial_add
+from floodwall.wire.amqp10.credit import (
+    DeliveryIds,
+    LinkFlow,
+    SenderCredit,
+    serial_add,
+    serial_diff,
+)
 from floodwall.wire.amqp10.errors import DecodeError
 from floodwall.wire.amqp10.framing import frame
 from floodwall.wire.amqp10.performatives import (
@@ -119,6 +133,9 @@ MAX_WINDOW: Final = 256
 """Most credit the proxy gives one policed link, however small its messages."""
 MIN_WINDOW: Final = 2
 """Least credit a paced link gets while its queue is not tripped (the floor of pacing)."""
+IN_FLIGHT_WINDOWS: Final = 2
+"""A windowed link's credit plus its deliveries the broker has not settled yet stay within
+this many windows (see ``_in_flight_window``)."""
 PACING_ROOM: Final = 2
 """Windows of room below capacity under which a link's window is paced to the drain rate."""
 ASSUMED_MESSAGE_BYTES: Final = 4096
@@ -218,6 +235,12 @@ class SenderLink:
     spool_refused: bool = False
     message_to: str = ""  # an anonymous link's current message: its ``to``
     id_shift: int = 0  # client - broker delivery-id of its current delivery
+    # Deliveries forwarded unsettled while the link was windowed, not yet settled by the
+    # broker (``SessionGate.in_flight``), and the broker's id of the current one.
+    unsettled: int = 0
+    squeezed: bool = False  # its last top-up was cut by what it has unsettled
+    windowed: bool = False  # its credit was last capped by a window (``_window``)
+    tracked_id: int | None = None
     not_spooled_reported: bool = False
     # Lookups (proxy/lookups.py): the pseudo-queue the current delivery's destination waits
     # on (per-message links).
@@ -273,6 +296,8 @@ class SessionGate:
     ids: DeliveryIds = field(default_factory=DeliveryIds)  # client vs broker delivery-ids
     # Spooled deliveries to settle once durable: (queue, spool seq, client delivery-id).
     spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
+    # Windowed links' deliveries the broker has not settled yet, by the broker's delivery-id.
+    in_flight: dict[int, SenderLink] = field(default_factory=dict)
 
 
 def _uint(fields: list[object], index: int, what: str) -> int | None:
@@ -330,6 +355,10 @@ class CreditFlow:
         # The first delivery the proxy drops: the core starts reading the broker's dispositions.
         self.on_drop: Callable[[], None] = lambda: None
         self.dropping = False
+        # The first delivery counted in flight: the core starts reading the broker's
+        # dispositions.
+        self.on_track: Callable[[], None] = lambda: None
+        self.tracking = False
         self.withheld_links: dict[int, SenderLink] = {}  # blocked links by link_ref
         controller.register(self)
 
@@ -482,6 +511,10 @@ class CreditFlow:
             del session.links[link.handle]
         if session.attaching.get(link.name) is link:
             del session.attaching[link.name]
+        if isinstance(link, SenderLink) and link.unsettled:
+            for broker_id in [i for i, lk in session.in_flight.items() if lk is link]:
+                del session.in_flight[broker_id]
+            link.unsettled = 0
         self._link_gone(link)
 
     def _link_gone(self, link: Link) -> None:
@@ -542,6 +575,7 @@ class CreditFlow:
                                         _uint(fields, 6, "flow.link-credit") or 0,
                                         _flag(fields, 8, "flow.drain")))
             window = self._window(link)
+            link.windowed = window is not None
             if window is None and credit.offset == 0 and not link.withheld and (
                     link.per_message or not self._lookup(link.destination, self._queues(link))):
                 credit.grant(None)  # the broker's own words: pass them as they are
@@ -612,6 +646,11 @@ class CreditFlow:
             if link.id_shift:
                 replacement = self._renumbered(link.id_shift, fields, payload, start, end,
                                                channel)
+            if first and link.windowed and not (count > 4 and _flag(fields, 4,
+                                                                     "transfer.settled")):
+                self._track(session, link, fields)
+            elif aborted and link.tracked_id is not None:  # the broker will not settle it
+                self._untrack(session, link)
         if not link.in_delivery:
             if not link.dropping and not aborted:
                 link.deliveries += 1
@@ -627,6 +666,58 @@ class CreditFlow:
             # A fixed destination's queues were routed just now for a first frame: the same.
             self._after_transfer(link, link.delivery_queues if first else None)
         return replacement
+
+    def _track(self, session: SessionGate, link: SenderLink, fields: list[object]) -> None:
+        """Count a forwarded unsettled delivery of a windowed link until the broker settles
+        it: what the broker has not settled may not be in its queue yet (RabbitMQ's internal
+        flow control can hold hundreds of messages between the socket and the queue, and a
+        ready count does not see them), so it counts against the link's window."""
+        delivery_id = _uint(fields, 1, "transfer.delivery-id")
+        if delivery_id is None:
+            return
+        broker_id = serial_add(delivery_id, -link.id_shift) if link.id_shift else delivery_id
+        session.in_flight[broker_id] = link
+        link.tracked_id = broker_id
+        link.unsettled += 1
+        if not self.tracking:
+            self.tracking = True
+            self.on_track()
+
+    def _untrack(self, session: SessionGate, link: SenderLink) -> None:
+        if session.in_flight.pop(link.tracked_id, None) is link:  # type: ignore[arg-type]
+            link.unsettled -= 1
+        link.tracked_id = None
+
+    def _broker_settled(self, session: SessionGate, first: int, last: int) -> None:
+        """The broker settled deliveries ``first``..``last`` (its ids): their links' windows
+        have room again."""
+        in_flight = session.in_flight
+        span = serial_diff(last, first) + 1
+        settled: list[SenderLink] = []
+        if span <= 2 * len(in_flight):
+            ids = [serial_add(first, i) for i in range(span)]
+        else:
+            ids = [i for i in in_flight if 0 <= serial_diff(i, first) < span]
+        for broker_id in ids:
+            link = in_flight.pop(broker_id, None)
+            if link is not None:
+                link.unsettled -= 1
+                if link.tracked_id == broker_id:
+                    link.tracked_id = None
+                if link.squeezed:  # (else its own transfers top it up, as they do)
+                    settled.append(link)
+        for link in set(settled):
+            if not link.detaching and not link.in_delivery:
+                link.squeezed = False
+                self._after_transfer(link)
+
+    def _in_flight_window(self, link: SenderLink, window: int) -> int:
+        """The credit a windowed link may have: its window, less what it has unsettled at the
+        broker beyond ``IN_FLIGHT_WINDOWS - 1`` windows. Credit plus unsettled deliveries
+        stay within ``IN_FLIGHT_WINDOWS x window``, so a broker slow to enqueue cannot have
+        more than that of the link's messages out of the proxy's sight."""
+        room = IN_FLIGHT_WINDOWS * window - link.unsettled
+        return window if room >= window else max(room, 0)
 
     def _consume(self, session: SessionGate, link: SenderLink, fields: list[object],
                  blocking: frozenset[QueueKey]) -> None:
@@ -706,6 +797,9 @@ class CreditFlow:
         session = self.by_server_channel.get(channel)
         if session is None or not fields or fields[0] is not True:
             return None
+        if session.in_flight:
+            first, last = _range(fields)
+            self._broker_settled(session, first, last)
         return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
 
     def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None:
@@ -926,6 +1020,11 @@ class CreditFlow:
         if link.withheld:
             link.withheld = False
             self._signalled(link, active=True)
+        if window is not None and link.unsettled:
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                window = room
         return link.credit.grant(window)
 
     def _after_transfer(self, link: SenderLink, routed: frozenset[str] | None = None) -> None:
@@ -954,7 +1053,17 @@ class CreditFlow:
                 link.withheld = True  # no flow: the limit the client has stands (grant)
             return
         window = self._window(link, fixed)
-        if window is not None and link.credit.wants_top_up(window):
+        link.windowed = window is not None
+        if window is None:
+            return
+        if link.unsettled:
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                if not room:
+                    return
+                window = room
+        if link.credit.wants_top_up(window):
             self._send_grant(link, link.credit.grant(window))
 
     def _block(self, link: SenderLink, blocking: frozenset[QueueKey]) -> bool:

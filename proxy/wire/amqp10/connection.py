@@ -200,6 +200,7 @@ class Connection:
                                    spool=spool)
             client.skip = server.skip = GATED_SKIP
             self.flow.on_drop = self._read_dispositions
+            self.flow.on_track = self._read_server_dispositions
             if on_topology is not None:
                 self.flow.on_declare = _declare_queue(on_topology)
 
@@ -436,6 +437,10 @@ class Connection:
     def _read_dispositions(self) -> None:
         """The gate consumed a delivery: both peers' dispositions are renumbered from now."""
         self._server.skip = self._client.skip = SKIP_NONE
+
+    def _read_server_dispositions(self) -> None:
+        """The gate counts a windowed link's deliveries until the broker settles them."""
+        self._server.skip = SKIP_NONE
 
     def channel_released(self, channel: int) -> None:
         """The gate's link ``channel`` (a link_ref) may have credit again."""

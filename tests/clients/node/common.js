@@ -90,18 +90,27 @@ function pacer(rate) {
 function lifecycle(connection, snapshot, report) {
   const life = {finished: false};
   const progressTimer = setInterval(() => emit('progress', snapshot()), 100);
-  life.finish = (code) => {
-    if (life.finished) return;
-    life.finished = true;
-    clearInterval(progressTimer);
-    report(code);
-    process.exitCode = code;
+  const close = (code) => {
     try {
       connection.close();
     } catch (_err) {
       // already gone
     }
     setTimeout(() => process.exit(code), 2000).unref();
+  };
+  life.finish = (code) => {
+    if (life.finished) return;
+    life.finished = true;
+    clearInterval(progressTimer);
+    report(code);
+    process.exitCode = code;
+    if (code === 0 && process.env.FLOODWALL_HOLD_OPEN === '1') {
+      // Pre-settled transfers have no outcome: a broker may drop those still on their way
+      // to the queue when the connection closes. The test says when (SIGTERM).
+      process.on('SIGTERM', () => close(code));
+      return;
+    }
+    close(code);
   };
   life.fail = (kind, err) => {
     emit('error', errorFields(kind, err));
