@@ -97,22 +97,56 @@ def _class_chars(body: str) -> frozenset[str]:
 
 
 def covers(a: tuple[Token, ...], b: tuple[Token, ...]) -> bool:
-    """True when glob ``a`` matches every name glob ``b`` matches."""
+    """True when glob ``a`` matches every name glob ``b`` matches.
 
-    @functools.cache
-    def go(i: int, j: int) -> bool:
-        if i == len(a):
-            return j == len(b)
-        if a[i] is STAR:
-            # the star matches nothing more, or also b's next token (whatever it stands for)
-            return go(i + 1, j) or (j < len(b) and go(i, j + 1))
-        if j == len(b) or b[j] is STAR:
-            return False  # b matches a name a cannot (shorter, or any run where a wants one)
-        ai, bj = a[i], b[j]
-        assert ai is not None and bj is not None
-        return ai.covers(bj) and go(i + 1, j + 1)
+    Exact: the two globs run side by side as automata (a state is the set of token
+    positions a name's prefix can have reached) over the characters either glob names plus
+    one character neither names, which stands for all the others; ``a`` covers ``b`` unless
+    some name takes ``b`` to its end and ``a`` nowhere near it.
+    """
+    alphabet = {c for t in (*a, *b) if t is not None for c in t.chars}
+    other = next(chr(c) for c in range(0x21, 0x110000) if chr(c) not in alphabet)
+    alphabet.add(other)
+    start = (_closure(b, {0}), _closure(a, {0}))
+    seen = {start}
+    todo = [start]
+    while todo:
+        sb, sa = todo.pop()
+        if len(b) in sb and len(a) not in sa:
+            return False
+        for ch in alphabet:
+            nb = _step(b, sb, ch)
+            if not nb:
+                continue  # no name b matches goes this way
+            pair = (nb, _step(a, sa, ch))
+            if pair not in seen:
+                seen.add(pair)
+                todo.append(pair)
+    return True
 
-    return go(0, 0)
+
+def _closure(glob: tuple[Token, ...], states: set[int]) -> frozenset[int]:
+    """``states`` and the positions after the stars they stand on (a star may match nothing)."""
+    out = set(states)
+    for s in sorted(states):
+        while s < len(glob) and glob[s] is STAR:
+            s += 1
+            out.add(s)
+    return frozenset(out)
+
+
+def _step(glob: tuple[Token, ...], states: frozenset[int], ch: str) -> frozenset[int]:
+    """The positions reached from ``states`` by one more character ``ch``."""
+    nxt: set[int] = set()
+    for s in states:
+        if s == len(glob):
+            continue
+        t = glob[s]
+        if t is None:  # STAR
+            nxt.add(s)
+        elif (ch in t.chars) != t.negated:
+            nxt.add(s + 1)
+    return _closure(glob, nxt)
 
 
 def intersects(a: tuple[Token, ...], b: tuple[Token, ...]) -> bool:
