@@ -14,9 +14,10 @@ RUN python -m venv /opt/floodwall
 ENV PATH=/opt/floodwall/bin:$PATH
 
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY proxy ./proxy
-# `make test` runs `pip install -e '.[test,demo]'`; the image takes the same package, no extras.
+# `make test` runs `pip install -e '.[test,demo,pipeline]'`; the image takes the same package,
+# no extras.
 RUN pip install --no-cache-dir . \
     && floodwall --version
 
@@ -35,9 +36,11 @@ RUN groupadd --system --gid 10001 floodwall \
 
 COPY --from=builder /opt/floodwall /opt/floodwall
 COPY policies/example.yaml policies/schema.json /etc/floodwall/examples/
+COPY LICENSE /usr/share/doc/floodwall/LICENSE
 
 # Every flag has a FLOODWALL_* variable (README "Run it"). FLOODWALL_SPOOL_DIR and
-# FLOODWALL_TELEMETRY_DIR name the volumes for the spool and telemetry writers (DESIGN.md).
+# FLOODWALL_TELEMETRY_DIR name the volumes for the spool (overflow: spool) and the telemetry
+# (docs/telemetry.md); both are used only with --policies (FLOODWALL_POLICIES).
 ENV PATH=/opt/floodwall/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

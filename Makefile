@@ -60,6 +60,21 @@ $(STAMPS)/node:
 	node --version && npm --version
 	touch $@
 
+# promtool (Debian's prometheus package) checks and unit-tests the alerting rules and the
+# dashboard's queries (tests/deploy/test_monitoring.py); installed only when missing. Only
+# promtool is wanted: where systemd runs, the Prometheus server the package starts (on
+# :9090, floodwall's default admin port) is stopped and disabled.
+$(STAMPS)/promtool:
+	@mkdir -p $(@D)
+	@if ! command -v promtool >/dev/null; then \
+	  $(APT_UPDATE) && $(APT_INSTALL) prometheus || exit 1; \
+	  if [ -d /run/systemd/system ]; then \
+	    $(SUDO) systemctl disable --now prometheus prometheus-node-exporter || true; \
+	  fi; \
+	fi
+	promtool --version | head -1
+	touch $@
+
 $(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json \
 		$(NODE_CLIENTS)/package-lock.json $(STAMPS)/node
 	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund
@@ -67,7 +82,7 @@ $(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json \
 
 clients-deps: $(STAMPS)/java-client $(NODE_CLIENTS)/node_modules/.installed
 
-deps: $(RABBIT) $(VENV)/.installed clients-deps
+deps: $(RABBIT) $(VENV)/.installed clients-deps $(STAMPS)/promtool
 
 # --- the two commands ----------------------------------------------------------------
 demo: deps

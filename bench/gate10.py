@@ -40,6 +40,7 @@ from floodwall.wire.amqp10.framing import AMQP_HEADER, frame
 from floodwall.wire.amqp10.performatives import (
     ATTACH,
     BEGIN,
+    DISPOSITION,
     FLOW,
     OPEN,
     SOURCE,
@@ -48,7 +49,7 @@ from floodwall.wire.amqp10.performatives import (
     encode_performative,
     performative,
 )
-from floodwall.wire.amqp10.types import UByte, UInt, UShort
+from floodwall.wire.amqp10.types import Described, UByte, UInt, ULong, UShort
 
 QUEUE = "bench.firehose10"
 OTHER = "other.queue"
@@ -80,6 +81,15 @@ def transfer_template(body: bytes) -> tuple[bytes, int, int]:
             b"\x43\x42")
     payload = perf + b"\x00\x53\x75\xb0" + _U32.pack(len(body)) + body
     return struct.pack(">IBBH", 8 + len(payload), 2, 0, 0) + payload, 16, 22
+
+
+ACCEPTED = Described(ULong(0x24), [])
+
+
+def broker_settles(first: int, last: int) -> bytes:
+    """The broker's disposition for deliveries ``first``..``last`` (settled, accepted)."""
+    return amqp(DISPOSITION, 0, role=True, first=UInt(first), last=UInt(last), settled=True,
+                state=ACCEPTED)
 
 
 def broker_flow(delivery_count: int, credit: int, next_incoming: int) -> bytes:
@@ -150,7 +160,8 @@ def client_credit(data: bytes, sent: int, credit: int) -> int:
     return credit
 
 
-def runner(setup: str, transfers: int, batch: int, size: int) -> Callable[[], float]:
+def runner(setup: str, transfers: int, batch: int, size: int,
+           per_transfer: bool = False) -> Callable[[], float]:
     """A function that relays ``transfers`` transfers and returns the seconds spent in the
     core (the client's own work is not counted). The client sends at most ``batch``
     transfers per read and never more than its link credit, as ``bench.amqp10`` does."""
@@ -177,6 +188,15 @@ def runner(setup: str, transfers: int, batch: int, size: int) -> Callable[[], fl
             core.receive_from_client(data, time.monotonic())
             core.data_for_server()
             to_client = core.data_for_client()
+            spent += clock() - t0
+            # the broker settles what it got: per transfer, or the whole read at once
+            settles = ([broker_settles(d + i, d + i) for i in range(n)] if per_transfer
+                       else [broker_settles(d, d + n - 1)])
+            t0 = clock()
+            for one in settles:
+                core.receive_from_server(one)
+            core.data_for_server()
+            to_client += core.data_for_client()
             spent += clock() - t0
             d += n
             broker -= n
@@ -214,15 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--setups", default="policed,unpoliced,gate off")
     ap.add_argument("--profile", metavar="SETUP", help="run SETUP once under cProfile")
+    ap.add_argument("--settle-each", action="store_true",
+                    help="the broker settles each transfer with a disposition of its own "
+                    "(default: one disposition per read)")
     opts = ap.parse_args(argv)
     if opts.profile:
-        run = runner(opts.profile, opts.transfers, opts.batch, opts.size)
+        run = runner(opts.profile, opts.transfers, opts.batch, opts.size, opts.settle_each)
         prof = cProfile.Profile()
         prof.runcall(run)
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         return 0
     for setup in opts.setups.split(","):
-        run = runner(setup, opts.transfers, opts.batch, opts.size)
+        run = runner(setup, opts.transfers, opts.batch, opts.size, opts.settle_each)
         run()  # warm-up
         best = min(run() for _ in range(opts.repeat))
         print(f"{setup:<10} {best / opts.transfers * 1e6:6.2f} us/transfer "

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 import floodwall.io.app
-from floodwall.cli import main
+from floodwall.cli import main, run
 from floodwall.ops.config import ProxySettings
 
 
@@ -155,3 +157,51 @@ def test_a_key_that_does_not_load_refuses_to_start(tmp_path: Path) -> None:
         "--listen-tls-cert", str(cert), "--listen-tls-key", str(key)])
     assert result.exit_code == 1, result.output
     assert "refusing to start: --listen-tls-cert/-key/-client-ca:" in result.output
+
+
+# --- the README's flag table (issue 18) ------------------------------------------------------
+def _flag_table() -> list[list[str]]:
+    """The rows of README.md's `floodwall run` table, as cells (``\\|`` is a literal bar)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("| flag | variable | default | meaning |"):]
+    table = table[:table.index("\n\n")]
+    rows = []
+    for line in table.splitlines()[2:]:
+        cells = [c.strip().replace("\\|", "|")
+                 for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        rows.append(cells)
+    return rows
+
+
+def _variables(cell: str) -> set[str]:
+    """``FLOODWALL_X_CERT``, ``_KEY``: the abbreviation takes the previous name's prefix."""
+    found: set[str] = set()
+    previous = ""
+    for name in re.findall(r"`(FLOODWALL_[A-Z0-9_]+|_[A-Z0-9_]+)`", cell):
+        if name.startswith("_"):
+            name = previous.rsplit("_", 1)[0] + name
+        found.add(name)
+        previous = name
+    return found
+
+
+def test_every_run_flag_is_in_the_readme_table() -> None:
+    """Each option of `floodwall run` has a row: its flag, its variable, its default."""
+    rows = _flag_table()
+    assert all(len(r) == 4 for r in rows), [r for r in rows if len(r) != 4]
+    by_flag = {flag: row for row in rows for flag in re.findall(r"`(--[a-z0-9-]+)", row[0])}
+    options = [p for p in run.params if isinstance(p, click.Option)]
+    for option in options:
+        (flag,) = [o for o in option.opts if o.startswith("--")]
+        assert flag in by_flag, f"{flag} has no row in README.md's flag table"
+        row = by_flag[flag]
+        assert option.envvar in _variables(row[1]), f"{flag}: {option.envvar} not in {row[1]}"
+        default = option.default
+        if option.is_flag:
+            assert "off" in row[2], f"{flag}: default {row[2]!r}"
+        elif isinstance(default, str | int | float) and not isinstance(default, bool):
+            text = f"{default:g}" if isinstance(default, float) else str(default)
+            assert f"`{text}`" in row[2], f"{flag}: default {text!r}, README says {row[2]!r}"
+    documented = set(by_flag)
+    known = {o for p in options for o in p.opts}
+    assert documented <= known, f"README lists flags `floodwall run` lacks: {documented - known}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from floodwall.control.controller import ALARM, FlowController
 from floodwall.control.depth import ManagementSample
+from floodwall.control.events import ChannelFreed
 from floodwall.control.policy import parse_policies
 from tests.fakes import Clock, Owner
 
@@ -246,3 +247,39 @@ def test_policed_answers_follow_the_queues_that_are_policed() -> None:
     fc.queue_deleted(("/", "orders.a"), clock.t)
     assert fc.policed("/", names) == {("/", "orders.c")}
     assert fc.policed("other", names) == frozenset()
+
+
+def test_hold_time_is_recorded_where_a_hold_ends_by_policy_and_outcome() -> None:
+    """Released: from the block to the release that freed the channel; closed: to the close
+    of a channel still held (a deadline, a reject, its client); the alarm has its own
+    label; a wait for a lookup alone is not a hold."""
+    fc, clock = _controller()
+    clock.t += 1
+    fc.forwarded("/", frozenset({"orders.a"}), 2000, clock.t)
+    assert fc.block(4, 1, frozenset({("/", "orders.a")}), clock.t)
+    assert fc.block(4, 2, frozenset({("/", "orders.a")}), clock.t)
+    clock.t += 2.5
+    fc.channel_closed(4, 2, clock.t)
+    clock.t += 1.5
+    fc.sampled_management(("/", "orders.a"), _empty(clock.t), clock.t)
+    assert [o for o in fc.take_output() if isinstance(o, ChannelFreed)] == [ChannelFreed(4, 1)]
+    released = fc.holds.seconds[("orders", "released")]
+    assert (released.count, released.total) == (1, 4.0)
+    closed = fc.holds.seconds[("orders", "closed")]
+    assert (closed.count, closed.total) == (1, 2.5)
+    assert dict(released.buckets())["2.5"] == 0 and dict(released.buckets())["5"] == 1
+
+    fc.set_alarm("disk alarm on rabbit@a", clock.t)
+    assert fc.block(4, 3, frozenset({ALARM}), clock.t)
+    clock.t += 0.5
+    fc.set_alarm(None, clock.t)
+    assert fc.holds.seconds[("broker-alarm", "released")].total == 0.5
+    assert set(fc.holds.seconds) == {("orders", "released"), ("orders", "closed"),
+                                    ("broker-alarm", "released")}
+
+    # A connection that goes away while held: closed.
+    fc.forwarded("/", frozenset({"orders.b"}), 2000, clock.t)
+    assert fc.block(4, 4, frozenset({("/", "orders.b")}), clock.t)
+    clock.t += 3
+    fc.connection_closed(4, clock.t)
+    assert fc.holds.seconds[("orders", "closed")].count == 2

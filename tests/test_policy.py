@@ -54,6 +54,9 @@ def doc(body: str) -> str:
     ("1KiB", 1024), ("512KiB", 512 * 1024), ("64MiB", 64 * 2**20), ("10GiB", 10 * 2**30),
     ("1TiB", 2**40), ("1.5MiB", 1572864), ("0.5KB", 500), ("  3 MiB ", 3 * 2**20),
     ("0.1KiB", 102),  # fractions with a unit round down to whole bytes
+    # Helm renders a large plain number as a float: 64MiB as 6.7108864e+07 (YAML: a float),
+    # 10 MB as 1e+07 (YAML 1.1: a string).
+    (6.7108864e+07, 64 * 2**20), ("1e+07", 10**7), ("1E6", 10**6), (2048.0, 2048),
 ])
 def test_parse_bytes(text: object, expected: int) -> None:
     assert parse_bytes(text) == expected
@@ -63,7 +66,8 @@ def test_parse_bytes(text: object, expected: int) -> None:
     ("64mib", "did you mean 'MiB'"), ("64kb", "did you mean 'KB'"), ("1XB", "unknown unit 'XB'"),
     ("-1", "not a size"), (-1, "negative"), (1.5, "whole number"), ("1.5", "whole number"),
     ("1.5B", "whole number"), (True, "expected a size"), ("", "not a size"),
-    ("MiB", "not a size"), ("1e6", "not a size"), (None, "expected a size"),
+    ("MiB", "not a size"), ("1.5e0", "whole number"), (2.5e0, "whole number"),
+    (-1.0e3, "negative"), ("1e6 MiB", "not a size"), (None, "expected a size"),
     ([1], "expected a size"),
 ])
 def test_parse_bytes_refuses(text: object, reason: str) -> None:
@@ -491,7 +495,8 @@ def test_bad_file_is_refused_with_its_line(text: str, line: int, reason: str) ->
         parse_policies(text, "pol.yaml")
     err = info.value
     assert (err.source, err.line) == ("pol.yaml", line), str(err)
-    assert str(err).startswith(f"pol.yaml:{line}: "), str(err)
+    assert str(err).startswith(f"pol.yaml:{line}:{err.column}: "), str(err)
+    assert err.column is not None and err.column >= 1
     assert reason in err.reason, str(err)
 
 
@@ -537,6 +542,9 @@ GOOD_FOR_BOTH = [
     doc("policies:\n  - name: a\n    match: {queue_regex: 'x.+'}\n    capacity: 1.5 GiB\n"
         "    deadline: 0.5\n"),
     doc("defaults:\n  - vhost: v\n    capacity: '65536'\n    deadline: 2h\n"),
+    # as Helm 3 renders plain numbers
+    doc("policies:\n  - name: a\n    match: {queue: a}\n    capacity: 6.7108864e+07\n"
+        "    max_messages: 1e+06\n    spool: {max_bytes: 1.073741824e+09}\n"),
 ]
 
 
@@ -592,6 +600,7 @@ BAD_FOR_LOADER_ONLY = [
     doc("defaults:\n  - vhost: /\n  - vhost: /\n"),
     doc("policies:\n  - name: a\n    match: {queue: 'q[a'}\n"),
     doc("policies:\n  - name: a\n    match: {queue: a}\n    spool: {max_bytes: 0}\n"),
+    doc("policies:\n  - name: a\n    match: {queue: a}\n    capacity: '2.5e+00'\n"),
 ]
 
 
@@ -619,7 +628,7 @@ def test_reload_keeps_old_policies_on_a_bad_file(tmp_path: Path) -> None:
     path.write_text(BROKEN)
     result = store.reload()
     assert not result.ok
-    assert result.reason is not None and result.reason.startswith(f"{path}:5: ")
+    assert result.reason is not None and result.reason.startswith(f"{path}:5:15: ")
     assert store.current is before and result.policies is before
     assert store.generation == 1
 
@@ -646,7 +655,7 @@ def test_missing_file_on_reload_keeps_old(tmp_path: Path) -> None:
 def test_from_file_raises_on_a_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(BROKEN)
-    with pytest.raises(PolicyError, match=r"p\.yaml:5: "):
+    with pytest.raises(PolicyError, match=r"p\.yaml:5:\d+: "):
         PolicyStore.from_file(path)
 
 

@@ -1,13 +1,17 @@
-"""``floodwall check FILE``: validates, prints the effective policies, exits 1 on a bad file."""
+"""``floodwall check FILE...``: validates, prints the effective policies, reports every error
+(``FILE:LINE:COLUMN: reason``) and warnings, exits 1 on a bad file."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from floodwall.cli import main
-from floodwall.control.policy import load_policies, parse_policies
+from floodwall.control.policy import PolicyError, load_policies, parse_policies
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
@@ -50,7 +54,7 @@ def test_check_bad_file_exits_1_with_file_line_reason(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["check", str(path)])
     assert result.exit_code == 1
     assert result.stdout == ""
-    assert result.stderr == (f"{path}:6: policies[0] (a).resume: 2MiB is more than capacity "
+    assert result.stderr == (f"{path}:6:13: policies[0] (a).resume: 2MiB is more than capacity "
                              "(1MiB); resume must be <= capacity\n")
 
 
@@ -58,3 +62,90 @@ def test_check_missing_file_exits_1(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["check", str(tmp_path / "none.yaml")])
     assert result.exit_code == 1
     assert "none.yaml: cannot read: No such file or directory" in result.stderr
+
+
+# --- every error in one run: the corpus of broken files ---------------------------------
+
+CORPUS = Path(__file__).resolve().parent / "policy_corpus"
+CORPUS_FILES = sorted(p.name for p in CORPUS.glob("*.yaml"))
+
+
+def _has_errors(expected: str) -> bool:
+    return any(line and ": warning: " not in line for line in expected.splitlines())
+
+
+@pytest.mark.parametrize("name", CORPUS_FILES)
+def test_corpus_file_reports_every_problem(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``floodwall check`` on each file of tests/policy_corpus/: exactly the problems in
+    its ``.expected`` file (``FILE:LINE:COLUMN: reason``, one per line, in file order),
+    exit 1 when there is an error, 0 for warnings alone."""
+    monkeypatch.chdir(CORPUS)
+    expected = (CORPUS / name).with_suffix(".expected").read_text()
+    result = CliRunner().invoke(main, ["check", name])
+    assert result.stderr == expected
+    assert result.exit_code == (1 if _has_errors(expected) else 0), result.output
+    for line in result.stderr.splitlines():
+        assert re.match(rf"{re.escape(name)}:\d+:\d+: ", line), line
+    if result.exit_code == 0:
+        assert result.stdout.startswith(f"# {name}: valid")
+
+
+def test_many_errors_are_all_reported() -> None:
+    expected = (CORPUS / "many_errors.expected").read_text().splitlines()
+    assert len(expected) >= 15  # one run, not one error per run
+    with pytest.raises(PolicyError) as caught:
+        load_policies(CORPUS / "many_errors.yaml")
+    assert len(caught.value.problems) == len(expected)
+    assert caught.value.line == 6 and caught.value.column == 13  # the first one's place
+
+
+def test_several_files_and_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CORPUS)
+    stdin = (POLICIES_DIR / "demo.yaml").read_text()
+    result = CliRunner().invoke(main, ["check", str(POLICIES_DIR / "example.yaml"),
+                                       "bad_version.yaml", "-", "shadowed.yaml"], input=stdin)
+    assert result.exit_code == 1  # one file is bad ...
+    assert result.stderr == ((CORPUS / "bad_version.expected").read_text()
+                             + (CORPUS / "shadowed.expected").read_text())
+    # ... and the good ones are still printed, in order
+    headers = [line for line in result.stdout.splitlines() if ": valid, " in line]
+    assert [h.split(":")[0] for h in headers] == [f"# {POLICIES_DIR / 'example.yaml'}",
+                                                  "# <stdin>", "# shadowed.yaml"]
+
+
+def test_json_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CORPUS)
+    result = CliRunner().invoke(main, ["check", "--output", "json", "many_errors.yaml",
+                                       "shadowed.yaml", "--queue", "orders.eu.1"])
+    assert result.exit_code == 1 and result.stderr == ""
+    doc = json.loads(result.stdout)
+    assert doc["valid"] is False
+    bad, shadowed = doc["files"]
+    assert bad["valid"] is False and bad["policies"] is None
+    assert [f"{e['file']}:{e['line']}:{e['column']}: {e['reason']}" for e in bad["errors"]] \
+        == (CORPUS / "many_errors.expected").read_text().splitlines()
+    assert {e["severity"] for e in bad["errors"]} == {"error"}
+    assert shadowed["valid"] is True and shadowed["errors"] == []
+    assert len(shadowed["warnings"]) == 5
+    assert {w["severity"] for w in shadowed["warnings"]} == {"warning"}
+    invoices = shadowed["warnings"][0]
+    assert (invoices["line"], invoices["column"]) == (7, 5)
+    assert "'invoices'" in invoices["reason"] and "can never match" in invoices["reason"]
+    by_name = {p["name"]: p for p in shadowed["policies"]}
+    assert by_name["orders"]["capacity"] == 64 * 1024**2
+    assert by_name["exact"]["policed"] is False
+    assert shadowed["queues"] == [{"vhost": "/", "queue": "orders.eu.1", "policy": "orders"}]
+
+
+def test_helm_style_numbers_are_whole_bytes_and_counts() -> None:
+    """Helm renders plain numbers as floats (6.7108864e+07; 1e+06 even reads as a string):
+    whole ones are accepted as the numbers they are."""
+    policies = load_policies(CORPUS / "helm_rendered.yaml")
+    (p,) = policies.policies
+    assert (p.capacity, p.resume) == (64 * 1024**2, 48 * 1024**2)
+    assert (p.max_messages, p.resume_messages) == (1_000_000, 750_000)
+    assert p.spool.max_bytes == 1024**3
+    for bad, reason in (("1.5", "whole number"), ("2.5e+00", "whole number")):
+        with pytest.raises(PolicyError, match=reason):
+            parse_policies(f"version: 1\npolicies:\n  - name: a\n    match: {{queue: a}}\n"
+                           f"    capacity: {bad}\n")

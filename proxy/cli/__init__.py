@@ -7,8 +7,10 @@ lazily, the PySpark pipeline (``floodwall_pipeline``). ``spool`` is ``floodwall 
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,17 @@ from floodwall import __version__
 from floodwall.cli.tls import upstream_settings, upstream_tls_options
 from floodwall.control.policy import (
     PolicyError,
+    PolicySet,
+    Problem,
+    Severity,
     format_bytes,
     format_duration,
     load_policies,
+    overlaps,
     parse_bytes,
     parse_duration,
+    parse_policies,
+    policy_document,
     render_policies,
 )
 from floodwall.ops.config import (
@@ -163,6 +171,17 @@ def main() -> None:
               show_default=True, envvar="FLOODWALL_TOPOLOGY_EVENTS",
               help="Follow the broker's topology events (amq.rabbitmq.event, the "
                    "rabbitmq_event_exchange plugin) when it has them.")
+@click.option("--alarm-interval", default="2s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_ALARM_INTERVAL",
+              help="How often the management API is asked for the broker's memory and disk "
+                   "alarms.")
+@click.option("--management-timeout", default="5s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_MANAGEMENT_TIMEOUT",
+              help="Longest one management API request may take (connecting included).")
+@click.option("--management-connections", type=click.IntRange(1, 64), default=4,
+              show_default=True, envvar="FLOODWALL_MANAGEMENT_CONNECTIONS",
+              help="Keep-alive connections pooled to the management API: requests in flight "
+                   "at most.")
 @click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
               metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
               help="Bytes of held publishes per connection before the proxy stops reading it.")
@@ -218,7 +237,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None,
         depth_interval: float, management_interval: float, topology_interval: float,
-        topology_events: str, hold_budget: int,
+        topology_events: str, alarm_interval: float, management_timeout: float,
+        management_connections: int, hold_budget: int,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int,
         spool_dir: str | None, spool_total_max: int, spool_min_free: int,
@@ -275,6 +295,9 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             management_interval=management_interval,
             topology_interval=topology_interval,
             topology_events=topology_events == "on",
+            alarm_interval=alarm_interval,
+            management_timeout=management_timeout,
+            management_connections=management_connections,
             hold_budget=hold_budget,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval,
@@ -303,23 +326,83 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         raise SystemExit(1) from None
 
 
+@dataclass(frozen=True)
+class CheckedFile:
+    """What ``floodwall check`` found in one file."""
+
+    source: str
+    policies: PolicySet | None  # None: refused
+    errors: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
+
+
+def check_file(path: str) -> CheckedFile:
+    """Every error of a policies file (``-``: standard input) and, if it loads, the
+    warnings about policies that are shadowed or overlap."""
+    try:
+        if path == "-":
+            policies = parse_policies(sys.stdin.read(), "<stdin>")
+        else:
+            policies = load_policies(path)
+    except PolicyError as exc:
+        return CheckedFile("<stdin>" if path == "-" else path, None, exc.problems, ())
+    warnings = tuple(Problem(policies.source, o.later.line, o.later.column, o.reason(),
+                             Severity.WARNING) for o in overlaps(policies))
+    return CheckedFile(policies.source, policies, (), warnings)
+
+
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
 @click.option("--queue", "queues", multiple=True, metavar="QUEUE",
               help="Also say which policy polices this queue (repeatable).")
 @click.option("--vhost", default="/", show_default=True, help="The vhost of --queue.")
-def check(file: str, queues: tuple[str, ...], vhost: str) -> None:
-    """Validate a policies FILE and print the effective policies (exit 1 if it is bad)."""
-    try:
-        policies = load_policies(file)
-    except PolicyError as exc:
-        click.echo(str(exc), err=True)
-        raise SystemExit(1) from None
-    click.echo(render_policies(policies), nl=False)
-    for queue in queues:
-        found = policies.for_queue(vhost, queue)
-        verdict = f"policy {found.name!r}" if found is not None else "not policed"
-        click.echo(f"# queue {queue!r} in vhost {vhost!r}: {verdict}")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text",
+              show_default=True,
+              help="text: the effective policies on stdout, problems on stderr; json: one "
+                   "document with both.")
+def check(files: tuple[str, ...], queues: tuple[str, ...], vhost: str, output: str) -> None:
+    """Validate policy FILEs ('-': standard input) and print the effective policies.
+
+    Every error is reported in one run, as FILE:LINE:COLUMN: reason (YAML syntax errors
+    too), and warnings for policies that can never match (shadowed by an earlier one) or
+    that overlap an earlier one. Exit 1 if any file has an error; warnings do not fail.
+    """
+    checked = [check_file(path) for path in files]
+    failed = any(c.errors for c in checked)
+    if output == "json":
+        click.echo(json.dumps({"valid": not failed,
+                               "files": [_check_document(c, queues, vhost) for c in checked]},
+                              indent=2))
+    else:
+        for c in checked:
+            for problem in (*c.errors, *c.warnings):
+                click.echo(str(problem), err=True)
+            if c.policies is None:
+                continue
+            click.echo(render_policies(c.policies), nl=False)
+            for queue in queues:
+                found = c.policies.for_queue(vhost, queue)
+                verdict = f"policy {found.name!r}" if found is not None else "not policed"
+                click.echo(f"# queue {queue!r} in vhost {vhost!r}: {verdict}")
+    if failed:
+        raise SystemExit(1)
+
+
+def _check_document(c: CheckedFile, queues: tuple[str, ...], vhost: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "file": c.source, "valid": not c.errors,
+        "errors": [p.as_dict() for p in c.errors],
+        "warnings": [p.as_dict() for p in c.warnings],
+        "policies": None, "defaults": None, "queues": [],
+    }
+    if c.policies is not None:
+        doc["policies"] = [policy_document(p) for p in c.policies.policies]
+        doc["defaults"] = [policy_document(d) for d in c.policies.defaults.values()]
+        for queue in queues:
+            found = c.policies.for_queue(vhost, queue)
+            doc["queues"].append({"vhost": vhost, "queue": queue,
+                                  "policy": found.name if found is not None else None})
+    return doc
 
 
 @main.command()

@@ -25,6 +25,7 @@ from floodwall.control.events import (
     QueueReleased,
     QueueTripped,
 )
+from floodwall.control.histogram import HoldTimes
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
 from floodwall.control.routing.model import REPLY_TO_PREFIX
@@ -33,6 +34,8 @@ QueueKey = tuple[str, str]  # (vhost, queue)
 #: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
 ALARM: QueueKey = ("", "broker resource alarm")
 _NOTHING: frozenset[QueueKey] = frozenset()
+#: The hold-time label of a hold on the broker's alarm (it has no policy).
+ALARM_LABEL = "broker-alarm"
 #: Sets of queue names whose policed members ``FlowController.policed`` keeps.
 POLICED_CACHE_SIZE = 4096
 
@@ -111,6 +114,10 @@ class FlowController:
         self._backlogged: set[QueueKey] = set()
         self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
         self._blocked_since: dict[tuple[int, int], float] = {}
+        self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
+        # The latest ``now`` an entry point was given: a close (which carries no time) ends
+        # its hold at it, so a hold-time ends within one controller call of the truth.
+        self._now = 0.0
         self._starved_since: dict[tuple[int, int], float] = {}  # see starved()
         self.alarm_reason: str | None = None
         # What happened, for the I/O layer to take (``take_output``), in order.
@@ -209,7 +216,7 @@ class FlowController:
             self._first_figure((lookup.vhost, lookup.name), now)
         if self.lookups.answered(lookup, result is not LookupResult.FOUND, now,
                                  failed=result is LookupResult.FAILED) is not None:
-            self._released(lookup.key)
+            self._released(lookup.key, now)
         return False
 
     def _failure_blocks(self, lookup: Lookup) -> bool:
@@ -230,7 +237,7 @@ class FlowController:
         """``key`` no longer waits for its first figure (it came, or it never will)."""
         lookup = self._awaiting.pop(key, None)
         if lookup is not None and self.lookups.answered(lookup, False, now) is not None:
-            self._released(lookup.key)
+            self._released(lookup.key, now)
 
     def awaiting_first_figure(self, key: QueueKey) -> bool:
         return key in self._awaiting
@@ -297,9 +304,12 @@ class FlowController:
                     self._evaluate(q, now)
 
     # -- blocking ----------------------------------------------------------------------
-    def connection_closed(self, conn: int) -> None:
-        """Connection ``conn`` is gone: none of its channels is blocked any more."""
+    def connection_closed(self, conn: int, now: float | None = None) -> None:
+        """Connection ``conn`` is gone: none of its channels is blocked any more.
+
+        ``now`` ends their holds (None: the latest time the controller was given)."""
         for ref in [r for r in self._blocked if r[0] == conn]:
+            self._hold_ended(ref, "closed", self._now if now is None else now)
             self._blocked.pop(ref, None)
             self._blocked_since.pop(ref, None)
             self._starved_since.pop(ref, None)
@@ -311,10 +321,14 @@ class FlowController:
         dropped from the set again, and if none is left the channel is not blocked.
         """
         ref = (conn, channel)
+        self._now = now
         still = {k for k in queues if k in self._tripped or k in self._backlogged
                  or self.lookups.pending_key(k)}
         if not still:
             return False
+        self.holds.blocked(ref, frozenset(
+            {self.queues[k].policy.name for k in still if k in self.queues}
+            | ({ALARM_LABEL} if ALARM in still else set())))
         blocked_on = self._blocked.get(ref)
         if blocked_on is None:
             self._blocked[ref] = still
@@ -322,6 +336,11 @@ class FlowController:
             return True
         blocked_on |= still
         return False
+
+    def _hold_ended(self, ref: tuple[int, int], outcome: str, now: float) -> None:
+        """Where a hold ends (a release, a close): its time into ``holds``."""
+        since = self._blocked_since.get(ref)
+        self.holds.ended(ref, None if since is None else now - since, outcome)
 
     def is_blocked(self, conn: int, channel: int) -> bool:
         return (conn, channel) in self._blocked
@@ -340,7 +359,10 @@ class FlowController:
         if ref in self._blocked:
             self._starved_since[ref] = since
 
-    def channel_closed(self, conn: int, channel: int) -> None:
+    def channel_closed(self, conn: int, channel: int, now: float | None = None) -> None:
+        """``channel`` is gone (closed, refused, its link detached): its hold ends at ``now``
+        (None: the latest time the controller was given)."""
+        self._hold_ended((conn, channel), "closed", self._now if now is None else now)
         self._blocked.pop((conn, channel), None)
         self._blocked_since.pop((conn, channel), None)
         self._starved_since.pop((conn, channel), None)
@@ -374,7 +396,7 @@ class FlowController:
         if q is not None:
             self._apply(q, decide(q.policy, None, None, q.tripped), now)
 
-    def set_backlog(self, key: QueueKey, backlogged: bool) -> None:
+    def set_backlog(self, key: QueueKey, backlogged: bool, now: float | None = None) -> None:
         """The spool of ``key`` has records (True) or has drained (False).
 
         While it has, publishes to the queue that cannot join the spool are held, as if it
@@ -385,10 +407,12 @@ class FlowController:
         elif key in self._backlogged:
             self._backlogged.discard(key)
             if key not in self._tripped:
-                self._released(key)
+                self._released(key, self._now if now is None else now)
 
-    def set_alarm(self, reason: str | None) -> None:
+    def set_alarm(self, reason: str | None, now: float | None = None) -> None:
         """The broker raised (reason) or cleared (None) a memory or disk alarm."""
+        if now is not None:
+            self._now = now
         if reason == self.alarm_reason:
             return
         self.alarm_reason = reason
@@ -398,9 +422,10 @@ class FlowController:
         else:
             self._tripped.discard(ALARM)
             self.outbox.append(AlarmCleared())
-            self._released(ALARM)
+            self._released(ALARM, self._now)
 
     def _evaluate(self, q: PolicedQueue, now: float) -> None:
+        self._now = now
         # A tripped queue is released on the settled estimate (proxy/depth.py: a ready
         # count taken while a burst is still reaching the queue must not release it).
         est = q.depth.estimate(settled=q.tripped)
@@ -456,12 +481,12 @@ class FlowController:
                 q.key, policy.name, est.bytes, est.messages, policy.resume, why,
                 self._publishers_of(q.key)))
             if q.key not in self._backlogged:
-                self._released(q.key)
+                self._released(q.key, now)
 
     def _publishers_of(self, key: QueueKey) -> str:
         return ",".join(f"{c}/{ch}" for (c, ch), qs in self._blocked.items() if key in qs)
 
-    def _released(self, key: QueueKey) -> None:
+    def _released(self, key: QueueKey, now: float) -> None:
         """Drop ``key`` from every blocked set; a channel whose set empties is freed."""
         freed: list[tuple[int, int]] = []
         for ref, qs in self._blocked.items():
@@ -470,6 +495,7 @@ class FlowController:
                 if not qs:
                     freed.append(ref)
         for ref in freed:
+            self._hold_ended(ref, "released", now)
             del self._blocked[ref]
             self._blocked_since.pop(ref, None)
             self._starved_since.pop(ref, None)

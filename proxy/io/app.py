@@ -52,7 +52,12 @@ from floodwall.io.tls import (
 )
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.logs import event
-from floodwall.ops.metrics import RelayCollector, RelayStats, make_registry
+from floodwall.ops.metrics import (
+    RelayCollector,
+    RelayStats,
+    make_registry,
+    standard_collectors,
+)
 from floodwall.ops.telemetry import RotationPolicy
 from floodwall.spool.manager import SpoolLimits
 
@@ -73,9 +78,9 @@ class Proxy:
     """One floodwall process' worth of state; ``await run()`` until stopped."""
 
     def __init__(self, settings: ProxySettings) -> None:
-        """Raises ``PolicyError`` (``FILE:LINE: reason``) for a bad policies file."""
+        """Raises ``PolicyError`` (``FILE:LINE:COLUMN: reason`` each error) for bad policies."""
         self.settings = settings
-        self.stats = RelayStats()
+        self.stats = RelayStats(hold_budget=settings.hold_budget)
         self.upstream_tls, self.management_tls, self.listener_tls = make_tls(settings)
         self.flow: FlowSupervisor | None = None
         if settings.policies is not None:
@@ -88,7 +93,7 @@ class Proxy:
         if settings.spool_dir is not None and self.flow is not None:
             self.spool = make_spool(settings, self.flow, self.upstream_tls)
             self.flow.enforcement.spool = self.spool  # overflow: spool spools from now
-        collectors: list[Collector] = [RelayCollector(self.stats)]
+        collectors: list[Collector] = [RelayCollector(self.stats), *standard_collectors()]
         if self.flow is not None:
             collectors.append(self.flow.collector)
         if self.spool is not None:

@@ -1,4 +1,10 @@
-"""The broker's management HTTP API: queue figures, node alarms, the routing topology."""
+"""The broker's management HTTP API: queue figures, node alarms, the routing topology.
+
+One ``aiohttp`` session on the event loop, its connections kept alive and pooled (at most
+``connections`` open to the API at once), each request bounded by ``timeout``; https is
+verified with the ``ManagementTlsContext`` (its newest context at each request, so a
+rotated CA file takes over for new connections).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,12 @@ import base64
 import json
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
 
 from floodwall.control.depth import ManagementSample
 from floodwall.io.tls import ManagementTlsContext, explain
@@ -21,6 +28,11 @@ QUEUE_COLUMNS = ",".join((
     "name", "vhost", "messages_ready", "messages_unacknowledged", "message_bytes",
     "message_bytes_ready", "message_bytes_unacknowledged", "consumers",
 ))
+#: Seconds an idle pooled connection is kept open (below the API's own idle timeout, 60 s
+#: in RabbitMQ's cowboy, so the proxy closes it first).
+KEEPALIVE_SECONDS = 30.0
+#: The endpoints the proxy reads, as the latency histogram labels them.
+ENDPOINTS = ("queues", "nodes", "exchanges", "bindings", "policies")
 
 
 class ManagementError(RuntimeError):
@@ -44,58 +56,109 @@ class NodeAlarms:
         return bool(self.memory or self.disk)
 
 
+def endpoint_of(path: str) -> str:
+    """The label of a request's latency: ``/api/queues/%2F/q?...`` is ``queues``."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    name = parts[1] if len(parts) > 1 and parts[0] == "api" else parts[0]
+    return name if name in ENDPOINTS else "other"
+
+
 class ManagementApi:
-    """A client for the few endpoints floodwall reads; each call runs off the event loop."""
+    """A client for the few endpoints floodwall reads, on the event loop.
+
+    ``observe(endpoint, seconds)`` is told every request's latency, good or bad; ``close``
+    ends the pooled connections (the session is made at the first request, on the loop
+    that makes it).
+    """
 
     def __init__(self, url: str, credentials: ManagementCredentials, timeout: float = 5.0,
-                 tls: ManagementTlsContext | None = None) -> None:
+                 tls: ManagementTlsContext | None = None, connections: int = 4,
+                 observe: Callable[[str, float], None] | None = None) -> None:
         """``tls``: the https context, used when ``url`` is https."""
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.connections = connections
         self.tls = tls if self.url.lower().startswith("https:") else None
         token = f"{credentials.username}:{credentials.password}".encode()
         self._auth = "Basic " + base64.b64encode(token).decode()
+        self._observe = observe
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the session's
         self.requests = 0  # for metrics: load on the management API
         self.failures: dict[str, int] = {}
+        self.opened = 0  # TCP connections opened to the API (the pool's reuse shows here)
 
-    def _get_blocking(self, path: str) -> Any:
-        req = urllib.request.Request(self.url + path, headers={"Authorization": self._auth})
-        context = self.tls.context if self.tls is not None else None
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._session
+        if session is None or session.closed or self._loop is not loop:
+            trace = aiohttp.TraceConfig()
+            trace.on_connection_create_end.append(self._connection_opened)
+            connector = aiohttp.TCPConnector(limit=self.connections,
+                                             keepalive_timeout=KEEPALIVE_SECONDS)
+            session = aiohttp.ClientSession(
+                connector=connector, trace_configs=[trace],
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                headers={"Authorization": self._auth}, raise_for_status=False)
+            self._session, self._loop = session, loop
+        return session
+
+    async def _connection_opened(self, *_: object) -> None:
+        self.opened += 1
+
+    async def close(self) -> None:
+        """Close the pooled connections (the next request opens new ones)."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()
+
+    async def _fetch(self, path: str) -> Any:
+        context: ssl.SSLContext | bool = self.tls.context if self.tls is not None else True
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=context) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code == 401:
-                raise ManagementError("auth", f"{self.url}: 401 unauthorized (check "
-                                      "FLOODWALL_MANAGEMENT_USERNAME/PASSWORD)", 401) from None
-            if exc.code == 404:
-                raise ManagementError("not_found", f"{path}: 404 not found", 404) from None
-            raise ManagementError("http", f"{path}: HTTP {exc.code} {exc.reason}",
-                                  exc.code) from None
-        except TimeoutError:
+            async with self._client().get(self.url + path, ssl=context) as resp:
+                status, reason = resp.status, resp.reason
+                raw = await resp.read()
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise self._tls_error(exc.certificate_error) from None
+        except aiohttp.ClientConnectorSSLError as exc:
+            raise self._tls_error(exc.os_error) from None
+        except TimeoutError:  # aiohttp's timeouts are TimeoutErrors too
             raise ManagementError("timeout", f"{self.url}{path}: no answer in "
-                                  f"{self.timeout}s") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, ssl.SSLError):
-                name = urllib.parse.urlsplit(self.url).hostname
-                ca = self.tls.settings.ca if self.tls is not None else None
-                raise ManagementError("tls", f"{self.url}: {explain(reason, name, ca)}"
-                                      ) from None
-            kind = "timeout" if isinstance(reason, TimeoutError) else "unreachable"
-            raise ManagementError(kind, f"{self.url}: {reason}") from None
+                                  f"{self.timeout:g}s") from None
+        except ssl.SSLError as exc:  # a TLS failure after the handshake
+            raise self._tls_error(exc) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ManagementError("unreachable", f"{self.url}: {_reason(exc)}") from None
+        if status == 401:
+            raise ManagementError("auth", f"{self.url}: 401 unauthorized (check "
+                                  "FLOODWALL_MANAGEMENT_USERNAME/PASSWORD)", 401)
+        if status == 404:
+            raise ManagementError("not_found", f"{path}: 404 not found", 404)
+        if status >= 400:
+            raise ManagementError("http", f"{path}: HTTP {status} {reason or ''}".rstrip(),
+                                  status)
         try:
             return json.loads(raw)
         except ValueError:
             raise ManagementError("bad_reply", f"{path}: reply is not JSON") from None
 
+    def _tls_error(self, exc: BaseException) -> ManagementError:
+        name = urllib.parse.urlsplit(self.url).hostname
+        ca = self.tls.settings.ca if self.tls is not None else None
+        return ManagementError("tls", f"{self.url}: {explain(exc, name, ca)}")
+
     async def get(self, path: str) -> Any:
+        """The JSON document at ``path``; ``ManagementError`` says why not."""
         self.requests += 1
+        started = time.monotonic()
         try:
-            return await asyncio.to_thread(self._get_blocking, path)
+            return await self._fetch(path)
         except ManagementError as exc:
             self.failures[exc.kind] = self.failures.get(exc.kind, 0) + 1
             raise
+        finally:
+            if self._observe is not None:
+                self._observe(endpoint_of(path), time.monotonic() - started)
 
     async def queue_sample(self, vhost: str, queue: str) -> ManagementSample | None:
         """One queue's figures; None when the queue does not exist."""
@@ -150,3 +213,8 @@ def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample:
         message_bytes_unacknowledged=n("message_bytes_unacknowledged"),
         bytes_known=not ("message_bytes" not in doc and "messages_ready" in doc),
     )
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -103,6 +103,11 @@ class RelayedConnection(asyncio.Protocol):
         self._clock: Callable[[], float] = board.clock if board is not None else time.monotonic
 
     # -- client side -----------------------------------------------------------------
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of publishes held now (for the metrics: the hold budget's measure)."""
+        return self.gate.held_bytes if self.gate is not None else 0
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self.client = transport = cast(asyncio.Transport, transport)

@@ -804,7 +804,7 @@ class SpoolCollector(Collector):
             replay = svc.replays.get(key)
             replayed.add_metric(values, replay.replayed if replay else 0)
             replayed_bytes.add_metric(values, replay.replayed_bytes if replay else 0)
-        yield from (size, count, age, replayed, replayed_bytes)
+        yield from (size, count, age, replayed, replayed_bytes, self._limits(labels))
         c = svc.board.enforcement.counters
         appended = CounterMetricFamily("floodwall_spool_appended_records",
                                        "Client publishes written to the spool.")
@@ -832,8 +832,21 @@ class SpoolCollector(Collector):
                                   "Bytes in the spool, all queues.")
         total.add_metric([], svc.left()[1])
         yield total
+        yield GaugeMetricFamily("floodwall_spool_total_max_bytes",
+                                "The spool's limit, all queues (--spool-total-max).",
+                                value=svc.manager.limits.total_max_bytes)
         accepting = GaugeMetricFamily("floodwall_spool_accepting",
                                       "1 while the spool takes records (0 draining).")
         accepting.add_metric([], 1.0 if svc.manager.accepting else 0.0)
         yield accepting
 
+    def _limits(self, labels: list[str]) -> Metric:
+        """Each queue's spool limit (the total's is ``floodwall_spool_total_max_bytes``)."""
+        limit = GaugeMetricFamily("floodwall_spool_max_bytes",
+                                  "The queue's spool limit (its policy's spool.max_bytes).",
+                                  labels=labels)
+        for key, _ in self.service.queues():
+            q = self.service.controller.queues.get(key)
+            if q is not None:
+                limit.add_metric(list(key), q.policy.spool.max_bytes)
+        return limit

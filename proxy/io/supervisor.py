@@ -95,7 +95,7 @@ class FlowSettings:
     probe_timeout: float = 5.0
     reconnect_min: float = 0.5
     reconnect_max: float = 30.0
-    management_concurrency: int = 4
+    management_connections: int = 4  # the API client's pool: requests in flight at most
     # How old the management API's queue figures can be when it answers: RabbitMQ's
     # collect_statistics_interval (5 s by default). Samples are dated back by this much, so
     # a real-time ready count taken meanwhile is never overruled by an older figure.
@@ -137,6 +137,8 @@ class FlowSettings:
             topology_events=s.topology_events,
             policy_poll_interval=s.policy_poll_interval,
             holding_log_interval=s.holding_log_interval,
+            management_timeout=s.management_timeout,
+            management_connections=s.management_connections,
             connect_timeout=s.connect_timeout,
             upstream_tls=upstream_tls,
             management_tls=management_tls,
@@ -190,10 +192,12 @@ class FlowSupervisor:
         # hands back is carried out.
         self.enforcement = Enforcement(self.controller)
         self.board = Switchboard(self.enforcement, clock)
-        self.api = ManagementApi(settings.management_url, settings.management_credentials,
-                                 settings.management_timeout, settings.management_tls)
         self.stats = FlowStats(self.store.current, self.store.generation,
                                ManagementStatus(settings.management_url))
+        self.api = ManagementApi(settings.management_url, settings.management_credentials,
+                                 settings.management_timeout, settings.management_tls,
+                                 settings.management_connections,
+                                 observe=self.stats.observe_management)
         self.collector = FlowCollector(self.controller, self.enforcement.counters, self.stats,
                                        clock)
         self.feed = TopologyFeed(settings, self.topology, self.board, self.api,
@@ -243,6 +247,7 @@ class FlowSupervisor:
             with contextlib.suppress(Exception):
                 await client.close()
         self._clients.clear()
+        await self.api.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -515,7 +520,7 @@ class FlowSupervisor:
     async def sample_management(self) -> None:
         """One management sample of every policed queue, then the unknown-depth rule."""
         keys = sorted(self.controller.queues)
-        limit = asyncio.Semaphore(self.settings.management_concurrency)
+        limit = asyncio.Semaphore(self.settings.management_connections)
 
         async def one(key: QueueKey) -> ManagementSample | ManagementError | None:
             async with limit:
@@ -686,7 +691,7 @@ class FlowSupervisor:
         reason = self._management_alarm
         if reason is None and self._blocked_alarm:
             reason = self._blocked_alarm[min(self._blocked_alarm)]
-        self.controller.set_alarm(reason)
+        self.controller.set_alarm(reason, self.clock())
         self.board.settle()
 
     async def _alarm_loop(self) -> None:

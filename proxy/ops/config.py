@@ -287,6 +287,8 @@ class ProxySettings:
     management_interval: float = 5.0  # management API sample of each policed queue
     hold_budget: int = DEFAULT_HOLD_BUDGET  # bytes held per connection (the relay's)
     alarm_interval: float = 2.0  # management API node alarms
+    management_timeout: float = 5.0  # longest one management API request may take
+    management_connections: int = 4  # pooled keep-alive connections to the management API
     topology_interval: float = 30.0  # management API exchanges/queues/bindings re-sync
     topology_events: bool = True  # consume the broker's topology events when it has them
     policy_poll_interval: float = 2.0  # has the policy file changed?

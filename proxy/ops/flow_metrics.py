@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from floodwall.control.controller import ALARM, FlowController, QueueKey
 from floodwall.control.depth import Depth
+from floodwall.control.histogram import HOLD_BUCKETS, Histogram
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import PolicySet
 from floodwall.enforce.counters import GateCounters
@@ -53,32 +54,12 @@ class ManagementStatus:
 
 #: Upper bounds (seconds) of the lookup latency histogram's buckets.
 LOOKUP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: Upper bounds (seconds) of the management API's request latency histogram.
+MANAGEMENT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: The endpoints the management API latency is labelled by (floodwall.io.management).
+MANAGEMENT_ENDPOINTS = ("queues", "nodes", "exchanges", "bindings", "policies", "other")
 #: Where the routing model learns its changes (floodwall.control.routing.sync.ChangeSource).
 CHANGE_SOURCES = ("event", "lookup", "sync", "relayed")
-
-
-@dataclass
-class Histogram:
-    """Cumulative bucket counts and a sum, as a Prometheus histogram has them."""
-
-    bounds: tuple[float, ...] = LOOKUP_BUCKETS
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def observe(self, value: float) -> None:
-        if not self.counts:
-            self.counts = [0] * len(self.bounds)
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.count += 1
-
-    def buckets(self) -> list[tuple[str, float]]:
-        counts = self.counts or [0] * len(self.bounds)
-        return [*((f"{b:g}", float(n)) for b, n in zip(self.bounds, counts, strict=True)),
-                ("+Inf", float(self.count))]
 
 
 @dataclass
@@ -90,6 +71,7 @@ class FlowStats:
     management: ManagementStatus = field(default_factory=lambda: ManagementStatus(""))
     management_requests: int = 0
     management_errors: Counter[str] = field(default_factory=Counter)  # by kind
+    management_seconds: dict[str, Histogram] = field(default_factory=dict)  # by endpoint
     reloads: Counter[str] = field(default_factory=Counter)  # ok | error
     last_reload_error: str | None = None
     own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
@@ -101,11 +83,19 @@ class FlowStats:
     events_received: int = 0
     event_lag_seconds: float | None = None  # broker's event stamp to its arrival, last one
     lookups: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, result)
-    lookup_seconds: Histogram = field(default_factory=Histogram)
+    lookup_seconds: Histogram = field(default_factory=lambda: Histogram(LOOKUP_BUCKETS))
     syncs: Counter[str] = field(default_factory=Counter)  # ok | error
     last_sync_at: float | None = None
     sync_differences: int = 0  # syncs that found changes the events had not brought
     out_of_step_seconds: float | None = None  # the last such: out of step for at most this
+
+
+    def observe_management(self, endpoint: str, seconds: float) -> None:
+        """One management API request took ``seconds`` (answered or failed)."""
+        histogram = self.management_seconds.get(endpoint)
+        if histogram is None:
+            histogram = self.management_seconds[endpoint] = Histogram(MANAGEMENT_BUCKETS)
+        histogram.observe(seconds)
 
 
 def key_label(key: QueueKey) -> str:
@@ -133,6 +123,53 @@ class FlowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         c, s, now = self.controller, self.stats, self.clock()
         g = self.counters
+        yield from self._queues(c, s, now)
+        yield from self._depth_freshness(c, s, now)
+        yield self._holds(c, s)
+
+        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
+                                value=len(c.queues))
+        yield GaugeMetricFamily("floodwall_blocked_channels",
+                                "Channels whose publishes are held now",
+                                value=len(c.blocked_channels()))
+        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
+                                value=g.held_bytes)
+        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
+                                value=g.held_messages)
+        signals = CounterMetricFamily(
+            "floodwall_flow_signals",
+            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
+            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
+        for proto in sorted({*PROTOCOLS, *(p for p, _ in g.signals)}):
+            signals.add_metric([proto, "false"], g.signals[(proto, "flow_off")])
+            signals.add_metric([proto, "true"], g.signals[(proto, "flow_on")])
+        yield signals
+        yield CounterMetricFamily("floodwall_rejected_publishes",
+                                  "Publishes refused under overflow: reject", value=g.rejects)
+        yield CounterMetricFamily("floodwall_deadline_expiries",
+                                  "Publishes refused because they were held past the deadline",
+                                  value=g.deadline_expiries)
+        yield GaugeMetricFamily("floodwall_broker_alarm",
+                                "1 while the broker has a memory or disk alarm",
+                                value=1 if c.alarm_reason is not None else 0)
+        yield from self._management(s)
+        yield CounterMetricFamily("floodwall_own_connection_failures",
+                                  "The proxy's own AMQP connections that failed or were lost",
+                                  value=s.own_connection_failures)
+        yield from self._topology(c, s)
+        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
+                                      labels=["result"])
+        for result in ("ok", "error"):
+            reloads.add_metric([result], s.reloads[result])
+        yield reloads
+        yield GaugeMetricFamily("floodwall_policies_loaded",
+                                "Policy and per-vhost defaults entries in effect",
+                                value=len(s.policies.policies) + len(s.policies.defaults))
+
+
+    @staticmethod
+    def _queues(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
+        """The families of each policed queue."""
         depth_bytes = GaugeMetricFamily(
             "floodwall_queue_depth_bytes",
             "Message-body bytes in a policed queue: the broker's last figure or the estimate",
@@ -179,31 +216,50 @@ class FlowCollector(Collector):
         yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
                     trips, overshoot_messages, overshoot_bytes)
 
-        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
-                                value=len(c.queues))
-        yield GaugeMetricFamily("floodwall_blocked_channels",
-                                "Channels whose publishes are held now",
-                                value=len(c.blocked_channels()))
-        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
-                                value=g.held_bytes)
-        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
-                                value=g.held_messages)
-        signals = CounterMetricFamily(
-            "floodwall_flow_signals",
-            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
-            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
-        for proto in sorted({*PROTOCOLS, *(p for p, _ in g.signals)}):
-            signals.add_metric([proto, "false"], g.signals[(proto, "flow_off")])
-            signals.add_metric([proto, "true"], g.signals[(proto, "flow_on")])
-        yield signals
-        yield CounterMetricFamily("floodwall_rejected_publishes",
-                                  "Publishes refused under overflow: reject", value=g.rejects)
-        yield CounterMetricFamily("floodwall_deadline_expiries",
-                                  "Publishes refused because they were held past the deadline",
-                                  value=g.deadline_expiries)
-        yield GaugeMetricFamily("floodwall_broker_alarm",
-                                "1 while the broker has a memory or disk alarm",
-                                value=1 if c.alarm_reason is not None else 0)
+    @staticmethod
+    def _depth_freshness(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
+        """How old each queue's broker figures are, and whether its depth is unknown."""
+        sample_age = GaugeMetricFamily(
+            "floodwall_queue_depth_sample_age_seconds",
+            "Age of the queue's newest broker figure, by source: ready_count (the passive "
+            "declare) or management (dated back by the broker's statistics interval)",
+            labels=[*QUEUE_LABELS, "source"])
+        unknown = GaugeMetricFamily(
+            "floodwall_queue_depth_unknown",
+            "1 while the queue's depth is unknown (no management figures for "
+            "3 intervals + the timeout): its policy's on_unknown_depth applies",
+            labels=QUEUE_LABELS)
+        for key in sorted(c.queues):
+            q = c.queues[key]
+            labels = [key[0], key[1], q.policy.name]
+            if q.depth.ready_count_at is not None:
+                sample_age.add_metric([*labels, "ready_count"],
+                                      max(0.0, now - q.depth.ready_count_at))
+            if q.depth.management is not None:
+                sample_age.add_metric([*labels, "management"],
+                                      max(0.0, now - q.depth.management.taken_at))
+            unknown.add_metric(labels, 0 if s.depth_known.get(key, True) else 1)
+        yield from (sample_age, unknown)
+
+    @staticmethod
+    def _holds(c: FlowController, s: FlowStats) -> Metric:
+        holds = HistogramMetricFamily(
+            "floodwall_hold_seconds",
+            "How long channels (0-9-1) and sender links (1.0) were held, from the block to "
+            "the release (outcome released) or to their close while held (outcome closed: "
+            "a deadline, a reject, the client), by the policy of the queues they waited on "
+            "(broker-alarm: the broker's alarm)", labels=["policy", "outcome"])
+        names = sorted({p.name for p in s.policies.policies if p.is_limited}
+                       | {d.name for d in s.policies.defaults.values() if d.is_limited}
+                       | {label for label, _ in c.holds.seconds})
+        for name in names:
+            for outcome in ("released", "closed"):
+                h = c.holds.seconds.get((name, outcome)) or Histogram(HOLD_BUCKETS)
+                holds.add_metric([name, outcome], h.buckets(), h.total)
+        return holds
+
+    @staticmethod
+    def _management(s: FlowStats) -> Iterator[Metric]:
         yield CounterMetricFamily("floodwall_management_requests",
                                   "Requests made to the broker's management API",
                                   value=s.management_requests)
@@ -213,22 +269,17 @@ class FlowCollector(Collector):
         for kind in sorted({*MANAGEMENT_ERROR_KINDS, *s.management_errors}):
             errors.add_metric([kind], s.management_errors[kind])
         yield errors
+        latency = HistogramMetricFamily(
+            "floodwall_management_request_seconds",
+            "Management API request latency (answered or failed), by endpoint",
+            labels=["endpoint"])
+        for endpoint in sorted({*MANAGEMENT_ENDPOINTS, *s.management_seconds}):
+            h = s.management_seconds.get(endpoint) or Histogram(MANAGEMENT_BUCKETS)
+            latency.add_metric([endpoint], h.buckets(), h.total)
+        yield latency
         yield GaugeMetricFamily("floodwall_management_up",
                                 "1 if the management API's last answer was good",
                                 value=1 if s.management.ok else 0)
-        yield CounterMetricFamily("floodwall_own_connection_failures",
-                                  "The proxy's own AMQP connections that failed or were lost",
-                                  value=s.own_connection_failures)
-        yield from self._topology(c, s)
-        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
-                                      labels=["result"])
-        for result in ("ok", "error"):
-            reloads.add_metric([result], s.reloads[result])
-        yield reloads
-        yield GaugeMetricFamily("floodwall_policies_loaded",
-                                "Policy and per-vhost defaults entries in effect",
-                                value=len(s.policies.policies) + len(s.policies.defaults))
-
 
     @staticmethod
     def _topology(c: FlowController, s: FlowStats) -> Iterator[Metric]:

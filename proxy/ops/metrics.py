@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import platform
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from floodwall import __version__
 from floodwall.wire.relaycore import FrameCounts
 
 PROTOCOLS = ("amqp091", "amqp10")
@@ -22,6 +24,10 @@ class LiveConnection(Protocol):
     protocol: str
     from_client: FrameCounts
     from_server: FrameCounts
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of publishes the connection holds now (its hold budget's measure)."""
 
 
 @dataclass
@@ -39,6 +45,7 @@ class RelayStats:
     client_tls_failures: int = 0  # clients whose TLS handshake with the listener failed
     upstream_up: bool = False
     tasks: int = 0
+    hold_budget: int = 0  # bytes held per connection before the relay stops reading it
 
     def retire(self, conn: LiveConnection) -> None:
         """Move a closing connection's counts into the totals."""
@@ -122,6 +129,18 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily(
             "floodwall_event_loop_tasks", "asyncio tasks alive in the proxy", value=s.tasks
         )
+        yield from _hold_budget(s)
+
+
+def _hold_budget(s: RelayStats) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "floodwall_hold_budget_bytes",
+        "Bytes of held publishes per connection before the proxy stops reading it "
+        "(--hold-budget)", value=s.hold_budget)
+    yield GaugeMetricFamily(
+        "floodwall_connection_held_bytes_max",
+        "Bytes of publishes held now by the connection that holds the most",
+        value=max((c.held_bytes for c in list(s.live)), default=0))
 
 
 def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> CounterMetricFamily:
@@ -130,6 +149,24 @@ def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> Coun
         for direction in ("client_to_server", "server_to_client"):
             family.add_metric([proto, direction], values[(proto, direction)])
     return family
+
+
+class BuildInfoCollector(Collector):
+    """``floodwall_build_info{version,python}``: always 1, for joins and upgrade dashboards."""
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("floodwall_build_info",
+                                 "Always 1: the floodwall version and the Python running it",
+                                 labels=["version", "python"])
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+
+
+def standard_collectors() -> list[Collector]:
+    """What every process exports besides its own figures: ``process_*`` (CPU, memory,
+    file descriptors, start time), ``python_info`` and ``floodwall_build_info``."""
+    return [ProcessCollector(registry=None), PlatformCollector(registry=None),
+            BuildInfoCollector()]
 
 
 def make_registry(collectors: Iterable[Collector]) -> CollectorRegistry:

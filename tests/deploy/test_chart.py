@@ -39,7 +39,8 @@ STANDALONE_VALUES = EXAMPLES / "standalone-values.yaml"
 # Oldest Kubernetes the chart supports (Chart.yaml kubeVersion), the first with native
 # sidecars on by default, and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25.0", "1.29.0", "1.33.0")
-CRD_KINDS = {"ServiceMonitor"}  # not in the Kubernetes schemas: checked by hand
+CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # not in the Kubernetes
+# schemas: checked by hand (tests/deploy/test_monitoring.py)
 
 
 def load_yaml(path: Path) -> Any:
@@ -298,7 +299,7 @@ def test_helpers_parse_with_the_expected_keys() -> None:
 def _values_paths(node: Any, prefix: str = "") -> Iterator[str]:
     """Leaf paths of values.yaml; empty maps, lists and free-form maps are leaves."""
     free_form = {"resources", "securityContext", "policies.config", "standalone.podSecurityContext",
-                 "standalone.affinity"}
+                 "standalone.affinity", "metrics.grafanaDashboard.labels"}
     if isinstance(node, dict) and node and prefix not in free_form:
         for key, value in node.items():
             yield from _values_paths(value, f"{prefix}.{key}" if prefix else key)
@@ -595,3 +596,65 @@ def test_tls_settings_that_cannot_work_are_refused(overrides: dict[str, Any],
     helm = _helm()
     with pytest.raises(helm.HelmError, match=fragment):
         render(CHART, merged(overrides, {"mode": "standalone"}))
+
+
+# --- the policies inside the values (issue 18) ---------------------------------------------
+def test_values_schema_carries_the_policy_schema() -> None:
+    """values.schema.json's policies.config is policies/schema.json (as draft 7): a change to
+    one is a change to both (``python -m tests.deploy.chart_schema`` rewrites the chart's)."""
+    from tests.deploy.chart_schema import policies_config_schema
+
+    assert schema()["properties"]["policies"]["properties"]["config"] == \
+        policies_config_schema()
+
+
+@pytest.mark.parametrize(("policy", "fragment"), [
+    ({"name": "orders", "match": {"queue": "orders.*"}, "capcity": "64MiB"},
+     "'capcity' was unexpected"),
+    ({"name": "orders", "match": {"queue": "orders.*"}, "capacity": "64mib"},
+     "is not valid under any of the given schemas"),
+    ({"name": "orders", "match": {"queue": "orders.*"}, "overflow": "drop"}, "is not one of"),
+    ({"name": "orders"}, "'match' is a required property"),
+    ({"name": "has space", "match": {"queue": "a"}}, "does not match"),
+])
+def test_schema_refuses_a_bad_policy(policy: dict[str, Any], fragment: str) -> None:
+    bad = {"policies": {"config": {"version": 1, "policies": [policy]}}}
+    errors = schema_errors(merged(values(), bad))
+    assert any(fragment in e for e in errors), errors
+
+
+def test_schema_takes_plain_numbers_as_helm_reads_them() -> None:
+    """Helm reads values YAML into float64: 67108864 arrives as 6.7108864e+07."""
+    good = {"policies": {"config": {"version": 1, "policies": [{
+        "name": "orders", "match": {"queue": "orders.*"}, "capacity": 6.7108864e+07,
+        "resume": 50331648, "max_messages": 1e6}]}}}
+    assert schema_errors(merged(values(), good)) == []
+
+
+def test_helm_refuses_a_bad_policy_at_render_time() -> None:
+    helm = _helm()
+    with pytest.raises(helm.HelmError, match="capcity"):
+        render(CHART, {"policies": {"config": {"version": 1, "policies": [
+            {"name": "orders", "match": {"queue": "orders.*"}, "capcity": "64MiB"}]}}})
+
+
+def test_plain_numbers_survive_helm_into_the_policies_file(tmp_path: Path) -> None:
+    """Plain byte and message counts in a values file reach floodwall as the same whole
+    numbers. Helm 3 reads them as float64 and renders 6.7108864e+07 and 1e+06 (the form
+    tests/policy_corpus/helm_rendered.yaml has, which the loader reads back exactly);
+    the Helm 4 engine here keeps them whole."""
+    chart = tmp_path / "floodwall"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("examples"))
+    doc = values()
+    doc["policies"]["config"] = {"version": 1, "policies": [{
+        "name": "orders", "match": {"queue": "orders.*"}, "capacity": 67108864,
+        "resume": 50331648, "max_messages": 1000000, "resume_messages": 750000,
+        "spool": {"max_bytes": 10000000000}}]}
+    (chart / "values.yaml").write_text(yaml.safe_dump(doc))  # as a user's values file is read
+    (configmap,) = render(chart)
+    path = tmp_path / "policies.yaml"
+    path.write_text(configmap["data"]["policies.yaml"])
+    (p,) = load_policies(str(path)).policies
+    assert (p.capacity, p.resume) == (64 * 1024**2, 48 * 1024**2)
+    assert (p.max_messages, p.resume_messages) == (1_000_000, 750_000)
+    assert p.spool.max_bytes == 10**10

@@ -10,10 +10,11 @@ from floodwall.wire.relaycore import FrameCounts
 
 
 class _Conn:
-    def __init__(self, protocol: str, frames: int, nbytes: int) -> None:
+    def __init__(self, protocol: str, frames: int, nbytes: int, held: int = 0) -> None:
         self.protocol = protocol
         self.from_client = FrameCounts(frames, nbytes)
         self.from_server = FrameCounts(1, 10)
+        self.held_bytes = held
 
 
 def _endpoints(stats: RelayStats, ready: bool = True) -> AdminEndpoints:
@@ -22,8 +23,8 @@ def _endpoints(stats: RelayStats, ready: bool = True) -> AdminEndpoints:
 
 
 def test_metrics_sum_live_and_closed_connections() -> None:
-    stats = RelayStats()
-    a, b = _Conn("amqp091", 5, 500), _Conn("amqp10", 2, 20)
+    stats = RelayStats(hold_budget=16 * 1024**2)
+    a, b = _Conn("amqp091", 5, 500, held=3000), _Conn("amqp10", 2, 20)
     stats.live.update({a, b})
     stats.accepted.update({"amqp091": 1, "amqp10": 1})
     closed = _Conn("amqp091", 7, 700)
@@ -37,6 +38,9 @@ def test_metrics_sum_live_and_closed_connections() -> None:
     assert ('floodwall_relayed_bytes_total{direction="client_to_server",protocol="amqp091"} 1200.0'
             in text)
     assert 'floodwall_connections_accepted_total{protocol="amqp10"} 1.0' in text
+    # the hold budget and the connection that holds the most of it
+    assert "floodwall_hold_budget_bytes 1.6777216e+07" in text
+    assert "floodwall_connection_held_bytes_max 3000.0" in text
 
 
 def test_readyz_follows_readiness() -> None:

@@ -27,6 +27,7 @@ from prometheus_client import generate_latest
 from floodwall.cli import main
 from floodwall.control.controller import ALARM, FlowController, QueueKey
 from floodwall.control.depth import ManagementSample
+from floodwall.control.events import ChannelFreed
 from floodwall.control.policy import parse_policies
 from floodwall.dev.devbroker import (
     BrokerEndpoint,
@@ -307,7 +308,7 @@ policies:
         wait_for(lambda: proxy.metric("floodwall_policy_reloads_total", result="error") == 1,
                  10, what="a bad reload to be counted")
         flow: Any = proxy.state()["flow"]
-        assert flow["policies"]["last_reload_error"].startswith(f"{policies}:3: ")
+        assert flow["policies"]["last_reload_error"].startswith(f"{policies}:3:")
         assert proxy.metric("floodwall_policies_loaded") == 1  # the good set stays
         ch.basic_publish("", name, b"still here")  # the client never noticed
         wait_for(lambda: ch.basic_get(name, auto_ack=True)[2] == b"still here", 5,
@@ -396,7 +397,7 @@ def test_bad_policies_refuse_to_start(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", "--policies", str(bad), "--admin", "off",
                                        "--listen", "127.0.0.1:0"])
     assert result.exit_code == 1
-    assert f"{bad}:5: " in result.output and "capacity" in result.output
+    assert f"{bad}:5:15: " in result.output and "capacity" in result.output
 
 
 def test_reload_good_then_bad_keeps_the_old_set(tmp_path: Path,
@@ -419,7 +420,7 @@ def test_reload_good_then_bad_keeps_the_old_set(tmp_path: Path,
             write_policies(path, GOOD.replace("resume: 512KiB", "resume: 4MiB"))
             await eventually(lambda: flow.stats.reloads["error"] == 1, 5, "the bad file")
             (failed,) = events(caplog, "policy_reload_failed")
-            assert failed.__dict__["reason"].startswith(f"{path}:9: ")
+            assert failed.__dict__["reason"].startswith(f"{path}:9:")
             assert flow.controller.queues[("/", "orders.eu")].policy.capacity == 2 * 1024**2
             assert metric_value(flow, "floodwall_policy_reloads_total", result="error") == 1
             await asyncio.sleep(0.3)  # several polls of the unchanged bad file
@@ -562,3 +563,53 @@ def test_policy_changes_are_named() -> None:
     assert describe_policy_changes(old, new) == {
         "added": "fresh", "changed": "audit", "defaults_changed": "/"}
     assert describe_policy_changes(old, parse_policies(GOOD)) == {}
+
+
+def test_collector_sample_ages_unknown_depth_hold_times_and_latency() -> None:
+    """Issue 18's series: how old each broker figure is, whether depth is unknown, how long
+    channels were held (by policy and outcome), the management API's latency."""
+    now = [100.0]
+    policies = parse_policies(GOOD, "policies.yaml")
+    c = FlowController(NoRoutes(), policies)
+    g = GateCounters()
+    orders: QueueKey = ("/", "orders.eu")
+    c.queue_seen(orders, now[0])
+    c.sampled_management(orders, ManagementSample(99.0, 3, 1, 2 * 1024**2, 1536 * 1024,
+                                                  512 * 1024), now[0])  # tripped: over 1 MiB
+    assert c.block(5, 1, frozenset({orders}), now[0])
+    stats = FlowStats(policies)
+    now[0] = 104.5
+    text = generate_latest(make_registry([FlowCollector(c, g, stats, lambda: now[0])])).decode()
+    q = {"vhost": "/", "queue": "orders.eu", "policy": "orders"}
+    assert metric_in(text, "floodwall_queue_depth_sample_age_seconds", source="management",
+                     **q) == 5.5
+    assert metric_in(text, "floodwall_queue_depth_sample_age_seconds", source="ready_count",
+                     **q) is None  # no passive declare answered yet
+    assert metric_in(text, "floodwall_queue_depth_unknown", **q) == 0
+    assert metric_in(text, "floodwall_hold_seconds_count", policy="orders",
+                     outcome="released") == 0
+    assert metric_in(text, "floodwall_management_request_seconds_count",
+                     endpoint="queues") == 0
+
+    stats.observe_management("queues", 0.02)
+    stats.depth_known[orders] = False
+    now[0] = 106.5
+    c.sampled_ready_count(orders, 106.0, 0, None, now[0])
+    c.sampled_management(orders, ManagementSample(106.5, 0, 0, 0, 0, 0), now[0])  # released
+    assert ChannelFreed(5, 1) in c.take_output()
+    text = generate_latest(make_registry([FlowCollector(c, g, stats, lambda: now[0])])).decode()
+    assert metric_in(text, "floodwall_queue_depth_sample_age_seconds", source="ready_count",
+                     **q) == 0.5
+    assert metric_in(text, "floodwall_queue_depth_unknown", **q) == 1
+    assert metric_in(text, "floodwall_hold_seconds_count", policy="orders",
+                     outcome="released") == 1
+    assert metric_in(text, "floodwall_hold_seconds_sum", policy="orders",
+                     outcome="released") == 6.5
+    assert metric_in(text, "floodwall_hold_seconds_bucket", policy="orders",
+                     outcome="released", le="5") == 0
+    assert metric_in(text, "floodwall_hold_seconds_bucket", policy="orders",
+                     outcome="released", le="10") == 1
+    assert metric_in(text, "floodwall_management_request_seconds_count",
+                     endpoint="queues") == 1
+    assert metric_in(text, "floodwall_management_request_seconds_bucket", endpoint="queues",
+                     le="0.025") == 1

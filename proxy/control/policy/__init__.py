@@ -1,5 +1,7 @@
-"""Queue policies: the version-1 YAML format (``loader``), the model (``model``, ``units``), the
-pure trip/release engine (``engine``) and the effective policies for people (``render``).
+"""Queue policies: the version-1 YAML format (``loader``: every error of a file, with its line
+and column), the model (``model``, ``units``), the pure trip/release engine (``engine``), the
+effective policies for people (``render``) and the policies that are shadowed or overlap
+(``overlaps``, ``floodwall check``'s warnings).
 
 Nothing here does I/O beyond reading the one policy file it is asked to load, and nothing
 keeps time: the depth tracker, the gate and the I/O layer call in with figures and act on
@@ -44,13 +46,20 @@ from floodwall.control.policy.model import (
     Policy,
     PolicyError,
     PolicySet,
+    Problem,
     QueueLimits,
+    Severity,
     Signal,
     SpoolSettings,
     UnknownDepth,
     glob_to_regex,
 )
+from floodwall.control.policy.overlaps import (
+    Overlap,
+    overlaps,
+)
 from floodwall.control.policy.render import (
+    policy_document,
     render_policies,
 )
 from floodwall.control.policy.units import (
@@ -68,12 +77,15 @@ __all__ = [
     "FORMAT_VERSION",
     "Fsync",
     "Overflow",
+    "Overlap",
     "Policy",
     "PolicyError",
     "PolicySet",
     "PolicyStore",
+    "Problem",
     "QueueLimits",
     "ReloadResult",
+    "Severity",
     "Signal",
     "SpoolSettings",
     "UnknownDepth",
@@ -83,8 +95,10 @@ __all__ = [
     "format_duration",
     "glob_to_regex",
     "load_policies",
+    "overlaps",
     "parse_bytes",
     "parse_duration",
     "parse_policies",
+    "policy_document",
     "render_policies",
 ]

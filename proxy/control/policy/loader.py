@@ -1,4 +1,5 @@
-"""The version-1 YAML policy file: parsed with ``FILE:LINE: reason`` errors, loaded, reloaded."""
+"""The version-1 YAML policy file: parsed with every error found (``FILE:LINE:COLUMN: reason``),
+loaded, reloaded."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from floodwall.control.policy.model import (
     Policy,
     PolicyError,
     PolicySet,
+    Problem,
     Signal,
     SpoolSettings,
     UnknownDepth,
@@ -33,6 +35,7 @@ from floodwall.control.policy.units import (
     format_bytes,
     parse_bytes,
     parse_duration,
+    whole_number,
 )
 
 # --- the loader -----------------------------------------------------------------------
@@ -48,6 +51,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
 
 _Entry = tuple[yaml.Node, yaml.Node]  # (key node, value node)
 _E = TypeVar("_E", bound=enum.Enum)
+_T = TypeVar("_T")
 
 
 def _peek_name(item: yaml.Node) -> str:
@@ -64,15 +68,53 @@ def _line(node: yaml.Node) -> int:
     return int(node.start_mark.line) + 1
 
 
+def _column(node: yaml.Node) -> int:
+    return int(node.start_mark.column) + 1
+
+
+class _Invalid(Exception):
+    """One problem where reading cannot go on; caught where it can (the next field, the
+    next entry), so one run finds every error."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+class _Reported(Exception):
+    """Reading a value stopped on problems already recorded."""
+
+
 class _Reader:
-    """Walks the composed YAML, turning nodes into values or PolicyErrors with lines."""
+    """Walks the composed YAML, turning nodes into values and collecting ``problems``."""
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.problems: list[Problem] = []
         self._constructor = SafeConstructor()
 
-    def fail(self, node: yaml.Node | None, reason: str) -> PolicyError:
-        return PolicyError(self.source, _line(node) if node is not None else 1, reason)
+    def problem(self, node: yaml.Node | None, reason: str) -> Problem:
+        if node is None:
+            return Problem(self.source, 1, 1, reason)
+        return Problem(self.source, _line(node), _column(node), reason)
+
+    def fail(self, node: yaml.Node | None, reason: str) -> _Invalid:
+        """The problem to raise where the value cannot be read."""
+        return _Invalid(self.problem(node, reason))
+
+    def note(self, node: yaml.Node | None, reason: str) -> None:
+        """A problem to record; reading goes on."""
+        self.problems.append(self.problem(node, reason))
+
+    def attempt(self, read: Callable[[], _T], fallback: _T) -> _T:
+        """``read()``, or ``fallback`` with its problem recorded."""
+        try:
+            return read()
+        except _Invalid as exc:
+            self.problems.append(exc.problem)
+            return fallback
+        except _Reported:
+            return fallback
 
     def describe(self, node: yaml.Node) -> str:
         if isinstance(node, yaml.MappingNode):
@@ -92,24 +134,33 @@ class _Reader:
 
     def mapping(self, node: yaml.Node, where: str, allowed: tuple[str, ...],
                 required: tuple[str, ...] = ()) -> dict[str, _Entry]:
+        """The keys of a mapping; unknown, duplicate and missing keys are recorded (the
+        rest is read on), anything but a mapping raises."""
         if not isinstance(node, yaml.MappingNode):
             raise self.fail(node, f"{where}: expected a mapping, got {self.describe(node)}")
         out: dict[str, _Entry] = {}
         for key_node, value_node in node.value:
-            key = self.scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            try:
+                key = self.scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            except _Invalid as exc:
+                self.problems.append(exc.problem)
+                continue
             if not isinstance(key, str):
-                raise self.fail(key_node, f"{where}: keys must be names, got "
-                                          f"{self.describe(key_node)}")
+                self.note(key_node, f"{where}: keys must be names, got "
+                                    f"{self.describe(key_node)}")
+                continue
             if key in out:
-                raise self.fail(key_node, f"{where}: duplicate key {key!r} (first on line "
-                                          f"{_line(out[key][0])})")
+                self.note(key_node, f"{where}: duplicate key {key!r} (first on line "
+                                    f"{_line(out[key][0])})")
+                continue
             if key not in allowed:
-                raise self.fail(key_node, f"{where}: unknown key {key!r}; known: "
-                                          f"{', '.join(allowed)}")
+                self.note(key_node, f"{where}: unknown key {key!r}; known: "
+                                    f"{', '.join(allowed)}")
+                continue
             out[key] = (key_node, value_node)
         for key in required:
             if key not in out:
-                raise self.fail(node, f"{where}: missing required key {key!r}")
+                self.note(node, f"{where}: missing required key {key!r}")
         return out
 
     def sequence(self, node: yaml.Node, where: str) -> list[yaml.Node]:
@@ -142,8 +193,9 @@ class _Reader:
         return seconds
 
     def count(self, node: yaml.Node, where: str, minimum: int) -> int:
-        value = self._value(node)
-        if isinstance(value, bool) or not isinstance(value, int):
+        """A whole number (also as Helm writes a large one: ``1e+06``)."""
+        value = whole_number(self._value(node))
+        if value is None:
             raise self.fail(node, f"{where}: expected a whole number, got "
                                   f"{self.describe(node)}")
         if value < minimum:
@@ -165,28 +217,34 @@ class _Reader:
 
 
 def _resolve(reader: _Reader, entry: dict[str, _Entry], where: str, base: Policy,
-             base_label: str, **fixed: Any) -> Policy:
-    """Build a Policy from an entry's limit keys, inheriting what it leaves out from base."""
+             base_label: str, **fixed: Any) -> Policy | None:
+    """A Policy from an entry's limit keys, inheriting what it leaves out from base; None
+    when a field is wrong (each problem recorded: the other fields are still read)."""
+    before = len(reader.problems)
+
     def node(key: str) -> yaml.Node | None:
         return entry[key][1] if key in entry else None
+
+    def read(key: str, value: Callable[[yaml.Node], _T], inherited: _T) -> _T:
+        n = node(key)
+        return inherited if n is None else reader.attempt(lambda: value(n), inherited)
 
     values: dict[str, Any] = {}
     values.update(_byte_limits(reader, node, where, base, base_label))
     values.update(_count_limits(reader, node, where, base, base_label))
-    n = node("overflow")
-    values["overflow"] = (reader.choice(n, f"{where}.overflow", Overflow)
-                          if n is not None else base.overflow)
-    n = node("deadline")
-    values["deadline"] = (reader.duration(n, f"{where}.deadline")
-                          if n is not None else base.deadline)
-    n = node("signal")
-    values["signal"] = (reader.choice(n, f"{where}.signal", Signal)
-                        if n is not None else base.signal)
-    n = node("on_unknown_depth")
-    values["on_unknown_depth"] = (reader.choice(n, f"{where}.on_unknown_depth", UnknownDepth)
-                                  if n is not None else base.on_unknown_depth)
-    n = node("spool")
-    values["spool"] = base.spool if n is None else _spool_settings(reader, n, where, base.spool)
+    values["overflow"] = read("overflow", lambda n: reader.choice(
+        n, f"{where}.overflow", Overflow), base.overflow)
+    values["deadline"] = read("deadline", lambda n: reader.duration(
+        n, f"{where}.deadline"), base.deadline)
+    values["signal"] = read("signal", lambda n: reader.choice(
+        n, f"{where}.signal", Signal), base.signal)
+    values["on_unknown_depth"] = read("on_unknown_depth", lambda n: reader.choice(
+        n, f"{where}.on_unknown_depth", UnknownDepth), base.on_unknown_depth)
+    values["spool"] = read("spool", lambda n: _spool_settings(
+        reader, n, where, base.spool), base.spool)
+    if len(reader.problems) > before or any(
+            v is None for k, v in values.items() if k in ("capacity", "resume")):
+        return None
     return Policy(**fixed, **values)
 
 
@@ -194,19 +252,21 @@ _Node = Callable[[str], "yaml.Node | None"]
 
 
 def _byte_limits(reader: _Reader, node: _Node, where: str, base: Policy,
-                 base_label: str) -> dict[str, int]:
-    """``capacity`` and ``resume``: inherited as a pair (a limit set alone resumes at itself)."""
+                 base_label: str) -> dict[str, int | None]:
+    """``capacity`` and ``resume``: inherited as a pair (a limit set alone resumes at itself).
+    None where a value could not be read (its problem recorded)."""
     cap_node, res_node = node("capacity"), node("resume")
-    capacity = (reader.size(cap_node, f"{where}.capacity") if cap_node is not None
-                else base.capacity)
+    capacity: int | None = base.capacity
+    if cap_node is not None:
+        capacity = reader.attempt(lambda: reader.size(cap_node, f"{where}.capacity"), None)
+    resume: int | None
     if res_node is not None:
-        resume = reader.size(res_node, f"{where}.resume")
-        if resume > capacity:
+        resume = reader.attempt(lambda: reader.size(res_node, f"{where}.resume"), None)
+        if resume is not None and capacity is not None and resume > capacity:
             origin = "" if cap_node is not None else f" ({base_label})"
             limit = "0 = unlimited" if capacity == 0 else format_bytes(capacity)
-            raise reader.fail(res_node, f"{where}.resume: {format_bytes(resume)} is more than "
-                                        f"capacity ({limit}){origin}; resume must be <= "
-                                        "capacity")
+            reader.note(res_node, f"{where}.resume: {format_bytes(resume)} is more than "
+                                  f"capacity ({limit}){origin}; resume must be <= capacity")
     else:
         resume = capacity if cap_node is not None else base.resume
     return {"capacity": capacity, "resume": resume}
@@ -217,17 +277,22 @@ def _count_limits(reader: _Reader, node: _Node, where: str, base: Policy,
     """``max_messages`` and ``resume_messages``, inherited as a pair like the byte limits."""
     max_node, rmsg_node = node("max_messages"), node("resume_messages")
     max_messages = base.max_messages
+    max_ok = True
     if max_node is not None:
-        max_messages = reader.count(max_node, f"{where}.max_messages", 0) or None
+        read = reader.attempt(lambda: reader.count(max_node, f"{where}.max_messages", 0), -1)
+        max_ok = read >= 0
+        max_messages = read or None if max_ok else None
     if rmsg_node is not None:
-        resume_messages: int | None = reader.count(rmsg_node, f"{where}.resume_messages", 0)
-        if max_messages is None:
-            raise reader.fail(rmsg_node, f"{where}.resume_messages: set without max_messages "
-                                         "(no count limit to resume from)")
-        if resume_messages is not None and resume_messages > max_messages:
+        resume_messages: int | None = reader.attempt(
+            lambda: reader.count(rmsg_node, f"{where}.resume_messages", 0), None)
+        if max_ok and max_messages is None:
+            reader.note(rmsg_node, f"{where}.resume_messages: set without max_messages "
+                                   "(no count limit to resume from)")
+        elif (max_ok and max_messages is not None and resume_messages is not None
+              and resume_messages > max_messages):
             origin = "" if max_node is not None else f" ({base_label})"
-            raise reader.fail(rmsg_node, f"{where}.resume_messages: {resume_messages} is more "
-                                         f"than max_messages ({max_messages}){origin}")
+            reader.note(rmsg_node, f"{where}.resume_messages: {resume_messages} is more "
+                                   f"than max_messages ({max_messages}){origin}")
     else:
         resume_messages = max_messages if max_node is not None else base.resume_messages
     return {"max_messages": max_messages, "resume_messages": resume_messages}
@@ -235,31 +300,60 @@ def _count_limits(reader: _Reader, node: _Node, where: str, base: Policy,
 
 def _spool_settings(reader: _Reader, n: yaml.Node, where: str,
                     spool: SpoolSettings) -> SpoolSettings:
-    """An entry's ``spool`` mapping over the inherited settings."""
+    """An entry's ``spool`` mapping over the inherited settings (raises after recording
+    every problem in it)."""
+    before = len(reader.problems)
     sp = reader.mapping(n, f"{where}.spool", _SPOOL_KEYS)
     max_bytes = spool.max_bytes
     if "max_bytes" in sp:
-        max_bytes = reader.size(sp["max_bytes"][1], f"{where}.spool.max_bytes")
+        node = sp["max_bytes"][1]
+        max_bytes = reader.attempt(lambda: reader.size(node, f"{where}.spool.max_bytes"),
+                                   spool.max_bytes)
         if max_bytes == 0:
-            raise reader.fail(sp["max_bytes"][1], f"{where}.spool.max_bytes: must be more "
-                                                  "than 0")
-    fsync = (reader.choice(sp["fsync"][1], f"{where}.spool.fsync", Fsync)
-             if "fsync" in sp else spool.fsync)
-    group_ms = (reader.count(sp["group_commit_ms"][1], f"{where}.spool.group_commit_ms", 1)
-                if "group_commit_ms" in sp else spool.group_commit_ms)
+            reader.note(node, f"{where}.spool.max_bytes: must be more than 0")
+    fsync = spool.fsync
+    if "fsync" in sp:
+        node_f = sp["fsync"][1]
+        fsync = reader.attempt(lambda: reader.choice(node_f, f"{where}.spool.fsync", Fsync),
+                               spool.fsync)
+    group_ms = spool.group_commit_ms
+    if "group_commit_ms" in sp:
+        node_g = sp["group_commit_ms"][1]
+        group_ms = reader.attempt(lambda: reader.count(
+            node_g, f"{where}.spool.group_commit_ms", 1), spool.group_commit_ms)
+    if len(reader.problems) > before:
+        raise _Reported
     return SpoolSettings(max_bytes=max_bytes, fsync=fsync, group_commit_ms=group_ms)
 
 
 def parse_policies(text: str, source: str = "<string>") -> PolicySet:
-    """Parse a version-1 policy document; raise ``PolicyError`` (``FILE:LINE: reason``)."""
+    """Parse a version-1 policy document; ``PolicyError`` carries every error found in it
+    (``FILE:LINE:COLUMN: reason`` each)."""
     reader = _Reader(source)
-    top = _top_level(reader, text, source)
-    defaults = (_read_defaults(reader, top["defaults"][1]) if "defaults" in top else {})
     policies: list[Policy] = []
-    name_lines: dict[str, int] = {}
-    if "policies" in top:
-        for i, item in enumerate(reader.sequence(top["policies"][1], "policies")):
-            policies.append(_read_policy(reader, i, item, defaults, name_lines))
+    defaults: dict[str, Policy] = {}
+    try:
+        top = _top_level(reader, text, source)
+        if "defaults" in top:
+            defaults = reader.attempt(lambda: _read_defaults(reader, top["defaults"][1]), {})
+        if "policies" in top:
+            no_items: list[yaml.Node] = []
+            items = reader.attempt(lambda: reader.sequence(top["policies"][1], "policies"),
+                                   no_items)
+            name_lines: dict[str, int] = {}
+            for i, item in enumerate(items):
+                try:
+                    policy = _read_policy(reader, i, item, defaults, name_lines)
+                except _Invalid as exc:
+                    reader.problems.append(exc.problem)
+                    continue
+                if policy is not None:
+                    policies.append(policy)
+    except _Invalid as exc:  # nothing more can be read (a YAML syntax error, a version)
+        reader.problems.append(exc.problem)
+    if reader.problems:
+        raise PolicyError.of(sorted(reader.problems,
+                                    key=lambda p: (p.line or 0, p.column or 0)))
     return PolicySet(tuple(policies), defaults, source)
 
 
@@ -270,18 +364,21 @@ def _top_level(reader: _Reader, text: str, source: str) -> dict[str, _Entry]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
+        column = mark.column + 1 if mark is not None else 1
         problem = exc.problem or exc.context or "malformed"
-        raise PolicyError(source, line, f"YAML syntax: {problem}") from None
+        raise _Invalid(Problem(source, line, column, f"YAML syntax: {problem}")) from None
     except yaml.YAMLError as exc:
-        raise PolicyError(source, 1, f"YAML: {exc}") from None
+        raise _Invalid(Problem(source, 1, 1, f"YAML: {exc}")) from None
     if root is None:
-        raise PolicyError(source, 1, "empty file; expected a mapping with 'version: 1'")
+        raise _Invalid(Problem(source, 1, 1,
+                               "empty file; expected a mapping with 'version: 1'"))
     if not isinstance(root, yaml.MappingNode):
         raise reader.fail(root, "expected a mapping with 'version: 1' at the top, got "
                                 f"{reader.describe(root)}")
     top = reader.mapping(root, "top level", _TOP_KEYS)
     if "version" not in top:
-        raise reader.fail(root, "missing 'version: 1' (the policy format version)")
+        reader.note(root, "missing 'version: 1' (the policy format version)")
+        return top
     version_node = top["version"][1]
     version = reader.scalar(version_node) if isinstance(version_node, yaml.ScalarNode) else None
     if isinstance(version, bool) or version != FORMAT_VERSION:
@@ -292,71 +389,104 @@ def _top_level(reader: _Reader, text: str, source: str) -> dict[str, _Entry]:
 
 
 def _read_defaults(reader: _Reader, node: yaml.Node) -> dict[str, Policy]:
-    """The ``defaults`` list: one entry per vhost."""
+    """The ``defaults`` list: one entry per vhost (entries with problems left out)."""
     defaults: dict[str, Policy] = {}
     default_lines: dict[str, int] = {}
     for i, item in enumerate(reader.sequence(node, "defaults")):
         where = f"defaults[{i}]"
-        entry = reader.mapping(item, where, _DEFAULTS_KEYS, required=("vhost",))
-        vhost_node = entry["vhost"][1]
-        vhost = reader.string(vhost_node, f"{where}.vhost")
-        if vhost in defaults:
-            raise reader.fail(vhost_node, f"{where}.vhost: defaults for vhost {vhost!r} "
-                                          f"already given on line {default_lines[vhost]}")
+        try:
+            entry = reader.mapping(item, where, _DEFAULTS_KEYS, required=("vhost",))
+            if "vhost" not in entry:
+                continue
+            vhost_node = entry["vhost"][1]
+            vhost = reader.string(vhost_node, f"{where}.vhost")
+        except _Invalid as exc:
+            reader.problems.append(exc.problem)
+            continue
+        if vhost in default_lines:
+            reader.note(vhost_node, f"{where}.vhost: defaults for vhost {vhost!r} "
+                                    f"already given on line {default_lines[vhost]}")
+            continue
         default_lines[vhost] = _line(vhost_node)
-        defaults[vhost] = _resolve(reader, entry, where, BUILTIN_DEFAULTS, "built-in",
-                                   name=f"defaults[{vhost}]", vhost=vhost, line=_line(item))
+        resolved = _resolve(reader, entry, where, BUILTIN_DEFAULTS, "built-in",
+                            name=f"defaults[{vhost}]", vhost=vhost, line=_line(item))
+        if resolved is not None:
+            defaults[vhost] = resolved
     return defaults
 
 
 def _read_policy(reader: _Reader, i: int, item: yaml.Node, defaults: dict[str, Policy],
-                 name_lines: dict[str, int]) -> Policy:
-    """One entry of the ``policies`` list (``name_lines``: the names seen so far)."""
+                 name_lines: dict[str, int]) -> Policy | None:
+    """One entry of the ``policies`` list (``name_lines``: the names seen so far); None
+    when it has problems (recorded)."""
     where = f"policies[{i}]" + _peek_name(item)
     entry = reader.mapping(item, where, _POLICY_KEYS, required=("name", "match"))
-    name_node = entry["name"][1]
-    name = reader.string(name_node, f"{where}.name")
-    if not _NAME.fullmatch(name):
-        raise reader.fail(name_node, f"{where}.name: {name!r} must start with a letter "
-                                     "or digit and use only letters, digits and _.:/-")
-    if name in name_lines:
-        raise reader.fail(name_node, f"{where}.name: duplicate policy name {name!r} "
-                                     f"(first on line {name_lines[name]})")
-    name_lines[name] = _line(name_node)
-    vhost, glob, regex = _read_match(reader, entry["match"][1], where)
+    name: str | None = None
+    if "name" in entry:
+        name_node = entry["name"][1]
+        name = reader.attempt(lambda: reader.string(name_node, f"{where}.name"), None)
+        if name is not None and not _NAME.fullmatch(name):
+            reader.note(name_node, f"{where}.name: {name!r} must start with a letter "
+                                   "or digit and use only letters, digits and _.:/-")
+            name = None
+        elif name is not None and name in name_lines:
+            reader.note(name_node, f"{where}.name: duplicate policy name {name!r} "
+                                   f"(first on line {name_lines[name]})")
+            name = None
+        elif name is not None:
+            name_lines[name] = _line(name_node)
+    match = (reader.attempt(lambda: _read_match(reader, entry["match"][1], where), None)
+             if "match" in entry else None)
+    vhost = match[0] if match is not None else "/"
     base = defaults.get(vhost, BUILTIN_DEFAULTS)
     label = f"from defaults for vhost {vhost!r}" if vhost in defaults else "built-in"
+    if name is None or match is None:
+        # Still read the limits: their problems are reported in the same run.
+        _resolve(reader, entry, where, base, label, name="invalid", vhost=vhost)
+        return None
+    _, glob, regex = match
     return _resolve(reader, entry, where, base, label, name=name, vhost=vhost,
-                    queue=glob, queue_regex=regex, line=_line(item))
+                    queue=glob, queue_regex=regex, line=_line(item), column=_column(item))
 
 
 def _read_match(reader: _Reader, match_node: yaml.Node, where: str
-                ) -> tuple[str, str | None, str | None]:
-    """A policy's ``match``: (vhost, queue glob, queue regex), one of the two set."""
+                ) -> tuple[str, str | None, str | None] | None:
+    """A policy's ``match``: (vhost, queue glob, queue regex), one of the two set; None
+    when it has problems (recorded)."""
+    before = len(reader.problems)
     match = reader.mapping(match_node, f"{where}.match", _MATCH_KEYS)
-    vhost = (reader.string(match["vhost"][1], f"{where}.match.vhost")
-             if "vhost" in match else "/")
+    vhost = "/"
+    if "vhost" in match:
+        vhost = reader.attempt(lambda: reader.string(match["vhost"][1], f"{where}.match.vhost"),
+                               "/")
+    glob: str | None = None
+    regex: str | None = None
     if "queue" in match and "queue_regex" in match:
-        raise reader.fail(match["queue_regex"][0], f"{where}.match: give queue (a glob) "
-                                                   "or queue_regex, not both")
-    if "queue" in match:
+        reader.note(match["queue_regex"][0], f"{where}.match: give queue (a glob) or "
+                                             "queue_regex, not both")
+    elif "queue" in match:
         glob_node = match["queue"][1]
-        glob = reader.string(glob_node, f"{where}.match.queue")
-        try:
-            glob_to_regex(glob)
-        except ValueError as exc:
-            raise reader.fail(glob_node, f"{where}.match.queue: bad glob: {exc}") from None
-        return vhost, glob, None
-    if "queue_regex" in match:
+        glob = reader.attempt(lambda: reader.string(glob_node, f"{where}.match.queue"), None)
+        if glob is not None:
+            try:
+                glob_to_regex(glob)
+            except ValueError as exc:
+                reader.note(glob_node, f"{where}.match.queue: bad glob: {exc}")
+    elif "queue_regex" in match:
         regex_node = match["queue_regex"][1]
-        regex = reader.string(regex_node, f"{where}.match.queue_regex")
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise reader.fail(regex_node, f"{where}.match.queue_regex: bad regex "
-                                          f"{regex!r}: {exc}") from None
-        return vhost, None, regex
-    raise reader.fail(match_node, f"{where}.match: needs queue (a glob) or queue_regex")
+        regex = reader.attempt(lambda: reader.string(regex_node, f"{where}.match.queue_regex"),
+                               None)
+        if regex is not None:
+            try:
+                re.compile(regex)
+            except re.error as exc:
+                reader.note(regex_node, f"{where}.match.queue_regex: bad regex "
+                                        f"{regex!r}: {exc}")
+    else:
+        reader.note(match_node, f"{where}.match: needs queue (a glob) or queue_regex")
+    if len(reader.problems) > before:
+        return None
+    return vhost, glob, regex
 
 
 def load_policies(path: str | os.PathLike[str]) -> PolicySet:

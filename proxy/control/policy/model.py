@@ -17,15 +17,60 @@ DEFAULT_DEADLINE: Final = 30.0
 FORMAT_VERSION: Final = 1
 
 
-class PolicyError(ValueError):
-    """A policy file is unreadable or invalid; ``str()`` is ``FILE:LINE: reason``."""
+class Severity(enum.Enum):
+    """How bad a problem with a policy file is: an error refuses the file, a warning not."""
 
-    def __init__(self, source: str, line: int | None, reason: str) -> None:
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a policy file, where it is: ``FILE:LINE:COLUMN: reason``.
+
+    ``line`` and ``column`` count from 1; None when the problem has no place (an
+    unreadable file). A warning says so after the place.
+    """
+
+    source: str
+    line: int | None
+    column: int | None
+    reason: str
+    severity: Severity = Severity.ERROR
+
+    def __str__(self) -> str:
+        where = self.source
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        warning = "warning: " if self.severity is Severity.WARNING else ""
+        return f"{where}: {warning}{self.reason}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"file": self.source, "line": self.line, "column": self.column,
+                "severity": self.severity.value, "reason": self.reason}
+
+
+class PolicyError(ValueError):
+    """A policy file is unreadable or invalid: every error found in it (``problems``), one
+    ``FILE:LINE:COLUMN: reason`` per line in ``str()``; ``source``, ``line``, ``column``
+    and ``reason`` are the first one's."""
+
+    def __init__(self, source: str, line: int | None, reason: str,
+                 column: int | None = None, problems: tuple[Problem, ...] = ()) -> None:
         self.source = source
         self.line = line
+        self.column = column
         self.reason = reason
-        where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {reason}")
+        self.problems = problems or (Problem(source, line, column, reason),)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    @classmethod
+    def of(cls, problems: list[Problem]) -> PolicyError:
+        """The error of a file with these problems (at least one)."""
+        first = problems[0]
+        return cls(first.source, first.line, first.reason, first.column, tuple(problems))
 
 
 class Overflow(enum.Enum):
@@ -175,6 +220,7 @@ class Policy:
     on_unknown_depth: UnknownDepth = UnknownDepth.KEEP
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     line: int | None = field(default=None, compare=False)
+    column: int | None = field(default=None, compare=False)
     _pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
     _limits: QueueLimits | None = field(init=False, repr=False, compare=False, default=None)
 

@@ -92,3 +92,17 @@ def render_policies(policies: PolicySet) -> str:
     else:
         out.append("policies: []")
     return "\n".join(out) + "\n"
+
+
+def policy_document(p: Policy) -> dict[str, object]:
+    """One resolved policy or defaults entry as JSON-ready values (bytes, seconds)."""
+    return {
+        "name": p.name, "vhost": p.vhost, "queue": p.queue, "queue_regex": p.queue_regex,
+        "policed": p.is_limited, "capacity": p.capacity, "resume": p.resume,
+        "max_messages": p.max_messages, "resume_messages": p.resume_messages,
+        "overflow": p.overflow.value, "deadline": p.deadline, "signal": p.signal.value,
+        "on_unknown_depth": p.on_unknown_depth.value,
+        "spool": {"max_bytes": p.spool.max_bytes, "fsync": p.spool.fsync.value,
+                  "group_commit_ms": p.spool.group_commit_ms},
+        "line": p.line,
+    }

@@ -18,6 +18,25 @@ _DURATION_UNITS: Final[dict[str, Decimal]] = {
     "ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600),
 }
 _QUANTITY = re.compile(r"\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*")
+# How Helm (Go) writes a large float64: 6.7108864e+07, 1e+07 (YAML reads the first as a
+# float, the second as a string).
+_EXPONENT = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?[eE][-+]?[0-9]+\s*")
+
+
+def whole_number(value: object) -> int | None:
+    """``value`` as a whole number, if it is one: an int, a float without a fraction, or a
+    float written with an exponent as Helm writes large numbers (``6.7108864e+07``,
+    ``"1e+07"``); None otherwise (booleans included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and _EXPONENT.fullmatch(value):
+        number = Decimal(value.strip())
+        return int(number) if number == number.to_integral_value() else None
+    return None
 
 
 def _unit_hint(unit: str, known: Mapping[str, object]) -> str:
@@ -30,17 +49,21 @@ def _unit_hint(unit: str, known: Mapping[str, object]) -> str:
 def parse_bytes(value: object) -> int:
     """``64MiB``, ``512KiB``, ``1.5GB``, ``65536`` or ``"65536"`` to a byte count (>= 0).
 
+    A whole number written as a float (``6.7108864e+07``, as Helm renders 64MiB given as
+    a plain number) is that many bytes.
+
     KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024, units are case-sensitive.
     A fraction is allowed only with a unit above B and is rounded down to whole bytes.
     Raises ``ValueError`` with a reason.
     """
     if isinstance(value, bool):
         raise ValueError(f"expected a size such as 64MiB, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
+    whole = whole_number(value)
+    if whole is not None:
+        if whole < 0:
             raise ValueError(f"size must not be negative, got {value}")
-        return value
-    if isinstance(value, float):
+        return whole
+    if isinstance(value, float) or (isinstance(value, str) and _EXPONENT.fullmatch(value)):
         raise ValueError(f"size {value!r} is not a whole number of bytes; use a unit, "
                          "e.g. 1.5MiB")
     if not isinstance(value, str):

@@ -276,6 +276,7 @@ class SenderLink:
     # Deliveries forwarded unsettled while the link was windowed, not yet settled by the
     # broker (``SessionGate.in_flight``); the current one's broker id: ``delivery.tracked_id``.
     unsettled: int = 0
+    squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
     not_spooled_reported: bool = False
     # Every message says where it goes: fixed by the attach (read on every transfer).
@@ -766,9 +767,11 @@ class CreditFlow(GateBase):
                 link.unsettled -= 1
                 if link.delivery.tracked_id == broker_id:
                     link.delivery.tracked_id = None
-                settled.append(link)
+                if link.squeezed:  # (else its own transfers top it up, as they do)
+                    settled.append(link)
         for link in set(settled):
             if not link.detaching and not link.delivery.in_progress:
+                link.squeezed = False
                 self._after_transfer(link, now)
 
     def _in_flight_window(self, link: SenderLink, window: int) -> int:
@@ -1064,7 +1067,10 @@ class CreditFlow(GateBase):
             link.move(LinkInput.GRANTED)
             self._signalled(link, active=True)
         if window is not None and link.unsettled:
-            window = self._in_flight_window(link, window)
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                window = room
         return link.credit.grant(window)
 
     def _after_transfer(self, link: SenderLink, now: float,
@@ -1098,9 +1104,12 @@ class CreditFlow(GateBase):
         if window is None:
             return
         if link.unsettled:
-            window = self._in_flight_window(link, window)
-            if not window:
-                return
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                if not room:
+                    return
+                window = room
         if link.credit.wants_top_up(window):
             self._send_grant(link, link.credit.grant(window))
 
