@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import sys
 import time
@@ -26,10 +27,13 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from pipeline import aggregate, recommend, report
+from pipeline.files import TimeRange
 from pipeline.load import InputQuality, load
 
 DEFAULT_MASTER = "local[*]"
-DEFAULT_RESOLUTION = 5.0
+DEFAULT_RESOLUTION = 5.0  # the plots' (--resolution)
+#: The buckets of the per-queue figures and the recommendations (``advice_resolution``).
+ADVICE_RESOLUTION = 5.0
 MAX_PLOTS = 8
 PLOT_POINTS = 1500
 LOG4J = Path(__file__).with_name("log4j2.properties")
@@ -49,6 +53,7 @@ class Analysis:
     policies: Path
     summary: Path
     timings: dict[str, float] = field(default_factory=dict)
+    resolution: float = 0.0  # of the per-queue figures and the recommendations
 
 
 @contextlib.contextmanager
@@ -134,11 +139,23 @@ class _Stages:
             self._progress.console.print(f"  [green]✓[/] {name} ({self.timings[name]:.1f}s)")
 
 
+def advice_resolution(sidecars: DataFrame) -> float:
+    """The buckets the per-queue figures and the recommendations are computed in:
+    ``ADVICE_RESOLUTION``, or the sidecars' telemetry interval if longer (whole seconds),
+    so that every bucket holds a sample of each sidecar. Never ``--resolution``."""
+    row = sidecars.agg(F.max("iv_ms").alias("iv")).collect()[0]
+    longest = (row["iv"] or 0) / 1000.0
+    return float(max(ADVICE_RESOLUTION, math.ceil(longest)))
+
+
 def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
             spark: SparkSession | None = None, resolution: float = DEFAULT_RESOLUTION,
             target_drain: float = recommend.DEFAULT_TARGET_DRAIN,
             console: Console | None = None, conf: Mapping[str, str] | None = None,
-            plots: bool = True) -> Analysis:
+            plots: bool = True, time_range: TimeRange | None = None) -> Analysis:
+    """The job. ``resolution`` sets the plots' buckets only: every figure in the tables,
+    summary.json and recommended-policies.yaml comes from ``advice_resolution`` buckets."""
+    rng = time_range or TimeRange()
     out.mkdir(parents=True, exist_ok=True)
     stages = _Stages(console, 6 if spark is None else 5)
     with stages.running():
@@ -146,36 +163,47 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
             with stages.stage(f"starting Spark ({master or DEFAULT_MASTER})"):
                 spark = spark_session(master, conf=conf, jvm_log=out / "spark.log")
         with stages.stage("reading telemetry"):
-            t = load(spark, list(paths))
+            t = load(spark, list(paths), rng)
         with stages.stage("aggregating per queue and sidecar"):
-            series = aggregate.queue_series(t.samples, resolution).cache()
-            eps = aggregate.episodes(t.samples).cache()
-            psq_df = aggregate.per_sidecar_queue(t.samples, t.events).cache()
-            queues = _rows(aggregate.per_queue(t.samples, series, eps, psq_df, t.events),
+            advice = advice_resolution(t.sidecars)
+            events = aggregate.event_counts(t.events).cache()
+            run_rows = aggregate.runs(t.samples).cache()
+            series = aggregate.queue_series(t.samples, advice).cache()
+            psq_df = aggregate.per_sidecar_queue(t.samples, run_rows, events).cache()
+            eps = aggregate.episodes(run_rows)
+            queues = _rows(aggregate.per_queue(t.samples, series, eps, psq_df, events),
                            ["vhost", "queue"])
             sidecar_queues = _rows(psq_df, ["sidecar", "vhost", "queue"])
-            sidecars = _rows(aggregate.per_sidecar(t.sidecars, psq_df, t.events), ["sidecar"])
+            sidecars = _rows(aggregate.per_sidecar(t.sidecars, psq_df, events), ["sidecar"])
         with stages.stage("recommending policies"):
             recs = recommend.recommend_all(queues, target_drain)
             span = _span(queues)
             header = [f"From {t.quality.used} telemetry records of {len(sidecars)} sidecar(s), "
-                      f"{span}; target drain time {target_drain:g}s."]
+                      f"{span}" + (f" (--since/--until: {rng.describe()})" if rng.bounded
+                                   else "") + ".",
+                      f"Rates in {advice:g}s buckets (whatever the report's --resolution); "
+                      f"target drain time {target_drain:g}s."]
             policies_text = recommend.render(recs, header)
             policies = out / "recommended-policies.yaml"
             policies.write_text(policies_text)
         ranked = sorted(queues, key=lambda r: (-(r.get("tripped_seconds") or 0),
-                                               -(r.get("depth_max") or 0)))
+                                               -(r.get("depth_max") or 0),
+                                               r["vhost"], r["queue"]))
         drawn: list[tuple[str, str]] = []
         overview: str | None = None
         with stages.stage("plotting"):
             if plots and ranked:
-                drawn = _plot(t.samples, ranked[:MAX_PLOTS], out, resolution)
+                drawn = _plot(t.samples, ranked[:MAX_PLOTS], out, resolution,
+                              (advice, series))
                 report.plot_overview(ranked, out / "plots" / "overview.png")
                 overview = "plots/overview.png"
         with stages.stage("writing the report"):
             meta = {"telemetry": ", ".join(paths), "period": span,
+                    **({"since / until": rng.describe()} if rng.bounded else {}),
                     "sidecars": str(len(sidecars)), "queues": str(len(queues)),
-                    "resolution": f"{resolution:g}s", "target drain time": f"{target_drain:g}s",
+                    "plot resolution": f"{resolution:g}s",
+                    "figures and recommendations": f"{advice:g}s buckets",
+                    "target drain time": f"{target_drain:g}s",
                     "spark": f"{spark.version} on {spark.sparkContext.master}",
                     "written": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
             html_path = out / "report.html"
@@ -185,19 +213,25 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                               recommendations=recs, policies_file=policies.name,
                               policies_text=policies_text)
             summary = out / "summary.json"
+            q = t.quality
+            # Only what the telemetry determines: the same records give the same bytes
+            # (timings, the master and the clock go to timings.json and the report).
             summary.write_text(json.dumps({
-                "input": {"lines": t.quality.lines, "used": t.quality.used,
-                          "corrupt": t.quality.corrupt,
-                          "unsupported_version": t.quality.unsupported_version,
-                          "incomplete": t.quality.incomplete, "files": t.quality.files,
-                          "examples": t.quality.examples},
-                "queues": queues, "sidecar_queues": sidecar_queues, "sidecars": sidecars,
-                "timings": stages.timings}, indent=1, default=str))
-        for df in (series, eps, psq_df):
+                "input": {"lines": q.lines, "used": q.used, "corrupt": q.corrupt,
+                          "unsupported_version": q.unsupported_version,
+                          "incomplete": q.incomplete, "outside_range": q.outside,
+                          "files": q.files, "examples": q.examples,
+                          "since": rng.since, "until": rng.until},
+                "resolution": advice,
+                "queues": queues, "sidecar_queues": sidecar_queues, "sidecars": sidecars},
+                indent=1, default=str) + "\n")
+        for df in (series, psq_df, run_rows, events):
             df.unpersist()
         t.unpersist()
+    (out / "timings.json").write_text(json.dumps(
+        {"master": spark.sparkContext.master, "stages": stages.timings}, indent=1) + "\n")
     return Analysis(out, t.quality, queues, sidecar_queues, sidecars, recs, html_path, policies,
-                    summary, stages.timings)
+                    summary, stages.timings, advice)
 
 
 def _span(queues: Sequence[Mapping[str, Any]]) -> str:
@@ -210,8 +244,9 @@ def _span(queues: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _plot(samples: DataFrame, queues: Sequence[Mapping[str, Any]], out: Path,
-          resolution: float) -> list[tuple[str, str]]:
-    """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points."""
+          resolution: float, computed: tuple[float, DataFrame]) -> list[tuple[str, str]]:
+    """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points
+    (``computed``: a series already at hand, and its resolution)."""
     (out / "plots").mkdir(exist_ok=True)
     span = max((q["last_ts"] or 0) - (q["first_ts"] or 0) for q in queues)
     res = max(resolution, span / PLOT_POINTS)
@@ -219,8 +254,11 @@ def _plot(samples: DataFrame, queues: Sequence[Mapping[str, Any]], out: Path,
     wanted = F.lit(False)
     for vhost, queue in keys:
         wanted = wanted | ((F.col("vhost") == vhost) & (F.col("queue") == queue))
-    rows = _rows(aggregate.queue_series(samples.filter(wanted), res),
-                 ["vhost", "queue", "bucket_index"])
+    if res == computed[0]:
+        series = computed[1].filter(wanted)
+    else:
+        series = aggregate.queue_series(samples.filter(wanted), res)
+    rows = _rows(series, ["vhost", "queue", "bucket_index"])
     drawn: list[tuple[str, str]] = []
     for vhost, queue in keys:
         mine = [r for r in rows if r["vhost"] == vhost and r["queue"] == queue]

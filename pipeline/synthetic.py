@@ -5,7 +5,9 @@ Per second: each sidecar's producers want a rate with bursts; the consumers drai
 own rate; the fleet's policy trips above ``capacity`` and releases at ``resume``. While
 tripped a sidecar holds what its producers send (ingress 0) and flushes it on release;
 a publish held past ``deadline`` expires. Records have exactly the fields the proxy writes
-(proxy/telemetry.py), files are named and rotated hourly as the proxy names them.
+(proxy/telemetry.py), files are named as the proxy names them and rotated every
+``file_age`` seconds (hourly, as the proxy's default); ``partitioned`` lays them out by date
+and sidecar (pipeline/files.py) instead of in one directory.
 
     python -m pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from pipeline.files import partition_dir
 from proxy.telemetry import SCHEMA_VERSION, file_name
 
 KIB = 1024
@@ -60,7 +63,8 @@ def _common(kind: str, sc: SidecarState, vhost: str, queue: str, ts: float) -> d
 
 def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
              interval: float = 1.0, seed: int = 7, corrupt: float = 0.0,
-             body: int = 1024) -> int:
+             body: int = 1024, file_age: float = 3600.0, partitioned: bool = False,
+             start: float = START) -> int:
     """Write the telemetry; returns how many lines (records and corrupt lines) it wrote."""
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,12 +76,12 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                            consume * rng.uniform(0.6, 1.3) / sidecars))
     fleet = [SidecarState(f"app-{i:03d}-{rng.randrange(16**5):05x}") for i in range(sidecars)]
     steps = int(hours * 3600 / interval)
-    handles: dict[str, tuple[int, IO[str]]] = {}  # sidecar -> (hour, open file)
+    handles: dict[str, tuple[int, IO[str]]] = {}  # sidecar -> (file number, open file)
     lines = 0
     vhost = "/"
     for step in range(steps):
-        ts = START + (step + 1) * interval
-        hour = int((ts - START) // 3600)
+        ts = start + (step + 1) * interval
+        period = int((ts - start) // file_age)
         per_sidecar: dict[str, list[dict[str, object]]] = {sc.name: [] for sc in fleet}
         for q in qs:
             ingress: dict[str, int] = {}
@@ -164,10 +168,12 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                 "dropped_records": 0})
             per_sidecar[sc.name].append(side)
             current = handles.get(sc.name)
-            if current is None or current[0] != hour:  # a new file every hour, as the proxy
+            if current is None or current[0] != period:  # a new file every file_age
                 if current is not None:
                     current[1].close()
-                current = (hour, open(out / file_name(sc.name, ts, hour + 1), "w"))
+                where = out / partition_dir(sc.name, ts) if partitioned else out
+                where.mkdir(parents=True, exist_ok=True)
+                current = (period, open(where / file_name(sc.name, ts, period + 1), "w"))
                 handles[sc.name] = current
             fh = current[1]
             for rec in per_sidecar[sc.name]:
@@ -191,8 +197,12 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--corrupt", type=float, default=0.0, help="share of lines truncated")
+    p.add_argument("--file-age", type=float, default=3600.0, help="seconds per file")
+    p.add_argument("--partitioned", action="store_true",
+                   help="lay files out as date=YYYY-MM-DD/sidecar=NAME/ (docs/pipeline.md)")
     a = p.parse_args()
-    n = generate(a.out, a.sidecars, a.hours, a.queues, a.interval, a.seed, a.corrupt)
+    n = generate(a.out, a.sidecars, a.hours, a.queues, a.interval, a.seed, a.corrupt,
+                 file_age=a.file_age, partitioned=a.partitioned)
     print(f"{n} lines in {a.out}")
 
 

@@ -10,8 +10,8 @@ sample a second at ts 1..10:
     trips     0    0    1     1     1    1    1    1    1    1
     held      0    0    0   200   400    0    0    0    0    0
 
-Depth sorted: 0 0 0 100 300 500 500 900 1200 1500. ``percentile_approx`` is nearest-rank
-(the ceil(p * n)-th value): p50 = 5th = 300, p90 = 9th = 1200, p99 = 10th = 1500.
+Depth sorted: 0 0 0 100 300 500 500 900 1200 1500. Percentiles are nearest-rank (the
+ceil(p * n)-th value): p50 = 5th = 300, p90 = 9th = 1200, p99 = 10th = 1500.
 """
 
 from __future__ import annotations
@@ -61,6 +61,21 @@ def side(sidecar: str, ts: float, held: int, alarm: str | None = None,
             "spooled_bytes": 0, "alarm": alarm, "dropped_records": dropped}
 
 
+def psq(t: Telemetry) -> DataFrame:
+    return aggregate.per_sidecar_queue(t.samples, aggregate.runs(t.samples),
+                                       aggregate.event_counts(t.events))
+
+
+def episodes(t: Telemetry) -> DataFrame:
+    return aggregate.episodes(aggregate.runs(t.samples))
+
+
+def per_queue(t: Telemetry, resolution: float) -> DataFrame:
+    series = aggregate.queue_series(t.samples, resolution)
+    return aggregate.per_queue(t.samples, series, episodes(t), psq(t),
+                               aggregate.event_counts(t.events))
+
+
 def one(df: DataFrame, **where: Any) -> dict[str, Any]:
     rows = [r.asDict() for r in df.collect()]
     found = [r for r in rows if all(r[k] == v for k, v in where.items())]
@@ -81,7 +96,7 @@ def single(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Tel
 
 
 def test_per_sidecar_queue(single: Telemetry) -> None:
-    r = one(aggregate.per_sidecar_queue(single.samples, single.events), queue="q")
+    r = one(psq(single), queue="q")
     assert (r["samples"], r["observed_seconds"], r["first_ts"], r["last_ts"]) == (10, 10, 1, 10)
     assert (r["tripped_seconds"], r["tripped_share"], r["trips"]) == (3.0, 0.3, 1)
     assert (r["depth_p50"], r["depth_p90"], r["depth_p99"], r["depth_max"]) == (
@@ -92,12 +107,13 @@ def test_per_sidecar_queue(single: Telemetry) -> None:
     assert (r["held_bytes_max"], r["held_bytes_mean"]) == (400, 60.0)  # (200+400) / 10 s
     assert (r["deadline_expiries"], r["rejects"], r["holds"]) == (1, 1, 2)
     assert (r["capacity"], r["resume"], r["policy"]) == (1000, 600, "p")
+    assert r["ingress_share"] == 1.0  # the only sidecar
 
 
 def test_episodes(single: Telemetry) -> None:
     # One run: tripped at ts 3, 4, 5, closed by the untripped sample at ts 6. Deepest at
     # ts 4 (1500): time to drain 6 - 4 = 2 s; the trip lasted 6 - 3 = 3 s; most held 400.
-    e = one(aggregate.episodes(single.samples), queue="q")
+    e = one(episodes(single), queue="q")
     assert (e["start_ts"], e["peak_ts"], e["peak_depth"], e["end_ts"]) == (3, 4, 1500, 6)
     assert (e["drain_seconds"], e["duration"], e["held_max"], e["closed"]) == (2, 3, 400, True)
 
@@ -120,10 +136,7 @@ def test_queue_series_derives_egress(single: Telemetry) -> None:
 
 
 def test_per_queue(single: Telemetry) -> None:
-    series = aggregate.queue_series(single.samples, 2.0)
-    eps = aggregate.episodes(single.samples)
-    psq = aggregate.per_sidecar_queue(single.samples, single.events)
-    r = one(aggregate.per_queue(single.samples, series, eps, psq, single.events), queue="q")
+    r = one(per_queue(single, 2.0), queue="q")
     assert (r["sidecars"], r["observed_seconds"], r["tripped_seconds"]) == (1, 10, 3)
     assert (r["trips"], r["episodes"], r["open_trips"]) == (1, 1, 0)
     assert (r["depth_p50"], r["depth_p90"], r["depth_p99"], r["peak_overshoot"]) == (
@@ -169,10 +182,7 @@ def fleet(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Tele
 def test_fleet_per_queue_sums_ingress_and_derives_egress(fleet: Telemetry) -> None:
     # buckets of 1 s: ingress 0, 300, 100, 0; egress b2 = 300 - 300 = 0, b3 = 100 - 50 = 50,
     # b4 = 0 + 350 = 350; backlog at b3, b4: drain (50 + 350) / 2 s = 200 B/s.
-    series = aggregate.queue_series(fleet.samples, 1.0)
-    eps = aggregate.episodes(fleet.samples)
-    psq = aggregate.per_sidecar_queue(fleet.samples, fleet.events)
-    r = one(aggregate.per_queue(fleet.samples, series, eps, psq, fleet.events), queue="q")
+    r = one(per_queue(fleet, 1.0), queue="q")
     assert (r["sidecars"], r["samples"], r["ingress_bytes"]) == (2, 8, 400)
     assert (r["observed_seconds"], r["ingress_rate"]) == (4, 100.0)
     assert (r["egress_rate"], r["drain_rate"]) == (400 / 3, 200.0)
@@ -183,14 +193,20 @@ def test_fleet_per_queue_sums_ingress_and_derives_egress(fleet: Telemetry) -> No
 
 
 def test_per_sidecar(fleet: Telemetry) -> None:
-    psq = aggregate.per_sidecar_queue(fleet.samples, fleet.events)
-    df = aggregate.per_sidecar(fleet.sidecars, psq, fleet.events)
+    df = aggregate.per_sidecar(fleet.sidecars, psq(fleet), aggregate.event_counts(fleet.events))
     s1, s2 = one(df, sidecar="s1"), one(df, sidecar="s2")
     assert (s1["records"], s1["observed_seconds"], s1["queues"]) == (4, 4, 1)
     assert (s1["held_bytes_max"], s1["held_bytes_mean"], s1["alarm_seconds"]) == (100, 25, 1)
     assert (s1["trips"], s1["tripped_queue_seconds"], s1["deadline_expiries"]) == (1, 1, 1)
     assert (s1["ingress_bytes"], s2["ingress_bytes"]) == (200, 200)
     assert (s2["trips"], s2["held_bytes_max"], s2["dropped_records"]) == (0, 0, 3)
+
+
+def test_each_sidecars_share_of_the_fleets_ingress(fleet: Telemetry) -> None:
+    df = psq(fleet)
+    s1, s2 = one(df, sidecar="s1"), one(df, sidecar="s2")
+    assert (s1["ingress_bytes"], s2["ingress_bytes"]) == (200, 200)  # of the queue's 400
+    assert (s1["ingress_share"], s2["ingress_share"]) == (0.5, 0.5)
 
 
 def test_trips_come_from_the_counter(spark: SparkSession, tmp_path: Path) -> None:
@@ -200,9 +216,9 @@ def test_trips_come_from_the_counter(spark: SparkSession, tmp_path: Path) -> Non
             sample("s", 3.0, 0, 0, True, 3), sample("s", 4.0, 0, 0, False, 0),
             sample("s", 5.0, 0, 0, True, 1)]
     t = load(spark, [str(write_ndjson(tmp_path / "t.ndjson", recs))])
-    r = one(aggregate.per_sidecar_queue(t.samples, t.events), queue="q")
+    r = one(psq(t), queue="q")
     assert r["trips"] == 2 + 1 + 0 + 1
-    e = sorted((x.asDict() for x in aggregate.episodes(t.samples).collect()),
+    e = sorted((x.asDict() for x in episodes(t).collect()),
                key=lambda x: x["episode"])
     assert [(x["start_ts"], x["end_ts"], x["closed"]) for x in e] == [
         (3, 4, True), (5, None, False)]
