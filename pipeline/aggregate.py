@@ -6,22 +6,31 @@ runs the job as fast as its JVMs can. Units out: bytes, messages, seconds, bytes
 Deterministic: the same records give the same figures, bit for bit, however Spark splits
 them (``local[1]``, ``local[*]``, a cluster). Times are integer milliseconds (the telemetry's
 precision) and every sum is a sum of integers, so its order does not matter; a ratio is
-one division of two exact sums; "the latest" value is chosen by (ts, then sidecar, then
-seq), never by whichever row came first; percentiles are exact nearest-rank percentiles
-(``percentile_disc``), of values first rounded to ``SIGNIFICANT_BITS`` where the input is
-per sample (``quantized``: exact below 2 KiB, within 0.1 % above, and a bounded count of
-distinct values whatever the fleet's size).
+one division of two exact sums; "the latest" value is chosen by a total order (time, then
+seq, or time then the greater value), never by whichever row came first; percentiles are
+exact nearest-rank percentiles (``percentile_disc``), of per-sample values first rounded to
+``SIGNIFICANT_BITS`` (``quantized``: exact below 2 KiB, within 0.1 % above, and a bounded
+count of distinct values whatever the fleet's size).
+
+Fast: the samples are grouped and sorted by two 64-bit ids (``sq``: sidecar, vhost and
+queue; ``q``: vhost and queue; pipeline/load.py) rather than by their strings, and every
+aggregation over the samples keeps fixed-width buffers (packed longs, not structs), so
+Spark aggregates them in hash maps instead of sorting every row. The names come back by
+joining the small per-(sidecar, queue) table. Each pass over the samples is one of four:
 
 - ``runs``: the one ordered pass (per sidecar and queue, by time): trips and their extent.
-- ``per_sidecar_queue``: one row per (sidecar, vhost, queue), what that sidecar saw.
-- ``queue_series``: the fleet's view of each queue in time buckets: ingress summed over
-  sidecars, the latest depth, and egress derived from the two.
-- ``episodes``: each trip of each (sidecar, queue): peak, release, time to drain.
-- ``per_queue``: one row per (vhost, queue) over the fleet, from the above.
-- ``per_sidecar``: one row per sidecar.
+- ``sidecar_series``: each sidecar's view of each queue in time buckets.
+- ``per_sidecar_queue``: one row per (sidecar, vhost, queue), with its depth percentiles.
+- ``per_queue``: one row per (vhost, queue) over the fleet; its depth percentiles are the
+  fourth pass, the rest comes from the small tables: ``queue_series`` (the fleet's buckets:
+  ingress summed over sidecars, the latest depth, egress derived from the two) and
+  ``episodes`` (each trip: peak, release, time to drain).
+- ``per_sidecar``: one row per sidecar, from its own records.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -32,6 +41,24 @@ PERCENTILES = (0.5, 0.9, 0.99)
 #: Per-sample values enter percentiles with this many significant bits (``quantized``).
 SIGNIFICANT_BITS = 11
 EVENT_COUNTS = ("deadline_expiries", "rejects", "holds", "signals")
+#: The policy in force, as the samples carry it: the latest sample's.
+POLICY_FIELDS = ("policy", "capacity", "resume", "max_messages", "resume_messages", "deadline",
+                 "overflow")
+
+#: ``_key``: milliseconds times 2**20 stays within a long until the year 2248.
+_SEQ_BITS = 20
+#: The peak of a trip is found exactly for depths under 32 GiB and trips under 37 hours;
+#: beyond, among the samples at least that deep and that late, the earliest.
+_DEPTH_MAX = (1 << 35) - 1
+_OFFSET_MAX = (1 << 27) - 1
+#: ``sidecar_series``: the newest depth of a bucket packed with its time in the bucket.
+_VALUE_BITS = 40
+_VALUE_MAX = (1 << _VALUE_BITS) - 1
+MAX_RESOLUTION_MS = 1 << 23  # about 2.3 hours: offsets in a bucket take 23 bits
+
+
+class FleetError(RuntimeError):
+    """The telemetry cannot be aggregated exactly (two names with one 64-bit id)."""
 
 
 def quantized(c: Column) -> Column:
@@ -65,10 +92,25 @@ def _ratio(num: str, den: str) -> Column:
     return F.when(F.col(den) > 0, F.col(num) / F.col(den))
 
 
-def _latest(c: str, *order: str) -> Column:
-    """The value of ``c`` in the row with the greatest (``order``...): ties never happen on
-    (ts, sidecar, seq), and ``max_by`` on a struct key is exact."""
-    return F.max_by(c, F.struct(*order))
+def _iv() -> Column:
+    return F.coalesce(F.col("iv_ms"), F.lit(0))
+
+
+def _key() -> Column:
+    """A sample's place in its sidecar's time order as one long: (ts, then seq). Two samples
+    of one sidecar and queue in the same millisecond with seqs 2**20 apart would tie: one
+    process writes far fewer than 2**20 records per millisecond."""
+    return (F.col("ts_ms") * F.lit(1 << _SEQ_BITS)
+            + F.col("seq").bitwiseAND(F.lit((1 << _SEQ_BITS) - 1)))
+
+
+def _packed(offset: Column, value: Column) -> Column:
+    return F.when(value.isNotNull(),
+                  offset * F.lit(1 << _VALUE_BITS) + F.least(value, F.lit(_VALUE_MAX)))
+
+
+def _unpacked(c: Column) -> Column:
+    return c.bitwiseAND(F.lit(_VALUE_MAX))
 
 
 def event_counts(events: DataFrame) -> DataFrame:
@@ -93,142 +135,101 @@ def runs(samples: DataFrame) -> DataFrame:
     """The samples of each (sidecar, queue) in time order (ts, then seq), cut into runs.
 
     A run starts at a tripped sample after one that was not (run 0: the samples before the
-    first trip). One row per (sidecar, vhost, queue, run): ``new_trips``, the growth of the
-    sidecar's ``trips`` counter over the run's samples (it sees trips shorter than a sample
-    interval; a counter that went down restarted from 0; the first sample counts 1 if
-    tripped); ``start_ms`` (first tripped sample), ``end_ms`` (the first untripped sample
-    after it: the release; null while still tripped at the end), the deepest tripped sample
+    first trip). One row per (``sq``, run): ``new_trips``, the growth of the sidecar's
+    ``trips`` counter over the run's samples (it sees trips shorter than a sample interval;
+    a counter that went down restarted from 0; the first sample counts 1 if tripped);
+    ``start_ms`` (first tripped sample), ``end_ms`` (the first untripped sample after it:
+    the release; null while still tripped at the end), the deepest tripped sample
     (``peak_depth``, ``peak_ms``: the earliest if several), most held while tripped.
 
     The only sort of the job; it carries the few columns it needs.
     """
-    w = Window.partitionBy(*SQ).orderBy("ts_ms", "seq")
+    w = Window.partitionBy("sq").orderBy("_key")
     tripped = F.coalesce(F.col("tripped"), F.lit(False))
     before = F.lag("trips").over(w)
     new_trips = (F.when(before.isNull(), F.when(tripped, 1).otherwise(0))
                  .when(F.col("trips") >= before, F.col("trips") - before)
                  .otherwise(F.col("trips")))
     start = tripped & ~F.coalesce(F.lag(tripped).over(w), F.lit(False))
-    s = samples.select(*SQ, "ts_ms", "seq", tripped.alias("tripped"), "depth", "held_bytes",
-                       "held_messages", F.coalesce(new_trips, F.lit(0)).alias("_new"),
-                       start.cast("int").alias("_start"))
+    s = samples.select("sq", "ts_ms", _key().alias("_key"), "tripped", "trips",
+                       F.coalesce(F.col("depth"), F.lit(0)).alias("depth"), "held_bytes",
+                       "held_messages")
+    s = s.select("sq", "ts_ms", "_key", tripped.alias("tripped"), "depth", "held_bytes",
+                 "held_messages", F.coalesce(new_trips, F.lit(0)).alias("_new"),
+                 start.alias("_start"))
     running = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    s = s.withColumn("run", F.sum("_start").over(running))
+    s = s.select("*", F.sum(F.col("_start").cast("int")).over(running).alias("run"),
+                 F.max(F.when(F.col("_start"), F.col("ts_ms"))).over(running).alias("_run_start"))
     t = F.col("tripped")
-    depth = F.coalesce(F.col("depth"), F.lit(0))
-    return s.groupBy(*SQ, "run").agg(
+    # The deepest tripped sample, the earliest if several: the greatest (depth, -offset in
+    # the run) packed in a long (a fixed-width buffer: hash aggregation, no second sort).
+    offset = F.least(F.col("ts_ms") - F.col("_run_start"), F.lit(_OFFSET_MAX))
+    peak_key = (F.least(F.col("depth"), F.lit(_DEPTH_MAX)) * F.lit(_OFFSET_MAX + 1)
+                + (F.lit(_OFFSET_MAX) - offset))
+    return s.groupBy("sq", "run").agg(
         F.sum("_new").alias("new_trips"),
         F.min(F.when(t, F.col("ts_ms"))).alias("start_ms"),
         F.min(F.when(~t, F.col("ts_ms"))).alias("end_ms"),
-        F.min(F.when(t, F.struct((-depth).alias("neg"), F.col("ts_ms").alias("ts"))))
-        .alias("_peak"),
+        F.max(F.when(t, F.col("depth"))).alias("peak_depth"),
+        F.max_by(F.when(t, F.col("ts_ms")), F.when(t, peak_key)).alias("peak_ms"),
         F.max(F.when(t, F.col("held_bytes"))).alias("held_max"),
         F.max(F.when(t, F.col("held_messages"))).alias("held_messages_max"))
 
 
-def episodes(run_rows: DataFrame) -> DataFrame:
-    """One row per trip of each (sidecar, queue) (``runs`` without run 0).
-
-    ``drain_seconds = end - peak`` (peak: the run's deepest sample, the earliest if
-    several); ``duration = end - start``; ``held_max``: most held during the run.
-    """
-    e = run_rows.filter(F.col("run") > 0)
-    return (e.select(
-        *SQ, F.col("run").alias("episode"),
-        _seconds(F.col("start_ms")).alias("start_ts"), _seconds(F.col("end_ms")).alias("end_ts"),
-        _seconds(F.col("_peak.ts")).alias("peak_ts"), (-F.col("_peak.neg")).alias("peak_depth"),
-        F.col("end_ms").isNotNull().alias("closed"),
-        (F.col("end_ms") - F.col("_peak.ts")).alias("drain_ms"),
-        (F.col("end_ms") - F.col("start_ms")).alias("duration_ms"),
-        "held_max", "held_messages_max")
-        .withColumn("drain_seconds", _seconds(F.col("drain_ms")))
-        .withColumn("duration", _seconds(F.col("duration_ms"))))
+def _resolution_ms(resolution: float) -> int:
+    res_ms = round(float(resolution) * 1000)
+    if not 0 < res_ms <= MAX_RESOLUTION_MS:
+        raise ValueError(f"resolution must be 1 ms to {MAX_RESOLUTION_MS / 1000:g} s, "
+                         f"not {resolution!r}")
+    return res_ms
 
 
-def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, events: DataFrame) -> DataFrame:
-    """One row per (sidecar, vhost, queue) (docs/pipeline.md, "Per sidecar and queue");
-    ``events`` is ``event_counts``. ``ingress_share``: the sidecar's part of the fleet's
-    ingress to the queue."""
-    s = (samples
-         .withColumn("_qd", quantized(F.col("depth")))
-         .withColumn("_qr", quantized(F.expr("CASE WHEN iv_ms > 0 THEN "
-                                             "ingress_bytes * 1000 div iv_ms END"))))
-    iv = F.coalesce(F.col("iv_ms"), F.lit(0))
-    agg = s.groupBy(*SQ).agg(
-        F.count(F.lit(1)).alias("samples"),
-        F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("_last"),
-        _sum0(iv).alias("observed_ms"),
-        _latest("policy", "ts_ms", "seq").alias("policy"),
-        _latest("capacity", "ts_ms", "seq").alias("capacity"),
-        _latest("resume", "ts_ms", "seq").alias("resume"),
-        _sum0(F.when(F.col("tripped"), iv)).alias("tripped_ms"),
-        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES],
-        F.max("depth").alias("depth_max"),
-        F.max(F.when(F.col("capacity") > 0, F.greatest(F.col("depth") - F.col("capacity"),
-                                                        F.lit(0)))).alias("peak_overshoot"),
-        _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
-        _sum0(F.col("ingress_messages")).alias("ingress_messages"),
-        _pct("_qr", 0.99).cast("long").alias("ingress_rate_p99"),
-        F.max("held_bytes").alias("held_bytes_max"),
-        _sum0(F.col("held_bytes") * iv).alias("_held_bms"),
-        F.max("spooled_bytes").alias("spooled_bytes_max"),
-        F.max("blocked_publishers").alias("blocked_publishers_max"))
-    trips = run_rows.groupBy(*SQ).agg(F.sum("new_trips").alias("trips"))
-    fleet = Window.partitionBy(*Q)
-    out = (agg.join(trips, SQ, "left").join(events, SQ, "left")
-           .withColumn("first_ts", _seconds(F.col("_first")))
-           .withColumn("last_ts", _seconds(F.col("_last")))
-           .withColumn("observed_seconds", _seconds(F.col("observed_ms")))
-           .withColumn("tripped_seconds", _seconds(F.col("tripped_ms")))
-           .withColumn("ingress_rate", _per_second("ingress_bytes", "observed_ms"))
-           .withColumn("tripped_share", _ratio("tripped_ms", "observed_ms"))
-           .withColumn("held_bytes_mean", _ratio("_held_bms", "observed_ms"))
-           .withColumn("ingress_share", F.when(
-               F.sum("ingress_bytes").over(fleet) > 0,
-               F.col("ingress_bytes") / F.sum("ingress_bytes").over(fleet)))
-           .drop("_first", "_last", "observed_ms", "tripped_ms", "_held_bms"))
-    return _fill_events(out).fillna(0, ["trips"])
+def sidecar_series(samples: DataFrame, resolution: float) -> DataFrame:
+    """One row per (``q``, ``sq``, bucket of ``resolution`` seconds): what one sidecar's
+    samples of a queue say in it. Buckets are ``floor(ts / resolution)`` on the integer
+    milliseconds. ``last_depth``/``last_msgs``: the newest sample's depth packed with its
+    time in the bucket (``queue_series`` unpacks it), the greater on a tie."""
+    res_ms = _resolution_ms(resolution)
+    iv = _iv()
+    bucket = F.expr(f"ts_ms div {res_ms}")
+    offset = F.col("ts_ms") - bucket * F.lit(res_ms)
+    return (samples.select("*", bucket.alias("bucket_index"))
+            .groupBy("q", "sq", "bucket_index").agg(
+                _sum0(iv).alias("observed_ms"),
+                _sum0(F.when(F.col("tripped"), iv)).alias("tripped_ms"),
+                _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
+                _sum0(F.col("ingress_messages")).alias("ingress_messages"),
+                _sum0(F.col("held_bytes") * iv).alias("held_bms"),
+                F.max(_packed(offset, F.col("depth"))).alias("last_depth"),
+                F.max(_packed(offset, F.col("depth_msgs"))).alias("last_msgs"),
+                F.max("depth").alias("depth_max"),
+                F.max("capacity").alias("capacity"), F.max("resume").alias("resume")))
 
 
-def queue_series(samples: DataFrame, resolution: float) -> DataFrame:
-    """One row per (vhost, queue, bucket of ``resolution`` seconds), over all sidecars.
+def queue_series(level1: DataFrame, names: DataFrame, resolution: float) -> DataFrame:
+    """One row per (vhost, queue, bucket of ``resolution`` seconds), over all sidecars, from
+    ``sidecar_series`` at that resolution; ``names`` has ``q``, ``vhost``, ``queue``.
 
     ``observed_seconds`` and ``tripped_seconds``: the most any one sidecar's samples cover;
-    ``depth_end`` is the newest depth of the bucket (any sidecar; the greatest sidecar name
-    on a tie); ``ingress_*`` the sum of every sidecar's; ``held_bytes`` the sidecars' held
-    bytes summed, time-averaged; ``egress_* = max(0, ingress - (depth_end - previous
+    ``depth_end`` is the newest depth of the bucket (any sidecar; the greatest on a tie);
+    ``ingress_*`` the sum of every sidecar's; ``held_bytes`` the sidecars' held bytes
+    summed, time-averaged; ``egress_* = max(0, ingress - (depth_end - previous
     depth_end))`` when the previous bucket is there; ``backlog`` when the queue was not
-    empty at its start. Buckets are ``floor(ts / resolution)`` on the integer milliseconds.
+    empty at its start.
     """
-    res_ms = round(float(resolution) * 1000)
-    if res_ms <= 0:
-        raise ValueError(f"resolution must be at least 1 ms, not {resolution!r}")
-    iv = F.coalesce(F.col("iv_ms"), F.lit(0))
-    per_sidecar = (samples.withColumn("bucket_index", F.expr(f"ts_ms div {res_ms}"))
-                   .groupBy(*Q, "bucket_index", "sidecar").agg(
-                       _sum0(iv).alias("observed_ms"),
-                       _sum0(F.when(F.col("tripped"), iv)).alias("tripped_ms"),
-                       _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
-                       _sum0(F.col("ingress_messages")).alias("ingress_messages"),
-                       _sum0(F.col("held_bytes") * iv).alias("held_bms"),
-                       F.max(F.struct("ts_ms", "seq")).alias("last_key"),
-                       F.max_by(F.struct("depth", "depth_msgs"), F.struct("ts_ms", "seq"))
-                       .alias("last"),
-                       F.max("depth").alias("depth_max"),
-                       F.max("capacity").alias("capacity"), F.max("resume").alias("resume")))
-    newest = F.struct(F.col("last_key.ts_ms"), F.col("sidecar"))
-    series = per_sidecar.groupBy(*Q, "bucket_index").agg(
+    res_ms = _resolution_ms(resolution)
+    series = level1.groupBy("q", "bucket_index").agg(
         F.max("observed_ms").alias("observed_ms"),
         F.max("tripped_ms").alias("tripped_ms"),
         F.sum("ingress_bytes").alias("ingress_bytes"),
         F.sum("ingress_messages").alias("ingress_messages"),
         F.sum("held_bms").alias("held_bms"),
-        F.max_by(F.col("last.depth"), newest).alias("depth_end"),
-        F.max_by(F.col("last.depth_msgs"), newest).alias("depth_msgs_end"),
+        _unpacked(F.max("last_depth")).alias("depth_end"),
+        _unpacked(F.max("last_msgs")).alias("depth_msgs_end"),
         F.max("depth_max").alias("depth_max"),
         F.max("capacity").alias("capacity"), F.max("resume").alias("resume"),
         F.count(F.lit(1)).alias("sidecars"))
-    w = Window.partitionBy(*Q).orderBy("bucket_index")
+    w = Window.partitionBy("q").orderBy("bucket_index")
     contiguous = F.lag("bucket_index").over(w) == F.col("bucket_index") - 1
     prev_b, prev_m = F.lag("depth_end").over(w), F.lag("depth_msgs_end").over(w)
     egress_b = F.when(contiguous & prev_b.isNotNull() & F.col("depth_end").isNotNull(),
@@ -237,42 +238,113 @@ def queue_series(samples: DataFrame, resolution: float) -> DataFrame:
     egress_m = F.when(contiguous & prev_m.isNotNull() & F.col("depth_msgs_end").isNotNull(),
                       F.greatest(F.col("ingress_messages") - (F.col("depth_msgs_end") - prev_m),
                                  F.lit(0)))
-    return (series
-            .withColumn("bucket", F.col("bucket_index") * F.lit(res_ms) / F.lit(1000.0))
-            .withColumn("observed_seconds", _seconds(F.col("observed_ms")))
-            .withColumn("tripped_seconds", _seconds(F.col("tripped_ms")))
-            .withColumn("held_bytes", _ratio("held_bms", "observed_ms"))
-            .withColumn("egress_bytes", egress_b)
-            .withColumn("egress_messages", egress_m)
-            .withColumn("backlog", F.coalesce(contiguous & (prev_b > 0), F.lit(False))))
+    q_names = names.select("q", "vhost", "queue").dropDuplicates(["q"])
+    return (series.select(
+        "*", (F.col("bucket_index") * F.lit(res_ms) / F.lit(1000.0)).alias("bucket"),
+        _seconds(F.col("observed_ms")).alias("observed_seconds"),
+        _seconds(F.col("tripped_ms")).alias("tripped_seconds"),
+        _ratio("held_bms", "observed_ms").alias("held_bytes"),
+        egress_b.alias("egress_bytes"), egress_m.alias("egress_messages"),
+        F.coalesce(contiguous & (prev_b > 0), F.lit(False)).alias("backlog"))
+        .join(F.broadcast(q_names), "q"))
+
+
+def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame,
+                      events: DataFrame) -> DataFrame:
+    """One row per (sidecar, vhost, queue) (docs/pipeline.md, "Per sidecar and queue"), with
+    its ids ``sq`` and ``q``: ``runs``, ``sidecar_series`` (the recommendations'
+    resolution) and ``event_counts`` are the other inputs. ``ingress_share``: the sidecar's
+    part of the fleet's ingress to the queue. ``_clash``: true if two names share an id."""
+    s = samples.select("*", _key().alias("_key"), quantized(F.col("depth")).alias("_qd"))
+    iv = _iv()
+    agg = s.groupBy("sq").agg(
+        F.max("q").alias("q"),
+        *[F.max(c).alias(c) for c in SQ],
+        F.greatest(*[F.min(c) != F.max(c) for c in SQ]).alias("_clash"),
+        F.count(F.lit(1)).alias("samples"),
+        F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("_last"),
+        _sum0(iv).alias("observed_ms"),
+        *[F.max_by(c, "_key").alias(c) for c in POLICY_FIELDS],
+        _sum0(F.when(F.col("tripped"), iv)).alias("tripped_ms"),
+        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES],
+        F.max("depth").alias("depth_max"),
+        F.max("depth_msgs").alias("depth_messages_max"),
+        F.max(F.when(F.col("capacity") > 0, F.greatest(F.col("depth") - F.col("capacity"),
+                                                        F.lit(0)))).alias("peak_overshoot"),
+        _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
+        _sum0(F.col("ingress_messages")).alias("ingress_messages"),
+        F.max("held_bytes").alias("held_bytes_max"),
+        _sum0(F.col("held_bytes") * iv).alias("_held_bms"),
+        F.max("spooled_bytes").alias("spooled_bytes_max"),
+        F.max("blocked_publishers").alias("blocked_publishers_max"))
+    rates = (level1.select("sq", _per_second("ingress_bytes", "observed_ms").alias("_rate"))
+             .groupBy("sq").agg(_pct("_rate", 0.99).alias("ingress_rate_p99")))
+    trips = run_rows.groupBy("sq").agg(F.sum("new_trips").alias("trips"))
+    fleet = Window.partitionBy("q")
+    out = (agg.join(trips, "sq", "left").join(rates, "sq", "left").join(events, SQ, "left")
+           .select("*",
+                   _seconds(F.col("_first")).alias("first_ts"),
+                   _seconds(F.col("_last")).alias("last_ts"),
+                   _seconds(F.col("observed_ms")).alias("observed_seconds"),
+                   _seconds(F.col("tripped_ms")).alias("tripped_seconds"),
+                   _per_second("ingress_bytes", "observed_ms").alias("ingress_rate"),
+                   _ratio("tripped_ms", "observed_ms").alias("tripped_share"),
+                   _ratio("_held_bms", "observed_ms").alias("held_bytes_mean"),
+                   F.when(F.sum("ingress_bytes").over(fleet) > 0,
+                          F.col("ingress_bytes") / F.sum("ingress_bytes").over(fleet))
+                   .alias("ingress_share"))
+           .drop("_first", "_last", "observed_ms", "tripped_ms", "_held_bms"))
+    return _fill_events(out).fillna(0, ["trips"])
+
+
+def episodes(run_rows: DataFrame, names: DataFrame) -> DataFrame:
+    """One row per trip of each (sidecar, queue) (``runs`` without run 0; ``names``: ``sq``
+    to ``q``, sidecar, vhost, queue).
+
+    ``drain_seconds = end - peak`` (peak: the run's deepest sample, the earliest if
+    several); ``duration = end - start``; ``held_max``: most held during the run.
+    """
+    e = run_rows.filter(F.col("run") > 0)
+    ids = names.select("sq", "q", *SQ)
+    drain_ms = F.col("end_ms") - F.col("peak_ms")
+    duration_ms = F.col("end_ms") - F.col("start_ms")
+    return e.join(F.broadcast(ids), "sq").select(
+        "sq", "q", *SQ, F.col("run").alias("episode"),
+        _seconds(F.col("start_ms")).alias("start_ts"), _seconds(F.col("end_ms")).alias("end_ts"),
+        _seconds(F.col("peak_ms")).alias("peak_ts"), "peak_depth",
+        F.col("end_ms").isNotNull().alias("closed"),
+        drain_ms.alias("drain_ms"), duration_ms.alias("duration_ms"),
+        _seconds(drain_ms).alias("drain_seconds"), _seconds(duration_ms).alias("duration"),
+        "held_max", "held_messages_max")
 
 
 def per_queue(samples: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFrame,
               events: DataFrame) -> DataFrame:
     """One row per (vhost, queue) over the fleet (docs/pipeline.md, "Per queue");
     ``series`` at the recommendations' resolution, ``events`` is ``event_counts``."""
-    latest = ("ts_ms", "sidecar", "seq")
-    from_samples = samples.withColumn("_qd", quantized(F.col("depth"))).groupBy(*Q).agg(
-        F.countDistinct("sidecar").alias("sidecars"),
-        F.count(F.lit(1)).alias("samples"),
-        F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("_last"),
-        *[_latest(c, *latest).alias(c) for c in (
-            "policy", "capacity", "resume", "max_messages", "resume_messages", "deadline",
-            "overflow")],
-        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES],
-        F.max("depth").alias("depth_max"),
-        F.max("depth_msgs").alias("depth_messages_max"),
-        F.max(F.when(F.col("capacity") > 0, F.greatest(F.col("depth") - F.col("capacity"),
-                                                        F.lit(0)))).alias("peak_overshoot"),
-        F.max("spooled_bytes").alias("spooled_bytes_max"),
-        _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
-        _sum0(F.col("ingress_messages")).alias("ingress_messages"))
+    from_samples = samples.select("q", quantized(F.col("depth")).alias("_qd")).groupBy("q").agg(
+        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES])
+    # From the sidecars' rows: sums and extremes, the most trips of any, and the policy of
+    # the sidecar that sampled last (the greatest name on a tie).
+    latest = F.struct("last_ts", "sidecar")
+    from_psq = psq.groupBy("q").agg(
+        F.max("vhost").alias("vhost"), F.max("queue").alias("queue"),
+        F.count(F.lit(1)).alias("sidecars"), F.sum("samples").alias("samples"),
+        F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
+        *[F.max_by(c, latest).alias(c) for c in POLICY_FIELDS],
+        F.max("depth_max").alias("depth_max"),
+        F.max("depth_messages_max").alias("depth_messages_max"),
+        F.max("peak_overshoot").alias("peak_overshoot"),
+        F.max("spooled_bytes_max").alias("spooled_bytes_max"),
+        F.sum("ingress_bytes").alias("ingress_bytes"),
+        F.sum("ingress_messages").alias("ingress_messages"),
+        F.max("trips").alias("trips"))
     has_egress = F.col("egress_bytes").isNotNull()
     drain = has_egress & F.col("backlog")
     obs = F.col("observed_ms")
-    rated = (series.withColumn("_rate", _per_second("ingress_bytes", "observed_ms"))
-             .withColumn("_rate_m", _per_second("ingress_messages", "observed_ms")))
-    from_series = rated.groupBy(*Q).agg(
+    rated = series.select("*", _per_second("ingress_bytes", "observed_ms").alias("_rate"),
+                          _per_second("ingress_messages", "observed_ms").alias("_rate_m"))
+    from_series = rated.groupBy("q").agg(
         _sum0(obs).alias("observed_ms"),
         _sum0(F.col("tripped_ms")).alias("tripped_ms"),
         F.sum("egress_bytes").alias("_egress"),
@@ -284,44 +356,42 @@ def per_queue(samples: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFr
         _pct("_rate_m", 0.99).alias("ingress_messages_rate_p99"),
         F.max("held_bytes").alias("held_bytes_max"),
         _sum0(F.col("held_bms")).alias("_held_bms"))
-    from_series = (from_series
-                   .withColumn("egress_rate", _per_second("_egress", "_egress_ms"))
-                   .withColumn("drain_rate", _per_second("_drain", "backlog_ms"))
-                   .withColumn("drain_rate_messages", _per_second("_drain_m", "backlog_ms"))
-                   .withColumn("held_byte_seconds", _seconds(F.col("_held_bms")))
-                   .drop("_egress", "_egress_ms", "_drain", "_drain_m", "_held_bms"))
+    from_series = (from_series.select(
+        "*", _per_second("_egress", "_egress_ms").alias("egress_rate"),
+        _per_second("_drain", "backlog_ms").alias("drain_rate"),
+        _per_second("_drain_m", "backlog_ms").alias("drain_rate_messages"),
+        _seconds(F.col("_held_bms")).alias("held_byte_seconds"))
+        .drop("_egress", "_egress_ms", "_drain", "_drain_m", "_held_bms"))
     closed = F.col("closed")
-    from_eps = (eps.withColumn("_drain_closed", F.when(closed, F.col("drain_ms")))
-                .withColumn("_dur_closed", F.when(closed, F.col("duration_ms")))
-                .groupBy(*Q).agg(
+    from_eps = (eps.select("*", F.when(closed, F.col("drain_ms")).alias("_drain_closed"),
+                           F.when(closed, F.col("duration_ms")).alias("_dur_closed"))
+                .groupBy("q").agg(
                     F.count(F.lit(1)).alias("episodes"),
                     F.count(F.when(~closed, 1)).alias("open_trips"),
-                    F.countDistinct("sidecar").alias("sidecars_tripping"),
+                    F.countDistinct("sq").alias("sidecars_tripping"),
                     _pct("_drain_closed", 0.5).alias("_drain_p50"),
                     F.max("_drain_closed").alias("_drain_max"),
                     _pct("_dur_closed", 0.9).alias("_trip_p90"),
                     _pct("held_max", 0.9).alias("_held_p90"),
                     _pct("held_messages_max", 0.9).alias("_held_msgs_p90")))
-    from_eps = (from_eps
-                .withColumn("drain_seconds_p50", _seconds(F.col("_drain_p50")))
-                .withColumn("drain_seconds_max", _seconds(F.col("_drain_max")))
-                .withColumn("trip_seconds_p90", _seconds(F.col("_trip_p90")))
-                .withColumn("held_at_release_p90",
-                            (F.col("_held_p90") * F.col("sidecars_tripping")).cast("long"))
-                .withColumn("held_messages_at_release_p90",
-                            (F.col("_held_msgs_p90") * F.col("sidecars_tripping")).cast("long"))
-                .drop("_drain_p50", "_drain_max", "_trip_p90", "_held_p90", "_held_msgs_p90"))
-    trips = psq.groupBy(*Q).agg(F.max("trips").alias("trips"))
-    out = (from_samples.join(from_series, Q, "left").join(from_eps, Q, "left")
-           .join(trips, Q, "left").join(_events_by(events, Q), Q, "left"))
-    out = (out.withColumn("first_ts", _seconds(F.col("_first")))
-           .withColumn("last_ts", _seconds(F.col("_last")))
-           .withColumn("observed_seconds", _seconds(F.col("observed_ms")))
-           .withColumn("tripped_seconds", _seconds(F.col("tripped_ms")))
-           .withColumn("backlog_seconds", _seconds(F.col("backlog_ms")))
-           .withColumn("ingress_rate", _per_second("ingress_bytes", "observed_ms"))
-           .withColumn("tripped_share", _ratio("tripped_ms", "observed_ms"))
-           .drop("_first", "_last", "observed_ms", "tripped_ms", "backlog_ms"))
+    from_eps = (from_eps.select(
+        "*", _seconds(F.col("_drain_p50")).alias("drain_seconds_p50"),
+        _seconds(F.col("_drain_max")).alias("drain_seconds_max"),
+        _seconds(F.col("_trip_p90")).alias("trip_seconds_p90"),
+        (F.col("_held_p90") * F.col("sidecars_tripping")).cast("long")
+        .alias("held_at_release_p90"),
+        (F.col("_held_msgs_p90") * F.col("sidecars_tripping")).cast("long")
+        .alias("held_messages_at_release_p90"))
+        .drop("_drain_p50", "_drain_max", "_trip_p90", "_held_p90", "_held_msgs_p90"))
+    out = (from_psq.join(from_samples, "q", "left").join(from_series, "q", "left")
+           .join(from_eps, "q", "left").join(_events_by(events, Q), Q, "left"))
+    out = (out.select(
+        "*", _seconds(F.col("observed_ms")).alias("observed_seconds"),
+        _seconds(F.col("tripped_ms")).alias("tripped_seconds"),
+        _seconds(F.col("backlog_ms")).alias("backlog_seconds"),
+        _per_second("ingress_bytes", "observed_ms").alias("ingress_rate"),
+        _ratio("tripped_ms", "observed_ms").alias("tripped_share"))
+        .drop("q", "observed_ms", "tripped_ms", "backlog_ms"))
     return _fill_events(out).fillna(0, ["trips", "episodes", "open_trips",
                                         "sidecars_tripping"])
 
@@ -329,7 +399,7 @@ def per_queue(samples: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFr
 def per_sidecar(sidecars: DataFrame, psq: DataFrame, events: DataFrame) -> DataFrame:
     """One row per sidecar: its own records (held, alarms, drops) and its queues' totals."""
     alarm = F.col("alarm").isNotNull()
-    iv = F.coalesce(F.col("iv_ms"), F.lit(0))
+    iv = _iv()
     own = sidecars.groupBy("sidecar").agg(
         F.count(F.lit(1)).alias("records"),
         F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("_last"),
@@ -349,14 +419,49 @@ def per_sidecar(sidecars: DataFrame, psq: DataFrame, events: DataFrame) -> DataF
         _sum0(F.col("ingress_bytes")).alias("ingress_bytes"))
     out = (own.join(queues, "sidecar", "full")
            .join(_events_by(events, ["sidecar"]), "sidecar", "left")
-           .withColumn("first_ts", _seconds(F.col("_first")))
-           .withColumn("last_ts", _seconds(F.col("_last")))
-           .withColumn("observed_seconds", _seconds(F.col("observed_ms")))
-           .withColumn("interval", _seconds(F.col("_interval_ms")))
-           .withColumn("held_byte_seconds", _seconds(F.col("_held_bms")))
-           .withColumn("alarm_seconds", _seconds(F.col("_alarm_ms")))
-           .withColumn("tripped_queue_seconds", _seconds(F.col("_tripped_ms")))
-           .withColumn("held_bytes_mean", _ratio("_held_bms", "observed_ms"))
+           .select("*", _seconds(F.col("_first")).alias("first_ts"),
+                   _seconds(F.col("_last")).alias("last_ts"),
+                   _seconds(F.col("observed_ms")).alias("observed_seconds"),
+                   _seconds(F.col("_interval_ms")).alias("interval"),
+                   _seconds(F.col("_held_bms")).alias("held_byte_seconds"),
+                   _seconds(F.col("_alarm_ms")).alias("alarm_seconds"),
+                   _seconds(F.col("_tripped_ms")).alias("tripped_queue_seconds"),
+                   _ratio("_held_bms", "observed_ms").alias("held_bytes_mean"))
            .drop("_first", "_last", "observed_ms", "_interval_ms", "_held_bms", "_alarm_ms",
                  "_tripped_ms"))
     return _fill_events(out).fillna(0, ["queues", "trips", "tripped_queue_seconds"])
+
+
+@dataclass
+class Tables:
+    """The job's tables over samples and events, at the recommendations' ``resolution``:
+    the intermediate ones cached (``unpersist()`` when done)."""
+
+    resolution: float
+    events: DataFrame
+    level1: DataFrame
+    runs: DataFrame
+    psq: DataFrame
+    episodes: DataFrame
+    series: DataFrame
+    queues: DataFrame
+
+    @classmethod
+    def of(cls, samples: DataFrame, events: DataFrame, resolution: float) -> Tables:
+        ev = event_counts(events).cache()
+        level1 = sidecar_series(samples, resolution).cache()
+        run_rows = runs(samples).cache()
+        psq = per_sidecar_queue(samples, run_rows, level1, ev).cache()
+        clashes = psq.filter(F.col("_clash")).select(*SQ).limit(3).collect()
+        if clashes:
+            raise FleetError("two (sidecar, vhost, queue) share a 64-bit id (about one "
+                             f"chance in 10**10 per pair), among {[tuple(r) for r in clashes]}: "
+                             "the job stops rather than mix them")
+        eps = episodes(run_rows, psq)
+        series = queue_series(level1, psq, resolution).cache()
+        queues = per_queue(samples, series, eps, psq, ev)
+        return cls(resolution, ev, level1, run_rows, psq, eps, series, queues)
+
+    def unpersist(self) -> None:
+        for df in (self.events, self.level1, self.runs, self.psq, self.series):
+            df.unpersist()

@@ -37,6 +37,9 @@ ADVICE_RESOLUTION = 5.0
 MAX_PLOTS = 8
 PLOT_POINTS = 1500
 LOG4J = Path(__file__).with_name("log4j2.properties")
+#: Shuffle partitions on a cluster unless --conf spark.sql.shuffle.partitions says otherwise
+#: (adaptive execution merges small ones); raise it for fleets of many thousand sidecars.
+CLUSTER_SHUFFLE_PARTITIONS = 32
 
 
 @dataclass
@@ -73,6 +76,14 @@ def _stderr_to(path: Path | None) -> Iterator[None]:
         os.close(saved)
 
 
+def local_cores(master: str) -> int:
+    """The threads of a ``local``, ``local[N]``, ``local[*]`` or ``local[N, F]`` master."""
+    inside = master[len("local"):].strip("[]").split(",")[0].strip()
+    if inside == "*":
+        return os.cpu_count() or 1
+    return max(int(inside), 1) if inside else 1
+
+
 def spark_session(master: str | None = None, app: str = "floodwall-analyze",
                   conf: Mapping[str, str] | None = None,
                   shuffle_partitions: int | None = None,
@@ -86,13 +97,23 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
     b = (SparkSession.builder.master(master).appName(app)
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.showConsoleProgress", "false")
+         # The intermediate tables are cached for seconds: uncompressed batches are
+         # cheaper to build.
+         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
+         # The job generates a few hundred classes: with Spark's default cache of 100
+         # they evict each other and a warm session compiles them all again.
+         .config("spark.sql.codegen.cache.maxEntries", "2000")
          .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J}"))
     if local:
+        # One shuffle partition per core: every task costs planning, code generation and
+        # (de)serialization, which on small inputs is most of the job.
         b = (b.config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8))
+             .config("spark.sql.shuffle.partitions",
+                     str(shuffle_partitions or local_cores(master)))
              .config("spark.driver.memory", "2g"))
-    elif shuffle_partitions:
-        b = b.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    else:
+        b = b.config("spark.sql.shuffle.partitions",
+                     str(shuffle_partitions or CLUSTER_SHUFFLE_PARTITIONS))
     for key, value in (conf or {}).items():
         b = b.config(key, value)
     with _stderr_to(jvm_log):
@@ -139,13 +160,12 @@ class _Stages:
             self._progress.console.print(f"  [green]✓[/] {name} ({self.timings[name]:.1f}s)")
 
 
-def advice_resolution(sidecars: DataFrame) -> float:
+def advice_resolution(interval: float) -> float:
     """The buckets the per-queue figures and the recommendations are computed in:
-    ``ADVICE_RESOLUTION``, or the sidecars' telemetry interval if longer (whole seconds),
-    so that every bucket holds a sample of each sidecar. Never ``--resolution``."""
-    row = sidecars.agg(F.max("iv_ms").alias("iv")).collect()[0]
-    longest = (row["iv"] or 0) / 1000.0
-    return float(max(ADVICE_RESOLUTION, math.ceil(longest)))
+    ``ADVICE_RESOLUTION``, or the sidecars' telemetry interval (``interval``, the longest
+    in their records) if longer, in whole seconds, so that every bucket holds a sample of
+    each sidecar. Never ``--resolution``."""
+    return float(max(ADVICE_RESOLUTION, math.ceil(interval)))
 
 
 def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
@@ -165,16 +185,13 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         with stages.stage("reading telemetry"):
             t = load(spark, list(paths), rng)
         with stages.stage("aggregating per queue and sidecar"):
-            advice = advice_resolution(t.sidecars)
-            events = aggregate.event_counts(t.events).cache()
-            run_rows = aggregate.runs(t.samples).cache()
-            series = aggregate.queue_series(t.samples, advice).cache()
-            psq_df = aggregate.per_sidecar_queue(t.samples, run_rows, events).cache()
-            eps = aggregate.episodes(run_rows)
-            queues = _rows(aggregate.per_queue(t.samples, series, eps, psq_df, events),
-                           ["vhost", "queue"])
-            sidecar_queues = _rows(psq_df, ["sidecar", "vhost", "queue"])
-            sidecars = _rows(aggregate.per_sidecar(t.sidecars, psq_df, events), ["sidecar"])
+            advice = advice_resolution(t.interval)
+            tables = aggregate.Tables.of(t.samples, t.events, advice)
+            queues = _rows(tables.queues, ["vhost", "queue"])
+            sidecar_queues = _rows(tables.psq.drop("sq", "q", "_clash"),
+                                   ["sidecar", "vhost", "queue"])
+            sidecars = _rows(aggregate.per_sidecar(t.sidecars, tables.psq, tables.events),
+                             ["sidecar"])
         with stages.stage("recommending policies"):
             recs = recommend.recommend_all(queues, target_drain)
             span = _span(queues)
@@ -193,8 +210,7 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         overview: str | None = None
         with stages.stage("plotting"):
             if plots and ranked:
-                drawn = _plot(t.samples, ranked[:MAX_PLOTS], out, resolution,
-                              (advice, series))
+                drawn = _plot(t.samples, tables, ranked[:MAX_PLOTS], out, resolution)
                 report.plot_overview(ranked, out / "plots" / "overview.png")
                 overview = "plots/overview.png"
         with stages.stage("writing the report"):
@@ -225,8 +241,7 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                 "resolution": advice,
                 "queues": queues, "sidecar_queues": sidecar_queues, "sidecars": sidecars},
                 indent=1, default=str) + "\n")
-        for df in (series, psq_df, run_rows, events):
-            df.unpersist()
+        tables.unpersist()
         t.unpersist()
     (out / "timings.json").write_text(json.dumps(
         {"master": spark.sparkContext.master, "stages": stages.timings}, indent=1) + "\n")
@@ -243,10 +258,10 @@ def _span(queues: Sequence[Mapping[str, Any]]) -> str:
     return f"{report.fmt(a, 'time')} to {report.fmt(b, 'time')} UTC ({b - a:.0f}s)"
 
 
-def _plot(samples: DataFrame, queues: Sequence[Mapping[str, Any]], out: Path,
-          resolution: float, computed: tuple[float, DataFrame]) -> list[tuple[str, str]]:
+def _plot(samples: DataFrame, tables: aggregate.Tables, queues: Sequence[Mapping[str, Any]],
+          out: Path, resolution: float) -> list[tuple[str, str]]:
     """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points
-    (``computed``: a series already at hand, and its resolution)."""
+    (the figures' series when it is at that resolution)."""
     (out / "plots").mkdir(exist_ok=True)
     span = max((q["last_ts"] or 0) - (q["first_ts"] or 0) for q in queues)
     res = max(resolution, span / PLOT_POINTS)
@@ -254,10 +269,11 @@ def _plot(samples: DataFrame, queues: Sequence[Mapping[str, Any]], out: Path,
     wanted = F.lit(False)
     for vhost, queue in keys:
         wanted = wanted | ((F.col("vhost") == vhost) & (F.col("queue") == queue))
-    if res == computed[0]:
-        series = computed[1].filter(wanted)
+    if res == tables.resolution:
+        series = tables.series.filter(wanted)
     else:
-        series = aggregate.queue_series(samples.filter(wanted), res)
+        level1 = aggregate.sidecar_series(samples.filter(wanted), res)
+        series = aggregate.queue_series(level1, tables.psq, res)
     rows = _rows(series, ["vhost", "queue", "bucket_index"])
     drawn: list[tuple[str, str]] = []
     for vhost, queue in keys:

@@ -1,15 +1,15 @@
 """Reading telemetry: which files, the read schema, PERMISSIVE mode, an account of every bad line.
 
-One pass over the files parses each line once into a narrow typed table, cached for the
-aggregations: times in integer milliseconds (``ts_ms``, ``iv_ms``), so that every sum the job
-makes is exact and the same whatever the partitioning (docs/pipeline.md, "Deterministic").
+One pass over the files parses each line once into a narrow typed table, kept for the
+aggregations (a local checkpoint): times in integer milliseconds (``ts_ms``, ``iv_ms``), so
+that every sum the job makes is exact and the same whatever the partitioning
+(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -24,7 +24,7 @@ REQUIRED = ("type", "ts", "sidecar", "vhost", "queue")
 
 #: The columns of the cached table, per record type (null where a type has no such field).
 SAMPLE_COLUMNS = (
-    "sidecar", "vhost", "queue", "ts_ms", "seq", "iv_ms", "policy", "capacity", "resume",
+    "sq", "q", "sidecar", "vhost", "queue", "ts_ms", "seq", "iv_ms", "policy", "capacity", "resume",
     "max_messages", "resume_messages", "overflow", "deadline", "depth", "depth_msgs",
     "ingress_bytes", "ingress_messages", "tripped", "trips", "blocked_publishers",
     "held_bytes", "held_messages", "spooled_bytes")
@@ -61,15 +61,20 @@ class Telemetry:
     events: DataFrame
     quality: InputQuality
     files: list[str]  # the files read
-    table: DataFrame  # the parsed lines, cached: ``unpersist()`` when done
+    table: DataFrame  # the parsed lines, checkpointed: ``unpersist()`` when done
+    interval: float = 0.0  # the longest telemetry interval of any sidecar (its records)
 
     def unpersist(self) -> None:
-        self.table.unpersist()
+        """Drop the parsed lines now, rather than when the JVM collects them."""
+        plan = self.table._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() == "LogicalRDD":
+            plan.rdd().unpersist(False)
 
 
 def _ms(c: Column) -> Column:
-    """Seconds (the telemetry's ms-precision floats) as integer milliseconds."""
-    return F.round(c * F.lit(1000.0)).cast("long")
+    """Seconds (the telemetry's ms-precision floats) as integer milliseconds, rounded half
+    up (``floor(x + 0.5)``: Spark's ``round`` goes through BigDecimal, ten times slower)."""
+    return F.floor(c * F.lit(1000.0) + F.lit(0.5)).cast("long")
 
 
 def read_raw(spark: SparkSession, paths: list[str]) -> DataFrame:
@@ -118,10 +123,15 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
               .when(~inside, "outside")
               .otherwise("ok"))
     bad = ~F.col("_status").isin("ok", "outside")
+    is_sample = (F.col("_status") == "ok") & (F.col("type") == "sample")
     line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct("v", *REQUIRED)))
     table = (raw.withColumn("_status", status)
              .select(
                  "_status", "type", "sidecar", "vhost", "queue", ts_ms.alias("ts_ms"), "seq",
+                 # 64-bit ids of (sidecar, vhost, queue) and (vhost, queue): the samples
+                 # are grouped and sorted by these longs, not by three strings
+                 F.when(is_sample, F.xxhash64("sidecar", "vhost", "queue")).alias("sq"),
+                 F.when(is_sample, F.xxhash64("vhost", "queue")).alias("q"),
                  _ms(F.col("interval")).alias("iv_ms"), "policy", "capacity", "resume",
                  "max_messages", "resume_messages", "overflow", "deadline",
                  F.coalesce("depth_bytes", "broker_depth_bytes").alias("depth"),
@@ -131,9 +141,15 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
                  "blocked_channels", "alarm", "dropped_records", "event",
                  F.when(bad, F.input_file_name()).alias("_file"),
                  F.when(bad, line).alias("_line"))
-             .persist(StorageLevel.MEMORY_AND_DISK))
-    counts = {r["_status"]: int(r["n"]) for r in
-              table.groupBy("_status").agg(F.count(F.lit(1)).alias("n")).collect()}
+             # Parsed once, kept as rows (not Spark's columnar cache: building its batches
+             # cost as much CPU as parsing the JSON; bench/RESULTS.md).
+             .localCheckpoint(eager=True))
+    counted = table.groupBy("_status").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max(F.when(F.col("type") == "sidecar", F.col("iv_ms"))).alias("iv")).collect()
+    counts = {r["_status"]: int(r["n"]) for r in counted}
+    longest = max((int(r["iv"]) for r in counted if r["_status"] == "ok" and r["iv"] is not None),
+                  default=0)
     examples: list[tuple[str, str]] = []
     if any(k not in ("ok", "outside") for k in counts):
         rows = (table.filter(F.col("_file").isNotNull()).select("_file", "_line")
@@ -149,4 +165,4 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
     samples = ok.filter(F.col("type") == "sample").select(*SAMPLE_COLUMNS)
     sidecars = ok.filter(F.col("type") == "sidecar").select(*SIDECAR_COLUMNS)
     events = ok.filter(F.col("type") == "event").select(*EVENT_COLUMNS)
-    return Telemetry(samples, sidecars, events, quality, read, table)
+    return Telemetry(samples, sidecars, events, quality, read, table, longest / 1000.0)

@@ -61,19 +61,20 @@ def side(sidecar: str, ts: float, held: int, alarm: str | None = None,
             "spooled_bytes": 0, "alarm": alarm, "dropped_records": dropped}
 
 
+def tables(t: Telemetry, resolution: float = 5.0) -> aggregate.Tables:
+    return aggregate.Tables.of(t.samples, t.events, resolution)
+
+
 def psq(t: Telemetry) -> DataFrame:
-    return aggregate.per_sidecar_queue(t.samples, aggregate.runs(t.samples),
-                                       aggregate.event_counts(t.events))
+    return tables(t).psq
 
 
 def episodes(t: Telemetry) -> DataFrame:
-    return aggregate.episodes(aggregate.runs(t.samples))
+    return tables(t).episodes
 
 
 def per_queue(t: Telemetry, resolution: float) -> DataFrame:
-    series = aggregate.queue_series(t.samples, resolution)
-    return aggregate.per_queue(t.samples, series, episodes(t), psq(t),
-                               aggregate.event_counts(t.events))
+    return tables(t, resolution).queues
 
 
 def one(df: DataFrame, **where: Any) -> dict[str, Any]:
@@ -103,7 +104,9 @@ def test_per_sidecar_queue(single: Telemetry) -> None:
         300, 1200, 1500, 1500)
     assert r["peak_overshoot"] == 500  # 1500 - 1000
     assert (r["ingress_bytes"], r["ingress_rate"]) == (1500, 150.0)  # 1500 B / 10 s
-    assert r["ingress_rate_p99"] == 700  # per-second rates sorted: 0 x7, 300, 500, 700
+    # p99 over 5-second buckets (the recommendations' resolution): ts 1-4 (1500 B in 4 s),
+    # 5-9 (0 B), 10 (0 B): rates 375, 0, 0
+    assert r["ingress_rate_p99"] == 375
     assert (r["held_bytes_max"], r["held_bytes_mean"]) == (400, 60.0)  # (200+400) / 10 s
     assert (r["deadline_expiries"], r["rejects"], r["holds"]) == (1, 1, 2)
     assert (r["capacity"], r["resume"], r["policy"]) == (1000, 600, "p")
@@ -123,7 +126,7 @@ def test_queue_series_derives_egress(single: Telemetry) -> None:
     # b4 = {8, 9}, b5 = {10}. depth_end = newest depth; egress = ingress - (depth_end -
     # previous depth_end), at least 0: b1 1200 - 1200 = 0, b2 300 + 300 = 600, b3 0 + 600,
     # b4 0 + 300, b5 0. Backlog where the previous depth_end > 0: b2, b3, b4.
-    rows = sorted((r.asDict() for r in aggregate.queue_series(single.samples, 2.0).collect()),
+    rows = sorted((r.asDict() for r in tables(single, 2.0).series.collect()),
                   key=lambda r: r["bucket_index"])
     assert [r["bucket"] for r in rows] == [0, 2, 4, 6, 8, 10]
     assert [r["depth_end"] for r in rows] == [0, 1200, 900, 300, 0, 0]
@@ -193,7 +196,8 @@ def test_fleet_per_queue_sums_ingress_and_derives_egress(fleet: Telemetry) -> No
 
 
 def test_per_sidecar(fleet: Telemetry) -> None:
-    df = aggregate.per_sidecar(fleet.sidecars, psq(fleet), aggregate.event_counts(fleet.events))
+    tb = tables(fleet)
+    df = aggregate.per_sidecar(fleet.sidecars, tb.psq, tb.events)
     s1, s2 = one(df, sidecar="s1"), one(df, sidecar="s2")
     assert (s1["records"], s1["observed_seconds"], s1["queues"]) == (4, 4, 1)
     assert (s1["held_bytes_max"], s1["held_bytes_mean"], s1["alarm_seconds"]) == (100, 25, 1)
