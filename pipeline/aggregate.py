@@ -193,8 +193,12 @@ def sidecar_series(samples: DataFrame, resolution: float) -> DataFrame:
     iv = _iv()
     bucket = F.expr(f"ts_ms div {res_ms}")
     offset = F.col("ts_ms") - bucket * F.lit(res_ms)
+    check = F.hash(*SQ)  # a second hash of the names: see per_sidecar_queue's _clash
     return (samples.select("*", bucket.alias("bucket_index"))
             .groupBy("q", "sq", "bucket_index").agg(
+                F.count(F.lit(1)).alias("samples"),
+                F.min("ts_ms").alias("first_ms"), F.max("ts_ms").alias("last_ms"),
+                F.max(_key()).alias("last_key"),
                 _sum0(iv).alias("observed_ms"),
                 _sum0(F.when(F.col("tripped"), iv)).alias("tripped_ms"),
                 _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
@@ -203,6 +207,14 @@ def sidecar_series(samples: DataFrame, resolution: float) -> DataFrame:
                 F.max(_packed(offset, F.col("depth"))).alias("last_depth"),
                 F.max(_packed(offset, F.col("depth_msgs"))).alias("last_msgs"),
                 F.max("depth").alias("depth_max"),
+                F.max("depth_msgs").alias("depth_msgs_max"),
+                F.max(F.when(F.col("capacity") > 0,
+                             F.greatest(F.col("depth") - F.col("capacity"), F.lit(0))))
+                .alias("overshoot_max"),
+                F.max("held_bytes").alias("held_max"),
+                F.max("spooled_bytes").alias("spooled_max"),
+                F.max("blocked_publishers").alias("blocked_max"),
+                F.min(check).alias("_check_min"), F.max(check).alias("_check_max"),
                 F.max("capacity").alias("capacity"), F.max("resume").alias("resume")))
 
 
@@ -254,34 +266,42 @@ def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame
     """One row per (sidecar, vhost, queue) (docs/pipeline.md, "Per sidecar and queue"), with
     its ids ``sq`` and ``q``: ``runs``, ``sidecar_series`` (the recommendations'
     resolution) and ``event_counts`` are the other inputs. ``ingress_share``: the sidecar's
-    part of the fleet's ingress to the queue. ``_clash``: true if two names share an id."""
-    s = samples.select("*", _key().alias("_key"), quantized(F.col("depth")).alias("_qd"))
-    iv = _iv()
-    agg = s.groupBy("sq").agg(
+    part of the fleet's ingress to the queue. ``_clash``: true if two names share an id (a
+    second, independent hash of the names differs within one id).
+
+    Sums and extremes come from ``sidecar_series`` (one row per bucket, not per sample);
+    the samples are read twice more: for the depth percentiles (Spark's percentile keeps a
+    map per group, which only its slower object aggregation can hold) and to fetch the
+    names and the policy from each one's latest sample.
+    """
+    rated = level1.select("*", _per_second("ingress_bytes", "observed_ms").alias("_rate"))
+    totals = rated.groupBy("sq").agg(
         F.max("q").alias("q"),
-        *[F.max(c).alias(c) for c in SQ],
-        F.greatest(*[F.min(c) != F.max(c) for c in SQ]).alias("_clash"),
-        F.count(F.lit(1)).alias("samples"),
-        F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("_last"),
-        _sum0(iv).alias("observed_ms"),
-        *[F.max_by(c, "_key").alias(c) for c in POLICY_FIELDS],
-        _sum0(F.when(F.col("tripped"), iv)).alias("tripped_ms"),
-        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES],
-        F.max("depth").alias("depth_max"),
-        F.max("depth_msgs").alias("depth_messages_max"),
-        F.max(F.when(F.col("capacity") > 0, F.greatest(F.col("depth") - F.col("capacity"),
-                                                        F.lit(0)))).alias("peak_overshoot"),
-        _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
-        _sum0(F.col("ingress_messages")).alias("ingress_messages"),
-        F.max("held_bytes").alias("held_bytes_max"),
-        _sum0(F.col("held_bytes") * iv).alias("_held_bms"),
-        F.max("spooled_bytes").alias("spooled_bytes_max"),
-        F.max("blocked_publishers").alias("blocked_publishers_max"))
-    rates = (level1.select("sq", _per_second("ingress_bytes", "observed_ms").alias("_rate"))
-             .groupBy("sq").agg(_pct("_rate", 0.99).alias("ingress_rate_p99")))
+        F.sum("samples").alias("samples"),
+        F.min("first_ms").alias("_first"), F.max("last_ms").alias("_last"),
+        F.max("last_key").alias("_key"),
+        F.sum("observed_ms").alias("observed_ms"), F.sum("tripped_ms").alias("tripped_ms"),
+        F.max("depth_max").alias("depth_max"),
+        F.max("depth_msgs_max").alias("depth_messages_max"),
+        F.max("overshoot_max").alias("peak_overshoot"),
+        F.sum("ingress_bytes").alias("ingress_bytes"),
+        F.sum("ingress_messages").alias("ingress_messages"),
+        _pct("_rate", 0.99).alias("ingress_rate_p99"),
+        F.max("held_max").alias("held_bytes_max"),
+        F.sum("held_bms").alias("_held_bms"),
+        F.max("spooled_max").alias("spooled_bytes_max"),
+        F.max("blocked_max").alias("blocked_publishers_max"),
+        (F.min("_check_min") != F.max("_check_max")).alias("_clash"))
+    pct = (samples.select("sq", quantized(F.col("depth")).alias("_qd")).groupBy("sq").agg(
+        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES]))
+    latest = (samples.select("sq", _key().alias("_key"), *SQ, *POLICY_FIELDS)
+              .join(F.broadcast(totals.select("sq", "_key")), ["sq", "_key"])
+              # one row per sq (two would be one sample written twice: take the greatest)
+              .groupBy("sq").agg(*[F.max(c).alias(c) for c in (*SQ, *POLICY_FIELDS)]))
     trips = run_rows.groupBy("sq").agg(F.sum("new_trips").alias("trips"))
     fleet = Window.partitionBy("q")
-    out = (agg.join(trips, "sq", "left").join(rates, "sq", "left").join(events, SQ, "left")
+    out = (latest.join(totals, "sq").join(pct, "sq", "left").join(trips, "sq", "left")
+           .join(events, SQ, "left")
            .select("*",
                    _seconds(F.col("_first")).alias("first_ts"),
                    _seconds(F.col("_last")).alias("last_ts"),
@@ -293,7 +313,7 @@ def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame
                    F.when(F.sum("ingress_bytes").over(fleet) > 0,
                           F.col("ingress_bytes") / F.sum("ingress_bytes").over(fleet))
                    .alias("ingress_share"))
-           .drop("_first", "_last", "observed_ms", "tripped_ms", "_held_bms"))
+           .drop("_first", "_last", "_key", "observed_ms", "tripped_ms", "_held_bms"))
     return _fill_events(out).fillna(0, ["trips"])
 
 
