@@ -64,9 +64,16 @@ def _common(kind: str, sc: SidecarState, vhost: str, queue: str, ts: float) -> d
 def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
              interval: float = 1.0, seed: int = 7, corrupt: float = 0.0,
              body: int = 1024, file_age: float = 3600.0, partitioned: bool = False,
-             start: float = START) -> int:
-    """Write the telemetry; returns how many lines (records and corrupt lines) it wrote."""
+             start: float = START, jitter: bool = False) -> int:
+    """Write the telemetry; returns how many lines (records and corrupt lines) it wrote.
+
+    ``jitter``: as real sidecars, each samples on its own clock (some at the same instants
+    as others), a few milliseconds early or late, with intervals to match, and estimates
+    the depth a little differently (its own ledger). Without it (the benchmark's data)
+    every sidecar samples at the same instants and sees the same depth.
+    """
     rng = random.Random(seed)
+    jrng = random.Random(seed + 1)  # its own draws: the data without jitter stays the same
     out.mkdir(parents=True, exist_ok=True)
     qs = []
     for i in range(queues):
@@ -76,6 +83,8 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                            consume * rng.uniform(0.6, 1.3) / sidecars))
     fleet = [SidecarState(f"app-{i:03d}-{rng.randrange(16**5):05x}") for i in range(sidecars)]
     steps = int(hours * 3600 / interval)
+    offset = {sc.name: jrng.choice([0.0, 0.0, 0.25, 0.5]) for sc in fleet} if jitter else {}
+    last_ts: dict[tuple[str, str], float] = {}  # (sidecar, queue) -> its last sample's ts
     handles: dict[str, tuple[int, IO[str]]] = {}  # sidecar -> (file number, open file)
     lines = 0
     vhost = "/"
@@ -138,13 +147,20 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                         hold = _common("event", sc, vhost, q.name, ts)
                         hold.update({"event": "hold", "conn": 1, "channel": 1})
                         recs.append(hold)
-                s = _common("sample", sc, vhost, q.name, ts)
+                own_ts, own_interval, estimate = ts, interval, int(q.depth)
+                if jitter:
+                    own_ts = round(ts + offset[sc.name] + jrng.randint(-3, 3) / 1000, 3)
+                    previous = last_ts.get((sc.name, q.name), own_ts - interval)
+                    own_interval = round(own_ts - previous, 3)
+                    last_ts[(sc.name, q.name)] = own_ts
+                    estimate = max(0, estimate + jrng.randint(-512, 512))
+                s = _common("sample", sc, vhost, q.name, own_ts)
                 held_b = held_now[sc.name]
                 s.update({
-                    "interval": interval, "policy": f"p-{q.name}", "capacity": q.capacity,
+                    "interval": own_interval, "policy": f"p-{q.name}", "capacity": q.capacity,
                     "resume": q.resume, "max_messages": 0, "resume_messages": 0,
                     "overflow": "hold", "deadline": q.deadline,
-                    "depth_bytes": int(q.depth), "depth_messages": int(q.depth) // body,
+                    "depth_bytes": estimate, "depth_messages": estimate // body,
                     "broker_depth_bytes": int(q.depth), "broker_depth_messages":
                         int(q.depth) // body,
                     "ready_count": int(q.depth) // body, "depth_known": True,

@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pipeline import aggregate
 from pipeline.load import Telemetry, load
+from pipeline.synthetic import generate
 from tests.pipeline.conftest import write_ndjson
 
 DEPTH = [0, 500, 1200, 1500, 900, 500, 300, 100, 0, 0]
@@ -226,3 +228,34 @@ def test_trips_come_from_the_counter(spark: SparkSession, tmp_path: Path) -> Non
                key=lambda x: x["episode"])
     assert [(x["start_ts"], x["end_ts"], x["closed"]) for x in e] == [
         (3, 4, True), (5, None, False)]
+
+
+def test_quantized_is_exact_below_2_kib_and_within_a_thousandth_above(
+        spark: SparkSession) -> None:
+    values = [0, 1, 2047, 2048, 2049, 4095, 4097, 123_456, 2**31 + 12_345, 2**40 - 1]
+    df = spark.createDataFrame([(v,) for v in values], "v long")
+    got = [r["q"] for r in df.select(aggregate.quantized(F.col("v")).alias("q")).collect()]
+    assert got[:4] == [0, 1, 2047, 2048]
+    for v, q in zip(values, got, strict=True):
+        assert q <= v and v - q < max(v / 1024, 1), (v, q)
+    assert len({q for v, q in zip(values, got, strict=True) if 4096 <= v < 8192}) == 1
+
+
+def test_figures_do_not_depend_on_how_the_samples_are_split(spark: SparkSession,
+                                                            tmp_path: Path) -> None:
+    # Two splits of the same records, each aggregated by a different number of tasks in a
+    # different order: every figure, to the last bit.
+    generate(tmp_path, sidecars=3, hours=0.05, queues=2, seed=5, jitter=True)
+    t = load(spark, [str(tmp_path)])
+    outputs = []
+    for parts, key in ((1, "ts_ms"), (7, "sidecar")):
+        samples = t.samples.repartition(parts, key).sortWithinPartitions(F.desc("ts_ms"))
+        tb = aggregate.Tables.of(samples, t.events.repartition(parts), 5.0)
+        outputs.append((
+            sorted(map(repr, (r.asDict() for r in tb.queues.collect()))),
+            sorted(map(repr, (r.asDict() for r in tb.psq.collect()))),
+            sorted(map(repr, (r.asDict() for r in tb.series.collect())))))
+        tb.unpersist()
+    t.unpersist()
+    assert outputs[0] == outputs[1]
+    assert any("'trips': 0" not in q for q in outputs[0][0])  # the queues did trip

@@ -38,14 +38,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4 sidecars on 3 queues for 12 minutes, a file every 2 minutes (about 26 files),
-    laid out by date and sidecar: about 20,000 lines, 10 MB."""
+    laid out by date and sidecar, each sidecar on its own clock: about 20,000 lines, 10 MB."""
     out = tmp_path_factory.mktemp("fleet")
     generate(out, sidecars=4, hours=0.2, queues=3, seed=11, corrupt=0.001, file_age=120,
-             partitioned=True)
+             partitioned=True, jitter=True)
     return out
 
 
-def analyze(telemetry: Path, out: Path, master: str, *args: str) -> subprocess.CompletedProcess[str]:
+def analyze(telemetry: Path, out: Path, master: str, *args: str
+            ) -> subprocess.CompletedProcess[str]:
     """``floodwall analyze`` in a process of its own, with this checkout's code."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1")
     env.pop("FLOODWALL_SPARK_MASTER", None)
@@ -59,6 +60,7 @@ def analyze(telemetry: Path, out: Path, master: str, *args: str) -> subprocess.C
     return result
 
 
+@pytest.mark.timeout(900)  # three Spark applications, each its own JVMs, on a shared machine
 def test_same_bytes_on_local_one_local_all_and_the_cluster(
         cluster: StandaloneCluster, fleet: Path, tmp_path: Path) -> None:
     files = sorted(fleet.rglob("*.ndjson"))
