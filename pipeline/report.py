@@ -56,6 +56,7 @@ SIDECAR_QUEUE_COLUMNS = [
     Column("depth_p99", "p99", "bytes"), Column("depth_max", "max", "bytes"),
     Column("peak_overshoot", "peak overshoot", "bytes"),
     Column("ingress_rate", "ingress", "rate"), Column("ingress_rate_p99", "ingress p99", "rate"),
+    Column("ingress_share", "share of the queue's ingress", "share"),
     Column("held_bytes_max", "held max", "bytes"), Column("held_bytes_mean", "held mean", "bytes"),
     Column("deadline_expiries", "deadline expiries"), Column("rejects", "rejects"),
 ]
