@@ -40,6 +40,9 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 #: Shuffle partitions on a cluster unless --conf spark.sql.shuffle.partitions says otherwise
 #: (adaptive execution merges small ones); raise it for fleets of many thousand sidecars.
 CLUSTER_SHUFFLE_PARTITIONS = 32
+DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+#: The driver JVM's options (``spark_session``), before any the user gives.
+DRIVER_JAVA_OPTIONS = "-Dlog4j2.configurationFile=file:{log4j} -XX:+UseParallelGC"
 
 
 @dataclass
@@ -94,6 +97,11 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
     """
     master = master or DEFAULT_MASTER
     local = master.startswith("local")
+    conf = dict(conf or {})
+    # The throughput collector: 15 % less CPU than G1 on this job (bench/RESULTS.md).
+    # Options given with --conf come after these (the later of two flags wins).
+    driver_options = " ".join(filter(None, [DRIVER_JAVA_OPTIONS.format(log4j=LOG4J),
+                                            conf.pop(DRIVER_OPTIONS, "")]))
     b = (SparkSession.builder.master(master).appName(app)
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.showConsoleProgress", "false")
@@ -107,9 +115,7 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
          # driver time on this job's many small stages, and nothing to gain on its
          # aggregated (small) joins.
          .config("spark.sql.adaptive.enabled", "false")
-         # The throughput collector: 15 % less CPU than G1 on this job (bench/RESULTS.md).
-         .config("spark.driver.extraJavaOptions",
-                 f"-Dlog4j2.configurationFile=file:{LOG4J} -XX:+UseParallelGC"))
+         .config(DRIVER_OPTIONS, driver_options))
     if local:
         cores = local_cores(master)
         # One shuffle partition per core: every task costs planning, code generation and
@@ -122,7 +128,7 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
     else:
         b = b.config("spark.sql.shuffle.partitions",
                      str(shuffle_partitions or CLUSTER_SHUFFLE_PARTITIONS))
-    for key, value in (conf or {}).items():
+    for key, value in conf.items():
         b = b.config(key, value)
     with _stderr_to(jvm_log):
         spark = b.getOrCreate()
@@ -192,6 +198,10 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                 spark = spark_session(master, conf=conf, jvm_log=out / "spark.log")
         with stages.stage("reading telemetry"):
             t = load(spark, list(paths), rng)
+            # how Spark split the work (timings.json): the figures do not depend on it
+            split = {"input_partitions": t.table.rdd.getNumPartitions(),
+                     "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")
+                                               or 0)}
         with stages.stage("aggregating per queue and sidecar"):
             advice = advice_resolution(t.interval)
             tables = aggregate.Tables.of(t.samples, t.events, advice)
@@ -252,7 +262,8 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         tables.unpersist()
         t.unpersist()
     (out / "timings.json").write_text(json.dumps(
-        {"master": spark.sparkContext.master, "stages": stages.timings}, indent=1) + "\n")
+        {"master": spark.sparkContext.master, **split, "stages": stages.timings},
+        indent=1) + "\n")
     return Analysis(out, t.quality, queues, sidecar_queues, sidecars, recs, html_path, policies,
                     summary, stages.timings, advice)
 
