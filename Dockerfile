@@ -14,7 +14,7 @@ RUN python -m venv /opt/floodwall
 ENV PATH=/opt/floodwall/bin:$PATH
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY proxy ./proxy
 # `make test` runs `pip install -e '.[test,demo]'`; the image takes the same package, no extras.
 RUN pip install --no-cache-dir . \
@@ -50,8 +50,12 @@ ENV PATH=/opt/floodwall/bin:$PATH \
 VOLUME ["/var/lib/floodwall/spool", "/var/lib/floodwall/telemetry"]
 USER 10001:10001
 WORKDIR /var/lib/floodwall
-EXPOSE 5673 9090
+EXPOSE 5673 5671 9090
 
+# TLS (README "TLS"): FLOODWALL_UPSTREAM=amqps://..., FLOODWALL_UPSTREAM_TLS_CA/_CERT/_KEY,
+# FLOODWALL_LISTEN_TLS with FLOODWALL_LISTEN_TLS_CERT/_KEY/_CLIENT_CA, files mounted from
+# Secrets (the root filesystem stays read-only: nothing is written for TLS). The admin
+# endpoint stays plain HTTP, so the HEALTHCHECK below and the chart's probes work unchanged.
 # No curl in slim: Python asks /healthz on the admin port that FLOODWALL_ADMIN names.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('FLOODWALL_ADMIN', '0.0.0.0:9090').rpartition(':')[2]; urllib.request.urlopen('http://127.0.0.1:' + port + '/healthz', timeout=2)"]

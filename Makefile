@@ -71,7 +71,7 @@ deps: $(RABBIT) $(VENV)/.installed clients-deps
 
 # --- the two commands ----------------------------------------------------------------
 demo: deps
-	$(PY) -m proxy.demo
+	$(PY) -m floodwall.dev.demo
 
 test: deps lint
 	# pytest's exit code 5 (no tests collected) is a failure like any other non-zero code.
@@ -88,6 +88,7 @@ integration: deps
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check proxy tests bench pipeline
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: deps
 	$(PY) -m bench.relay

@@ -12,6 +12,7 @@ import asyncio
 import struct
 import time
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any, cast
 
 from pamqp import body as pbody
@@ -72,6 +73,7 @@ class Amqp091Client(asyncio.Protocol):
         self.bytes_in = 0
         self.on_body: Callable[[memoryview, int], None] | None = None
         self.on_delivery: Callable[[int], None] | None = None
+        self.on_confirm: Callable[[int], None] | None = None  # (highest tag confirmed)
 
     # -- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -125,6 +127,8 @@ class Amqp091Client(asyncio.Protocol):
                             self.nacked += (tag - self.confirmed) if multiple else 1
                         if tag > self.confirmed:
                             self.confirmed = tag
+                            if self.on_confirm is not None:
+                                self.on_confirm(tag)
                     else:
                         _, ch, value = pframe.unmarshal(bytes(buf[pos:end + 1]))
                         self._methods.put_nowait((ch, value))
@@ -242,10 +246,13 @@ class Amqp091Client(asyncio.Protocol):
 
 
 async def connect(host: str, port: int, timeout: float = 10.0,
-                  open_channel: bool = True) -> Amqp091Client:
-    """A connected, handshaken client (channel 1 open when ``open_channel``)."""
+                  open_channel: bool = True, ssl: SSLContext | None = None
+                  ) -> Amqp091Client:
+    """A connected, handshaken client (channel 1 open when ``open_channel``); over TLS with
+    ``ssl`` (the name verified is ``localhost``, the bench's certificate)."""
     loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(loop.create_connection(Amqp091Client, host, port),
+    tls: dict[str, Any] = {"ssl": ssl, "server_hostname": "localhost"} if ssl else {}
+    _, client = await asyncio.wait_for(loop.create_connection(Amqp091Client, host, port, **tls),
                                        timeout)
     try:
         await client.handshake(timeout, open_channel)

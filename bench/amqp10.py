@@ -13,6 +13,7 @@ import contextlib
 import struct
 import time
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any, cast
 
 from proton import Data, Described, symbol, uint, ulong, ushort
@@ -204,7 +205,8 @@ class Amqp10Client(asyncio.Protocol):
 
 async def firehose(host: str, port: int, address: str, size: int, warmup: float,
                    seconds: float, mark: Callable[[], None],
-                   max_unsettled: int = 10_000) -> dict[str, Any]:
+                   max_unsettled: int = 10_000, ssl: SSLContext | None = None
+                   ) -> dict[str, Any]:
     """Send as fast as allowed for ``warmup + seconds``; ``mark()`` is called at the start
     and the end of the measured window. Returns counts of accepted messages.
 
@@ -212,7 +214,9 @@ async def firehose(host: str, port: int, address: str, size: int, warmup: float,
     credit), so without a bound on unsettled deliveries a run leaves a backlog of tens of
     seconds behind it; 10,000 keeps the pipe full and the run short."""
     loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(loop.create_connection(Amqp10Client, host, port), 10)
+    tls: dict[str, Any] = {"ssl": ssl, "server_hostname": "localhost"} if ssl else {}
+    _, client = await asyncio.wait_for(loop.create_connection(Amqp10Client, host, port, **tls),
+                                       10)
     try:
         await client.open_sender(address)
     except BaseException:

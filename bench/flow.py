@@ -57,8 +57,8 @@ from pamqp import commands
 
 from bench import amqp091, relay
 from bench.meters import CpuMeter, median
-from proxy.devbroker import BrokerEndpoint, LocalBroker, free_port
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker, free_port
+from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
 KIB = 1024

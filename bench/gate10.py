@@ -29,9 +29,13 @@ import struct
 import time
 from collections.abc import Callable
 
-from proxy.amqp10.connection import Connection
-from proxy.amqp10.framing import AMQP_HEADER, frame
-from proxy.amqp10.performatives import (
+from floodwall.control.controller import FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
+from floodwall.control.routing import Topology
+from floodwall.wire.amqp10.connection import Connection
+from floodwall.wire.amqp10.framing import AMQP_HEADER, frame
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     BEGIN,
     FLOW,
@@ -42,11 +46,7 @@ from proxy.amqp10.performatives import (
     encode_performative,
     performative,
 )
-from proxy.amqp10.types import UByte, UInt, UShort
-from proxy.depth import ManagementSample
-from proxy.gate import FlowController
-from proxy.policy import parse_policies
-from proxy.routing import Topology
+from floodwall.wire.amqp10.types import UByte, UInt, UShort
 
 QUEUE = "bench.firehose10"
 OTHER = "other.queue"

@@ -1,6 +1,8 @@
 """A plain TCP byte pump: the baseline cost of any relay, with no parsing at all.
 
 ``python -m bench.pump --listen 127.0.0.1:P --upstream 127.0.0.1:Q``
+``python -m bench.pump --listen 127.0.0.1:P --upstream amqps://localhost:Q --upstream-tls-ca CA``
+(plain to its clients, TLS to the broker: floodwall's shape with an amqps upstream)
 
 Same shape as floodwall's relay (asyncio Protocols on uvloop, one upstream connection per
 client, the same 256 KiB write high-water mark, reading stopped on one side while the
@@ -13,10 +15,11 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import ssl
 import sys
 from typing import cast
 
-WRITE_HIGH_WATER = 256 * 1024  # as proxy.io.relay.RelaySettings.write_high_water
+WRITE_HIGH_WATER = 256 * 1024  # as floodwall.io.relay.RelaySettings.write_high_water
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -27,8 +30,10 @@ def _hostport(text: str) -> tuple[str, int]:
 class ClientSide(asyncio.Protocol):
     """A client's socket; its upstream is opened when it connects."""
 
-    def __init__(self, upstream: tuple[str, int], conns: set[ClientSide]) -> None:
+    def __init__(self, upstream: tuple[str, int], conns: set[ClientSide],
+                 tls: ssl.SSLContext | None = None) -> None:
         self.upstream_addr = upstream
+        self.tls = tls
         self.conns = conns
         self.client: asyncio.Transport | None = None
         self.upstream: asyncio.Transport | None = None
@@ -46,7 +51,12 @@ class ClientSide(asyncio.Protocol):
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.create_connection(lambda: UpstreamSide(self), *self.upstream_addr)
+            if self.tls is None:
+                await loop.create_connection(lambda: UpstreamSide(self), *self.upstream_addr)
+            else:
+                await loop.create_connection(lambda: UpstreamSide(self), *self.upstream_addr,
+                                             ssl=self.tls,
+                                             server_hostname=self.upstream_addr[0])
         except OSError:
             self.close()
         finally:
@@ -130,10 +140,11 @@ class UpstreamSide(asyncio.Protocol):
         self.owner.close()
 
 
-async def serve(listen: tuple[str, int], upstream: tuple[str, int]) -> None:
+async def serve(listen: tuple[str, int], upstream: tuple[str, int],
+                tls: ssl.SSLContext | None = None) -> None:
     loop = asyncio.get_running_loop()
     conns: set[ClientSide] = set()
-    server = await loop.create_server(lambda: ClientSide(upstream, conns), *listen,
+    server = await loop.create_server(lambda: ClientSide(upstream, conns, tls), *listen,
                                       backlog=1024)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -151,10 +162,16 @@ async def serve(listen: tuple[str, int], upstream: tuple[str, int]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pump", description=__doc__)
     parser.add_argument("--listen", required=True, help="HOST:PORT to accept clients on")
-    parser.add_argument("--upstream", required=True, help="HOST:PORT to relay to")
+    parser.add_argument("--upstream", required=True,
+                        help="HOST:PORT to relay to, or amqps://HOST:PORT for TLS upstream")
+    parser.add_argument("--upstream-tls-ca", default=None, help="CA file for amqps://")
     parser.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="uvloop")
     args = parser.parse_args(argv)
-    coro = serve(_hostport(args.listen), _hostport(args.upstream))
+    upstream, tls = args.upstream, None
+    if upstream.startswith("amqps://"):
+        upstream = upstream.removeprefix("amqps://")
+        tls = ssl.create_default_context(cafile=args.upstream_tls_ca)
+    coro = serve(_hostport(args.listen), _hostport(upstream), tls)
     if args.event_loop == "uvloop":
         import uvloop
 

@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import socket
+import ssl as ssl_module
 import statistics
 import struct
 import subprocess
@@ -36,8 +37,8 @@ import psutil
 from bench import amqp091
 from bench.meters import CpuMeter, cpu_seconds, median, percentile, rss_bytes
 from bench.report import print_report
-from proxy.devbroker import BrokerEndpoint, LocalBroker, free_port
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, BrokerTls, LocalBroker, free_port
+from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("direct", "floodwall", "pump")
@@ -59,6 +60,7 @@ class Target:
     port: int
     process: psutil.Process | None = None
     broken: str | None = None  # why this target is skipped
+    ssl: ssl_module.SSLContext | None = None  # the client speaks TLS to it (direct, --tls)
 
 
 @dataclass
@@ -125,7 +127,7 @@ async def firehose091(rig: Rig, target: Target) -> dict[str, Any]:
     assert rig.control is not None
     await rig.control.purge(FIREHOSE_QUEUE)
     batch = amqp091.publish_frames(FIREHOSE_QUEUE, b"\xab" * opts.size) * BATCH
-    client = await amqp091.connect(target.host, target.port)
+    client = await amqp091.connect(target.host, target.port, ssl=target.ssl)
     await client.confirm_select()
     sent = 0
     stop = False
@@ -182,9 +184,10 @@ def _per_msg(cpu: dict[str, float], msgs: int) -> dict[str, float]:
 
 
 # -- scenario: consumer drain -----------------------------------------------------------------
-async def fill_queue(endpoint: BrokerEndpoint, queue: str, count: int, size: int) -> None:
+async def fill_queue(endpoint: BrokerEndpoint, queue: str, count: int, size: int,
+                     ssl: ssl_module.SSLContext | None = None) -> None:
     """Publish ``count`` messages straight to the broker and wait until all are confirmed."""
-    client = await amqp091.connect(endpoint.host, endpoint.amqp_port)
+    client = await amqp091.connect(endpoint.host, endpoint.amqp_port, ssl=ssl)
     try:
         await client.confirm_select()
         one = amqp091.publish_frames(queue, b"\xcd" * size)
@@ -207,12 +210,13 @@ async def drain(rig: Rig, target: Target) -> dict[str, Any]:
     assert rig.control is not None
     await rig.control.purge(DRAIN_QUEUE)
     t_fill = time.perf_counter()
-    await fill_queue(rig.endpoint, DRAIN_QUEUE, opts.drain_messages, opts.size)
+    await fill_queue(rig.endpoint, DRAIN_QUEUE, opts.drain_messages, opts.size,
+                     rig.targets["direct"].ssl)
     t_fill = time.perf_counter() - t_fill
     have = await rig.control.declare(DRAIN_QUEUE, passive=True)
     if have != opts.drain_messages:
         raise RuntimeError(f"drain: queue holds {have}, wanted {opts.drain_messages}")
-    client = await amqp091.connect(target.host, target.port)
+    client = await amqp091.connect(target.host, target.port, ssl=target.ssl)
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     total, every = opts.drain_messages, opts.ack_every
 
@@ -248,7 +252,7 @@ _TS = struct.Struct(">Q")
 async def latency(rig: Rig, target: Target) -> dict[str, Any]:
     """Timestamped publishes at a fixed rate, consumed on the same connection; round trips."""
     opts = rig.opts
-    client = await amqp091.connect(target.host, target.port)
+    client = await amqp091.connect(target.host, target.port, ssl=target.ssl)
     queue = f"bench.latency.{target.name}.{os.getpid()}"
     await client.declare(queue, exclusive=True, auto_delete=True)
     samples: list[int] = []
@@ -315,7 +319,8 @@ async def idle_connections(rig: Rig, target: Target) -> dict[str, Any]:
 
     async def one() -> None:
         async with sem:
-            clients.append(await amqp091.connect(target.host, target.port, timeout=30))
+            clients.append(await amqp091.connect(target.host, target.port, timeout=30,
+                                                 ssl=target.ssl))
 
     results = await asyncio.gather(*(one() for _ in range(k)), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
@@ -345,7 +350,7 @@ async def firehose10(rig: Rig, target: Target) -> dict[str, Any]:
         s0s1.append(rig.cpu.snapshot(target.process))
 
     res = await amqp10.firehose(target.host, target.port, FIREHOSE10_ADDRESS,
-                                opts.size, opts.warmup, opts.seconds, mark)
+                                opts.size, opts.warmup, opts.seconds, mark, ssl=target.ssl)
     cpu = rig.cpu.delta(s0s1[0], s0s1[1])
     msgs = int(res["msgs"])
     return {**res, "msgs_per_s": msgs / cpu["wall_s"], **cpu, **_per_msg(cpu, msgs)}
@@ -390,7 +395,7 @@ def beam_of(broker: LocalBroker) -> psutil.Process | None:
 async def probe(target: Target) -> str | None:
     """None when a 0-9-1 handshake through the target works, else why not."""
     try:
-        client = await amqp091.connect(target.host, target.port, timeout=5)
+        client = await amqp091.connect(target.host, target.port, timeout=5, ssl=target.ssl)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}".strip()
     await client.close()
@@ -400,7 +405,8 @@ async def probe(target: Target) -> str | None:
 # -- the run --------------------------------------------------------------------------------------
 async def run_all(rig: Rig, progress: Callable[[str], None]) -> dict[str, Any]:
     opts = rig.opts
-    rig.control = await amqp091.connect(rig.endpoint.host, rig.endpoint.amqp_port)
+    rig.control = await amqp091.connect(rig.endpoint.host, rig.endpoint.amqp_port,
+                                        ssl=rig.targets["direct"].ssl)
     await rig.control.declare(FIREHOSE_QUEUE, {"x-max-length": opts.max_length})
     await rig.control.declare(DRAIN_QUEUE)
     await rig.control.declare(FIREHOSE10_QUEUE, {"x-max-length": opts.max_length})
@@ -676,6 +682,10 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help="comma-separated subset of: " + ", ".join(SCENARIOS))
     p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--tls", action="store_true",
+                   help="an amqps-only broker (certificates made with trustme): direct clients "
+                        "speak TLS to it, floodwall and the pump speak plain to their clients "
+                        "and TLS upstream")
     p.add_argument("--floodwall-args", default="",
                    help="extra arguments for `floodwall run` (space separated)")
     p.add_argument("--out", type=Path, default=None,
@@ -708,18 +718,28 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     # rabbitmq_prometheus listens on 15692 unless told otherwise: another node on this
     # machine (a test run) would make ours fail to boot.
+    tls = make_tls(workdir / "pki") if args.tls else None
     broker = LocalBroker(workdir / "rabbit",
-                         config_extra=f"prometheus.tcp.port = {free_port()}\n")
+                         config_extra=f"prometheus.tcp.port = {free_port()}\n",
+                         tls=tls)
     fw: ProxyProcess | None = None
     pump: subprocess.Popen[bytes] | None = None
     try:
         progress(f"starting RabbitMQ in {workdir}")
         endpoint = broker.start()
         upstream = f"{endpoint.host}:{endpoint.amqp_port}"
-        targets = {"direct": Target("direct", endpoint.host, endpoint.amqp_port)}
+        tls_args: list[str] = []
+        direct_ssl = None
+        if tls is not None:
+            upstream = f"amqps://localhost:{endpoint.amqp_port}"
+            tls_args = ["--upstream-tls-ca", str(tls.ca)]
+            direct_ssl = ssl_module.create_default_context(cafile=str(tls.ca))
+        targets = {"direct": Target("direct", endpoint.host, endpoint.amqp_port,
+                                    ssl=direct_ssl)}
         if "floodwall" in opts.targets:
             fw = ProxyProcess(upstream=upstream, logfile=workdir / "floodwall.log",
-                              extra_args=["--event-loop", "auto", *args.floodwall_args.split()])
+                              extra_args=["--event-loop", "auto", *tls_args,
+                                          *args.floodwall_args.split()])
             fw.start()
             assert fw.process is not None
             targets["floodwall"] = Target("floodwall", "127.0.0.1", fw.port,
@@ -732,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(workdir / "pump.log", "wb") as log:
                 pump = subprocess.Popen(
                     [sys.executable, "-m", "bench.pump", "--listen", f"127.0.0.1:{pport}",
-                     "--upstream", upstream], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                     "--upstream", upstream, *tls_args], cwd=REPO, env=env,
+                    stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT)
             wait_port("127.0.0.1", pport, pump)
             targets["pump"] = Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
@@ -742,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": started.isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.executable).name, "-m", "bench.relay",
                                  *(sys.argv[1:] if argv is None else argv)]),
-            "options": opts.__dict__, "environment": _versions(endpoint),
+            "options": opts.__dict__, "tls": args.tls, "environment": _versions(endpoint),
             "loadavg_before": os.getloadavg()}
         import uvloop
 
@@ -773,6 +794,19 @@ def main(argv: list[str] | None = None) -> int:
                 pump.kill()
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def make_tls(directory: Path) -> BrokerTls:
+    """A CA and the broker's certificate (localhost, 127.0.0.1), made now (trustme)."""
+    import trustme
+
+    directory.mkdir(parents=True)
+    ca = trustme.CA()
+    leaf = ca.issue_cert("localhost", "127.0.0.1")
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    (directory / "server.pem").write_bytes(b"".join(b.bytes() for b in leaf.cert_chain_pems))
+    leaf.private_key_pem.write_to_path(str(directory / "server.key"))
+    return BrokerTls(directory / "ca.pem", directory / "server.pem", directory / "server.key")
 
 
 def _finite(value: Any) -> Any:

@@ -46,15 +46,15 @@ from pamqp import header as pamqp_header
 from pamqp.commands import Basic
 
 from bench.meters import CpuMeter
-from proxy.amqp10.types import Described, ULong, encode
-from proxy.config import AmqpCredentials
-from proxy.devbroker import BrokerEndpoint, LocalBroker
-from proxy.gate import FlowController
-from proxy.io.spool import SpoolService, SpoolServiceSettings
-from proxy.policy import EMPTY_POLICIES, parse_policies
-from proxy.routing import Topology
-from proxy.spool.manager import SpoolLimits, SpoolManager
-from proxy.spool.records import SpoolRecord
+from floodwall.control.controller import FlowController
+from floodwall.control.policy import EMPTY_POLICIES, parse_policies
+from floodwall.control.routing import Topology
+from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
+from floodwall.io.spool import SpoolService, SpoolServiceSettings
+from floodwall.ops.config import AmqpCredentials
+from floodwall.spool.manager import SpoolLimits, SpoolManager
+from floodwall.spool.records import SpoolRecord
+from floodwall.wire.amqp10.types import Described, ULong, encode
 
 REPO = Path(__file__).resolve().parents[1]
 BODY = 1024

@@ -26,9 +26,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline import aggregate, recommend, report
-from pipeline.files import TimeRange
-from pipeline.load import InputQuality, load
+from floodwall_pipeline import aggregate, recommend, report
+from floodwall_pipeline.files import TimeRange
+from floodwall_pipeline.load import InputQuality, load
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_RESOLUTION = 5.0  # the plots' (--resolution)

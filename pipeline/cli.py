@@ -8,8 +8,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from rich.console import Console
 
-from pipeline.files import TimeRange, TimeRangeError, parse_time
-from pipeline.recommend import DEFAULT_TARGET_DRAIN
+from floodwall_pipeline.files import TimeRange, TimeRangeError, parse_time
+from floodwall_pipeline.recommend import DEFAULT_TARGET_DRAIN
 
 
 def time_range(since: str | None, until: str | None) -> TimeRange:
@@ -24,7 +24,7 @@ def run_analysis(paths: Sequence[str], out: Path, *, master: str | None = None,
     """Run the job with a progress display; 0 if it wrote the report, 2 if it could not."""
     from pyspark.errors import AnalysisException, PySparkException
 
-    from pipeline.analyze import analyze, print_summary
+    from floodwall_pipeline.analyze import analyze, print_summary
 
     console = Console(stderr=False)
     try:

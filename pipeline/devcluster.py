@@ -2,7 +2,7 @@
 workers started with its ``bin/spark-class`` (no download, no Docker), on free ports, in one
 directory. For the tests, the benchmark, and trying the cluster path by hand::
 
-    python -m pipeline.devcluster --workers 2 --cores 1   # prints the master URL; Ctrl-C stops
+    python -m floodwall_pipeline.devcluster --workers 2 --cores 1  # prints the master URL
 
 Each daemon is the leader of its own process group, and the executors a worker launches
 stay in its group, so ``stop()`` ends every JVM the cluster started (``alive()`` says which

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.files import TimeRange, list_files, select
-from pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
+from floodwall_pipeline.files import TimeRange, list_files, select
+from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
 
 #: Files read under a directory: the writer's ``*.ndjson``, and ``*.ndjson.gz`` when an
 #: operator compressed old ones (Spark decompresses by extension).

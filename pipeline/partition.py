@@ -1,6 +1,6 @@
 """Lay a sidecar's telemetry directory out by date and sidecar, for incremental runs.
 
-    python -m pipeline.partition /var/lib/floodwall/telemetry /shipped/telemetry [--move]
+    python -m floodwall_pipeline.partition /var/lib/floodwall/telemetry /shipped/telemetry [--move]
 
 Copies (or moves) every closed file of SRC, the proxy's flat ``--telemetry-dir``, to
 ``DEST/date=YYYY-MM-DD/sidecar=NAME/`` after its name (pipeline/files.py): the layout that
@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.files import FileName, parse_name, partition_dir
+from floodwall_pipeline.files import FileName, parse_name, partition_dir
 
 
 @dataclass(frozen=True)

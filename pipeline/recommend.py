@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from proxy.policy import (
+from floodwall.control.policy import (
     FORMAT_VERSION,
     format_bytes,
     format_bytes_approx,

@@ -15,9 +15,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
 
-from pipeline.load import InputQuality
-from pipeline.recommend import Recommendation
-from proxy.policy import format_bytes_approx
+from floodwall.control.policy import format_bytes_approx
+from floodwall_pipeline.load import InputQuality
+from floodwall_pipeline.recommend import Recommendation
 
 Row = Mapping[str, object]
 KIB = 1024.0

@@ -20,7 +20,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from proxy.telemetry import SCHEMA_VERSION
+from floodwall.ops.telemetry import SCHEMA_VERSION
 
 CORRUPT = "_corrupt_record"
 SUPPORTED_VERSIONS = (SCHEMA_VERSION,)

@@ -17,9 +17,9 @@ if __package__ in (None, ""):  # run as a file by spark-submit: the repository i
 
 from pyspark.sql import SparkSession
 
-from pipeline.cli import run_analysis
-from pipeline.recommend import DEFAULT_TARGET_DRAIN
-from proxy.policy import parse_duration
+from floodwall.control.policy import parse_duration
+from floodwall_pipeline.cli import run_analysis
+from floodwall_pipeline.recommend import DEFAULT_TARGET_DRAIN
 
 
 def main(argv: list[str] | None = None) -> int:

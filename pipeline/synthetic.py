@@ -9,7 +9,7 @@ a publish held past ``deadline`` expires. Records have exactly the fields the pr
 ``file_age`` seconds (hourly, as the proxy's default); ``partitioned`` lays them out by date
 and sidecar (pipeline/files.py) instead of in one directory.
 
-    python -m pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
+    python -m floodwall_pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from pipeline.files import partition_dir
-from proxy.telemetry import SCHEMA_VERSION, file_name
+from floodwall.ops.telemetry import SCHEMA_VERSION, file_name
+from floodwall_pipeline.files import partition_dir
 
 KIB = 1024
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -1,5 +1,5 @@
-"""``python -m proxy`` is the ``floodwall`` command."""
+"""``python -m floodwall`` is the ``floodwall`` command."""
 
-from proxy.cli import main
+from floodwall.cli import main
 
 main()

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from proxy.devbroker import BrokerEndpoint, LocalBroker
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
+from floodwall.dev.devproxy import ProxyProcess
 
-# java_producer, node_producer, rhea_sender, rhea_receiver: real foreign clients.
-pytest_plugins = ("tests.clients.fixtures",)
+# java_producer, node_producer, rhea_sender, rhea_receiver: real foreign clients;
+# pki, tls_broker, mtls_broker: certificates and TLS-only brokers.
+pytest_plugins = ("tests.clients.fixtures", "tests.integration.tls_fixtures")
 
 BROKER_ENV = "FLOODWALL_TEST_BROKER"  # HOST:AMQP_PORT:MANAGEMENT_PORT[:USER:PASSWORD]
 
@@ -63,6 +64,7 @@ def _docker_broker() -> tuple[BrokerEndpoint, Callable[[], None]] | None:
     container.with_exposed_ports(5672, 15672)
     container.with_command(
         "bash -c 'rabbitmq-plugins enable --offline rabbitmq_amqp1_0 rabbitmq_prometheus "
+        "rabbitmq_event_exchange "
         "&& exec docker-entrypoint.sh rabbitmq-server'")
     container.start()
     wait_for_logs(container, "Server startup complete", timeout=120)

@@ -7,20 +7,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import proxy.io.app
-from proxy.cli import main
-from proxy.config import ProxySettings
+import floodwall.io.app
+from floodwall.cli import main
+from floodwall.ops.config import ProxySettings
 
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[ProxySettings]:
     runs: list[ProxySettings] = []
-    monkeypatch.setattr(proxy.io.app, "run_proxy", runs.append)
+    monkeypatch.setattr(floodwall.io.app, "run_proxy", runs.append)
     for var in ("FLOODWALL_LISTEN", "FLOODWALL_UPSTREAM", "FLOODWALL_ADMIN", "FLOODWALL_CONFIG",
                 "FLOODWALL_DEPTH_INTERVAL", "FLOODWALL_MANAGEMENT_INTERVAL",
                 "FLOODWALL_HOLD_BUDGET", "FLOODWALL_AMQP_USERNAME", "FLOODWALL_AMQP_PASSWORD",
                 "FLOODWALL_AMQP_PASSWORD_FILE", "FLOODWALL_MANAGEMENT_USERNAME",
-                "FLOODWALL_MANAGEMENT_PASSWORD", "FLOODWALL_MANAGEMENT_PASSWORD_FILE"):
+                "FLOODWALL_MANAGEMENT_PASSWORD", "FLOODWALL_MANAGEMENT_PASSWORD_FILE",
+                "FLOODWALL_LISTEN_TLS", "FLOODWALL_UPSTREAM_TLS_CA", "FLOODWALL_UPSTREAM_TLS_CERT",
+                "FLOODWALL_UPSTREAM_TLS_KEY", "FLOODWALL_UPSTREAM_TLS_INSECURE",
+                "FLOODWALL_MANAGEMENT_TLS_CA"):
         monkeypatch.delenv(var, raising=False)
     return runs
 
@@ -99,3 +102,56 @@ def test_bad_flow_flags_are_usage_errors(captured: list[ProxySettings], flag: st
     assert result.exit_code == 2
     assert flag in result.output and reason in result.output
     assert not captured
+
+
+def test_amqps_upstream_and_tls_flags(captured: list[ProxySettings], tmp_path: Path) -> None:
+    ca, cert, key = (tmp_path / n for n in ("ca.pem", "c.pem", "c.key"))
+    for f in (ca, cert, key):
+        f.write_text("x")
+    result = CliRunner().invoke(main, [
+        "run", "--upstream", "amqps://mq.example.com", "--upstream-tls-ca", str(ca),
+        "--upstream-tls-cert", str(cert), "--upstream-tls-key", str(key),
+        "--upstream-tls-server-name", "rabbit.internal", "--listen", "off",
+        "--listen-tls", "0.0.0.0:5671", "--listen-tls-cert", str(cert), "--listen-tls-key",
+        str(key), "--listen-tls-client-ca", str(ca)],
+        env={"FLOODWALL_UPSTREAM_TLS_SASL_EXTERNAL": "true"})
+    assert result.exit_code == 0, result.output
+    (settings,) = captured
+    assert settings.upstream == ("mq.example.com", 5671)
+    tls = settings.upstream_tls
+    assert tls is not None and tls.ca == ca and tls.cert == cert and tls.sasl_external
+    assert tls.name_for("mq.example.com") == "rabbit.internal" and not tls.relay_external
+    assert settings.listen is None and settings.listen_tls == ("0.0.0.0", 5671)
+    assert settings.listener_tls is not None and settings.listener_tls.client_ca == ca
+    assert settings.effective_management_url == "https://mq.example.com:15671"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--upstream", "ftp://mq"], "is not amqp:// or amqps://"),
+        (["--upstream", "mq:5672", "--upstream-tls-insecure"], "is plain: write amqps://"),
+        (["--upstream", "amqps://mq", "--upstream-tls-relay-external"], "relay-external needs"),
+        (["--listen", "off"], "--listen off needs --listen-tls"),
+        (["--listen-tls", ":5671"], "--listen-tls needs --listen-tls-cert"),
+        (["--listen-tls-cert", "x.pem"], "without --listen-tls"),
+    ],
+)
+def test_tls_settings_that_cannot_work_are_refused(captured: list[ProxySettings],
+                                                   args: list[str], fragment: str) -> None:
+    result = CliRunner().invoke(main, ["run", *args])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
+    assert not captured
+
+
+def test_a_key_that_does_not_load_refuses_to_start(tmp_path: Path) -> None:
+    """The contexts are built before anything listens: a bad file is exit 1 with its flag."""
+    cert, key = tmp_path / "c.pem", tmp_path / "c.key"
+    cert.write_text("not a certificate\n")
+    key.write_text("not a key\n")
+    result = CliRunner().invoke(main, [
+        "run", "--listen", "127.0.0.1:0", "--admin", "off", "--listen-tls", "127.0.0.1:0",
+        "--listen-tls-cert", str(cert), "--listen-tls-key", str(key)])
+    assert result.exit_code == 1, result.output
+    assert "refusing to start: --listen-tls-cert/-key/-client-ca:" in result.output

@@ -6,12 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import (
+from floodwall.ops.config import (
     AmqpCredentials,
     ConfigError,
+    ListenerTls,
     ManagementCredentials,
     ProxySettings,
+    TlsVersion,
+    UpstreamTls,
     parse_hostport,
+    parse_upstream,
 )
 
 
@@ -77,3 +81,65 @@ def test_management_url_defaults_to_the_upstream_host() -> None:
         "http://[::1]:15672")
     settings = ProxySettings(("0.0.0.0", 5673), ("mq", 5672), management_url="https://m/")
     assert settings.effective_management_url == "https://m/"
+
+
+# -- TLS ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("rabbitmq:5672", ("rabbitmq", 5672, False)),
+        ("amqp://rabbitmq", ("rabbitmq", 5672, False)),
+        ("amqp://rabbitmq:5673/", ("rabbitmq", 5673, False)),
+        ("amqps://rabbitmq", ("rabbitmq", 5671, True)),
+        ("AMQPS://mq.example.com:15671", ("mq.example.com", 15671, True)),
+        ("amqps://[::1]", ("::1", 5671, True)),
+    ],
+)
+def test_upstream_schemes(text: str, expected: tuple[str, int, bool]) -> None:
+    assert parse_upstream(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("https://rabbitmq:5671", "scheme 'https'"),
+        ("amqps://guest:guest@rabbitmq", "no login in the URL"),
+        ("amqps://rabbitmq/orders", "clients choose their vhost"),
+        ("amqps://rabbitmq:99999", "port out of range"),
+        ("amqps://", "names no host"),
+    ],
+)
+def test_bad_upstreams_are_refused_with_the_reason(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match="--upstream") as info:
+        parse_upstream(text)
+    assert fragment in str(info.value)
+
+
+def test_upstream_tls_refuses_what_cannot_work(tmp_path: Path) -> None:
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    with pytest.raises(ConfigError, match="go together"):
+        UpstreamTls.checked(cert=cert)
+    with pytest.raises(ConfigError, match="sasl-external needs"):
+        UpstreamTls.checked(sasl_external=True)
+    with pytest.raises(ConfigError, match="relay-external needs"):
+        UpstreamTls.checked(relay_external=True)
+    with pytest.raises(ConfigError, match="--upstream-tls-ca: cannot read"):
+        UpstreamTls.checked(ca=tmp_path / "missing.pem")
+    tls = UpstreamTls.checked(ca=cert, server_name="mq.internal")
+    assert tls.name_for("10.0.0.1") == "mq.internal"
+    assert UpstreamTls().name_for("rabbitmq") == "rabbitmq"
+    assert TlsVersion.parse("1.3", "--x") is TlsVersion.TLS1_3
+    with pytest.raises(ConfigError, match=r"1\.1"):
+        TlsVersion.parse("1.1", "--upstream-tls-min-version")
+
+
+def test_management_url_is_https_on_15671_with_an_amqps_upstream(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    settings = ProxySettings(("0.0.0.0", 5673), ("mq", 5671), upstream_tls=UpstreamTls(ca=ca))
+    assert settings.effective_management_url == "https://mq:15671"
+    assert settings.effective_management_tls.ca == ca  # the upstream's CA by default
+    assert ListenerTls.checked(ca, ca).files == (ca, ca)
+    with pytest.raises(ConfigError, match="--listen-tls needs"):
+        ListenerTls.checked(None, ca)

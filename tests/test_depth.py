@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
+import pytest
+
+from floodwall.control.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
 
 
 def _mgmt(at: float, ready: int, unacked: int = 0, body: int = 100) -> ManagementSample:
@@ -110,3 +112,60 @@ def test_headroom_is_where_the_estimate_crosses_the_limits() -> None:
     assert q.rebases == rebases
     q.sampled_ready_count(11.0, 0)
     assert q.rebases == rebases + 1
+
+
+def test_release_decisions_do_not_trust_a_count_taken_right_after_a_burst() -> None:
+    """A burst forwarded 50 ms before a ready count may not all be in it (the broker is still
+    enqueueing it): the settled estimate keeps it, the fast one (for trips) trusts the count."""
+    from floodwall.control.depth import SETTLE
+
+    q = QueueDepth()
+    q.sampled_ready_count(10.0, ready=0, rtt=0.001)
+    for i in range(10):
+        q.forwarded(10.2 + i * 0.001, 100)  # a burst of 10
+    q.sampled_ready_count(10.25, ready=4, rtt=0.001)  # 50 ms later: 4 of them enqueued
+    fast, settled = q.estimate(), q.estimate(settled=True)
+    assert fast is not None and settled is not None
+    assert fast.messages == 4  # everything up to 10.23 taken as counted
+    assert settled.messages == 14  # the burst is within SETTLE: counted on top
+    q.sampled_ready_count(10.2 + 0.01 + SETTLE, ready=10, rtt=0.001)  # all in by now
+    assert q.estimate(settled=True) == q.estimate() == Depth(10 * q.average_body_bytes(), 10)
+
+
+def test_a_stream_has_counts_without_bytes_so_bytes_come_from_the_ledger_mean() -> None:
+    q = QueueDepth()
+    for i in range(4):
+        q.forwarded(1.0 + i, 250)
+    q.sampled_management(ManagementSample(20.0, 40, 0, 0, 0, 0, bytes_known=False))
+    assert q.average_body_bytes() == 250
+    assert q.estimate() == Depth(40 * 250, 40)
+
+
+def test_management_documents_of_a_stream_say_the_bytes_are_unknown() -> None:
+    from floodwall.io.management import sample_from_queue_doc
+
+    stream = sample_from_queue_doc({"name": "s", "messages_ready": 30,
+                                    "messages_unacknowledged": 0}, 1.0)
+    classic = sample_from_queue_doc({"name": "c", "messages_ready": 30, "message_bytes": 0,
+                                     "messages_unacknowledged": 0}, 1.0)
+    fresh = sample_from_queue_doc({"name": "f"}, 1.0)  # no statistics yet: zeros
+    assert not stream.bytes_known and classic.bytes_known and fresh.bytes_known
+
+
+def test_drain_rate_from_successive_ready_counts_and_the_ledger() -> None:
+    """Messages that left the ready state between two counts: what was ready, plus what the
+    ledger forwarded in between, less what is ready now; averaged, with the interval."""
+    d = QueueDepth()
+    d.sampled_ready_count(10.0, 100, rtt=0.005)  # margin 0.02 s
+    assert d.drain_rate is None and d.sample_interval is None
+    for i in range(30):  # 30 publishes forwarded between the counts
+        d.forwarded(10.05 + i * 0.001, 1024)
+    d.sampled_ready_count(10.2, 80, rtt=0.005)  # 100 + 30 - 80 = 50 drained in 0.2 s
+    assert d.drain_rate == pytest.approx(250.0)
+    assert d.sample_interval == pytest.approx(0.2)
+    d.sampled_ready_count(10.4, 80, rtt=0.005)  # nothing forwarded, nothing drained
+    assert d.drain_rate == pytest.approx(0.7 * 250.0)
+    d.sampled_ready_count(10.3, 0, rtt=0.005)  # an older answer: ignored
+    assert d.drain_rate == pytest.approx(0.7 * 250.0)
+    d.sampled_ready_count(10.6, 200, rtt=0.005)  # grew without publishes: never negative
+    assert d.drain_rate == pytest.approx(0.49 * 250.0)

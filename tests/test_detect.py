@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.detect import (
+from floodwall.wire.detect import (
     AMQP091_HEADER,
     AMQP10_HEADER,
     AMQP10_SASL_HEADER,

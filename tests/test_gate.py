@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.depth import ManagementSample
-from proxy.gate import ALARM, FlowController
-from proxy.policy import parse_policies
+from floodwall.control.controller import ALARM, FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
 
 POLICIES_TEXT = """
 version: 1
@@ -29,6 +29,11 @@ class Router:
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset(routing_key.split("+")) if exchange == "" else frozenset()
+
+    generation = 0
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
 
 
 class Owner:

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-import proxy.policy
-from proxy.policy import (
+import floodwall.control.policy.model
+from floodwall.control.policy import (
     BUILTIN_DEFAULTS,
     DEFAULT_DEADLINE,
     Fsync,
@@ -171,7 +171,7 @@ def test_spool_is_hold_without_a_spool_dir(monkeypatch: pytest.MonkeyPatch) -> N
     assert spool.effective_overflow is Overflow.HOLD
     assert Policy(name="r", capacity=1, overflow=Overflow.REJECT).effective_overflow is \
         Overflow.REJECT
-    monkeypatch.setattr(proxy.policy, "SPOOL_AVAILABLE", True)
+    monkeypatch.setattr(floodwall.control.policy.model, "SPOOL_AVAILABLE", True)
     assert spool.effective_overflow is Overflow.SPOOL
 
 
@@ -376,7 +376,7 @@ def test_lookups_are_cached_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None
         return real(self, vhost, queue)
 
     monkeypatch.setattr(PolicySet, "match", counting)
-    monkeypatch.setattr(proxy.policy, "_CACHE_SIZE", 2)
+    monkeypatch.setattr(floodwall.control.policy.model, "_CACHE_SIZE", 2)
     for _ in range(3):
         assert ps.is_policed("/", "orders.us")
     assert calls == [("/", "orders.us")]

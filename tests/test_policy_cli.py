@@ -6,8 +6,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from proxy.cli import main
-from proxy.policy import load_policies, parse_policies
+from floodwall.cli import main
+from floodwall.control.policy import load_policies, parse_policies
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 

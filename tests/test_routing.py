@@ -1,4 +1,5 @@
-"""Unit tests for proxy.routing: every routing rule, the topic matcher, cycles and the cache."""
+"""Unit tests for floodwall.control.routing: every routing rule, the topic matcher, cycles and
+the cache."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.routing import (
+from floodwall.control.routing import (
     Binding,
     Destination,
     DestinationKind,

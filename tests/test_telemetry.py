@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.depth import ManagementSample
-from proxy.gate import FlowController
-from proxy.io.telemetry import Telemetry, TelemetrySettings, TelemetryWriter
-from proxy.policy import parse_policies
-from proxy.telemetry import (
+from floodwall.control.controller import FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
+from floodwall.io.telemetry import Telemetry, TelemetrySettings, TelemetryWriter
+from floodwall.ops.telemetry import (
     SCHEMA_VERSION,
     RotationPolicy,
     Sampler,
@@ -45,6 +45,11 @@ class Router:
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset({routing_key})
+
+    generation = 0
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
 
 
 class Owner:
@@ -250,13 +255,13 @@ def test_a_failing_observer_never_breaks_the_gate(tmp_path: Path) -> None:
 def test_telemetry_flags_and_wiring(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    import proxy.io.app
-    from proxy.cli import main
-    from proxy.config import ProxySettings
-    from proxy.io.app import Proxy
+    import floodwall.io.app
+    from floodwall.cli import main
+    from floodwall.io.app import Proxy
+    from floodwall.ops.config import ProxySettings
 
     runs: list[ProxySettings] = []
-    monkeypatch.setattr(proxy.io.app, "run_proxy", runs.append)
+    monkeypatch.setattr(floodwall.io.app, "run_proxy", runs.append)
     result = CliRunner().invoke(main, [
         "run", "--telemetry-interval", "500ms", "--telemetry-file-size", "1MiB",
         "--telemetry-file-age", "10m", "--telemetry-max-total", "8MiB"],

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from proxy.logs import event
+from floodwall.ops.logs import event
 
 log = logging.getLogger("floodwall.admin")
 

@@ -6,7 +6,7 @@ client library would decode and re-encode the message (and lose what the library
 model); this client sends the stored bytes unchanged as the transfer's payload, so the
 broker stores exactly what it would have stored had the proxy not spooled it.
 
-It is built on the proxy's own codec (``proxy.amqp10``) and does only what replay needs:
+It is built on the proxy's own codec (``floodwall.wire.amqp10``) and does only what replay needs:
 SASL (PLAIN, or ANONYMOUS without a username), one connection with one session, and sender
 links in mode *unsettled* / *first*: every delivery is sent unsettled and the broker settles
 it with its outcome, which resolves that delivery's future (``Confirm`` from the 0-9-1
@@ -40,9 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.amqp10.credit import serial_add, serial_diff
-from proxy.amqp10.errors import ProtocolError
-from proxy.amqp10.framing import (
+from floodwall.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
+from floodwall.io.tls import UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.writes import BatchedWrites
+from floodwall.ops.logs import event
+from floodwall.wire.amqp10.credit import serial_add, serial_diff
+from floodwall.wire.amqp10.errors import ProtocolError
+from floodwall.wire.amqp10.framing import (
     AMQP_FRAME,
     AMQP_HEADER,
     HEADER_SIZE,
@@ -53,7 +57,7 @@ from proxy.amqp10.framing import (
     frame,
     next_frame,
 )
-from proxy.amqp10.performatives import (
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     BEGIN,
     CLOSE,
@@ -83,10 +87,7 @@ from proxy.amqp10.performatives import (
     performative,
     transfer_body,
 )
-from proxy.amqp10.types import Array, Described, Symbol, UByte, UInt
-from proxy.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
-from proxy.io.writes import BatchedWrites
-from proxy.logs import event
+from floodwall.wire.amqp10.types import Array, Described, Symbol, UByte, UInt
 
 __all__ = [
     "Amqp10Client",
@@ -453,9 +454,13 @@ class Amqp10Client(BatchedWrites):
     """One connection with one session; ``await connect()``, ``open_sender()``, ``close()``."""
 
     def __init__(self, host: str, port: int, username: str, password: str, vhost: str,
-                 container_id: str = "floodwall-spool-replay", idle_timeout: float = 60.0
-                 ) -> None:
+                 container_id: str = "floodwall-spool-replay", idle_timeout: float = 60.0,
+                 tls: UpstreamTlsContext | None = None) -> None:
+        """``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        EXTERNAL (the user is the client certificate's), else PLAIN (ANONYMOUS without a
+        username)."""
         self.host, self.port, self.vhost = host, port, vhost
+        self.tls = tls
         self.container_id = container_id
         self._username, self._password = username, password
         self._idle_timeout = idle_timeout  # ours: the broker must send something this often
@@ -489,7 +494,7 @@ class Amqp10Client(BatchedWrites):
         TimeoutError; on failure the socket is closed."""
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(self.host, self.port)
+                reader, writer = await open_upstream(self.host, self.port, self.tls)
                 self._reader, self._writer = reader, writer
                 try:
                     await self._sasl()
@@ -497,6 +502,8 @@ class Amqp10Client(BatchedWrites):
                 except asyncio.IncompleteReadError:
                     raise AmqpClientError(
                         "broker closed the connection during the handshake") from None
+                except OSError as exc:  # TLS 1.3: a refused certificate shows after it
+                    raise tls_error(exc, self.tls, self.host) from None
         except BaseException:
             if self._writer is not None:
                 self._writer.close()
@@ -546,11 +553,12 @@ class Amqp10Client(BatchedWrites):
         if code != SASL_MECHANISMS:
             raise AmqpClientError(f"expected sasl-mechanisms, got performative {code}")
         offered = _mechanisms(fields)
-        mechanism = "PLAIN" if self._username else "ANONYMOUS"
+        external = self.tls is not None and self.tls.settings.sasl_external
+        mechanism = "EXTERNAL" if external else "PLAIN" if self._username else "ANONYMOUS"
         if mechanism not in offered:
             raise AmqpClientError(f"broker does not offer SASL {mechanism} (offers {offered})")
-        response = (f"\0{self._username}\0{self._password}".encode() if self._username
-                    else b"")
+        response = (f"\0{self._username}\0{self._password}".encode()
+                    if mechanism == "PLAIN" else b"")
         self._writer.write(frame(encode_performative(
             SASL_INIT, mechanism=Symbol(mechanism), initial_response=response,
             hostname=self.host), 0, SASL_FRAME))

@@ -1,7 +1,14 @@
-"""The proxy's own AMQP 0-9-1 connection to the broker: queue probes, broker alarms, replay.
+"""The proxy's own AMQP 0-9-1 connection to the broker: queue probes, lookups, topology
+events, broker alarms, replay.
 
 A small client on pamqp: handshake (PLAIN), heartbeats, one channel per outstanding RPC,
 ``connection.blocked`` notices. It is not on the relay's path; client traffic never uses it.
+
+RPCs run on *lanes*: a lane is one long-lived channel with one RPC at a time on it (a
+passive declare that finds nothing closes the channel; the lane opens another). The depth
+probes and the lookups have a lane each, so a lookup never waits behind a probe round.
+``consume()`` gives a ``Consumer`` (no-ack deliveries, assembled with their content) for the
+topology events.
 
 ``open_publisher()`` gives a ``Publisher``: a channel in confirm mode for the spool's
 replayer. Publishes are pipelined (up to ``window`` unconfirmed), their frames encoded here
@@ -26,13 +33,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pamqp import commands, frame, heartbeat
+from pamqp import body as pamqp_body
+from pamqp import commands, frame, header, heartbeat
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ProtocolHeader
 
-from proxy import __version__
-from proxy.io.writes import BatchedWrites
-from proxy.logs import event
+from floodwall import __version__
+from floodwall.io.tls import UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.writes import BatchedWrites
+from floodwall.ops.logs import event
 
 log = logging.getLogger("floodwall.upstream")
 
@@ -41,12 +50,72 @@ class AmqpClientError(RuntimeError):
     """The broker refused or dropped the proxy's own connection."""
 
 
+class QueueLocked(AmqpClientError):
+    """405 RESOURCE_LOCKED: the queue is exclusive to another connection (a passive declare
+    of it is refused; its figures come from the management API)."""
+
+
 @dataclass(frozen=True)
 class QueueCounts:
     """What a passive queue.declare says: ready messages and consumers, right now."""
 
     messages: int
     consumers: int
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message a consumer received: routing key, properties, body."""
+
+    exchange: str
+    routing_key: str
+    properties: Any  # pamqp commands.Basic.Properties
+    body: bytes
+
+
+class Consumer:
+    """A no-ack consumer on its own channel: each complete delivery goes to ``on_message``."""
+
+    def __init__(self, client: AmqpClient, channel: int,
+                 on_message: Callable[[Delivery], None]) -> None:
+        self.client = client
+        self.channel = channel
+        self.on_message = on_message
+        self.closed_reason: str | None = None
+        self.received = 0
+        self._deliver: Any = None  # the basic.deliver whose content is arriving
+        self._properties: Any = None
+        self._size = 0
+        self._parts: list[bytes] = []
+
+    def on_frame(self, value: Any) -> None:
+        if isinstance(value, commands.Basic.Deliver):
+            self._deliver, self._properties, self._parts = value, None, []
+        elif isinstance(value, header.ContentHeader) and self._deliver is not None:
+            self._properties, self._size = value.properties, value.body_size
+            if not self._size:
+                self._done()
+        elif isinstance(value, pamqp_body.ContentBody) and self._deliver is not None:
+            self._parts.append(bytes(value.value))
+            self._size -= len(value.value)
+            if self._size <= 0:
+                self._done()
+        elif isinstance(value, commands.Channel.Close | commands.Basic.Cancel):
+            reason = (f"broker closed the channel: {value.reply_code} {value.reply_text}"
+                      if isinstance(value, commands.Channel.Close) else "consumer cancelled")
+            self.lost(reason)
+
+    def _done(self) -> None:
+        deliver, self._deliver = self._deliver, None
+        self.received += 1
+        self.on_message(Delivery(deliver.exchange or "", deliver.routing_key or "",
+                                 self._properties, b"".join(self._parts)))
+        self._parts = []
+
+    def lost(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        self.client.forget_consumer(self)
 
 
 class Confirm(enum.Enum):
@@ -245,8 +314,12 @@ class AmqpClient(BatchedWrites):
 
     def __init__(self, host: str, port: int, username: str, password: str, vhost: str = "/",
                  heartbeat_seconds: int = 30,
-                 on_blocked: Callable[[str | None], None] | None = None) -> None:
+                 on_blocked: Callable[[str | None], None] | None = None,
+                 tls: UpstreamTlsContext | None = None) -> None:
+        """``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        EXTERNAL (the broker takes the user from the client certificate), else PLAIN."""
         self.host, self.port, self.vhost = host, port, vhost
+        self.tls = tls
         self._username, self._password = username, password
         self._heartbeat = heartbeat_seconds
         self.on_blocked = on_blocked  # called with a reason when blocked, None when unblocked
@@ -257,10 +330,14 @@ class AmqpClient(BatchedWrites):
         self._waiters: dict[int, asyncio.Future[Any]] = {}
         self._channel_ids = itertools.cycle(range(1, 2048))
         self._frame_max = 131072
-        self._probe_channel: int | None = None
+        self._lanes: dict[str, int] = {}  # lane name -> its channel
+        self._lane_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[None]] = set()  # lanes being reopened
         self._publishers: dict[int, Publisher] = {}
+        self._consumers: dict[int, Consumer] = {}
         self._init_writes()
         self.closed_reason: str | None = None
+        self._lost: asyncio.Event | None = None
 
     @property
     def frame_max(self) -> int:
@@ -271,11 +348,15 @@ class AmqpClient(BatchedWrites):
         return self._writer is not None and self.closed_reason is None
 
     async def connect(self, timeout: float = 10.0) -> None:
+        self._lost = asyncio.Event()
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), timeout)
+            open_upstream(self.host, self.port, self.tls), timeout)
         self._reader, self._writer = reader, writer
         writer.write(frame.marshal(ProtocolHeader(), 0))
-        await asyncio.wait_for(self._handshake(), timeout)
+        try:
+            await asyncio.wait_for(self._handshake(), timeout)
+        except OSError as exc:  # a TLS 1.3 broker refuses our certificate after the handshake
+            raise tls_error(exc, self.tls, self.host) from None
         loop = asyncio.get_running_loop()
         self._read_task = loop.create_task(self._read_forever(), name="amqp-client-read")
         if self._heartbeat:
@@ -300,9 +381,18 @@ class AmqpClient(BatchedWrites):
         props: dict[str, Any] = {"product": "floodwall", "version": __version__,
                  "capabilities": {"connection.blocked": True, "publisher_confirms": True,
                                   "consumer_cancel_notify": True}}
+        if self.tls is not None and self.tls.settings.sasl_external:
+            mechanism, response = "EXTERNAL", ""
+            offered = str(start.mechanisms or "").split()
+            if mechanism not in offered:
+                raise AmqpClientError(
+                    f"broker does not offer SASL EXTERNAL (offers {' '.join(offered)}): it "
+                    "needs the rabbitmq_auth_mechanism_ssl plugin, EXTERNAL in its "
+                    "auth_mechanisms and a client certificate it verified")
+        else:
+            mechanism, response = "PLAIN", f"\0{self._username}\0{self._password}"
         self._send(0, commands.Connection.StartOk(
-            client_properties=props, mechanism="PLAIN",
-            response=f"\0{self._username}\0{self._password}"))
+            client_properties=props, mechanism=mechanism, response=response))
         _, tune = await self._next_frame()
         if isinstance(tune, commands.Connection.Close):
             raise AmqpClientError(f"broker refused login: {tune.reply_code} {tune.reply_text}")
@@ -358,6 +448,11 @@ class AmqpClient(BatchedWrites):
         if publisher is not None:
             publisher.on_frame(value)
             return
+        consumer = self._consumers.get(channel)
+        if consumer is not None:
+            consumer.on_frame(value)
+            if not isinstance(value, commands.Basic.ConsumeOk | commands.Channel.Close):
+                return
         waiter = self._waiters.get(channel)
         if waiter is not None and not waiter.done():
             waiter.set_result(value)
@@ -371,6 +466,10 @@ class AmqpClient(BatchedWrites):
                 waiter.set_exception(AmqpClientError(reason))
         for publisher in list(self._publishers.values()):
             publisher.lost(reason)
+        for consumer in list(self._consumers.values()):
+            consumer.lost(reason)
+        if self._lost is not None:
+            self._lost.set()
         if self._writer is not None:
             self._writer.close()
 
@@ -387,41 +486,135 @@ class AmqpClient(BatchedWrites):
         self._waiters[channel] = waiter
         try:
             self._send(channel, value)
-            return await asyncio.wait_for(waiter, timeout)
+            async with asyncio.timeout(timeout):  # (one wake-up less than wait_for)
+                return await waiter
         finally:
             self._waiters.pop(channel, None)
 
     async def _open_channel(self, timeout: float) -> int:
         channel = next(self._channel_ids)
+        lanes = self._lanes.values()
         while (channel in self._waiters or channel in self._publishers
-               or channel == self._probe_channel):
+               or channel in self._consumers or channel in lanes):
             channel = next(self._channel_ids)
         opened = await self._rpc(channel, commands.Channel.Open(), timeout)
         if not isinstance(opened, commands.Channel.OpenOk):
             raise AmqpClientError(f"channel.open refused: {opened!r}")
         return channel
 
-    async def queue_counts(self, queue: str, timeout: float = 5.0) -> QueueCounts | None:
-        """Ready messages and consumers of ``queue`` now; None when it does not exist.
+    async def _lane_rpc(self, lane: str, value: Any, timeout: float) -> Any:
+        """One RPC on ``lane``'s channel (opened when needed), after the lane's previous one.
 
-        Uses one long-lived probe channel; a 404 closes it and the next call opens another.
+        A channel.close in reply (a passive declare of nothing) retires the lane's channel;
+        so does a timeout (a late reply must not answer the next request).
         """
         if not self.connected:
             raise AmqpClientError(self.closed_reason or "not connected")
-        if self._probe_channel is None:
-            self._probe_channel = await self._open_channel(timeout)
-        channel = self._probe_channel
-        reply = await self._rpc(channel, commands.Queue.Declare(queue=queue, passive=True),
-                                timeout)
+        lock = self._lane_locks.get(lane)
+        if lock is None:
+            lock = self._lane_locks[lane] = asyncio.Lock()
+        async with lock:
+            channel = self._lanes.get(lane)
+            if channel is None:
+                channel = self._lanes[lane] = await self._open_channel(timeout)
+            try:
+                reply = await self._rpc(channel, value, timeout)
+            except TimeoutError:
+                self._lanes.pop(lane, None)
+                raise
+            if isinstance(reply, commands.Channel.Close):
+                self._lanes.pop(lane, None)
+                # Reopen it now, so the lane's next RPC (a lookup) is one round trip.
+                reopen = asyncio.get_running_loop().create_task(self._reopen(lane, timeout))
+                self._background.add(reopen)
+                reopen.add_done_callback(self._background.discard)
+            return reply
+
+    async def _reopen(self, lane: str, timeout: float) -> None:
+        with contextlib.suppress(AmqpClientError, TimeoutError, OSError):
+            await self.open_lane(lane, timeout)
+
+    async def open_lane(self, lane: str, timeout: float = 5.0) -> None:
+        """Open ``lane``'s channel now, so its first RPC is one round trip."""
+        lock = self._lane_locks.setdefault(lane, asyncio.Lock())
+        async with lock:
+            if lane not in self._lanes:
+                self._lanes[lane] = await self._open_channel(timeout)
+
+    async def queue_counts(self, queue: str, timeout: float = 5.0,
+                           lane: str = "probe") -> QueueCounts | None:
+        """Ready messages and consumers of ``queue`` now; None when it does not exist."""
+        reply = await self._lane_rpc(lane, commands.Queue.Declare(queue=queue, passive=True),
+                                     timeout)
         if isinstance(reply, commands.Channel.Close):  # the broker closed the channel
-            self._probe_channel = None
             if reply.reply_code == 404:
                 return None
-            raise AmqpClientError(f"queue.declare {queue!r}: {reply.reply_code} "
-                                  f"{reply.reply_text}")
+            error = QueueLocked if reply.reply_code == 405 else AmqpClientError
+            raise error(f"queue.declare {queue!r}: {reply.reply_code} {reply.reply_text}")
         if not isinstance(reply, commands.Queue.DeclareOk):
             raise AmqpClientError(f"queue.declare {queue!r}: unexpected {reply!r}")
         return QueueCounts(reply.message_count or 0, reply.consumer_count or 0)
+
+    async def exchange_exists(self, exchange: str, timeout: float = 5.0,
+                              lane: str = "probe") -> bool:
+        """Whether ``exchange`` exists (a passive exchange.declare)."""
+        reply = await self._lane_rpc(
+            lane, commands.Exchange.Declare(exchange=exchange, passive=True), timeout)
+        if isinstance(reply, commands.Channel.Close):
+            if reply.reply_code == 404:
+                return False
+            raise AmqpClientError(f"exchange.declare {exchange!r}: {reply.reply_code} "
+                                  f"{reply.reply_text}")
+        if not isinstance(reply, commands.Exchange.DeclareOk):
+            raise AmqpClientError(f"exchange.declare {exchange!r}: unexpected {reply!r}")
+        return True
+
+    async def declare_queue(self, queue: str = "", *, exclusive: bool = False,
+                            auto_delete: bool = False,
+                            arguments: dict[str, Any] | None = None,
+                            timeout: float = 5.0) -> str:
+        """Declare a queue (``""``: the broker names it); its name."""
+        reply = await self._lane_rpc("setup", commands.Queue.Declare(
+            queue=queue, exclusive=exclusive, auto_delete=auto_delete,
+            arguments=arguments or {}), timeout)
+        if not isinstance(reply, commands.Queue.DeclareOk):
+            raise AmqpClientError(f"queue.declare {queue!r}: {_refusal(reply)}")
+        return str(reply.queue)
+
+    async def bind_queue(self, queue: str, exchange: str, routing_key: str,
+                         timeout: float = 5.0) -> None:
+        reply = await self._lane_rpc("setup", commands.Queue.Bind(
+            queue=queue, exchange=exchange, routing_key=routing_key), timeout)
+        if not isinstance(reply, commands.Queue.BindOk):
+            raise AmqpClientError(f"queue.bind {queue!r} to {exchange!r}: {_refusal(reply)}")
+
+    async def consume(self, queue: str, on_message: Callable[[Delivery], None],
+                      timeout: float = 5.0) -> Consumer:
+        """A no-ack consumer of ``queue`` on a channel of its own."""
+        if not self.connected:
+            raise AmqpClientError(self.closed_reason or "not connected")
+        channel = await self._open_channel(timeout)
+        consumer = Consumer(self, channel, on_message)
+        self._consumers[channel] = consumer
+        try:
+            reply = await self._rpc(channel, commands.Basic.Consume(queue=queue, no_ack=True),
+                                    timeout)
+        except BaseException:
+            self.forget_consumer(consumer)
+            raise
+        if not isinstance(reply, commands.Basic.ConsumeOk):
+            self.forget_consumer(consumer)
+            raise AmqpClientError(f"basic.consume {queue!r}: {_refusal(reply)}")
+        return consumer
+
+    def forget_consumer(self, consumer: Consumer) -> None:
+        if self._consumers.get(consumer.channel) is consumer:
+            del self._consumers[consumer.channel]
+
+    async def wait_closed(self) -> None:
+        """Until the connection is lost or closed."""
+        if self._lost is not None:
+            await self._lost.wait()
 
     async def open_publisher(self, window: int = 1000, timeout: float = 5.0) -> Publisher:
         """A new channel in confirm mode (``confirm.select``)."""
@@ -446,6 +639,8 @@ class AmqpClient(BatchedWrites):
             raise AmqpClientError(f"channel.close: unexpected {reply!r}")
 
     async def close(self) -> None:
+        for reopening in list(self._background):
+            reopening.cancel()
         for publisher in list(self._publishers.values()):
             publisher.lost("connection closing")
         self._flush()
@@ -456,6 +651,8 @@ class AmqpClient(BatchedWrites):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        if self._lost is not None:
+            self._lost.set()
         if self._writer is not None:
             if self.closed_reason is None:
                 with contextlib.suppress(OSError, AmqpClientError):
@@ -465,3 +662,9 @@ class AmqpClient(BatchedWrites):
             with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
         self.closed_reason = self.closed_reason or "closed"
+
+
+def _refusal(reply: Any) -> str:
+    if isinstance(reply, commands.Channel.Close):
+        return f"{reply.reply_code} {reply.reply_text}"
+    return f"unexpected {reply!r}"

@@ -24,28 +24,48 @@ import contextlib
 import itertools
 import logging
 import signal
+import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.registry import Collector
 
-from proxy import __version__
-from proxy.config import ProxySettings
-from proxy.gate import QueueKey
-from proxy.io.admin import AdminEndpoints, serve_admin
-from proxy.io.flow import FlowSettings, FlowSupervisor
-from proxy.io.relay import RelayedConnection, RelaySettings
-from proxy.io.spool import SpoolService, SpoolServiceSettings
-from proxy.io.telemetry import Telemetry, TelemetrySettings
-from proxy.logs import event
-from proxy.metrics import RelayCollector, RelayStats, make_registry
-from proxy.policy import set_spool_available
-from proxy.routing import Topology
-from proxy.spool.manager import SpoolLimits
-from proxy.telemetry import RotationPolicy
+from floodwall import __version__
+from floodwall.control.controller import QueueKey
+from floodwall.control.policy import set_spool_available
+from floodwall.control.routing import Topology
+from floodwall.io.admin import AdminEndpoints, serve_admin
+from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
+from floodwall.io.spool import SpoolService, SpoolServiceSettings
+from floodwall.io.supervisor import FlowSettings, FlowSupervisor
+from floodwall.io.telemetry import Telemetry, TelemetrySettings
+from floodwall.io.tls import (
+    ListenerTlsContext,
+    ManagementTlsContext,
+    ReloadingContext,
+    UpstreamTlsContext,
+    explain,
+    open_upstream,
+    tls_error,
+)
+from floodwall.ops.config import ConfigError, ProxySettings
+from floodwall.ops.logs import event
+from floodwall.ops.metrics import RelayCollector, RelayStats, make_registry
+from floodwall.ops.telemetry import RotationPolicy
+from floodwall.spool.manager import SpoolLimits
 
 log = logging.getLogger("floodwall")
+
+T = TypeVar("T")
+#: Seconds the readiness probe listens after a TLS 1.3 handshake for the broker's alert
+#: (a refused client certificate is only told then); the broker sends nothing else first.
+TLS_ALERT_WAIT = 0.5
+
+
+def _tls_version(writer: asyncio.StreamWriter) -> str | None:
+    ssl_object = writer.get_extra_info("ssl_object")
+    return ssl_object.version() if ssl_object is not None else None
 
 
 class Proxy:
@@ -55,15 +75,17 @@ class Proxy:
         """Raises ``PolicyError`` (``FILE:LINE: reason``) for a bad policies file."""
         self.settings = settings
         self.stats = RelayStats()
+        self.upstream_tls, self.management_tls, self.listener_tls = make_tls(settings)
         self.flow: FlowSupervisor | None = None
         if settings.policies is not None:
-            self.flow = FlowSupervisor(FlowSettings.from_proxy_settings(settings), Topology())
+            self.flow = FlowSupervisor(FlowSettings.from_proxy_settings(
+                settings, self.upstream_tls, self.management_tls), Topology())
         self.telemetry: Telemetry | None = None
         if settings.telemetry_dir is not None and self.flow is not None:
             self.telemetry = make_telemetry(settings, self.flow, self._spooled)
         self.spool: SpoolService | None = None
         if settings.spool_dir is not None and self.flow is not None:
-            self.spool = make_spool(settings, self.flow)
+            self.spool = make_spool(settings, self.flow, self.upstream_tls)
         set_spool_available(self.spool is not None)
         collectors: list[Collector] = [RelayCollector(self.stats)]
         if self.flow is not None:
@@ -80,16 +102,20 @@ class Proxy:
             hold_budget=settings.hold_budget,
             on_topology=self.flow.topology_changed if self.flow is not None else None,
             spool=self.spool.manager if self.spool is not None else None,
+            upstream_tls=self.upstream_tls,
+            relay_external=(settings.upstream_tls is not None
+                            and settings.upstream_tls.relay_external),
         )
         self._ids = itertools.count(1)
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[asyncio.Server | TlsListener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         self._drain_cut = asyncio.Event()  # a second SIGTERM/SIGINT: stop waiting
         self._drain_deadline: float | None = None  # loop.time() when the drain gives up
-        self._listener: asyncio.Server | None = None
         self._started = time.time()
+        self._listeners: list[asyncio.Server | TlsListener] = []
         self.listen_port: int | None = None
+        self.listen_tls_port: int | None = None
         self.admin_port: int | None = None
         self._last_probe_error = "not probed yet"
 
@@ -102,17 +128,33 @@ class Proxy:
         elif self.settings.spool_dir is not None:
             event(log, "spool_off", logging.WARNING, reason="no --policies given: nothing "
                   "is policed, so nothing is spooled")
-        host, port = self.settings.listen
-        server = await loop.create_server(self._new_connection, host, port, backlog=1024)
-        self._servers.append(server)
-        self._listener = server
-        self.listen_port = server.sockets[0].getsockname()[1]
+        listening: dict[str, object] = {}
+        if self.settings.listen is not None:
+            host, port = self.settings.listen
+            server = await loop.create_server(self._new_connection, host, port, backlog=1024)
+            self._servers.append(server)
+            self._listeners.append(server)
+            self.listen_port = server.sockets[0].getsockname()[1]
+            listening["listen"] = f"{host}:{self.listen_port}"
+        if self.settings.listen_tls is not None and self.listener_tls is not None:
+            host, port = self.settings.listen_tls
+            tls_listener = await TlsListener.start(host, port, self._new_connection,
+                                                   self.listener_tls,
+                                                   self.settings.handshake_timeout, self.stats)
+            self._servers.append(tls_listener)
+            self._listeners.append(tls_listener)
+            self.listen_tls_port = tls_listener.port
+            listening["listen_tls"] = f"{host}:{self.listen_tls_port}"
+            listening["client_certificates"] = ("required" if self.listener_tls.settings.client_ca
+                                                else "not asked")
         if self.settings.admin is not None:
             endpoints = AdminEndpoints(self.registry, self._readiness, self.state)
             admin = await serve_admin(endpoints, *self.settings.admin)
             self._servers.append(admin)
             self.admin_port = admin.sockets[0].getsockname()[1]
         self._spawn(self._probe_upstream_forever(), "upstream-probe")
+        if self._tls_contexts():
+            self._spawn(self._watch_tls_forever(), "tls-reload")
         if self.flow is not None:
             await self.flow.start()
             self._spawn(self._expire_held_forever(), "deadlines")
@@ -121,10 +163,37 @@ class Proxy:
         elif self.settings.telemetry_dir is not None:
             event(log, "telemetry_off", logging.WARNING, reason="no --policies given: "
                   "nothing is policed, so there is nothing to record")
-        event(log, "started", version=__version__, listen=f"{host}:{self.listen_port}",
-              upstream="{}:{}".format(*self.settings.upstream),
+        event(log, "started", logging.INFO, version=__version__, **listening,
+              upstream=self.upstream_label,
               admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
                      else "off"), event_loop=type(loop).__module__.split(".")[0])
+        tls = self.settings.upstream_tls
+        if tls is not None and tls.insecure:
+            event(log, "upstream_tls_insecure", logging.WARNING, upstream=self.upstream_label,
+                  reason="--upstream-tls-insecure: the broker's certificate is NOT verified; "
+                         "anyone between floodwall and the broker can read and change the "
+                         "traffic, credentials included")
+        if tls is not None and tls.relay_external:
+            event(log, "relayed_external_allowed", logging.WARNING,
+                  reason="--upstream-tls-relay-external: a client that logs in with SASL "
+                         "EXTERNAL is logged in as floodwall's own certificate")
+
+    @property
+    def upstream_label(self) -> str:
+        host, port = self.settings.upstream
+        return f"{'amqps://' if self.upstream_tls is not None else ''}{host}:{port}"
+
+    def _tls_contexts(self) -> list[ReloadingContext]:
+        return [c for c in (self.upstream_tls, self.management_tls, self.listener_tls)
+                if c is not None]
+
+    async def _watch_tls_forever(self) -> None:
+        """Re-read certificates, keys and CA files when they change (cert-manager rotates
+        them in place): new connections get the new ones, open ones keep theirs."""
+        while True:
+            await asyncio.sleep(self.settings.tls_reload_interval)
+            for context in self._tls_contexts():
+                context.check()
 
     def _spooled(self) -> Mapping[QueueKey, int]:
         """Bytes in each queue's spool not yet confirmed by the broker (for telemetry)."""
@@ -195,8 +264,8 @@ class Proxy:
         released or refused as their queues drain while the drain waits.
         """
         self._stopping.set()
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         loop = asyncio.get_running_loop()
         self._drain_deadline = loop.time() + self.settings.drain_timeout
         # The spool takes no new records (publishes are held instead) and replays what it
@@ -256,13 +325,16 @@ class Proxy:
     def _new_connection(self) -> RelayedConnection:
         return RelayedConnection(self.relay_settings, self.stats, next(self._ids))
 
+
     async def _expire_held_forever(self, interval: float = 0.25) -> None:
-        """Refuse held publishes whose policy deadline has passed (nack or 406 close)."""
+        """Refuse held publishes (nack or 406 close) and withheld 1.0 links (detach) whose
+        policy deadline has passed."""
         assert self.flow is not None
         clock = self.flow.controller.clock
         while True:
             await asyncio.sleep(interval)
-            if not self.flow.controller.held_messages:
+            controller = self.flow.controller
+            if not controller.held_messages and not controller.blocked_count:
                 continue
             now = clock()
             for conn in list(self.stats.live):
@@ -271,23 +343,42 @@ class Proxy:
 
     # -- upstream probe ----------------------------------------------------------------
     async def probe_upstream(self) -> bool:
+        """Can a client reach the broker? TCP, and with amqps the TLS handshake (the
+        certificate verified as for a client); with TLS 1.3 also a moment after it, when a
+        broker that refuses our client certificate (or its absence) sends its alert."""
         host, port = self.settings.upstream
+        tls = self.upstream_tls
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
-                                               self.settings.connect_timeout)
-        except (OSError, TimeoutError) as exc:
+            async with asyncio.timeout(self.settings.connect_timeout):
+                reader, writer = await open_upstream(host, port, tls)
+                try:
+                    if tls is not None and _tls_version(writer) == "TLSv1.3":
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(min(TLS_ALERT_WAIT,
+                                                           self.settings.connect_timeout)):
+                                if not await reader.read(1):
+                                    raise ConnectionResetError(
+                                        "the broker closed the connection after the TLS "
+                                        "handshake")
+                finally:
+                    writer.close()
+                    with contextlib.suppress(OSError):
+                        await writer.wait_closed()
+        except (OSError, TimeoutError) as raised:
+            exc = tls_error(raised, tls, host)
             first_failure = self.stats.upstream_up or self._last_probe_error == "not probed yet"
             self.stats.upstream_up = False
-            self._last_probe_error = str(exc) or type(exc).__name__
-            if first_failure:  # once per outage, not every probe
+            reason = str(exc) or type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                reason = f"no answer within {self.settings.connect_timeout}s"
+            changed = reason != self._last_probe_error
+            self._last_probe_error = reason
+            if first_failure or changed:  # once per outage (and per new reason)
                 event(log, "upstream_probe_failed", logging.WARNING,
-                      upstream=f"{host}:{port}", reason=self._last_probe_error)
+                      upstream=self.upstream_label, reason=self._last_probe_error)
             return False
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
         if not self.stats.upstream_up:
-            event(log, "upstream_reachable", upstream=f"{host}:{port}")
+            event(log, "upstream_reachable", upstream=self.upstream_label)
         self.stats.upstream_up = True
         self._last_probe_error = ""
         return True
@@ -303,6 +394,19 @@ class Proxy:
         checks: dict[str, object] = {"upstream": self.stats.upstream_up}
         if not self.stats.upstream_up:
             checks["upstream_error"] = self._last_probe_error
+        tls = self.settings.upstream_tls
+        if tls is not None:
+            checks["upstream_tls"] = {
+                "verify": not tls.insecure,
+                "server_name": tls.name_for(self.settings.upstream[0]),
+                "ca": str(tls.ca) if tls.ca is not None else "system trust store",
+                "client_certificate": tls.cert is not None,
+                **({"warning": "insecure: the broker's certificate is not verified"}
+                   if tls.insecure else {}),
+            }
+        reload_errors = {c.what: c.error for c in self._tls_contexts() if c.error}
+        if reload_errors:
+            checks["tls_reload_errors"] = reload_errors
         if self._stopping.is_set():
             checks["stopping"] = True
             checks["reason"] = "draining"
@@ -325,7 +429,7 @@ class Proxy:
         doc: dict[str, object] = {
             "version": __version__,
             "uptime_seconds": round(time.time() - self._started, 3),
-            "upstream": "{}:{}".format(*self.settings.upstream),
+            "upstream": self.upstream_label,
             "upstream_up": self.stats.upstream_up,
             "connections": [
                 {"id": c.conn_id, "peer": c.peer, "protocol": c.protocol}
@@ -353,14 +457,47 @@ def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
                      spooled=spooled)
 
 
-def make_spool(settings: ProxySettings, flow: FlowSupervisor) -> SpoolService:
+def make_tls(settings: ProxySettings) -> tuple[UpstreamTlsContext | None,
+                                                ManagementTlsContext | None,
+                                                ListenerTlsContext | None]:
+    """The process' TLS contexts, each built once; a certificate, key or CA file that does
+    not load refuses the start (``ConfigError`` naming the flag and the reason)."""
+    def build(what: str, make: Callable[[], T]) -> T:
+        try:
+            return make()
+        except (OSError, ValueError) as exc:
+            reason = explain(exc, None, None) if isinstance(exc, ssl.SSLError) else str(exc)
+            raise ConfigError(f"{what}: {reason}") from None
+
+    upstream = None
+    if settings.upstream_tls is not None:
+        tls = settings.upstream_tls
+        upstream = build("--upstream-tls-ca/-cert/-key", lambda: UpstreamTlsContext(tls))
+    management = None
+    if settings.policies is not None and settings.effective_management_url.lower().startswith(
+            "https:"):
+        management_tls = settings.effective_management_tls
+        management = build("--management-tls-ca/-cert/-key",
+                           lambda: ManagementTlsContext(management_tls))
+    listener = None
+    if settings.listen_tls is not None:
+        if settings.listener_tls is None:
+            raise ConfigError("--listen-tls needs --listen-tls-cert and --listen-tls-key")
+        listener_tls = settings.listener_tls
+        listener = build("--listen-tls-cert/-key/-client-ca",
+                         lambda: ListenerTlsContext(listener_tls))
+    return upstream, management, listener
+
+
+def make_spool(settings: ProxySettings, flow: FlowSupervisor,
+               tls: UpstreamTlsContext | None = None) -> SpoolService:
     """``--spool-dir``: the spool, replaying through its own connections to the upstream."""
     assert settings.spool_dir is not None
     return SpoolService(
         SpoolServiceSettings(settings.spool_dir, settings.upstream[0], settings.upstream[1],
                              settings.effective_amqp_credentials,
                              SpoolLimits(settings.spool_total_max, settings.spool_min_free),
-                             connect_timeout=settings.connect_timeout),
+                             connect_timeout=settings.connect_timeout, tls=tls),
         flow.controller, flow.topology, ready=lambda: flow.readiness()[0])
 
 

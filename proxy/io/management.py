@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -12,8 +13,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.config import ManagementCredentials
-from proxy.depth import ManagementSample
+from floodwall.control.depth import ManagementSample
+from floodwall.io.tls import ManagementTlsContext, explain
+from floodwall.ops.config import ManagementCredentials
 
 QUEUE_COLUMNS = ",".join((
     "name", "vhost", "messages_ready", "messages_unacknowledged", "message_bytes",
@@ -26,7 +28,7 @@ class ManagementError(RuntimeError):
 
     def __init__(self, kind: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
-        self.kind = kind  # auth | not_found | unreachable | timeout | http | bad_reply
+        self.kind = kind  # auth | not_found | unreachable | timeout | tls | http | bad_reply
         self.status = status
 
 
@@ -45,10 +47,12 @@ class NodeAlarms:
 class ManagementApi:
     """A client for the few endpoints floodwall reads; each call runs off the event loop."""
 
-    def __init__(self, url: str, credentials: ManagementCredentials, timeout: float = 5.0
-                 ) -> None:
+    def __init__(self, url: str, credentials: ManagementCredentials, timeout: float = 5.0,
+                 tls: ManagementTlsContext | None = None) -> None:
+        """``tls``: the https context, used when ``url`` is https."""
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.tls = tls if self.url.lower().startswith("https:") else None
         token = f"{credentials.username}:{credentials.password}".encode()
         self._auth = "Basic " + base64.b64encode(token).decode()
         self.requests = 0  # for metrics: load on the management API
@@ -56,8 +60,9 @@ class ManagementApi:
 
     def _get_blocking(self, path: str) -> Any:
         req = urllib.request.Request(self.url + path, headers={"Authorization": self._auth})
+        context = self.tls.context if self.tls is not None else None
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=context) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             if exc.code == 401:
@@ -72,6 +77,11 @@ class ManagementApi:
                                   f"{self.timeout}s") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLError):
+                name = urllib.parse.urlsplit(self.url).hostname
+                ca = self.tls.settings.ca if self.tls is not None else None
+                raise ManagementError("tls", f"{self.url}: {explain(reason, name, ca)}"
+                                      ) from None
             kind = "timeout" if isinstance(reason, TimeoutError) else "unreachable"
             raise ManagementError(kind, f"{self.url}: {reason}") from None
         try:
@@ -112,7 +122,7 @@ class ManagementApi:
     async def topology(self) -> tuple[Any, Any, Any]:
         """The exchanges, queues and bindings documents, for the routing model."""
         exchanges = await self.get("/api/exchanges?columns=name,vhost,type,internal,arguments")
-        queues = await self.get("/api/queues?columns=name,vhost,arguments")
+        queues = await self.get("/api/queues?columns=name,vhost,type")
         bindings = await self.get("/api/bindings")
         return exchanges, queues, bindings
 
@@ -121,7 +131,8 @@ def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample:
     """Turn a /api/queues/VHOST/NAME document into a sample (missing figures count as 0).
 
     A queue whose statistics have not been emitted yet (just declared) has no figures at
-    all; that is reported as zero, which the ledger then corrects upward.
+    all; that is reported as zero, which the ledger then corrects upward. A stream has
+    message counts but no byte figures: ``bytes_known`` is then False.
     """
     if not isinstance(doc, dict):
         raise ManagementError("bad_reply", "queue document is not an object")
@@ -137,4 +148,5 @@ def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample:
         message_bytes=n("message_bytes"),
         message_bytes_ready=n("message_bytes_ready"),
         message_bytes_unacknowledged=n("message_bytes_unacknowledged"),
+        bytes_known=not ("message_bytes" not in doc and "messages_ready" in doc),
     )

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from proxy.amqp091.connection import Connection as Amqp091Connection
-from proxy.amqp10.connection import Connection as Amqp10Connection
-from proxy.core import FrameCounts, RelayCore, Side
-from proxy.detect import HEADER_SIZE, Detected, detect, header_reply
-from proxy.logs import event
+from floodwall.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
+from floodwall.ops.logs import event
+from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
+from floodwall.wire.amqp10.connection import Connection as Amqp10Connection
+from floodwall.wire.detect import HEADER_SIZE, Detected, detect, header_reply
+from floodwall.wire.relaycore import FrameCounts, RelayCore, Side
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from proxy.amqp091.flow import PublishFlow
-    from proxy.amqp091.topology import TopologyChange
-    from proxy.gate import FlowController
-    from proxy.metrics import RelayStats
-    from proxy.spool.manager import SpoolManager
+    from floodwall.control.controller import FlowController
+    from floodwall.enforce.amqp091.gate import PublishFlow
+    from floodwall.ops.metrics import RelayStats
+    from floodwall.spool.manager import SpoolManager
+    from floodwall.wire.amqp091.topology import TopologyChange
 
 log = logging.getLogger("floodwall.relay")
 
@@ -40,20 +43,24 @@ class RelaySettings:
     hold_budget: int = 16 * 1024 * 1024
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
     spool: SpoolManager | None = None  # with --spool-dir: where overflow: spool writes
+    upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
+    relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
               settings: RelaySettings | None = None) -> RelayCore:
     """The sans-IO core for a detected protocol."""
+    refuse_external = settings is None or not settings.relay_external
     if detected is Detected.AMQP091:
         if settings is None:
-            return Amqp091Connection()
+            return Amqp091Connection(refuse_external=refuse_external)
         return Amqp091Connection(settings.flow, conn_id, settings.hold_budget,
-                                 settings.on_topology, settings.spool)
+                                 settings.on_topology, settings.spool,
+                                 refuse_external=refuse_external)
     if settings is None or settings.flow is None:
-        return Amqp10Connection(header)
+        return Amqp10Connection(header, refuse_external=refuse_external)
     return Amqp10Connection(header, settings.flow, conn_id, settings.on_topology,
-                            settings.spool)
+                            settings.spool, refuse_external=refuse_external)
 
 
 class RelayedConnection(asyncio.Protocol):
@@ -138,12 +145,20 @@ class RelayedConnection(asyncio.Protocol):
     async def _connect_upstream(self) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
+        tls = s.upstream_tls
         try:
-            _, _ = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamSide(self), s.upstream_host,
-                                       s.upstream_port),
-                s.connect_timeout,
-            )
+            if tls is None:
+                connecting = loop.create_connection(lambda: UpstreamSide(self), s.upstream_host,
+                                                    s.upstream_port)
+            else:
+                connecting = loop.create_connection(
+                    lambda: UpstreamSide(self), s.upstream_host, s.upstream_port,
+                    ssl=tls.context, server_hostname=tls.server_name(s.upstream_host),
+                    ssl_handshake_timeout=s.connect_timeout)
+            await asyncio.wait_for(connecting, s.connect_timeout)
+        except ssl.SSLError as exc:
+            assert tls is not None
+            self.upstream_tls_failed(tls.failure(exc, s.upstream_host))
         except (OSError, TimeoutError) as exc:
             self.stats.upstream_connect_failures += 1
             reason = str(exc) or type(exc).__name__
@@ -152,6 +167,16 @@ class RelayedConnection(asyncio.Protocol):
             self._close_both()
         finally:
             self._connect_task = None
+
+    def upstream_tls_failed(self, failure: TlsFailure) -> None:
+        """The TLS handshake to the broker failed (or the broker's alert right after it,
+        with TLS 1.3): the client's connection ends now, and the log says why."""
+        s = self.settings
+        self.stats.upstream_connect_failures += 1
+        self.stats.upstream_tls_failures += 1
+        event(log, "upstream_tls_failed", logging.ERROR, conn=self.conn_id, peer=self.peer,
+              upstream=f"{s.upstream_host}:{s.upstream_port}", reason=str(failure))
+        self._close_both()
 
     def upstream_connected(self, transport: asyncio.Transport) -> None:
         self.upstream = transport
@@ -187,8 +212,9 @@ class RelayedConnection(asyncio.Protocol):
             self._flush(self.core)
 
     def expire_held(self, now: float) -> None:
-        """Refuse held publishes past their deadline (the proxy calls this periodically)."""
-        if self.flow is not None and self.flow.holding and not self._client_gone:
+        """Refuse held publishes past their deadline, detach 1.0 links without credit past
+        it (the proxy calls this periodically while anything is held or blocked)."""
+        if self.flow is not None and not self._client_gone:
             self.flow.expire(now)
 
     def _flush(self, core: RelayCore) -> None:
@@ -205,7 +231,8 @@ class RelayedConnection(asyncio.Protocol):
                 self._close_both()
                 return
             if flow.over_budget:
-                if "hold budget" not in self._client_paused:
+                if "hold budget" not in self._client_paused \
+                        and flow.held_bytes > flow.hold_budget:
                     event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
                           peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
                           action="stopped reading this connection")
@@ -214,10 +241,14 @@ class RelayedConnection(asyncio.Protocol):
                 self._resume_client("hold budget")
         if core.failure is not None:
             f = core.failure
-            self.stats.protocol_errors[(self.protocol, f.side.value)] += 1
-            event(log, "protocol_error", logging.WARNING, conn=self.conn_id, peer=self.peer,
-                  protocol=self.protocol, side=f.side.value, condition=f.condition,
-                  reason=f.reason)
+            if f.refused:
+                event(log, "client_refused", logging.WARNING, conn=self.conn_id, peer=self.peer,
+                      protocol=self.protocol, condition=f.condition, reason=f.reason)
+            else:
+                self.stats.protocol_errors[(self.protocol, f.side.value)] += 1
+                event(log, "protocol_error", logging.WARNING, conn=self.conn_id,
+                      peer=self.peer, protocol=self.protocol, side=f.side.value,
+                      condition=f.condition, reason=f.reason)
             self._close_both()
 
     def pause_writing(self) -> None:  # the client's write buffer is full
@@ -258,7 +289,11 @@ class RelayedConnection(asyncio.Protocol):
         else:
             self._resume_client("upstream backpressure")
 
-    def upstream_lost(self) -> None:
+    def upstream_lost(self, exc: Exception | None = None) -> None:
+        tls = self.settings.upstream_tls
+        if tls is not None and isinstance(exc, ssl.SSLError) and not self._closed:
+            self.upstream_tls_failed(tls.failure(exc, self.settings.upstream_host))
+            return
         self._close_both()
 
     # -- both ----------------------------------------------------------------------------
@@ -303,6 +338,85 @@ class RelayedConnection(asyncio.Protocol):
         self._close_both()
 
 
+class TlsListener:
+    """The ``--listen-tls`` listener: accepts, runs each client's TLS handshake, then hands
+    the TLS transport to a new ``RelayedConnection`` (which detects the protocol in what TLS
+    decrypts). A handshake that fails (no or a refused client certificate, not TLS at all,
+    too slow) is logged with the peer and why; nothing of it reaches the relay."""
+
+    def __init__(self, sock: socket.socket, factory: Callable[[], RelayedConnection],
+                 tls: ListenerTlsContext, handshake_timeout: float, stats: RelayStats) -> None:
+        self.sock = sock
+        self.factory = factory
+        self.tls = tls
+        self.handshake_timeout = handshake_timeout
+        self.stats = stats
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._accepting: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+
+    @classmethod
+    async def start(cls, host: str, port: int, factory: Callable[[], RelayedConnection],
+                    tls: ListenerTlsContext, handshake_timeout: float, stats: RelayStats,
+                    backlog: int = 1024) -> TlsListener:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, backlog=backlog)
+        sock.setblocking(False)
+        listener = cls(sock, factory, tls, handshake_timeout, stats)
+        listener._accepting = asyncio.get_running_loop().create_task(
+            listener._accept_forever(), name="tls-accept")
+        return listener
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    async def _accept_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, addr = await loop.sock_accept(self.sock)
+            except OSError as exc:  # e.g. EMFILE: say so, do not spin
+                event(log, "accept_failed", logging.ERROR, reason=str(exc))
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._handshake(conn, addr))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, addr: object) -> None:
+        loop = asyncio.get_running_loop()
+        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        try:
+            await asyncio.wait_for(loop.connect_accepted_socket(
+                self.factory, conn, ssl=self.tls.front,
+                ssl_handshake_timeout=self.handshake_timeout), self.handshake_timeout + 1)
+        except (OSError, TimeoutError) as exc:
+            conn.close()
+            self.stats.client_tls_failures += 1
+            if isinstance(exc, ssl.SSLError):
+                reason = explain(exc, None, self.tls.settings.client_ca)
+            elif isinstance(exc, TimeoutError):
+                reason = f"no TLS handshake within {self.handshake_timeout}s"
+            else:
+                reason = str(exc) or type(exc).__name__
+            event(log, "client_tls_failed", logging.WARNING, peer=peer, reason=reason)
+
+    def close(self) -> None:
+        """Stop accepting (pending handshakes are cut); open connections are not touched."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for task in list(self._handshakes):
+            task.cancel()
+        self.sock.close()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+        tasks = [t for t in (self._accepting, *self._handshakes) if t is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class UpstreamSide(asyncio.Protocol):
     """The proxy's socket to the broker for one client connection."""
 
@@ -325,7 +439,7 @@ class UpstreamSide(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.owner.upstream_lost()
+        self.owner.upstream_lost(exc)
 
 
-__all__ = ["RelaySettings", "RelayedConnection", "Side", "make_core"]
+__all__ = ["RelaySettings", "RelayedConnection", "Side", "TlsListener", "make_core"]

@@ -45,17 +45,18 @@ from pamqp import frame as pamqp_frame
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.amqp10.addresses import parse_target, queues_for
-from proxy.amqp10.flow import message_routing
-from proxy.config import AmqpCredentials
-from proxy.gate import FlowController, QueueKey, Router
-from proxy.io.amqp10_client import Amqp10Client, Amqp10Sender
-from proxy.io.amqp_client import AmqpClient, AmqpClientError, Confirm, Publisher
-from proxy.logs import event
-from proxy.policy import Fsync, SpoolSettings
-from proxy.spool.log import QueueSpool, ReadPosition, SpoolError
-from proxy.spool.manager import SpoolLimits, SpoolManager
-from proxy.spool.records import SpoolRecord
+from floodwall.control.controller import FlowController, QueueKey, Router
+from floodwall.control.policy import Fsync, SpoolSettings
+from floodwall.enforce.amqp10.gate import message_routing
+from floodwall.io.amqp10_client import Amqp10Client, Amqp10Sender
+from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Confirm, Publisher
+from floodwall.io.tls import UpstreamTlsContext
+from floodwall.ops.config import AmqpCredentials
+from floodwall.ops.logs import event
+from floodwall.spool.log import QueueSpool, ReadPosition, SpoolError
+from floodwall.spool.manager import SpoolLimits, SpoolManager
+from floodwall.spool.records import SpoolRecord
+from floodwall.wire.amqp10.addresses import parse_target, queues_for
 
 log = logging.getLogger("floodwall.spool")
 
@@ -76,6 +77,7 @@ class SpoolServiceSettings:
     check_interval: float = 0.05  # how often waiting replayers look again
     retry_min: float = 0.5
     retry_max: float = 30.0
+    tls: UpstreamTlsContext | None = None  # amqps for both replayers
 
 
 @dataclass
@@ -582,10 +584,12 @@ class SpoolService:
         return address
 
     async def _client(self, vhost: str) -> AmqpClient:
-        return await self._connected(self._clients, "amqp091", vhost, AmqpClient)
+        return await self._connected(self._clients, "amqp091", vhost,
+                                     functools.partial(AmqpClient, tls=self.settings.tls))
 
     async def _client10(self, vhost: str) -> Amqp10Client:
-        return await self._connected(self._clients10, "amqp10", vhost, Amqp10Client)
+        return await self._connected(self._clients10, "amqp10", vhost,
+                                     functools.partial(Amqp10Client, tls=self.settings.tls))
 
     async def _connected(self, clients: dict[str, C], kind: str, vhost: str,
                          factory: Callable[[str, int, str, str, str], C]) -> C:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from proxy.gate import FlowController, QueueKey
-from proxy.logs import event
-from proxy.telemetry import (
+from floodwall.control.controller import FlowController, QueueKey
+from floodwall.ops.logs import event
+from floodwall.ops.telemetry import (
     FILE_PREFIX,
     FILE_SUFFIX,
     Record,

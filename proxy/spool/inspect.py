@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.spool.log import SEGMENT_SUFFIX
-from proxy.spool.manager import QueueKey, _decode, _encode
-from proxy.spool.records import RecordError, SpoolRecord, decode_at
+from floodwall.spool.log import SEGMENT_SUFFIX
+from floodwall.spool.manager import QueueKey, _decode, _encode
+from floodwall.spool.records import RecordError, SpoolRecord, decode_at
 
 
 @dataclass

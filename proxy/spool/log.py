@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.spool.records import HEAD_SIZE, RecordError, SpoolRecord, decode_at
+from floodwall.spool.records import HEAD_SIZE, RecordError, SpoolRecord, decode_at
 
 SEGMENT_SUFFIX = ".seg"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024

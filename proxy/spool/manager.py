@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.spool.log import DEFAULT_SEGMENT_BYTES, QueueSpool, RecoveryReport, SpoolError
-from proxy.spool.records import SpoolRecord
+from floodwall.spool.log import DEFAULT_SEGMENT_BYTES, QueueSpool, RecoveryReport, SpoolError
+from floodwall.spool.records import SpoolRecord
 
 QueueKey = tuple[str, str]
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from proxy.amqp091.connection import (
+from floodwall.wire.amqp091.connection import (
     ChannelState,
     ClientInfo,
     CloseReply,
@@ -18,8 +18,8 @@ from proxy.amqp091.connection import (
     TuneParams,
     close_frame,
 )
-from proxy.amqp091.framing import FRAME_MIN_SIZE, count_frames
-from proxy.core import Failure, RelayCore, Side
+from floodwall.wire.amqp091.framing import FRAME_MIN_SIZE, count_frames
+from floodwall.wire.relaycore import Failure, RelayCore, Side
 from tests.amqp091.wire import (
     CH,
     CLIENT_PROPERTIES,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from proxy.amqp091.connection import Connection
-from proxy.depth import ManagementSample
-from proxy.gate import FlowController
-from proxy.policy import parse_policies
-from proxy.spool.manager import SpoolManager
+from floodwall.control.controller import FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
+from floodwall.spool.manager import SpoolManager
+from floodwall.wire.amqp091.connection import Connection
 from tests.amqp091.wire import (
     CH,
     B,
@@ -55,6 +55,11 @@ class DefaultExchange:
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset({routing_key}) if exchange == "" else frozenset()
+
+    generation = 0
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
 
 
 class Setup:

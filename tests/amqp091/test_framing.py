@@ -6,8 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.amqp091.errors import FrameError, MethodSyntaxError, ProtocolError, UnexpectedFrame
-from proxy.amqp091.framing import (
+from floodwall.wire.amqp091.errors import (
+    FrameError,
+    MethodSyntaxError,
+    ProtocolError,
+    UnexpectedFrame,
+)
+from floodwall.wire.amqp091.framing import (
     FRAME_MIN_SIZE,
     NEED_DATA,
     count_frames,

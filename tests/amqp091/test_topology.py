@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pamqp import commands
 
-from proxy.amqp091.connection import Connection
-from proxy.amqp091.topology import TopologyChange
+from floodwall.wire.amqp091.connection import Connection
+from floodwall.wire.amqp091.topology import TopologyChange
 from tests.amqp091.wire import CH, client_handshake, method, server_handshake
 
 Q = commands.Queue

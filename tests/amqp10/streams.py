@@ -6,9 +6,9 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from proxy.amqp10.connection import Connection
-from proxy.amqp10.framing import AMQP_FRAME, AMQP_HEADER, SASL_FRAME, SASL_HEADER, frame
-from proxy.amqp10.performatives import (
+from floodwall.wire.amqp10.connection import Connection
+from floodwall.wire.amqp10.framing import AMQP_FRAME, AMQP_HEADER, SASL_FRAME, SASL_HEADER, frame
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     BEGIN,
     CLOSE,
@@ -27,7 +27,7 @@ from proxy.amqp10.performatives import (
     encode_performative,
     performative,
 )
-from proxy.amqp10.types import (
+from floodwall.wire.amqp10.types import (
     Array,
     Described,
     Symbol,
@@ -38,7 +38,7 @@ from proxy.amqp10.types import (
     decode_value,
     encode,
 )
-from proxy.core import Side
+from floodwall.wire.relaycore import Side
 
 EMPTY_FRAME = frame(b"")
 ACCEPTED = Described(ULong(0x24), [])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.amqp10.connection import CONTAINER_ID, Connection
-from proxy.amqp10.framing import AMQP_HEADER, SASL_HEADER, frame
-from proxy.amqp10.performatives import (
+from floodwall.wire.amqp10.connection import CONTAINER_ID, Connection
+from floodwall.wire.amqp10.framing import AMQP_HEADER, SASL_HEADER, frame
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     CLOSE,
     ERROR,
@@ -20,8 +20,8 @@ from proxy.amqp10.performatives import (
     composite_fields,
     encode_performative,
 )
-from proxy.amqp10.types import Array, Described, Symbol, UByte, UInt
-from proxy.core import Failure, FrameCounts, RelayCore, Side
+from floodwall.wire.amqp10.types import Array, Described, Symbol, UByte, UInt
+from floodwall.wire.relaycore import Failure, FrameCounts, RelayCore, Side
 from tests.amqp10 import streams
 from tests.amqp10.streams import (
     EMPTY_FRAME,

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.amqp10.connection import Connection
-from proxy.amqp10.framing import AMQP_HEADER, SASL_HEADER
-from proxy.core import Side
+from floodwall.wire.amqp10.connection import Connection
+from floodwall.wire.amqp10.framing import AMQP_HEADER, SASL_HEADER
+from floodwall.wire.relaycore import Side
 from tests.amqp10.streams import Chunker, Conversation, Relayed, conversation, relay, whole
 
 TALKS = [conversation(True), conversation(False)]

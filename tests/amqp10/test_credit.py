@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.amqp10.credit import (
+from floodwall.wire.amqp10.credit import (
     HALF,
     MASK,
     DeliveryIds,
@@ -86,10 +86,35 @@ def test_transfers_in_flight_when_a_flow_crosses_them(start: int) -> None:
     assert c.broker_credit == 17  # limit start+20, the client is at start+3
     flow = c.grant(10)
     assert flow == LinkFlow(serial_add(start, 3), 10)
-    # a reduction crossing transfers: the client sent 2 more before it saw credit 0
-    c.grant(0)
-    assert c.transfer() and c.transfer()  # below the high-water mark: in flight, accepted
+    # tripped: no more credit, but the limit the client has (start+13) is not taken back
+    assert c.grant(0) == LinkFlow(serial_add(start, 3), 10)
+    for _ in range(10):
+        assert c.transfer()  # sent under the limit it was given: accepted
     assert c.client_credit == 0
+    assert c.grant(0) == LinkFlow(serial_add(start, 13), 0)
+    assert not c.transfer()  # beyond every limit ever granted
+
+
+@pytest.mark.parametrize("start", [0, NEAR_WRAP])
+def test_a_grant_never_lowers_the_limit_the_client_has(start: int) -> None:
+    """A smaller window (pacing) or a trip never states a limit below the last one: a sender
+    with transfers in flight would read negative credit (proton-c wraps it to ~2^32)."""
+    c, flow = granted(start, window=10)
+    assert flow == LinkFlow(start, 10)
+    c.transfer()
+    assert c.grant(2) == LinkFlow(serial_add(start, 1), 9)  # smaller window: the limit stands
+    for _ in range(8):
+        c.transfer()
+    assert c.grant(2) == LinkFlow(serial_add(start, 9), 2)  # 1 left < 2: topped up to 2
+    assert c.high_water == serial_add(start, 11)
+
+
+def test_only_the_broker_lowers_a_limit() -> None:
+    """The broker's own flow with a lower limit is passed on (as without the proxy)."""
+    c, _ = granted(0, broker_credit=100, window=10)
+    c.broker_flow(LinkFlow(0, 4))
+    assert c.grant(10) == LinkFlow(0, 4)
+    assert c.high_water == 10  # what the client may have sent before it saw it
 
 
 @pytest.mark.parametrize("start", [0, NEAR_WRAP])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.amqp10.errors import DecodeError, FramingError
-from proxy.amqp10.framing import (
+from floodwall.wire.amqp10.errors import DecodeError, FramingError
+from floodwall.wire.amqp10.framing import (
     AMQP_FRAME,
     MIN_MAX_FRAME_SIZE,
     NEED_DATA,
@@ -17,7 +17,7 @@ from proxy.amqp10.framing import (
     peek_performative,
     scan_frames,
 )
-from proxy.amqp10.performatives import ATTACH, CLOSE, DISPOSITION, FLOW, OPEN, TRANSFER
+from floodwall.wire.amqp10.performatives import ATTACH, CLOSE, DISPOSITION, FLOW, OPEN, TRANSFER
 from tests.amqp10.streams import EMPTY_FRAME, amqp, attach, close, flow, open_, transfer
 
 LIMIT = 1 << 20

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from proxy.amqp10.errors import DecodeError
-from proxy.amqp10.performatives import (
+from floodwall.wire.amqp10.errors import DecodeError
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     BEGIN,
     CLOSE,
@@ -31,7 +31,7 @@ from proxy.amqp10.performatives import (
     encode_performative,
     performative,
 )
-from proxy.amqp10.types import Described, Symbol, UByte, UInt, ULong, UShort, encode
+from floodwall.wire.amqp10.types import Described, Symbol, UByte, UInt, ULong, UShort, encode
 
 
 def fields_of(body: bytes) -> list[object]:
@@ -135,8 +135,8 @@ def test_a_performative_that_is_not_a_described_list_is_refused() -> None:
 
 def _composite_samples() -> list[bytes]:
     """Transfer, flow and disposition bodies, whole, cut short and with a byte changed."""
-    from proxy.amqp10.performatives import DISPOSITION, FLOW, TRANSFER
-    from proxy.amqp10.types import Described, UByte, UInt, ULong, encode
+    from floodwall.wire.amqp10.performatives import DISPOSITION, FLOW, TRANSFER
+    from floodwall.wire.amqp10.types import Described, UByte, UInt, ULong, encode
 
     rng = random.Random(7)
     values: list[object] = [None, True, False, UInt(0), UInt(5), UInt(300), UInt(2**32 - 1),
@@ -155,7 +155,7 @@ def _composite_samples() -> list[bytes]:
 
 
 def test_peek_composite_agrees_with_decode_composite_or_declines() -> None:
-    from proxy.amqp10.performatives import peek_composite
+    from floodwall.wire.amqp10.performatives import peek_composite
 
     peeked = 0
     for buf in _composite_samples():
@@ -175,7 +175,7 @@ def test_peek_composite_agrees_with_decode_composite_or_declines() -> None:
 @pytest.mark.parametrize("more", [False, True])
 def test_transfer_body_is_the_bytes_the_generic_encoder_makes(handle: int, delivery_id: int,
                                                               tag: bytes, more: bool) -> None:
-    from proxy.amqp10.performatives import TRANSFER, encode_performative, transfer_body
+    from floodwall.wire.amqp10.performatives import TRANSFER, encode_performative, transfer_body
 
     for message_format in (0, 0x80013700):
         assert transfer_body(handle, delivery_id, tag, message_format, more) == \

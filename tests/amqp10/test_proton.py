@@ -10,10 +10,10 @@ import proton
 import pytest
 from proton import Collector, Data, Delivery, Event, Message, Transport
 
-from proxy.amqp10.connection import Connection
-from proxy.amqp10.framing import HEADER_SIZE
-from proxy.amqp10.performatives import TRANSFER, Role
-from proxy.amqp10.types import (
+from floodwall.wire.amqp10.connection import Connection
+from floodwall.wire.amqp10.framing import HEADER_SIZE
+from floodwall.wire.amqp10.performatives import TRANSFER, Role
+from floodwall.wire.amqp10.types import (
     Array,
     Byte,
     Char,
@@ -33,7 +33,7 @@ from proxy.amqp10.types import (
     decode,
     encode,
 )
-from proxy.core import Side
+from floodwall.wire.relaycore import Side
 from tests.amqp10.streams import Chunker, bytewise, random_chunks, split_frames, whole
 
 # -- the codec against proton.Data ------------------------------------------------------------

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.amqp10.errors import DecodeError, ProtocolError
-from proxy.amqp10.types import (
+from floodwall.wire.amqp10.errors import DecodeError, ProtocolError
+from floodwall.wire.amqp10.types import (
     MAX_DEPTH,
     Array,
     Byte,

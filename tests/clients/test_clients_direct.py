@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 from tests.clients.harness import ForeignClient
 from tests.conftest import wait_for
 

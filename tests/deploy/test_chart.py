@@ -27,7 +27,8 @@ import jsonschema
 import pytest
 import yaml
 
-from proxy.policy import load_policies
+from floodwall.cli import run as run_command
+from floodwall.control.policy import load_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "floodwall"
@@ -257,7 +258,7 @@ def test_templates_parse_as_yaml_with_the_expected_keys() -> None:
         for path in paths:
             dig(doc, path)
     service = yaml.safe_load(skeleton(texts["service.yaml"]))
-    assert [p["name"] for p in service["spec"]["ports"]] == ["amqp", "admin"]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["amqp", "amqps", "admin"]
     monitor = yaml.safe_load(skeleton(texts["servicemonitor.yaml"]))
     assert monitor["spec"]["endpoints"][0]["port"] == "admin"
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
@@ -529,3 +530,68 @@ def test_helm_binary_lint_and_template(tmp_path: Path, example_chart: Path) -> N
     docs = [d for d in yaml.safe_load_all(helm_cli("template", "orders", str(example_chart),
                                                    "--namespace", "shop")) if d]
     assert docs == rendered_example()
+
+
+# --- TLS (issue 16) ----------------------------------------------------------------------
+def readme_tls_values() -> dict[str, Any]:
+    """The TLS example in helm/floodwall/README.md, as values."""
+    text = (CHART / "README.md").read_text()
+    block = text[text.index("## TLS"):]
+    block = block[block.index("```yaml") + len("```yaml"):]
+    doc: dict[str, Any] = yaml.safe_load(block[:block.index("```")])
+    return doc
+
+
+def test_the_readme_tls_example_is_valid() -> None:
+    assert schema_errors(merged(values(), readme_tls_values())) == []
+
+
+def test_standalone_with_tls_render() -> None:
+    """The README's TLS example, standalone: every certificate mounted whole from its
+    Secret, the FLOODWALL_* variables name the files, the Service offers amqps only, the
+    probes stay plain HTTP on the admin port, and every variable is one floodwall reads."""
+    overrides = merged(readme_tls_values(), {"mode": "standalone"})
+    objs = by_kind(render(CHART, overrides, name="floodwall", namespace="messaging"))
+    for doc in objs.values():
+        validate_k8s(doc)
+    spec = pod_spec(objs["Deployment"])
+    c = check_floodwall_pod(spec)
+    env = env_of(c)
+    assert env["FLOODWALL_UPSTREAM"] == "amqps://rabbitmq.messaging.svc.cluster.local:5671"
+    assert env["FLOODWALL_LISTEN"] == "off"
+    assert env["FLOODWALL_LISTEN_TLS"] == "0.0.0.0:5671"
+    assert env["FLOODWALL_UPSTREAM_TLS_CA"] == "/etc/floodwall/tls/upstream-ca/ca.crt"
+    assert env["FLOODWALL_UPSTREAM_TLS_CERT"] == "/etc/floodwall/tls/upstream-client/tls.crt"
+    assert env["FLOODWALL_UPSTREAM_TLS_KEY"] == "/etc/floodwall/tls/upstream-client/tls.key"
+    assert env["FLOODWALL_UPSTREAM_TLS_SASL_EXTERNAL"] == "true"
+    assert env["FLOODWALL_LISTEN_TLS_CERT"] == "/etc/floodwall/tls/listener/tls.crt"
+    assert env["FLOODWALL_LISTEN_TLS_CLIENT_CA"] == "/etc/floodwall/tls/listener-client-ca/ca.crt"
+    assert "FLOODWALL_UPSTREAM_TLS_RELAY_EXTERNAL" not in env
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for directory, secret in (("upstream-ca", "rabbitmq-ca"),
+                              ("upstream-client", "floodwall-client"),
+                              ("listener", "floodwall-listener"),
+                              ("listener-client-ca", "clients-ca")):
+        name = f"floodwall-tls-{directory}"
+        assert mounts[name] == {"name": name, "mountPath": f"/etc/floodwall/tls/{directory}",
+                                "readOnly": True}
+        assert volumes[name]["secret"] == {"secretName": secret}
+    assert [p["name"] for p in objs["Service"]["spec"]["ports"]] == ["amqps", "admin"]
+    assert [p["name"] for p in c["ports"]] == ["floodwall-admin", "floodwall-amqps"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "floodwall-admin"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "floodwall-admin"}
+    known = {p.envvar for p in run_command.params if getattr(p, "envvar", None)}
+    tls_vars = {k for k in env if "TLS" in k}
+    assert tls_vars <= known, tls_vars - known
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    ({"tls": {"upstream": {"ca": {"existingSecret": "ca"}}}}, "upstream is not amqps"),
+    ({"tls": {"listener": {"enabled": True}}}, "needs tls.listener.certificate"),
+])
+def test_tls_settings_that_cannot_work_are_refused(overrides: dict[str, Any],
+                                                   fragment: str) -> None:
+    helm = _helm()
+    with pytest.raises(helm.HelmError, match=fragment):
+        render(CHART, merged(overrides, {"mode": "standalone"}))

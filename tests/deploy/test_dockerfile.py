@@ -19,14 +19,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from proxy.cli import run as run_command
-from proxy.devbroker import free_port
+from floodwall.cli import run as run_command
+from floodwall.dev.devbroker import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -98,7 +99,7 @@ def test_installs_the_package_as_make_test_does() -> None:
     """`make test` installs the package from pyproject.toml with pip; so does the builder."""
     builder, _ = stages()
     copies = [args for word, args in builder if word == "COPY"]
-    assert "pyproject.toml README.md ./" in copies
+    assert "pyproject.toml setup.py README.md ./" in copies
     runs = [args for word, args in builder if word == "RUN"]
     assert any(re.search(r"\bpip install (--no-cache-dir )?\.(\s|$)", r) for r in runs), runs
     makefile = (ROOT / "Makefile").read_text()
@@ -194,9 +195,9 @@ def test_the_build_context_builds_the_package(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("floodwall-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-        assert "proxy/cli.py" in names and "proxy/io/app.py" in names
+        assert "floodwall/cli/__init__.py" in names and "floodwall/io/app.py" in names
         entry = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "floodwall = proxy.cli:main" in zf.read(entry).decode()
+        assert "floodwall = floodwall.cli:main" in zf.read(entry).decode()
     # The final stage: a fresh virtualenv with that package and its dependencies only
     # (nothing from this checkout on the path), then the entrypoint's command.
     venv = tmp_path / "venv"
@@ -267,3 +268,63 @@ def test_image_env_alone_configures_the_proxy_and_the_healthcheck_works(tmp_path
     failed = subprocess.run(healthcheck_command(), env=full_env, timeout=10,
                             capture_output=True)
     assert failed.returncode != 0
+
+
+def test_healthcheck_works_with_tls_on(tmp_path: Path) -> None:
+    """The image's FLOODWALL_* plus TLS everywhere (an amqps upstream, only a TLS listener,
+    certificates made here): the admin endpoint stays plain HTTP, so the HEALTHCHECK command
+    and the chart's httpGet probes work unchanged."""
+    import trustme
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("localhost")
+    cert, key, ca_file = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    cert.write_bytes(b"".join(b.bytes() for b in leaf.cert_chain_pems))
+    leaf.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    _, final = stages()
+    env = {k: v for k, v in env_of(final).items() if k.startswith("FLOODWALL_")}
+    admin = free_port()
+    env.update({
+        "FLOODWALL_LISTEN": "off",
+        "FLOODWALL_LISTEN_TLS": f"127.0.0.1:{free_port()}",
+        "FLOODWALL_LISTEN_TLS_CERT": str(cert),
+        "FLOODWALL_LISTEN_TLS_KEY": str(key),
+        "FLOODWALL_LISTEN_TLS_CLIENT_CA": str(ca_file),
+        "FLOODWALL_ADMIN": f"127.0.0.1:{admin}",
+        "FLOODWALL_UPSTREAM": f"amqps://localhost:{free_port()}",  # nobody there
+        "FLOODWALL_UPSTREAM_TLS_CA": str(ca_file),
+        "FLOODWALL_SPOOL_DIR": str(tmp_path / "spool"),
+        "FLOODWALL_TELEMETRY_DIR": str(tmp_path / "telemetry"),
+    })
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLOODWALL_")}
+    full_env.update(env)
+    log = tmp_path / "floodwall.log"
+    with open(log, "wb") as out:  # this checkout's code: -m floodwall from the repository root
+        proc = subprocess.Popen([sys.executable, "-m", "floodwall", "run"], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=full_env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=1)
+                break
+            except OSError:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+        assert subprocess.run(healthcheck_command(), env=full_env, timeout=10).returncode == 0
+        # ready is another matter: no broker answers the TLS handshake
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=5)
+            raise AssertionError("ready without a broker")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert "listen_tls=127.0.0.1:" in log.read_text()

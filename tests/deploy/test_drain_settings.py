@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-import proxy.io.app
-from proxy.cli import main
-from proxy.config import DEFAULT_DRAIN_TIMEOUT, ProxySettings
+import floodwall.io.app
+from floodwall.cli import main
+from floodwall.ops.config import DEFAULT_DRAIN_TIMEOUT, ProxySettings
 
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[ProxySettings]:
     runs: list[ProxySettings] = []
-    monkeypatch.setattr(proxy.io.app, "run_proxy", runs.append)
+    monkeypatch.setattr(floodwall.io.app, "run_proxy", runs.append)
     monkeypatch.delenv("FLOODWALL_DRAIN_TIMEOUT", raising=False)
     monkeypatch.delenv("FLOODWALL_CONFIG", raising=False)
     return runs

@@ -22,8 +22,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from proxy.devbroker import BrokerEndpoint
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     FlowProxy,

@@ -19,7 +19,7 @@ import pika
 from pamqp import commands, frame
 from pamqp.heartbeat import Heartbeat
 
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 
 AMQP091_HEADER = b"AMQP\x00\x00\x09\x01"
 AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"
@@ -180,7 +180,7 @@ class Raw091:
             return value
 
     def handshake(self, name: str = "raw", frame_max: int = 131072, heartbeat: int = 0,
-                  open_connection: bool = True) -> None:
+                  open_connection: bool = True, vhost: str = "/") -> None:
         """Header, Start/StartOk, Tune/TuneOk and (unless told not to) Open/OpenOk."""
         self.send(AMQP091_HEADER)
         self.expect(commands.Connection.Start)
@@ -193,7 +193,7 @@ class Raw091:
                                                    frame_max=self.frame_max,
                                                    heartbeat=heartbeat))
         if open_connection:
-            self.send_frame(commands.Connection.Open(virtual_host="/"))
+            self.send_frame(commands.Connection.Open(virtual_host=vhost))
             self.expect(commands.Connection.OpenOk)
 
     def close_cleanly(self) -> None:
@@ -419,7 +419,7 @@ def ready_count(broker: BrokerEndpoint, queue: str) -> int:
 class FlowProxy:
     """A ``floodwall run --policies FILE --management URL`` and what the tests ask of it."""
 
-    proc: Any  # proxy.devproxy.ProxyProcess
+    proc: Any  # floodwall.dev.devproxy.ProxyProcess
     policies: Path
 
     @property

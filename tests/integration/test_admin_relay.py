@@ -8,7 +8,7 @@ import pytest
 from proton import Message
 from proton.utils import BlockingConnection
 
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import http_status, payload, pika_connection, temp_queue
 

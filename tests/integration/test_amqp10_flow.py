@@ -18,7 +18,7 @@ from proton import Condition, Delivery, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 from tests.conftest import wait_for
 from tests.integration.support import (
     DepthWatch,

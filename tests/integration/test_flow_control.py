@@ -20,7 +20,7 @@ import pika
 import pytest
 from pamqp.commands import Basic
 
-from proxy.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import BrokerEndpoint
 from tests.conftest import wait_for
 from tests.integration.support import (
     DepthWatch,
@@ -212,7 +212,7 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
     declare(flow, qa, qb, qc)
     with pika.BlockingConnection(direct_params(broker)) as direct:
         ch = direct.channel()
-        for i in range(8000):
+        for i in range(12000):
             ch.basic_publish("", qc, numbered(i, 64))
     consumed: list[int] = []
     rounds, n_b = 4, 150
@@ -255,7 +255,6 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
             return max(b), max(c)
 
         before_b, before_control = compare()
-        consumed_base = len(consumed)
         try:
             # trip A: 100 KiB into a 64 KiB queue nobody consumes
             for i in range(100):
@@ -276,9 +275,14 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
             assert flow.held()["messages"] == held_before > 0
             assert flow.tripped(qa)
             assert ready_count(broker, qb) == seq
-            print(f"{2 * rounds * n_b} confirmed publishes took {took:.1f}s")
-            assert len(consumed) - consumed_before >= 0.5 * consumed_base > 0, (
-                consumed_base, consumed_before, len(consumed))
+            published = 2 * rounds * n_b
+            delivered = len(consumed) - consumed_before
+            print(f"{published} confirmed publishes took {took:.1f}s; C got {delivered}")
+            # C's deliveries are dispatched inside this loop's publishes (pika runs its
+            # callbacks there), so a C that kept pace gets about one per publish (measured
+            # 1.0-1.4); a connection stalled behind A's held publishes would get ~none.
+            # (Not a rate against the phase before: pika's batching makes that one vary 3x.)
+            assert delivered >= 0.5 * published, (published, delivered)
         finally:  # release A (its held publishes follow), whatever failed
             landed = drain_direct(broker, qa, 100, timeout=30)
         assert sorted(map(seq_of, landed)) == list(range(100)), "A's publishes lost or doubled"

@@ -30,7 +30,13 @@ from pamqp import commands, frame
 from pamqp import header as pamqp_header
 from pamqp.heartbeat import Heartbeat
 
-from proxy.devbroker import BrokerEndpoint, BrokerError, LocalBroker, free_port, server_script
+from floodwall.dev.devbroker import (
+    BrokerEndpoint,
+    BrokerError,
+    LocalBroker,
+    free_port,
+    server_script,
+)
 from tests.conftest import wait_for
 from tests.integration.support import (
     FlowProxy,

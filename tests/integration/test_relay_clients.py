@@ -16,8 +16,8 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 from proton.utils import BlockingConnection
 
-from proxy.devbroker import BrokerEndpoint
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
 from tests.integration.support import (
     delete_queue,
     payload,

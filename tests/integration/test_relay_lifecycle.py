@@ -16,8 +16,8 @@ from proton import Described, uint, ulong
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from proxy.devbroker import BrokerEndpoint, free_port
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint, free_port
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     AMQP091_HEADER,

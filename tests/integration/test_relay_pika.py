@@ -11,8 +11,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from proxy.devbroker import BrokerEndpoint
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     broker_connection_named,

@@ -15,7 +15,7 @@ from pamqp.heartbeat import Heartbeat
 from proton import Message
 from proton.utils import BlockingConnection
 
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     AMQP091_HEADER,

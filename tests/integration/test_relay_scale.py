@@ -13,7 +13,7 @@ import pika
 import psutil
 import pytest
 
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     AMQP10_HEADER,

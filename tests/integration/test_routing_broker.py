@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.devbroker import BrokerEndpoint
-from proxy.routing import Topology
+from floodwall.control.routing import Topology
+from floodwall.dev.devbroker import BrokerEndpoint
 
 pytestmark = pytest.mark.broker
 
@@ -26,7 +26,7 @@ EXAMPLES = int(os.environ.get("FLOODWALL_ROUTING_EXAMPLES", "50"))
 TYPES = ("direct", "fanout", "topic", "headers")
 HEADER_KEYS = ("h1", "h2", "x-h")
 # Binding values: None is AMQP void (presence only). No decimals: the management API
-# renders them wrongly (see proxy.routing), and no floats: pika cannot send them.
+# renders them wrongly (see floodwall.control.routing), and no floats: pika cannot send them.
 BINDING_VALUES = (1, 0, "1", "a", True, None)
 HEADER_VALUES = (1, 0, "1", "a", True, False, None, b"a", Decimal("1"),
                  datetime(1970, 1, 1, 0, 0, 1))

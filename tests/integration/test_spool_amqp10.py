@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from proton import Message
 
-from proxy.devbroker import BrokerEndpoint
-from proxy.devproxy import ProxyProcess
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     drain_direct,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from proxy.core import FrameCounts
-from proxy.io.admin import AdminEndpoints
-from proxy.metrics import RelayCollector, RelayStats, make_registry
+from floodwall.io.admin import AdminEndpoints
+from floodwall.ops.metrics import RelayCollector, RelayStats, make_registry
+from floodwall.wire.relaycore import FrameCounts
 
 
 class _Conn:

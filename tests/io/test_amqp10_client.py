@@ -1,4 +1,4 @@
-"""The proxy's own AMQP 1.0 sender (``proxy.io.amqp10_client``).
+"""The proxy's own AMQP 1.0 sender (``floodwall.io.amqp10_client``).
 
 Three layers: the pure window/credit arithmetic and frame splitting; the client against a
 scripted fake broker on a local socket (small windows, drain, refusals, close and EOF, which
@@ -17,8 +17,23 @@ import proton
 import pytest
 from proton.utils import BlockingConnection
 
-from proxy.amqp10.credit import MASK
-from proxy.amqp10.framing import (
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.io.amqp10_client import (
+    ACCEPTED,
+    MODIFIED,
+    RECEIVED,
+    REJECTED,
+    RELEASED,
+    Amqp10Client,
+    Amqp10Sender,
+    LinkCredit,
+    SessionWindow,
+    outcome_confirm,
+    transfer_frames,
+)
+from floodwall.io.amqp_client import AmqpClientError, Confirm
+from floodwall.wire.amqp10.credit import MASK
+from floodwall.wire.amqp10.framing import (
     AMQP_FRAME,
     AMQP_HEADER,
     HEADER_SIZE,
@@ -28,7 +43,7 @@ from proxy.amqp10.framing import (
     frame,
     next_frame,
 )
-from proxy.amqp10.performatives import (
+from floodwall.wire.amqp10.performatives import (
     ATTACH,
     BEGIN,
     CLOSE,
@@ -45,22 +60,7 @@ from proxy.amqp10.performatives import (
     encode_performative,
     performative,
 )
-from proxy.amqp10.types import Described, Symbol, UByte, UInt, ULong, UShort, encode
-from proxy.devbroker import BrokerEndpoint
-from proxy.io.amqp10_client import (
-    ACCEPTED,
-    MODIFIED,
-    RECEIVED,
-    REJECTED,
-    RELEASED,
-    Amqp10Client,
-    Amqp10Sender,
-    LinkCredit,
-    SessionWindow,
-    outcome_confirm,
-    transfer_frames,
-)
-from proxy.io.amqp_client import AmqpClientError, Confirm
+from floodwall.wire.amqp10.types import Described, Symbol, UByte, UInt, ULong, UShort, encode
 from tests.conftest import eventually, run
 from tests.integration.support import (
     delete_queue,

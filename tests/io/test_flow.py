@@ -24,16 +24,22 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import generate_latest
 
-from proxy.cli import main
-from proxy.config import AmqpCredentials, ManagementCredentials
-from proxy.depth import ManagementSample
-from proxy.devbroker import BrokerEndpoint, BrokerError, LocalBroker, free_port, server_script
-from proxy.devproxy import ProxyProcess
-from proxy.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state
-from proxy.gate import ALARM, FlowController, QueueKey
-from proxy.io.flow import FlowSettings, FlowSupervisor, describe_policy_changes
-from proxy.metrics import make_registry
-from proxy.policy import parse_policies
+from floodwall.cli import main
+from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
+from floodwall.dev.devbroker import (
+    BrokerEndpoint,
+    BrokerError,
+    LocalBroker,
+    free_port,
+    server_script,
+)
+from floodwall.dev.devproxy import ProxyProcess
+from floodwall.io.supervisor import FlowSettings, FlowSupervisor, describe_policy_changes
+from floodwall.ops.config import AmqpCredentials, ManagementCredentials
+from floodwall.ops.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state
+from floodwall.ops.metrics import make_registry
 from tests.conftest import eventually, run, wait_for
 
 pika = pytest.importorskip("pika")
@@ -460,9 +466,14 @@ def test_trouble_everywhere_is_logged_once_and_holding_repeats(
 
 
 class _NoRoutes:
+    generation = 0
+
     def route(self, vhost: str, exchange: str, routing_key: str,
               headers: dict[str, object] | None = None) -> frozenset[str]:
         return frozenset()
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
 
 
 def test_collector_output_and_state_shape() -> None:
@@ -532,10 +543,19 @@ def test_collector_output_and_state_shape() -> None:
         "depth": {"estimate": {"bytes": 2 * 1024**2, "messages": 4},
                   "broker": {"bytes": 2 * 1024**2, "messages": 4},
                   "ready_count": None, "known": True},
-        "tripped": True, "tripped_seconds": 4.5, "trips": 1}
+        "tripped": True, "tripped_seconds": 4.5, "trips": 1,
+        "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None}
     assert state["blocked_channels"] == [
         {"conn": 5, "channel": 1, "queues": [{"vhost": "/", "queue": "orders.eu"}],
-         "alarm": False, "seconds": 0.0}]
+         "alarm": False, "lookups": [], "seconds": 0.0,
+         "starved_seconds": None}]
+    # "audit" has had no figure yet: publishes to it wait for its first one (a lookup).
+    assert metric_in(text, "floodwall_topology_lookups_pending") == 1
+    assert state["topology"]["lookups_pending"] == [
+        {"vhost": "/", "kind": "queue", "name": "audit", "seconds": 4.5}]
+    assert state["topology"]["events"] == "off"
+    assert metric_in(text, "floodwall_topology_changes_total", source="event") == 0
+    assert metric_in(text, "floodwall_topology_lookup_seconds_count") == 0
 
 
 def test_policy_changes_are_named() -> None:

@@ -17,16 +17,16 @@ from pamqp import header as pamqp_header
 from pamqp.commands import Basic
 from prometheus_client import generate_latest
 
-from proxy.amqp10.types import Described, ULong, decode_value, encode
-from proxy.config import AmqpCredentials
-from proxy.devbroker import BrokerEndpoint
-from proxy.gate import FlowController
-from proxy.io.spool import SpoolService, SpoolServiceSettings, record_headers
-from proxy.metrics import make_registry
-from proxy.policy import EMPTY_POLICIES, PolicySet, parse_policies
-from proxy.routing import Topology
-from proxy.spool.manager import SpoolFull, SpoolLimits, SpoolLocked, SpoolManager
-from proxy.spool.records import SpoolRecord
+from floodwall.control.controller import FlowController
+from floodwall.control.policy import EMPTY_POLICIES, PolicySet, parse_policies
+from floodwall.control.routing import Topology
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.io.spool import SpoolService, SpoolServiceSettings, record_headers
+from floodwall.ops.config import AmqpCredentials
+from floodwall.ops.metrics import make_registry
+from floodwall.spool.manager import SpoolFull, SpoolLimits, SpoolLocked, SpoolManager
+from floodwall.spool.records import SpoolRecord
+from floodwall.wire.amqp10.types import Described, ULong, decode_value, encode
 from tests.conftest import eventually, run
 
 pika = pytest.importorskip("pika")

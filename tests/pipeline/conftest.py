@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline.analyze import spark_session
+from floodwall_pipeline.analyze import spark_session
 
 
 @pytest.fixture(scope="session")

@@ -23,9 +23,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline import aggregate
-from pipeline.load import Telemetry, load
-from pipeline.synthetic import generate
+from floodwall_pipeline import aggregate
+from floodwall_pipeline.load import Telemetry, load
+from floodwall_pipeline.synthetic import generate
 from tests.pipeline.conftest import write_ndjson
 
 DEPTH = [0, 500, 1200, 1500, 900, 500, 300, 100, 0, 0]

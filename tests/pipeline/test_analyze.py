@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
-from pipeline.analyze import analyze
-from pipeline.synthetic import generate
-from proxy.cli import main
-from proxy.policy import load_policies
+from floodwall.cli import main
+from floodwall.control.policy import load_policies
+from floodwall_pipeline.analyze import analyze
+from floodwall_pipeline.synthetic import generate
 
 
 def _bad_lines(directory: Path) -> int:

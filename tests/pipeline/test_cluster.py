@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.devcluster import StandaloneCluster, start
-from pipeline.synthetic import generate
+from floodwall_pipeline.devcluster import StandaloneCluster, start
+from floodwall_pipeline.synthetic import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUTS = ("recommended-policies.yaml", "summary.json")
@@ -62,7 +62,7 @@ def analyze(telemetry: Path, out: Path, master: str, *args: str,
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1", **(env or {}))
     full_env.pop("FLOODWALL_SPARK_MASTER", None)
     result = subprocess.run(
-        [sys.executable, "-m", "proxy", "analyze", str(telemetry), "--out", str(out),
+        [sys.executable, "-m", "floodwall", "analyze", str(telemetry), "--out", str(out),
          "--master", master, "--conf", f"spark.driver.extraJavaOptions={QUICK_JIT}", *args],
         env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:],

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
-from proxy.cli import main
-from proxy.devbroker import BrokerEndpoint
-from proxy.devproxy import ProxyProcess
-from proxy.policy import parse_policies
+from floodwall.cli import main
+from floodwall.control.policy import parse_policies
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
     capped,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline.files import (
+from floodwall.ops.telemetry import file_name
+from floodwall_pipeline.files import (
     LAG,
     TimeRange,
     TimeRangeError,
@@ -19,9 +20,8 @@ from pipeline.files import (
     partition_dir,
     select,
 )
-from pipeline.load import load
-from pipeline.partition import lay_out
-from proxy.telemetry import file_name
+from floodwall_pipeline.load import load
+from floodwall_pipeline.partition import lay_out
 from tests.pipeline.test_aggregate import sample
 
 HOUR = 3600.0

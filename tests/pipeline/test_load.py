@@ -7,13 +7,13 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipeline.load import load
-from pipeline.schema import FIELD_NAMES
-from pipeline.synthetic import generate
-from proxy.depth import ManagementSample
-from proxy.gate import FlowController
-from proxy.policy import parse_policies
-from proxy.telemetry import EVENT_FIELDS, Sampler
+from floodwall.control.controller import FlowController
+from floodwall.control.depth import ManagementSample
+from floodwall.control.policy import parse_policies
+from floodwall.ops.telemetry import EVENT_FIELDS, Sampler
+from floodwall_pipeline.load import load
+from floodwall_pipeline.schema import FIELD_NAMES
+from floodwall_pipeline.synthetic import generate
 from tests.pipeline.conftest import write_ndjson
 from tests.pipeline.test_aggregate import sample
 

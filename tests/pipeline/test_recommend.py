@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from pipeline.recommend import recommend, recommend_all, render
-from proxy.cli import main
-from proxy.policy import parse_policies
+from floodwall.cli import main
+from floodwall.control.policy import parse_policies
+from floodwall_pipeline.recommend import recommend, recommend_all, render
 
 KIB = 1024
 

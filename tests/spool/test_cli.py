@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from proxy.cli import main
-from proxy.devbroker import BrokerEndpoint
-from proxy.spool.manager import SpoolLimits, SpoolManager
-from proxy.spool.records import SpoolRecord
+from floodwall.cli import main
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.spool.manager import SpoolLimits, SpoolManager
+from floodwall.spool.records import SpoolRecord
 
 pika = pytest.importorskip("pika")
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.spool.log import QueueSpool
-from proxy.spool.records import RecordError, SpoolRecord, decode_at
+from floodwall.spool.log import QueueSpool
+from floodwall.spool.records import RecordError, SpoolRecord, decode_at
 
 PROPS = bytes.fromhex("003c0000000000000000000a0000")  # basic class, body size 10, no props
 
@@ -113,7 +113,7 @@ def test_corruption_in_an_older_segment_is_cut_and_reported(tmp_path: Path) -> N
 
 def test_a_failed_write_leaves_the_segment_whole(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.spool import log as spool_log
+    from floodwall.spool import log as spool_log
 
     spool = QueueSpool(tmp_path)
     spool.append(rec(0))

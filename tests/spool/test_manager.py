@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.spool.log import QueueSpool, SpoolError
-from proxy.spool.manager import SpoolFull, SpoolLimits, SpoolLocked, SpoolManager
-from proxy.spool.records import SpoolRecord
+from floodwall.spool.log import QueueSpool, SpoolError
+from floodwall.spool.manager import SpoolFull, SpoolLimits, SpoolLocked, SpoolManager
+from floodwall.spool.records import SpoolRecord
 
 KEY = ("/", "orders")
 BIG = 1 << 40

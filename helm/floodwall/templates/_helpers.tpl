@@ -83,17 +83,29 @@ args:
   {{- toYaml .Values.extraArgs | nindent 2 }}
 {{- end }}
 ports:
+  {{- if or (not .Values.tls.listener.enabled) .Values.tls.listener.plainListener }}
   - name: floodwall-amqp
     containerPort: {{ .Values.listen.port }}
     protocol: TCP
+  {{- end }}
   - name: floodwall-admin
     containerPort: {{ .Values.admin.port }}
     protocol: TCP
+  {{- if .Values.tls.listener.enabled }}
+  - name: floodwall-amqps
+    containerPort: {{ .Values.tls.listener.port }}
+    protocol: TCP
+  {{- end }}
 env:
   - name: FLOODWALL_UPSTREAM
     value: {{ .Values.upstream | quote }}
   - name: FLOODWALL_LISTEN
+    {{- if and .Values.tls.listener.enabled (not .Values.tls.listener.plainListener) }}
+    value: "off"
+    {{- else }}
     value: {{ printf "%s:%d" (include "floodwall.listenHost" .) (int .Values.listen.port) | quote }}
+    {{- end }}
+  {{- include "floodwall.tlsEnv" . }}
   - name: FLOODWALL_ADMIN
     value: {{ printf "0.0.0.0:%d" (int .Values.admin.port) | quote }}
   - name: FLOODWALL_DRAIN_TIMEOUT
@@ -155,6 +167,11 @@ volumeMounts:
     mountPath: /etc/floodwall/management
     readOnly: true
   {{- end }}
+  {{- range $name, $secret := include "floodwall.tlsSecrets" . | fromYaml }}
+  - name: floodwall-tls-{{ $name }}
+    mountPath: /etc/floodwall/tls/{{ $name }}
+    readOnly: true
+  {{- end }}
 {{- if .Values.probes.readiness.enabled }}
 readinessProbe:
   httpGet:
@@ -214,6 +231,85 @@ securityContext:
 - name: floodwall-management
   secret:
     secretName: {{ .Values.management.existingSecret }}
+{{- end }}
+{{- range $name, $secret := include "floodwall.tlsSecrets" . | fromYaml }}
+- name: floodwall-tls-{{ $name }}
+  secret:
+    secretName: {{ $secret }}
+{{- end }}
+{{- end -}}
+
+{{/* The TLS Secrets to mount, as a mapping: directory name under /etc/floodwall/tls -> Secret.
+Whole Secrets are mounted, never single keys: a rotated certificate reaches the pod, and
+floodwall re-reads it. */}}
+{{- define "floodwall.tlsSecrets" -}}
+{{- if .Values.tls.upstream.ca.existingSecret }}
+upstream-ca: {{ .Values.tls.upstream.ca.existingSecret }}
+{{- end }}
+{{- if .Values.tls.upstream.clientCertificate.existingSecret }}
+upstream-client: {{ .Values.tls.upstream.clientCertificate.existingSecret }}
+{{- end }}
+{{- if and .Values.tls.listener.enabled .Values.tls.listener.certificate.existingSecret }}
+listener: {{ .Values.tls.listener.certificate.existingSecret }}
+{{- end }}
+{{- if and .Values.tls.listener.enabled .Values.tls.listener.clientCa.existingSecret }}
+listener-client-ca: {{ .Values.tls.listener.clientCa.existingSecret }}
+{{- end }}
+{{- if .Values.tls.management.ca.existingSecret }}
+management-ca: {{ .Values.tls.management.ca.existingSecret }}
+{{- end }}
+{{- end -}}
+
+{{/* FLOODWALL_*TLS* variables naming the mounted files (env list items). */}}
+{{- define "floodwall.tlsEnv" -}}
+{{- $upstreamTls := or .Values.tls.upstream.ca.existingSecret .Values.tls.upstream.clientCertificate.existingSecret .Values.tls.upstream.serverName .Values.tls.upstream.saslExternal .Values.tls.upstream.relayExternal .Values.tls.upstream.insecure }}
+{{- if and $upstreamTls (not (hasPrefix "amqps://" (lower .Values.upstream))) }}
+{{- fail "tls.upstream is set but upstream is not amqps://HOST[:PORT]: floodwall would refuse to start" }}
+{{- end }}
+{{- if and .Values.tls.listener.enabled (not .Values.tls.listener.certificate.existingSecret) }}
+{{- fail "tls.listener.enabled needs tls.listener.certificate.existingSecret (a kubernetes.io/tls Secret)" }}
+{{- end }}
+{{- if .Values.tls.upstream.ca.existingSecret }}
+  - name: FLOODWALL_UPSTREAM_TLS_CA
+    value: {{ printf "/etc/floodwall/tls/upstream-ca/%s" .Values.tls.upstream.ca.key | quote }}
+{{- end }}
+{{- if .Values.tls.upstream.clientCertificate.existingSecret }}
+  - name: FLOODWALL_UPSTREAM_TLS_CERT
+    value: /etc/floodwall/tls/upstream-client/tls.crt
+  - name: FLOODWALL_UPSTREAM_TLS_KEY
+    value: /etc/floodwall/tls/upstream-client/tls.key
+{{- end }}
+{{- if .Values.tls.upstream.serverName }}
+  - name: FLOODWALL_UPSTREAM_TLS_SERVER_NAME
+    value: {{ .Values.tls.upstream.serverName | quote }}
+{{- end }}
+{{- if .Values.tls.upstream.saslExternal }}
+  - name: FLOODWALL_UPSTREAM_TLS_SASL_EXTERNAL
+    value: "true"
+{{- end }}
+{{- if .Values.tls.upstream.relayExternal }}
+  - name: FLOODWALL_UPSTREAM_TLS_RELAY_EXTERNAL
+    value: "true"
+{{- end }}
+{{- if .Values.tls.upstream.insecure }}
+  - name: FLOODWALL_UPSTREAM_TLS_INSECURE
+    value: "true"
+{{- end }}
+{{- if .Values.tls.listener.enabled }}
+  - name: FLOODWALL_LISTEN_TLS
+    value: {{ printf "%s:%d" (include "floodwall.listenHost" .) (int .Values.tls.listener.port) | quote }}
+  - name: FLOODWALL_LISTEN_TLS_CERT
+    value: /etc/floodwall/tls/listener/tls.crt
+  - name: FLOODWALL_LISTEN_TLS_KEY
+    value: /etc/floodwall/tls/listener/tls.key
+{{- if .Values.tls.listener.clientCa.existingSecret }}
+  - name: FLOODWALL_LISTEN_TLS_CLIENT_CA
+    value: {{ printf "/etc/floodwall/tls/listener-client-ca/%s" .Values.tls.listener.clientCa.key | quote }}
+{{- end }}
+{{- end }}
+{{- if .Values.tls.management.ca.existingSecret }}
+  - name: FLOODWALL_MANAGEMENT_TLS_CA
+    value: {{ printf "/etc/floodwall/tls/management-ca/%s" .Values.tls.management.ca.key | quote }}
 {{- end }}
 {{- end -}}
 

@@ -1,0 +1,358 @@
+"""Issue 12's two-link scenario: a python-qpid-proton sender at full speed, through floodwall.
+
+``python -m bench.two_links [--rounds 3] [--rates 2500,250,0] [--count 6000]``
+
+One proton connection, one session, two sender links written the way a new user writes them
+(``while sender.credit: sender.send(...)``): ``/queue/two.capped`` (policy 512 KiB, resume =
+capacity) and ``/queue/two.free`` (no policy), 1 KiB messages, ``--count`` each. A consumer
+straight at the broker drains the capped queue at ``--rates`` msg/s (credit paced, each
+message accepted as it comes) and the free queue as fast as it can. Per round and rate:
+
+- accepted on each link, consumed from each queue, link/session/connection errors;
+- the capped queue's depth at the broker over capacity: the maximum of ready x 1 KiB from a
+  passive declare every 20 ms (the consumer holds at most one message unacknowledged);
+- trips, and floodwall's own overshoot count (messages forwarded to the queue while it was
+  tripped, sent on credit granted before the trip) per trip;
+- the free link's rate (accepted/s from its 1,000th to its last acceptance) with the capped
+  link throttled beside it, against its rate alone (the capped link idle) in the same round:
+  rounds alternate alone/both and both/alone. At a consumer rate of 0 nobody consumes the
+  capped queue (``/queue/two.stopped``, 512 KiB, resume 256 KiB): the free link starts
+  once the capped one is tripped and stays throttled outright (no credit), so the free
+  link's ratio shows what the proxy's throttling itself costs a neighbour on the same
+  session. At rates above 0 the capped link is admitted at the consumer's pace and its
+  sends share the client's one proton thread with the free link, so the ratio there also
+  measures the client's own CPU.
+
+Targets (issue 12): 6,000/6,000 accepted on both links, 6,000 consumed, at most 256 KiB over
+capacity (goal 64 KiB), no link error, free-link ratio >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pika
+from proton import Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+from bench.flow import (
+    Progress,
+    Stack,
+    fmt,
+    metric_sum,
+    policed,
+    policy_entry,
+    run_main,
+    until,
+    write_policies,
+)
+from bench.meters import median
+from floodwall.dev.devbroker import BrokerEndpoint
+
+KIB = 1024
+CAPACITY = 512 * KIB
+
+
+class NaiveSender(MessagingHandler):  # type: ignore[misc]
+    """Two links on one session; each sends while ``sender.credit`` says so."""
+
+    def __init__(self, port: int, addresses: list[str], count: int,
+                 finish: list[str] | None = None) -> None:
+        super().__init__()
+        self.url = f"amqp://guest:guest@127.0.0.1:{port}"
+        self.addresses, self.count = addresses, count
+        self.finish = addresses if finish is None else finish  # done when these are
+        self.hold: set[str] = set()  # addresses that wait for ``go`` before sending
+        self.go = threading.Event()
+        self.tags: set[tuple[str, bytes]] = set()  # (RabbitMQ repeats dispositions)
+        self.senders: list[Any] = []
+        self.sent: dict[str, int] = collections.Counter()
+        self.accepted: dict[str, list[float]] = collections.defaultdict(list)
+        self.errors: list[str] = []
+        self.done = threading.Event()
+
+    def on_start(self, event: Any) -> None:
+        conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
+        for address in self.addresses:
+            self.senders.append(event.container.create_sender(conn, address))
+        if self.hold:
+            event.container.schedule(0.005, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        if not self.go.is_set():
+            event.container.schedule(0.005, self)
+            return
+        self.hold.clear()
+        for sender in self.senders:
+            if sender.credit > 0:
+                self.send(sender)
+
+    def on_sendable(self, event: Any) -> None:
+        self.send(event.sender)
+
+    def send(self, sender: Any) -> None:
+        address = sender.target.address
+        if address in self.hold:
+            return
+        while sender.credit > 0 and self.sent[address] < self.count:
+            sender.send(Message(body=b"x" * KIB))
+            self.sent[address] += 1
+
+    def on_accepted(self, event: Any) -> None:
+        address = event.link.target.address
+        if (address, event.delivery.tag) in self.tags:
+            return
+        self.tags.add((address, event.delivery.tag))
+        self.accepted[address].append(time.monotonic())
+        if all(len(self.accepted[a]) >= self.count for a in self.finish):
+            self.done.set()
+            event.connection.close()
+
+    def on_rejected(self, event: Any) -> None:
+        self.errors.append("rejected")
+
+    def on_link_error(self, event: Any) -> None:
+        self.errors.append(f"link: {event.link.remote_condition}")
+        self.done.set()
+        event.connection.close()
+
+    def on_session_error(self, event: Any) -> None:
+        self.errors.append(f"session: {event.session.remote_condition}")
+
+    def on_connection_error(self, event: Any) -> None:
+        self.errors.append(f"connection: {event.connection.remote_condition}")
+        self.done.set()
+
+    def on_transport_error(self, event: Any) -> None:
+        self.errors.append(f"transport: {event.transport.condition}")
+        self.done.set()
+
+
+class PacedConsumer(MessagingHandler):  # type: ignore[misc]
+    """At the broker: ``rate`` msg/s from the capped queue, the free one as fast as it can."""
+
+    def __init__(self, broker: BrokerEndpoint, qcap: str, qfree: str, rate: float) -> None:
+        super().__init__(prefetch=0, auto_accept=False)
+        self.url = (f"amqp://{broker.username}:{broker.password}@{broker.host}:"
+                    f"{broker.amqp_port}")
+        self.qcap, self.qfree, self.rate = qcap, qfree, rate
+        self.got: dict[str, int] = collections.Counter()
+        self.stop = threading.Event()
+        self.budget = 0.0
+        self.last = time.monotonic()
+
+    def on_start(self, event: Any) -> None:
+        self.conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
+        self.cap = (event.container.create_receiver(self.conn, f"/amq/queue/{self.qcap}")
+                    if self.qcap else None)  # (alone: no capped queue to attach to)
+        self.free = event.container.create_receiver(self.conn, f"/amq/queue/{self.qfree}")
+        self.free.flow(500)
+        event.container.schedule(0.002, self)
+
+    def on_message(self, event: Any) -> None:
+        free = event.receiver.name == self.free.name
+        self.got["free" if free else "cap"] += 1
+        event.delivery.update(event.delivery.ACCEPTED)
+        event.delivery.settle()
+        if free:
+            self.free.flow(1)
+        else:
+            self.budget -= 1
+
+    def on_timer_task(self, event: Any) -> None:
+        if self.stop.is_set():
+            self.conn.close()
+            return
+        now = time.monotonic()
+        self.budget = min(self.budget + (now - self.last) * self.rate, 8)
+        self.last = now
+        if self.cap is not None and self.budget > 0 and self.cap.credit == 0:
+            self.cap.flow(max(1, int(self.budget)))
+        event.container.schedule(0.002, self)
+
+
+def thread(handler: Any) -> threading.Thread:
+    t = threading.Thread(target=lambda: Container(handler).run(), daemon=True)
+    t.start()
+    return t
+
+
+def watch_depth(broker: BrokerEndpoint, queue: str, stop: threading.Event,
+                out: dict[str, int]) -> None:
+    params = pika.ConnectionParameters(broker.host, broker.amqp_port, credentials=(
+        pika.PlainCredentials(broker.username, broker.password)))
+    conn = pika.BlockingConnection(params)
+    ch = conn.channel()
+    while not stop.is_set():
+        try:
+            n = ch.queue_declare(queue, passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker:  # not declared yet
+            ch = conn.channel()
+            n = 0
+        out["max_ready"] = max(out.get("max_ready", 0), n)
+        stop.wait(0.02)
+    conn.close()
+
+
+def tripped(fw: Any, queue: str) -> bool:
+    return metric_sum(fw, "floodwall_queue_tripped", queue=queue) > 0
+
+
+def delete_queue(broker: BrokerEndpoint, queue: str) -> None:
+    params = pika.ConnectionParameters(broker.host, broker.amqp_port, credentials=(
+        pika.PlainCredentials(broker.username, broker.password)))
+    with pika.BlockingConnection(params) as conn:
+        conn.channel().queue_delete(queue)
+
+
+def free_rate(times: list[float]) -> float:
+    tail = sorted(times)[1000:]
+    return (len(tail) - 1) / (tail[-1] - tail[0]) if len(tail) > 1 else float("nan")
+
+
+def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str, Any]:
+    kind = "stopped" if rate == 0 else "capped"  # (a policy with hysteresis, see scenario)
+    qcap, qfree = f"two.{kind}.{uuid.uuid4().hex[:6]}", f"two.free.{uuid.uuid4().hex[:6]}"
+    addresses = ([f"/queue/{qcap}"] if both else []) + [f"/queue/{qfree}"]
+    # rate 0: nobody consumes the capped queue, so its link stays throttled (no credit)
+    # once the queue is full; the run ends when the free link is done
+    sender = NaiveSender(fw.port, addresses, count,
+                         finish=[f"/queue/{qfree}"] if rate == 0 else None)
+    if rate == 0:  # the free link starts once the capped one is throttled (or alone: at once)
+        sender.hold.add(f"/queue/{qfree}")
+    consumer = PacedConsumer(st.endpoint, qcap if both else "", qfree, rate)
+    stop = threading.Event()
+    depth: dict[str, int] = {}
+    watcher = threading.Thread(target=watch_depth, args=(st.endpoint, qcap, stop, depth),
+                               daemon=True)
+    trips0 = metric_sum(fw, "floodwall_queue_trips_total")
+    over0 = metric_sum(fw, "floodwall_queue_overshoot_messages_total")
+    watcher.start()
+    t_sender = thread(sender)
+    if both:  # the link declares its queue: the consumer attaches once it exists
+        deadline = time.monotonic() + 30
+        while not policed(fw, qcap) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    t_consumer = thread(consumer)
+    if rate == 0:
+        deadline = time.monotonic() + 30
+        while both and not tripped(fw, qcap) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sender.go.set()
+    sender.done.wait(120)
+    deadline = time.monotonic() + 60
+    want = {"cap": count if both and rate else 0, "free": count}
+    while any(consumer.got[k] < v for k, v in want.items()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    consumer.stop.set()
+    stop.set()
+    t_sender.join(10)
+    t_consumer.join(10)
+    watcher.join(10)
+    trips = metric_sum(fw, "floodwall_queue_trips_total") - trips0
+    over = metric_sum(fw, "floodwall_queue_overshoot_messages_total") - over0
+    if both and rate == 0:  # what the throttled link left behind (after its metrics)
+        delete_queue(st.endpoint, qcap)
+    acc = {a.split("/")[-1].split(".")[1]: len(t) for a, t in sender.accepted.items()}
+    return {"both": both, "rate": rate, "accepted": acc, "consumed": dict(consumer.got),
+            "errors": sender.errors,
+            "over_capacity_kib": max(0, depth.get("max_ready", 0) * KIB - CAPACITY) / KIB,
+            "trips": trips, "overshoot_messages": over,
+            "overshoot_per_trip": over / trips if trips else 0.0,
+            "free_msgs_per_s": free_rate(sender.accepted[f"/queue/{qfree}"])}
+
+
+async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    # resume = capacity trips as often as possible while a consumer drains; with nobody
+    # consuming it would flap on the estimate's noise (each release a burst of credit), so
+    # the stopped runs' queue resumes at half its capacity
+    policies = write_policies(st.workdir / "two-links.yaml",
+                              policy_entry("two-capped", "two.capped.*", "512KiB", "512KiB"),
+                              policy_entry("two-stopped", "two.stopped.*", "512KiB", "256KiB"))
+    fw = st.floodwall("floodwall-two-links", policies)
+    out: dict[str, Any] = {}
+    try:
+        await until(lambda: policed(fw, "none") or True, 1, "started")
+        for rate in opts.rates:
+            runs = []
+            for r in range(opts.rounds):
+                for both in ((False, True) if r % 2 == 0 else (True, False)):
+                    res = await asyncio.to_thread(one_run, st, fw, rate, opts.count, both)
+                    res["round"] = r
+                    runs.append(res)
+                    progress(f"   {rate:.0f} msg/s round {r + 1} {'both ' if both else 'alone'}"
+                             f": accepted {res['accepted']}, consumed {res['consumed']}, "
+                             f"over capacity {res['over_capacity_kib']:.0f} KiB, trips "
+                             f"{res['trips']:.0f}, overshoot/trip "
+                             f"{res['overshoot_per_trip']:.1f} msgs, free "
+                             f"{res['free_msgs_per_s']:,.0f} msg/s"
+                             + (f", ERRORS {res['errors']}" if res["errors"] else ""))
+            out[f"{rate:.0f}"] = summarize(runs, opts.count)
+    finally:
+        st.stop_proxy(fw)
+    return out
+
+
+def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
+    both = [r for r in runs if r["both"]]
+    stopped = both and both[0]["rate"] == 0  # the capped link sends only until it trips
+    alone = {r["round"]: r["free_msgs_per_s"] for r in runs if not r["both"]}
+    ratios = [r["free_msgs_per_s"] / alone[r["round"]] for r in both if alone.get(r["round"])]
+    return {
+        "runs": runs,
+        "all_accepted": all((stopped or r["accepted"].get("capped") == count)
+                            and r["accepted"].get("free") == count for r in both),
+        "all_consumed": all((stopped or r["consumed"].get("cap") == count)
+                            and r["consumed"].get("free") == count for r in both),
+        "errors": [e for r in runs for e in r["errors"]],
+        "max_over_capacity_kib": max(r["over_capacity_kib"] for r in both),
+        "trips": median([r["trips"] for r in both]),
+        "overshoot_per_trip": median([r["overshoot_per_trip"] for r in both]),
+        "free_ratio_paired": median(ratios),
+        "free_alone": median(list(alone.values())),
+        "free_both": median([r["free_msgs_per_s"] for r in both]),
+    }
+
+
+def report(doc: dict[str, Any]) -> None:
+    print(f"\nfloodwall two-links benchmark (issue 12), {doc['meta']['started']} "
+          f"({doc['meta']['command']})")
+    for rate, s in doc["results"]["two_links"].items():
+        if not isinstance(s, dict):
+            continue
+        what = ("free link" if rate == "0" else "both links")
+        print(f"  consumer {rate} msg/s: accepted 6000/6000 {what}: {s['all_accepted']}, "
+              f"consumed all: {s['all_consumed']}, errors {s['errors'] or 'none'}")
+        print(f"    capped queue over capacity: max {fmt(s['max_over_capacity_kib'], '.0f')} "
+              f"KiB; trips (median) {fmt(s['trips'], '.0f')}, overshoot per trip "
+              f"{fmt(s['overshoot_per_trip'], '.1f')} msgs")
+        print(f"    free link: alone {fmt(s['free_alone'], ',.0f')} msg/s, beside the throttled "
+              f"link {fmt(s['free_both'], ',.0f')} msg/s, paired ratio "
+              f"{fmt(s['free_ratio_paired'], '.3f')} (target >= 0.95)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.two_links",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
+                   default=[2500.0, 250.0, 0.0],
+                   help="the capped queue's consumer, msg/s; 0: stopped (the capped link "
+                   "stays throttled, the run ends when the free link is done)")
+    p.add_argument("--count", type=int, default=6000)
+    p.add_argument("--out", type=Path, default=None)
+    opts = p.parse_args(argv)
+    return run_main("two_links", argv, {"two_links": scenario}, opts, ["two_links"], report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

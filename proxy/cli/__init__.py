@@ -1,0 +1,375 @@
+"""The ``floodwall`` command line: every flag has a FLOODWALL_* variable and a config-file key.
+
+The top of the import graph: the one place that runs the proxy (``floodwall.io.app``) and,
+lazily, the PySpark pipeline (``floodwall_pipeline``). ``spool`` is ``floodwall spool ...``,
+``tls`` the upstream options both share.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from floodwall import __version__
+from floodwall.cli.tls import upstream_settings, upstream_tls_options
+from floodwall.control.policy import (
+    PolicyError,
+    format_bytes,
+    format_duration,
+    load_policies,
+    parse_bytes,
+    parse_duration,
+    render_policies,
+)
+from floodwall.ops.config import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_HOLD_BUDGET,
+    AmqpCredentials,
+    ConfigError,
+    ListenerTls,
+    ManagementCredentials,
+    ManagementTls,
+    ProxySettings,
+    TlsVersion,
+    parse_hostport,
+)
+from floodwall.ops.logs import setup_logging
+from floodwall.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
+
+
+def _units(parse: Callable[[object], float], example: str, zero_ok: bool = False
+           ) -> Callable[[click.Context, click.Parameter, object], Any]:
+    """A click callback parsing a value with units (``parse``), refusing <= 0 unless
+    ``zero_ok`` (``--drain-timeout 0``: do not wait; ``--spool-min-free 0``)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: object) -> Any:
+        try:
+            parsed = parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(f"{exc} (e.g. {example})", ctx=ctx, param=param) from None
+        if parsed < 0 or (parsed == 0 and not zero_ok):
+            raise click.BadParameter(f"{value!r} must be more than 0", ctx=ctx, param=param)
+        return parsed
+
+    return callback
+
+
+_duration = _units(parse_duration, "200ms, 5s, 1m")
+_duration_or_zero = _units(parse_duration, "200ms, 5s, 1m", zero_ok=True)
+_size = _units(parse_bytes, "16MiB, 512KiB")
+_size_or_zero = _units(parse_bytes, "16MiB, 512KiB", zero_ok=True)
+
+
+def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """--config FILE: its keys (flag names, - or _) become defaults below flags and env vars."""
+    if not value:
+        return
+    try:
+        doc = yaml.safe_load(Path(value).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="--config") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise click.BadParameter(f"{value}: expected a mapping of settings", ctx=ctx,
+                                 param_hint="--config")
+    known = {p.name for p in ctx.command.params if p.name}
+    defaults: dict[str, Any] = {}
+    for key, val in doc.items():
+        name = str(key).replace("-", "_")
+        if name not in known or name == "config":
+            raise click.BadParameter(
+                f"{value}: unknown setting {key!r}; known: "
+                + ", ".join(sorted(k for k in known if k != "config")),
+                ctx=ctx, param_hint="--config")
+        defaults[name] = val
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="floodwall")
+def main() -> None:
+    """floodwall: per-queue producer flow control for AMQP brokers, as a sidecar proxy."""
+
+
+@main.command()
+@click.option("--config", "config", type=click.Path(dir_okay=False), is_eager=True,
+              expose_value=False, callback=_load_config_file, envvar="FLOODWALL_CONFIG",
+              help="YAML file of settings (keys are these flags' names).")
+@click.option("--listen", default="0.0.0.0:5673", show_default=True, envvar="FLOODWALL_LISTEN",
+              help="Where clients connect (AMQP 0-9-1 and 1.0 on one port); 'off' for none "
+                   "(then --listen-tls).")
+@click.option("--listen-tls", default=None, metavar="HOST:PORT", envvar="FLOODWALL_LISTEN_TLS",
+              help="A TLS listener (0-9-1 and 1.0 on one port) beside --listen; needs "
+                   "--listen-tls-cert and --listen-tls-key.")
+@click.option("--listen-tls-cert", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_LISTEN_TLS_CERT",
+              help="The TLS listener's certificate (PEM, chain); re-read when it changes.")
+@click.option("--listen-tls-key", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_LISTEN_TLS_KEY",
+              help="Its private key (PEM, unencrypted); re-read when it changes.")
+@click.option("--listen-tls-client-ca", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_LISTEN_TLS_CLIENT_CA",
+              help="Require client certificates issued by this CA (PEM) on the TLS listener.")
+@click.option("--listen-tls-min-version", type=click.Choice([v.value for v in TlsVersion]),
+              default="1.2", show_default=True, envvar="FLOODWALL_LISTEN_TLS_MIN_VERSION",
+              help="Lowest TLS version the TLS listener accepts.")
+@click.option("--upstream", default="127.0.0.1:5672", show_default=True,
+              envvar="FLOODWALL_UPSTREAM",
+              help="The broker: HOST:PORT or amqp://HOST[:PORT] (plain), amqps://HOST[:PORT] "
+                   "(TLS, port 5671 by default).")
+@upstream_tls_options
+@click.option("--upstream-tls-relay-external", is_flag=True, default=False,
+              envvar="FLOODWALL_UPSTREAM_TLS_RELAY_EXTERNAL",
+              help="Let clients log in with SASL EXTERNAL through the proxy. They are then "
+                   "logged in as the proxy's certificate (--upstream-tls-cert), not their "
+                   "own: off, EXTERNAL is refused.")
+@click.option("--admin", default="127.0.0.1:9090", show_default=True, envvar="FLOODWALL_ADMIN",
+              help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
+@click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
+              help="The broker's management API URL (credentials from "
+                   "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
+                   "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
+                   "amqps upstream) when --policies is given.")
+@click.option("--management-tls-ca", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_MANAGEMENT_TLS_CA",
+              help="CA file (PEM) for an https management URL; default: --upstream-tls-ca, "
+                   "else the system's trust store.")
+@click.option("--management-tls-cert", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_MANAGEMENT_TLS_CERT",
+              help="Client certificate (PEM) for the management API, if it asks for one.")
+@click.option("--management-tls-key", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_MANAGEMENT_TLS_KEY", help="Its private key (PEM).")
+@click.option("--policies", type=click.Path(dir_okay=False), default=None,
+              envvar="FLOODWALL_POLICIES",
+              help="YAML policies file; a bad one refuses to start. Reloaded on SIGHUP and "
+                   "when it changes.")
+@click.option("--depth-interval", default="200ms", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_DEPTH_INTERVAL",
+              help="How often each policed queue's ready count is read (passive declare).")
+@click.option("--management-interval", default="5s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_MANAGEMENT_INTERVAL",
+              help="How often each policed queue is sampled from the management API.")
+@click.option("--topology-interval", default="30s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_TOPOLOGY_INTERVAL",
+              help="How often the routing model is checked against the management API's full "
+                   "listing (the safety net under the broker's topology events and lookups).")
+@click.option("--topology-events", type=click.Choice(["on", "off"]), default="on",
+              show_default=True, envvar="FLOODWALL_TOPOLOGY_EVENTS",
+              help="Follow the broker's topology events (amq.rabbitmq.event, the "
+                   "rabbitmq_event_exchange plugin) when it has them.")
+@click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
+              metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
+              help="Bytes of held publishes per connection before the proxy stops reading it.")
+@click.option("--telemetry-dir", type=click.Path(file_okay=False), default=None,
+              envvar="FLOODWALL_TELEMETRY_DIR",
+              help="Write telemetry (NDJSON, docs/telemetry.md) here; needs --policies.")
+@click.option("--telemetry-interval", default="1s", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_INTERVAL",
+              help="How often each policed queue is sampled into the telemetry.")
+@click.option("--telemetry-file-size", default="16MiB", callback=_size, metavar="SIZE",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_FILE_SIZE",
+              help="Start a new telemetry file past this size ...")
+@click.option("--telemetry-file-age", default="1h", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_FILE_AGE",
+              help="... or this age.")
+@click.option("--telemetry-max-total", default="256MiB", callback=_size, metavar="SIZE",
+              show_default=True, envvar="FLOODWALL_TELEMETRY_MAX_TOTAL",
+              help="Delete the oldest telemetry files past this total.")
+@click.option("--spool-dir", type=click.Path(file_okay=False), default=None,
+              envvar="FLOODWALL_SPOOL_DIR",
+              help="Where overflow: spool writes (needs --policies); without it spool acts "
+                   "as hold. `floodwall spool` inspects it.")
+@click.option("--spool-total-max", default=format_bytes(DEFAULT_TOTAL_MAX), callback=_size,
+              metavar="SIZE", show_default=True, envvar="FLOODWALL_SPOOL_TOTAL_MAX",
+              help="Most bytes the spool holds, all queues (policies set each queue's).")
+@click.option("--spool-min-free", default=format_bytes(DEFAULT_MIN_FREE),
+              callback=_size_or_zero, metavar="SIZE", show_default=True,
+              envvar="FLOODWALL_SPOOL_MIN_FREE",
+              help="The spool takes no more when its filesystem has less free than this.")
+@click.option("--connect-timeout", type=float, default=5.0, show_default=True,
+              envvar="FLOODWALL_CONNECT_TIMEOUT", help="Seconds to reach the broker.")
+@click.option("--handshake-timeout", type=float, default=10.0, show_default=True,
+              envvar="FLOODWALL_HANDSHAKE_TIMEOUT",
+              help="Seconds a client has to send its protocol header.")
+@click.option("--drain-timeout", default=format_duration(DEFAULT_DRAIN_TIMEOUT),
+              callback=_duration_or_zero, metavar="DURATION", show_default=True,
+              envvar="FLOODWALL_DRAIN_TIMEOUT",
+              help="On SIGTERM: stop accepting, then wait this long for connections to "
+                   "finish (held publishes keep being released) before closing the rest.")
+@click.option("--event-loop", type=click.Choice(["auto", "uvloop", "asyncio"]), default="auto",
+              show_default=True, envvar="FLOODWALL_EVENT_LOOP")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True, envvar="FLOODWALL_LOG_LEVEL")
+@click.option("--log-format", type=click.Choice(["logfmt", "json"]), default="logfmt",
+              show_default=True, envvar="FLOODWALL_LOG_FORMAT")
+def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
+        listen_tls_key: str | None, listen_tls_client_ca: str | None,
+        listen_tls_min_version: str, upstream: str, upstream_tls_ca: str | None,
+        upstream_tls_cert: str | None, upstream_tls_key: str | None,
+        upstream_tls_server_name: str | None, upstream_tls_insecure: bool,
+        upstream_tls_min_version: str, upstream_tls_sasl_external: bool,
+        upstream_tls_relay_external: bool, admin: str, management: str | None,
+        management_tls_ca: str | None, management_tls_cert: str | None,
+        management_tls_key: str | None, policies: str | None,
+        depth_interval: float, management_interval: float, topology_interval: float,
+        topology_events: str, hold_budget: int,
+        telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
+        telemetry_file_age: float, telemetry_max_total: int,
+        spool_dir: str | None, spool_total_max: int, spool_min_free: int,
+        connect_timeout: float, handshake_timeout: float, drain_timeout: float,
+        event_loop: str, log_level: str, log_format: str) -> None:
+    """Relay AMQP between clients and the broker, policing queues by the policies."""
+    setup_logging(log_level, log_format)
+    try:
+        credentials = ManagementCredentials.from_environment()
+        upstream_address, upstream_tls = upstream_settings(
+            upstream, upstream_tls_ca=upstream_tls_ca, upstream_tls_cert=upstream_tls_cert,
+            upstream_tls_key=upstream_tls_key,
+            upstream_tls_server_name=upstream_tls_server_name,
+            upstream_tls_insecure=upstream_tls_insecure,
+            upstream_tls_min_version=upstream_tls_min_version,
+            upstream_tls_sasl_external=upstream_tls_sasl_external,
+            relay_external=upstream_tls_relay_external)
+        plain_listener = None if listen.strip().lower() == "off" else parse_hostport(
+            listen, "--listen")
+        tls_listener = parse_hostport(listen_tls, "--listen-tls") if listen_tls else None
+        listener_tls = None
+        if tls_listener is not None:
+            listener_tls = ListenerTls.checked(
+                Path(listen_tls_cert) if listen_tls_cert else None,
+                Path(listen_tls_key) if listen_tls_key else None,
+                Path(listen_tls_client_ca) if listen_tls_client_ca else None,
+                TlsVersion.parse(listen_tls_min_version, "--listen-tls-min-version"))
+        elif listen_tls_cert or listen_tls_key or listen_tls_client_ca:
+            raise ConfigError("--listen-tls-cert/-key/-client-ca given without --listen-tls "
+                              "HOST:PORT")
+        if plain_listener is None and tls_listener is None:
+            raise ConfigError("--listen off needs --listen-tls: clients must connect somewhere")
+        management_tls = None
+        if management_tls_ca or management_tls_cert or management_tls_key:
+            management_tls = ManagementTls.checked(
+                Path(management_tls_ca) if management_tls_ca else (
+                    upstream_tls.ca if upstream_tls is not None else None),
+                Path(management_tls_cert) if management_tls_cert else None,
+                Path(management_tls_key) if management_tls_key else None)
+        settings = ProxySettings(
+            listen=plain_listener,
+            upstream=upstream_address,
+            admin=None if admin.lower() == "off" else parse_hostport(admin, "--admin",
+                                                                      "127.0.0.1"),
+            management_url=management,
+            upstream_tls=upstream_tls,
+            listen_tls=tls_listener,
+            listener_tls=listener_tls,
+            management_tls=management_tls,
+            credentials=credentials,
+            amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
+            policies=Path(policies) if policies else None,
+            depth_interval=depth_interval,
+            management_interval=management_interval,
+            topology_interval=topology_interval,
+            topology_events=topology_events == "on",
+            hold_budget=hold_budget,
+            telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
+            telemetry_interval=telemetry_interval,
+            telemetry_file_bytes=telemetry_file_size,
+            telemetry_file_age=telemetry_file_age,
+            telemetry_total_bytes=telemetry_max_total,
+            spool_dir=Path(spool_dir) if spool_dir else None,
+            spool_total_max=spool_total_max,
+            spool_min_free=spool_min_free,
+            connect_timeout=connect_timeout,
+            handshake_timeout=handshake_timeout,
+            drain_timeout=drain_timeout,
+            event_loop=event_loop,
+        )
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if telemetry_max_total < telemetry_file_size:
+        raise click.UsageError("--telemetry-max-total must be at least --telemetry-file-size")
+    from floodwall.io.app import run_proxy
+    from floodwall.spool.log import SpoolError
+
+    try:
+        run_proxy(settings)
+    except (PolicyError, SpoolError, ConfigError) as exc:  # policies, spool dir, TLS files
+        click.echo(f"floodwall: refusing to start: {exc}", err=True)
+        raise SystemExit(1) from None
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--queue", "queues", multiple=True, metavar="QUEUE",
+              help="Also say which policy polices this queue (repeatable).")
+@click.option("--vhost", default="/", show_default=True, help="The vhost of --queue.")
+def check(file: str, queues: tuple[str, ...], vhost: str) -> None:
+    """Validate a policies FILE and print the effective policies (exit 1 if it is bad)."""
+    try:
+        policies = load_policies(file)
+    except PolicyError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(1) from None
+    click.echo(render_policies(policies), nl=False)
+    for queue in queues:
+        found = policies.for_queue(vhost, queue)
+        verdict = f"policy {found.name!r}" if found is not None else "not policed"
+        click.echo(f"# queue {queue!r} in vhost {vhost!r}: {verdict}")
+
+
+@main.command()
+@click.argument("telemetry", nargs=-1, required=True)
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Directory for report.html, plots/, recommended-policies.yaml, "
+                   "summary.json.")
+@click.option("--master", default=None, envvar="FLOODWALL_SPARK_MASTER",
+              help="Spark master URL (spark://host:7077, yarn, k8s://...); default local[*].")
+@click.option("--resolution", default="5s", callback=_duration, metavar="DURATION",
+              show_default=True, help="Time buckets of the report's plots (not of the "
+                                      "figures or recommendations).")
+@click.option("--target-drain", default="30s", callback=_duration, metavar="DURATION",
+              show_default=True,
+              help="Recommended capacity empties in this long at the observed drain rate.")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
+              help="More Spark settings (repeatable), e.g. for s3a:// credentials.")
+@click.option("--since", default=None, metavar="UTC",
+              help="Only records from then on (2026-11-21 or 2026-11-21T06:00).")
+@click.option("--until", default=None, metavar="UTC",
+              help="Only records before then; with --since, only the files needed are read.")
+def analyze(telemetry: tuple[str, ...], out: str, master: str | None, resolution: float,
+            target_drain: float, confs: tuple[str, ...], since: str | None,
+            until: str | None) -> None:
+    """Turn TELEMETRY (files or directories, local or s3a://) into a report and policies.
+
+    A PySpark job (the [pipeline] extra): docs/pipeline.md says what it computes and how it
+    runs on a cluster.
+    """
+    conf: dict[str, str] = {}
+    for item in confs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--conf")
+        conf[key] = value
+    try:
+        from floodwall_pipeline.cli import run_analysis
+    except ImportError as exc:
+        raise click.ClickException(f"the analysis needs the [pipeline] extra "
+                                   f"(pip install 'floodwall[pipeline]'): {exc}") from None
+    code = run_analysis(list(telemetry), Path(out), master=master, resolution=resolution,
+                        target_drain=target_drain, conf=conf, since=since, until=until)
+    raise SystemExit(code)
+
+
+# `floodwall spool ...` lives in proxy/spool_cli.py (registered here).
+from floodwall.cli.spool import spool as _spool_group  # noqa: E402
+
+main.add_command(_spool_group)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

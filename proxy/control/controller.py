@@ -1,0 +1,523 @@
+"""Who may publish: tripped queues, the channels blocked on them, and the broker alarm.
+
+Seed 000's design, moved out of the broker: a channel that publishes to a full queue is
+blocked on that queue; a channel can be blocked on a *set* of queues and is released only
+when the set is empty. Pure: the I/O layer feeds it depth samples and the time; protocol
+cores ask it about each publish and are told, through their ``ChannelOwner`` interface,
+when a channel of theirs is free again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from floodwall.control.depth import Depth, ManagementSample, QueueDepth
+from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
+from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
+from floodwall.control.routing.model import REPLY_TO_PREFIX
+from floodwall.ops.logs import event
+
+log = logging.getLogger("floodwall.gate")
+
+QueueKey = tuple[str, str]  # (vhost, queue)
+#: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
+ALARM: QueueKey = ("", "broker resource alarm")
+_NOTHING: frozenset[QueueKey] = frozenset()
+#: Sets of queue names whose policed members ``FlowController.policed`` keeps.
+POLICED_CACHE_SIZE = 4096
+
+
+class ChannelOwner(Protocol):
+    """A connection's protocol core, as the gate sees it."""
+
+    conn_id: int
+
+    def channel_released(self, channel: int) -> None:
+        """Every queue ``channel`` was blocked on has drained: let its held frames go."""
+
+
+@dataclass
+class PolicedQueue:
+    """One queue under a policy: its depth, whether it is tripped, and for how long."""
+
+    key: QueueKey
+    policy: Policy
+    depth: QueueDepth = field(default_factory=QueueDepth)
+    tripped: bool = False
+    tripped_since: float | None = None
+    tripped_seconds: float = 0.0  # closed trip intervals; see seconds_tripped()
+    trips: int = 0
+    exists: bool = True
+    # Publishes forwarded while the queue was tripped (1.0: sent on credit granted before).
+    overshoot_messages: int = 0
+    overshoot_bytes: int = 0
+    # The publish path's shortcut (``FlowController.forwarded``): while the queue is not
+    # tripped, its policy and its depth's base are those of the last evaluation
+    # (``armed_*``) and the ledger totals are at most ``quiet_*``, an evaluation would
+    # decide "not tripped" again, so none is made. -1: evaluate (nothing armed yet).
+    quiet_bytes: float = field(default=-1.0, compare=False, repr=False)
+    quiet_messages: float = field(default=-1.0, compare=False, repr=False)
+    armed_rebases: int = field(default=-1, compare=False, repr=False)
+    armed_policy: Policy | None = field(default=None, compare=False, repr=False)
+
+    def seconds_tripped(self, now: float) -> float:
+        open_interval = now - self.tripped_since if self.tripped_since is not None else 0.0
+        return self.tripped_seconds + open_interval
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """One blocked channel, for /state and logs."""
+
+    conn_id: int
+    channel: int
+    queues: frozenset[QueueKey]
+    since: float
+    starved_since: float | None = None  # 1.0: out of link credit since (None: has some)
+
+
+class Router(Protocol):
+    """Destination to queues (floodwall.control.routing.Topology)."""
+
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: dict[str, object] | None = None) -> frozenset[str]: ...
+
+    def knows_exchange(self, vhost: str, name: str) -> bool: ...
+
+    @property
+    def generation(self) -> int:
+        """Goes up on every change that can change a route."""
+
+
+class FlowController:
+    """The shared state behind every gate decision."""
+
+    def __init__(self, router: Router, clock: Callable[[], float],
+                 policies: PolicySet = EMPTY_POLICIES) -> None:
+        self.router = router
+        self.clock = clock
+        self.policies = policies
+        self._policy_vhosts = policies.vhosts
+        self._policy_loads = 0  # set_policies calls: part of ``generation``
+        self.queues: dict[QueueKey, PolicedQueue] = {}
+        # Names a publish needs the broker's word on before it may go (proxy/lookups.py),
+        # and the policed queues still waiting for their first depth figure (a queue
+        # lookup: publishes to them wait, so the ledger starts from the broker's figure).
+        self.lookups = LookupTable()
+        self._awaiting: dict[QueueKey, Lookup] = {}
+        # policed(): the policed keys among a set of queue names, until ``queues`` changes.
+        self._policed_among: dict[tuple[str, frozenset[str]], frozenset[QueueKey]] = {}
+        self._tripped: set[QueueKey] = set()
+        # Queues with spooled backlog: what cannot join the spool waits behind it (FIFO).
+        self._backlogged: set[QueueKey] = set()
+        self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
+        self._blocked_since: dict[tuple[int, int], float] = {}
+        self._starved_since: dict[tuple[int, int], float] = {}  # see starved()
+        self._owners: dict[int, ChannelOwner] = {}
+        self.alarm_reason: str | None = None
+        # Counters the protocol cores keep up to date (plain ints: read at scrape time).
+        self.held_bytes = 0  # body bytes of publishes held right now, all connections
+        self.held_messages = 0
+        # Flow signals sent to clients by (protocol, "flow_off" | "flow_on"): 0-9-1's
+        # Channel.Flow, 1.0's link credit withheld or restored; see signalled().
+        self.signals: Counter[tuple[str, str]] = Counter()
+        self.rejects = 0  # publishes refused under overflow: reject
+        self.deadline_expiries = 0  # publishes refused because they waited too long
+        self.spooled_records = 0  # publishes written to the spool instead of held
+        self.spooled_bytes = 0
+        self.spool_fallbacks = 0  # spool said no (limits, disk): held instead
+        # Observer of trips, releases, holds, signals and refusals (telemetry); None: off.
+        self.on_event: Callable[[str, dict[str, object]], None] | None = None
+
+    def signalled(self, protocol: str, active: bool) -> None:
+        """A ``protocol`` core told a client to stop (False) or resume (True) publishing."""
+        self.signals[(protocol, "flow_on" if active else "flow_off")] += 1
+
+    def signal_total(self, kind: str) -> int:
+        """Signals of ``kind`` ("flow_off" or "flow_on") sent so far, every protocol."""
+        return sum(n for (_, k), n in self.signals.items() if k == kind)
+
+    def emit(self, name: str, fields: dict[str, object]) -> None:
+        """Tell the observer, if any (``on_event``), about one event."""
+        if self.on_event is not None:
+            self.on_event(name, fields)
+
+    # -- policies and queues -----------------------------------------------------------
+    def set_policies(self, policies: PolicySet, known_queues: Iterable[QueueKey]) -> None:
+        """Apply a (re)loaded policy file to the queues that exist now."""
+        self.policies = policies
+        self._policy_vhosts = policies.vhosts
+        self._policy_loads += 1
+        for key in list(self.queues):
+            if policies.for_queue(*key) is None:
+                self._unpolice(key)
+        for key in known_queues:
+            self.queue_seen(key)
+        for q in self.queues.values():
+            new = policies.for_queue(*q.key)
+            if new is not None and new != q.policy:
+                q.policy = new
+                self._evaluate(q)
+
+    def queue_seen(self, key: QueueKey) -> PolicedQueue | None:
+        """A queue exists (declared, or found in the topology); police it if a policy says."""
+        q = self.queues.get(key)
+        if q is not None:
+            q.exists = True
+            return q
+        policy = self.policies.for_queue(*key)
+        if policy is None:
+            return None
+        q = self.queues[key] = PolicedQueue(key, policy)
+        self._policed_among.clear()
+        # Until the broker gives a first figure, publishes to it wait (a queue lookup).
+        lookup = Lookup(key[0], LookupKind.QUEUE, key[1])
+        self._awaiting[key] = lookup
+        self.lookups.forget(lookup)
+        self.lookups.start(lookup, self.clock())
+        return q
+
+    def queue_deleted(self, key: QueueKey) -> None:
+        if key in self.queues:
+            self._unpolice(key)
+
+    def _unpolice(self, key: QueueKey) -> None:
+        q = self.queues.pop(key)
+        self._policed_among.clear()
+        self._first_figure(key)
+        if q.tripped:
+            self._set_tripped(q, False, "no longer policed")
+
+    # -- lookups -----------------------------------------------------------------------
+    def lookup_for(self, vhost: str, exchange: str, routing_key: str,
+                   queues: frozenset[str]) -> QueueKey | None:
+        """The pseudo-queue to hold a publish on until the broker was asked, or None.
+
+        ``queues`` is where the model routes the publish. A lookup is needed when the
+        publish names what the model does not know and a policy could match where it
+        lands: the default exchange with a routing key that is no known queue but matches
+        a policy, or an exchange the model has never seen, in a vhost with policies.
+        Answers are remembered (proxy/lookups.py), so a stream of publishes costs one.
+        """
+        if vhost not in self._policy_vhosts:
+            return None
+        if exchange:
+            if queues or self.router.knows_exchange(vhost, exchange):
+                return None
+            lookup = Lookup(vhost, LookupKind.EXCHANGE, exchange)
+        else:
+            if routing_key in queues or not routing_key \
+                    or routing_key.startswith(REPLY_TO_PREFIX) \
+                    or self.policies.for_queue(vhost, routing_key) is None:
+                return None
+            lookup = Lookup(vhost, LookupKind.QUEUE, routing_key)
+        return lookup.key if self.lookups.want(lookup, self.clock()) else None
+
+    def polices_vhost(self, vhost: str) -> bool:
+        """Whether a policy (or a vhost's limiting defaults) can police queues of ``vhost``."""
+        return vhost in self._policy_vhosts
+
+    def lookup_answered(self, lookup: Lookup, result: LookupResult) -> bool:
+        """The I/O layer asked the broker (and, when found, taught the model and fed the
+        queue's first figure). Releases what waited for it. Returns True when the lookup
+        stays pending: the broker could not be asked and a policy says ``on_unknown_depth:
+        block``; the caller asks again later (``lookups.retry``)."""
+        if result is LookupResult.FAILED and self._failure_blocks(lookup):
+            return True
+        if lookup.kind is LookupKind.QUEUE:
+            self._first_figure((lookup.vhost, lookup.name))
+        if self.lookups.answered(lookup, result is not LookupResult.FOUND, self.clock(),
+                                 failed=result is LookupResult.FAILED) is not None:
+            self._released(lookup.key)
+        return False
+
+    def _failure_blocks(self, lookup: Lookup) -> bool:
+        """Whether publishes keep waiting for a lookup the broker could not answer: the
+        queue's policy (or, for an exchange, any limited policy of the vhost) says block."""
+        if lookup.kind is LookupKind.QUEUE:
+            policy = self.policies.for_queue(lookup.vhost, lookup.name)
+            policies = [policy] if policy is not None else []
+        else:
+            policies = [p for p in self.policies
+                        if p.vhost == lookup.vhost and p.is_limited]
+            default = self.policies.defaults.get(lookup.vhost)
+            if default is not None and default.is_limited:
+                policies.append(default)
+        return any(p.on_unknown_depth is UnknownDepth.BLOCK for p in policies)
+
+    def _first_figure(self, key: QueueKey) -> None:
+        """``key`` no longer waits for its first figure (it came, or it never will)."""
+        lookup = self._awaiting.pop(key, None)
+        if lookup is not None and self.lookups.answered(lookup, False, self.clock()) is not None:
+            self._released(lookup.key)
+
+    def awaiting_first_figure(self, key: QueueKey) -> bool:
+        return key in self._awaiting
+
+    # -- the publish path --------------------------------------------------------------
+    def destinations(self, vhost: str, exchange: str, routing_key: str,
+                     headers: dict[str, object] | None = None) -> frozenset[str]:
+        return self.router.route(vhost, exchange, routing_key, headers)
+
+    @property
+    def generation(self) -> int:
+        """Goes up when the routing model or the policies change: a route (or what is
+        policed along it) computed at another generation may differ."""
+        return self.router.generation + self._policy_loads
+
+    def policed(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """The policed queues among ``queues`` (the answer for a set is kept until a queue
+        starts or stops being policed: routes are the same frozensets publish after publish)."""
+        known = self._policed_among
+        found = known.get((vhost, queues))
+        if found is None:
+            policed = self.queues
+            found = frozenset(k for name in queues if (k := (vhost, name)) in policed)
+            if len(known) >= POLICED_CACHE_SIZE:
+                known.clear()
+            known[(vhost, queues)] = found
+        return found
+
+    def blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """The tripped queues among ``queues`` (plus ALARM while the broker has one, and the
+        lookup pseudo-queue of each that waits for its first depth figure)."""
+        tripped, backlogged, awaiting = self._tripped, self._backlogged, self._awaiting
+        if not tripped and not backlogged and not awaiting:
+            return _NOTHING
+        found = {(vhost, q) for q in queues
+                 if (vhost, q) in tripped or (vhost, q) in backlogged}
+        if awaiting:
+            found.update(lookup.key for q in queues
+                         if (lookup := awaiting.get((vhost, q))) is not None)
+        if ALARM in tripped:
+            found.add(ALARM)
+        return frozenset(found)
+
+    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int) -> None:
+        """A publish went to the broker; book it on each policed queue it lands in.
+
+        A queue that is not tripped is evaluated only when the publish takes its ledger past
+        the totals at which the decision could change (``PolicedQueue.quiet_*``), or when
+        its depth or policy changed since the last evaluation: the decisions are the ones
+        an evaluation per publish makes.
+        """
+        policed = self.queues
+        if not policed:
+            return
+        now = self.clock()
+        for name in queues:
+            q = policed.get((vhost, name))
+            if q is not None:
+                depth = q.depth
+                depth.forwarded(now, body_bytes)
+                if not q.tripped and (depth.forwarded_bytes_total > q.quiet_bytes
+                                      or depth.forwarded_messages_total > q.quiet_messages
+                                      or depth.rebases != q.armed_rebases
+                                      or q.policy is not q.armed_policy):
+                    self._evaluate(q)
+
+    # -- blocking ----------------------------------------------------------------------
+    def register(self, owner: ChannelOwner) -> None:
+        self._owners[owner.conn_id] = owner
+
+    def owners(self) -> list[ChannelOwner]:
+        """Every connection core registered with the gate."""
+        return list(self._owners.values())
+
+    def unregister(self, owner: ChannelOwner) -> None:
+        self._owners.pop(owner.conn_id, None)
+        for ref in [r for r in self._blocked if r[0] == owner.conn_id]:
+            self._blocked.pop(ref, None)
+            self._blocked_since.pop(ref, None)
+            self._starved_since.pop(ref, None)
+
+    def block(self, owner: ChannelOwner, channel: int, queues: frozenset[QueueKey]) -> bool:
+        """Block ``channel`` on ``queues``; True if it was not blocked before.
+
+        Re-checks at once (seed 000's race): any of the queues that released meanwhile is
+        dropped from the set again, and if none is left the channel is not blocked.
+        """
+        ref = (owner.conn_id, channel)
+        still = {k for k in queues if k in self._tripped or k in self._backlogged
+                 or self.lookups.pending_key(k)}
+        if not still:
+            return False
+        blocked_on = self._blocked.get(ref)
+        if blocked_on is None:
+            self._blocked[ref] = still
+            self._blocked_since[ref] = self.clock()
+            return True
+        blocked_on |= still
+        return False
+
+    def is_blocked(self, owner: ChannelOwner, channel: int) -> bool:
+        return (owner.conn_id, channel) in self._blocked
+
+    def blocked_on(self, owner: ChannelOwner, channel: int) -> frozenset[QueueKey]:
+        """The queues ``channel`` waits on (empty when it is not blocked)."""
+        return frozenset(self._blocked.get((owner.conn_id, channel), _NOTHING))
+
+    @property
+    def blocked_count(self) -> int:
+        return len(self._blocked)
+
+    def starved(self, owner: ChannelOwner, channel: int, since: float) -> None:
+        """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
+        ref = (owner.conn_id, channel)
+        if ref in self._blocked:
+            self._starved_since[ref] = since
+
+    def channel_closed(self, owner: ChannelOwner, channel: int) -> None:
+        self._blocked.pop((owner.conn_id, channel), None)
+        self._blocked_since.pop((owner.conn_id, channel), None)
+        self._starved_since.pop((owner.conn_id, channel), None)
+
+    def blocked_channels(self) -> list[Blocked]:
+        return [Blocked(ref[0], ref[1], frozenset(qs), self._blocked_since[ref],
+                        self._starved_since.get(ref))
+                for ref, qs in self._blocked.items()]
+
+    # -- depth and alarms --------------------------------------------------------------
+    def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,
+                            rtt: float | None = None) -> None:
+        q = self.queues.get(key)
+        if q is not None:
+            q.depth.sampled_ready_count(requested_at, ready, rtt)
+            self._evaluate(q)
+            if self._awaiting:
+                self._first_figure(key)
+
+    def sampled_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        q = self.queues.get(key)
+        if q is not None:
+            q.depth.sampled_management(sample)
+            self._evaluate(q)
+            if self._awaiting:
+                self._first_figure(key)
+
+    def depth_unknown(self, key: QueueKey) -> None:
+        """The depth could not be read; the policy's on_unknown_depth decides."""
+        q = self.queues.get(key)
+        if q is not None:
+            self._apply(q, decide(q.policy, None, None, q.tripped))
+
+    def set_backlog(self, key: QueueKey, backlogged: bool) -> None:
+        """The spool of ``key`` has records (True) or has drained (False).
+
+        While it has, publishes to the queue that cannot join the spool are held, as if it
+        were tripped, so none overtakes the backlog; the drain releases them.
+        """
+        if backlogged:
+            self._backlogged.add(key)
+        elif key in self._backlogged:
+            self._backlogged.discard(key)
+            if key not in self._tripped:
+                self._released(key)
+
+    def set_alarm(self, reason: str | None) -> None:
+        """The broker raised (reason) or cleared (None) a memory or disk alarm."""
+        if reason == self.alarm_reason:
+            return
+        self.alarm_reason = reason
+        if reason is not None:
+            self._tripped.add(ALARM)
+            event(log, "broker_alarm", logging.WARNING, reason=reason,
+                  action="every publish is held until it clears")
+        else:
+            self._tripped.discard(ALARM)
+            event(log, "broker_alarm_cleared")
+            self._released(ALARM)
+
+    def _evaluate(self, q: PolicedQueue) -> None:
+        # A tripped queue is released on the settled estimate (proxy/depth.py: a ready
+        # count taken while a burst is still reaching the queue must not release it).
+        est = q.depth.estimate(settled=q.tripped)
+        if est is None:
+            self._apply(q, decide(q.policy, None, None, q.tripped))
+        else:
+            self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped))
+        self._arm(q)
+
+    @staticmethod
+    def _arm(q: PolicedQueue) -> None:
+        """Set ``q.quiet_*`` for its policy and its depth's current base.
+
+        Not tripped, with a known depth, ``decide`` trips only when bytes > capacity (if
+        any) or messages > max_messages (if any): the ledger totals that keep both within
+        are the depth's ``headroom``. With the depth unknown it ignores the ledger: an
+        untripped queue stays so (on_unknown_depth keep or allow) or trips at once (block:
+        evaluate every publish).
+        """
+        policy = q.policy
+        limits = policy.limits
+        depth = q.depth
+        headroom = depth.headroom(limits.capacity if limits.capacity > 0 else None,
+                                  limits.max_messages)
+        if headroom is None:
+            quiet = -1.0 if decide(limits, None, None, False) else math.inf
+            headroom = (quiet, quiet)
+        q.quiet_bytes, q.quiet_messages = headroom
+        q.armed_rebases = depth.rebases
+        q.armed_policy = policy
+
+    def _apply(self, q: PolicedQueue, tripped: bool) -> None:
+        if tripped != q.tripped:
+            self._set_tripped(q, tripped, "depth")
+
+    def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str) -> None:
+        now = self.clock()
+        est = q.depth.estimate() or Depth(-1, -1)
+        q.tripped = tripped
+        if tripped:
+            q.trips += 1
+            q.tripped_since = now
+            self._tripped.add(q.key)
+            event(log, "queue_tripped", logging.WARNING, vhost=q.key[0], queue=q.key[1],
+                  depth_bytes=est.bytes, depth_messages=est.messages,
+                  capacity=q.policy.capacity, max_messages=q.policy.max_messages,
+                  policy=q.policy.name, publishers=self._publishers_of(q.key))
+            self.emit("trip", {"vhost": q.key[0], "queue": q.key[1], "policy": q.policy.name,
+                               "depth_bytes": est.bytes, "depth_messages": est.messages,
+                               "capacity": q.policy.capacity})
+        else:
+            if q.tripped_since is not None:
+                q.tripped_seconds += now - q.tripped_since
+            q.tripped_since = None
+            self._tripped.discard(q.key)
+            event(log, "queue_released", vhost=q.key[0], queue=q.key[1],
+                  depth_bytes=est.bytes, depth_messages=est.messages, resume=q.policy.resume,
+                  policy=q.policy.name, reason=why, blocked=self._publishers_of(q.key))
+            self.emit("release", {"vhost": q.key[0], "queue": q.key[1], "policy": q.policy.name,
+                                  "depth_bytes": est.bytes, "depth_messages": est.messages,
+                                  "resume": q.policy.resume, "reason": why})
+            if q.key not in self._backlogged:
+                self._released(q.key)
+
+    def _publishers_of(self, key: QueueKey) -> str:
+        return ",".join(f"{c}/{ch}" for (c, ch), qs in self._blocked.items() if key in qs)
+
+    def _released(self, key: QueueKey) -> None:
+        """Drop ``key`` from every blocked set; tell owners whose channel is free again."""
+        freed: list[tuple[int, int]] = []
+        for ref, qs in self._blocked.items():
+            if key in qs:
+                qs.discard(key)
+                if not qs:
+                    freed.append(ref)
+        for ref in freed:
+            del self._blocked[ref]
+            self._blocked_since.pop(ref, None)
+            self._starved_since.pop(ref, None)
+            owner = self._owners.get(ref[0])
+            if owner is not None:
+                owner.channel_released(ref[1])
+
+    # -- views -------------------------------------------------------------------------
+    @property
+    def tripped(self) -> frozenset[QueueKey]:
+        return frozenset(self._tripped)

@@ -1,0 +1,247 @@
+"""How full each policed queue is: broker samples reconciled with the proxy's own ledger.
+
+Three sources, freshest first:
+- the ledger: message-body bytes the proxy forwarded to a queue, each with the time it was
+  forwarded, and deliveries/acks it relayed from/to the broker;
+- a *ready count* (a passive ``queue.declare`` on the proxy's own connection): real time,
+  messages ready only, no bytes;
+- a *management sample* (the HTTP API): bytes and unacknowledged counts, but only as fresh as
+  the broker's statistics interval (5 s by default).
+
+The estimate starts from the newest sample and adds what the ledger forwarded since that
+sample was taken, less a safety margin, so a publish still in flight inside the broker when
+the sample was taken is counted rather than missed. For a ready count the margin follows
+the broker's responsiveness: twice the probe's round trip, within [20 ms, 1 s]; a broker
+slow to answer is slow to enqueue too. A management sample gets the fixed margin (and the
+supervisor dates it back by the broker's statistics interval).
+
+A burst the proxy forwarded can take the broker longer to enqueue than the probe's round
+trip says (the probe is answered on the proxy's own connection while the client's channel
+is still working through the burst; ~50 ms for 1,000 1 KiB messages on a busy 2-core
+machine). A count taken then is low, and releasing on it would let another burst go. So
+the *release* decision uses the settled estimate (``estimate(settled=True)``): a ready
+count covers only what was forwarded ``SETTLE`` (100 ms) before it was asked for. The trip
+decision keeps the fast one; a tripped queue forwards nothing, so the two agree again
+``SETTLE`` after the trip. Consumption since the sample
+is not subtracted: the estimate errs high, so a queue trips early rather than late, and the
+next sample brings it back down. All times are the caller's monotonic clock, in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+
+# A publish forwarded this long before a sample was requested may still not be in it.
+IN_FLIGHT_MARGIN = 0.25
+MIN_MARGIN, MAX_MARGIN = 0.02, 1.0
+# A ready count is trusted to hold what was forwarded this long before it, to release a
+# tripped queue (see the module docstring).
+SETTLE = 0.1
+# Ledger entries this much older than the newest sample are dropped.
+LEDGER_HORIZON = 5.0
+# Publishes this close together share one ledger entry.
+LEDGER_BUCKET = 0.005
+# Weight of the newest interval in the drain-rate and sample-interval averages.
+DRAIN_SMOOTHING = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """A queue's depth: message-body bytes and messages, ready plus unacknowledged."""
+
+    bytes: int
+    messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementSample:
+    """The figures the management API gave for one queue, and when we asked."""
+
+    taken_at: float
+    messages_ready: int
+    messages_unacknowledged: int
+    message_bytes: int
+    message_bytes_ready: int
+    message_bytes_unacknowledged: int
+    # False when the broker gave counts but no byte figures (a stream): the bytes are then
+    # the messages times the mean body size the proxy saw.
+    bytes_known: bool = True
+
+
+@dataclass
+class QueueDepth:
+    """Depth estimate of one queue; O(1) per publish, O(log n) per sample."""
+
+    # (forwarded_at, cumulative body bytes, cumulative messages), oldest first; publishes
+    # within LEDGER_BUCKET of each other share an entry, so the ledger stays small.
+    _ledger: deque[tuple[float, int, int]] = field(default_factory=deque)
+    management: ManagementSample | None = None
+    ready_count: int | None = None
+    ready_count_at: float | None = None
+    forwarded_bytes_total: int = 0
+    forwarded_messages_total: int = 0
+    delivered_messages_total: int = 0
+    acked_messages_total: int = 0
+    ready_margin: float = IN_FLIGHT_MARGIN
+    _base: Depth | None = None  # depth per the newest sample ...
+    _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
+    _base_messages_mark: int = 0
+    _settled_bytes_mark: int = 0  # the same, for the settled estimate (release decisions)
+    _settled_messages_mark: int = 0
+    rebases: int = 0  # goes up each time a sample moves the base: equal values, same base
+    # Messages leaving the ready state per second between successive ready counts, and the
+    # seconds between those counts, both averaged (DRAIN_SMOOTHING); None before two counts.
+    drain_rate: float | None = None
+    sample_interval: float | None = None
+
+    # -- inputs --------------------------------------------------------------------------
+    def forwarded(self, now: float, body_bytes: int) -> None:
+        """The proxy forwarded one publish to this queue."""
+        total_bytes = self.forwarded_bytes_total = self.forwarded_bytes_total + body_bytes
+        total_messages = self.forwarded_messages_total = self.forwarded_messages_total + 1
+        ledger = self._ledger
+        if ledger and now - (last := ledger[-1][0]) < LEDGER_BUCKET:
+            ledger[-1] = (last, total_bytes, total_messages)
+        else:
+            ledger.append((now, total_bytes, total_messages))
+
+    def delivered(self, count: int = 1) -> None:
+        """The broker delivered messages from this queue through the proxy (telemetry)."""
+        self.delivered_messages_total += count
+
+    def acked(self, count: int = 1) -> None:
+        self.acked_messages_total += count
+
+    def sampled_ready_count(self, requested_at: float, ready: int,
+                            rtt: float | None = None) -> None:
+        """A real-time count of ready messages, asked for at ``requested_at``.
+
+        ``rtt``, the probe's round trip, sets the in-flight margin (fixed when None).
+        """
+        if self.ready_count_at is not None and requested_at < self.ready_count_at:
+            return  # an older answer overtaken by a newer one
+        margin = (IN_FLIGHT_MARGIN if rtt is None else min(max(2 * rtt, MIN_MARGIN), MAX_MARGIN))
+        if self.ready_count is not None and self.ready_count_at is not None \
+                and requested_at > self.ready_count_at:
+            self._drained(self.ready_count, self.ready_count_at, ready, requested_at, margin)
+        self.ready_count, self.ready_count_at = ready, requested_at
+        self.ready_margin = margin
+        self._rebase()
+
+    def _drained(self, before: int, before_at: float, ready: int, at: float,
+                 margin: float) -> None:
+        """Update the drain rate from two ready counts: what was ready, plus what the ledger
+        forwarded in between (each shifted by the in-flight margin), less what is ready now."""
+        forwarded = self._totals_before(at - margin)[1] - self._totals_before(before_at - margin)[1]
+        dt = at - before_at
+        rate = max(0, before + forwarded - ready) / dt
+        a = DRAIN_SMOOTHING
+        self.drain_rate = rate if self.drain_rate is None else a * rate + (1 - a) * self.drain_rate
+        self.sample_interval = (dt if self.sample_interval is None
+                                else a * dt + (1 - a) * self.sample_interval)
+
+    def sampled_management(self, sample: ManagementSample) -> None:
+        if self.management is not None and sample.taken_at < self.management.taken_at:
+            return
+        self.management = sample
+        self._rebase()
+
+    # -- output --------------------------------------------------------------------------
+    def estimate(self, settled: bool = False) -> Depth | None:
+        """Best estimate now, or None when no sample has arrived yet (depth unknown).
+
+        ``settled``: the estimate a release is decided on, which does not trust a ready
+        count with what was forwarded in the ``SETTLE`` before it (never lower).
+        """
+        base = self._base
+        if base is None:
+            return None
+        if settled:
+            return Depth(base.bytes + self.forwarded_bytes_total - self._settled_bytes_mark,
+                         base.messages + self.forwarded_messages_total
+                         - self._settled_messages_mark)
+        return Depth(base.bytes + self.forwarded_bytes_total - self._base_bytes_mark,
+                     base.messages + self.forwarded_messages_total - self._base_messages_mark)
+
+    def headroom(self, max_bytes: int | None, max_messages: int | None
+                 ) -> tuple[float, float] | None:
+        """The ledger totals (bytes, messages) up to which the estimate stays within
+        ``max_bytes`` / ``max_messages`` (None: no such limit, ``inf``), until the next
+        rebase (``rebases``); None when the depth is unknown.
+
+        ``estimate().bytes <= max_bytes`` exactly when ``forwarded_bytes_total`` is at most
+        the first figure, and the same for messages: a caller can compare the running totals
+        with these instead of making an estimate per publish.
+        """
+        base = self._base
+        if base is None:
+            return None
+        return (math.inf if max_bytes is None
+                else max_bytes - base.bytes + self._base_bytes_mark,
+                math.inf if max_messages is None
+                else max_messages - base.messages + self._base_messages_mark)
+
+    def broker_depth(self) -> Depth | None:
+        """The broker's own last word (management API), unadjusted."""
+        m = self.management
+        if m is None:
+            return None
+        return Depth(m.message_bytes, m.messages_ready + m.messages_unacknowledged)
+
+    def average_body_bytes(self) -> int:
+        """Mean body size: from the broker's figures when it has messages, else our ledger."""
+        m = self.management
+        if m is not None and m.messages_ready > 0 and m.bytes_known:
+            return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
+        if self.forwarded_messages_total:
+            return -(-self.forwarded_bytes_total // self.forwarded_messages_total)
+        return 0
+
+    # -- reconciliation ------------------------------------------------------------------
+    def _rebase(self) -> None:
+        """Take the newest sample as the base; the ledger adds what came after it."""
+        mgmt = self.management
+        if self.ready_count is not None and self.ready_count_at is not None and (
+            mgmt is None or self.ready_count_at >= mgmt.taken_at
+        ):
+            since = self.ready_count_at - self.ready_margin
+            settled = self.ready_count_at - max(self.ready_margin, SETTLE)
+            unacked_msgs = mgmt.messages_unacknowledged if mgmt else 0
+            unacked_bytes = mgmt.message_bytes_unacknowledged if mgmt else 0
+            self._base = Depth(self.ready_count * self.average_body_bytes() + unacked_bytes,
+                               self.ready_count + unacked_msgs)
+        elif mgmt is not None:
+            since = settled = mgmt.taken_at - IN_FLIGHT_MARGIN
+            messages = mgmt.messages_ready + mgmt.messages_unacknowledged
+            self._base = Depth(mgmt.message_bytes if mgmt.bytes_known
+                               else messages * self.average_body_bytes(), messages)
+        else:
+            return
+        self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)
+        self._settled_bytes_mark, self._settled_messages_mark = self._totals_before(settled)
+        self.rebases += 1
+        self._trim(since - LEDGER_HORIZON)
+
+    def _totals_before(self, t: float) -> tuple[int, int]:
+        """Ledger totals as they stood just before time ``t``."""
+        ledger = self._ledger
+        i = bisect_left(ledger, t, key=lambda e: e[0])
+        if i == 0:
+            # Nothing recorded before t (or it was trimmed): count every known publish.
+            first = ledger[0] if ledger else None
+            if first is None:
+                return self.forwarded_bytes_total, self.forwarded_messages_total
+            return self._trimmed_bytes, self._trimmed_messages
+        _, cum_bytes, cum_msgs = ledger[i - 1]
+        return cum_bytes, cum_msgs
+
+    _trimmed_bytes: int = 0
+    _trimmed_messages: int = 0
+
+    def _trim(self, before: float) -> None:
+        ledger = self._ledger
+        while len(ledger) > 1 and ledger[0][0] < before:
+            _, self._trimmed_bytes, self._trimmed_messages = ledger.popleft()

@@ -1,0 +1,299 @@
+"""A throwaway RabbitMQ node from Debian's package, for the tests, the demo and benchmarks.
+
+Runs the package's own server script as an ordinary process (not the wrapper that switches
+user) with every path in a private directory and every port chosen free, so several nodes
+can run side by side and nothing is left behind.
+
+``LocalBroker(workdir, tls=BrokerTls(ca, cert, key))`` starts a node that speaks only TLS:
+amqps on its AMQP port and https on its management port (no plain listener at all); with
+``require_client_cert`` it also wants a client certificate (``fail_if_no_peer_cert``) and
+offers SASL EXTERNAL (``rabbitmq_auth_mechanism_ssl``, the user is the certificate's CN).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVER_SCRIPT_CANDIDATES = (
+    "/usr/lib/rabbitmq/bin/rabbitmq-server",
+    "/usr/lib/rabbitmq/sbin/rabbitmq-server",
+)
+PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_amqp1_0",
+           "rabbitmq_event_exchange")
+#: The plugin that offers SASL EXTERNAL (the user is the client certificate's subject).
+EXTERNAL_PLUGIN = "rabbitmq_auth_mechanism_ssl"
+# RabbitMQ's CLI tools take 35672-35682 for their own distribution ports.
+_CLI_PORTS = range(35672, 35683)
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started or did not become ready."""
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now, outside the CLI tools' range."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _CLI_PORTS and port + 20000 not in _CLI_PORTS:
+            return port
+
+
+def server_script() -> str:
+    """Path of the package's own server script, or a BrokerError saying how to get it."""
+    for path in SERVER_SCRIPT_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    raise BrokerError(
+        "rabbitmq-server is not installed: `apt-get install rabbitmq-server` "
+        "(make test and make demo do this)"
+    )
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """A broker that speaks only TLS: amqps on its AMQP port, https on its management port.
+
+    ``ca`` signed ``cert`` (the broker's certificate, for ``key``) and is the CA it trusts for
+    client certificates. ``require_client_cert``: ``verify_peer`` with
+    ``fail_if_no_peer_cert = true`` and the ``rabbitmq_auth_mechanism_ssl`` plugin, so
+    EXTERNAL logs a client in as its certificate's common name.
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+    require_client_cert: bool = False
+
+    def config(self, amqp_port: int, management_port: int) -> str:
+        lines = [
+            "listeners.tcp = none",
+            f"listeners.ssl.default = {amqp_port}",
+            f"ssl_options.cacertfile = {self.ca}",
+            f"ssl_options.certfile = {self.cert}",
+            f"ssl_options.keyfile = {self.key}",
+            "ssl_options.verify = verify_peer",
+            "ssl_options.fail_if_no_peer_cert = "
+            + ("true" if self.require_client_cert else "false"),
+            f"management.ssl.port = {management_port}",
+            "management.ssl.ip = 127.0.0.1",
+            f"management.ssl.cacertfile = {self.ca}",
+            f"management.ssl.certfile = {self.cert}",
+            f"management.ssl.keyfile = {self.key}",
+        ]
+        if self.require_client_cert:
+            lines += ["auth_mechanisms.1 = PLAIN", "auth_mechanisms.2 = AMQPLAIN",
+                      "auth_mechanisms.3 = EXTERNAL", "ssl_cert_login_from = common_name"]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class BrokerEndpoint:
+    """Where a broker listens and how to log in to its management API.
+
+    ``tls_ca``: the broker speaks only TLS (amqps, https) with a certificate from this CA.
+    """
+
+    host: str
+    amqp_port: int
+    management_port: int
+    username: str = "guest"
+    password: str = "guest"
+    tls_ca: Path | None = None
+
+    @property
+    def management_url(self) -> str:
+        scheme = "https" if self.tls_ca is not None else "http"
+        return f"{scheme}://{self.host}:{self.management_port}"
+
+    @property
+    def upstream(self) -> str:
+        """What ``floodwall run --upstream`` takes for this broker."""
+        if self.tls_ca is not None:
+            return f"amqps://{self.host}:{self.amqp_port}"
+        return f"{self.host}:{self.amqp_port}"
+
+    def api(
+        self, method: str, path: str, body: object | None = None, timeout: float = 10
+    ) -> object:
+        """Call the management API; returns decoded JSON (or None for an empty reply)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.management_url + path, data=data, method=method)
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+        req.add_header("Content-Type", "application/json")
+        context = None
+        if self.tls_ca is not None:
+            context = ssl.create_default_context(cafile=str(self.tls_ca))
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    @classmethod
+    def from_env(cls, value: str) -> BrokerEndpoint:
+        """Parse FLOODWALL_TEST_BROKER: ``HOST:AMQP_PORT:MANAGEMENT_PORT[:USER:PASSWORD]``."""
+        parts = value.split(":")
+        if len(parts) not in (3, 5):
+            raise BrokerError(
+                f"FLOODWALL_TEST_BROKER={value!r}: expected HOST:AMQP_PORT:MANAGEMENT_PORT"
+                "[:USER:PASSWORD]"
+            )
+        ep = cls(parts[0], int(parts[1]), int(parts[2]))
+        if len(parts) == 5:
+            ep.username, ep.password = parts[3], parts[4]
+        return ep
+
+
+@dataclass
+class LocalBroker:
+    """One RabbitMQ node running from ``workdir``; ``start()`` then ``stop()``."""
+
+    workdir: Path
+    config_extra: str = ""
+    plugins: tuple[str, ...] = PLUGINS
+    tls: BrokerTls | None = None  # amqps and https only
+    endpoint: BrokerEndpoint = field(init=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir).resolve()  # the node runs with cwd=workdir
+        self.endpoint = BrokerEndpoint("127.0.0.1", free_port(), free_port(),
+                                       tls_ca=self.tls.ca if self.tls is not None else None)
+        self.dist_port = free_port()
+        self.prometheus_port = free_port()
+        self.nodename = f"floodwall-{self.endpoint.amqp_port}@localhost"
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        w = self.workdir
+        env.update(
+            HOME=str(w),
+            RABBITMQ_NODENAME=self.nodename,
+            RABBITMQ_CONFIG_FILE=str(w / "rabbitmq.conf"),
+            RABBITMQ_MNESIA_BASE=str(w / "mnesia"),
+            RABBITMQ_LOG_BASE=str(w / "log"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(w / "enabled_plugins"),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_PID_FILE=str(w / "rabbit.pid"),
+        )
+        # Erlang's cookie lives in HOME; a private HOME gets a private cookie.
+        return env
+
+    def start(self, timeout: float = 90.0) -> BrokerEndpoint:
+        script = server_script()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ep = self.endpoint
+        if self.tls is None:
+            listeners = (f"listeners.tcp.default = {ep.amqp_port}\n"
+                         f"management.tcp.port = {ep.management_port}\n"
+                         "management.tcp.ip = 127.0.0.1\n")
+        else:
+            listeners = self.tls.config(ep.amqp_port, ep.management_port)
+        (self.workdir / "rabbitmq.conf").write_text(
+            listeners +
+            f"prometheus.tcp.port = {self.prometheus_port}\n"
+            "prometheus.tcp.ip = 127.0.0.1\n"
+            "loopback_users = none\n"
+            "log.console = false\n"
+            "log.file.level = info\n" + self.config_extra
+        )
+        plugins = self.plugins
+        if self.tls is not None and self.tls.require_client_cert:
+            plugins = (*plugins, EXTERNAL_PLUGIN)
+        (self.workdir / "enabled_plugins").write_text("[" + ",".join(plugins) + "].\n")
+        out = open(self.workdir / "server.out", "wb")
+        self.process = subprocess.Popen(
+            [script],
+            cwd=self.workdir,  # crash dumps land here, not in the caller's directory
+            env=self._environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        out.close()
+        self._wait_ready(timeout)
+        return self.endpoint
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise BrokerError(
+                    f"rabbitmq-server exited with {self.process.returncode}; "
+                    f"see {self.workdir / 'server.out'} and {self.workdir / 'log'}:\n"
+                    + self.output_tail()
+                )
+            try:
+                self.endpoint.api("GET", "/api/overview", timeout=2)
+                with socket.create_connection(("127.0.0.1", self.endpoint.amqp_port), 2):
+                    return
+            except (OSError, urllib.error.URLError) as exc:
+                last_error = str(exc)
+            time.sleep(0.2)
+        self.stop()
+        raise BrokerError(
+            f"rabbitmq-server not ready after {timeout:.0f}s ({last_error}):\n" + self.output_tail()
+        )
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl -n NODE ARGS`` against this node; its stdout, or a BrokerError.
+
+        The package's own script, not the /usr/sbin wrapper that switches user: the node's
+        Erlang cookie is in the private HOME this environment points at.
+        """
+        script = Path(server_script()).with_name("rabbitmqctl")
+        proc = subprocess.run(
+            [str(script), "-n", self.nodename, *args], env=self._environment(),
+            cwd=self.workdir, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise BrokerError(f"rabbitmqctl {' '.join(args)} exited with {proc.returncode}: "
+                              + (proc.stderr or proc.stdout).strip()[-2000:])
+        return proc.stdout
+
+    def output_tail(self, lines: int = 30) -> str:
+        try:
+            text = (self.workdir / "server.out").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the node and every process it started (its own process group)."""
+        proc = self.process
+        if proc is None:
+            return
+        self.process = None
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        # beam may leave children (erl_child_setup, inet_gethost) in the group.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,350 @@
+"""Flow control seen from outside: its Prometheus families and its ``/state`` section.
+
+Pure: everything is read off the ``FlowController`` and a ``FlowStats`` (what the flow
+supervisor in ``proxy/io/flow.py`` counts) at scrape or request time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.depth import Depth
+from floodwall.control.lookups import is_pseudo
+from floodwall.control.policy import PolicySet
+from floodwall.ops.metrics import PROTOCOLS
+
+#: ``ManagementError.kind`` values, always exported (as 0 until they happen).
+MANAGEMENT_ERROR_KINDS = ("auth", "not_found", "unreachable", "timeout", "tls", "http",
+                          "bad_reply")
+QUEUE_LABELS = ["vhost", "queue", "policy"]
+
+
+@dataclass
+class ManagementStatus:
+    """How the management API answered last: ``ok`` None until it was first asked."""
+
+    url: str
+    ok: bool | None = None
+    kind: str | None = None  # a ManagementError.kind while not ok
+    error: str | None = None
+    since: float | None = None  # clock time of the last change between ok and not ok
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        doc: dict[str, object] = {"url": self.url, "ok": self.ok}
+        if self.ok is False:
+            doc["kind"] = self.kind
+            doc["error"] = self.error
+        if self.since is not None:
+            doc["for_seconds"] = round(now - self.since, 3)
+        return doc
+
+
+#: Upper bounds (seconds) of the lookup latency histogram's buckets.
+LOOKUP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: Where the routing model learns its changes (floodwall.control.routing.sync.ChangeSource).
+CHANGE_SOURCES = ("event", "lookup", "sync", "relayed")
+
+
+@dataclass
+class Histogram:
+    """Cumulative bucket counts and a sum, as a Prometheus histogram has them."""
+
+    bounds: tuple[float, ...] = LOOKUP_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.bounds)
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def buckets(self) -> list[tuple[str, float]]:
+        counts = self.counts or [0] * len(self.bounds)
+        return [*((f"{b:g}", float(n)) for b, n in zip(self.bounds, counts, strict=True)),
+                ("+Inf", float(self.count))]
+
+
+@dataclass
+class FlowStats:
+    """What the flow supervisor counts besides the controller's own figures."""
+
+    policies: PolicySet
+    policies_generation: int = 1
+    management: ManagementStatus = field(default_factory=lambda: ManagementStatus(""))
+    management_requests: int = 0
+    management_errors: Counter[str] = field(default_factory=Counter)  # by kind
+    reloads: Counter[str] = field(default_factory=Counter)  # ok | error
+    last_reload_error: str | None = None
+    own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
+    own_connection_failures: int = 0  # failed connects and lost connections
+    depth_known: dict[QueueKey, bool] = field(default_factory=dict)  # False: on_unknown_depth
+    # The routing model (proxy/io/topology.py): changes by source, events, lookups, syncs.
+    changes: Counter[str] = field(default_factory=Counter)  # by ChangeSource value
+    events_status: str = "off"  # off | starting | up | down: ... | unavailable: ...
+    events_received: int = 0
+    event_lag_seconds: float | None = None  # broker's event stamp to its arrival, last one
+    lookups: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, result)
+    lookup_seconds: Histogram = field(default_factory=Histogram)
+    syncs: Counter[str] = field(default_factory=Counter)  # ok | error
+    last_sync_at: float | None = None
+    sync_differences: int = 0  # syncs that found changes the events had not brought
+    out_of_step_seconds: float | None = None  # the last such: out of step for at most this
+
+
+def key_label(key: QueueKey) -> str:
+    """A queue for people: ``orders@/``; the alarm pseudo-queue is ``broker-alarm``, a
+    lookup's is its description."""
+    if key == ALARM:
+        return "broker-alarm"
+    return key[1] if is_pseudo(key) else f"{key[1]}@{key[0]}"
+
+
+def _depth_doc(depth: Depth | None) -> dict[str, int] | None:
+    return None if depth is None else {"bytes": depth.bytes, "messages": depth.messages}
+
+
+class FlowCollector(Collector):
+    """Turns a FlowController and FlowStats into ``floodwall_*`` metric families."""
+
+    def __init__(self, controller: FlowController, stats: FlowStats,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.controller = controller
+        self.stats = stats
+        self.clock = clock or controller.clock
+
+    def collect(self) -> Iterator[Metric]:
+        c, s, now = self.controller, self.stats, self.clock()
+        depth_bytes = GaugeMetricFamily(
+            "floodwall_queue_depth_bytes",
+            "Message-body bytes in a policed queue: the broker's last figure or the estimate",
+            labels=[*QUEUE_LABELS, "source"])
+        depth_messages = GaugeMetricFamily(
+            "floodwall_queue_depth_messages",
+            "Messages (ready + unacknowledged) in a policed queue, by source",
+            labels=[*QUEUE_LABELS, "source"])
+        capacity = GaugeMetricFamily(
+            "floodwall_queue_capacity_bytes", "Trip above this depth (0: no byte limit)",
+            labels=QUEUE_LABELS)
+        resume = GaugeMetricFamily(
+            "floodwall_queue_resume_bytes", "Release at or below this depth", labels=QUEUE_LABELS)
+        tripped = GaugeMetricFamily(
+            "floodwall_queue_tripped", "1 while the queue's publishers are held",
+            labels=QUEUE_LABELS)
+        tripped_seconds = CounterMetricFamily(
+            "floodwall_queue_tripped_seconds", "Seconds the queue has spent tripped",
+            labels=QUEUE_LABELS)
+        trips = CounterMetricFamily(
+            "floodwall_queue_trips", "Times the queue tripped", labels=QUEUE_LABELS)
+        overshoot_messages = CounterMetricFamily(
+            "floodwall_queue_overshoot_messages",
+            "Publishes forwarded to the queue while it was tripped (AMQP 1.0: sent on link "
+            "credit granted before the trip)", labels=QUEUE_LABELS)
+        overshoot_bytes = CounterMetricFamily(
+            "floodwall_queue_overshoot_bytes",
+            "Message-body bytes of floodwall_queue_overshoot_messages", labels=QUEUE_LABELS)
+        for key in sorted(c.queues):
+            q = c.queues[key]
+            labels = [key[0], key[1], q.policy.name]
+            for source, depth in (("broker", q.depth.broker_depth()),
+                                  ("estimate", q.depth.estimate())):
+                if depth is not None:
+                    depth_bytes.add_metric([*labels, source], depth.bytes)
+                    depth_messages.add_metric([*labels, source], depth.messages)
+            capacity.add_metric(labels, q.policy.capacity)
+            resume.add_metric(labels, q.policy.resume)
+            tripped.add_metric(labels, 1 if q.tripped else 0)
+            tripped_seconds.add_metric(labels, q.seconds_tripped(now))
+            trips.add_metric(labels, q.trips)
+            overshoot_messages.add_metric(labels, q.overshoot_messages)
+            overshoot_bytes.add_metric(labels, q.overshoot_bytes)
+        yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
+                    trips, overshoot_messages, overshoot_bytes)
+
+        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
+                                value=len(c.queues))
+        yield GaugeMetricFamily("floodwall_blocked_channels",
+                                "Channels whose publishes are held now",
+                                value=len(c.blocked_channels()))
+        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
+                                value=c.held_bytes)
+        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
+                                value=c.held_messages)
+        signals = CounterMetricFamily(
+            "floodwall_flow_signals",
+            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
+            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
+        for proto in sorted({*PROTOCOLS, *(p for p, _ in c.signals)}):
+            signals.add_metric([proto, "false"], c.signals[(proto, "flow_off")])
+            signals.add_metric([proto, "true"], c.signals[(proto, "flow_on")])
+        yield signals
+        yield CounterMetricFamily("floodwall_rejected_publishes",
+                                  "Publishes refused under overflow: reject", value=c.rejects)
+        yield CounterMetricFamily("floodwall_deadline_expiries",
+                                  "Publishes refused because they were held past the deadline",
+                                  value=c.deadline_expiries)
+        yield GaugeMetricFamily("floodwall_broker_alarm",
+                                "1 while the broker has a memory or disk alarm",
+                                value=1 if c.alarm_reason is not None else 0)
+        yield CounterMetricFamily("floodwall_management_requests",
+                                  "Requests made to the broker's management API",
+                                  value=s.management_requests)
+        errors = CounterMetricFamily("floodwall_management_errors",
+                                     "Management API requests that failed, by kind",
+                                     labels=["kind"])
+        for kind in sorted({*MANAGEMENT_ERROR_KINDS, *s.management_errors}):
+            errors.add_metric([kind], s.management_errors[kind])
+        yield errors
+        yield GaugeMetricFamily("floodwall_management_up",
+                                "1 if the management API's last answer was good",
+                                value=1 if s.management.ok else 0)
+        yield CounterMetricFamily("floodwall_own_connection_failures",
+                                  "The proxy's own AMQP connections that failed or were lost",
+                                  value=s.own_connection_failures)
+        yield from self._topology(c, s)
+        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
+                                      labels=["result"])
+        for result in ("ok", "error"):
+            reloads.add_metric([result], s.reloads[result])
+        yield reloads
+        yield GaugeMetricFamily("floodwall_policies_loaded",
+                                "Policy and per-vhost defaults entries in effect",
+                                value=len(s.policies.policies) + len(s.policies.defaults))
+
+
+    @staticmethod
+    def _topology(c: FlowController, s: FlowStats) -> Iterator[Metric]:
+        changes = CounterMetricFamily(
+            "floodwall_topology_changes",
+            "Changes the routing model learned, by source: event (the broker's event "
+            "exchange), lookup (asked for a publish), sync (a full listing found it), "
+            "relayed (a declare/bind the proxy relayed)", labels=["source"])
+        for source in sorted({*CHANGE_SOURCES, *s.changes}):
+            changes.add_metric([source], s.changes[source])
+        yield changes
+        yield GaugeMetricFamily("floodwall_topology_events_up",
+                                "1 while the broker's topology events are consumed",
+                                value=1 if s.events_status == "up" else 0)
+        yield CounterMetricFamily("floodwall_topology_events",
+                                  "Topology events received from the broker",
+                                  value=s.events_received)
+        lookups = CounterMetricFamily("floodwall_topology_lookups",
+                                      "Lookups of names a publish needed, by kind and result",
+                                      labels=["kind", "result"])
+        for kind in ("queue", "exchange"):
+            for result in ("found", "absent", "failed"):
+                lookups.add_metric([kind, result], s.lookups[(kind, result)])
+        yield lookups
+        latency = HistogramMetricFamily("floodwall_topology_lookup_seconds",
+                                        "Time to ask the broker about one name")
+        latency.add_metric([], s.lookup_seconds.buckets(), s.lookup_seconds.total)
+        yield latency
+        yield GaugeMetricFamily("floodwall_topology_lookups_pending",
+                                "Lookups the gate is waiting for now",
+                                value=len(c.lookups.pending_lookups()))
+        syncs = CounterMetricFamily("floodwall_topology_syncs",
+                                    "Full listings of the topology, by result",
+                                    labels=["result"])
+        for result in ("ok", "error"):
+            syncs.add_metric([result], s.syncs[result])
+        yield syncs
+        yield CounterMetricFamily(
+            "floodwall_topology_sync_differences",
+            "Syncs that found changes the events had not brought (a bug to report)",
+            value=s.sync_differences)
+        yield GaugeMetricFamily(
+            "floodwall_topology_out_of_step_seconds",
+            "The last sync difference: how long the model was out of step, at most",
+            value=s.out_of_step_seconds or 0.0)
+
+
+def topology_state(controller: FlowController, stats: FlowStats, now: float
+                   ) -> dict[str, object]:
+    """Where the routing model's knowledge comes from now (``/state`` and ``/readyz``)."""
+    return {
+        "events": stats.events_status,
+        "events_received": stats.events_received,
+        "event_lag_seconds": (round(stats.event_lag_seconds, 3)
+                              if stats.event_lag_seconds is not None else None),
+        "last_sync_seconds_ago": (round(now - stats.last_sync_at, 1)
+                                  if stats.last_sync_at is not None else None),
+        "changes": {k: stats.changes[k] for k in sorted({*CHANGE_SOURCES, *stats.changes})},
+        "lookups_pending": [{"vhost": lk.vhost, "kind": lk.kind.value, "name": lk.name,
+                             "seconds": round(now - since, 3)}
+                            for lk, since in controller.lookups.pending_lookups()],
+        "sync_differences": stats.sync_differences,
+    }
+
+
+def flow_state(controller: FlowController, stats: FlowStats, now: float) -> dict[str, object]:
+    """The ``flow`` section of ``GET /state`` (JSON-ready)."""
+    c = controller
+    queues: list[dict[str, object]] = []
+    for key in sorted(c.queues):
+        q = c.queues[key]
+        p = q.policy
+        queues.append({
+            "vhost": key[0],
+            "queue": key[1],
+            "policy": p.name,
+            "capacity": p.capacity,
+            "resume": p.resume,
+            "max_messages": p.max_messages,
+            "resume_messages": p.resume_messages,
+            "depth": {
+                "estimate": _depth_doc(q.depth.estimate()),
+                "broker": _depth_doc(q.depth.broker_depth()),
+                "ready_count": q.depth.ready_count,
+                "known": stats.depth_known.get(key, True),
+            },
+            "tripped": q.tripped,
+            "tripped_seconds": round(q.seconds_tripped(now), 3),
+            "trips": q.trips,
+            "overshoot": {"messages": q.overshoot_messages, "bytes": q.overshoot_bytes},
+            "drain_rate": (None if q.depth.drain_rate is None
+                           else round(q.depth.drain_rate, 1)),
+        })
+    blocked = [{
+        "conn": b.conn_id,
+        "channel": b.channel,
+        "queues": [{"vhost": k[0], "queue": k[1]} for k in sorted(b.queues)
+                   if not is_pseudo(k)],
+        "alarm": ALARM in b.queues,
+        "lookups": [k[1] for k in sorted(b.queues) if is_pseudo(k) and k != ALARM],
+        "seconds": round(now - b.since, 3),
+        # 1.0 links: how long it has had no credit (null: it still has some).
+        "starved_seconds": (None if b.starved_since is None
+                            else round(now - b.starved_since, 3)),
+    } for b in sorted(c.blocked_channels(), key=lambda b: (b.conn_id, b.channel))]
+    return {
+        "policies": {
+            "source": stats.policies.source,
+            "generation": stats.policies_generation,
+            "entries": len(stats.policies.policies),
+            "defaults": sorted(stats.policies.defaults),
+            "reloads": dict(stats.reloads),
+            "last_reload_error": stats.last_reload_error,
+        },
+        "management": stats.management.as_dict(now),
+        "own_connections": dict(stats.own_connections),
+        "topology": topology_state(c, stats, now),
+        "alarm": c.alarm_reason,
+        "queues": queues,
+        "blocked_channels": blocked,
+        "held": {"bytes": c.held_bytes, "messages": c.held_messages},
+    }

@@ -1,0 +1,140 @@
+"""Prometheus metrics: counters kept as plain ints on the hot path, read at scrape time."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from floodwall.wire.relaycore import FrameCounts
+
+PROTOCOLS = ("amqp091", "amqp10")
+
+
+class LiveConnection(Protocol):
+    """What the collector reads off a connection that is still open."""
+
+    protocol: str
+    from_client: FrameCounts
+    from_server: FrameCounts
+
+
+@dataclass
+class RelayStats:
+    """Everything the relay counts; live connections are summed in when scraped."""
+
+    live: set[LiveConnection] = field(default_factory=set)
+    accepted: Counter[str] = field(default_factory=Counter)  # by protocol
+    rejected_headers: int = 0
+    closed_frames: Counter[tuple[str, str]] = field(default_factory=Counter)
+    closed_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    protocol_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # protocol, side
+    upstream_connect_failures: int = 0
+    upstream_tls_failures: int = 0  # of those, TLS handshakes that failed (or were refused)
+    client_tls_failures: int = 0  # clients whose TLS handshake with the listener failed
+    upstream_up: bool = False
+    tasks: int = 0
+
+    def retire(self, conn: LiveConnection) -> None:
+        """Move a closing connection's counts into the totals."""
+        self.live.discard(conn)
+        for direction, counts in (("client_to_server", conn.from_client),
+                                  ("server_to_client", conn.from_server)):
+            self.closed_frames[(conn.protocol, direction)] += counts.frames
+            self.closed_bytes[(conn.protocol, direction)] += counts.bytes
+
+
+class RelayCollector(Collector):
+    """Turns a RelayStats into ``floodwall_*`` metric families."""
+
+    def __init__(self, stats: RelayStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        active = GaugeMetricFamily(
+            "floodwall_connections", "Client connections open now", labels=["protocol"]
+        )
+        live_by_protocol = Counter(c.protocol for c in s.live)
+        for proto in PROTOCOLS:
+            active.add_metric([proto], live_by_protocol[proto])
+        yield active
+
+        accepted = CounterMetricFamily(
+            "floodwall_connections_accepted", "Client connections accepted, by protocol",
+            labels=["protocol"],
+        )
+        for proto in PROTOCOLS:
+            accepted.add_metric([proto], s.accepted[proto])
+        yield accepted
+
+        yield CounterMetricFamily(
+            "floodwall_unsupported_headers",
+            "Connections refused for a protocol header the proxy does not speak",
+            value=s.rejected_headers,
+        )
+
+        frames = Counter(s.closed_frames)
+        nbytes = Counter(s.closed_bytes)
+        for c in list(s.live):
+            frames[(c.protocol, "client_to_server")] += c.from_client.frames
+            frames[(c.protocol, "server_to_client")] += c.from_server.frames
+            nbytes[(c.protocol, "client_to_server")] += c.from_client.bytes
+            nbytes[(c.protocol, "server_to_client")] += c.from_server.bytes
+        yield _by_direction("floodwall_frames", "Frames relayed", frames)
+        yield _by_direction("floodwall_relayed_bytes", "Bytes of frames relayed", nbytes)
+
+        errors = CounterMetricFamily(
+            "floodwall_protocol_errors",
+            "Connections closed for malformed input, by protocol and the side that sent it",
+            labels=["protocol", "side"],
+        )
+        for proto in PROTOCOLS:
+            for side in ("client", "server"):
+                errors.add_metric([proto, side], s.protocol_errors[(proto, side)])
+        yield errors
+
+        yield CounterMetricFamily(
+            "floodwall_upstream_connect_failures",
+            "Upstream (broker) connections that could not be opened",
+            value=s.upstream_connect_failures,
+        )
+        yield CounterMetricFamily(
+            "floodwall_upstream_tls_failures",
+            "Upstream connections whose TLS handshake failed (verification, refused "
+            "certificate): also counted in floodwall_upstream_connect_failures",
+            value=s.upstream_tls_failures,
+        )
+        yield CounterMetricFamily(
+            "floodwall_client_tls_failures",
+            "Client connections to the TLS listener whose handshake failed",
+            value=s.client_tls_failures,
+        )
+        yield GaugeMetricFamily(
+            "floodwall_upstream_up", "1 if the broker answered the last probe",
+            value=1 if s.upstream_up else 0,
+        )
+        yield GaugeMetricFamily(
+            "floodwall_event_loop_tasks", "asyncio tasks alive in the proxy", value=s.tasks
+        )
+
+
+def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["protocol", "direction"])
+    for proto in PROTOCOLS:
+        for direction in ("client_to_server", "server_to_client"):
+            family.add_metric([proto, direction], values[(proto, direction)])
+    return family
+
+
+def make_registry(collectors: Iterable[Collector]) -> CollectorRegistry:
+    """A registry of our own (not the process-global one) holding ``collectors``."""
+    registry = CollectorRegistry(auto_describe=True)
+    for c in collectors:
+        registry.register(c)
+    return registry

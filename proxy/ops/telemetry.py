@@ -1,0 +1,241 @@
+"""Telemetry records: what a sidecar writes about its policed queues (schema in docs/telemetry.md).
+
+Pure: building records from a ``FlowController`` snapshot or an observer event, the file
+names, and the rotation policy. Writing happens in ``proxy/io/telemetry.py``, off the event
+loop. One record is one JSON object on one line (NDJSON); three types share one schema:
+
+- ``sample``: one per policed queue per interval (depth, ingress, tripped, held ...);
+- ``sidecar``: one per interval for the sidecar as a whole (``vhost`` and ``queue`` are "");
+- ``event``: trip, release, signal, hold, reject, deadline (spool and replay are reserved).
+
+Bump ``SCHEMA_VERSION`` on any change a reader of the old version would misread (a field
+renamed, re-typed or re-defined); adding a field is not such a change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from floodwall.control.controller import ALARM, FlowController, QueueKey
+
+#: The version every record carries as ``v``; docs/telemetry.md describes each version.
+SCHEMA_VERSION = 1
+RECORD_TYPES = ("sample", "sidecar", "event")
+#: Event names; spool and replay are reserved for the spool (not emitted by this build).
+EVENTS = ("trip", "release", "signal", "hold", "reject", "deadline", "spool", "replay")
+FILE_PREFIX = "telemetry"
+FILE_SUFFIX = ".ndjson"
+
+Record = dict[str, object]
+
+
+def sidecar_identity(env: Mapping[str, str] | None = None, hostname: str | None = None) -> str:
+    """The pod's name (``POD_NAME``, from the Kubernetes downward API), else the host name."""
+    env = os.environ if env is None else env
+    name = env.get("POD_NAME", "").strip()
+    if name:
+        return name
+    return hostname if hostname is not None else socket.gethostname()
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:100] or "sidecar"
+
+
+def file_name(sidecar: str, opened_at: float, seq: int) -> str:
+    """``telemetry-<sidecar>-<UTC YYYYmmddTHHMMSS>-<seq>.ndjson``: sorts oldest first."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(opened_at))
+    return f"{FILE_PREFIX}-{_safe(sidecar)}-{stamp}-{seq:06d}{FILE_SUFFIX}"
+
+
+# -- rotation ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RotationPolicy:
+    """When to start a new file, and how much the directory may hold in all."""
+
+    max_file_bytes: int = 16 * 1024 * 1024
+    max_file_age: float = 3600.0  # seconds
+    max_total_bytes: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_file_bytes <= 0 or self.max_file_age <= 0 or self.max_total_bytes <= 0:
+            raise ValueError("telemetry rotation limits must be more than 0")
+        if self.max_total_bytes < self.max_file_bytes:
+            raise ValueError("telemetry total size must be at least one file's size")
+
+    def should_rotate(self, size: int, opened_at: float, now: float, incoming: int = 0) -> bool:
+        """Rotate before writing ``incoming`` more bytes to a file of ``size`` bytes?"""
+        if size == 0:
+            return False  # never leave an empty file behind
+        return size + incoming > self.max_file_bytes or now - opened_at >= self.max_file_age
+
+    def to_delete(self, closed: Iterable[tuple[str, int]]) -> list[str]:
+        """The oldest closed files to delete; ``closed`` are (name, size), current excluded.
+
+        Closed files may hold ``max_total_bytes - max_file_bytes`` so that the file being
+        written can still grow to its full size within the total. Names sort oldest first
+        (see ``file_name``).
+        """
+        listed = sorted(closed)
+        budget = self.max_total_bytes - self.max_file_bytes
+        total = sum(size for _, size in listed)
+        doomed: list[str] = []
+        for name, size in listed:
+            if total <= budget:
+                break
+            doomed.append(name)
+            total -= size
+        return doomed
+
+
+# -- records ----------------------------------------------------------------------------
+def _base(kind: str, sidecar: str, vhost: str, queue: str, ts: float, mono: float,
+          seq: int) -> Record:
+    return {"v": SCHEMA_VERSION, "type": kind, "ts": round(ts, 3), "mono": round(mono, 3),
+            "seq": seq, "sidecar": sidecar, "vhost": vhost, "queue": queue}
+
+
+def _delta(total: int, before: int) -> int:
+    """Growth of a counter since the last sample; a counter that restarted counts from 0."""
+    return total - before if total >= before else total
+
+
+@dataclass
+class _Previous:
+    mono: float
+    forwarded_bytes: int
+    forwarded_messages: int
+    delivered_messages: int
+
+
+@dataclass
+class Sampler:
+    """Turns controller snapshots and observer events into records; keeps what deltas need.
+
+    ``seq`` numbers every record this sidecar writes (a gap means records were dropped).
+    """
+
+    sidecar: str
+    interval: float = 1.0
+    seq: int = 0
+    dropped: int = 0  # records the writer could not take (its queue was full)
+    _previous: dict[QueueKey, _Previous] = field(default_factory=dict)
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def snapshot(self, c: FlowController, ts: float, mono: float,
+                 depth_known: Mapping[QueueKey, bool] | None = None,
+                 spooled: Mapping[QueueKey, int] | None = None) -> list[Record]:
+        """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
+
+        ``spooled``: bytes in each queue's spool not yet confirmed by the broker (none
+        without ``--spool-dir``).
+        """
+        spooled = spooled or {}
+        blocked = c.blocked_channels()
+        per_queue: dict[QueueKey, int] = {}
+        for b in blocked:
+            for key in b.queues:
+                per_queue[key] = per_queue.get(key, 0) + 1
+        all_blocked = len(blocked)
+        records: list[Record] = []
+        for key in sorted(c.queues):
+            q = c.queues[key]
+            d = q.depth
+            prev = self._previous.get(key)
+            if prev is None:
+                prev = _Previous(mono - self.interval, 0, 0, 0)
+            est = d.estimate()
+            broker = d.broker_depth()
+            p = q.policy
+            publishers = per_queue.get(key, 0)
+            # The proxy counts held bytes per connection, not per queue: the sidecar's total
+            # is shared out in proportion to the channels blocked on each queue.
+            share = publishers / all_blocked if all_blocked else 0.0
+            rec = _base("sample", self.sidecar, key[0], key[1], ts, mono, self._next())
+            rec.update({
+                "interval": round(max(mono - prev.mono, 0.0), 3),
+                "policy": p.name,
+                "capacity": p.capacity,
+                "resume": p.resume,
+                "max_messages": p.max_messages or 0,
+                "resume_messages": p.resume_messages or 0,
+                "overflow": p.overflow.value,
+                "deadline": p.deadline,
+                "depth_bytes": est.bytes if est is not None else None,
+                "depth_messages": est.messages if est is not None else None,
+                "broker_depth_bytes": broker.bytes if broker is not None else None,
+                "broker_depth_messages": broker.messages if broker is not None else None,
+                "ready_count": d.ready_count,
+                "depth_known": True if depth_known is None else depth_known.get(key, True),
+                "ingress_bytes": _delta(d.forwarded_bytes_total, prev.forwarded_bytes),
+                "ingress_messages": _delta(d.forwarded_messages_total,
+                                           prev.forwarded_messages),
+                "delivered_messages": _delta(d.delivered_messages_total,
+                                             prev.delivered_messages),
+                "tripped": q.tripped,
+                "trips": q.trips,
+                "tripped_seconds": round(q.seconds_tripped(mono), 3),
+                "blocked_publishers": publishers,
+                "held_bytes": round(c.held_bytes * share),
+                "held_messages": round(c.held_messages * share),
+                "spooled_bytes": spooled.get(key, 0),
+            })
+            records.append(rec)
+            self._previous[key] = _Previous(mono, d.forwarded_bytes_total,
+                                            d.forwarded_messages_total,
+                                            d.delivered_messages_total)
+        for gone in self._previous.keys() - c.queues.keys():
+            del self._previous[gone]
+        side = _base("sidecar", self.sidecar, "", "", ts, mono, self._next())
+        side.update({
+            "interval": self.interval,
+            "policed_queues": len(c.queues),
+            "tripped_queues": sum(1 for k in c.tripped if k != ALARM),
+            "blocked_channels": all_blocked,
+            "held_bytes": c.held_bytes,
+            "held_messages": c.held_messages,
+            "spooled_bytes": sum(spooled.values()),
+            "alarm": c.alarm_reason,
+            "flow_off_total": c.signal_total("flow_off"),
+            "flow_on_total": c.signal_total("flow_on"),
+            "rejects_total": c.rejects,
+            "deadline_expiries_total": c.deadline_expiries,
+            "dropped_records": self.dropped,
+        })
+        records.append(side)
+        return records
+
+    def event(self, name: str, fields: Mapping[str, object], ts: float, mono: float
+              ) -> list[Record]:
+        """Records for one observer event: one per queue it names (``queues``), else one."""
+        vhost = str(fields.get("vhost", ""))
+        queues = fields.get("queues")
+        if isinstance(queues, (list, tuple, set, frozenset)):
+            names = sorted(str(q) for q in queues) or [""]
+        else:
+            names = [str(fields.get("queue", ""))]
+        extra = {k: v for k, v in fields.items()
+                 if k not in ("vhost", "queue", "queues") and k in EVENT_FIELDS}
+        out: list[Record] = []
+        for name_ in names:
+            rec = _base("event", self.sidecar, vhost, name_, ts, mono, self._next())
+            rec["event"] = name
+            rec.update(extra)
+            out.append(rec)
+        return out
+
+
+#: Fields an event record may carry besides the common ones (docs/telemetry.md).
+EVENT_FIELDS = frozenset({
+    "policy", "depth_bytes", "depth_messages", "capacity", "resume", "reason", "conn",
+    "channel", "active", "body_bytes", "waited", "answer", "replayed", "replayed_bytes",
+    "seconds", "records_left", "bytes_left",
+})

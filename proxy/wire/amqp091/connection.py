@@ -1,0 +1,656 @@
+"""One proxied AMQP 0-9-1 connection as a sans-IO core: exact relay, tuning, close, channels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from pamqp import commands
+from pamqp.common import FieldTable
+
+from floodwall.control.controller import FlowController
+from floodwall.enforce.amqp091.clients import may_signal
+from floodwall.enforce.amqp091.gate import DEFAULT_HOLD_BUDGET, PublishFlow
+from floodwall.spool.manager import SpoolManager
+from floodwall.wire.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
+from floodwall.wire.amqp091.framing import (
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_MIN_SIZE,
+    FRAME_OVERHEAD,
+    HEADER_SIZE,
+    NEED_DATA,
+    Buffer,
+    count_frames,
+    decode_method,
+    encode_method,
+    frame_at,
+    scan,
+)
+from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyChange, TopologyWatch
+from floodwall.wire.relaycore import EXTERNAL_REFUSED, Failure, FrameCounts, Side
+
+INTERNAL_ERROR: Final = 541
+"""Reply code the client gets when the upstream broker sent a malformed frame."""
+
+SHORTSTR_MAX: Final = 255
+
+_C = commands.Connection
+_CH = commands.Channel
+_B = commands.Basic
+_CF = commands.Confirm
+
+
+class _EveryMethod:
+    """A stop set that holds every method key: the scanner stops at each method frame."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+_EVERY_METHOD: Final = _EveryMethod()
+
+
+class ChannelState(Enum):
+    """Where a channel is in its open/close handshake, as seen on the wire."""
+
+    OPENING = "opening"  # client sent channel.open, broker has not answered open-ok
+    OPEN = "open"
+    CLOSING = "closing"  # a channel.close passed, its close-ok has not
+
+
+class ChannelEvent(Enum):
+    """A channel-lifecycle method seen passing, from either peer."""
+
+    OPEN = "channel.open"
+    OPEN_OK = "channel.open-ok"
+    CLOSE = "channel.close"
+    CLOSE_OK = "channel.close-ok"
+
+
+CHANNEL_TRANSITIONS: Final[dict[tuple[ChannelState | None, ChannelEvent], ChannelState | None]] = {
+    (None, ChannelEvent.OPEN): ChannelState.OPENING,
+    (ChannelState.OPENING, ChannelEvent.OPEN_OK): ChannelState.OPEN,
+    (ChannelState.OPENING, ChannelEvent.CLOSE): ChannelState.CLOSING,
+    (ChannelState.OPEN, ChannelEvent.CLOSE): ChannelState.CLOSING,
+    (ChannelState.CLOSING, ChannelEvent.CLOSE): ChannelState.CLOSING,  # both peers closed
+    (ChannelState.CLOSING, ChannelEvent.CLOSE_OK): None,  # gone
+}
+"""(state, event) -> next state; None is "no such channel". A pair that is not here leaves
+the state as it is: the broker, not the proxy, judges channel semantics and will close the
+connection itself (e.g. 504 CHANNEL_ERROR for a second channel.open)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TuneParams:
+    """The fields of a connection.tune (server proposal) or tune-ok (client's answer)."""
+
+    channel_max: int
+    frame_max: int
+    heartbeat: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """What a client says about itself in connection.start-ok's client_properties."""
+
+    product: str | None
+    version: str | None
+    platform: str | None
+    information: str | None
+    properties: FieldTable  # all of them, e.g. ``capabilities``
+
+    @classmethod
+    def from_properties(cls, properties: FieldTable) -> ClientInfo:
+        """Read the well-known keys; absent ones are None, non-text ones are str()-ed."""
+
+        def text(key: str) -> str | None:
+            value = properties.get(key)
+            if value is None:
+                return None
+            if isinstance(value, bytes | bytearray):
+                return bytes(value).decode("utf-8", "replace")
+            return str(value)
+
+        return cls(
+            product=text("product"),
+            version=text("version"),
+            platform=text("platform"),
+            information=text("information"),
+            properties=properties,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CloseReply:
+    """A connection.close seen passing: who sent it and why."""
+
+    side: Side
+    reply_code: int
+    reply_text: str
+    class_id: int
+    method_id: int
+
+
+Handler = Callable[[int, Buffer, int, int], "int | None"]
+"""(channel, buf, frame offset, base offset) -> None when the frame passes in place, or the
+offset up to which the handler took frames out of the stream (held, absorbed, replaced)."""
+
+
+class _Inbound:
+    """One direction of the relay: its counters, held partial frame and output queue."""
+
+    __slots__ = ("counts", "handlers", "out", "side", "stop_at", "tail")
+
+    def __init__(self, side: Side, counts: FrameCounts, out: list[Buffer]) -> None:
+        self.side = side
+        self.counts = counts
+        self.out = out  # the queue of the *other* peer
+        self.tail = bytearray()  # an incomplete frame, held until the rest arrives
+        self.handlers: dict[int, Handler] = {}
+        self.stop_at: frozenset[int] = frozenset()
+
+    def read(self, handlers: dict[int, Handler]) -> None:
+        """Set the methods this direction stops at, and what reads each."""
+        self.handlers = handlers
+        self.stop_at = frozenset(handlers)
+
+
+def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> bytes:
+    """A connection.close on channel 0; the text is cut to the 255 bytes a shortstr holds."""
+    text = reply_text.encode("utf-8")[:SHORTSTR_MAX].decode("utf-8", "ignore")
+    method = _C.Close(reply_code, text, class_id, method_id)
+    return encode_method(method, 0)
+
+
+class Connection:
+    """One proxied AMQP 0-9-1 connection (client <-> proxy <-> broker); a ``RelayCore``.
+
+    Starts at the first frame in both directions (the I/O layer has relayed the protocol
+    header). Every frame is relayed exactly as it came; the core only reads the few
+    methods below, and decodes them with pamqp. A chunk made only of complete frames, with
+    nothing held before it, is forwarded as the very same bytes object.
+
+    Frame size: both directions are held to FRAME_MIN_SIZE until the client's tune-ok
+    passes, then to its frame_max (0 = none), never below FRAME_MIN_SIZE.
+
+    Errors: a malformed frame from the client sets ``failure`` (side CLIENT) and queues a
+    connection.close for the client with the spec's code (501/502/505); one from the
+    broker sets ``failure`` (side SERVER), queues a connection.close 501 for the broker
+    and a connection.close 541 INTERNAL_ERROR for the client that names the problem.
+    Complete frames before the bad one are still relayed; later input is ignored.
+    """
+
+    def __init__(self, flow: FlowController | None = None, conn_id: int = 0,
+                 hold_budget: int = DEFAULT_HOLD_BUDGET,
+                 on_topology: Callable[[TopologyChange], None] | None = None,
+                 spool: SpoolManager | None = None, refuse_external: bool = True) -> None:
+        """``refuse_external``: a client's connection.start-ok with SASL EXTERNAL is not
+        relayed; the client gets connection.close 403 (``EXTERNAL_REFUSED``)."""
+        self.conn_id = conn_id
+        self.refuse_external = refuse_external
+        self.failure: Failure | None = None
+        self.from_client = FrameCounts()
+        self.from_server = FrameCounts()
+
+        self.client: ClientInfo | None = None  # from connection.start-ok
+        self.virtual_host: str | None = None  # from connection.open
+        self.server_tune: TuneParams | None = None  # connection.tune, the broker's proposal
+        self.client_tune: TuneParams | None = None  # connection.tune-ok, what is in force
+        self.tuned = False
+        self.frame_max = FRAME_MIN_SIZE  # until tune-ok, then its frame_max (0 = none)
+        self.channel_max = 0  # negotiated by tune-ok (0 = no limit)
+        self.heartbeat = 0  # negotiated by tune-ok, seconds (0 = none)
+        self.opened = False  # connection.open-ok passed
+        self.closing: Side | None = None  # who sent connection.close first
+        self.close_reply: CloseReply | None = None
+        self.closed = False  # connection.close-ok passed
+        self.channels: dict[int, ChannelState] = {}
+
+        self._frame_limit = FRAME_MIN_SIZE  # what scan() enforces; never below FRAME_MIN_SIZE
+        self._to_server: list[Buffer] = []
+        self._to_client: list[Buffer] = []
+        self._client_in = _Inbound(Side.CLIENT, self.from_client, self._to_server)
+        self._server_in = _Inbound(Side.SERVER, self.from_server, self._to_client)
+        self._client_in.read(
+            {
+                _C.StartOk.index: self._on_start_ok,
+                _C.TuneOk.index: self._on_tune_ok,
+                _C.Open.index: self._on_open,
+                _C.Close.index: self._on_client_close,
+                _C.CloseOk.index: self._on_close_ok,
+                _CH.Open.index: self._on_channel_open,
+                _CH.Close.index: self._on_channel_close,
+                _CH.CloseOk.index: self._on_channel_close_ok,
+            }
+        )
+        self.flow: PublishFlow | None = None
+        if flow is not None:
+            self.flow = PublishFlow(flow, conn_id, self._to_server.append,
+                                    self._to_client.append, hold_budget, spool)
+            self.flow.on_channel_closed = self._forget_channel
+            self._client_in.read({
+                **self._client_in.handlers,
+                _B.Publish.index: self._on_publish,
+                _CF.Select.index: self._on_confirm_select,
+                commands.Tx.Select.index: self._on_tx_select,
+                _CH.FlowOk.index: self._on_flow_reply,
+                _CH.Flow.index: self._on_flow_reply,
+                _C.Close.index: self._on_client_close_held,
+            })
+        self._server_in.read(
+            {
+                _C.Tune.index: self._on_tune,
+                _C.OpenOk.index: self._on_open_ok,
+                _C.Close.index: self._on_server_close,
+                _C.CloseOk.index: self._on_close_ok,
+                _CH.OpenOk.index: self._on_channel_open_ok,
+                _CH.Close.index: self._on_channel_close,
+                _CH.CloseOk.index: self._on_channel_close_ok,
+            }
+        )
+        if self.flow is not None:
+            self._server_in.read({
+                **self._server_in.handlers,
+                _B.Ack.index: self._on_broker_ack,
+                _B.Nack.index: self._on_broker_nack,
+                _CH.CloseOk.index: self._on_broker_channel_close_ok,
+            })
+        self.topology: TopologyWatch | None = None
+        if on_topology is not None:
+            self.topology = TopologyWatch(on_topology)
+            self._client_in.read({**self._client_in.handlers,
+                                  **dict.fromkeys(REQUEST_KEYS, self._on_topology_request)})
+            self._server_in.read({**self._server_in.handlers,
+                                  **dict.fromkeys(REPLY_KEYS, self._on_topology_reply)})
+
+    # --- RelayCore -------------------------------------------------------------------
+
+    def receive_from_client(self, data: bytes) -> None:
+        """Take bytes read from the client; complete frames are queued for the server."""
+        if self.failure is None and data:
+            self._receive(self._client_in, data)
+
+    def receive_from_server(self, data: bytes) -> None:
+        """Take bytes read from the broker; complete frames are queued for the client."""
+        if self.failure is None and data:
+            self._receive(self._server_in, data)
+
+    def data_for_server(self) -> bytes:
+        """Everything queued for the broker (b"" if nothing), and forget it."""
+        return _drain(self._to_server)
+
+    def data_for_client(self) -> bytes:
+        """Everything queued for the client (b"" if nothing), and forget it."""
+        return _drain(self._to_client)
+
+    # --- state for the rest of the proxy ----------------------------------------------
+
+    @property
+    def open_channels(self) -> set[int]:
+        """Channels opened by the client whose close handshake has not completed."""
+        return set(self.channels)
+
+    @property
+    def pending_from_client(self) -> int:
+        """Bytes of an incomplete client frame held back."""
+        return len(self._client_in.tail)
+
+    @property
+    def pending_from_server(self) -> int:
+        """Bytes of an incomplete broker frame held back."""
+        return len(self._server_in.tail)
+
+    # --- relay ------------------------------------------------------------------------
+
+    def _receive(self, inbound: _Inbound, data: bytes) -> None:
+        if type(data) is not bytes:  # we keep views of it: it must not change under us
+            data = bytes(data)
+        pos = 0
+        if inbound.tail:
+            pos = self._finish_tail(inbound, data)
+            if pos < 0:
+                return
+        stop = self._relay(inbound, data, pos)
+        if 0 <= stop < len(data):
+            inbound.tail = bytearray(memoryview(data)[stop:])
+
+    def _finish_tail(self, inbound: _Inbound, data: bytes) -> int:
+        """Complete the held frame from ``data`` and relay it.
+
+        Returns how much of ``data`` it used, or -1 if the frame is still incomplete (all
+        of ``data`` is held) or failed.
+        """
+        tail = inbound.tail
+        used = 0
+        if len(tail) < HEADER_SIZE:
+            used = min(HEADER_SIZE - len(tail), len(data))
+            tail += data[:used]
+            if len(tail) < HEADER_SIZE:
+                return -1
+        missing = frame_at(tail, 0)[2] + FRAME_OVERHEAD - len(tail)
+        if len(data) - used < missing:
+            tail += memoryview(data)[used:]
+            self._relay(inbound, tail, 0)  # header checks now: no holding an oversize frame
+            return -1
+        tail += memoryview(data)[used : used + missing]
+        inbound.tail = bytearray()
+        if self._relay(inbound, bytes(tail), 0) < 0:
+            return -1
+        return used + missing
+
+    def _relay(self, inbound: _Inbound, buf: Buffer, pos: int) -> int:
+        """Relay the complete frames of ``buf`` from ``pos``, reading those of interest.
+
+        Returns where the first incomplete frame starts, or -1 after a failure. While the
+        publish gate must see every frame of the client's stream (a channel holds, or a
+        publish waits for its content), frames are taken one at a time.
+        """
+        counts = inbound.counts
+        start = pos
+        base = counts.bytes - pos  # stream position of buf[0], for error messages
+        stop_at = inbound.stop_at
+        handlers = inbound.handlers
+        flow = self.flow if inbound is self._client_in else None
+        try:
+            while True:
+                if flow is not None and flow.needs_every_frame:
+                    pos, start = self._relay_one(inbound, flow, buf, pos, start, base)
+                    if pos < 0:
+                        pos = -pos - 1
+                        break
+                    continue
+                pos, frames, key = scan(buf, pos, self._frame_limit, stop_at, base)
+                counts.frames += frames
+                if key == NEED_DATA:
+                    break
+                _, channel, size = frame_at(buf, pos)
+                queued = len(inbound.out)
+                took = handlers[key](channel, buf, pos, base)
+                counts.frames += 1
+                if took is None and len(inbound.out) == queued:
+                    pos += size + FRAME_OVERHEAD  # passes in place: the common case
+                    continue
+                # The handler queued frames of its own, or took frames out of the stream:
+                # what came before the frame goes first.
+                _emit(inbound, buf, start, pos, queued)
+                if took is None:
+                    start = pos
+                    pos += size + FRAME_OVERHEAD
+                else:
+                    counts.frames += count_frames(buf, pos + size + FRAME_OVERHEAD, took)
+                    counts.bytes += took - pos
+                    start = pos = took
+        except ProtocolError as err:
+            counts.frames += count_frames(buf, pos, err.offset)
+            _emit(inbound, buf, start, err.offset)
+            self._fail(inbound.side, err)
+            return -1
+        _emit(inbound, buf, start, pos)
+        return pos
+
+    def _relay_one(self, inbound: _Inbound, flow: PublishFlow, buf: Buffer, pos: int,
+                   start: int, base: int) -> tuple[int, int]:
+        """Take the one frame at ``pos`` through the gate; returns (next pos, next start).
+
+        A negative first value ``-p - 1`` means "stop: the frame at ``p`` is incomplete".
+        """
+        n = len(buf)
+        if pos + HEADER_SIZE > n:
+            return -pos - 1, start
+        ftype, channel, size = frame_at(buf, pos)
+        end = pos + size + FRAME_OVERHEAD
+        if end > n:
+            scan(buf, pos, self._frame_limit, (), base)  # header checks now, then wait
+            return -pos - 1, start
+        view = buf if end == n else memoryview(buf)[:end]
+        _, _, key = scan(view, pos, self._frame_limit, _EVERY_METHOD, base)
+        _emit(inbound, buf, start, pos)
+        inbound.counts.frames += 1
+        took: int | None = None
+        if key == NEED_DATA:  # content or heartbeat, already validated
+            if ftype != FRAME_HEARTBEAT and flow.on_content(channel, buf, pos, end):
+                took = end
+        else:
+            handler = inbound.handlers.get(key)
+            if handler is not None:
+                took = handler(channel, buf, pos, base)
+            if took is None and channel and flow.on_method_while_held(channel, key, buf, pos,
+                                                                      end):
+                took = end
+        if took is None:
+            return end, pos
+        inbound.counts.bytes += took - pos
+        return took, took
+
+    def _fail(self, side: Side, err: ProtocolError) -> None:
+        self.failure = Failure(side, err.condition, err.reason, isinstance(err, AccessRefused))
+        self._client_in.tail = bytearray()
+        self._server_in.tail = bytearray()
+        if side is Side.CLIENT:
+            self._to_client.append(
+                close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
+            )
+            return
+        self._to_server.append(
+            close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
+        )
+        self._to_client.append(
+            close_frame(
+                INTERNAL_ERROR,
+                f"INTERNAL_ERROR - upstream broker sent a malformed frame: "
+                f"{err.condition} - {err.reason}",
+            )
+        )
+
+    # --- methods the core reads -------------------------------------------------------
+    # Connection-class methods count only on channel 0 and channel-class ones only off
+    # it; elsewhere they are relayed untouched for the broker (or client) to refuse.
+
+    def _on_start_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        if channel == 0:
+            # Only client_properties is kept: ``response`` holds the credentials.
+            method = decode_method(buf, offset, _C.StartOk, base)
+            self.client = ClientInfo.from_properties(method.client_properties or {})
+            if self.refuse_external and str(method.mechanism).upper() == "EXTERNAL":
+                raise AccessRefused(EXTERNAL_REFUSED, offset, _C.StartOk.index >> 16,
+                                    _C.StartOk.index & 0xFFFF)
+            if self.flow is not None:
+                self.flow.may_signal = may_signal(self.client)
+
+    def _on_tune(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        if channel == 0:
+            method = decode_method(buf, offset, _C.Tune, base)
+            self.server_tune = TuneParams(method.channel_max, method.frame_max, method.heartbeat)
+
+    def _on_tune_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        if channel == 0:
+            method = decode_method(buf, offset, _C.TuneOk, base)
+            tune = TuneParams(method.channel_max, method.frame_max, method.heartbeat)
+            self.client_tune = tune
+            self.tuned = True
+            self.channel_max = tune.channel_max
+            self.heartbeat = tune.heartbeat
+            self.frame_max = tune.frame_max
+            # The spec lets any peer send FRAME_MIN_SIZE frames whatever was negotiated.
+            self._frame_limit = max(tune.frame_max, FRAME_MIN_SIZE) if tune.frame_max else 0
+
+    def _on_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        if channel == 0:
+            self.virtual_host = decode_method(buf, offset, _C.Open, base).virtual_host
+            if self.flow is not None and self.virtual_host:
+                self.flow.vhost = self.virtual_host
+            if self.topology is not None and self.virtual_host:
+                self.topology.vhost = self.virtual_host
+
+    def _on_open_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        if channel == 0:
+            self.opened = True
+
+    def _on_client_close(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._on_close(Side.CLIENT, channel, buf, offset, base)
+
+    def _on_server_close(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._on_close(Side.SERVER, channel, buf, offset, base)
+
+    def _on_close(self, side: Side, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        if channel == 0:
+            method = decode_method(buf, offset, _C.Close, base)
+            if self.closing is None:
+                self.closing = side
+                self.close_reply = CloseReply(
+                    side,
+                    method.reply_code or 0,
+                    method.reply_text or "",
+                    method.class_id or 0,
+                    method.method_id or 0,
+                )
+
+    def _on_close_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        if channel == 0:
+            self.closed = True
+            self.channels.clear()
+
+    # --- the publish gate's methods (only with a flow controller) ---------------------
+
+    def _on_publish(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        assert self.flow is not None
+        end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        header_end = None
+        if end + HEADER_SIZE <= len(buf):
+            ftype, hchannel, hsize = frame_at(buf, end)
+            header_stop = end + hsize + FRAME_OVERHEAD
+            if ftype == FRAME_HEADER and hchannel == channel and header_stop <= len(buf):
+                # Validate it as the scanner would before the gate reads it.
+                scan(memoryview(buf)[:header_stop], end, self._frame_limit, (), base)
+                if hsize >= 14:
+                    header_end = header_stop
+        try:
+            return self.flow.on_publish(channel, buf, offset, end, header_end)
+        except (ValueError, IndexError) as exc:
+            raise MethodSyntaxError(f"cannot decode basic.publish on channel {channel}: {exc}",
+                                    offset, 60, 40) from None
+
+    def _on_confirm_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.flow is not None
+        self.flow.on_confirm_select(channel)
+
+    def _on_tx_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.flow is not None
+        self.flow.on_tx_select(channel)
+
+    def _on_flow_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        assert self.flow is not None
+        if self.flow.on_flow_reply(channel):
+            return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        return None
+
+    def _on_client_close_held(self, channel: int, buf: Buffer, offset: int, base: int
+                              ) -> int | None:
+        """connection.close from the client waits until every held publish has left."""
+        assert self.flow is not None
+        self._on_client_close(channel, buf, offset, base)
+        end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        if channel == 0 and self.flow.hold_connection_close(bytes(buf[offset:end])):
+            return end
+        return None
+
+    def _on_broker_ack(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        return self._on_broker_confirm(channel, buf, offset, nack=False)
+
+    def _on_broker_nack(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
+        return self._on_broker_confirm(channel, buf, offset, nack=True)
+
+    def _on_broker_confirm(self, channel: int, buf: Buffer, offset: int, nack: bool
+                           ) -> int | None:
+        assert self.flow is not None
+        end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        if self.flow.on_broker_confirm(channel, buf, offset, end, nack):
+            return end
+        return None
+
+    def _on_broker_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int
+                                    ) -> int | None:
+        assert self.flow is not None
+        if self.flow.on_broker_close_ok(channel):
+            return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
+        self._on_channel_close_ok(channel, buf, offset, base)
+        return None
+
+    def _on_topology_request(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.topology is not None
+        key = (buf[offset + 7] << 24 | buf[offset + 8] << 16 | buf[offset + 9] << 8
+               | buf[offset + 10])
+        self.topology.request(key, channel, buf, offset, base)
+
+    def _on_topology_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        assert self.topology is not None
+        key = (buf[offset + 7] << 24 | buf[offset + 8] << 16 | buf[offset + 9] << 8
+               | buf[offset + 10])
+        self.topology.reply(key, channel, buf, offset, base)
+
+    def _forget_channel(self, channel: int) -> None:
+        """A channel the proxy closed on both sides is gone."""
+        self.channels.pop(channel, None)
+
+    def channel_released(self, channel: int) -> None:
+        """The gate let ``channel``'s held frames go; they are in ``data_for_server``."""
+        if self.flow is not None:
+            self.flow.channel_released(channel)
+
+    def _on_channel_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.OPEN)
+
+    def _on_channel_open_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.OPEN_OK)
+
+    def _on_channel_close(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.CLOSE)
+
+    def _on_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.CLOSE_OK)
+
+    def _channel_event(self, channel: int, event: ChannelEvent) -> None:
+        if channel == 0:
+            return
+        state = self.channels.get(channel)
+        key = (state, event)
+        if key not in CHANNEL_TRANSITIONS:
+            return
+        after = CHANNEL_TRANSITIONS[key]
+        if after is None:
+            del self.channels[channel]
+            if self.flow is not None:
+                self.flow.on_channel_gone(channel)
+            if self.topology is not None:
+                self.topology.channel_gone(channel)
+        else:
+            self.channels[channel] = after
+
+
+def _emit(inbound: _Inbound, buf: Buffer, start: int, stop: int, at: int | None = None) -> None:
+    """Queue ``buf[start:stop]`` for the other peer: ``buf`` itself when that is all of it.
+
+    ``at`` puts it at that position of the queue instead of the end.
+    """
+    if stop > start:
+        inbound.counts.bytes += stop - start
+        chunk = buf if start == 0 and stop == len(buf) else memoryview(buf)[start:stop]
+        if at is None:
+            inbound.out.append(chunk)
+        else:
+            inbound.out.insert(at, chunk)
+
+
+def _drain(out: list[Buffer]) -> bytes:
+    if not out:
+        return b""
+    if len(out) == 1:
+        chunk = out[0]
+        out.clear()
+        return chunk if type(chunk) is bytes else bytes(chunk)
+    data = b"".join(out)
+    out.clear()
+    return data

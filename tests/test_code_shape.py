@@ -1,0 +1,50 @@
+"""The code's shape (issue 13): no class over 400 lines and no function over 60 lines in the
+product (``proxy/``, imported as ``floodwall``). Lines are counted from the ``def``/``class``
+line (decorators excluded) to the last line of the body, docstrings and comments included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "proxy"
+MAX_CLASS_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def sizes() -> list[tuple[str, str, int]]:
+    """(kind, where, lines) of every class and function (methods included) under proxy/."""
+    found: list[tuple[str, str, int]] = []
+    for path in sorted(ROOT.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        rel = path.relative_to(ROOT.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                kind = "class"
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                kind = "function"
+            else:
+                continue
+            assert node.end_lineno is not None
+            found.append((kind, f"{rel}:{node.lineno} {node.name}",
+                          node.end_lineno - node.lineno + 1))
+    return found
+
+
+def test_the_product_has_classes_and_functions() -> None:
+    kinds = {kind for kind, _, _ in sizes()}
+    assert kinds == {"class", "function"}
+
+
+# Issue 13's target, not met yet: the gates, the supervisor and the cores are split in its
+# later phases (docs/architecture.md, "What is left of the restructuring"). Strict: the
+# marker must go the day the limits hold.
+@pytest.mark.xfail(strict=True, reason="issue 13: the splits of phases C-E are not done yet")
+@pytest.mark.parametrize(("kind", "limit"), [("class", MAX_CLASS_LINES),
+                                             ("function", MAX_FUNCTION_LINES)])
+def test_nothing_is_longer_than_its_limit(kind: str, limit: int) -> None:
+    too_long = sorted((f"{where}: {n} lines" for k, where, n in sizes()
+                       if k == kind and n > limit))
+    assert not too_long, f"{kind}es over {limit} lines:\n" + "\n".join(too_long)
