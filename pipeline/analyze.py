@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import sys
 import time
@@ -26,13 +27,22 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from floodwall_pipeline import aggregate, recommend, report
+from floodwall_pipeline.files import TimeRange
 from floodwall_pipeline.load import InputQuality, load
 
 DEFAULT_MASTER = "local[*]"
-DEFAULT_RESOLUTION = 5.0
+DEFAULT_RESOLUTION = 5.0  # the plots' (--resolution)
+#: The buckets of the per-queue figures and the recommendations (``advice_resolution``).
+ADVICE_RESOLUTION = 5.0
 MAX_PLOTS = 8
 PLOT_POINTS = 1500
 LOG4J = Path(__file__).with_name("log4j2.properties")
+#: Shuffle partitions on a cluster unless --conf spark.sql.shuffle.partitions says otherwise
+#: (adaptive execution merges small ones); raise it for fleets of many thousand sidecars.
+CLUSTER_SHUFFLE_PARTITIONS = 32
+DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+#: The driver JVM's options (``spark_session``), before any the user gives.
+DRIVER_JAVA_OPTIONS = "-Dlog4j2.configurationFile=file:{log4j} -XX:+UseParallelGC"
 
 
 @dataclass
@@ -49,6 +59,7 @@ class Analysis:
     policies: Path
     summary: Path
     timings: dict[str, float] = field(default_factory=dict)
+    resolution: float = 0.0  # of the per-queue figures and the recommendations
 
 
 @contextlib.contextmanager
@@ -68,6 +79,14 @@ def _stderr_to(path: Path | None) -> Iterator[None]:
         os.close(saved)
 
 
+def local_cores(master: str) -> int:
+    """The threads of a ``local``, ``local[N]``, ``local[*]`` or ``local[N, F]`` master."""
+    inside = master[len("local"):].strip("[]").split(",")[0].strip()
+    if inside == "*":
+        return os.cpu_count() or 1
+    return max(int(inside), 1) if inside else 1
+
+
 def spark_session(master: str | None = None, app: str = "floodwall-analyze",
                   conf: Mapping[str, str] | None = None,
                   shuffle_partitions: int | None = None,
@@ -78,17 +97,38 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
     """
     master = master or DEFAULT_MASTER
     local = master.startswith("local")
+    conf = dict(conf or {})
+    # The throughput collector: 15 % less CPU than G1 on this job (bench/RESULTS.md).
+    # Options given with --conf come after these (the later of two flags wins).
+    driver_options = " ".join(filter(None, [DRIVER_JAVA_OPTIONS.format(log4j=LOG4J),
+                                            conf.pop(DRIVER_OPTIONS, "")]))
     b = (SparkSession.builder.master(master).appName(app)
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J}"))
+         # The intermediate tables are cached for seconds: uncompressed batches are
+         # cheaper to build.
+         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
+         # The job generates a few hundred classes: with Spark's default cache of 100
+         # they evict each other and a warm session compiles them all again.
+         .config("spark.sql.codegen.cache.maxEntries", "2000")
+         # Adaptive execution re-plans after every shuffle: a job per stage, 40 % more
+         # driver time on this job's many small stages, and nothing to gain on its
+         # aggregated (small) joins.
+         .config("spark.sql.adaptive.enabled", "false")
+         .config(DRIVER_OPTIONS, driver_options))
     if local:
+        cores = local_cores(master)
+        # One shuffle partition per core: every task costs planning, code generation and
+        # (de)serialization, which on small inputs is most of the job. The input in at
+        # least 4 splits per core, so that the last wave of tasks keeps every core busy.
         b = (b.config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8))
+             .config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
+             .config("spark.sql.files.minPartitionNum", str(4 * cores))
              .config("spark.driver.memory", "2g"))
-    elif shuffle_partitions:
-        b = b.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    for key, value in (conf or {}).items():
+    else:
+        b = b.config("spark.sql.shuffle.partitions",
+                     str(shuffle_partitions or CLUSTER_SHUFFLE_PARTITIONS))
+    for key, value in conf.items():
         b = b.config(key, value)
     with _stderr_to(jvm_log):
         spark = b.getOrCreate()
@@ -134,11 +174,22 @@ class _Stages:
             self._progress.console.print(f"  [green]✓[/] {name} ({self.timings[name]:.1f}s)")
 
 
+def advice_resolution(interval: float) -> float:
+    """The buckets the per-queue figures and the recommendations are computed in:
+    ``ADVICE_RESOLUTION``, or the sidecars' telemetry interval (``interval``, the longest
+    in their records) if longer, in whole seconds, so that every bucket holds a sample of
+    each sidecar. Never ``--resolution``."""
+    return float(max(ADVICE_RESOLUTION, math.ceil(interval)))
+
+
 def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
             spark: SparkSession | None = None, resolution: float = DEFAULT_RESOLUTION,
             target_drain: float = recommend.DEFAULT_TARGET_DRAIN,
             console: Console | None = None, conf: Mapping[str, str] | None = None,
-            plots: bool = True) -> Analysis:
+            plots: bool = True, time_range: TimeRange | None = None) -> Analysis:
+    """The job. ``resolution`` sets the plots' buckets only: every figure in the tables,
+    summary.json and recommended-policies.yaml comes from ``advice_resolution`` buckets."""
+    rng = time_range or TimeRange()
     out.mkdir(parents=True, exist_ok=True)
     stages = _Stages(console, 6 if spark is None else 5)
     with stages.running():
@@ -146,36 +197,47 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
             with stages.stage(f"starting Spark ({master or DEFAULT_MASTER})"):
                 spark = spark_session(master, conf=conf, jvm_log=out / "spark.log")
         with stages.stage("reading telemetry"):
-            t = load(spark, list(paths))
+            t = load(spark, list(paths), rng)
+            # how Spark split the work (timings.json): the figures do not depend on it
+            split = {"input_partitions": t.table.rdd.getNumPartitions(),
+                     "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")
+                                               or 0)}
         with stages.stage("aggregating per queue and sidecar"):
-            series = aggregate.queue_series(t.samples, resolution).cache()
-            eps = aggregate.episodes(t.samples).cache()
-            psq_df = aggregate.per_sidecar_queue(t.samples, t.events).cache()
-            queues = _rows(aggregate.per_queue(t.samples, series, eps, psq_df, t.events),
-                           ["vhost", "queue"])
-            sidecar_queues = _rows(psq_df, ["sidecar", "vhost", "queue"])
-            sidecars = _rows(aggregate.per_sidecar(t.sidecars, psq_df, t.events), ["sidecar"])
+            advice = advice_resolution(t.interval)
+            tables = aggregate.Tables.of(t.samples, t.events, advice)
+            queues = _rows(tables.queues, ["vhost", "queue"])
+            sidecar_queues = _rows(tables.psq.drop("sq", "q", "_clash"),
+                                   ["sidecar", "vhost", "queue"])
+            sidecars = _rows(aggregate.per_sidecar(t.sidecars, tables.psq, tables.events),
+                             ["sidecar"])
         with stages.stage("recommending policies"):
             recs = recommend.recommend_all(queues, target_drain)
             span = _span(queues)
             header = [f"From {t.quality.used} telemetry records of {len(sidecars)} sidecar(s), "
-                      f"{span}; target drain time {target_drain:g}s."]
+                      f"{span}" + (f" (--since/--until: {rng.describe()})" if rng.bounded
+                                   else "") + ".",
+                      f"Rates in {advice:g}s buckets (whatever the report's --resolution); "
+                      f"target drain time {target_drain:g}s."]
             policies_text = recommend.render(recs, header)
             policies = out / "recommended-policies.yaml"
             policies.write_text(policies_text)
         ranked = sorted(queues, key=lambda r: (-(r.get("tripped_seconds") or 0),
-                                               -(r.get("depth_max") or 0)))
+                                               -(r.get("depth_max") or 0),
+                                               r["vhost"], r["queue"]))
         drawn: list[tuple[str, str]] = []
         overview: str | None = None
         with stages.stage("plotting"):
             if plots and ranked:
-                drawn = _plot(t.samples, ranked[:MAX_PLOTS], out, resolution)
+                drawn = _plot(t.samples, tables, ranked[:MAX_PLOTS], out, resolution)
                 report.plot_overview(ranked, out / "plots" / "overview.png")
                 overview = "plots/overview.png"
         with stages.stage("writing the report"):
             meta = {"telemetry": ", ".join(paths), "period": span,
+                    **({"since / until": rng.describe()} if rng.bounded else {}),
                     "sidecars": str(len(sidecars)), "queues": str(len(queues)),
-                    "resolution": f"{resolution:g}s", "target drain time": f"{target_drain:g}s",
+                    "plot resolution": f"{resolution:g}s",
+                    "figures and recommendations": f"{advice:g}s buckets",
+                    "target drain time": f"{target_drain:g}s",
                     "spark": f"{spark.version} on {spark.sparkContext.master}",
                     "written": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
             html_path = out / "report.html"
@@ -185,19 +247,25 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                               recommendations=recs, policies_file=policies.name,
                               policies_text=policies_text)
             summary = out / "summary.json"
+            q = t.quality
+            # Only what the telemetry determines: the same records give the same bytes
+            # (timings, the master and the clock go to timings.json and the report).
             summary.write_text(json.dumps({
-                "input": {"lines": t.quality.lines, "used": t.quality.used,
-                          "corrupt": t.quality.corrupt,
-                          "unsupported_version": t.quality.unsupported_version,
-                          "incomplete": t.quality.incomplete, "files": t.quality.files,
-                          "examples": t.quality.examples},
-                "queues": queues, "sidecar_queues": sidecar_queues, "sidecars": sidecars,
-                "timings": stages.timings}, indent=1, default=str))
-        for df in (series, eps, psq_df):
-            df.unpersist()
+                "input": {"lines": q.lines, "used": q.used, "corrupt": q.corrupt,
+                          "unsupported_version": q.unsupported_version,
+                          "incomplete": q.incomplete, "outside_range": q.outside,
+                          "files": q.files, "examples": q.examples,
+                          "since": rng.since, "until": rng.until},
+                "resolution": advice,
+                "queues": queues, "sidecar_queues": sidecar_queues, "sidecars": sidecars},
+                indent=1, default=str) + "\n")
+        tables.unpersist()
         t.unpersist()
+    (out / "timings.json").write_text(json.dumps(
+        {"master": spark.sparkContext.master, **split, "stages": stages.timings},
+        indent=1) + "\n")
     return Analysis(out, t.quality, queues, sidecar_queues, sidecars, recs, html_path, policies,
-                    summary, stages.timings)
+                    summary, stages.timings, advice)
 
 
 def _span(queues: Sequence[Mapping[str, Any]]) -> str:
@@ -209,9 +277,10 @@ def _span(queues: Sequence[Mapping[str, Any]]) -> str:
     return f"{report.fmt(a, 'time')} to {report.fmt(b, 'time')} UTC ({b - a:.0f}s)"
 
 
-def _plot(samples: DataFrame, queues: Sequence[Mapping[str, Any]], out: Path,
-          resolution: float) -> list[tuple[str, str]]:
-    """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points."""
+def _plot(samples: DataFrame, tables: aggregate.Tables, queues: Sequence[Mapping[str, Any]],
+          out: Path, resolution: float) -> list[tuple[str, str]]:
+    """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points
+    (the figures' series when it is at that resolution)."""
     (out / "plots").mkdir(exist_ok=True)
     span = max((q["last_ts"] or 0) - (q["first_ts"] or 0) for q in queues)
     res = max(resolution, span / PLOT_POINTS)
@@ -219,8 +288,12 @@ def _plot(samples: DataFrame, queues: Sequence[Mapping[str, Any]], out: Path,
     wanted = F.lit(False)
     for vhost, queue in keys:
         wanted = wanted | ((F.col("vhost") == vhost) & (F.col("queue") == queue))
-    rows = _rows(aggregate.queue_series(samples.filter(wanted), res),
-                 ["vhost", "queue", "bucket_index"])
+    if res == tables.resolution:
+        series = tables.series.filter(wanted)
+    else:
+        level1 = aggregate.sidecar_series(samples.filter(wanted), res)
+        series = aggregate.queue_series(level1, tables.psq, res)
+    rows = _rows(series, ["vhost", "queue", "bucket_index"])
     drawn: list[tuple[str, str]] = []
     for vhost, queue in keys:
         mine = [r for r in rows if r["vhost"] == vhost and r["queue"] == queue]

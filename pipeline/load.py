@@ -1,19 +1,37 @@
-"""Reading telemetry: explicit schema, PERMISSIVE mode, and an account of every bad line."""
+"""Reading telemetry: which files, the read schema, PERMISSIVE mode, an account of every bad line.
+
+One pass over the files parses each line once into a narrow typed table, kept for the
+aggregations (a local checkpoint): times in integer milliseconds (``ts_ms``, ``iv_ms``), so
+that every sum the job makes is exact and the same whatever the partitioning
+(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from floodwall_pipeline.schema import CORRUPT, SUPPORTED_VERSIONS, TELEMETRY_SCHEMA
+from floodwall_pipeline.files import TimeRange, list_files, select
+from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
 
 #: Files read under a directory: the writer's ``*.ndjson``, and ``*.ndjson.gz`` when an
 #: operator compressed old ones (Spark decompresses by extension).
 FILE_GLOB = "*.ndjson*"
 EXAMPLES = 5
+REQUIRED = ("type", "ts", "sidecar", "vhost", "queue")
+
+#: The columns of the cached table, per record type (null where a type has no such field).
+SAMPLE_COLUMNS = (
+    "sq", "q", "sidecar", "vhost", "queue", "ts_ms", "seq", "iv_ms", "policy", "capacity", "resume",
+    "max_messages", "resume_messages", "overflow", "deadline", "depth", "depth_msgs",
+    "ingress_bytes", "ingress_messages", "tripped", "trips", "blocked_publishers",
+    "held_bytes", "held_messages", "spooled_bytes")
+SIDECAR_COLUMNS = (
+    "sidecar", "ts_ms", "iv_ms", "held_bytes", "held_messages", "blocked_channels",
+    "spooled_bytes", "alarm", "dropped_records")
+EVENT_COLUMNS = ("sidecar", "vhost", "queue", "ts_ms", "event")
 
 
 @dataclass(frozen=True)
@@ -27,6 +45,7 @@ class InputQuality:
     used: int
     files: int
     examples: list[tuple[str, str]] = field(default_factory=list)  # (file, line) of bad lines
+    outside: int = 0  # well-formed records outside --since/--until (not counted in ``used``)
 
     @property
     def bad(self) -> int:
@@ -41,62 +60,109 @@ class Telemetry:
     sidecars: DataFrame
     events: DataFrame
     quality: InputQuality
-    raw: DataFrame  # the parsed lines, cached: ``unpersist()`` when done
+    files: list[str]  # the files read
+    table: DataFrame  # the parsed lines, checkpointed: ``unpersist()`` when done
+    interval: float = 0.0  # the longest telemetry interval of any sidecar (its records)
 
     def unpersist(self) -> None:
-        self.raw.unpersist()
+        """Drop the parsed lines now, rather than when the JVM collects them."""
+        plan = self.table._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() == "LogicalRDD":
+            plan.rdd().unpersist(False)
+
+
+def _ms(c: Column) -> Column:
+    """Seconds (the telemetry's ms-precision floats) as integer milliseconds, rounded half
+    up (``floor(x + 0.5)``: Spark's ``round`` goes through BigDecimal, ten times slower)."""
+    return F.floor(c * F.lit(1000.0) + F.lit(0.5)).cast("long")
 
 
 def read_raw(spark: SparkSession, paths: list[str]) -> DataFrame:
     """Every line of ``paths`` (files or directories, local or any Hadoop file system such as
-    ``s3a://``), parsed with the explicit schema; bad lines keep their text in ``_corrupt_record``.
+    ``s3a://``), parsed with the read schema; bad lines keep their text in ``_corrupt_record``.
     """
-    return (spark.read.schema(TELEMETRY_SCHEMA)
+    return (spark.read.schema(READ_SCHEMA)
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", CORRUPT)
             .option("recursiveFileLookup", "true")
             .option("pathGlobFilter", FILE_GLOB)
-            .json(paths)
-            .withColumn("_file", F.input_file_name()))
+            .json(paths))
 
 
-def load(spark: SparkSession, paths: list[str]) -> Telemetry:
-    raw = read_raw(spark, paths).persist(StorageLevel.MEMORY_AND_DISK)
-    required = ["type", "ts", "sidecar", "vhost", "queue"]
+def resolve(spark: SparkSession, paths: list[str], rng: TimeRange) -> list[str]:
+    """The paths to hand Spark: as given for an open range; else the files that can hold
+    records in it (pipeline/files.py), listed only in the date partitions it needs."""
+    if not rng.bounded:
+        return list(paths)
+    return select(list_files(spark, paths, rng.dates()), rng)
+
+
+def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) -> Telemetry:
+    rng = rng or TimeRange()
+    files = resolve(spark, paths, rng)
+    if not files:
+        raise FileNotFoundError(f"no telemetry files for {rng.describe()} in "
+                                f"{', '.join(paths)}")
+    raw = read_raw(spark, files)
+    read = sorted(raw.inputFiles())
     has_required = F.lit(True)
-    for name in required:
+    for name in REQUIRED:
         has_required = has_required & F.col(name).isNotNull()
     known_type = F.col("type").isin("sample", "sidecar", "event")
     sample_ok = (F.col("type") != "sample") | F.col("interval").isNotNull()
+    ts_ms = _ms(F.col("ts"))
+    inside = F.lit(True)
+    if rng.since is not None:
+        inside = inside & (ts_ms >= F.lit(round(rng.since * 1000)))
+    if rng.until is not None:
+        inside = inside & (ts_ms < F.lit(round(rng.until * 1000)))
     status = (F.when(F.col(CORRUPT).isNotNull(), "corrupt")
               .when(F.col("v").isNull() | ~F.col("v").isin(*SUPPORTED_VERSIONS),
                     "unsupported_version")
               .when(~(has_required & known_type & sample_ok), "incomplete")
+              .when(~inside, "outside")
               .otherwise("ok"))
-    tagged = raw.withColumn("_status", status)
-    by_file = (tagged.groupBy("_status", "_file").agg(F.count(F.lit(1)).alias("n")).collect())
-    counts: dict[str, int] = {}
-    for r in by_file:
-        counts[r["_status"]] = counts.get(r["_status"], 0) + int(r["n"])
-    files = len({r["_file"] for r in by_file})
+    bad = ~F.col("_status").isin("ok", "outside")
+    is_sample = (F.col("_status") == "ok") & (F.col("type") == "sample")
+    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct("v", *REQUIRED)))
+    table = (raw.withColumn("_status", status)
+             .select(
+                 "_status", "type", "sidecar", "vhost", "queue", ts_ms.alias("ts_ms"), "seq",
+                 # 64-bit ids of (sidecar, vhost, queue) and (vhost, queue): the samples
+                 # are grouped and sorted by these longs, not by three strings
+                 F.when(is_sample, F.xxhash64("sidecar", "vhost", "queue")).alias("sq"),
+                 F.when(is_sample, F.xxhash64("vhost", "queue")).alias("q"),
+                 _ms(F.col("interval")).alias("iv_ms"), "policy", "capacity", "resume",
+                 "max_messages", "resume_messages", "overflow", "deadline",
+                 F.coalesce("depth_bytes", "broker_depth_bytes").alias("depth"),
+                 F.coalesce("depth_messages", "broker_depth_messages").alias("depth_msgs"),
+                 "ingress_bytes", "ingress_messages", "tripped", "trips",
+                 "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
+                 "blocked_channels", "alarm", "dropped_records", "event",
+                 F.when(bad, F.input_file_name()).alias("_file"),
+                 F.when(bad, line).alias("_line"))
+             # Parsed once, kept as rows (not Spark's columnar cache: building its batches
+             # cost as much CPU as parsing the JSON; bench/RESULTS.md).
+             .localCheckpoint(eager=True))
+    counted = table.groupBy("_status").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max(F.when(F.col("type") == "sidecar", F.col("iv_ms"))).alias("iv")).collect()
+    counts = {r["_status"]: int(r["n"]) for r in counted}
+    longest = max((int(r["iv"]) for r in counted if r["_status"] == "ok" and r["iv"] is not None),
+                  default=0)
     examples: list[tuple[str, str]] = []
-    if any(k != "ok" for k in counts):
-        bad_rows = (tagged.filter(F.col("_status") != "ok")
-                    .select("_file", F.coalesce(F.col(CORRUPT),
-                                                F.to_json(F.struct("v", *required))).alias("line"))
-                    .limit(EXAMPLES).collect())
-        examples = [(str(r["_file"]).rsplit("/", 1)[-1], str(r["line"])[:200].rstrip("\n"))
-                    for r in bad_rows]
+    if any(k not in ("ok", "outside") for k in counts):
+        rows = (table.filter(F.col("_file").isNotNull()).select("_file", "_line")
+                .orderBy("_file", "_line").limit(EXAMPLES).collect())
+        examples = [(str(r["_file"]).rsplit("/", 1)[-1], str(r["_line"])[:200].rstrip("\n"))
+                    for r in rows]
     quality = InputQuality(
         lines=sum(counts.values()), corrupt=counts.get("corrupt", 0),
         unsupported_version=counts.get("unsupported_version", 0),
-        incomplete=counts.get("incomplete", 0), used=counts.get("ok", 0), files=files,
-        examples=examples)
-    # The parsed lines stay cached (``raw``); the three types are filters over them.
-    ok = tagged.filter(F.col("_status") == "ok").drop(CORRUPT, "_status", "_file")
-    samples = (ok.filter(F.col("type") == "sample")
-               .withColumn("depth", F.coalesce("depth_bytes", "broker_depth_bytes"))
-               .withColumn("depth_msgs", F.coalesce("depth_messages", "broker_depth_messages")))
-    sidecars = ok.filter(F.col("type") == "sidecar")
-    events = ok.filter(F.col("type") == "event")
-    return Telemetry(samples, sidecars, events, quality, raw)
+        incomplete=counts.get("incomplete", 0), used=counts.get("ok", 0), files=len(read),
+        examples=examples, outside=counts.get("outside", 0))
+    ok = table.filter(F.col("_status") == "ok")
+    samples = ok.filter(F.col("type") == "sample").select(*SAMPLE_COLUMNS)
+    sidecars = ok.filter(F.col("type") == "sidecar").select(*SIDECAR_COLUMNS)
+    events = ok.filter(F.col("type") == "event").select(*EVENT_COLUMNS)
+    return Telemetry(samples, sidecars, events, quality, read, table, longest / 1000.0)

@@ -28,13 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--resolution", type=parse_duration, default=5.0)
     p.add_argument("--target-drain", type=parse_duration, default=DEFAULT_TARGET_DRAIN)
+    p.add_argument("--since", help="UTC date or date and time: records from then on")
+    p.add_argument("--until", help="UTC date or date and time: records before then")
     a = p.parse_args(argv)
     # The master and every --conf are spark-submit's: the session is built without them.
     spark = (SparkSession.builder.appName("floodwall-analyze")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     return run_analysis(a.telemetry, a.out, resolution=a.resolution,
-                        target_drain=a.target_drain, spark=spark)
+                        target_drain=a.target_drain, spark=spark, since=a.since,
+                        until=a.until)
 
 
 if __name__ == "__main__":

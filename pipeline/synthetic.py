@@ -5,9 +5,11 @@ Per second: each sidecar's producers want a rate with bursts; the consumers drai
 own rate; the fleet's policy trips above ``capacity`` and releases at ``resume``. While
 tripped a sidecar holds what its producers send (ingress 0) and flushes it on release;
 a publish held past ``deadline`` expires. Records have exactly the fields the proxy writes
-(proxy/telemetry.py), files are named and rotated hourly as the proxy names them.
+(proxy/telemetry.py), files are named as the proxy names them and rotated every
+``file_age`` seconds (hourly, as the proxy's default); ``partitioned`` lays them out by date
+and sidecar (pipeline/files.py) instead of in one directory.
 
-    python -m pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
+    python -m floodwall_pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from floodwall.ops.telemetry import SCHEMA_VERSION, file_name
+from floodwall_pipeline.files import partition_dir
 
 KIB = 1024
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -60,9 +63,17 @@ def _common(kind: str, sc: SidecarState, vhost: str, queue: str, ts: float) -> d
 
 def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
              interval: float = 1.0, seed: int = 7, corrupt: float = 0.0,
-             body: int = 1024) -> int:
-    """Write the telemetry; returns how many lines (records and corrupt lines) it wrote."""
+             body: int = 1024, file_age: float = 3600.0, partitioned: bool = False,
+             start: float = START, jitter: bool = False) -> int:
+    """Write the telemetry; returns how many lines (records and corrupt lines) it wrote.
+
+    ``jitter``: as real sidecars, each samples on its own clock (some at the same instants
+    as others), a few milliseconds early or late, with intervals to match, and estimates
+    the depth a little differently (its own ledger). Without it (the benchmark's data)
+    every sidecar samples at the same instants and sees the same depth.
+    """
     rng = random.Random(seed)
+    jrng = random.Random(seed + 1)  # its own draws: the data without jitter stays the same
     out.mkdir(parents=True, exist_ok=True)
     qs = []
     for i in range(queues):
@@ -72,12 +83,14 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                            consume * rng.uniform(0.6, 1.3) / sidecars))
     fleet = [SidecarState(f"app-{i:03d}-{rng.randrange(16**5):05x}") for i in range(sidecars)]
     steps = int(hours * 3600 / interval)
-    handles: dict[str, tuple[int, IO[str]]] = {}  # sidecar -> (hour, open file)
+    offset = {sc.name: jrng.choice([0.0, 0.0, 0.25, 0.5]) for sc in fleet} if jitter else {}
+    last_ts: dict[tuple[str, str], float] = {}  # (sidecar, queue) -> its last sample's ts
+    handles: dict[str, tuple[int, IO[str]]] = {}  # sidecar -> (file number, open file)
     lines = 0
     vhost = "/"
     for step in range(steps):
-        ts = START + (step + 1) * interval
-        hour = int((ts - START) // 3600)
+        ts = start + (step + 1) * interval
+        period = int((ts - start) // file_age)
         per_sidecar: dict[str, list[dict[str, object]]] = {sc.name: [] for sc in fleet}
         for q in qs:
             ingress: dict[str, int] = {}
@@ -134,13 +147,20 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                         hold = _common("event", sc, vhost, q.name, ts)
                         hold.update({"event": "hold", "conn": 1, "channel": 1})
                         recs.append(hold)
-                s = _common("sample", sc, vhost, q.name, ts)
+                own_ts, own_interval, estimate = ts, interval, int(q.depth)
+                if jitter:
+                    own_ts = round(ts + offset[sc.name] + jrng.randint(-3, 3) / 1000, 3)
+                    previous = last_ts.get((sc.name, q.name), own_ts - interval)
+                    own_interval = round(own_ts - previous, 3)
+                    last_ts[(sc.name, q.name)] = own_ts
+                    estimate = max(0, estimate + jrng.randint(-512, 512))
+                s = _common("sample", sc, vhost, q.name, own_ts)
                 held_b = held_now[sc.name]
                 s.update({
-                    "interval": interval, "policy": f"p-{q.name}", "capacity": q.capacity,
+                    "interval": own_interval, "policy": f"p-{q.name}", "capacity": q.capacity,
                     "resume": q.resume, "max_messages": 0, "resume_messages": 0,
                     "overflow": "hold", "deadline": q.deadline,
-                    "depth_bytes": int(q.depth), "depth_messages": int(q.depth) // body,
+                    "depth_bytes": estimate, "depth_messages": estimate // body,
                     "broker_depth_bytes": int(q.depth), "broker_depth_messages":
                         int(q.depth) // body,
                     "ready_count": int(q.depth) // body, "depth_known": True,
@@ -164,10 +184,12 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                 "dropped_records": 0})
             per_sidecar[sc.name].append(side)
             current = handles.get(sc.name)
-            if current is None or current[0] != hour:  # a new file every hour, as the proxy
+            if current is None or current[0] != period:  # a new file every file_age
                 if current is not None:
                     current[1].close()
-                current = (hour, open(out / file_name(sc.name, ts, hour + 1), "w"))
+                where = out / partition_dir(sc.name, ts) if partitioned else out
+                where.mkdir(parents=True, exist_ok=True)
+                current = (period, open(where / file_name(sc.name, ts, period + 1), "w"))
                 handles[sc.name] = current
             fh = current[1]
             for rec in per_sidecar[sc.name]:
@@ -191,8 +213,12 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--corrupt", type=float, default=0.0, help="share of lines truncated")
+    p.add_argument("--file-age", type=float, default=3600.0, help="seconds per file")
+    p.add_argument("--partitioned", action="store_true",
+                   help="lay files out as date=YYYY-MM-DD/sidecar=NAME/ (docs/pipeline.md)")
     a = p.parse_args()
-    n = generate(a.out, a.sidecars, a.hours, a.queues, a.interval, a.seed, a.corrupt)
+    n = generate(a.out, a.sidecars, a.hours, a.queues, a.interval, a.seed, a.corrupt,
+                 file_age=a.file_age, partitioned=a.partitioned)
     print(f"{n} lines in {a.out}")
 
 

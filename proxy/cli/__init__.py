@@ -413,14 +413,20 @@ def _check_document(c: CheckedFile, queues: tuple[str, ...], vhost: str) -> dict
 @click.option("--master", default=None, envvar="FLOODWALL_SPARK_MASTER",
               help="Spark master URL (spark://host:7077, yarn, k8s://...); default local[*].")
 @click.option("--resolution", default="5s", callback=_duration, metavar="DURATION",
-              show_default=True, help="Time buckets of the fleet's per-queue series.")
+              show_default=True, help="Time buckets of the report's plots (not of the "
+                                      "figures or recommendations).")
 @click.option("--target-drain", default="30s", callback=_duration, metavar="DURATION",
               show_default=True,
               help="Recommended capacity empties in this long at the observed drain rate.")
 @click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE",
               help="More Spark settings (repeatable), e.g. for s3a:// credentials.")
+@click.option("--since", default=None, metavar="UTC",
+              help="Only records from then on (2026-11-21 or 2026-11-21T06:00).")
+@click.option("--until", default=None, metavar="UTC",
+              help="Only records before then; with --since, only the files needed are read.")
 def analyze(telemetry: tuple[str, ...], out: str, master: str | None, resolution: float,
-            target_drain: float, confs: tuple[str, ...]) -> None:
+            target_drain: float, confs: tuple[str, ...], since: str | None,
+            until: str | None) -> None:
     """Turn TELEMETRY (files or directories, local or s3a://) into a report and policies.
 
     A PySpark job (the [pipeline] extra): docs/pipeline.md says what it computes and how it
@@ -438,7 +444,7 @@ def analyze(telemetry: tuple[str, ...], out: str, master: str | None, resolution
         raise click.ClickException(f"the analysis needs the [pipeline] extra "
                                    f"(pip install 'floodwall[pipeline]'): {exc}") from None
     code = run_analysis(list(telemetry), Path(out), master=master, resolution=resolution,
-                        target_drain=target_drain, conf=conf)
+                        target_drain=target_drain, conf=conf, since=since, until=until)
     raise SystemExit(code)
 
 

@@ -10,8 +10,8 @@ sample a second at ts 1..10:
     trips     0    0    1     1     1    1    1    1    1    1
     held      0    0    0   200   400    0    0    0    0    0
 
-Depth sorted: 0 0 0 100 300 500 500 900 1200 1500. ``percentile_approx`` is nearest-rank
-(the ceil(p * n)-th value): p50 = 5th = 300, p90 = 9th = 1200, p99 = 10th = 1500.
+Depth sorted: 0 0 0 100 300 500 500 900 1200 1500. Percentiles are nearest-rank (the
+ceil(p * n)-th value): p50 = 5th = 300, p90 = 9th = 1200, p99 = 10th = 1500.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from floodwall_pipeline import aggregate
 from floodwall_pipeline.load import Telemetry, load
+from floodwall_pipeline.synthetic import generate
 from tests.pipeline.conftest import write_ndjson
 
 DEPTH = [0, 500, 1200, 1500, 900, 500, 300, 100, 0, 0]
@@ -61,6 +63,22 @@ def side(sidecar: str, ts: float, held: int, alarm: str | None = None,
             "spooled_bytes": 0, "alarm": alarm, "dropped_records": dropped}
 
 
+def tables(t: Telemetry, resolution: float = 5.0) -> aggregate.Tables:
+    return aggregate.Tables.of(t.samples, t.events, resolution)
+
+
+def psq(t: Telemetry) -> DataFrame:
+    return tables(t).psq
+
+
+def episodes(t: Telemetry) -> DataFrame:
+    return tables(t).episodes
+
+
+def per_queue(t: Telemetry, resolution: float) -> DataFrame:
+    return tables(t, resolution).queues
+
+
 def one(df: DataFrame, **where: Any) -> dict[str, Any]:
     rows = [r.asDict() for r in df.collect()]
     found = [r for r in rows if all(r[k] == v for k, v in where.items())]
@@ -81,23 +99,26 @@ def single(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Tel
 
 
 def test_per_sidecar_queue(single: Telemetry) -> None:
-    r = one(aggregate.per_sidecar_queue(single.samples, single.events), queue="q")
+    r = one(psq(single), queue="q")
     assert (r["samples"], r["observed_seconds"], r["first_ts"], r["last_ts"]) == (10, 10, 1, 10)
     assert (r["tripped_seconds"], r["tripped_share"], r["trips"]) == (3.0, 0.3, 1)
     assert (r["depth_p50"], r["depth_p90"], r["depth_p99"], r["depth_max"]) == (
         300, 1200, 1500, 1500)
     assert r["peak_overshoot"] == 500  # 1500 - 1000
     assert (r["ingress_bytes"], r["ingress_rate"]) == (1500, 150.0)  # 1500 B / 10 s
-    assert r["ingress_rate_p99"] == 700  # per-second rates sorted: 0 x7, 300, 500, 700
+    # p99 over 5-second buckets (the recommendations' resolution): ts 1-4 (1500 B in 4 s),
+    # 5-9 (0 B), 10 (0 B): rates 375, 0, 0
+    assert r["ingress_rate_p99"] == 375
     assert (r["held_bytes_max"], r["held_bytes_mean"]) == (400, 60.0)  # (200+400) / 10 s
     assert (r["deadline_expiries"], r["rejects"], r["holds"]) == (1, 1, 2)
     assert (r["capacity"], r["resume"], r["policy"]) == (1000, 600, "p")
+    assert r["ingress_share"] == 1.0  # the only sidecar
 
 
 def test_episodes(single: Telemetry) -> None:
     # One run: tripped at ts 3, 4, 5, closed by the untripped sample at ts 6. Deepest at
     # ts 4 (1500): time to drain 6 - 4 = 2 s; the trip lasted 6 - 3 = 3 s; most held 400.
-    e = one(aggregate.episodes(single.samples), queue="q")
+    e = one(episodes(single), queue="q")
     assert (e["start_ts"], e["peak_ts"], e["peak_depth"], e["end_ts"]) == (3, 4, 1500, 6)
     assert (e["drain_seconds"], e["duration"], e["held_max"], e["closed"]) == (2, 3, 400, True)
 
@@ -107,7 +128,7 @@ def test_queue_series_derives_egress(single: Telemetry) -> None:
     # b4 = {8, 9}, b5 = {10}. depth_end = newest depth; egress = ingress - (depth_end -
     # previous depth_end), at least 0: b1 1200 - 1200 = 0, b2 300 + 300 = 600, b3 0 + 600,
     # b4 0 + 300, b5 0. Backlog where the previous depth_end > 0: b2, b3, b4.
-    rows = sorted((r.asDict() for r in aggregate.queue_series(single.samples, 2.0).collect()),
+    rows = sorted((r.asDict() for r in tables(single, 2.0).series.collect()),
                   key=lambda r: r["bucket_index"])
     assert [r["bucket"] for r in rows] == [0, 2, 4, 6, 8, 10]
     assert [r["depth_end"] for r in rows] == [0, 1200, 900, 300, 0, 0]
@@ -120,10 +141,7 @@ def test_queue_series_derives_egress(single: Telemetry) -> None:
 
 
 def test_per_queue(single: Telemetry) -> None:
-    series = aggregate.queue_series(single.samples, 2.0)
-    eps = aggregate.episodes(single.samples)
-    psq = aggregate.per_sidecar_queue(single.samples, single.events)
-    r = one(aggregate.per_queue(single.samples, series, eps, psq, single.events), queue="q")
+    r = one(per_queue(single, 2.0), queue="q")
     assert (r["sidecars"], r["observed_seconds"], r["tripped_seconds"]) == (1, 10, 3)
     assert (r["trips"], r["episodes"], r["open_trips"]) == (1, 1, 0)
     assert (r["depth_p50"], r["depth_p90"], r["depth_p99"], r["peak_overshoot"]) == (
@@ -169,10 +187,7 @@ def fleet(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Tele
 def test_fleet_per_queue_sums_ingress_and_derives_egress(fleet: Telemetry) -> None:
     # buckets of 1 s: ingress 0, 300, 100, 0; egress b2 = 300 - 300 = 0, b3 = 100 - 50 = 50,
     # b4 = 0 + 350 = 350; backlog at b3, b4: drain (50 + 350) / 2 s = 200 B/s.
-    series = aggregate.queue_series(fleet.samples, 1.0)
-    eps = aggregate.episodes(fleet.samples)
-    psq = aggregate.per_sidecar_queue(fleet.samples, fleet.events)
-    r = one(aggregate.per_queue(fleet.samples, series, eps, psq, fleet.events), queue="q")
+    r = one(per_queue(fleet, 1.0), queue="q")
     assert (r["sidecars"], r["samples"], r["ingress_bytes"]) == (2, 8, 400)
     assert (r["observed_seconds"], r["ingress_rate"]) == (4, 100.0)
     assert (r["egress_rate"], r["drain_rate"]) == (400 / 3, 200.0)
@@ -183,14 +198,21 @@ def test_fleet_per_queue_sums_ingress_and_derives_egress(fleet: Telemetry) -> No
 
 
 def test_per_sidecar(fleet: Telemetry) -> None:
-    psq = aggregate.per_sidecar_queue(fleet.samples, fleet.events)
-    df = aggregate.per_sidecar(fleet.sidecars, psq, fleet.events)
+    tb = tables(fleet)
+    df = aggregate.per_sidecar(fleet.sidecars, tb.psq, tb.events)
     s1, s2 = one(df, sidecar="s1"), one(df, sidecar="s2")
     assert (s1["records"], s1["observed_seconds"], s1["queues"]) == (4, 4, 1)
     assert (s1["held_bytes_max"], s1["held_bytes_mean"], s1["alarm_seconds"]) == (100, 25, 1)
     assert (s1["trips"], s1["tripped_queue_seconds"], s1["deadline_expiries"]) == (1, 1, 1)
     assert (s1["ingress_bytes"], s2["ingress_bytes"]) == (200, 200)
     assert (s2["trips"], s2["held_bytes_max"], s2["dropped_records"]) == (0, 0, 3)
+
+
+def test_each_sidecars_share_of_the_fleets_ingress(fleet: Telemetry) -> None:
+    df = psq(fleet)
+    s1, s2 = one(df, sidecar="s1"), one(df, sidecar="s2")
+    assert (s1["ingress_bytes"], s2["ingress_bytes"]) == (200, 200)  # of the queue's 400
+    assert (s1["ingress_share"], s2["ingress_share"]) == (0.5, 0.5)
 
 
 def test_trips_come_from_the_counter(spark: SparkSession, tmp_path: Path) -> None:
@@ -200,9 +222,40 @@ def test_trips_come_from_the_counter(spark: SparkSession, tmp_path: Path) -> Non
             sample("s", 3.0, 0, 0, True, 3), sample("s", 4.0, 0, 0, False, 0),
             sample("s", 5.0, 0, 0, True, 1)]
     t = load(spark, [str(write_ndjson(tmp_path / "t.ndjson", recs))])
-    r = one(aggregate.per_sidecar_queue(t.samples, t.events), queue="q")
+    r = one(psq(t), queue="q")
     assert r["trips"] == 2 + 1 + 0 + 1
-    e = sorted((x.asDict() for x in aggregate.episodes(t.samples).collect()),
+    e = sorted((x.asDict() for x in episodes(t).collect()),
                key=lambda x: x["episode"])
     assert [(x["start_ts"], x["end_ts"], x["closed"]) for x in e] == [
         (3, 4, True), (5, None, False)]
+
+
+def test_quantized_is_exact_below_2_kib_and_within_a_thousandth_above(
+        spark: SparkSession) -> None:
+    values = [0, 1, 2047, 2048, 2049, 4095, 4097, 123_456, 2**31 + 12_345, 2**40 - 1]
+    df = spark.createDataFrame([(v,) for v in values], "v long")
+    got = [r["q"] for r in df.select(aggregate.quantized(F.col("v")).alias("q")).collect()]
+    assert got[:4] == [0, 1, 2047, 2048]
+    for v, q in zip(values, got, strict=True):
+        assert q <= v and v - q < max(v / 1024, 1), (v, q)
+    assert len({q for v, q in zip(values, got, strict=True) if 4096 <= v < 8192}) == 1
+
+
+def test_figures_do_not_depend_on_how_the_samples_are_split(spark: SparkSession,
+                                                            tmp_path: Path) -> None:
+    # Two splits of the same records, each aggregated by a different number of tasks in a
+    # different order: every figure, to the last bit.
+    generate(tmp_path, sidecars=3, hours=0.05, queues=2, seed=5, jitter=True)
+    t = load(spark, [str(tmp_path)])
+    outputs = []
+    for parts, key in ((1, "ts_ms"), (7, "sidecar")):
+        samples = t.samples.repartition(parts, key).sortWithinPartitions(F.desc("ts_ms"))
+        tb = aggregate.Tables.of(samples, t.events.repartition(parts), 5.0)
+        outputs.append((
+            sorted(map(repr, (r.asDict() for r in tb.queues.collect()))),
+            sorted(map(repr, (r.asDict() for r in tb.psq.collect()))),
+            sorted(map(repr, (r.asDict() for r in tb.series.collect())))))
+        tb.unpersist()
+    t.unpersist()
+    assert outputs[0] == outputs[1]
+    assert any("'trips': 0" not in q for q in outputs[0][0])  # the queues did trip

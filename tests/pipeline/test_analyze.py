@@ -64,3 +64,19 @@ def test_floodwall_analyze_command(spark: SparkSession, telemetry: Path, tmp_pat
                                         "--out", str(tmp_path / "x")])
     assert missing.exit_code == 2
     assert "cannot read the telemetry" in missing.output
+
+
+def test_figures_and_recommendations_do_not_move_with_the_plot_resolution(
+        spark: SparkSession, telemetry: Path, tmp_path: Path) -> None:
+    # make demo's report draws at 1 s, a plain analyze at 5 s: the same advice, to the byte
+    # (the plots are the only use of the resolution: each run draws them)
+    runs = {res: analyze([str(telemetry)], tmp_path / f"r{res:g}", spark=spark, resolution=res)
+            for res in (1.0, 5.0, 30.0)}
+    for name in ("recommended-policies.yaml", "summary.json"):
+        texts = {res: (a.out / name).read_bytes() for res, a in runs.items()}
+        assert texts[1.0] == texts[5.0] == texts[30.0], name
+    yaml = runs[1.0].policies.read_text()
+    assert "Rates in 5s buckets (whatever the report's --resolution)" in yaml
+    assert any(r.changed for r in runs[1.0].recommendations)  # there is advice to move
+    for res, a in runs.items():  # the plots' own
+        assert f"{res:g}s buckets" in (a.out / "report.html").read_text()
