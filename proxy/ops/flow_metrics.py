@@ -131,8 +131,16 @@ class FlowCollector(Collector):
         self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
-        c, s, now = self.controller, self.stats, self.clock()
-        g = self.counters
+        c, s = self.controller, self.stats
+        yield from self._queues(c, self.clock())
+        yield from self._gates(c, self.counters)
+        yield from self._management(s)
+        yield from self._topology(c, s)
+        yield from self._policies(s)
+
+    @staticmethod
+    def _queues(c: FlowController, now: float) -> Iterator[Metric]:
+        """Per policed queue: depth, limits, trips, overshoot."""
         depth_bytes = GaugeMetricFamily(
             "floodwall_queue_depth_bytes",
             "Message-body bytes in a policed queue: the broker's last figure or the estimate",
@@ -179,6 +187,11 @@ class FlowCollector(Collector):
         yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
                     trips, overshoot_messages, overshoot_bytes)
 
+
+    @staticmethod
+    def _gates(c: FlowController, g: GateCounters) -> Iterator[Metric]:
+        """What the gates hold and did: blocked channels, held publishes, signals, refusals;
+        the broker alarm."""
         yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
                                 value=len(c.queues))
         yield GaugeMetricFamily("floodwall_blocked_channels",
@@ -204,6 +217,10 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily("floodwall_broker_alarm",
                                 "1 while the broker has a memory or disk alarm",
                                 value=1 if c.alarm_reason is not None else 0)
+
+    @staticmethod
+    def _management(s: FlowStats) -> Iterator[Metric]:
+        """The management API and the own connections."""
         yield CounterMetricFamily("floodwall_management_requests",
                                   "Requests made to the broker's management API",
                                   value=s.management_requests)
@@ -219,7 +236,10 @@ class FlowCollector(Collector):
         yield CounterMetricFamily("floodwall_own_connection_failures",
                                   "The proxy's own AMQP connections that failed or were lost",
                                   value=s.own_connection_failures)
-        yield from self._topology(c, s)
+
+    @staticmethod
+    def _policies(s: FlowStats) -> Iterator[Metric]:
+        """Reloads and entries of the policy file."""
         reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
                                       labels=["result"])
         for result in ("ok", "error"):
@@ -228,7 +248,6 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily("floodwall_policies_loaded",
                                 "Policy and per-vhost defaults entries in effect",
                                 value=len(s.policies.policies) + len(s.policies.defaults))
-
 
     @staticmethod
     def _topology(c: FlowController, s: FlowStats) -> Iterator[Metric]:
