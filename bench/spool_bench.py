@@ -118,7 +118,7 @@ async def append_round(root: Path, mib: int) -> dict[str, float]:
     count = mib * 1024 * 1024 // BODY
     hdr = header(BODY)
     payload = body(0)
-    append = svc.append  # the gates' spool port
+    append = svc.port.append  # the gates' spool port
     started = time.perf_counter()
     cpu0 = time.process_time()
     for i in range(count):

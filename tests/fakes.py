@@ -9,7 +9,6 @@ drained, an alarm cleared, a lookup answered) calls ``board.settle()``, as io/ d
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -19,7 +18,7 @@ from floodwall.control.events import ChannelFreed
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.ports import SpoolRefused
 from floodwall.enforce.shared import ConnectionGate, Enforcement
-from floodwall.spool.log import SpoolError
+from floodwall.io.spool import DiskSpoolPort
 from floodwall.spool.manager import SpoolManager
 from floodwall.spool.records import SpoolRecord
 
@@ -83,30 +82,16 @@ class FakeSpool:
         return len(queue)
 
 
-class DiskSpool:
-    """The spool port over a real ``SpoolManager``, as ``floodwall.io.spool.SpoolService``
-    implements it (without the group commit): an append also marks the queue backlogged."""
+def DiskSpool(manager: SpoolManager,
+              controller: FlowController | None = None) -> DiskSpoolPort:
+    """The spool port over a real ``SpoolManager``, as ``floodwall.io.spool`` makes it (without
+    the group commit): with a controller, an append marks the queue backlogged, as the
+    service does."""
+    def appended(key: QueueKey) -> None:
+        if controller is not None:
+            controller.set_backlog(key, True)
 
-    def __init__(self, manager: SpoolManager, controller: FlowController | None = None) -> None:
-        self.manager = manager
-        self.controller = controller
-
-    @property
-    def accepting(self) -> bool:
-        return self.manager.accepting
-
-    def has_backlog(self, key: QueueKey) -> bool:
-        return self.manager.has_backlog(key)
-
-    def append(self, key: QueueKey, record: SpoolRecord, max_bytes: int) -> int:
-        try:
-            seq = self.manager.append(key, dataclasses.replace(record, accepted_at=time.time()),
-                                      max_bytes)
-        except SpoolError as exc:
-            raise SpoolRefused(str(exc)) from None
-        if self.controller is not None:
-            self.controller.set_backlog(key, True)
-        return seq
+    return DiskSpoolPort(manager, appended)
 
 
 class Core(Protocol):
@@ -118,7 +103,7 @@ class Board:
     the controller's freed channels to the gates and keeps every event it was handed."""
 
     def __init__(self, controller: FlowController, clock: Clock,
-                 spool: FakeSpool | DiskSpool | None = None) -> None:
+                 spool: FakeSpool | DiskSpoolPort | None = None) -> None:
         self.controller = controller
         self.clock = clock
         self.enforcement = Enforcement(controller, GateCounters(), spool)

@@ -38,10 +38,6 @@ def test_the_product_has_classes_and_functions() -> None:
     assert kinds == {"class", "function"}
 
 
-# Issue 13's target, not met yet: the gates, the supervisor and the cores are split in its
-# later phases (docs/architecture.md, "What is left of the restructuring"). Strict: the
-# marker must go the day the limits hold.
-@pytest.mark.xfail(strict=True, reason="issue 13: the splits of phases C-E are not done yet")
 @pytest.mark.parametrize(("kind", "limit"), [("class", MAX_CLASS_LINES),
                                              ("function", MAX_FUNCTION_LINES)])
 def test_nothing_is_longer_than_its_limit(kind: str, limit: int) -> None:

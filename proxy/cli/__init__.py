@@ -44,6 +44,7 @@ from floodwall.ops.config import (
     ManagementTls,
     ProxySettings,
     TlsVersion,
+    UpstreamTls,
     parse_hostport,
 )
 from floodwall.ops.logs import setup_logging
@@ -256,66 +257,69 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             upstream_tls_min_version=upstream_tls_min_version,
             upstream_tls_sasl_external=upstream_tls_sasl_external,
             relay_external=upstream_tls_relay_external)
-        plain_listener = None if listen.strip().lower() == "off" else parse_hostport(
-            listen, "--listen")
-        tls_listener = parse_hostport(listen_tls, "--listen-tls") if listen_tls else None
-        listener_tls = None
-        if tls_listener is not None:
-            listener_tls = ListenerTls.checked(
-                Path(listen_tls_cert) if listen_tls_cert else None,
-                Path(listen_tls_key) if listen_tls_key else None,
-                Path(listen_tls_client_ca) if listen_tls_client_ca else None,
-                TlsVersion.parse(listen_tls_min_version, "--listen-tls-min-version"))
-        elif listen_tls_cert or listen_tls_key or listen_tls_client_ca:
-            raise ConfigError("--listen-tls-cert/-key/-client-ca given without --listen-tls "
-                              "HOST:PORT")
-        if plain_listener is None and tls_listener is None:
-            raise ConfigError("--listen off needs --listen-tls: clients must connect somewhere")
-        management_tls = None
-        if management_tls_ca or management_tls_cert or management_tls_key:
-            management_tls = ManagementTls.checked(
-                Path(management_tls_ca) if management_tls_ca else (
-                    upstream_tls.ca if upstream_tls is not None else None),
-                Path(management_tls_cert) if management_tls_cert else None,
-                Path(management_tls_key) if management_tls_key else None)
+        plain_listener, tls_listener, listener_tls = _listeners(
+            listen, listen_tls, listen_tls_cert, listen_tls_key, listen_tls_client_ca,
+            listen_tls_min_version)
+        management_tls = _management_tls(management_tls_ca, management_tls_cert,
+                                         management_tls_key, upstream_tls)
+        admin_at = None if admin.lower() == "off" else parse_hostport(admin, "--admin",
+                                                                       "127.0.0.1")
         settings = ProxySettings(
-            listen=plain_listener,
-            upstream=upstream_address,
-            admin=None if admin.lower() == "off" else parse_hostport(admin, "--admin",
-                                                                      "127.0.0.1"),
-            management_url=management,
-            upstream_tls=upstream_tls,
-            listen_tls=tls_listener,
-            listener_tls=listener_tls,
-            management_tls=management_tls,
-            credentials=credentials,
+            listen=plain_listener, upstream=upstream_address, admin=admin_at,
+            management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
+            listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
-            policies=Path(policies) if policies else None,
-            depth_interval=depth_interval,
-            management_interval=management_interval,
-            topology_interval=topology_interval,
-            topology_events=topology_events == "on",
-            alarm_interval=alarm_interval,
+            policies=Path(policies) if policies else None, depth_interval=depth_interval,
+            management_interval=management_interval, topology_interval=topology_interval,
+            topology_events=topology_events == "on", alarm_interval=alarm_interval,
             management_timeout=management_timeout,
-            management_connections=management_connections,
-            hold_budget=hold_budget,
+            management_connections=management_connections, hold_budget=hold_budget,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
-            telemetry_interval=telemetry_interval,
-            telemetry_file_bytes=telemetry_file_size,
-            telemetry_file_age=telemetry_file_age,
-            telemetry_total_bytes=telemetry_max_total,
-            spool_dir=Path(spool_dir) if spool_dir else None,
-            spool_total_max=spool_total_max,
-            spool_min_free=spool_min_free,
-            connect_timeout=connect_timeout,
-            handshake_timeout=handshake_timeout,
-            drain_timeout=drain_timeout,
-            event_loop=event_loop,
-        )
+            telemetry_interval=telemetry_interval, telemetry_file_bytes=telemetry_file_size,
+            telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,
+            spool_dir=Path(spool_dir) if spool_dir else None, spool_total_max=spool_total_max,
+            spool_min_free=spool_min_free, connect_timeout=connect_timeout,
+            handshake_timeout=handshake_timeout, drain_timeout=drain_timeout,
+            event_loop=event_loop)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if telemetry_max_total < telemetry_file_size:
         raise click.UsageError("--telemetry-max-total must be at least --telemetry-file-size")
+    _run(settings)
+
+
+def _listeners(listen: str, listen_tls: str | None, cert: str | None, key: str | None,
+               client_ca: str | None, min_version: str
+               ) -> tuple[tuple[str, int] | None, tuple[str, int] | None, ListenerTls | None]:
+    """--listen and --listen-tls: the plain address (None: off), the TLS one, its TLS."""
+    plain = None if listen.strip().lower() == "off" else parse_hostport(listen, "--listen")
+    tls_listener = parse_hostport(listen_tls, "--listen-tls") if listen_tls else None
+    listener_tls = None
+    if tls_listener is not None:
+        listener_tls = ListenerTls.checked(
+            Path(cert) if cert else None, Path(key) if key else None,
+            Path(client_ca) if client_ca else None,
+            TlsVersion.parse(min_version, "--listen-tls-min-version"))
+    elif cert or key or client_ca:
+        raise ConfigError("--listen-tls-cert/-key/-client-ca given without --listen-tls "
+                          "HOST:PORT")
+    if plain is None and tls_listener is None:
+        raise ConfigError("--listen off needs --listen-tls: clients must connect somewhere")
+    return plain, tls_listener, listener_tls
+
+
+def _management_tls(ca: str | None, cert: str | None, key: str | None,
+                    upstream_tls: UpstreamTls | None) -> ManagementTls | None:
+    """--management-tls-*: the upstream's CA unless one is given; None without any."""
+    if not (ca or cert or key):
+        return None
+    return ManagementTls.checked(
+        Path(ca) if ca else (upstream_tls.ca if upstream_tls is not None else None),
+        Path(cert) if cert else None, Path(key) if key else None)
+
+
+def _run(settings: ProxySettings) -> None:
+    """Run the proxy; a file it cannot use (policies, spool dir, TLS) refuses the start."""
     from floodwall.io.app import run_proxy
     from floodwall.spool.log import SpoolError
 

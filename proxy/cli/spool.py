@@ -29,7 +29,11 @@ from floodwall.spool.manager import QueueKey, SpoolManager
 from floodwall.spool.records import SpoolRecord
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from floodwall.io.spool import SessionResult
+    from floodwall.io.tls import UpstreamTlsContext
+    from floodwall.spool.log import QueueSpool
 
 _DIR_OPTION = click.option(
     "--spool-dir", "spool_dir", required=True, envvar="FLOODWALL_SPOOL_DIR",
@@ -101,6 +105,50 @@ def _summary_doc(s: QueueSummary, now: float) -> dict[str, object]:
             "torn_tail_bytes": s.torn_tail_bytes, "problems": list(s.problems)}
 
 
+def _replay_run(qspool: QueueSpool, host: str, port: int, credentials: AmqpCredentials,
+                vhost: str, queue: str, tls: UpstreamTlsContext | None, original_routing: bool,
+                window: int) -> Coroutine[Any, Any, SessionResult]:
+    """The replay session of ``floodwall spool replay``: its own 0-9-1 connection (and a 1.0
+    one when a record needs it), to the queue itself unless ``original_routing``."""
+    from floodwall.io.amqp10_client import Amqp10Client
+    from floodwall.io.amqp_client import AmqpClient
+    from floodwall.io.spool import Amqp10Records, queue_exists, replay_session
+
+    def target(rec: SpoolRecord) -> tuple[str, str]:
+        return (rec.exchange, rec.routing_key) if original_routing else ("", queue)
+
+    def address(rec: SpoolRecord) -> str:  # an AMQP 1.0 record's
+        return rec.address if original_routing else f"/amq/queue/{queue}"
+
+    async def run() -> SessionResult:
+        client = AmqpClient(host, port, credentials.username, credentials.password, vhost,
+                            tls=tls)
+        client10: Amqp10Client | None = None
+
+        async def connect10() -> Amqp10Client:
+            nonlocal client10
+            if client10 is None:
+                client10 = Amqp10Client(host, port, credentials.username,
+                                        credentials.password, vhost, tls=tls)
+                await client10.connect(10.0)
+            return client10
+
+        records10 = Amqp10Records(connect10, address, 10.0)
+        await client.connect()
+        try:
+            publisher = await client.open_publisher(window)
+            return await replay_session(
+                qspool, publisher, target, lambda: None, amqp10=records10,
+                queue_exists=lambda: queue_exists(client, queue))
+        finally:
+            await records10.close()
+            if client10 is not None:
+                await client10.close()
+            await client.close()
+
+    return run()
+
+
 @spool.command()
 @click.argument("queue")
 @_DIR_OPTION
@@ -148,9 +196,7 @@ def show(queue: str, spool_dir: str, vhost: str, limit: int, peek: int) -> None:
 def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routing: bool,
            window: int, **tls_options: Any) -> None:
     """Publish QUEUE's spooled records to the broker with confirms; delete as confirmed."""
-    from floodwall.io.amqp10_client import Amqp10Client
-    from floodwall.io.amqp_client import AmqpClient, AmqpClientError
-    from floodwall.io.spool import Amqp10Records, queue_exists, replay_session
+    from floodwall.io.amqp_client import AmqpClientError
     from floodwall.io.tls import UpstreamTlsContext
 
     root = Path(spool_dir)
@@ -174,40 +220,10 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
                    f"(vhost {vhost!r}) to {'amqps://' if tls else ''}{host}:{port}")
         started = time.monotonic()
 
-        def target(rec: SpoolRecord) -> tuple[str, str]:
-            return (rec.exchange, rec.routing_key) if original_routing else ("", queue)
-
-        def address(rec: SpoolRecord) -> str:  # an AMQP 1.0 record's
-            return rec.address if original_routing else f"/amq/queue/{queue}"
-
-        async def run() -> SessionResult:
-            client = AmqpClient(host, port, credentials.username, credentials.password, vhost,
-                                tls=tls)
-            client10: Amqp10Client | None = None
-
-            async def connect10() -> Amqp10Client:
-                nonlocal client10
-                if client10 is None:
-                    client10 = Amqp10Client(host, port, credentials.username,
-                                            credentials.password, vhost, tls=tls)
-                    await client10.connect(10.0)
-                return client10
-
-            records10 = Amqp10Records(connect10, address, 10.0)
-            await client.connect()
-            try:
-                publisher = await client.open_publisher(window)
-                return await replay_session(
-                    qspool, publisher, target, lambda: None, amqp10=records10,
-                    queue_exists=lambda: queue_exists(client, queue))
-            finally:
-                await records10.close()
-                if client10 is not None:
-                    await client10.close()
-                await client.close()
-
+        run = _replay_run(qspool, host, port, credentials, vhost, queue, tls,
+                          original_routing, window)
         try:
-            result = asyncio.run(run())
+            result = asyncio.run(run)
         except (AmqpClientError, OSError, TimeoutError) as exc:
             raise click.ClickException(f"broker {host}:{port}: {exc}") from None
         seconds = time.monotonic() - started

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from floodwall.control.blocks import Blocked, BlockTable
 from floodwall.control.depth import Depth, ManagementSample, QueueDepth
 from floodwall.control.events import (
     AlarmCleared,
@@ -69,17 +70,6 @@ class PolicedQueue:
         return self.tripped_seconds + open_interval
 
 
-@dataclass(frozen=True)
-class Blocked:
-    """One blocked channel, for /state and logs."""
-
-    conn_id: int
-    channel: int
-    queues: frozenset[QueueKey]
-    since: float
-    starved_since: float | None = None  # 1.0: out of link credit since (None: has some)
-
-
 class Router(Protocol):
     """Destination to queues (floodwall.control.routing.Topology)."""
 
@@ -112,13 +102,11 @@ class FlowController:
         self._tripped: set[QueueKey] = set()
         # Queues with spooled backlog: what cannot join the spool waits behind it (FIFO).
         self._backlogged: set[QueueKey] = set()
-        self._blocked: dict[tuple[int, int], set[QueueKey]] = {}
-        self._blocked_since: dict[tuple[int, int], float] = {}
+        self._blocked = BlockTable()
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
         # The latest ``now`` an entry point was given: a close (which carries no time) ends
         # its hold at it, so a hold-time ends within one controller call of the truth.
         self._now = 0.0
-        self._starved_since: dict[tuple[int, int], float] = {}  # see starved()
         self.alarm_reason: str | None = None
         # What happened, for the I/O layer to take (``take_output``), in order.
         self.outbox: list[ControlOutput] = []
@@ -308,11 +296,8 @@ class FlowController:
         """Connection ``conn`` is gone: none of its channels is blocked any more.
 
         ``now`` ends their holds (None: the latest time the controller was given)."""
-        for ref in [r for r in self._blocked if r[0] == conn]:
-            self._hold_ended(ref, "closed", self._now if now is None else now)
-            self._blocked.pop(ref, None)
-            self._blocked_since.pop(ref, None)
-            self._starved_since.pop(ref, None)
+        for ref in self._blocked.of_connection(conn):
+            self._unblock(ref, "closed", self._now if now is None else now)
 
     def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float) -> bool:
         """Block ``channel`` on ``queues``; True if it was not blocked before.
@@ -329,17 +314,12 @@ class FlowController:
         self.holds.blocked(ref, frozenset(
             {self.queues[k].policy.name for k in still if k in self.queues}
             | ({ALARM_LABEL} if ALARM in still else set())))
-        blocked_on = self._blocked.get(ref)
-        if blocked_on is None:
-            self._blocked[ref] = still
-            self._blocked_since[ref] = now
-            return True
-        blocked_on |= still
-        return False
+        return self._blocked.add(ref, still, now)
 
-    def _hold_ended(self, ref: tuple[int, int], outcome: str, now: float) -> None:
-        """Where a hold ends (a release, a close): its time into ``holds``."""
-        since = self._blocked_since.get(ref)
+    def _unblock(self, ref: tuple[int, int], outcome: str, now: float) -> None:
+        """Where a hold ends (a release, a close): ``ref`` is blocked no more, the hold's
+        time goes into ``holds``."""
+        since = self._blocked.remove(ref)
         self.holds.ended(ref, None if since is None else now - since, outcome)
 
     def is_blocked(self, conn: int, channel: int) -> bool:
@@ -347,7 +327,7 @@ class FlowController:
 
     def blocked_on(self, conn: int, channel: int) -> frozenset[QueueKey]:
         """The queues ``channel`` waits on (empty when it is not blocked)."""
-        return frozenset(self._blocked.get((conn, channel), _NOTHING))
+        return self._blocked.on((conn, channel))
 
     @property
     def blocked_count(self) -> int:
@@ -355,22 +335,15 @@ class FlowController:
 
     def starved(self, conn: int, channel: int, since: float) -> None:
         """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
-        ref = (conn, channel)
-        if ref in self._blocked:
-            self._starved_since[ref] = since
+        self._blocked.starved((conn, channel), since)
 
     def channel_closed(self, conn: int, channel: int, now: float | None = None) -> None:
         """``channel`` is gone (closed, refused, its link detached): its hold ends at ``now``
         (None: the latest time the controller was given)."""
-        self._hold_ended((conn, channel), "closed", self._now if now is None else now)
-        self._blocked.pop((conn, channel), None)
-        self._blocked_since.pop((conn, channel), None)
-        self._starved_since.pop((conn, channel), None)
+        self._unblock((conn, channel), "closed", self._now if now is None else now)
 
     def blocked_channels(self) -> list[Blocked]:
-        return [Blocked(ref[0], ref[1], frozenset(qs), self._blocked_since[ref],
-                        self._starved_since.get(ref))
-                for ref, qs in self._blocked.items()]
+        return self._blocked.views()
 
     # -- depth and alarms --------------------------------------------------------------
     def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,
@@ -484,21 +457,12 @@ class FlowController:
                 self._released(q.key, now)
 
     def _publishers_of(self, key: QueueKey) -> str:
-        return ",".join(f"{c}/{ch}" for (c, ch), qs in self._blocked.items() if key in qs)
+        return ",".join(f"{c}/{ch}" for c, ch in self._blocked.waiting_on(key))
 
     def _released(self, key: QueueKey, now: float) -> None:
         """Drop ``key`` from every blocked set; a channel whose set empties is freed."""
-        freed: list[tuple[int, int]] = []
-        for ref, qs in self._blocked.items():
-            if key in qs:
-                qs.discard(key)
-                if not qs:
-                    freed.append(ref)
-        for ref in freed:
-            self._hold_ended(ref, "released", now)
-            del self._blocked[ref]
-            self._blocked_since.pop(ref, None)
-            self._starved_since.pop(ref, None)
+        for ref in self._blocked.drop_queue(key):
+            self._unblock(ref, "released", now)
             self.outbox.append(ChannelFreed(*ref))
 
     # -- views -------------------------------------------------------------------------

@@ -20,14 +20,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pika
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from floodwall.control.policy import format_bytes, load_policies
-from floodwall.dev.devbroker import LocalBroker
+from floodwall.control.policy import Policy, format_bytes, load_policies
+from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
 from floodwall.dev.devproxy import ProxyProcess
 
 QUEUE = "demo.orders"
@@ -106,7 +107,7 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--produce-rate", type=float, default=100.0)
@@ -114,7 +115,11 @@ def main() -> None:
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--policies", type=Path, default=Path("policies/demo.yaml"))
     parser.add_argument("--out", type=Path, default=Path("demo-output"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
 
     console = Console()
     out: Path = args.out
@@ -132,24 +137,7 @@ def main() -> None:
                           "--management", broker.management_url,
                           "--telemetry-dir", str(out / "telemetry")])
     try:
-        proxy.start()
-        # As in production, the queue is declared by the consumer's side straight at the
-        # broker, after floodwall started: floodwall learns it from the broker's topology
-        # events (the rabbitmq_event_exchange plugin, enabled on this broker).
-        setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1",
-                                                                  broker.amqp_port))
-        setup.channel().queue_declare(QUEUE, durable=False)
-        setup.close()
-        console.print(f"broker on :{broker.amqp_port}, floodwall on :{proxy.port} "
-                      f"(admin {proxy.admin_url}), policy: {QUEUE} capacity "
-                      f"{format_bytes(capacity)}, resume "
-                      f"{format_bytes(policy.resume if policy else 0)}")
-        console.print(f"{QUEUE} declared at the broker after floodwall started; "
-                      f"{_topology_line(proxy)}")
-        probe = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1",
-                                                                  broker.amqp_port))
-        probe_ch = probe.channel()
-
+        probe, probe_ch = _start(console, proxy, broker, policy, capacity)
         rates, stop_producer, stop_consumer = Rates(), threading.Event(), threading.Event()
         producer = threading.Thread(target=_producer, args=(proxy.port, args.produce_rate,
                                                             args.body_size, stop_producer,
@@ -158,26 +146,7 @@ def main() -> None:
                                                             stop_consumer, rates))
         producer.start()
         consumer.start()
-        samples: list[dict[str, float]] = []
-        started = time.monotonic()
-        last = (0, 0, started)
-        with Live(console=console, refresh_per_second=4) as live:
-            while time.monotonic() - started < args.seconds:
-                time.sleep(1.0)
-                now = time.monotonic()
-                with rates.lock:
-                    pub, con = rates.published, rates.consumed
-                ready = probe_ch.queue_declare(QUEUE, passive=True).method.message_count
-                metrics = proxy.get("/metrics").decode()
-                dt = now - last[2]
-                row = {"t": round(now - started, 1), "publish_rate": (pub - last[0]) / dt,
-                       "consume_rate": (con - last[1]) / dt, "queue_messages": ready,
-                       "queue_bytes": ready * args.body_size,
-                       "tripped": _metric(metrics, "floodwall_queue_tripped"),
-                       "held_messages": _metric(metrics, "floodwall_held_messages")}
-                samples.append(row)
-                last = (pub, con, now)
-                live.update(_table(samples, args, capacity))
+        samples = _watch(console, proxy, probe_ch, rates, args, capacity)
         # The producer may be waiting on a held publish: the consumer keeps draining until
         # the queue releases it and the producer has stopped.
         stop_producer.set()
@@ -203,6 +172,57 @@ def main() -> None:
     console.print()
     if run_analysis([str(out / "telemetry")], out / "report", resolution=1.0) == 0:
         console.print(f"[bold]report of this run[/]: {out / 'report' / 'report.html'}")
+
+
+def _start(console: Console, proxy: ProxyProcess, broker: BrokerEndpoint,
+           policy: Policy | None, capacity: int) -> tuple[Any, Any]:
+    """Start floodwall, declare the queue at the broker after it (as in production), and open
+    the probe connection that counts the queue; (connection, channel)."""
+    proxy.start()
+    # As in production, the queue is declared by the consumer's side straight at the
+    # broker, after floodwall started: floodwall learns it from the broker's topology
+    # events (the rabbitmq_event_exchange plugin, enabled on this broker).
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1",
+                                                              broker.amqp_port))
+    setup.channel().queue_declare(QUEUE, durable=False)
+    setup.close()
+    console.print(f"broker on :{broker.amqp_port}, floodwall on :{proxy.port} "
+                  f"(admin {proxy.admin_url}), policy: {QUEUE} capacity "
+                  f"{format_bytes(capacity)}, resume "
+                  f"{format_bytes(policy.resume if policy else 0)}")
+    console.print(f"{QUEUE} declared at the broker after floodwall started; "
+                  f"{_topology_line(proxy)}")
+    probe = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1",
+                                                              broker.amqp_port))
+    probe_ch = probe.channel()
+
+    return probe, probe_ch
+
+
+def _watch(console: Console, proxy: ProxyProcess, probe_ch: Any, rates: Rates,
+           args: argparse.Namespace, capacity: int) -> list[dict[str, float]]:
+    """One row a second for ``--seconds``: the rates, the queue, whether it is tripped."""
+    samples: list[dict[str, float]] = []
+    started = time.monotonic()
+    last = (0, 0, started)
+    with Live(console=console, refresh_per_second=4) as live:
+        while time.monotonic() - started < args.seconds:
+            time.sleep(1.0)
+            now = time.monotonic()
+            with rates.lock:
+                pub, con = rates.published, rates.consumed
+            ready = probe_ch.queue_declare(QUEUE, passive=True).method.message_count
+            metrics = proxy.get("/metrics").decode()
+            dt = now - last[2]
+            row = {"t": round(now - started, 1), "publish_rate": (pub - last[0]) / dt,
+                   "consume_rate": (con - last[1]) / dt, "queue_messages": ready,
+                   "queue_bytes": ready * args.body_size,
+                   "tripped": _metric(metrics, "floodwall_queue_tripped"),
+                   "held_messages": _metric(metrics, "floodwall_held_messages")}
+            samples.append(row)
+            last = (pub, con, now)
+            live.update(_table(samples, args, capacity))
+    return samples
 
 
 def _topology_line(proxy: ProxyProcess, timeout: float = 5.0) -> str:

@@ -17,13 +17,13 @@ import floodwall
 from floodwall.dev.devbroker import free_port
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None, root: Path | None = None) -> dict[str, str]:
     """The environment for a ``python -m floodwall`` child: this one's, with the folder this
-    process imported ``floodwall`` from first on the path, so the child runs the same code
-    (a checkout's, where an installed floodwall would otherwise win)."""
+    process imported ``floodwall`` from (or ``root``, another checkout) first on the path,
+    so the child runs that code, where an installed floodwall would otherwise win."""
     env = {**os.environ, **(extra or {})}
-    root = str(Path(floodwall.__file__).parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    first = str(root or Path(floodwall.__file__).parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (first, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -42,18 +42,23 @@ class ProxyProcess:
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    # Another checkout to run (a benchmark's baseline), and the module it runs as there
+    # (``proxy`` before the import name was floodwall); None: this process's floodwall.
+    root: Path | None = None
+    module: str = "floodwall"
 
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout: float = 30.0, wait_ready: bool = True) -> ProxyProcess:
-        cmd = [sys.executable, "-m", "floodwall", "run",
+        cmd = [sys.executable, "-m", self.module, "run",
                "--listen", f"127.0.0.1:{self.port}", "--upstream", self.upstream,
                "--admin", f"127.0.0.1:{self.admin_port}", *self.extra_args]
         log = open(self.logfile, "ab")
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=child_env(self.env))
+                                        stdin=subprocess.DEVNULL,
+                                        env=child_env(self.env, self.root), cwd=self.root)
         log.close()
         deadline = time.monotonic() + timeout
         path = "/readyz" if wait_ready else "/healthz"

@@ -79,6 +79,8 @@ def decide(vhost: str, names: frozenset[str], blocking: frozenset[QueueKey],
     now). Otherwise nothing blocking and nothing ahead of it: pass; a blocking queue whose
     policy says ``reject``: reject; else hold.
     """
+    if not blocking and not behind and spool is None:  # the common case, first
+        return PASS
     if spool is not None and not lookup and not behind and len(names) == 1 \
             and ALARM not in blocking:
         key = _spool_target(vhost, names, blocking, queues, spool)

@@ -450,82 +450,23 @@ class Amqp10Sender:
         self.lost("closed")
 
 
-class Amqp10Client(BatchedWrites):
-    """One connection with one session; ``await connect()``, ``open_sender()``, ``close()``."""
+class Amqp10Reading(BatchedWrites):
+    """What the proxy's own 1.0 connection does with what the broker sends (``Amqp10Client``
+    extends it): flows, dispositions, detaches, the close; a broken connection fails every
+    sender and every delivery waiting for its outcome."""
 
-    def __init__(self, host: str, port: int, username: str, password: str, vhost: str,
-                 container_id: str = "floodwall-spool-replay", idle_timeout: float = 60.0,
-                 tls: UpstreamTlsContext | None = None) -> None:
-        """``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
-        EXTERNAL (the user is the client certificate's), else PLAIN (ANONYMOUS without a
-        username)."""
-        self.host, self.port, self.vhost = host, port, vhost
-        self.tls = tls
-        self.container_id = container_id
-        self._username, self._password = username, password
-        self._idle_timeout = idle_timeout  # ours: the broker must send something this often
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._read_task: asyncio.Task[None] | None = None
-        self._beat_task: asyncio.Task[None] | None = None
-        self.max_frame_size = MIN_MAX_FRAME_SIZE  # the broker's, once it opened
-        self.broker_open: Open | None = None
-        self.broker_begin: Begin | None = None
-        self.handle_max = 0xFFFFFFFF
-        self.session = SessionWindow()
-        self._senders: dict[int, Amqp10Sender] = {}  # by our handle
-        self._by_remote: dict[int, Amqp10Sender] = {}  # by the broker's handle
-        self._unsettled: dict[int, _Pending] = {}  # by delivery-id
-        self._changed = asyncio.Event()
-        self._init_writes()
-        self._closing = False
-        self._peer_closed: asyncio.Event | None = None
-        self.closed_reason: str | None = None
-
-    @property
-    def connected(self) -> bool:
-        return (self._writer is not None and self.closed_reason is None
-                and not self._closing and self.broker_begin is not None)
-
-    # -- connecting ----------------------------------------------------------------------
-    async def connect(self, timeout: float) -> None:
-        """TCP, SASL, open (hostname ``vhost:<vhost>``, RabbitMQ's way to pick a vhost) and
-        one session. Raises AmqpClientError (refused, with the broker's reason), OSError or
-        TimeoutError; on failure the socket is closed."""
-        try:
-            async with asyncio.timeout(timeout):
-                reader, writer = await open_upstream(self.host, self.port, self.tls)
-                self._reader, self._writer = reader, writer
-                try:
-                    await self._sasl()
-                    await self._open()
-                except asyncio.IncompleteReadError:
-                    raise AmqpClientError(
-                        "broker closed the connection during the handshake") from None
-                except OSError as exc:  # TLS 1.3: a refused certificate shows after it
-                    raise tls_error(exc, self.tls, self.host) from None
-        except BaseException:
-            if self._writer is not None:
-                self._writer.close()
-            self.closed_reason = self.closed_reason or "connect failed"
-            raise
-        self._peer_closed = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        self._read_task = loop.create_task(self._read_forever(), name="amqp10-client-read")
-        idle = self.broker_open.idle_time_out if self.broker_open else None
-        if idle:
-            self._beat_task = loop.create_task(self._beat_forever(idle / 2000),
-                                               name="amqp10-client-beat")
-
-    async def _header(self, expected: bytes) -> None:
-        assert self._reader is not None
-        try:
-            got = await self._reader.readexactly(HEADER_SIZE)
-        except asyncio.IncompleteReadError as exc:
-            raise AmqpClientError(f"broker closed the connection instead of answering the "
-                                  f"protocol header (got {exc.partial!r})") from None
-        if got != expected:
-            raise AmqpClientError(f"broker answered protocol header {got!r}, not {expected!r}")
+    _reader: asyncio.StreamReader | None
+    _writer: asyncio.StreamWriter | None
+    _idle_timeout: float
+    max_frame_size: int
+    session: SessionWindow
+    _senders: dict[int, Amqp10Sender]
+    _by_remote: dict[int, Amqp10Sender]
+    _unsettled: dict[int, _Pending]
+    _changed: asyncio.Event
+    _closing: bool
+    _peer_closed: asyncio.Event | None
+    closed_reason: str | None
 
     async def _read_frame(self, limit: int, frame_type: int) -> tuple[int | None, list[object]]:
         """The next frame: its performative code (None: a heartbeat) and fields."""
@@ -545,111 +486,6 @@ class Amqp10Client(BatchedWrites):
             raise AmqpClientError(f"undecodable frame from broker: {exc}") from None
         return code, fields
 
-    async def _sasl(self) -> None:
-        assert self._writer is not None
-        self._writer.write(SASL_HEADER)
-        await self._header(SASL_HEADER)
-        code, fields = await self._read_frame(MIN_MAX_FRAME_SIZE, SASL_FRAME)
-        if code != SASL_MECHANISMS:
-            raise AmqpClientError(f"expected sasl-mechanisms, got performative {code}")
-        offered = _mechanisms(fields)
-        external = self.tls is not None and self.tls.settings.sasl_external
-        mechanism = "EXTERNAL" if external else "PLAIN" if self._username else "ANONYMOUS"
-        if mechanism not in offered:
-            raise AmqpClientError(f"broker does not offer SASL {mechanism} (offers {offered})")
-        response = (f"\0{self._username}\0{self._password}".encode()
-                    if mechanism == "PLAIN" else b"")
-        self._writer.write(frame(encode_performative(
-            SASL_INIT, mechanism=Symbol(mechanism), initial_response=response,
-            hostname=self.host), 0, SASL_FRAME))
-        code, fields = await self._read_frame(MIN_MAX_FRAME_SIZE, SASL_FRAME)
-        if code != SASL_OUTCOME:
-            raise AmqpClientError(f"expected sasl-outcome, got performative {code}")
-        try:
-            outcome = SaslOutcome.from_fields(fields)
-        except ProtocolError as exc:
-            raise AmqpClientError(f"undecodable sasl-outcome: {exc}") from None
-        if outcome.code != SASL_OK:
-            raise AmqpClientError(
-                f"broker refused SASL {mechanism} login"
-                f"{f' for {self._username!r}' if self._username else ''}: sasl-outcome "
-                f"{outcome.code} ({SASL_CODES.get(outcome.code, 'unknown')})")
-
-    async def _open(self) -> None:
-        assert self._writer is not None
-        self._writer.write(AMQP_HEADER + frame(encode_performative(
-            OPEN, container_id=self.container_id, hostname=f"vhost:{self.vhost}",
-            max_frame_size=UInt(MAX_FRAME_SIZE),
-            idle_time_out=UInt(int(self._idle_timeout * 1000)) if self._idle_timeout else None,
-        )) + frame(encode_performative(
-            BEGIN, next_outgoing_id=UInt(INITIAL_OUTGOING_ID),
-            incoming_window=UInt(INCOMING_WINDOW), outgoing_window=UInt(OUTGOING_WINDOW))))
-        await self._header(AMQP_HEADER)
-        while self.broker_begin is None:
-            code, fields = await self._read_frame(MAX_FRAME_SIZE, AMQP_FRAME)
-            try:
-                if code == OPEN:
-                    self.broker_open = Open.from_fields(fields)
-                    self.max_frame_size = max(MIN_MAX_FRAME_SIZE,
-                                              self.broker_open.max_frame_size)
-                elif code == BEGIN:
-                    begin = Begin.from_fields(fields)
-                    self.session.remote_begin(begin.next_outgoing_id, begin.incoming_window)
-                    self.handle_max = begin.handle_max
-                    self.broker_begin = begin
-                elif code == CLOSE:
-                    error = Ending.from_fields(fields).error
-                    raise AmqpClientError("broker refused the connection (vhost "
-                                          f"{self.vhost!r}): {_error_text(error, 'no reason')}")
-                elif code == END:
-                    error = Ending.from_fields(fields).error
-                    raise AmqpClientError(
-                        f"broker refused the session: {_error_text(error, 'no reason')}")
-            except ProtocolError as exc:
-                raise AmqpClientError(f"undecodable frame from broker: {exc}") from None
-
-    # -- links ---------------------------------------------------------------------------
-    async def open_sender(self, address: str, timeout: float) -> Amqp10Sender:
-        """Attach a sender link to ``address`` (mode unsettled/first).
-
-        Raises AmqpClientError when the broker refuses it (RabbitMQ answers with a null
-        target and a detach carrying the error, or with the detach alone), TimeoutError
-        when it does not answer in time.
-        """
-        if not self.connected:
-            raise AmqpClientError(self.closed_reason or "not connected")
-        handle = 0
-        while handle in self._senders:
-            handle += 1
-        if handle > self.handle_max:
-            raise AmqpClientError(f"no link handle left (handle-max {self.handle_max})")
-        name = f"{self.container_id}-{handle}-{uuid.uuid4().hex[:12]}"
-        sender = Amqp10Sender(self, handle, name, address)
-        self._senders[handle] = sender
-        try:
-            self._send(encode_performative(
-                ATTACH, name=name, handle=UInt(handle), role=Role.SENDER.value,
-                snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
-                source=performative(SOURCE), target=performative(TARGET, address=address),
-                initial_delivery_count=UInt(INITIAL_DELIVERY_COUNT)))
-            async with asyncio.timeout(timeout):
-                reply = await sender._attached
-                if isinstance(reply, Attach) and reply.target_address is None:
-                    # Refused: the reason follows in the broker's detach.
-                    reply = await sender._detached
-        except BaseException:
-            if sender.closed_reason is None:
-                sender.lost("attach failed")
-            raise
-        if isinstance(reply, Detach):
-            reason = _error_text(reply.error, "broker detached the link without a reason")
-            sender.lost(reason)
-            raise AmqpClientError(f"broker refused a sender link to {address!r}: {reason}")
-        if sender.closed_reason is not None:  # detached (or the connection died) right after
-            raise AmqpClientError(f"broker refused a sender link to {address!r}: "
-                                  f"{sender.closed_reason}")
-        return sender
-
     def _forget(self, sender: Amqp10Sender) -> None:
         if self._senders.get(sender.handle) is sender and sender._detached.done():
             del self._senders[sender.handle]
@@ -657,55 +493,11 @@ class Amqp10Client(BatchedWrites):
                 sender.remote_handle) is sender and sender._detached.done():
             del self._by_remote[sender.remote_handle]
 
-    # -- writing -------------------------------------------------------------------------
-    def _write(self, data: bytes) -> None:
-        """Queue bytes for the socket: written at the end of this loop turn, or at once past
-        64 KiB. One write per turn instead of one per frame (a syscall each) is most of the
-        replay rate for small messages. Every frame takes this path, so order holds."""
-        if self._writer is None or self.closed_reason is not None:
-            raise AmqpClientError(self.closed_reason or "not connected")
-        self.write_buffered(data)
-
-    def _can_write(self) -> bool:
-        # Also once closed_reason is set: a last end or close still goes out.
-        return self._writer is not None and not self._writer.is_closing()
+    def _send_flow(self, sender: Amqp10Sender | None, drain: bool = False) -> None:
+        raise NotImplementedError
 
     def _send(self, body: bytes) -> None:
-        self._write(frame(body, 0))
-
-    def _send_flow(self, sender: Amqp10Sender | None, drain: bool = False) -> None:
-        """Our session state, and ``sender``'s link state when given (drain, echo)."""
-        session = self.session
-        link: dict[str, object] = {}
-        if sender is not None:
-            credit = sender.credit
-            link = dict(handle=UInt(sender.handle), delivery_count=UInt(credit.delivery_count),
-                        link_credit=UInt(credit.credit), available=UInt(0), drain=drain)
-        with contextlib.suppress(AmqpClientError):
-            self._send(encode_performative(
-                FLOW, next_incoming_id=None if session.remote_next_outgoing_id is None
-                else UInt(session.remote_next_outgoing_id),
-                incoming_window=UInt(INCOMING_WINDOW),
-                next_outgoing_id=UInt(session.next_outgoing_id),
-                outgoing_window=UInt(OUTGOING_WINDOW), **link))
-
-
-    # -- waiting -------------------------------------------------------------------------
-    def _notify(self) -> None:
-        """Wake every waiter (credit, window or liveness changed). Everyone waiting on the
-        old event wakes; later waits use a fresh one, so no wake-up is ever missed and no
-        waiter has to clear a shared event another may still be about to wait on."""
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def _wait_until(self, condition: Callable[[], bool], sender: Amqp10Sender) -> bool:
-        """Until ``condition`` holds (True) or the link or connection is gone (False)."""
-        while True:
-            if sender.closed_reason is not None or not self.connected:
-                return False
-            if condition():
-                return True
-            await self._changed.wait()
+        raise NotImplementedError
 
     # -- reading -------------------------------------------------------------------------
     async def _read_forever(self) -> None:
@@ -871,6 +663,239 @@ class Amqp10Client(BatchedWrites):
         if self._writer is not None:
             self._writer.close()
         self._notify()
+
+    # -- waiting -------------------------------------------------------------------------
+    def _notify(self) -> None:
+        """Wake every waiter (credit, window or liveness changed). Everyone waiting on the
+        old event wakes; later waits use a fresh one, so no wake-up is ever missed and no
+        waiter has to clear a shared event another may still be about to wait on."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+class Amqp10Client(Amqp10Reading):
+    """One connection with one session; ``await connect()``, ``open_sender()``, ``close()``."""
+
+    def __init__(self, host: str, port: int, username: str, password: str, vhost: str,
+                 container_id: str = "floodwall-spool-replay", idle_timeout: float = 60.0,
+                 tls: UpstreamTlsContext | None = None) -> None:
+        """``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        EXTERNAL (the user is the client certificate's), else PLAIN (ANONYMOUS without a
+        username)."""
+        self.host, self.port, self.vhost = host, port, vhost
+        self.tls = tls
+        self.container_id = container_id
+        self._username, self._password = username, password
+        self._idle_timeout = idle_timeout  # ours: the broker must send something this often
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._read_task: asyncio.Task[None] | None = None
+        self._beat_task: asyncio.Task[None] | None = None
+        self.max_frame_size = MIN_MAX_FRAME_SIZE  # the broker's, once it opened
+        self.broker_open: Open | None = None
+        self.broker_begin: Begin | None = None
+        self.handle_max = 0xFFFFFFFF
+        self.session = SessionWindow()
+        self._senders: dict[int, Amqp10Sender] = {}  # by our handle
+        self._by_remote: dict[int, Amqp10Sender] = {}  # by the broker's handle
+        self._unsettled: dict[int, _Pending] = {}  # by delivery-id
+        self._changed = asyncio.Event()
+        self._init_writes()
+        self._closing = False
+        self._peer_closed: asyncio.Event | None = None
+        self.closed_reason: str | None = None
+
+    @property
+    def connected(self) -> bool:
+        return (self._writer is not None and self.closed_reason is None
+                and not self._closing and self.broker_begin is not None)
+
+    # -- connecting ----------------------------------------------------------------------
+    async def connect(self, timeout: float) -> None:
+        """TCP, SASL, open (hostname ``vhost:<vhost>``, RabbitMQ's way to pick a vhost) and
+        one session. Raises AmqpClientError (refused, with the broker's reason), OSError or
+        TimeoutError; on failure the socket is closed."""
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await open_upstream(self.host, self.port, self.tls)
+                self._reader, self._writer = reader, writer
+                try:
+                    await self._sasl()
+                    await self._open()
+                except asyncio.IncompleteReadError:
+                    raise AmqpClientError(
+                        "broker closed the connection during the handshake") from None
+                except OSError as exc:  # TLS 1.3: a refused certificate shows after it
+                    raise tls_error(exc, self.tls, self.host) from None
+        except BaseException:
+            if self._writer is not None:
+                self._writer.close()
+            self.closed_reason = self.closed_reason or "connect failed"
+            raise
+        self._peer_closed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._read_task = loop.create_task(self._read_forever(), name="amqp10-client-read")
+        idle = self.broker_open.idle_time_out if self.broker_open else None
+        if idle:
+            self._beat_task = loop.create_task(self._beat_forever(idle / 2000),
+                                               name="amqp10-client-beat")
+
+    async def _header(self, expected: bytes) -> None:
+        assert self._reader is not None
+        try:
+            got = await self._reader.readexactly(HEADER_SIZE)
+        except asyncio.IncompleteReadError as exc:
+            raise AmqpClientError(f"broker closed the connection instead of answering the "
+                                  f"protocol header (got {exc.partial!r})") from None
+        if got != expected:
+            raise AmqpClientError(f"broker answered protocol header {got!r}, not {expected!r}")
+
+    async def _sasl(self) -> None:
+        assert self._writer is not None
+        self._writer.write(SASL_HEADER)
+        await self._header(SASL_HEADER)
+        code, fields = await self._read_frame(MIN_MAX_FRAME_SIZE, SASL_FRAME)
+        if code != SASL_MECHANISMS:
+            raise AmqpClientError(f"expected sasl-mechanisms, got performative {code}")
+        offered = _mechanisms(fields)
+        external = self.tls is not None and self.tls.settings.sasl_external
+        mechanism = "EXTERNAL" if external else "PLAIN" if self._username else "ANONYMOUS"
+        if mechanism not in offered:
+            raise AmqpClientError(f"broker does not offer SASL {mechanism} (offers {offered})")
+        response = (f"\0{self._username}\0{self._password}".encode()
+                    if mechanism == "PLAIN" else b"")
+        self._writer.write(frame(encode_performative(
+            SASL_INIT, mechanism=Symbol(mechanism), initial_response=response,
+            hostname=self.host), 0, SASL_FRAME))
+        code, fields = await self._read_frame(MIN_MAX_FRAME_SIZE, SASL_FRAME)
+        if code != SASL_OUTCOME:
+            raise AmqpClientError(f"expected sasl-outcome, got performative {code}")
+        try:
+            outcome = SaslOutcome.from_fields(fields)
+        except ProtocolError as exc:
+            raise AmqpClientError(f"undecodable sasl-outcome: {exc}") from None
+        if outcome.code != SASL_OK:
+            raise AmqpClientError(
+                f"broker refused SASL {mechanism} login"
+                f"{f' for {self._username!r}' if self._username else ''}: sasl-outcome "
+                f"{outcome.code} ({SASL_CODES.get(outcome.code, 'unknown')})")
+
+    async def _open(self) -> None:
+        assert self._writer is not None
+        self._writer.write(AMQP_HEADER + frame(encode_performative(
+            OPEN, container_id=self.container_id, hostname=f"vhost:{self.vhost}",
+            max_frame_size=UInt(MAX_FRAME_SIZE),
+            idle_time_out=UInt(int(self._idle_timeout * 1000)) if self._idle_timeout else None,
+        )) + frame(encode_performative(
+            BEGIN, next_outgoing_id=UInt(INITIAL_OUTGOING_ID),
+            incoming_window=UInt(INCOMING_WINDOW), outgoing_window=UInt(OUTGOING_WINDOW))))
+        await self._header(AMQP_HEADER)
+        while self.broker_begin is None:
+            code, fields = await self._read_frame(MAX_FRAME_SIZE, AMQP_FRAME)
+            try:
+                if code == OPEN:
+                    self.broker_open = Open.from_fields(fields)
+                    self.max_frame_size = max(MIN_MAX_FRAME_SIZE,
+                                              self.broker_open.max_frame_size)
+                elif code == BEGIN:
+                    begin = Begin.from_fields(fields)
+                    self.session.remote_begin(begin.next_outgoing_id, begin.incoming_window)
+                    self.handle_max = begin.handle_max
+                    self.broker_begin = begin
+                elif code == CLOSE:
+                    error = Ending.from_fields(fields).error
+                    raise AmqpClientError("broker refused the connection (vhost "
+                                          f"{self.vhost!r}): {_error_text(error, 'no reason')}")
+                elif code == END:
+                    error = Ending.from_fields(fields).error
+                    raise AmqpClientError(
+                        f"broker refused the session: {_error_text(error, 'no reason')}")
+            except ProtocolError as exc:
+                raise AmqpClientError(f"undecodable frame from broker: {exc}") from None
+
+    # -- links ---------------------------------------------------------------------------
+    async def open_sender(self, address: str, timeout: float) -> Amqp10Sender:
+        """Attach a sender link to ``address`` (mode unsettled/first).
+
+        Raises AmqpClientError when the broker refuses it (RabbitMQ answers with a null
+        target and a detach carrying the error, or with the detach alone), TimeoutError
+        when it does not answer in time.
+        """
+        if not self.connected:
+            raise AmqpClientError(self.closed_reason or "not connected")
+        handle = 0
+        while handle in self._senders:
+            handle += 1
+        if handle > self.handle_max:
+            raise AmqpClientError(f"no link handle left (handle-max {self.handle_max})")
+        name = f"{self.container_id}-{handle}-{uuid.uuid4().hex[:12]}"
+        sender = Amqp10Sender(self, handle, name, address)
+        self._senders[handle] = sender
+        try:
+            self._send(encode_performative(
+                ATTACH, name=name, handle=UInt(handle), role=Role.SENDER.value,
+                snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
+                source=performative(SOURCE), target=performative(TARGET, address=address),
+                initial_delivery_count=UInt(INITIAL_DELIVERY_COUNT)))
+            async with asyncio.timeout(timeout):
+                reply = await sender._attached
+                if isinstance(reply, Attach) and reply.target_address is None:
+                    # Refused: the reason follows in the broker's detach.
+                    reply = await sender._detached
+        except BaseException:
+            if sender.closed_reason is None:
+                sender.lost("attach failed")
+            raise
+        if isinstance(reply, Detach):
+            reason = _error_text(reply.error, "broker detached the link without a reason")
+            sender.lost(reason)
+            raise AmqpClientError(f"broker refused a sender link to {address!r}: {reason}")
+        if sender.closed_reason is not None:  # detached (or the connection died) right after
+            raise AmqpClientError(f"broker refused a sender link to {address!r}: "
+                                  f"{sender.closed_reason}")
+        return sender
+
+    # -- writing -------------------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        """Queue bytes for the socket: written at the end of this loop turn, or at once past
+        64 KiB. One write per turn instead of one per frame (a syscall each) is most of the
+        replay rate for small messages. Every frame takes this path, so order holds."""
+        if self._writer is None or self.closed_reason is not None:
+            raise AmqpClientError(self.closed_reason or "not connected")
+        self.write_buffered(data)
+
+    def _can_write(self) -> bool:
+        # Also once closed_reason is set: a last end or close still goes out.
+        return self._writer is not None and not self._writer.is_closing()
+
+    def _send(self, body: bytes) -> None:
+        self._write(frame(body, 0))
+
+    def _send_flow(self, sender: Amqp10Sender | None, drain: bool = False) -> None:
+        """Our session state, and ``sender``'s link state when given (drain, echo)."""
+        session = self.session
+        link: dict[str, object] = {}
+        if sender is not None:
+            credit = sender.credit
+            link = dict(handle=UInt(sender.handle), delivery_count=UInt(credit.delivery_count),
+                        link_credit=UInt(credit.credit), available=UInt(0), drain=drain)
+        with contextlib.suppress(AmqpClientError):
+            self._send(encode_performative(
+                FLOW, next_incoming_id=None if session.remote_next_outgoing_id is None
+                else UInt(session.remote_next_outgoing_id),
+                incoming_window=UInt(INCOMING_WINDOW),
+                next_outgoing_id=UInt(session.next_outgoing_id),
+                outgoing_window=UInt(OUTGOING_WINDOW), **link))
+
+
+    async def _wait_until(self, condition: Callable[[], bool], sender: Amqp10Sender) -> bool:
+        """Until ``condition`` holds (True) or the link or connection is gone (False)."""
+        while True:
+            if sender.closed_reason is not None or not self.connected:
+                return False
+            if condition():
+                return True
+            await self._changed.wait()
 
     async def _beat_forever(self, interval: float) -> None:
         """Empty frames at half the broker's idle-time-out, so it never thinks us dead."""

@@ -92,7 +92,7 @@ class Proxy:
         self.spool: SpoolService | None = None
         if settings.spool_dir is not None and self.flow is not None:
             self.spool = make_spool(settings, self.flow, self.upstream_tls)
-            self.flow.enforcement.spool = self.spool  # overflow: spool spools from now
+            self.flow.enforcement.spool = self.spool.port  # overflow: spool spools from now
         collectors: list[Collector] = [RelayCollector(self.stats), *standard_collectors()]
         if self.flow is not None:
             collectors.append(self.flow.collector)

@@ -48,11 +48,12 @@ from prometheus_client.registry import Collector
 
 from floodwall.control.controller import FlowController, QueueKey, Router
 from floodwall.control.policy import Fsync, SpoolSettings
-from floodwall.enforce.amqp10.gate import message_routing
+from floodwall.enforce.amqp10.links import message_routing
 from floodwall.enforce.ports import SpoolRefused
 from floodwall.io.amqp10_client import Amqp10Client, Amqp10Sender
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Confirm, Publisher
 from floodwall.io.switchboard import Switchboard
+from floodwall.io.tasks import spawn
 from floodwall.io.tls import UpstreamTlsContext
 from floodwall.ops.config import AmqpCredentials
 from floodwall.ops.logs import event
@@ -102,6 +103,7 @@ class SessionResult:
     confirmed_bytes: int = 0
     published: int = 0
     reason: str = "empty"
+    seconds: float = 0.0  # how long the session took (the service sets it)
 
 
 def record_headers(properties: bytes) -> dict[str, object] | None:
@@ -148,118 +150,166 @@ async def replay_session(spool: QueueSpool, publisher: Publisher,
     ``durable_wait()`` gives an event set when more records become durable (else the
     session polls). Whatever is in flight at the end is waited for (``settle_timeout``).
     """
-    result = SessionResult()
-    inflight: deque[tuple[SpoolRecord, asyncio.Future[Confirm]]] = deque()
+    session = ReplaySession(spool, publisher, target, stop_reason, on_sent, on_confirmed,
+                            durable_wait, batch_bytes, settle_timeout, amqp10, queue_exists)
+    return await session.run()
+
+
+@dataclass
+class ReplaySession:
+    """One ``replay_session``: its records in flight, where it is in the spool, why it ended."""
+
+    spool: QueueSpool
+    publisher: Publisher
+    target: Callable[[SpoolRecord], tuple[str, str]]
+    stop_reason: Callable[[], str | None]
+    on_sent: Callable[[SpoolRecord], None] | None
+    on_confirmed: Callable[[int, int], None] | None
+    durable_wait: Callable[[], asyncio.Event] | None
+    batch_bytes: int
+    settle_timeout: float
+    amqp10: SendAmqp10 | None
+    queue_exists: Callable[[], Awaitable[bool]] | None
+    result: SessionResult = field(default_factory=SessionResult)
+    inflight: deque[tuple[SpoolRecord, asyncio.Future[Confirm]]] = field(default_factory=deque)
     failed: str | None = None
-    after = spool.confirmed_seq
     position: ReadPosition | None = None
     path: str | None = None  # where the last record went: None 0-9-1, else its 1.0 address
 
-    def settle() -> None:
-        nonlocal failed
+    async def run(self) -> SessionResult:
+        after = self.spool.confirmed_seq
+        try:
+            while self.failed is None:
+                why = self.stop_reason()
+                if why is not None:
+                    self.result.reason = why
+                    break
+                wake = self.durable_wait() if self.durable_wait is not None else None
+                try:
+                    batch = await asyncio.to_thread(self.spool.read_batch, after,
+                                                    self.batch_bytes, self.position)
+                except SpoolError as exc:
+                    self.failed = f"read error: {exc}"
+                    break
+                if not batch:
+                    if await self._idle(wake):
+                        break
+                    continue
+                if not self.inflight:
+                    self.spool.oldest_set(batch[0][0].accepted_at)
+                if not await self._queue_there(batch):
+                    break
+                after = await self._send(batch, after)
+                await asyncio.sleep(0)  # the relay shares this loop
+        finally:
+            if self.inflight and self.failed is None:
+                await asyncio.wait([f for _, f in self.inflight], timeout=self.settle_timeout)
+            self.settle()
+        if self.failed is not None:
+            self.result.reason = self.failed
+        return self.result
+
+    def settle(self) -> None:
+        """Delete what the broker confirmed, in order; note a refusal."""
+        inflight = self.inflight
         count = nbytes = last = 0
         while inflight and inflight[0][1].done():
             rec, fut = inflight[0]
             outcome = fut.result()
             if outcome is not Confirm.ACK:
-                failed = failed or outcome.value
+                self.failed = self.failed or outcome.value
                 break
             inflight.popleft()
             count += 1
             nbytes += rec.size
             last = rec.seq
         if count:
-            spool.confirmed_through(last, nbytes, count)
+            self.spool.confirmed_through(last, nbytes, count)
             if inflight:
-                spool.oldest_set(inflight[0][0].accepted_at)
-            result.confirmed += count
-            result.confirmed_bytes += nbytes
-            if on_confirmed is not None:
-                on_confirmed(count, nbytes)
+                self.spool.oldest_set(inflight[0][0].accepted_at)
+            self.result.confirmed += count
+            self.result.confirmed_bytes += nbytes
+            if self.on_confirmed is not None:
+                self.on_confirmed(count, nbytes)
 
-    try:
-        while failed is None:
-            why = stop_reason()
-            if why is not None:
-                result.reason = why
+    async def _idle(self, wake: asyncio.Event | None) -> bool:
+        """Nothing new to read: settle, wait a moment for a confirm or a durable record.
+        True when the session is over (empty, or refused)."""
+        self.settle()
+        if self.failed is not None:
+            return True
+        if not self.inflight and self.spool.empty:
+            self.result.reason = "empty"
+            return True
+        waits: list[asyncio.Future[Any]] = [self.inflight[0][1]] if self.inflight else []
+        waiter = asyncio.ensure_future(wake.wait()) if wake is not None else None
+        if waiter is not None:
+            waits.append(waiter)
+        if waits:
+            await asyncio.wait(waits, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(0.01)
+        if waiter is not None:
+            waiter.cancel()
+        return False
+
+    async def _queue_there(self, batch: list[tuple[SpoolRecord, ReadPosition]]) -> bool:
+        """A batch with a 1.0 record goes only to a queue that exists (1.0 has no
+        ``mandatory``); False (the session ends) when it does not or cannot be asked."""
+        if self.queue_exists is None or not any(rec.amqp10 for rec, _ in batch):
+            return True
+        try:
+            there = await self.queue_exists()
+        except (AmqpClientError, OSError, TimeoutError) as exc:
+            self.failed = f"lost: {exc or type(exc).__name__}"
+            return False
+        if not there:
+            self.failed = Confirm.RETURNED.value
+        return there
+
+    async def _send(self, batch: list[tuple[SpoolRecord, ReadPosition]], after: int) -> int:
+        """Publish the batch in order (what is in flight is confirmed first where the path
+        changes); returns the last seq sent."""
+        for rec, pos in batch:
+            if self.stop_reason() is not None:
                 break
-            wake = durable_wait() if durable_wait is not None else None
-            try:
-                batch = await asyncio.to_thread(spool.read_batch, after, batch_bytes, position)
-            except SpoolError as exc:
-                failed = f"read error: {exc}"
+            rec_path = rec.address if rec.amqp10 else None
+            if self.inflight and rec_path != self.path:
+                await asyncio.wait([f for _, f in self.inflight], timeout=self.settle_timeout)
+                self.settle()
+                if self.failed is None and self.inflight:
+                    self.failed = "lost: no confirm before switching connection"
+                if self.failed is not None:
+                    break
+            self.path = rec_path
+            fut = await self._publish(rec)
+            if fut is None:
                 break
-            if not batch:
-                settle()
-                if failed is not None:
+            self.inflight.append((rec, fut))
+            self.result.published += 1
+            after, self.position = rec.seq, pos
+            if self.on_sent is not None:
+                self.on_sent(rec)
+            if self.inflight[0][1].done():
+                self.settle()
+                if self.failed is not None:
                     break
-                if not inflight and spool.empty:
-                    result.reason = "empty"
-                    break
-                waits: list[asyncio.Future[Any]] = [inflight[0][1]] if inflight else []
-                waiter = asyncio.ensure_future(wake.wait()) if wake is not None else None
-                if waiter is not None:
-                    waits.append(waiter)
-                if waits:
-                    await asyncio.wait(waits, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
-                else:
-                    await asyncio.sleep(0.01)
-                if waiter is not None:
-                    waiter.cancel()
-                continue
-            if not inflight:
-                spool.oldest_set(batch[0][0].accepted_at)
-            if queue_exists is not None and any(rec.amqp10 for rec, _ in batch):
-                try:
-                    there = await queue_exists()
-                except (AmqpClientError, OSError, TimeoutError) as exc:
-                    failed = f"lost: {exc or type(exc).__name__}"
-                    break
-                if not there:
-                    failed = Confirm.RETURNED.value
-                    break
-            for rec, pos in batch:
-                if stop_reason() is not None:
-                    break
-                rec_path = rec.address if rec.amqp10 else None
-                if inflight and rec_path != path:
-                    await asyncio.wait([f for _, f in inflight], timeout=settle_timeout)
-                    settle()
-                    if failed is None and inflight:
-                        failed = "lost: no confirm before switching connection"
-                    if failed is not None:
-                        break
-                path = rec_path
-                try:
-                    if rec.amqp10:
-                        if amqp10 is None:
-                            failed = "an AMQP 1.0 record, and no AMQP 1.0 publisher"
-                            break
-                        fut = await amqp10(rec)
-                    else:
-                        exchange, routing_key = target(rec)
-                        fut = await publisher.publish(exchange, routing_key, rec.properties,
-                                                      rec.body, mandatory=True)
-                except (AmqpClientError, OSError, TimeoutError) as exc:
-                    failed = f"lost: {exc or type(exc).__name__}"
-                    break
-                inflight.append((rec, fut))
-                result.published += 1
-                after, position = rec.seq, pos
-                if on_sent is not None:
-                    on_sent(rec)
-                if inflight[0][1].done():
-                    settle()
-                    if failed is not None:
-                        break
-            await asyncio.sleep(0)  # the relay shares this loop
-    finally:
-        if inflight and failed is None:
-            await asyncio.wait([f for _, f in inflight], timeout=settle_timeout)
-        settle()
-    if failed is not None:
-        result.reason = failed
-    return result
+        return after
+
+    async def _publish(self, rec: SpoolRecord) -> asyncio.Future[Confirm] | None:
+        """One record, over 0-9-1 or 1.0; None (the session fails) when it cannot go."""
+        try:
+            if rec.amqp10:
+                if self.amqp10 is None:
+                    self.failed = "an AMQP 1.0 record, and no AMQP 1.0 publisher"
+                    return None
+                return await self.amqp10(rec)
+            exchange, routing_key = self.target(rec)
+            return await self.publisher.publish(exchange, routing_key, rec.properties,
+                                                rec.body, mandatory=True)
+        except (AmqpClientError, OSError, TimeoutError) as exc:
+            self.failed = f"lost: {exc or type(exc).__name__}"
+            return None
 
 
 class Amqp10Records:
@@ -307,130 +357,17 @@ class _Client(Protocol):
 C = TypeVar("C", bound=_Client)
 
 
-class SpoolService:
-    """``--spool-dir`` at run time; construct, hand it to the gates as their spool port
-    (``Enforcement.spool``: it implements ``floodwall.enforce.ports.SpoolPort``), ``start()``."""
+class DiskSpoolPort:
+    """The gates' spool port (``enforce.ports.SpoolPort``) over the spool on disk: a record
+    is stamped with the wall clock and written within the limits; ``appended(key)`` is told
+    after each (the service marks the queue backlogged and wakes the group commit)."""
 
-    def __init__(self, settings: SpoolServiceSettings, board: Switchboard,
-                 router: Router | None = None, ready: Callable[[], bool] | None = None,
+    def __init__(self, manager: SpoolManager, appended: Callable[[QueueKey], None],
                  clock: Callable[[], float] = time.time) -> None:
-        self.settings = settings
-        self.board = board
-        self.controller: FlowController = board.controller
-        self.router = router
-        self._ready = ready
-        self._warm = ready is None
-        self.clock = clock
-        self.manager = SpoolManager(settings.directory, settings.limits)
-        self.manager.accepting = False  # until start() has recovered what is on disk
-        self.replays: dict[QueueKey, QueueReplay] = {}
-        self.commit_errors = 0
-        self.commits = 0
-        self._clients: dict[str, AmqpClient] = {}
-        self._clients10: dict[str, Amqp10Client] = {}
-        self._connecting: dict[tuple[str, str], asyncio.Lock] = {}
-        self._replayers: dict[QueueKey, asyncio.Task[None]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._wake_commit: asyncio.Event | None = None
-        self._durable = asyncio.Event()
-        self._stopping = False
-        self._started = False
-        self._sync_error_logged: dict[QueueKey, str] = {}
-        self._spooling: set[QueueKey] = set()  # queues whose spool filled since it was empty
-        self.collector = SpoolCollector(self)
+        self.manager = manager
+        self._appended = appended
+        self._clock = clock
 
-    # -- lifecycle ---------------------------------------------------------------------
-    async def start(self) -> None:
-        """Lock and recover the spool directory, then start committing and replaying."""
-        self.manager.lock()
-        t0 = time.monotonic()
-        reports = await asyncio.to_thread(self.manager.recover)
-        for key, r in reports.items():
-            level = logging.WARNING if (r.torn_tail_bytes or r.corrupt) else logging.INFO
-            event(log, "spool_recovered", level, vhost=key[0], queue=key[1],
-                  records=r.records, bytes=r.bytes, segments=r.segments,
-                  torn_tail_bytes=r.torn_tail_bytes,
-                  corrupt="; ".join(r.corrupt) if r.corrupt else "none")
-        event(log, "spool_opened", directory=self.manager.root, queues=len(reports),
-              records=sum(r.records for r in reports.values()),
-              bytes=sum(r.bytes for r in reports.values()),
-              seconds=round(time.monotonic() - t0, 3),
-              total_max=self.manager.limits.total_max_bytes,
-              min_free=self.manager.limits.min_free_bytes)
-        for key in self.manager.backlogged():
-            self.controller.set_backlog(key, True)  # recovered records come first
-        self._wake_commit = asyncio.Event()
-        self.manager.accepting = True
-        self._started = True
-        self._spawn(self._commit_loop(), "spool-commit")
-        self._spawn(self._replay_supervisor(), "spool-replay")
-
-    async def drain(self, deadline: float) -> tuple[int, int]:
-        """SIGTERM: take no more records; replay until empty or ``deadline`` (the running
-        loop's ``time()``); returns the (records, bytes) left on disk."""
-        self.manager.accepting = False
-        loop = asyncio.get_running_loop()
-        records, nbytes = self.left()
-        event(log, "spool_draining", records=records, bytes=nbytes,
-              seconds=round(max(0.0, deadline - loop.time()), 1))
-        await self.commit()
-        while True:
-            left = deadline - loop.time()
-            if not self.left()[0] or left <= 0:
-                break
-            await asyncio.sleep(min(0.05, left))
-        records, nbytes = self.left()
-        event(log, "spool_drained", logging.WARNING if records else logging.INFO,
-              records_left=records, bytes_left=nbytes,
-              queues_left=sum(1 for _ in self.manager.backlogged()))
-        return records, nbytes
-
-    async def stop(self) -> tuple[int, int]:
-        """Stop replaying (what is in flight is awaited briefly), make every record
-        durable, close; logs and returns the (records, bytes) left on disk."""
-        self._stopping = True
-        self.manager.accepting = False
-        replayers = list(self._replayers.values())
-        if replayers:
-            _, pending = await asyncio.wait(replayers, timeout=10)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*replayers, return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._started:
-            await asyncio.to_thread(self.manager.sync, True)
-        clients: list[_Client] = [*self._clients.values(), *self._clients10.values()]
-        for client in clients:
-            with contextlib.suppress(Exception):
-                await client.close()
-        self._clients.clear()
-        self._clients10.clear()
-        records, nbytes = self.left()
-        self.manager.close()
-        event(log, "spool_stopped", logging.WARNING if records else logging.INFO,
-              records_left=records, bytes_left=nbytes, directory=self.manager.root)
-        return records, nbytes
-
-    def left(self) -> tuple[int, int]:
-        """(records, bytes) in the spool, not yet confirmed by the broker."""
-        spools = list(self.manager.spools.values())
-        return sum(s.pending_records for s in spools), sum(s.pending_bytes for s in spools)
-
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            event(log, "spool_task_failed", logging.ERROR, task=task.get_name(),
-                  reason=repr(task.exception()))
-
-    # -- the gates' spool port (enforce.ports.SpoolPort) ---------------------------------
     @property
     def accepting(self) -> bool:
         return self.manager.accepting
@@ -439,97 +376,37 @@ class SpoolService:
         return self.manager.has_backlog(key)
 
     def append(self, key: QueueKey, record: SpoolRecord, max_bytes: int) -> int:
-        """Write a gate's record (stamped with the wall clock now) within the limits; the
-        queue has a backlog from now and the group commit is woken. SpoolRefused on a limit
-        or a failed write."""
+        """SpoolRefused on a limit, while not accepting, or when the write fails."""
         try:
-            seq = self.manager.append(key, dataclasses.replace(record, accepted_at=self.clock()),
+            seq = self.manager.append(key, dataclasses.replace(record, accepted_at=self._clock()),
                                       max_bytes)
         except SpoolError as exc:
             raise SpoolRefused(str(exc)) from None
         self._appended(key)
         return seq
 
-    # -- group commit ------------------------------------------------------------------
-    def _appended(self, key: QueueKey) -> None:
-        if key not in self._spooling:  # the queue's spool starts filling: one event
-            self._spooling.add(key)
-            self.board.report(SpoolFilling(key))
-        self.controller.set_backlog(key, True)
-        if self._wake_commit is not None:
-            self._wake_commit.set()
 
-    def spool_settings(self, key: QueueKey) -> SpoolSettings:
-        q = self.controller.queues.get(key)
-        policy = q.policy if q is not None else self.controller.policies.for_queue(*key)
-        return policy.spool if policy is not None else _DEFAULT_SPOOL
+class SpoolReplayer:
+    """The spool service's replay (``SpoolService`` extends it): per queue with a backlog, a
+    replayer that waits until the queue may take it, then runs replay sessions through the
+    spool's own connections, backing off when the upstream fails."""
 
-    def _fsyncs(self, key: QueueKey) -> bool:
-        return self.spool_settings(key).fsync is not Fsync.NEVER
-
-    async def _commit_loop(self) -> None:
-        wake = self._wake_commit
-        assert wake is not None
-        while True:
-            await wake.wait()
-            pending = self.manager.unsynced()
-            waits = [s.group_commit_ms / 1000 for s in map(self.spool_settings, pending)
-                     if s.fsync is Fsync.GROUP]
-            if waits and len(waits) == len(pending):
-                await asyncio.sleep(min(waits))
-            wake.clear()
-            await self.commit()
-            if self.manager.sync_errors:
-                await asyncio.sleep(0.1)  # then try again (the records stay unacked)
-                wake.set()
-
-    async def commit(self) -> dict[QueueKey, int]:
-        """Sync every spool with new records; tell the gate what is durable now."""
-        pending = self.manager.unsynced()
-        if not pending:
-            return {}
-        fsyncs = {k: self._fsyncs(k) for k in pending}  # (policies read here, on the loop)
-        if any(fsyncs.values()):
-            durable = await asyncio.to_thread(self.manager.sync,
-                                              lambda k: fsyncs.get(k, True))
-        else:
-            durable = self.manager.sync(False)
-        self.commits += 1
-        self._report_sync_errors()
-        if durable:
-            self.board.spool_durable(durable)
-            ev, self._durable = self._durable, asyncio.Event()
-            ev.set()
-        return durable
-
-    def _report_sync_errors(self) -> None:
-        errors = self.manager.sync_errors
-        for key, reason in errors.items():
-            if self._sync_error_logged.get(key) != reason:
-                self.commit_errors += 1
-                event(log, "spool_sync_failed", logging.ERROR, vhost=key[0], queue=key[1],
-                      reason=reason, action="records stay unacked; retrying")
-        for key in [k for k in self._sync_error_logged if k not in errors]:
-            event(log, "spool_sync_recovered", vhost=key[0], queue=key[1])
-        self._sync_error_logged = dict(errors)
-
-    # -- replay ------------------------------------------------------------------------
-    async def _replay_supervisor(self) -> None:
-        while not self._stopping:
-            for key in list(self.manager.backlogged()):
-                if key not in self._replayers:
-                    task = asyncio.get_running_loop().create_task(
-                        self._replay_queue(key), name=f"spool-replay-{key[1]}")
-                    self._replayers[key] = task
-                    task.add_done_callback(functools.partial(self._replayer_done, key))
-            await asyncio.sleep(self.settings.check_interval)
-
-    def _replayer_done(self, key: QueueKey, task: asyncio.Task[None]) -> None:
-        if self._replayers.get(key) is task:
-            del self._replayers[key]
-        if not task.cancelled() and task.exception() is not None:
-            event(log, "spool_replayer_failed", logging.ERROR, vhost=key[0], queue=key[1],
-                  reason=repr(task.exception()))
+    settings: SpoolServiceSettings
+    board: Switchboard
+    controller: FlowController
+    router: Router | None
+    clock: Callable[[], float]
+    manager: SpoolManager
+    replays: dict[QueueKey, QueueReplay]
+    _ready: Callable[[], bool] | None
+    _warm: bool
+    _clients: dict[str, AmqpClient]
+    _clients10: dict[str, Amqp10Client]
+    _connecting: dict[tuple[str, str], asyncio.Lock]
+    _replayers: dict[QueueKey, asyncio.Task[None]]
+    _durable: asyncio.Event
+    _stopping: bool
+    _spooling: set[QueueKey]
 
     def hold_reason(self, key: QueueKey) -> str | None:
         """Why ``key`` must not be replayed into now; None: go."""
@@ -635,12 +512,29 @@ class SpoolService:
             clients[vhost] = client
             return client
 
+    # -- replay ------------------------------------------------------------------------
+    async def _replay_supervisor(self) -> None:
+        while not self._stopping:
+            for key in list(self.manager.backlogged()):
+                if key not in self._replayers:
+                    task = asyncio.get_running_loop().create_task(
+                        self._replay_queue(key), name=f"spool-replay-{key[1]}")
+                    self._replayers[key] = task
+                    task.add_done_callback(functools.partial(self._replayer_done, key))
+            await asyncio.sleep(self.settings.check_interval)
+
+    def _replayer_done(self, key: QueueKey, task: asyncio.Task[None]) -> None:
+        if self._replayers.get(key) is task:
+            del self._replayers[key]
+        if not task.cancelled() and task.exception() is not None:
+            event(log, "spool_replayer_failed", logging.ERROR, vhost=key[0], queue=key[1],
+                  reason=repr(task.exception()))
+
     async def _replay_queue(self, key: QueueKey) -> None:
         vhost, queue = key
         replay = self.replays.setdefault(key, QueueReplay())
         s = self.settings
         backoff = s.retry_min
-        loop = asyncio.get_running_loop()
         announced: str | None = None
         try:
             while not self._stopping:
@@ -669,40 +563,10 @@ class SpoolService:
                     backoff = min(backoff * 2, s.retry_max)
                     continue
                 announced = None
-                replay.state = "replaying"
-                replay.sessions += 1
-                records, nbytes = spool.pending_records, spool.pending_bytes
-                event(log, "spool_replay_started", vhost=vhost, queue=queue, records=records,
-                      bytes=nbytes, session=replay.sessions)
-                started = loop.time()
-                records10 = Amqp10Records(lambda: self._client10(vhost),
-                                          self._address(key, replay), s.connect_timeout)
-                try:
-                    result = await replay_session(
-                        spool, publisher, self._target(key, replay),
-                        lambda: self.hold_reason(key),
-                        on_sent=functools.partial(self._replayed, key),
-                        on_confirmed=lambda n, b: self._confirmed(replay, n, b),
-                        durable_wait=lambda: self._durable, batch_bytes=s.batch_bytes,
-                        amqp10=records10, queue_exists=functools.partial(
-                            queue_exists, client, queue))
-                finally:
-                    await records10.close()
-                    await publisher.close()
-                seconds = loop.time() - started
+                result = await self._replay_once(key, replay, spool, client, publisher)
                 failed = result.reason not in ("empty", "queue tripped", "broker alarm",
                                                "stopping", "flow control warming up")
-                replay.state = "idle" if result.reason == "empty" else result.reason
-                event(log, "spool_replay_stopped",
-                      logging.WARNING if failed else logging.INFO, vhost=vhost, queue=queue,
-                      reason=result.reason, replayed=result.confirmed,
-                      replayed_bytes=result.confirmed_bytes, seconds=round(seconds, 3),
-                      rate=round(result.confirmed / seconds) if seconds > 0 else 0,
-                      records_left=spool.pending_records, bytes_left=spool.pending_bytes,
-                      **({"action": f"records kept; retrying in {backoff}s"} if failed else {}))
-                self.board.report(ReplayEnded(
-                    key, result.reason, result.confirmed, result.confirmed_bytes,
-                    round(seconds, 3), spool.pending_records, spool.pending_bytes))
+                self._log_session(key, spool, result, failed, backoff)
                 if failed:
                     replay.last_error = result.reason
                     if result.reason == "returned":
@@ -718,6 +582,50 @@ class SpoolService:
             if replay.state == "replaying":
                 replay.state = "idle"
 
+    async def _replay_once(self, key: QueueKey, replay: QueueReplay, spool: QueueSpool,
+                           client: AmqpClient, publisher: Publisher) -> SessionResult:
+        """One replay session of ``key``'s spool through ``publisher`` (1.0 records through
+        the vhost's own 1.0 connection)."""
+        vhost, queue = key
+        s = self.settings
+        replay.state = "replaying"
+        replay.sessions += 1
+        event(log, "spool_replay_started", vhost=vhost, queue=queue,
+              records=spool.pending_records, bytes=spool.pending_bytes,
+              session=replay.sessions)
+        started = asyncio.get_running_loop().time()
+        records10 = Amqp10Records(lambda: self._client10(vhost),
+                                  self._address(key, replay), s.connect_timeout)
+        try:
+            result = await replay_session(
+                spool, publisher, self._target(key, replay),
+                lambda: self.hold_reason(key),
+                on_sent=functools.partial(self._replayed, key),
+                on_confirmed=lambda n, b: self._confirmed(replay, n, b),
+                durable_wait=lambda: self._durable, batch_bytes=s.batch_bytes,
+                amqp10=records10, queue_exists=functools.partial(queue_exists, client, queue))
+        finally:
+            await records10.close()
+            await publisher.close()
+        result.seconds = asyncio.get_running_loop().time() - started
+        replay.state = "idle" if result.reason == "empty" else result.reason
+        return result
+
+    def _log_session(self, key: QueueKey, spool: QueueSpool, result: SessionResult,
+                     failed: bool, backoff: float) -> None:
+        """The line and the telemetry event a replay session ends with."""
+        seconds = result.seconds
+        event(log, "spool_replay_stopped",
+              logging.WARNING if failed else logging.INFO, vhost=key[0], queue=key[1],
+              reason=result.reason, replayed=result.confirmed,
+              replayed_bytes=result.confirmed_bytes, seconds=round(seconds, 3),
+              rate=round(result.confirmed / seconds) if seconds > 0 else 0,
+              records_left=spool.pending_records, bytes_left=spool.pending_bytes,
+              **({"action": f"records kept; retrying in {backoff}s"} if failed else {}))
+        self.board.report(ReplayEnded(
+            key, result.reason, result.confirmed, result.confirmed_bytes,
+            round(seconds, 3), spool.pending_records, spool.pending_bytes))
+
     def _replayed(self, key: QueueKey, rec: SpoolRecord) -> None:
         """A record was sent to the broker: it is booked on the queue's ledger."""
         self.controller.forwarded(key[0], frozenset({key[1]}), len(rec.body),
@@ -728,6 +636,185 @@ class SpoolService:
     def _confirmed(self, replay: QueueReplay, count: int, nbytes: int) -> None:
         replay.replayed += count
         replay.replayed_bytes += nbytes
+
+
+class SpoolService(SpoolReplayer):
+    """``--spool-dir`` at run time; construct, hand ``port`` to the gates as their spool
+    (``Enforcement.spool``), ``start()``."""
+
+    def __init__(self, settings: SpoolServiceSettings, board: Switchboard,
+                 router: Router | None = None, ready: Callable[[], bool] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.board = board
+        self.controller: FlowController = board.controller
+        self.router = router
+        self._ready = ready
+        self._warm = ready is None
+        self.clock = clock
+        self.manager = SpoolManager(settings.directory, settings.limits)
+        self.port = DiskSpoolPort(self.manager, self._appended, clock)
+        self.manager.accepting = False  # until start() has recovered what is on disk
+        self.replays: dict[QueueKey, QueueReplay] = {}
+        self.commit_errors = 0
+        self.commits = 0
+        self._clients: dict[str, AmqpClient] = {}
+        self._clients10: dict[str, Amqp10Client] = {}
+        self._connecting: dict[tuple[str, str], asyncio.Lock] = {}
+        self._replayers: dict[QueueKey, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake_commit: asyncio.Event | None = None
+        self._durable = asyncio.Event()
+        self._stopping = False
+        self._started = False
+        self._sync_error_logged: dict[QueueKey, str] = {}
+        self._spooling: set[QueueKey] = set()  # queues whose spool filled since it was empty
+        self.collector = SpoolCollector(self)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Lock and recover the spool directory, then start committing and replaying."""
+        self.manager.lock()
+        t0 = time.monotonic()
+        reports = await asyncio.to_thread(self.manager.recover)
+        for key, r in reports.items():
+            level = logging.WARNING if (r.torn_tail_bytes or r.corrupt) else logging.INFO
+            event(log, "spool_recovered", level, vhost=key[0], queue=key[1],
+                  records=r.records, bytes=r.bytes, segments=r.segments,
+                  torn_tail_bytes=r.torn_tail_bytes,
+                  corrupt="; ".join(r.corrupt) if r.corrupt else "none")
+        event(log, "spool_opened", directory=self.manager.root, queues=len(reports),
+              records=sum(r.records for r in reports.values()),
+              bytes=sum(r.bytes for r in reports.values()),
+              seconds=round(time.monotonic() - t0, 3),
+              total_max=self.manager.limits.total_max_bytes,
+              min_free=self.manager.limits.min_free_bytes)
+        for key in self.manager.backlogged():
+            self.controller.set_backlog(key, True)  # recovered records come first
+        self._wake_commit = asyncio.Event()
+        self.manager.accepting = True
+        self._started = True
+        self._spawn(self._commit_loop(), "spool-commit")
+        self._spawn(self._replay_supervisor(), "spool-replay")
+
+    async def drain(self, deadline: float) -> tuple[int, int]:
+        """SIGTERM: take no more records; replay until empty or ``deadline`` (the running
+        loop's ``time()``); returns the (records, bytes) left on disk."""
+        self.manager.accepting = False
+        loop = asyncio.get_running_loop()
+        records, nbytes = self.left()
+        event(log, "spool_draining", records=records, bytes=nbytes,
+              seconds=round(max(0.0, deadline - loop.time()), 1))
+        await self.commit()
+        while True:
+            left = deadline - loop.time()
+            if not self.left()[0] or left <= 0:
+                break
+            await asyncio.sleep(min(0.05, left))
+        records, nbytes = self.left()
+        event(log, "spool_drained", logging.WARNING if records else logging.INFO,
+              records_left=records, bytes_left=nbytes,
+              queues_left=sum(1 for _ in self.manager.backlogged()))
+        return records, nbytes
+
+    async def stop(self) -> tuple[int, int]:
+        """Stop replaying (what is in flight is awaited briefly), make every record
+        durable, close; logs and returns the (records, bytes) left on disk."""
+        self._stopping = True
+        self.manager.accepting = False
+        replayers = list(self._replayers.values())
+        if replayers:
+            _, pending = await asyncio.wait(replayers, timeout=10)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*replayers, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._started:
+            await asyncio.to_thread(self.manager.sync, True)
+        clients: list[_Client] = [*self._clients.values(), *self._clients10.values()]
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close()
+        self._clients.clear()
+        self._clients10.clear()
+        records, nbytes = self.left()
+        self.manager.close()
+        event(log, "spool_stopped", logging.WARNING if records else logging.INFO,
+              records_left=records, bytes_left=nbytes, directory=self.manager.root)
+        return records, nbytes
+
+    def left(self) -> tuple[int, int]:
+        """(records, bytes) in the spool, not yet confirmed by the broker."""
+        spools = list(self.manager.spools.values())
+        return sum(s.pending_records for s in spools), sum(s.pending_bytes for s in spools)
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        return spawn(self._tasks, coro, name, log, "spool_task_failed")
+
+    # -- group commit ------------------------------------------------------------------
+    def _appended(self, key: QueueKey) -> None:
+        if key not in self._spooling:  # the queue's spool starts filling: one event
+            self._spooling.add(key)
+            self.board.report(SpoolFilling(key))
+        self.controller.set_backlog(key, True)
+        if self._wake_commit is not None:
+            self._wake_commit.set()
+
+    def spool_settings(self, key: QueueKey) -> SpoolSettings:
+        q = self.controller.queues.get(key)
+        policy = q.policy if q is not None else self.controller.policies.for_queue(*key)
+        return policy.spool if policy is not None else _DEFAULT_SPOOL
+
+    def _fsyncs(self, key: QueueKey) -> bool:
+        return self.spool_settings(key).fsync is not Fsync.NEVER
+
+    async def _commit_loop(self) -> None:
+        wake = self._wake_commit
+        assert wake is not None
+        while True:
+            await wake.wait()
+            pending = self.manager.unsynced()
+            waits = [s.group_commit_ms / 1000 for s in map(self.spool_settings, pending)
+                     if s.fsync is Fsync.GROUP]
+            if waits and len(waits) == len(pending):
+                await asyncio.sleep(min(waits))
+            wake.clear()
+            await self.commit()
+            if self.manager.sync_errors:
+                await asyncio.sleep(0.1)  # then try again (the records stay unacked)
+                wake.set()
+
+    async def commit(self) -> dict[QueueKey, int]:
+        """Sync every spool with new records; tell the gate what is durable now."""
+        pending = self.manager.unsynced()
+        if not pending:
+            return {}
+        fsyncs = {k: self._fsyncs(k) for k in pending}  # (policies read here, on the loop)
+        if any(fsyncs.values()):
+            durable = await asyncio.to_thread(self.manager.sync,
+                                              lambda k: fsyncs.get(k, True))
+        else:
+            durable = self.manager.sync(False)
+        self.commits += 1
+        self._report_sync_errors()
+        if durable:
+            self.board.spool_durable(durable)
+            ev, self._durable = self._durable, asyncio.Event()
+            ev.set()
+        return durable
+
+    def _report_sync_errors(self) -> None:
+        errors = self.manager.sync_errors
+        for key, reason in errors.items():
+            if self._sync_error_logged.get(key) != reason:
+                self.commit_errors += 1
+                event(log, "spool_sync_failed", logging.ERROR, vhost=key[0], queue=key[1],
+                      reason=reason, action="records stay unacked; retrying")
+        for key in [k for k in self._sync_error_logged if k not in errors]:
+            event(log, "spool_sync_recovered", vhost=key[0], queue=key[1])
+        self._sync_error_logged = dict(errors)
 
     # -- views -------------------------------------------------------------------------
     def queues(self) -> Iterator[tuple[QueueKey, QueueSpool]]:
@@ -805,6 +892,11 @@ class SpoolCollector(Collector):
             replayed.add_metric(values, replay.replayed if replay else 0)
             replayed_bytes.add_metric(values, replay.replayed_bytes if replay else 0)
         yield from (size, count, age, replayed, replayed_bytes, self._limits(labels))
+        yield from self._totals()
+
+    def _totals(self) -> Iterator[Metric]:
+        """The families of the spool as a whole."""
+        svc = self.service
         c = svc.board.enforcement.counters
         appended = CounterMetricFamily("floodwall_spool_appended_records",
                                        "Client publishes written to the spool.")

@@ -35,26 +35,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from floodwall.control.controller import FlowController, QueueKey
-from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import PolicySet, PolicyStore, ReloadResult
-from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyChange
+from floodwall.control.routing import ChangeKind, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.enforce.shared import Enforcement
-from floodwall.io.amqp_client import AmqpClient, AmqpClientError
-from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.io.amqp_client import AmqpClient
+from floodwall.io.flow_settings import FlowSettings
+from floodwall.io.management import ManagementApi
+from floodwall.io.probes import DepthProbes
 from floodwall.io.switchboard import Switchboard
-from floodwall.io.tls import ManagementTlsContext, UpstreamTlsContext
 from floodwall.io.topology import TOPOLOGY_PATHS, TopologyFeed
-from floodwall.ops.config import AmqpCredentials, ManagementCredentials, ProxySettings
 from floodwall.ops.flow_metrics import (
     FlowCollector,
     FlowStats,
@@ -64,85 +60,19 @@ from floodwall.ops.flow_metrics import (
     topology_state,
 )
 from floodwall.ops.logs import event
+from floodwall.ops.supervision import (
+    SupervisorView,
+    readiness,
+)
 
-__all__ = ["TOPOLOGY_PATHS", "FlowSettings", "FlowSupervisor", "describe_policy_changes"]
+__all__ = ["TOPOLOGY_PATHS", "DepthProbes", "FlowSettings", "FlowSupervisor",
+           "describe_policy_changes"]
 
 log = logging.getLogger("floodwall.flow")
 
 T = TypeVar("T")
 #: Most queue names one log line lists.
 LOG_LIST_LIMIT = 20
-
-
-@dataclass(frozen=True)
-class FlowSettings:
-    """What the flow supervisor needs; ``from_proxy_settings`` for ``floodwall run``."""
-
-    policies: Path
-    management_url: str
-    management_credentials: ManagementCredentials
-    amqp_host: str
-    amqp_port: int
-    amqp_credentials: AmqpCredentials
-    depth_interval: float = 0.2
-    management_interval: float = 5.0
-    alarm_interval: float = 2.0
-    topology_interval: float = 30.0
-    policy_poll_interval: float = 2.0
-    holding_log_interval: float = 5.0
-    management_timeout: float = 5.0
-    connect_timeout: float = 5.0
-    probe_timeout: float = 5.0
-    reconnect_min: float = 0.5
-    reconnect_max: float = 30.0
-    management_connections: int = 4  # the API client's pool: requests in flight at most
-    # How old the management API's queue figures can be when it answers: RabbitMQ's
-    # collect_statistics_interval (5 s by default). Samples are dated back by this much, so
-    # a real-time ready count taken meanwhile is never overruled by an older figure.
-    management_stats_age: float = 5.0
-    unknown_after: float | None = None  # None: 3 * management_interval + management_timeout
-    # The routing model's live feed (proxy/io/topology.py).
-    topology_events: bool = True  # consume amq.rabbitmq.event when the broker has it
-    event_vhost: str = "/"  # where the rabbitmq_event_exchange plugin declares its exchange
-    lookup_timeout: float = 2.0  # longest a publish waits for a lookup before on_unknown_depth
-    lookup_ttl: float = 1.0  # how long "absent" (or "failed, allowed") is remembered
-    lookup_retry: float = 1.0  # a failed lookup a policy blocks on is asked again this often
-    sync_grace: float = 2.0  # how long changes in flight may explain a sync's difference
-    upstream_tls: UpstreamTlsContext | None = None  # amqps for the depth probes
-    management_tls: ManagementTlsContext | None = None  # https to the management API
-
-    @property
-    def depth_unknown_after(self) -> float:
-        if self.unknown_after is not None:
-            return self.unknown_after
-        return 3 * self.management_interval + self.management_timeout
-
-    @classmethod
-    def from_proxy_settings(cls, s: ProxySettings, upstream_tls: UpstreamTlsContext | None = None,
-                            management_tls: ManagementTlsContext | None = None
-                            ) -> FlowSettings:
-        if s.policies is None:
-            raise ValueError("flow control needs a policies file")
-        return cls(
-            policies=s.policies,
-            management_url=s.effective_management_url,
-            management_credentials=s.credentials,
-            amqp_host=s.upstream[0],
-            amqp_port=s.upstream[1],
-            amqp_credentials=s.effective_amqp_credentials,
-            depth_interval=s.depth_interval,
-            management_interval=s.management_interval,
-            alarm_interval=s.alarm_interval,
-            topology_interval=s.topology_interval,
-            topology_events=s.topology_events,
-            policy_poll_interval=s.policy_poll_interval,
-            holding_log_interval=s.holding_log_interval,
-            management_timeout=s.management_timeout,
-            management_connections=s.management_connections,
-            connect_timeout=s.connect_timeout,
-            upstream_tls=upstream_tls,
-            management_tls=management_tls,
-        )
 
 
 def describe_policy_changes(old: PolicySet, new: PolicySet) -> dict[str, str]:
@@ -169,12 +99,7 @@ def _short_list(keys: list[QueueKey]) -> str:
     return ",".join(labels[:LOG_LIST_LIMIT]) + (f",... ({more} more)" if more > 0 else "")
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-class FlowSupervisor:
+class FlowSupervisor(DepthProbes):
     """Owns the FlowController, the Topology and every timer that feeds them.
 
     Construct (loads the policies: ``PolicyError`` on a bad file), ``await start()``,
@@ -249,19 +174,6 @@ class FlowSupervisor:
         self._clients.clear()
         await self.api.close()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            event(log, "flow_task_failed", logging.ERROR, task=task.get_name(),
-                  reason=_reason(exc) if exc else "?")
-
     # -- what the relay and the topology feed tell us ----------------------------------
     def topology_changed(self, change: TopologyChange) -> None:
         """A declare, delete or bind a client made through the proxy, confirmed by the
@@ -319,33 +231,6 @@ class FlowSupervisor:
                   learned_by=source.value)
             self._after_queue_change()
 
-    def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
-                         rtt: float | None) -> None:
-        """A passive declare's (or declare-ok's) ready count of ``key``, if policed.
-
-        A stream's count is the broker's statistics figure, up to its statistics interval
-        old: it is dated back by ``management_stats_age``, so the ledger adds what was
-        forwarded since (the estimate errs high, never low).
-        """
-        if key not in self.controller.queues:
-            return
-        if self.topology.queue_type(*key) is QueueType.STREAM:
-            requested_at -= self.settings.management_stats_age
-            rtt = None
-        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock())
-        self.board.settle()
-
-    def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
-        """A management sample of ``key``, dated back by the broker's statistics interval."""
-        if key not in self.controller.queues:
-            return
-        self._asked.add(key)
-        now = self._sampled_at[key] = self.clock()
-        self.controller.sampled_management(
-            key, replace(sample, taken_at=sample.taken_at - self.settings.management_stats_age),
-            now)
-        self.board.settle()
-
     async def queues_listed(self, listed: set[QueueKey]) -> None:
         """A sync listed these queues: police new ones; a policed queue the listing lacks
         is forgotten once the broker confirms it is gone."""
@@ -356,33 +241,9 @@ class FlowSupervisor:
         self._reconcile_vhosts()
         self._wake_until_warm()
 
-    async def client_for(self, vhost: str) -> AmqpClient:
-        """The vhost's own connection, waiting for it (and asking it to retry now) if it is
-        not up; the caller bounds the wait."""
-        client = self._clients.get(vhost)
-        if client is not None and client.connected:
-            return client
-        if vhost not in self._vhost_tasks and self._running:
-            self._vhost_tasks[vhost] = self._spawn(self._own_connection_loop(vhost),
-                                                   f"flow-own-{vhost}")
-        self._kick(vhost)
-        up = self._client_up.setdefault(vhost, asyncio.Event())
-        while True:
-            await up.wait()
-            client = self._clients.get(vhost)
-            if client is not None and client.connected:
-                return client
-            up.clear()
-
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
         """One management API call, counted (for the topology feed)."""
         return await self._ask(call)
-
-    def _kick(self, vhost: str) -> None:
-        """Let the vhost's connection loop retry at once (the vhost may exist now)."""
-        kick = self._vhost_kick.get(vhost)
-        if kick is not None:
-            kick.set()
 
     def _forget(self, key: QueueKey) -> None:
         if key in self.controller.queues:
@@ -446,272 +307,12 @@ class FlowSupervisor:
             if self.store.changed_since_last_load():
                 self.reload("file changed")
 
-    # -- the management API ------------------------------------------------------------
-    async def _ask(self, call: Callable[[], Awaitable[T]]) -> T:
-        """One management API call, counted, with the API's state logged when it changes."""
-        try:
-            result = await call()
-        except ManagementError as exc:
-            self._management_failed(exc)
-            raise
-        except Exception as exc:  # e.g. http.client's protocol errors
-            error = ManagementError("bad_reply", f"{self.api.url}: {_reason(exc)}")
-            self._management_failed(error)
-            raise error from exc
-        finally:
-            self.stats.management_requests = self.api.requests
-        self._management_ok()
-        return result
-
-    def _management_failed(self, exc: ManagementError) -> None:
-        self.stats.management_errors[exc.kind] += 1
-        status = self.stats.management
-        if status.ok is not False or status.kind != exc.kind:
-            event(log, "management_api_failed", logging.WARNING, kind=exc.kind,
-                  reason=str(exc), url=self.api.url,
-                  action=(f"depth of policed queues becomes unknown after "
-                          f"{self.settings.depth_unknown_after:g}s without figures; "
-                          "their policies' on_unknown_depth applies"))
-            if status.ok is not False:
-                status.since = self.clock()
-        status.ok, status.kind, status.error = False, exc.kind, str(exc)
-
-    def _management_ok(self) -> None:
-        status = self.stats.management
-        if status.ok is not True:
-            if status.ok is False:
-                event(log, "management_api_recovered", url=self.api.url,
-                      after_seconds=round(self.clock() - (status.since or self.clock()), 1))
-            status.since = self.clock()
-        status.ok, status.kind, status.error = True, None, None
-
     # -- topology ----------------------------------------------------------------------
     async def sync_topology(self) -> bool:
         """One full sync of the routing model now (``TopologyFeed.sync``)."""
         ok = await self.feed.sync()
         self._wake_until_warm()
         return ok
-
-    def _wake_until_warm(self) -> None:
-        """Until the first round is complete, a topology answer triggers a depth round."""
-        if not self._warm and self._wake_management is not None:
-            self._wake_management.set()
-
-    async def _confirm_gone(self, key: QueueKey) -> bool:
-        """Missing from a topology listing: ask the broker itself if we can."""
-        client = self._clients.get(key[0])
-        if client is None or not client.connected:
-            return True
-        try:
-            return await client.queue_counts(key[1], self.settings.probe_timeout) is None
-        except (AmqpClientError, TimeoutError):
-            return False
-
-    # -- depth: management samples -----------------------------------------------------
-    async def _management_loop(self) -> None:
-        wake = self._wake_management
-        assert wake is not None
-        while True:
-            wake.clear()
-            await self.sample_management()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.settings.management_interval)
-
-    async def sample_management(self) -> None:
-        """One management sample of every policed queue, then the unknown-depth rule."""
-        keys = sorted(self.controller.queues)
-        limit = asyncio.Semaphore(self.settings.management_connections)
-
-        async def one(key: QueueKey) -> ManagementSample | ManagementError | None:
-            async with limit:
-                try:
-                    return await self._ask(functools.partial(self.api.queue_sample, *key))
-                except ManagementError as exc:
-                    return exc
-
-        results = await asyncio.gather(*(one(k) for k in keys))
-        now = self.clock()
-        for key, result in zip(keys, results, strict=True):
-            if key not in self.controller.queues:
-                continue  # dropped while we asked
-            self._asked.add(key)
-            if isinstance(result, ManagementSample):
-                self.feed_management(key, result)
-                self._sampled_at[key] = now
-            # None: the API does not know it; the passive declare decides whether it is gone
-        self.apply_unknown_depth()
-        if self.feed.loaded or self.feed.error is not None:
-            if not self._warm and all(k in self._asked for k in self.controller.queues):
-                self._warm = True
-                event(log, "flow_ready", policed_queues=len(self.controller.queues),
-                      management="ok" if self.stats.management.ok else
-                      f"failing ({self.stats.management.kind})")
-
-    def depth_is_unknown(self, key: QueueKey, now: float | None = None) -> bool:
-        if key not in self._asked:
-            return False  # not asked yet: the ready count and ledger decide meanwhile
-        sampled = self._sampled_at.get(key)
-        now = self.clock() if now is None else now
-        return sampled is None or now - sampled > self.settings.depth_unknown_after
-
-    def apply_unknown_depth(self) -> None:
-        now = self.clock()
-        for key in list(self.controller.queues):
-            unknown = self.depth_is_unknown(key, now)
-            self.stats.depth_known[key] = not unknown
-            if unknown:
-                self.controller.depth_unknown(key, now)
-        self.board.settle()
-
-    # -- depth: own connections, one per vhost -----------------------------------------
-    def _reconcile_vhosts(self) -> None:
-        """One own connection per vhost with policed queues or a policy (lookups and the
-        first figures of new queues need it at once)."""
-        wanted = {k[0] for k in self.controller.queues} | self.controller.policies.vhosts
-        for vhost in wanted - self._vhost_tasks.keys():
-            self._vhost_tasks[vhost] = self._spawn(self._own_connection_loop(vhost),
-                                                   f"flow-own-{vhost}")
-        for vhost in self._vhost_tasks.keys() - wanted:
-            self._vhost_tasks.pop(vhost).cancel()
-            self.stats.own_connections.pop(vhost, None)
-
-    async def _pause(self, vhost: str, seconds: float) -> None:
-        """Sleep before reconnecting, unless kicked (the vhost appeared, a lookup waits)."""
-        kick = self._vhost_kick.setdefault(vhost, asyncio.Event())
-        kick.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(kick.wait(), seconds)
-
-    async def _own_connection_loop(self, vhost: str) -> None:
-        s = self.settings
-        backoff = s.reconnect_min
-        failing = False
-        try:
-            while True:
-                client = AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
-                                    s.amqp_credentials.password, vhost,
-                                    on_blocked=functools.partial(self._on_blocked, vhost),
-                                    tls=s.upstream_tls)
-                try:
-                    await client.connect(s.connect_timeout)
-                except Exception as exc:
-                    with contextlib.suppress(Exception):
-                        await client.close()
-                    reason = _reason(exc)
-                    self.stats.own_connections[vhost] = f"down: {reason}"
-                    self.stats.own_connection_failures += 1
-                    if not failing:
-                        event(log, "own_connection_failed", logging.WARNING, vhost=vhost,
-                              upstream=f"{s.amqp_host}:{s.amqp_port}", reason=reason,
-                              action="retrying with backoff; management samples go on")
-                    failing = True
-                    await self._pause(vhost, backoff)
-                    backoff = min(backoff * 2, s.reconnect_max)
-                    continue
-                with contextlib.suppress(AmqpClientError, TimeoutError):
-                    await client.open_lane("lookup", s.connect_timeout)
-                event(log, "own_connection_up", vhost=vhost,
-                      upstream=f"{s.amqp_host}:{s.amqp_port}")
-                failing, backoff = False, s.reconnect_min
-                self.stats.own_connections[vhost] = "up"
-                self._clients[vhost] = client
-                self._client_up.setdefault(vhost, asyncio.Event()).set()
-                try:
-                    await self._probe_forever(client, vhost)
-                finally:
-                    self._client_up[vhost].clear()
-                    self._clients.pop(vhost, None)
-                    if self._blocked_alarm.pop(vhost, None) is not None:
-                        self._update_alarm()
-                    with contextlib.suppress(Exception):
-                        await client.close()
-                reason = client.closed_reason or "closed"
-                self.stats.own_connections[vhost] = f"down: {reason}"
-                self.stats.own_connection_failures += 1
-                event(log, "own_connection_reconnecting", logging.WARNING, vhost=vhost,
-                      reason=reason, retry_in=backoff)
-                failing = True
-                await self._pause(vhost, backoff)
-        finally:
-            self.stats.own_connections.pop(vhost, None)
-
-    async def _probe_forever(self, client: AmqpClient, vhost: str) -> None:
-        """Passive-declare each policed queue of ``vhost`` every depth interval."""
-        loop = asyncio.get_running_loop()
-        interval = self.settings.depth_interval
-        next_at = loop.time()
-        while client.connected:
-            for key in [k for k in self.controller.queues if k[0] == vhost]:
-                if self.depth_is_unknown(key):
-                    self.controller.depth_unknown(key, self.clock())
-                    self.board.settle()
-                    continue
-                requested_at = self.clock()
-                try:
-                    counts = await client.queue_counts(key[1], self.settings.probe_timeout)
-                except TimeoutError:
-                    event(log, "own_connection_unresponsive", logging.WARNING, vhost=vhost,
-                          queue=key[1], timeout=self.settings.probe_timeout)
-                    return
-                except AmqpClientError as exc:
-                    if not client.connected:
-                        return
-                    self._refused(key, str(exc))
-                    continue
-                if self._probe_refused.pop(key, None) is not None:
-                    event(log, "queue_probe_ok", vhost=key[0], queue=key[1])
-                if counts is None:
-                    if key in self.controller.queues:
-                        self.feed.apply(TopologyChange(ChangeKind.DELETE_QUEUE, *key),
-                                        ChangeSource.LOOKUP)
-                elif key in self.controller.queues:
-                    rtt = self.clock() - requested_at
-                    self.feed_ready_count(key, requested_at, counts.messages, rtt)
-            next_at += interval
-            now = loop.time()
-            if next_at < now:
-                next_at = now  # fell behind (many queues, slow broker): no burst to catch up
-            await asyncio.sleep(next_at - now)
-
-    def _refused(self, key: QueueKey, reason: str) -> None:
-        if self._probe_refused.get(key) != reason:
-            event(log, "queue_probe_refused", logging.WARNING, vhost=key[0], queue=key[1],
-                  reason=reason, action="depth from management samples only")
-        self._probe_refused[key] = reason
-
-    # -- broker alarms -----------------------------------------------------------------
-    def _on_blocked(self, vhost: str, reason: str | None) -> None:
-        if reason is None:
-            self._blocked_alarm.pop(vhost, None)
-        else:
-            self._blocked_alarm[vhost] = f"connection.blocked: {reason}"
-        self._update_alarm()
-
-    def _update_alarm(self) -> None:
-        reason = self._management_alarm
-        if reason is None and self._blocked_alarm:
-            reason = self._blocked_alarm[min(self._blocked_alarm)]
-        self.controller.set_alarm(reason, self.clock())
-        self.board.settle()
-
-    async def _alarm_loop(self) -> None:
-        while True:
-            await self.poll_alarms()
-            await asyncio.sleep(self.settings.alarm_interval)
-
-    async def poll_alarms(self) -> None:
-        """Ask the management API for node alarms; an error keeps the last answer."""
-        try:
-            alarms = await self._ask(self.api.alarms)
-        except ManagementError:
-            return
-        parts = []
-        if alarms.memory:
-            parts.append("memory alarm on " + ",".join(alarms.memory))
-        if alarms.disk:
-            parts.append("disk alarm on " + ",".join(alarms.disk))
-        self._management_alarm = "; ".join(parts) or None
-        self._update_alarm()
 
     # -- the repeating "publishes held" lines ------------------------------------------
     async def _holding_log_loop(self) -> None:
@@ -730,39 +331,21 @@ class FlowSupervisor:
 
     # -- admin views -------------------------------------------------------------------
     def readiness(self) -> tuple[bool, dict[str, object]]:
-        """Ready once the startup round is in: policies loaded (always, or we would not
-        run), the topology loaded or its failure reported, and every queue policed then
-        asked about once. Afterwards management trouble shows here but does not unready
-        the proxy: the relay still works and on_unknown_depth keeps queues safe.
-        """
+        """Ready once the startup round is in (``ops.supervision.readiness``)."""
         now = self.clock()
-        detail: dict[str, object] = {
-            "policies": {"source": self.store.path, "generation": self.store.generation,
-                         "entries": len(self.store.current)},
-            "management": self.stats.management.as_dict(now),
-            "policed_queues": len(self.controller.queues),
-        }
-        if not self._warm:
-            waiting = [key_label(k) for k in sorted(self.controller.queues)
-                       if k not in self._asked]
-            detail["warming_up"] = ({"first_depth_sample": waiting[:LOG_LIST_LIMIT]} if waiting
-                                    else {"topology": "not loaded yet"})
-        if self.feed.error is not None:
-            detail["topology_error"] = self.feed.error
-        if self.stats.events_status != "up":
-            # Not a reason to be unready (lookups and syncs go on), but say how stale the
-            # model can be: changes to known exchanges wait for the next sync.
-            detail["topology"] = topology_state(self.controller, self.stats, now)
-        unknown = [key_label(k) for k in sorted(self.controller.queues)
-                   if self.depth_is_unknown(k, now)]
-        if unknown:
-            detail["depth_unknown"] = unknown[:LOG_LIST_LIMIT]
-        down = {v: r for v, r in self.stats.own_connections.items() if r != "up"}
-        if down:
-            detail["own_connections_down"] = down
-        if self.controller.alarm_reason is not None:
-            detail["broker_alarm"] = self.controller.alarm_reason
-        return self._warm, detail
+        return readiness(SupervisorView(
+            warm=self._warm,
+            policies={"source": self.store.path, "generation": self.store.generation,
+                      "entries": len(self.store.current)},
+            management=self.stats.management.as_dict(now),
+            policed=self.controller.queues, asked=self._asked,
+            unknown=[k for k in self.controller.queues if self.depth_is_unknown(k, now)],
+            topology_error=self.feed.error,
+            topology=(None if self.stats.events_status == "up"
+                      else topology_state(self.controller, self.stats, now)),
+            own_connections=self.stats.own_connections,
+            alarm=self.controller.alarm_reason))
 
     def state(self) -> dict[str, object]:
         return flow_state(self.controller, self.enforcement.counters, self.stats, self.clock())
+

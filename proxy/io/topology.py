@@ -61,11 +61,12 @@ from floodwall.control.routing.sync import ChangeSource, SyncDifference, describ
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
 from floodwall.io.management import ManagementApi, ManagementError
 from floodwall.io.switchboard import Switchboard
+from floodwall.io.tasks import spawn
 from floodwall.ops.flow_metrics import FlowStats
 from floodwall.ops.logs import event
 
 if TYPE_CHECKING:
-    from floodwall.io.supervisor import FlowSettings
+    from floodwall.io.flow_settings import FlowSettings
 
 log = logging.getLogger("floodwall.topology")
 
@@ -116,7 +117,200 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class TopologyFeed:
+class FeedLookups:
+    """The topology feed's lookups (``TopologyFeed`` extends it): the names a publish waits
+    on, asked of the broker on the spot; and how every change enters the model (``apply``).
+    """
+
+    settings: FlowSettings
+    topology: Topology
+    board: Switchboard
+    controller: FlowController
+    api: ManagementApi
+    stats: FlowStats
+    policing: Policing
+    clock: Callable[[], float]
+    _tasks: set[asyncio.Task[Any]]
+    _timers: set[asyncio.TimerHandle]
+    _journal: list[TopologyChange] | None
+    _differences: list[SyncDifference]
+    _lookups_failing: bool
+    _started: bool
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        return spawn(self._tasks, coro, name, log, "topology_task_failed", _reason)
+
+    def _later(self, delay: float, callback: Callable[[], None]) -> None:
+        def fire() -> None:
+            self._timers.discard(handle)
+            callback()
+
+        handle = asyncio.get_running_loop().call_later(delay, fire)
+        self._timers.add(handle)
+
+    # -- every change --------------------------------------------------------------------
+    def apply(self, change: TopologyChange, source: ChangeSource) -> None:
+        """One change into the model, counted by source, then policed."""
+        self.topology.apply(change)
+        if self._journal is not None:
+            self._journal.append(change)
+        for difference in self._differences:
+            difference.note(change)
+        self.stats.changes[source.value] += 1
+        event(log, "topology_change", logging.DEBUG, source=source.value,
+              kind=change.kind.value, vhost=change.vhost, item=change.name,
+              exchange=change.source or None)
+        self.policing.topology_applied(change, source)
+
+    # -- lookups ---------------------------------------------------------------------------
+    def dispatch_lookups(self) -> None:
+        """The gate asked for lookups: start each at once (a task each), in the same
+        callback that held the publish, so the question leaves before the next read."""
+        if not self._started:
+            return  # start() takes them
+        for lookup in self.controller.lookups.take_due():
+            self._spawn(self._lookup_task(lookup), f"lookup-{lookup.kind.value}")
+
+    async def _lookup_task(self, lookup: Lookup) -> None:
+        await self.lookup(lookup)
+
+    async def lookup(self, lookup: Lookup) -> LookupResult:
+        """Ask the broker about one name; tell the controller."""
+        started = self.clock()
+        reason = ""
+        try:
+            async with asyncio.timeout(self.settings.lookup_timeout):
+                result = await self._ask_broker(lookup)
+        except TimeoutError:
+            result, reason = LookupResult.FAILED, f"no answer in {self.settings.lookup_timeout:g}s"
+        except (AmqpClientError, ManagementError, TopologyError, OSError) as exc:
+            result, reason = LookupResult.FAILED, _reason(exc)
+        elapsed = self.clock() - started
+        self.stats.lookups[(lookup.kind.value, result.value)] += 1
+        self.stats.lookup_seconds.observe(elapsed)
+        if result is LookupResult.FAILED:
+            if not self._lookups_failing:
+                event(log, "topology_lookup_failed", logging.WARNING, vhost=lookup.vhost,
+                      kind=lookup.kind.value, item=lookup.name, reason=reason,
+                      action="the policy's on_unknown_depth decides (block: ask again)")
+            self._lookups_failing = True
+        else:
+            if self._lookups_failing:
+                event(log, "topology_lookups_recovered", vhost=lookup.vhost,
+                      kind=lookup.kind.value, item=lookup.name)
+            self._lookups_failing = False
+            event(log, "topology_lookup", logging.DEBUG, vhost=lookup.vhost,
+                  kind=lookup.kind.value, item=lookup.name, result=result.value,
+                  seconds=round(elapsed, 6))
+        if self.controller.lookup_answered(lookup, result, self.clock()):
+            self._later(self.settings.lookup_retry, functools.partial(self._retry, lookup))
+        self.board.settle()
+        return result
+
+    def _retry(self, lookup: Lookup) -> None:
+        """Ask again (a failed lookup whose policy says block)."""
+        self.controller.lookups.retry(lookup)
+        self.dispatch_lookups()
+
+    async def _ask_broker(self, lookup: Lookup) -> LookupResult:
+        if lookup.kind is LookupKind.QUEUE:
+            return await self._lookup_queue(lookup)
+        return await self._lookup_exchange(lookup)
+
+    async def _lookup_queue(self, lookup: Lookup) -> LookupResult:
+        """A passive declare: the queue's existence and its ready count, now. A queue
+        exclusive to another connection refuses it: the management API answers instead."""
+        vhost, name = lookup.vhost, lookup.name
+        client = await self.policing.client_for(vhost)
+        requested_at = self.clock()
+        try:
+            counts = await client.queue_counts(name, self.settings.lookup_timeout,
+                                               lane="lookup")
+        except QueueLocked:
+            return await self._lookup_locked_queue(lookup)
+        if counts is None:
+            if self.topology.knows_queue(vhost, name) \
+                    or (vhost, name) in self.controller.queues:
+                self.apply(TopologyChange(ChangeKind.DELETE_QUEUE, vhost, name),
+                           ChangeSource.LOOKUP)
+            return LookupResult.ABSENT
+        rtt = self.clock() - requested_at
+        if not self.topology.knows_queue(vhost, name):
+            self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
+                       ChangeSource.LOOKUP)
+        key = (vhost, name)
+        q = self.controller.queues.get(key)
+        if counts.messages and q is not None and q.depth.management is None \
+                and not q.depth.forwarded_messages_total:
+            # Messages of a size nobody has seen yet: their bytes come from the management
+            # API first, or the count would weigh nothing against a byte capacity.
+            with contextlib.suppress(ManagementError):
+                sample = await self.policing.ask(
+                    functools.partial(self.api.queue_sample, vhost, name))
+                if sample is not None:
+                    self.policing.feed_management(key, sample)
+        self.policing.feed_ready_count(key, requested_at, counts.messages, rtt)
+        return LookupResult.FOUND
+
+    async def _lookup_locked_queue(self, lookup: Lookup) -> LookupResult:
+        vhost, name = lookup.vhost, lookup.name
+        sample = await self.policing.ask(functools.partial(self.api.queue_sample, vhost, name))
+        if sample is None:
+            return LookupResult.ABSENT
+        if not self.topology.knows_queue(vhost, name):
+            self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
+                       ChangeSource.LOOKUP)
+        self.policing.feed_management((vhost, name), sample)
+        return LookupResult.FOUND
+
+    async def _lookup_exchange(self, lookup: Lookup) -> LookupResult:
+        """The exchange and its bindings from the management API, following bindings and
+        alternate exchanges to exchanges the model lacks; when the API cannot answer, a
+        passive declare can still say the exchange is absent."""
+        try:
+            found = await self._exchange_from_management(lookup.vhost, lookup.name)
+        except ManagementError:
+            client = await self.policing.client_for(lookup.vhost)
+            if not await client.exchange_exists(lookup.name, self.settings.lookup_timeout,
+                                                lane="lookup"):
+                return LookupResult.ABSENT
+            raise
+        return LookupResult.FOUND if found else LookupResult.ABSENT
+
+    async def _exchange_from_management(self, vhost: str, name: str) -> bool:
+        from urllib.parse import quote
+
+        todo, seen, found = [name], set[str](), False
+        while todo and len(seen) < LOOKUP_EXCHANGES_MAX:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            base = f"/api/exchanges/{quote(vhost, safe='')}/{quote(current, safe='')}"
+            try:
+                doc = await self.policing.ask(functools.partial(self.api.get, base))
+            except ManagementError as exc:
+                if exc.kind == "not_found":
+                    continue
+                raise
+            bindings = await self.policing.ask(
+                functools.partial(self.api.get, base + "/bindings/source"))
+            changes = exchange_changes(doc, bindings)
+            if current == name:
+                found = True
+            for change in changes:
+                self.apply(change, ChangeSource.LOOKUP)
+                if change.kind is ChangeKind.BIND_EXCHANGE \
+                        and not self.topology.knows_exchange(vhost, change.name):
+                    todo.append(change.name)
+            x = self.topology.exchange(vhost, current)
+            ae = x.alternate_exchange if x is not None else None
+            if ae and not self.topology.knows_exchange(vhost, ae):
+                todo.append(ae)
+        return found
+
+
+class TopologyFeed(FeedLookups):
     """Events, lookups and syncs into one ``Topology``; owned by the ``FlowSupervisor``."""
 
     def __init__(self, settings: FlowSettings, topology: Topology,
@@ -168,41 +362,6 @@ class TopologyFeed:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            event(log, "topology_task_failed", logging.ERROR, task=task.get_name(),
-                  reason=_reason(exc) if exc else "?")
-
-    def _later(self, delay: float, callback: Callable[[], None]) -> None:
-        def fire() -> None:
-            self._timers.discard(handle)
-            callback()
-
-        handle = asyncio.get_running_loop().call_later(delay, fire)
-        self._timers.add(handle)
-
-    # -- every change --------------------------------------------------------------------
-    def apply(self, change: TopologyChange, source: ChangeSource) -> None:
-        """One change into the model, counted by source, then policed."""
-        self.topology.apply(change)
-        if self._journal is not None:
-            self._journal.append(change)
-        for difference in self._differences:
-            difference.note(change)
-        self.stats.changes[source.value] += 1
-        event(log, "topology_change", logging.DEBUG, source=source.value,
-              kind=change.kind.value, vhost=change.vhost, item=change.name,
-              exchange=change.source or None)
-        self.policing.topology_applied(change, source)
 
     @property
     def events_up(self) -> bool:
@@ -407,149 +566,3 @@ class TopologyFeed:
             return
         self.apply(change, ChangeSource.EVENT)
 
-    # -- lookups ---------------------------------------------------------------------------
-    def dispatch_lookups(self) -> None:
-        """The gate asked for lookups: start each at once (a task each), in the same
-        callback that held the publish, so the question leaves before the next read."""
-        if not self._started:
-            return  # start() takes them
-        for lookup in self.controller.lookups.take_due():
-            self._spawn(self._lookup_task(lookup), f"lookup-{lookup.kind.value}")
-
-    async def _lookup_task(self, lookup: Lookup) -> None:
-        await self.lookup(lookup)
-
-    async def lookup(self, lookup: Lookup) -> LookupResult:
-        """Ask the broker about one name; tell the controller."""
-        started = self.clock()
-        reason = ""
-        try:
-            async with asyncio.timeout(self.settings.lookup_timeout):
-                result = await self._ask_broker(lookup)
-        except TimeoutError:
-            result, reason = LookupResult.FAILED, f"no answer in {self.settings.lookup_timeout:g}s"
-        except (AmqpClientError, ManagementError, TopologyError, OSError) as exc:
-            result, reason = LookupResult.FAILED, _reason(exc)
-        elapsed = self.clock() - started
-        self.stats.lookups[(lookup.kind.value, result.value)] += 1
-        self.stats.lookup_seconds.observe(elapsed)
-        if result is LookupResult.FAILED:
-            if not self._lookups_failing:
-                event(log, "topology_lookup_failed", logging.WARNING, vhost=lookup.vhost,
-                      kind=lookup.kind.value, item=lookup.name, reason=reason,
-                      action="the policy's on_unknown_depth decides (block: ask again)")
-            self._lookups_failing = True
-        else:
-            if self._lookups_failing:
-                event(log, "topology_lookups_recovered", vhost=lookup.vhost,
-                      kind=lookup.kind.value, item=lookup.name)
-            self._lookups_failing = False
-            event(log, "topology_lookup", logging.DEBUG, vhost=lookup.vhost,
-                  kind=lookup.kind.value, item=lookup.name, result=result.value,
-                  seconds=round(elapsed, 6))
-        if self.controller.lookup_answered(lookup, result, self.clock()):
-            self._later(self.settings.lookup_retry, functools.partial(self._retry, lookup))
-        self.board.settle()
-        return result
-
-    def _retry(self, lookup: Lookup) -> None:
-        """Ask again (a failed lookup whose policy says block)."""
-        self.controller.lookups.retry(lookup)
-        self.dispatch_lookups()
-
-    async def _ask_broker(self, lookup: Lookup) -> LookupResult:
-        if lookup.kind is LookupKind.QUEUE:
-            return await self._lookup_queue(lookup)
-        return await self._lookup_exchange(lookup)
-
-    async def _lookup_queue(self, lookup: Lookup) -> LookupResult:
-        """A passive declare: the queue's existence and its ready count, now. A queue
-        exclusive to another connection refuses it: the management API answers instead."""
-        vhost, name = lookup.vhost, lookup.name
-        client = await self.policing.client_for(vhost)
-        requested_at = self.clock()
-        try:
-            counts = await client.queue_counts(name, self.settings.lookup_timeout,
-                                               lane="lookup")
-        except QueueLocked:
-            return await self._lookup_locked_queue(lookup)
-        if counts is None:
-            if self.topology.knows_queue(vhost, name) \
-                    or (vhost, name) in self.controller.queues:
-                self.apply(TopologyChange(ChangeKind.DELETE_QUEUE, vhost, name),
-                           ChangeSource.LOOKUP)
-            return LookupResult.ABSENT
-        rtt = self.clock() - requested_at
-        if not self.topology.knows_queue(vhost, name):
-            self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
-                       ChangeSource.LOOKUP)
-        key = (vhost, name)
-        q = self.controller.queues.get(key)
-        if counts.messages and q is not None and q.depth.management is None \
-                and not q.depth.forwarded_messages_total:
-            # Messages of a size nobody has seen yet: their bytes come from the management
-            # API first, or the count would weigh nothing against a byte capacity.
-            with contextlib.suppress(ManagementError):
-                sample = await self.policing.ask(
-                    functools.partial(self.api.queue_sample, vhost, name))
-                if sample is not None:
-                    self.policing.feed_management(key, sample)
-        self.policing.feed_ready_count(key, requested_at, counts.messages, rtt)
-        return LookupResult.FOUND
-
-    async def _lookup_locked_queue(self, lookup: Lookup) -> LookupResult:
-        vhost, name = lookup.vhost, lookup.name
-        sample = await self.policing.ask(functools.partial(self.api.queue_sample, vhost, name))
-        if sample is None:
-            return LookupResult.ABSENT
-        if not self.topology.knows_queue(vhost, name):
-            self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
-                       ChangeSource.LOOKUP)
-        self.policing.feed_management((vhost, name), sample)
-        return LookupResult.FOUND
-
-    async def _lookup_exchange(self, lookup: Lookup) -> LookupResult:
-        """The exchange and its bindings from the management API, following bindings and
-        alternate exchanges to exchanges the model lacks; when the API cannot answer, a
-        passive declare can still say the exchange is absent."""
-        try:
-            found = await self._exchange_from_management(lookup.vhost, lookup.name)
-        except ManagementError:
-            client = await self.policing.client_for(lookup.vhost)
-            if not await client.exchange_exists(lookup.name, self.settings.lookup_timeout,
-                                                lane="lookup"):
-                return LookupResult.ABSENT
-            raise
-        return LookupResult.FOUND if found else LookupResult.ABSENT
-
-    async def _exchange_from_management(self, vhost: str, name: str) -> bool:
-        from urllib.parse import quote
-
-        todo, seen, found = [name], set[str](), False
-        while todo and len(seen) < LOOKUP_EXCHANGES_MAX:
-            current = todo.pop()
-            if current in seen:
-                continue
-            seen.add(current)
-            base = f"/api/exchanges/{quote(vhost, safe='')}/{quote(current, safe='')}"
-            try:
-                doc = await self.policing.ask(functools.partial(self.api.get, base))
-            except ManagementError as exc:
-                if exc.kind == "not_found":
-                    continue
-                raise
-            bindings = await self.policing.ask(
-                functools.partial(self.api.get, base + "/bindings/source"))
-            changes = exchange_changes(doc, bindings)
-            if current == name:
-                found = True
-            for change in changes:
-                self.apply(change, ChangeSource.LOOKUP)
-                if change.kind is ChangeKind.BIND_EXCHANGE \
-                        and not self.topology.knows_exchange(vhost, change.name):
-                    todo.append(change.name)
-            x = self.topology.exchange(vhost, current)
-            ae = x.alternate_exchange if x is not None else None
-            if ae and not self.topology.knows_exchange(vhost, ae):
-                todo.append(ae)
-        return found

@@ -122,54 +122,17 @@ class FlowCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c, s, now = self.controller, self.stats, self.clock()
-        g = self.counters
-        yield from self._queues(c, s, now)
+        yield from self._queues(c, now)
         yield from self._depth_freshness(c, s, now)
         yield self._holds(c, s)
-
-        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
-                                value=len(c.queues))
-        yield GaugeMetricFamily("floodwall_blocked_channels",
-                                "Channels whose publishes are held now",
-                                value=len(c.blocked_channels()))
-        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
-                                value=g.held_bytes)
-        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
-                                value=g.held_messages)
-        signals = CounterMetricFamily(
-            "floodwall_flow_signals",
-            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
-            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
-        for proto in sorted({*PROTOCOLS, *(p for p, _ in g.signals)}):
-            signals.add_metric([proto, "false"], g.signals[(proto, "flow_off")])
-            signals.add_metric([proto, "true"], g.signals[(proto, "flow_on")])
-        yield signals
-        yield CounterMetricFamily("floodwall_rejected_publishes",
-                                  "Publishes refused under overflow: reject", value=g.rejects)
-        yield CounterMetricFamily("floodwall_deadline_expiries",
-                                  "Publishes refused because they were held past the deadline",
-                                  value=g.deadline_expiries)
-        yield GaugeMetricFamily("floodwall_broker_alarm",
-                                "1 while the broker has a memory or disk alarm",
-                                value=1 if c.alarm_reason is not None else 0)
+        yield from self._gates(c, self.counters)
         yield from self._management(s)
-        yield CounterMetricFamily("floodwall_own_connection_failures",
-                                  "The proxy's own AMQP connections that failed or were lost",
-                                  value=s.own_connection_failures)
         yield from self._topology(c, s)
-        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
-                                      labels=["result"])
-        for result in ("ok", "error"):
-            reloads.add_metric([result], s.reloads[result])
-        yield reloads
-        yield GaugeMetricFamily("floodwall_policies_loaded",
-                                "Policy and per-vhost defaults entries in effect",
-                                value=len(s.policies.policies) + len(s.policies.defaults))
-
+        yield from self._policies(s)
 
     @staticmethod
-    def _queues(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
-        """The families of each policed queue."""
+    def _queues(c: FlowController, now: float) -> Iterator[Metric]:
+        """Per policed queue: depth, limits, trips, overshoot."""
         depth_bytes = GaugeMetricFamily(
             "floodwall_queue_depth_bytes",
             "Message-body bytes in a policed queue: the broker's last figure or the estimate",
@@ -259,7 +222,38 @@ class FlowCollector(Collector):
         return holds
 
     @staticmethod
+    def _gates(c: FlowController, g: GateCounters) -> Iterator[Metric]:
+        """What the gates hold and did: blocked channels, held publishes, signals, refusals;
+        the broker alarm."""
+        yield GaugeMetricFamily("floodwall_policed_queues", "Queues under a policy now",
+                                value=len(c.queues))
+        yield GaugeMetricFamily("floodwall_blocked_channels",
+                                "Channels whose publishes are held now",
+                                value=len(c.blocked_channels()))
+        yield GaugeMetricFamily("floodwall_held_bytes", "Body bytes of publishes held now",
+                                value=g.held_bytes)
+        yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
+                                value=g.held_messages)
+        signals = CounterMetricFamily(
+            "floodwall_flow_signals",
+            "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
+            "(active false) or restored (active true) (amqp10)", labels=["protocol", "active"])
+        for proto in sorted({*PROTOCOLS, *(p for p, _ in g.signals)}):
+            signals.add_metric([proto, "false"], g.signals[(proto, "flow_off")])
+            signals.add_metric([proto, "true"], g.signals[(proto, "flow_on")])
+        yield signals
+        yield CounterMetricFamily("floodwall_rejected_publishes",
+                                  "Publishes refused under overflow: reject", value=g.rejects)
+        yield CounterMetricFamily("floodwall_deadline_expiries",
+                                  "Publishes refused because they were held past the deadline",
+                                  value=g.deadline_expiries)
+        yield GaugeMetricFamily("floodwall_broker_alarm",
+                                "1 while the broker has a memory or disk alarm",
+                                value=1 if c.alarm_reason is not None else 0)
+
+    @staticmethod
     def _management(s: FlowStats) -> Iterator[Metric]:
+        """The management API and the own connections."""
         yield CounterMetricFamily("floodwall_management_requests",
                                   "Requests made to the broker's management API",
                                   value=s.management_requests)
@@ -280,6 +274,21 @@ class FlowCollector(Collector):
         yield GaugeMetricFamily("floodwall_management_up",
                                 "1 if the management API's last answer was good",
                                 value=1 if s.management.ok else 0)
+        yield CounterMetricFamily("floodwall_own_connection_failures",
+                                  "The proxy's own AMQP connections that failed or were lost",
+                                  value=s.own_connection_failures)
+
+    @staticmethod
+    def _policies(s: FlowStats) -> Iterator[Metric]:
+        """Reloads and entries of the policy file."""
+        reloads = CounterMetricFamily("floodwall_policy_reloads", "Policy reloads, by result",
+                                      labels=["result"])
+        for result in ("ok", "error"):
+            reloads.add_metric([result], s.reloads[result])
+        yield reloads
+        yield GaugeMetricFamily("floodwall_policies_loaded",
+                                "Policy and per-vhost defaults entries in effect",
+                                value=len(s.policies.policies) + len(s.policies.defaults))
 
     @staticmethod
     def _topology(c: FlowController, s: FlowStats) -> Iterator[Metric]:

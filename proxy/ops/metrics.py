@@ -106,6 +106,11 @@ class RelayCollector(Collector):
                 errors.add_metric([proto, side], s.protocol_errors[(proto, side)])
         yield errors
 
+        yield from self._upstream()
+
+    def _upstream(self) -> Iterator[Metric]:
+        """The broker's side and the TLS listener; the event loop."""
+        s = self.stats
         yield CounterMetricFamily(
             "floodwall_upstream_connect_failures",
             "Upstream (broker) connections that could not be opened",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from floodwall.control.controller import ALARM, FlowController, QueueKey
 from floodwall.control.events import QueueReleased, QueueTripped
 from floodwall.control.lookups import is_pseudo
+from floodwall.control.policy import Policy
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.events import DeadlineExpired, PublisherHeld, Refused, Signalled
 from floodwall.spool.events import ReplayEnded, SpoolFilling
@@ -167,13 +168,7 @@ class Sampler:
             rec = _base("sample", self.sidecar, key[0], key[1], ts, mono, self._next())
             rec.update({
                 "interval": round(max(mono - prev.mono, 0.0), 3),
-                "policy": p.name,
-                "capacity": p.capacity,
-                "resume": p.resume,
-                "max_messages": p.max_messages or 0,
-                "resume_messages": p.resume_messages or 0,
-                "overflow": p.overflow.value,
-                "deadline": p.deadline,
+                **_policy_fields(p),
                 "depth_bytes": est.bytes if est is not None else None,
                 "depth_messages": est.messages if est is not None else None,
                 "broker_depth_bytes": broker.bytes if broker is not None else None,
@@ -199,6 +194,12 @@ class Sampler:
                                             d.delivered_messages_total)
         for gone in self._previous.keys() - c.queues.keys():
             del self._previous[gone]
+        records.append(self._sidecar(c, counters, ts, mono, all_blocked, spooled))
+        return records
+
+    def _sidecar(self, c: FlowController, counters: GateCounters, ts: float, mono: float,
+                 all_blocked: int, spooled: Mapping[QueueKey, int]) -> Record:
+        """The ``sidecar`` record: the sidecar as a whole."""
         side = _base("sidecar", self.sidecar, "", "", ts, mono, self._next())
         side.update({
             "interval": self.interval,
@@ -215,8 +216,7 @@ class Sampler:
             "deadline_expiries_total": counters.deadline_expiries,
             "dropped_records": self.dropped,
         })
-        records.append(side)
-        return records
+        return side
 
     def event(self, name: str, fields: Mapping[str, object], ts: float, mono: float
               ) -> list[Record]:
@@ -236,6 +236,13 @@ class Sampler:
             rec.update(extra)
             out.append(rec)
         return out
+
+
+def _policy_fields(p: Policy) -> dict[str, object]:
+    """A sample's fields from the queue's policy."""
+    return {"policy": p.name, "capacity": p.capacity, "resume": p.resume,
+            "max_messages": p.max_messages or 0, "resume_messages": p.resume_messages or 0,
+            "overflow": p.overflow.value, "deadline": p.deadline}
 
 
 def event_fields(ev: object) -> tuple[str, dict[str, object]] | None:

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from floodwall.spool.records import HEAD_SIZE, RecordError, SpoolRecord, decode_at
 
@@ -314,10 +315,7 @@ class QueueSpool:
                                 if taken >= max_bytes:
                                     return out
                         if pos == 0:  # one record longer than the chunk
-                            length = int.from_bytes(data[4:8], "big") if len(data) >= 8 else 0
-                            f.seek(offset)
-                            data = f.read(min(size - offset, HEAD_SIZE + length))
-                            rec, pos = decode_at(data, 0)
+                            rec, pos = _read_whole(f, offset, size, data)
                             if rec.seq > durable:
                                 return out
                             if rec.seq > after:
@@ -412,3 +410,11 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _read_whole(f: BinaryIO, offset: int, size: int, head: bytes) -> tuple[SpoolRecord, int]:
+    """The record at ``offset`` of a segment of ``size`` bytes, read in one piece (``head``:
+    the chunk read there, too short for it)."""
+    length = int.from_bytes(head[4:8], "big") if len(head) >= 8 else 0
+    f.seek(offset)
+    return decode_at(f.read(min(size - offset, HEAD_SIZE + length)), 0)

@@ -12,6 +12,7 @@ from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.enforce.amqp091.gate import PublishFlow
+from floodwall.io.spool import DiskSpoolPort
 from floodwall.spool.manager import SpoolManager
 from floodwall.wire.amqp091.connection import Connection
 from tests.amqp091.wire import (
@@ -45,7 +46,7 @@ policies:
 
 class Setup:
     def __init__(self, overflow: str = "hold", deadline: str = "30s", signal: str = "auto",
-                 product: str = "pytest-client", spool: DiskSpool | FakeSpool | None = None,
+                 product: str = "pytest-client", spool: DiskSpoolPort | FakeSpool | None = None,
                  policies: str | None = None) -> None:
         self.clock = Clock()
         self.fc = FlowController(DefaultExchange(), parse_policies(

@@ -10,10 +10,10 @@ import pytest
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
-from floodwall.enforce.amqp10.gate import (
+from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.amqp10.links import (
     ASSUMED_MESSAGE_BYTES,
     IN_FLIGHT_WINDOWS,
-    CreditFlow,
     link_ref,
     message_routing,
     window_for,
@@ -575,7 +575,7 @@ def test_delivery_ids_are_translated_around_what_the_proxy_settled() -> None:
 @pytest.mark.parametrize("drain", [False, True])
 def test_grant_flows_are_the_bytes_the_generic_encoder_makes(next_incoming: int | None,
                                                              drain: bool) -> None:
-    from floodwall.enforce.amqp10.gate import grant_flow_body
+    from floodwall.enforce.amqp10.links import grant_flow_body
     from floodwall.wire.amqp10.performatives import encode_performative
 
     for numbers in ([0, 0, 0, 0, 0, 0], [1, 255, 256, 65535, 2**31, MASK], [5000, 3, 9, 7, 16, 1]):

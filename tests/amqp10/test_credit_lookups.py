@@ -9,7 +9,8 @@ from floodwall.control.controller import FlowController
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult
 from floodwall.control.policy import parse_policies
 from floodwall.control.routing import Topology
-from floodwall.enforce.amqp10.gate import ASSUMED_MESSAGE_BYTES, CreditFlow, window_for
+from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.amqp10.links import ASSUMED_MESSAGE_BYTES, window_for
 from floodwall.wire.amqp10.connection import Connection
 from floodwall.wire.amqp10.framing import AMQP_HEADER
 from tests.amqp10.streams import begin, open_, transfer

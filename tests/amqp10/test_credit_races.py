@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from floodwall.enforce.amqp10.gate import ASSUMED_MESSAGE_BYTES, SenderLink, window_for
+from floodwall.enforce.amqp10.links import ASSUMED_MESSAGE_BYTES, SenderLink, window_for
 from floodwall.wire.amqp10.credit import MASK, serial_add, serial_diff
 from floodwall.wire.amqp10.performatives import DETACH, DISPOSITION, FLOW, TRANSFER
 from floodwall.wire.amqp10.types import Described, UInt, ULong

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from floodwall.enforce.amqp10.gate import link_ref
+from floodwall.enforce.amqp10.links import link_ref
 from floodwall.spool.log import QueueSpool
 from floodwall.spool.manager import SpoolManager
 from floodwall.spool.records import SpoolRecord

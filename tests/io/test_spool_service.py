@@ -432,11 +432,11 @@ policies:
             svc.manager.append(("/", "g"), record(0, "", "g"), 1 << 30)
         await svc.start()
         t0 = time.monotonic()
-        svc.append(("/", "n"), record(1, "", "n"), 1 << 30)  # as a gate does
+        svc.port.append(("/", "n"), record(1, "", "n"), 1 << 30)  # as a gate does
         await eventually(lambda: owner.durable, 2, "the never-fsync commit")
         assert owner.durable[-1] == {("/", "n"): 1} and not fsynced
-        svc.append(("/", "g"), record(2, "", "g"), 1 << 30)
-        svc.append(("/", "g"), record(3, "", "g"), 1 << 30)
+        svc.port.append(("/", "g"), record(2, "", "g"), 1 << 30)
+        svc.port.append(("/", "g"), record(3, "", "g"), 1 << 30)
         await eventually(lambda: len(owner.durable) == 2, 2, "the group commit")
         assert owner.durable[-1] == {("/", "g"): 2}
         assert time.monotonic() - t0 >= 0.05  # it waited for the group

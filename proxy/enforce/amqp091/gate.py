@@ -14,194 +14,42 @@ that needs the time takes ``now``. The core moves the outbox into its outgoing d
 
 from __future__ import annotations
 
-import struct
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Final
-
 from pamqp import commands
-from pamqp import frame as pamqp_frame
 
-from floodwall.control.controller import ALARM, QueueKey
-from floodwall.control.lookups import is_pseudo
+from floodwall.control.controller import QueueKey
 from floodwall.control.policy import Fsync
 from floodwall.enforce import events as ev
-from floodwall.enforce.amqp091.clients import may_signal
-from floodwall.enforce.commands import ForgetChannel
+from floodwall.enforce.amqp091.channels import (
+    BODY_SIZE,
+    DEFAULT_HOLD_BUDGET,
+    LOOKUP_HOLD_BUDGET,
+    PASS_WHILE_HELD,
+    ChannelFlow,
+    ConfirmNumbers,
+    HeldPublish,
+    Publish,
+    headers_of,
+    parse_publish,
+)
+from floodwall.enforce.amqp091.refusals import Refusing
 from floodwall.enforce.decision import (
     Unspoolable,
     Verdict,
-    deadline_of,
     decide,
-    should_signal,
 )
 from floodwall.enforce.ports import SpoolRefused
-from floodwall.enforce.shared import Enforcement, GateBase
 from floodwall.enforce.states import (
-    CHANNEL_PHASES,
-    CLOSING_PHASES,
     ChannelInput,
     ChannelPhase,
-    step,
 )
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
-from floodwall.wire.amqp091.hooks import ClientInfo
 
-PROTOCOL: Final = ev.ProtocolName.AMQP091
 _B = commands.Basic
 _CH = commands.Channel
-_SHORT = struct.Struct(">H")
-_BODY_SIZE = struct.Struct(">HHQH")  # class id, weight, body size, property flags
-_HEADERS_FLAG: Final = 0x2000  # property flag bit of ``headers`` (third property)
-DEFAULT_HOLD_BUDGET: Final = 16 * 1024 * 1024
-#: Held bytes past which a connection is not read while a channel of it waits for a lookup
-#: (proxy/lookups.py): a lookup takes a round trip, and a flood read meanwhile would only
-#: take the event loop from the answer.
-LOOKUP_HOLD_BUDGET: Final = 256 * 1024
-
-# Methods that keep flowing on a channel while its publishes are held: they cannot
-# overtake a publish in any way the broker or the client could observe.
-PASS_WHILE_HELD: Final = frozenset({
-    _B.Ack.index, _B.Nack.index, _B.Reject.index, _B.Qos.index, _B.Consume.index,
-    _B.Cancel.index, _B.Get.index, _B.Recover.index, _B.RecoverAsync.index,
-    _CH.FlowOk.index, _CH.Flow.index,
-})
 
 
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """What the gate needs to know of one basic.publish."""
-
-    exchange: str
-    routing_key: str
-    mandatory: bool
-
-
-def parse_publish(buf: Buffer, offset: int) -> Publish:
-    """Read exchange, routing key and flags of the basic.publish frame at ``offset``.
-
-    The caller has validated the frame; a field running past the frame's end raises
-    ValueError, which the core turns into a 502 syntax error.
-    """
-    _, _, size = frame_at(buf, offset)
-    end = offset + HEADER_SIZE + size
-    pos = offset + HEADER_SIZE + 6  # class, method, ticket
-    n = buf[pos]
-    exchange = bytes(buf[pos + 1 : pos + 1 + n]).decode("utf-8", "replace")
-    pos += 1 + n
-    n = buf[pos]
-    routing_key = bytes(buf[pos + 1 : pos + 1 + n]).decode("utf-8", "replace")
-    pos += 1 + n
-    if pos >= end:
-        raise ValueError("basic.publish fields run past the end of the frame")
-    return Publish(exchange, routing_key, bool(buf[pos] & 1))
-
-
-@dataclass(eq=False, slots=True)
-class HeldPublish:
-    """A publish waiting at the proxy: its frames exactly as they came, and why it waits."""
-
-    publish: Publish
-    frames: list[bytes]
-    body_size: int
-    received: int  # body bytes that have arrived so far
-    queues: frozenset[str]
-    held_at: float
-    client_seq: int  # its confirm sequence number on the client's side (0 = not confirming)
-    spool_to: QueueKey | None = None  # goes to this queue's spool once its content is in
-    generation: int = 0  # the routing model's generation ``queues`` was computed at
-
-    @property
-    def complete(self) -> bool:
-        return self.received >= self.body_size
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(f) for f in self.frames)
-
-
-HeldItem = HeldPublish | bytes  # a held publish, or another frame waiting behind one
-
-
-@dataclass(slots=True)
-class ConfirmNumbers:
-    """Client and broker publish sequence numbers of one channel in confirm mode.
-
-    They differ once the proxy itself answered a publish (a nack for a refused or expired
-    one): the broker never saw it. ``offsets`` records, from which broker number on, how
-    far the client's numbers run ahead, so the broker's acks can be renumbered.
-    """
-
-    client_seq: int = 0  # publishes the client sent since confirm.select
-    broker_seq: int = 0  # publishes forwarded to the broker
-    ahead: int = 0  # client_seq - broker_seq for the next forwarded publish
-    offsets: deque[tuple[int, int]] = field(default_factory=deque)  # (first broker seq, ahead)
-
-    def forwarded(self) -> None:
-        self.broker_seq += 1
-        if self.ahead and (not self.offsets or self.offsets[-1][1] != self.ahead):
-            self.offsets.append((self.broker_seq, self.ahead))
-
-    def answered_by_proxy(self) -> None:
-        self.ahead += 1
-
-    def to_client(self, broker_tag: int) -> int:
-        """The client's number for the broker's ``broker_tag``."""
-        ahead = 0
-        for first, value in self.offsets:
-            if first > broker_tag:
-                break
-            ahead = value
-        return broker_tag + ahead
-
-    def acked_through(self, broker_tag: int) -> None:
-        """Forget offsets no later ack can need (after an ack with multiple=true)."""
-        offsets = self.offsets
-        while len(offsets) > 1 and offsets[1][0] <= broker_tag:
-            offsets.popleft()
-
-    @property
-    def renumbering(self) -> bool:
-        return bool(self.offsets)
-
-
-@dataclass(slots=True)
-class ChannelFlow:
-    """One channel's publish state."""
-
-    channel: int
-    held: deque[HeldItem] = field(default_factory=deque)
-    held_bytes: int = 0
-    filling: HeldPublish | None = None  # held publish whose content is still arriving
-    awaiting: tuple[Publish, bytes] | None = None  # publish waiting for its content header
-    discard_content: int = 0  # body bytes still to drop (a refused publish's content)
-    confirms: ConfirmNumbers | None = None
-    transactional: bool = False  # tx.select seen: its publishes are never spooled
-    spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
-    # (queue, spool seq, client seq): spooled publishes whose ack waits for durability
-    not_spooled_reported: bool = False
-    signalled_off: bool = False  # we sent channel.flow(active=false)
-    flow_replies: int = 0  # replies to injected channel.flow still to absorb
-    phase: ChannelPhase = ChannelPhase.OPEN  # see floodwall.enforce.states
-    reopen: list[bytes] = field(default_factory=list)  # client frames after its close-ok
-
-    @property
-    def closing_by_proxy(self) -> bool:
-        """The proxy closed the channel on both sides and waits for the close-oks."""
-        return self.phase in CLOSING_PHASES
-
-    @property
-    def holding(self) -> bool:
-        return bool(self.held) or self.filling is not None
-
-    @property
-    def needs_every_frame(self) -> bool:
-        return (bool(self.held) or self.filling is not None or self.awaiting is not None
-                or self.discard_content > 0 or self.closing_by_proxy)
-
-
-class PublishFlow(GateBase):
+class PublishFlow(Refusing):
     """The gate for one connection's publishes; asked by its ``amqp091.Connection``
     (``floodwall.wire.amqp091.hooks.PublishHooks``), released and expired by the I/O layer.
 
@@ -209,68 +57,6 @@ class PublishFlow(GateBase):
     the order they must leave, ``ForgetChannel``, and typed events.
     """
 
-    def __init__(self, shared: Enforcement, conn_id: int,
-                 hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
-        super().__init__(shared, conn_id, hold_budget)
-        self.may_signal = False
-        self.channels: dict[int, ChannelFlow] = {}
-        self.held_bytes = 0
-        self._connection_close: bytes | None = None  # the client's close, behind held frames
-        self._waiting_lookup: set[int] = set()  # channels blocked on lookups only
-        self._maybe_slow = False  # set whenever a channel may have left the fast path
-
-    # -- output --------------------------------------------------------------------------
-    def _at(self, channel: int) -> ev.At:
-        return ev.At(PROTOCOL, self.conn_id, self.vhost, channel)
-
-    # -- what the core learns about the connection ----------------------------------------
-    def client_identified(self, client: ClientInfo) -> None:
-        """connection.start-ok: whether the client may be sent Channel.Flow (clients.py)."""
-        self.may_signal = may_signal(client)
-
-
-    # -- state -------------------------------------------------------------------------
-    def channel(self, channel: int) -> ChannelFlow:
-        ch = self.channels.get(channel)
-        if ch is None:
-            ch = self.channels[channel] = ChannelFlow(channel)
-        return ch
-
-    @property
-    def needs_every_frame(self) -> bool:
-        """True while some channel must see each of its frames (slow path).
-
-        Asked before every method frame the core stops at: O(1) while no channel ever
-        left the fast path since the last time all were back on it.
-        """
-        if not self._maybe_slow:
-            return False
-        slow = any(ch.needs_every_frame for ch in self.channels.values())
-        self._maybe_slow = slow
-        return slow
-
-    @property
-    def over_budget(self) -> bool:
-        """Past the hold budget: stop reading the connection (the relay's backpressure)."""
-        held = self.held_bytes
-        return held > self.hold_budget or (held > LOOKUP_HOLD_BUDGET
-                                           and bool(self._waiting_lookup))
-
-    @property
-    def waiting_for_lookup(self) -> bool:
-        """True while a channel of this connection waits for a lookup's answer."""
-        return bool(self._waiting_lookup)
-
-    @property
-    def holding(self) -> bool:
-        return any(ch.holding for ch in self.channels.values())
-
-    def close(self) -> None:
-        """The connection is gone: nothing of it is blocked or held any more."""
-        self.controller.connection_closed(self.conn_id)
-        self._account(-self.held_bytes, -sum(
-            sum(1 for i in ch.held if isinstance(i, HeldPublish)) for ch in self.channels.values()))
-        self.channels.clear()
 
     # -- client frames -----------------------------------------------------------------
     def on_publish(self, channel: int, buf: Buffer, offset: int, end: int,
@@ -302,14 +88,14 @@ class PublishFlow(GateBase):
         header), else None: the method frame is ``buf[offset:header_offset]``.
         """
         header = buf[header_offset:header_end]
-        body_size = _BODY_SIZE.unpack_from(header, HEADER_SIZE)[2]
+        body_size = BODY_SIZE.unpack_from(header, HEADER_SIZE)[2]
         if ch.closing_by_proxy:
             ch.discard_content = body_size
             self._maybe_slow = True
             return True
         controller = self.controller
         queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key,
-                                         _headers_of(header))
+                                         headers_of(header))
         blocking = controller.blocking(self.vhost, queues)
         # Routed somewhere the model knows (the common case): no lookup can be needed.
         lookup = None if (queues and (pub.exchange or pub.routing_key in queues)) else \
@@ -419,21 +205,6 @@ class PublishFlow(GateBase):
         if ch.confirms is None:
             ch.confirms = ConfirmNumbers()
 
-    def on_channel_gone(self, channel: int) -> None:
-        """The channel's close handshake completed: nothing of it is held any more.
-
-        Not for a channel the proxy itself is closing: its close-oks are the proxy's to
-        absorb, and ``_close_ok`` forgets it once both have come.
-        """
-        ch = self.channels.get(channel)
-        if ch is not None and ch.closing_by_proxy:
-            return
-        self.channels.pop(channel, None)
-        self._waiting_lookup.discard(channel)
-        if ch is not None and ch.held_bytes:
-            self._account(-ch.held_bytes, -sum(1 for i in ch.held if isinstance(i, HeldPublish)))
-        self.controller.channel_closed(self.conn_id, channel)
-
     # -- broker frames -----------------------------------------------------------------
     def on_broker_confirm(self, channel: int, buf: Buffer, offset: int, end: int,
                           nack: bool) -> bool:
@@ -451,23 +222,6 @@ class PublishFlow(GateBase):
             confirms.acked_through(tag)
         self._to_client(encode_method(method, channel))
         return True
-
-    def on_broker_close_ok(self, channel: int) -> bool:
-        """A channel.close-ok answering a close the proxy sent: absorb it."""
-        ch = self.channels.get(channel)
-        if ch is None or step(CHANNEL_PHASES, ch.phase, ChannelInput.BROKER_CLOSE_OK) is None:
-            return False
-        self._close_ok(ch, ChannelInput.BROKER_CLOSE_OK)
-        return True
-
-    def _close_ok(self, ch: ChannelFlow, answer: ChannelInput) -> None:
-        ch.phase = step(CHANNEL_PHASES, ch.phase, answer) or ch.phase
-        if ch.phase is ChannelPhase.GONE:  # both answered: the channel number is free again
-            self.channels.pop(ch.channel, None)
-            self.controller.channel_closed(self.conn_id, ch.channel)
-            self.outbox.append(ForgetChannel(ch.channel))
-            for frame in ch.reopen:
-                self._to_server(frame)
 
     # -- spool -------------------------------------------------------------------------
     def _not_spooled(self, ch: ChannelFlow, queues: frozenset[str], why: Unspoolable) -> None:
@@ -523,192 +277,8 @@ class PublishFlow(GateBase):
     def on_tx_select(self, channel: int) -> None:
         self.channel(channel).transactional = True
 
-    # -- hold, block, release ------------------------------------------------------------
-    def _hold(self, ch: ChannelFlow, item: HeldPublish) -> None:
-        self._maybe_slow = True
-        ch.held.append(item)
-        self._grow(ch, item.nbytes)
-        self._account(0, 1)
-        if not item.complete:
-            ch.filling = item
-            self._maybe_slow = True
-
-    def _grow(self, ch: ChannelFlow, nbytes: int) -> None:
-        ch.held_bytes += nbytes
-        self._account(nbytes, 0)
-
-    def _account(self, nbytes: int, messages: int) -> None:
-        self.held_bytes += nbytes
-        self.counters.held_bytes += nbytes
-        self.counters.held_messages += messages
-
-    def _block(self, ch: ChannelFlow, blocking: frozenset[QueueKey], now: float) -> None:
-        newly = self.controller.block(self.conn_id, ch.channel, blocking, now)
-        only_lookups = all(is_pseudo(k) and k != ALARM for k in blocking)
-        if not only_lookups:
-            self._waiting_lookup.discard(ch.channel)
-        if not newly:
-            if not self.controller.is_blocked(self.conn_id, ch.channel):
-                # Released while we looked (seed 000's race): let it go at once.
-                self.channel_released(ch.channel, now)
-            return
-        if only_lookups:
-            # A moment's wait for the broker's answer (a lookup): no signal, no hold event.
-            self._waiting_lookup.add(ch.channel)
-            self.outbox.append(ev.WaitingForLookup(self._at(ch.channel), blocking))
-            return
-        signal = should_signal(self.controller.queues, blocking, self.may_signal)
-        self.outbox.append(ev.PublisherHeld(self._at(ch.channel), blocking, signal))
-        if signal and not ch.signalled_off:
-            self._send_flow(ch, active=False)
-
-    def _send_flow(self, ch: ChannelFlow, active: bool) -> None:
-        self._to_client(encode_method(_CH.Flow(active=active), ch.channel))
-        ch.flow_replies += 1
-        ch.signalled_off = not active
-        self.counters.signalled(PROTOCOL, active)
-        self.outbox.append(ev.Signalled(self._at(ch.channel), active))
-
-    def channel_released(self, channel: int, now: float) -> None:
-        """The controller says every queue this channel waited on has drained."""
-        self._waiting_lookup.discard(channel)
-        ch = self.channels.get(channel)
-        if ch is None:
-            return
-        self._release(ch, now)
-        if self._connection_close is not None and not self.holding:
-            self._to_server(self._connection_close)
-            self._connection_close = None
-
-    def _release(self, ch: ChannelFlow, now: float) -> None:
-        held = ch.held
-        controller = self.controller
-        while held:
-            item = held[0]
-            if isinstance(item, HeldPublish):
-                blocking = controller.blocking(self.vhost, item.queues)
-                if item.generation != controller.generation:
-                    # The model learned something while it waited (a lookup's answer): it
-                    # goes where the broker will route it now, and is checked there.
-                    pub = item.publish
-                    item.generation = controller.generation
-                    item.queues = controller.destinations(self.vhost, pub.exchange,
-                                                          pub.routing_key,
-                                                          _headers_of(item.frames[1]))
-                    blocking = controller.blocking(self.vhost, item.queues)
-                    lookup = controller.lookup_for(self.vhost, pub.exchange, pub.routing_key,
-                                                   item.queues, now)
-                    if lookup is not None:
-                        blocking = blocking | {lookup}
-                if blocking:
-                    self._block(ch, blocking, now)
-                    if self.controller.is_blocked(self.conn_id, ch.channel):
-                        return
-                    continue  # released in the same breath: look again
-                held.popleft()
-                nbytes = sum(len(f) for f in item.frames)
-                for f in item.frames:
-                    self._to_server(f)
-                ch.held_bytes -= nbytes
-                self._account(-nbytes, -1)
-                self.controller.forwarded(self.vhost, item.queues, item.body_size, now)
-                if ch.confirms is not None:
-                    ch.confirms.forwarded()
-                if ch.filling is item:
-                    ch.filling = None  # the rest of its content passes in place
-            else:
-                held.popleft()
-                self._to_server(item)
-                ch.held_bytes -= len(item)
-                self._account(-len(item), 0)
-        if ch.signalled_off:
-            self._send_flow(ch, active=True)
-
-    # -- refusals ----------------------------------------------------------------------
-    def _refuse(self, ch: ChannelFlow, blocking: frozenset[QueueKey], body_size: int,
-                why: str) -> None:
-        """ev.Answer a publish the proxy will not forward: nack it, or close the channel."""
-        names = ",".join(q for _, q in sorted(blocking)) or "?"
-        if ch.confirms is not None:
-            self._to_client(encode_method(_B.Nack(delivery_tag=ch.confirms.client_seq), ch.channel))
-            ch.confirms.answered_by_proxy()
-            ch.discard_content = body_size
-            self._maybe_slow = True
-            self.outbox.append(ev.Refused(self._at(ch.channel), blocking, why, ev.Answer.NACK,
-                                       body_size))
-            return
-        self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' {why}")
-        self.outbox.append(ev.Refused(self._at(ch.channel), blocking, why, ev.Answer.CHANNEL_CLOSE,
-                                   body_size))
-        ch.discard_content = body_size
-        self._maybe_slow = True
-
-    def _close_channel(self, ch: ChannelFlow, text: str) -> None:
-        """Close a channel on both sides: 406 to the client, a plain close to the broker."""
-        self._maybe_slow = True
-        self.outbox.append(ev.EndedByProxy(self._at(ch.channel), text))
-        dropped = [i for i in ch.held if isinstance(i, HeldPublish)]
-        self._account(-ch.held_bytes, -len(dropped))
-        ch.held.clear()
-        ch.held_bytes = 0
-        ch.filling = None
-        ch.phase = step(CHANNEL_PHASES, ch.phase, ChannelInput.PROXY_CLOSES) or ch.phase
-        self._waiting_lookup.discard(ch.channel)
-        self.controller.channel_closed(self.conn_id, ch.channel)
-        reply = text.encode()[:255].decode("utf-8", "ignore")
-        self._to_client(encode_method(_CH.Close(reply_code=406, reply_text=reply,
-                                                class_id=60, method_id=40), ch.channel))
-        self._to_server(encode_method(_CH.Close(reply_code=200, reply_text="floodwall: "
-                                                "channel closed for its client",
-                                                class_id=0, method_id=0), ch.channel))
-
-    def expire(self, now: float) -> int:
-        """Refuse publishes held longer than their policy's deadline; returns how many."""
-        refused = 0
-        for ch in list(self.channels.values()):
-            while ch.held and not ch.closing_by_proxy:
-                item = ch.held[0]
-                if not isinstance(item, HeldPublish):
-                    break
-                deadline = self._deadline_of(item)
-                if now - item.held_at < deadline:
-                    break
-                refused += 1
-                self.counters.deadline_expiries += 1
-                why = f"still over capacity after the {deadline:g}s deadline"
-                answer = ev.Answer.NACK if ch.confirms is not None and item.complete \
-                    else ev.Answer.CHANNEL_CLOSE
-                self.outbox.append(ev.DeadlineExpired(
-                    self._at(ch.channel), tuple(sorted(item.queues)), why, answer,
-                    item.body_size, round(now - item.held_at, 3)))
-                if ch.confirms is not None and item.complete:
-                    ch.held.popleft()
-                    nbytes = item.nbytes
-                    ch.held_bytes -= nbytes
-                    self._account(-nbytes, -1)
-                    # Its client number, whatever was forwarded before it.
-                    self._to_client(encode_method(_B.Nack(delivery_tag=item.client_seq),
-                                                  ch.channel))
-                    ch.confirms.answered_by_proxy()
-                    continue
-                names = ",".join(sorted(item.queues)) or "?"
-                self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' "
-                                        f"{why}")
-        return refused
-
-    def _deadline_of(self, item: HeldPublish) -> float:
-        return deadline_of(self.controller.queues,
-                           ((self.vhost, name) for name in item.queues))
 
 
-def _headers_of(header_frame: Buffer) -> dict[str, object] | None:
-    """The ``headers`` property of a content header frame, decoded only when present."""
-    flags = _BODY_SIZE.unpack_from(header_frame, HEADER_SIZE)[3]
-    if not flags & _HEADERS_FLAG:
-        return None
-    try:
-        _, _, value = pamqp_frame.unmarshal(bytes(header_frame))
-    except Exception:  # the broker will refuse it; route as if it had no headers
-        return None
-    headers = getattr(getattr(value, "properties", None), "headers", None)
-    return dict(headers) if isinstance(headers, dict) else None
+
+__all__ = ["DEFAULT_HOLD_BUDGET", "LOOKUP_HOLD_BUDGET", "PASS_WHILE_HELD", "ConfirmNumbers",
+           "HeldPublish", "Publish", "PublishFlow", "parse_publish"]

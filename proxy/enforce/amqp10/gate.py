@@ -83,320 +83,49 @@ every entry point that needs the time takes ``now``.
 
 from __future__ import annotations
 
-import math
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final
 
 from floodwall.control.controller import QueueKey
 from floodwall.control.policy import Fsync
 from floodwall.enforce import events as ev
-from floodwall.enforce.commands import ReadEveryFrame
-from floodwall.enforce.decision import Decision, Verdict, deadline_of, decide
-from floodwall.enforce.ports import SpoolRefused
-from floodwall.enforce.shared import Enforcement, GateBase
-from floodwall.enforce.states import DETACHING_PHASES, LINK_PHASES, LinkInput, LinkPhase, step
-from floodwall.spool.records import SpoolRecord
-from floodwall.wire.amqp10.addresses import (
-    Destination,
-    declared_queue,
-    parse_target,
-    queues_for,
-    source_queue,
+from floodwall.enforce.amqp10.credit import LinkCredit
+from floodwall.enforce.amqp10.links import (
+    _ACCEPTED,
+    TRANSACTIONAL_STATE,
+    ReceiverLink,
+    SenderLink,
+    SessionGate,
+    SpoolCapture,
+    _flag,
+    _range,
+    _rejected,
+    _renumber_disposition,
+    _uint,
+    encode_performative_fields,
 )
+from floodwall.enforce.commands import ReadEveryFrame
+from floodwall.enforce.decision import Verdict, decide
+from floodwall.enforce.ports import SpoolRefused
+from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp10.credit import (
-    DeliveryIds,
-    LinkFlow,
-    SenderCredit,
     serial_add,
     serial_diff,
 )
 from floodwall.wire.amqp10.errors import DecodeError
 from floodwall.wire.amqp10.framing import frame
 from floodwall.wire.amqp10.performatives import (
-    DETACH,
-    DISPOSITION,
-    ERROR,
-    FLOW,
-    MESSAGE_PROPERTIES,
     TRANSFER,
-    Attach,
-    Begin,
-    Role,
-    encode_performative,
-    field_label,
-    performative,
-    uint_bytes,
 )
 from floodwall.wire.amqp10.performatives import (
     DispositionFields as D,
 )
 from floodwall.wire.amqp10.performatives import (
-    FlowFields as F,
-)
-from floodwall.wire.amqp10.performatives import (
-    MessageProperties as P,
-)
-from floodwall.wire.amqp10.performatives import (
     TransferFields as T,
 )
-from floodwall.wire.amqp10.types import Described, Symbol, UInt, ULong, decode_value, encode
-from floodwall.wire.topology import ChangeKind, TopologyChange
-
-PROTOCOL: Final = ev.ProtocolName.AMQP10
-WINDOW_BYTES: Final = 64 * 1024
-"""Message bytes one policed link may have credit for: its share of the overshoot bound."""
-MAX_WINDOW: Final = 256
-"""Most credit the proxy gives one policed link, however small its messages."""
-MIN_WINDOW: Final = 2
-"""Least credit a paced link gets while its queue is not tripped (the floor of pacing)."""
-IN_FLIGHT_WINDOWS: Final = 2
-"""A windowed link's credit plus its deliveries the broker has not settled yet stay within
-this many windows (see ``_in_flight_window``)."""
-PACING_ROOM: Final = 2
-"""Windows of room below capacity under which a link's window is paced to the drain rate."""
-ASSUMED_MESSAGE_BYTES: Final = 4096
-"""Message size assumed before a link or its queue has shown one (window 16)."""
-TRANSFER_LIMIT_EXCEEDED: Final = "amqp:link:transfer-limit-exceeded"
-RESOURCE_LIMIT_EXCEEDED: Final = "amqp:resource-limit-exceeded"
-ACCEPTED: Final = 0x24
-REJECTED: Final = 0x25
-TRANSACTIONAL_STATE: Final = 0x34
-_NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
-PROPERTIES: Final = MESSAGE_PROPERTIES
-FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
+from floodwall.wire.amqp10.types import Described, UInt
 
 
-def link_ref(channel: int, handle: int) -> int:
-    """The int a 1.0 link is known by in the FlowController: session channel << 32 | handle."""
-    return channel << 32 | handle
-
-
-def window_for(message_bytes: int) -> int:
-    """Credit for one policed link: WINDOW_BYTES of messages, at least 1, at most MAX_WINDOW."""
-    if message_bytes <= WINDOW_BYTES // MAX_WINDOW:  # sizes up to 256 (and 0): the most
-        return MAX_WINDOW
-    return WINDOW_BYTES // message_bytes or 1
-
-
-def paced_window(ceiling: int, share: float | None) -> int:
-    """The window of a link whose queue is near capacity: its ``share`` of the messages the
-    queue's consumers take in one depth-probe interval (the credit that keeps them busy until
-    the next decision: drain rate x probe interval / the connection's links feeding the
-    queue), at least ``MIN_WINDOW``, at most ``ceiling`` (``window_for``); the ceiling while
-    the drain rate is not known yet."""
-    if share is None:
-        return ceiling
-    return max(min(ceiling, math.ceil(share)), min(MIN_WINDOW, ceiling))
-
-
-def message_routing(payload: bytes, pos: int, end: int) -> tuple[str | None, str | None] | None:
-    """``to`` and ``subject`` of the message whose encoded sections start at ``payload[pos]``.
-
-    None when the bytes end before the properties section does (a long first frame of a
-    multi-frame message) or do not decode.
-    """
-    try:
-        while pos < end:
-            value, pos = decode_value(payload, pos, end)
-            if not isinstance(value, Described) or not isinstance(value.descriptor, ULong):
-                return None
-            code = int(value.descriptor)
-            if code == PROPERTIES:
-                fields = value.value if isinstance(value.value, list) else []
-                to = fields[P.TO] if len(fields) > P.TO else None
-                subject = fields[P.SUBJECT] if len(fields) > P.SUBJECT else None
-                return (to if isinstance(to, str) else None,
-                        subject if isinstance(subject, str) else None)
-            if code >= FIRST_BODY_SECTION:
-                return None, None
-    except DecodeError:
-        return None
-    return None
-
-
-#: The phases in which the proxy waits for a peer's detach (its own, absorbed when it comes).
-ANSWERS_AWAITED: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.BROKER_DETACH_DUE,
-                                    LinkPhase.CLIENT_DETACH_DUE})
-CLIENT_DETACH_AWAITED: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.CLIENT_DETACH_DUE})
-
-
-@dataclass(slots=True)
-class Delivery:
-    """The delivery a sender link is in the middle of (its first frame decided its fate)."""
-
-    in_progress: bool = False  # more frames of it are to come
-    dropping: bool = False  # not forwarded (rejected or spooled by the proxy)
-    bytes: int = 0
-    queues: frozenset[str] = frozenset()  # where it lands
-    # Lookups (control/lookups.py): the pseudo-queue its destination waits on (per-message
-    # links).
-    lookup: frozenset[QueueKey] = frozenset()
-    message_to: str = ""  # an anonymous link's message: its ``to``
-    id_shift: int = 0  # client - broker delivery-id
-    tracked_id: int | None = None  # its broker id while counted in flight (``_track``)
-
-
-@dataclass(slots=True)
-class SpoolCapture:
-    """A delivery on its way to a queue's spool: its frames gathered until the last one."""
-
-    key: QueueKey
-    address: str  # where it is replayed to: the link's target, or the message's ``to``
-    delivery_id: int | None  # its client delivery-id; None: sent settled
-    message_format: int
-    parts: list[bytes] = field(default_factory=list)
-
-
-@dataclass(eq=False, slots=True)
-class SenderLink:
-    """A link on which the client sends: its credit as the proxy relays it, its phase
-    (``enforce.states.LinkPhase``), the delivery in progress and, when that goes to the
-    spool, its capture."""
-
-    channel: int  # the client's session channel
-    handle: int  # the client's handle
-    name: str
-    destination: Destination | None
-    anonymous: bool  # null target: every message says where it goes
-    credit: SenderCredit
-    address: str | None = None  # the target address as attached
-    server_handle: int | None = None
-    phase: LinkPhase = LinkPhase.OPEN
-    delivery: Delivery = field(default_factory=Delivery)
-    capture: SpoolCapture | None = None
-    hit: set[str] = field(default_factory=set)  # per-message links: queues sent to lately
-    deliveries: int = 0
-    payload_bytes: int = 0
-    starved_since: float | None = None  # withheld and out of credit since (expire's now)
-    # The spool said no, or the link sent a transactional transfer: held by credit until
-    # its queue is released.
-    spool_refused: bool = False
-    # Deliveries forwarded unsettled while the link was windowed, not yet settled by the
-    # broker (``SessionGate.in_flight``); the current one's broker id: ``delivery.tracked_id``.
-    unsettled: int = 0
-    squeezed: bool = False  # its last top-up was cut by what it has unsettled
-    windowed: bool = False  # its credit was last capped by a window (``_window``)
-    not_spooled_reported: bool = False
-    # Every message says where it goes: fixed by the attach (read on every transfer).
-    per_message: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        destination = self.destination
-        self.per_message = self.anonymous or (destination is not None
-                                              and destination.per_message)
-
-    @property
-    def ref(self) -> int:
-        return link_ref(self.channel, self.handle)
-
-    @property
-    def typical_bytes(self) -> int:
-        return -(-self.payload_bytes // self.deliveries) if self.deliveries else 0
-
-    @property
-    def blocked(self) -> bool:
-        """Blocked on queues in the controller (its credit withheld)."""
-        return self.phase is LinkPhase.WITHHELD
-
-    @property
-    def withheld(self) -> bool:
-        """The client was told to stop (no more credit) and not yet to go on."""
-        return self.phase is LinkPhase.WITHHELD or self.phase is LinkPhase.RELEASED
-
-    @property
-    def detaching(self) -> bool:
-        """The proxy detached it: its frames are dropped, both peers' detaches absorbed."""
-        return self.phase in DETACHING_PHASES
-
-    def move(self, event: LinkInput) -> None:
-        """Take ``event`` (``enforce.states.LINK_PHASES``); one its phase does not take
-        leaves it where it is."""
-        self.phase = step(LINK_PHASES, self.phase, event) or self.phase
-
-
-@dataclass(eq=False, slots=True)
-class ReceiverLink:
-    """A link on which the client receives: only counted."""
-
-    handle: int
-    name: str
-    queue: str | None
-    server_handle: int | None = None
-    in_delivery: bool = False
-
-
-Link = SenderLink | ReceiverLink
-
-
-@dataclass(eq=False, slots=True)
-class SessionGate:
-    """One session: its links by either peer's handle, and the broker's last session fields."""
-
-    channel: int  # the client's channel
-    server_channel: int | None = None
-    client_next_outgoing: int = 0  # the client's begin: its first transfer-id
-    links: dict[int, Link] = field(default_factory=dict)  # by the client's handle
-    by_server_handle: dict[int, Link] = field(default_factory=dict)
-    attaching: dict[str, Link] = field(default_factory=dict)  # by name, until the broker attaches
-    declaring: dict[str, str] = field(default_factory=dict)  # link name -> queue it declares
-    # The broker's session fields, as its last begin or flow gave them (for flows we make).
-    next_incoming: int | None = None
-    incoming_window: int = 0
-    next_outgoing: int = 0  # kept current: + each transfer frame the broker sends
-    outgoing_window: int = 0
-    dropped_frames: int = 0  # client transfer frames the proxy did not forward
-    ids: DeliveryIds = field(default_factory=DeliveryIds)  # client vs broker delivery-ids
-    # Spooled deliveries to settle once durable: (queue, spool seq, client delivery-id).
-    spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
-    # Windowed links' deliveries the broker has not settled yet, by the broker's delivery-id.
-    in_flight: dict[int, SenderLink] = field(default_factory=dict)
-
-
-K = TypeVar("K")
-
-
-def _typed(fields: list[object], index: int, code: int, kind: type[K]) -> K | None:
-    """Field ``index`` of performative ``code`` if it is of wire type ``kind``; None when
-    absent; anything else is a ``DecodeError`` naming the field."""
-    value = fields[index] if index < len(fields) else None
-    if value is None or isinstance(value, kind):
-        return value
-    raise DecodeError(f"{field_label(code, index)} is {type(value).__name__}, expected "
-                      f"{_KIND_NAMES.get(kind, kind.__name__)}")
-
-
-def _uint(fields: list[object], index: int, code: int) -> int | None:
-    """Field ``index`` of performative ``code``: an uint, or None when absent."""
-    value = _typed(fields, index, code, UInt)
-    return None if value is None else int(value)
-
-
-def _flag(fields: list[object], index: int, code: int) -> bool:
-    """Field ``index`` of performative ``code``: a boolean, False when absent."""
-    return _typed(fields, index, code, bool) or False
-
-
-_KIND_NAMES: Final[dict[type, str]] = {bool: "boolean"}
-
-
-_DETACHING: Final = object()
-
-
-def _flow_link(links: dict[int, Link], fields: list[object]) -> Link | object | None:
-    """The link a flow names among ``links`` (by handle); ``_DETACHING`` for a sender link
-    the proxy is detaching (its flows are dropped)."""
-    handle = _uint(fields, F.HANDLE, FLOW)
-    link = links.get(handle) if handle is not None else None
-    return _DETACHING if isinstance(link, SenderLink) and link.detaching else link
-
-
-def _padded(fields: list[object], size: int) -> list[object]:
-    return fields + [None] * (size - len(fields)) if len(fields) < size else list(fields)
-
-
-class CreditFlow(GateBase):
+class CreditFlow(LinkCredit):
     """The credit gate of one AMQP 1.0 connection; asked by its ``amqp10.Connection``
     (``floodwall.wire.amqp10.hooks.TransferHooks``), released and expired by the I/O layer.
 
@@ -412,248 +141,6 @@ class CreditFlow(GateBase):
     held_bytes: Final = 0
     over_budget: Final = False
 
-    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int = 0) -> None:
-        super().__init__(shared, conn_id, hold_budget)
-        self.sessions: dict[int, SessionGate] = {}  # by the client's channel
-        self.by_server_channel: dict[int, SessionGate] = {}
-        # The first delivery the proxy drops: the core starts reading the broker's dispositions.
-        self.dropping = False
-        # The first delivery counted in flight: the core starts reading the broker's
-        # dispositions.
-        self.tracking = False
-        self.withheld_links: dict[int, SenderLink] = {}  # blocked links by link_ref
-
-    def close(self) -> None:
-        """The connection is gone: none of its links is blocked any more."""
-        self.controller.connection_closed(self.conn_id)
-        self.sessions.clear()
-        self.by_server_channel.clear()
-
-    # -- output ------------------------------------------------------------------------------
-    def _at(self, link: SenderLink) -> ev.At:
-        return ev.At(PROTOCOL, self.conn_id, self.vhost, link.ref,
-                  ev.LinkName(link.channel, link.handle, link.name))
-
-
-    def expire(self, now: float) -> int:
-        """Withheld links: note since when each has had no credit (``now``, the caller's
-        clock; a link is seen out of credit at the first call after it ran out) and detach
-        those out of credit for longer than their policy's ``deadline`` with
-        ``amqp:resource-limit-exceeded``; returns how many were detached."""
-        expired = 0
-        for link in list(self.withheld_links.values()):
-            if link.credit.client_credit > 0 or link.delivery.in_progress:
-                continue
-            since = link.starved_since
-            if since is None:
-                link.starved_since = now
-                self.controller.starved(self.conn_id, link.ref, now)
-                continue
-            deadline = self._deadline(link)
-            if now - since < deadline:
-                continue
-            session = self.sessions.get(link.channel)
-            if session is None:
-                continue
-            expired += 1
-            queues = sorted(q for _, q in self.controller.blocked_on(self.conn_id, link.ref)) \
-                or [self.controller.alarm_reason or "?"]
-            names = ",".join(queues)
-            self.counters.deadline_expiries += 1
-            why = f"still over capacity after the {deadline:g}s deadline"
-            self.outbox.append(ev.DeadlineExpired(self._at(link), tuple(queues), why,
-                                               ev.Answer.DETACHED, 0, round(now - since, 3)))
-            self._to_server(self._detach_by_proxy(
-                session, link, RESOURCE_LIMIT_EXCEEDED,
-                f"floodwall: queue '{names}' {why}: no link credit for {now - since:.1f}s"))
-        return expired
-
-    def _deadline(self, link: SenderLink) -> float:
-        """The shortest ``deadline`` among the policies of the queues ``link`` waits on."""
-        return deadline_of(self.controller.queues,
-                           self.controller.blocked_on(self.conn_id, link.ref))
-
-    # -- sessions and links -----------------------------------------------------------------
-    def client_begin(self, channel: int, begin: Begin) -> None:
-        self.sessions[channel] = SessionGate(channel, client_next_outgoing=begin.next_outgoing_id)
-
-    def server_begin(self, channel: int, begin: Begin) -> None:
-        if begin.remote_channel is None:
-            return
-        session = self.sessions.get(begin.remote_channel)
-        if session is None:
-            return
-        session.server_channel = channel
-        session.next_incoming = session.client_next_outgoing
-        session.incoming_window = begin.incoming_window
-        session.next_outgoing = begin.next_outgoing_id
-        session.outgoing_window = begin.outgoing_window
-        self.by_server_channel[channel] = session
-
-    def client_end(self, channel: int) -> None:
-        session = self.sessions.pop(channel, None)
-        if session is None:
-            return
-        for link in session.links.values():
-            self._link_gone(link)
-        if session.server_channel is not None:
-            self.by_server_channel.pop(session.server_channel, None)
-
-    def server_end(self, channel: int) -> None:
-        session = self.by_server_channel.get(channel)
-        if session is not None:
-            session.by_server_handle.clear()
-
-    def client_attach(self, channel: int, attach: Attach) -> None:
-        session = self.sessions.get(channel)
-        if session is None:
-            return
-        link: Link
-        if attach.role is Role.SENDER:
-            if attach.coordinator:
-                return  # transactions: not a node, nothing to police
-            address = attach.target_address
-            initial = attach.initial_delivery_count or 0
-            link = SenderLink(channel, attach.handle, attach.name,
-                              None if address is None else parse_target(address),
-                              address is None, SenderCredit(initial), address)
-        else:
-            link = ReceiverLink(attach.handle, attach.name, source_queue(attach.source_address))
-        session.links[attach.handle] = link
-        session.attaching[attach.name] = link
-        address = attach.target_address if attach.role is Role.SENDER else attach.source_address
-        declared = declared_queue(address)
-        if declared is not None:
-            session.declaring[attach.name] = declared
-
-    def server_attach(self, channel: int, attach: Attach) -> None:
-        session = self.by_server_channel.get(channel)
-        if session is None:
-            return
-        declared = session.declaring.pop(attach.name, None)
-        answered = attach.source_address if attach.role is Role.SENDER else attach.target_address
-        if declared is not None and answered is not None:  # the broker declared it for the link
-            self.outbox.append(TopologyChange(ChangeKind.DECLARE_QUEUE, self.vhost, declared))
-        link = session.attaching.pop(attach.name, None)
-        if link is None:
-            return
-        link.server_handle = attach.handle
-        session.by_server_handle[attach.handle] = link
-
-    def client_detach(self, channel: int, handle: int) -> bytes | None:
-        session = self.sessions.get(channel)
-        link = session.links.get(handle) if session is not None else None
-        if session is None or link is None:
-            return None
-        if isinstance(link, SenderLink) and link.phase in CLIENT_DETACH_AWAITED:
-            link.move(LinkInput.CLIENT_DETACH)  # the answer to the detach the proxy sent
-            self._forget(session, link)
-            return b""
-        self._forget(session, link)
-        return None
-
-    def server_detach(self, channel: int, handle: int) -> bytes | None:
-        session = self.by_server_channel.get(channel)
-        link = session.by_server_handle.get(handle) if session is not None else None
-        if session is None or link is None:
-            return None
-        session.by_server_handle.pop(handle, None)
-        if isinstance(link, SenderLink) and link.detaching:
-            link.move(LinkInput.BROKER_DETACH)
-            self._forget(session, link)
-            return b""
-        return None
-
-    def _forget(self, session: SessionGate, link: Link) -> None:
-        """Forget the link once neither peer will speak of it again."""
-        if isinstance(link, SenderLink) and link.phase in ANSWERS_AWAITED:
-            return
-        if session.links.get(link.handle) is link:
-            del session.links[link.handle]
-        if session.attaching.get(link.name) is link:
-            del session.attaching[link.name]
-        if isinstance(link, SenderLink) and link.unsettled:
-            for broker_id in [i for i, lk in session.in_flight.items() if lk is link]:
-                del session.in_flight[broker_id]
-            link.unsettled = 0
-        self._link_gone(link)
-
-    def _link_gone(self, link: Link) -> None:
-        if isinstance(link, SenderLink) and link.blocked:
-            link.move(LinkInput.RELEASED)
-            self.withheld_links.pop(link.ref, None)
-            self.controller.channel_closed(self.conn_id, link.ref)
-
-    # -- flow frames -----------------------------------------------------------------------
-    def on_client_flow(self, channel: int, fields: list[object]) -> bytes | None:
-        session = self.sessions.get(channel)
-        if session is None:
-            return None
-        link = _flow_link(session.links, fields)
-        if link is _DETACHING:
-            return b""
-        changed = False
-        if isinstance(link, SenderLink):
-            sent = LinkFlow(_uint(fields, F.DELIVERY_COUNT, FLOW),
-                            _uint(fields, F.LINK_CREDIT, FLOW) or 0,
-                            _flag(fields, F.DRAIN, FLOW), _flag(fields, F.ECHO, FLOW))
-            offset = link.credit.offset
-            out = link.credit.client_flow(sent)
-            if out.delivery_count != sent.delivery_count or out.link_credit != sent.link_credit \
-                    or offset != link.credit.offset:
-                fields = _padded(fields, F.LINK_CREDIT + 1)
-                fields[F.DELIVERY_COUNT] = (None if out.delivery_count is None
-                                            else UInt(out.delivery_count))
-                fields[F.LINK_CREDIT] = UInt(out.link_credit)
-                changed = True
-        if session.dropped_frames:
-            next_outgoing = _uint(fields, F.NEXT_OUTGOING_ID, FLOW)
-            if next_outgoing is not None:
-                fields = _padded(fields, F.NEXT_OUTGOING_ID + 1)
-                fields[F.NEXT_OUTGOING_ID] = UInt(serial_add(next_outgoing,
-                                                             -session.dropped_frames))
-                changed = True
-        if not changed:
-            return None
-        return frame(encode_performative_fields(FLOW, fields), channel)
-
-    def on_server_flow(self, channel: int, fields: list[object], now: float) -> bytes | None:
-        session = self.by_server_channel.get(channel)
-        if session is None:
-            return None
-        next_incoming = _uint(fields, F.NEXT_INCOMING_ID, FLOW)
-        session.next_incoming = next_incoming
-        session.incoming_window = _uint(fields, F.INCOMING_WINDOW, FLOW) or 0
-        session.next_outgoing = _uint(fields, F.NEXT_OUTGOING_ID, FLOW) or 0
-        session.outgoing_window = _uint(fields, F.OUTGOING_WINDOW, FLOW) or 0
-        link = _flow_link(session.by_server_handle, fields)
-        if link is _DETACHING:
-            return b""
-        changed = False
-        if isinstance(link, SenderLink):
-            credit = link.credit
-            credit.broker_flow(LinkFlow(_uint(fields, F.DELIVERY_COUNT, FLOW),
-                                        _uint(fields, F.LINK_CREDIT, FLOW) or 0,
-                                        _flag(fields, F.DRAIN, FLOW)))
-            window = self._window(link)
-            link.windowed = window is not None
-            if window is None and credit.offset == 0 and not link.withheld and (
-                    link.per_message or not self._lookup(link.destination, self._queues(link),
-                                                         now)):
-                credit.grant(None)  # the broker's own words: pass them as they are
-            else:
-                grant = self._decide(link, window, now)
-                fields = _padded(fields, F.DRAIN + 1)
-                fields[F.DELIVERY_COUNT] = UInt(grant.delivery_count or 0)
-                fields[F.LINK_CREDIT] = UInt(grant.link_credit)
-                changed = True
-        if session.dropped_frames and next_incoming is not None:
-            fields = _padded(fields, F.NEXT_INCOMING_ID + 1)
-            fields[F.NEXT_INCOMING_ID] = UInt(serial_add(next_incoming, session.dropped_frames))
-            changed = True
-        if not changed:
-            return None
-        return frame(encode_performative_fields(FLOW, fields), channel)
 
     # -- transfers ---------------------------------------------------------------------------
     def on_client_transfer(self, channel: int, fields: list[object], payload: bytes,
@@ -666,11 +153,7 @@ class CreditFlow(GateBase):
         if not isinstance(link, SenderLink):  # a transaction coordinator's, say
             return self._renumbered(session.ids.dropped, fields, payload, start, end, channel)
         if link.detaching:
-            session.dropped_frames += 1
-            if not link.delivery.in_progress:
-                self._drop_delivery(session, fields)
-            link.delivery.in_progress = _flag(fields, T.MORE, TRANSFER)
-            return b""
+            return self._dropped_frame(session, link, fields)
         count = len(fields)  # most transfers end before more (5) and aborted (9)
         more = count > T.MORE and _flag(fields, T.MORE, TRANSFER)
         aborted = count > T.ABORTED and _flag(fields, T.ABORTED, TRANSFER)
@@ -713,21 +196,35 @@ class CreditFlow(GateBase):
             elif aborted and link.delivery.tracked_id is not None:  # the broker will not settle
                 self._untrack(session, link)
         if not link.delivery.in_progress:
-            if not link.delivery.dropping and not aborted:
-                link.deliveries += 1
-                link.payload_bytes += link.delivery.bytes
-                if self.controller.tripped:  # sent on credit granted before a trip
-                    self._overshoot(link.delivery.queues, link.delivery.bytes)
-                self.controller.forwarded(self.vhost, link.delivery.queues, link.delivery.bytes,
-                                          now)
-                if link.per_message and self.controller.queues:
-                    link.hit.update(q for q in link.delivery.queues
-                                    if (self.vhost, q) in self.controller.queues)
-            link.delivery.dropping = False
+            self._delivered(link, aborted, now)
         if first or not link.delivery.in_progress:
             # A fixed destination's queues were routed just now for a first frame: the same.
             self._after_transfer(link, now, link.delivery.queues if first else None)
         return replacement
+
+    def _dropped_frame(self, session: SessionGate, link: SenderLink,
+                       fields: list[object]) -> bytes:
+        """A frame of a link the proxy detached: dropped (b""), the session renumbered."""
+        session.dropped_frames += 1
+        if not link.delivery.in_progress:
+            self._drop_delivery(session, fields)
+        link.delivery.in_progress = _flag(fields, T.MORE, TRANSFER)
+        return b""
+
+    def _delivered(self, link: SenderLink, aborted: bool, now: float) -> None:
+        """A delivery's last frame: a forwarded one is booked on the queues it lands in."""
+        delivery = link.delivery
+        if not delivery.dropping and not aborted:
+            link.deliveries += 1
+            link.payload_bytes += delivery.bytes
+            controller = self.controller
+            if controller.tripped:  # sent on credit granted before a trip
+                self._overshoot(delivery.queues, delivery.bytes)
+            controller.forwarded(self.vhost, delivery.queues, delivery.bytes, now)
+            if link.per_message and controller.queues:
+                link.hit.update(q for q in delivery.queues
+                                if (self.vhost, q) in controller.queues)
+        delivery.dropping = False
 
     def _track(self, session: SessionGate, link: SenderLink, fields: list[object]) -> None:
         """Count a forwarded unsettled delivery of a windowed link until the broker settles
@@ -773,14 +270,6 @@ class CreditFlow(GateBase):
             if not link.detaching and not link.delivery.in_progress:
                 link.squeezed = False
                 self._after_transfer(link, now)
-
-    def _in_flight_window(self, link: SenderLink, window: int) -> int:
-        """The credit a windowed link may have: its window, less what it has unsettled at the
-        broker beyond ``IN_FLIGHT_WINDOWS - 1`` windows. Credit plus unsettled deliveries
-        stay within ``IN_FLIGHT_WINDOWS x window``, so a broker slow to enqueue cannot have
-        more than that of the link's messages out of the proxy's sight."""
-        room = IN_FLIGHT_WINDOWS * window - link.unsettled
-        return window if room >= window else max(room, 0)
 
     def _consume(self, session: SessionGate, link: SenderLink, fields: list[object],
                  blocking: frozenset[QueueKey]) -> None:
@@ -867,21 +356,6 @@ class CreditFlow(GateBase):
             self._broker_settled(session, first, last, now)
         return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
 
-    def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None:
-        """The client settles its own deliveries (role sender): mapped to the broker's ids;
-        those the proxy consumed (and settled itself) are left out."""
-        session = self.sessions.get(channel)
-        if session is None or not fields or fields[D.ROLE] is not False:
-            return None
-        return _renumber_disposition(fields, session.ids, session.ids.broker_ranges, channel)
-
-    # -- spool -------------------------------------------------------------------------------
-    def _spooling(self, link: SenderLink, queues: frozenset[str],
-                  blocking: frozenset[QueueKey], lookups: frozenset[QueueKey]) -> Decision:
-        """What the decision says of ``link``'s next messages (spooled: its credit stays)."""
-        return decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
-                      lookup=bool(lookups), behind=link.spool_refused)
-
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""
         capture = link.capture
@@ -933,258 +407,6 @@ class CreditFlow(GateBase):
             if first >= 0:
                 self._settle(session, first, last, _ACCEPTED)
 
-    def _settle(self, session: SessionGate, first: int, last: int, state: Described) -> None:
-        """Settle the client's deliveries ``first..last`` with ``state``, as the receiver."""
-        if session.server_channel is None:
-            return
-        self._to_client(frame(encode_performative(
-            DISPOSITION, role=True, first=UInt(first),
-            last=None if last == first else UInt(last), settled=True, state=state),
-            session.server_channel))
-
-    # -- decisions ---------------------------------------------------------------------------
-    def _queues(self, link: SenderLink) -> frozenset[str]:
-        """The queues the link's messages land in (per-message links: those it hit lately)."""
-        if link.per_message:
-            return frozenset(link.hit)
-        return queues_for(self.controller, self.vhost, link.destination)
-
-    def _route(self, link: SenderLink, payload: bytes, start: int, end: int,
-               now: float) -> frozenset[str]:
-        if not link.per_message:
-            return queues_for(self.controller, self.vhost, link.destination)
-        if not self.controller.queues and not self.controller.polices_vhost(self.vhost):
-            return frozenset()
-        found = message_routing(payload, start, end)
-        if found is None:
-            return frozenset()
-        to, subject = found
-        destination = link.destination
-        if link.anonymous:
-            destination = parse_target(to) if to else None
-            link.delivery.message_to = to or ""
-        queues = queues_for(self.controller, self.vhost, destination, subject)
-        link.delivery.lookup = self._lookup(destination, queues, now, subject)
-        return queues
-
-    def _lookup(self, destination: Destination | None, queues: frozenset[str], now: float,
-                subject: str | None = None) -> frozenset[QueueKey]:
-        """The lookup pseudo-queue to withhold credit on until the broker was asked about
-        a destination the model does not know (``FlowController.lookup_for``), or none."""
-        if destination is None:
-            return _NO_KEYS
-        key = destination.routing_key if destination.routing_key is not None else subject
-        if key is None:
-            return _NO_KEYS
-        pending = self.controller.lookup_for(self.vhost, destination.exchange, key, queues, now)
-        return _NO_KEYS if pending is None else frozenset((pending,))
-
-    def _policed(self, link: SenderLink,
-                 names: frozenset[str] | None = None) -> frozenset[QueueKey]:
-        """The policed queues among ``names`` (None: ``_queues(link)``)."""
-        queues = self.controller.queues
-        if not queues:
-            return _NO_KEYS
-        if names is None:
-            names = self._queues(link)
-        return self.controller.policed(self.vhost, names)
-
-    def _window(self, link: SenderLink, names: frozenset[str] | None = None) -> int | None:
-        """The link's credit cap, or None when nothing it sends to is policed.
-
-        ``names``: ``_queues(link)`` when the caller has just computed it.
-        """
-        policed = self._policed(link, names)
-        if not policed and not self._may_be_policed(link):
-            return None
-        queues = self.controller.queues
-        size = link.typical_bytes
-        if not size:
-            size = max((queues[k].depth.average_body_bytes() for k in policed),
-                       default=0) or ASSUMED_MESSAGE_BYTES
-        window = ceiling = window_for(size)
-        room = PACING_ROOM * ceiling * size
-        for key in policed:
-            q = queues[key]
-            # Bytes the queue may still take before its next evaluation could trip it (the
-            # armed headroom less the ledger; -1 - total when unarmed: pace).
-            if q.quiet_bytes - q.depth.forwarded_bytes_total > room:
-                continue
-            depth = q.depth
-            drain = depth.drain_rate
-            interval = depth.sample_interval
-            share = None
-            if drain is not None and interval is not None:
-                share = drain * interval / self._feeders(key[1])
-            window = min(window, paced_window(ceiling, share))
-        return window
-
-    def _feeders(self, queue: str) -> int:
-        """This connection's sender links whose last message went to ``queue`` (at least 1):
-        they share the queue's drain. Counted only near capacity (a scan of the links)."""
-        n = 0
-        for session in self.sessions.values():
-            for link in session.links.values():
-                if isinstance(link, SenderLink) and not link.detaching \
-                        and queue in link.delivery.queues:
-                    n += 1
-        return n or 1
-
-    def _overshoot(self, names: frozenset[str], body_bytes: int) -> None:
-        """A delivery to ``names`` forwarded while some of them are tripped: count it on each."""
-        queues = self.controller.queues
-        for key in self.controller.blocking(self.vhost, names):
-            q = queues.get(key)
-            if q is not None and q.tripped:
-                q.overshoot_messages += 1
-                q.overshoot_bytes += body_bytes
-
-    def _may_be_policed(self, link: SenderLink) -> bool:
-        """Whether the link can come to feed a policed queue at any moment, with nothing
-        sent through the proxy: a binding made elsewhere to its exchange, a queue a policy
-        matches declared elsewhere. Its credit is capped by the window too, so what it holds
-        when that happens is one window, not the broker's whole grant."""
-        controller = self.controller
-        if link.per_message:
-            return bool(controller.queues) or controller.polices_vhost(self.vhost)
-        destination = link.destination
-        if destination is None or destination.routing_key is None:
-            return False
-        if destination.exchange:
-            return controller.polices_vhost(self.vhost)
-        return controller.policies.for_queue(self.vhost, destination.routing_key) is not None
-
-    def _decide(self, link: SenderLink, window: int | None, now: float) -> LinkFlow:
-        """The credit to give the client now: withheld while a queue it feeds is tripped."""
-        queues = self._queues(link)
-        blocking = self.controller.blocking(self.vhost, queues)
-        lookups = _NO_KEYS if link.per_message else self._lookup(link.destination, queues, now)
-        blocking |= lookups
-        if blocking and self._spooling(link, queues, blocking, lookups).verdict \
-                is not Verdict.SPOOL and self._block(link, blocking, now):
-            return link.credit.grant(0)
-        if link.withheld:
-            link.move(LinkInput.GRANTED)
-            self._signalled(link, active=True)
-        if window is not None and link.unsettled:
-            room = self._in_flight_window(link, window)
-            if room < window:
-                link.squeezed = True
-                window = room
-        return link.credit.grant(window)
-
-    def _after_transfer(self, link: SenderLink, now: float,
-                        routed: frozenset[str] | None = None) -> None:
-        """After a client transfer: withhold credit if a queue tripped, else top it up.
-
-        A per-message link under ``overflow: reject`` keeps its credit: what it sends to the
-        tripped queue is refused one by one, what it sends elsewhere goes on. ``routed``: the
-        fixed destination's queues, when the caller has just routed them (``_queues(link)``).
-        """
-        if link.blocked:
-            return
-        fixed: frozenset[str] | None = None
-        if link.per_message:
-            queues = link.delivery.queues
-            lookups = link.delivery.lookup
-        else:
-            queues = fixed = routed if routed is not None else self._queues(link)
-            lookups = _NO_KEYS
-        blocking = self.controller.blocking(self.vhost, queues)
-        if lookups:
-            blocking |= lookups
-        verdict = self._spooling(link, queues, blocking, lookups).verdict if blocking \
-            else Verdict.PASS
-        if blocking and not (link.per_message and verdict is Verdict.REJECT and not lookups) \
-                and verdict is not Verdict.SPOOL:
-            self._block(link, blocking, now)  # no flow: the limit the client has stands
-            return
-        window = self._window(link, fixed)
-        link.windowed = window is not None
-        if window is None:
-            return
-        if link.unsettled:
-            room = self._in_flight_window(link, window)
-            if room < window:
-                link.squeezed = True
-                if not room:
-                    return
-                window = room
-        if link.credit.wants_top_up(window):
-            self._send_grant(link, link.credit.grant(window))
-
-    def _block(self, link: SenderLink, blocking: frozenset[QueueKey], now: float) -> bool:
-        """Block the link on ``blocking``; False when they all released meanwhile."""
-        if link.blocked:
-            return True
-        newly = self.controller.block(self.conn_id, link.ref, blocking, now)
-        if not newly and not self.controller.is_blocked(self.conn_id, link.ref):
-            return False
-        link.move(LinkInput.BLOCKED)
-        link.starved_since = None
-        self.withheld_links[link.ref] = link
-        self.outbox.append(ev.PublisherHeld(self._at(link), blocking, True))
-        self._signalled(link, active=False)
-        return True
-
-    def _signalled(self, link: SenderLink, active: bool) -> None:
-        self.counters.signalled(PROTOCOL, active)
-        self.outbox.append(ev.Signalled(self._at(link), active))
-
-    def channel_released(self, channel: int, now: float) -> None:
-        """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
-        session = self.sessions.get(channel >> 32)
-        link = session.links.get(channel & 0xFFFFFFFF) if session is not None else None
-        if not isinstance(link, SenderLink) or link.detaching:
-            return
-        link.move(LinkInput.RELEASED)
-        link.starved_since = None
-        self.withheld_links.pop(link.ref, None)
-        link.spool_refused = False
-        link.hit.clear()
-        window = self._window(link)
-        grant = self._decide(link, window, now)
-        if not link.blocked:
-            self._send_grant(link, grant)
-
-    # -- frames the proxy makes --------------------------------------------------------------
-    def _send_grant(self, link: SenderLink, grant: LinkFlow) -> None:
-        """A flow to the client for ``link``, with the broker's last session fields."""
-        session = self.sessions.get(link.channel)
-        if session is None or session.server_channel is None or link.server_handle is None:
-            return
-        next_incoming = session.next_incoming
-        if next_incoming is not None and session.dropped_frames:
-            next_incoming = serial_add(next_incoming, session.dropped_frames)
-        self._to_client(frame(grant_flow_body(
-            next_incoming, session.incoming_window, session.next_outgoing,
-            session.outgoing_window, link.server_handle, grant.delivery_count or 0,
-            grant.link_credit, grant.drain), session.server_channel))
-
-    def _transfer_limit_exceeded(self, session: SessionGate, link: SenderLink) -> bytes:
-        """Detach the link on both sides; the broker's detach replaces the transfer."""
-        return self._detach_by_proxy(session, link, TRANSFER_LIMIT_EXCEEDED,
-                                     "floodwall: transfer beyond the granted link credit")
-
-    def _detach_by_proxy(self, session: SessionGate, link: SenderLink, condition: str,
-                         description: str) -> bytes:
-        """Detach ``link`` on both sides: the client's detach is queued, the broker's returned.
-
-        Later frames of the link are dropped, both peers' answering detaches absorbed."""
-        link.delivery.in_progress = False
-        self._link_gone(link)
-        self.outbox.append(ev.EndedByProxy(self._at(link), description, condition))
-        error = performative(ERROR, condition=Symbol(condition), description=description)
-        if session.server_channel is not None and link.server_handle is not None:
-            link.move(LinkInput.PROXY_DETACHES)  # both peers answer
-            self._to_client(frame(encode_performative(
-                DETACH, handle=UInt(link.server_handle), closed=True, error=error),
-                session.server_channel))
-        else:  # the client has not heard of the broker's end: only the broker answers
-            link.move(LinkInput.PROXY_DETACHES_BROKER_SIDE)
-        return frame(encode_performative(DETACH, handle=UInt(link.handle), closed=True,
-                                         error=error), link.channel)
-
     def _reject(self, session: SessionGate, link: SenderLink, fields: list[object],
                 blocking: frozenset[QueueKey]) -> None:
         """Settle the delivery ``rejected`` ourselves (it will not reach the broker)."""
@@ -1199,67 +421,3 @@ class CreditFlow(GateBase):
                      _rejected(f"floodwall: queue '{names}' is over capacity"))
 
 
-_ACCEPTED: Final = Described(ULong(ACCEPTED), [])
-
-
-def _rejected(description: str) -> Described:
-    """The ``rejected`` outcome the proxy settles with: amqp:resource-limit-exceeded."""
-    return Described(ULong(REJECTED), [performative(
-        ERROR, condition=Symbol(RESOURCE_LIMIT_EXCEEDED), description=description)])
-
-
-def _range(fields: list[object]) -> tuple[int, int]:
-    """A disposition's first..last."""
-    first = _uint(fields, D.FIRST, DISPOSITION)
-    if first is None:
-        raise DecodeError("disposition.first is mandatory")
-    last = _uint(fields, D.LAST, DISPOSITION)
-    return first, first if last is None else last
-
-
-def _renumber_disposition(fields: list[object], ids: DeliveryIds,
-                          mapped: Callable[[int, int], list[tuple[int, int]]],
-                          channel: int) -> bytes | None:
-    """A disposition with its range mapped by ``mapped`` (None: unchanged, nothing dropped)."""
-    if not ids.dropped:
-        return None
-    first, last = _range(fields)
-    ranges = mapped(first, last)
-    if ranges == [(first, last)]:
-        return None
-    return _dispositions(fields, ranges, channel)
-
-
-def _dispositions(fields: list[object], ranges: list[tuple[int, int]], channel: int) -> bytes:
-    """``fields``' disposition once per range (b"": none left)."""
-    out = bytearray()
-    for first, last in ranges:
-        piece = _padded(fields, D.LAST + 1)
-        piece[D.FIRST], piece[D.LAST] = UInt(first), UInt(last)
-        out += frame(encode_performative_fields(DISPOSITION, piece), channel)
-    return bytes(out)
-
-
-def grant_flow_body(next_incoming: int | None, incoming_window: int, next_outgoing: int,
-                    outgoing_window: int, handle: int, delivery_count: int, link_credit: int,
-                    drain: bool) -> bytes:
-    """The body of a flow the proxy grants credit with: the bytes ``encode_performative``
-    makes of these fields (drain only when set), without its generic encoder.
-
-    Seven or nine small fields always fit a list8.
-    """
-    fields = [b"\x40" if next_incoming is None else uint_bytes(next_incoming),
-              uint_bytes(incoming_window), uint_bytes(next_outgoing),
-              uint_bytes(outgoing_window), uint_bytes(handle), uint_bytes(delivery_count),
-              uint_bytes(link_credit)]
-    if drain:
-        fields += (b"\x40", b"\x41")  # available: null; drain: true
-    body = b"".join(fields)
-    return b"\x00\x53\x13\xc0" + bytes((len(body) + 1, len(fields))) + body
-
-
-def encode_performative_fields(code: int, fields: list[object]) -> bytes:
-    """The body of a performative from its fields as decoded (typed values kept)."""
-    while fields and fields[-1] is None:
-        fields = fields[:-1]
-    return encode(Described(ULong(code), fields))

@@ -136,23 +136,10 @@ def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: 
     return encode_method(method, 0)
 
 
-class Connection(CoreOutput):
-    """One proxied AMQP 0-9-1 connection (client <-> proxy <-> broker); a ``RelayCore``.
-
-    Starts at the first frame in both directions (the I/O layer has relayed the protocol
-    header). Every frame is relayed exactly as it came; the core only reads the few
-    methods below, and decodes them with pamqp. A chunk made only of complete frames, with
-    nothing held before it, is forwarded as the very same bytes object.
-
-    Frame size: both directions are held to FRAME_MIN_SIZE until the client's tune-ok
-    passes, then to its frame_max (0 = none), never below FRAME_MIN_SIZE.
-
-    Errors: a malformed frame from the client sets ``failure`` (side CLIENT) and queues a
-    connection.close for the client with the spec's code (501/502/505); one from the
-    broker sets ``failure`` (side SERVER), queues a connection.close 501 for the broker
-    and a connection.close 541 INTERNAL_ERROR for the client that names the problem.
-    Complete frames before the bad one are still relayed; later input is ignored.
-    """
+class FrameRelay(CoreOutput):
+    """The relay half of a 0-9-1 core: both byte streams, the methods every core reads
+    (tuning, open, close, channel lifecycle), failures. ``Connection`` adds the publish gate's
+    and the topology watch's methods (``_handlers``)."""
 
     def __init__(self, gate: PublishHooks | None = None, conn_id: int = 0,
                  watch_topology: bool = False, refuse_external: bool = True) -> None:
@@ -195,45 +182,8 @@ class Connection(CoreOutput):
         self._server_in.read(server)
 
     def _handlers(self) -> tuple[dict[int, Handler], dict[int, Handler]]:
-        """What each direction stops at: connection and channel lifecycle always; publishes,
-        confirms and flow replies with a gate; declares and binds when watching topology."""
-        client: dict[int, Handler] = {
-            _C.StartOk.index: self._on_start_ok,
-            _C.TuneOk.index: self._on_tune_ok,
-            _C.Open.index: self._on_open,
-            _C.Close.index: self._on_client_close,
-            _C.CloseOk.index: self._on_close_ok,
-            _CH.Open.index: self._on_channel_open,
-            _CH.Close.index: self._on_channel_close,
-            _CH.CloseOk.index: self._on_channel_close_ok,
-        }
-        server: dict[int, Handler] = {
-            _C.Tune.index: self._on_tune,
-            _C.OpenOk.index: self._on_open_ok,
-            _C.Close.index: self._on_server_close,
-            _C.CloseOk.index: self._on_close_ok,
-            _CH.OpenOk.index: self._on_channel_open_ok,
-            _CH.Close.index: self._on_channel_close,
-            _CH.CloseOk.index: self._on_channel_close_ok,
-        }
-        if self.gate is not None:
-            client.update({
-                _B.Publish.index: self._on_publish,
-                _CF.Select.index: self._on_confirm_select,
-                commands.Tx.Select.index: self._on_tx_select,
-                _CH.FlowOk.index: self._on_flow_reply,
-                _CH.Flow.index: self._on_flow_reply,
-                _C.Close.index: self._on_client_close_held,
-            })
-            server.update({
-                _B.Ack.index: self._on_broker_ack,
-                _B.Nack.index: self._on_broker_nack,
-                _CH.CloseOk.index: self._on_broker_channel_close_ok,
-            })
-        if self.topology is not None:
-            client.update(dict.fromkeys(REQUEST_KEYS, self._on_topology_request))
-            server.update(dict.fromkeys(REPLY_KEYS, self._on_topology_reply))
-        return client, server
+        """What each direction stops at, and what reads each method (``Connection``)."""
+        raise NotImplementedError
 
     # --- RelayCore -------------------------------------------------------------------
 
@@ -256,18 +206,6 @@ class Connection(CoreOutput):
     def data_for_client(self) -> bytes:
         """Everything queued for the client (b"" if nothing), and forget it."""
         return _drain(self._to_client)
-
-    def collect(self) -> None:
-        """Take what the gate made outside a receive call (held frames released, expiries,
-        spool acknowledgements) into the outgoing data and events."""
-        if self.gate is not None and self.gate.outbox:
-            self._take(self.gate)
-
-    def _own(self, command: object) -> bool:
-        if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone
-            self.channels.pop(command.channel, None)
-            return True
-        return False
 
     # --- state for the rest of the proxy ----------------------------------------------
 
@@ -500,6 +438,101 @@ class Connection(CoreOutput):
 
     # --- the publish gate's methods (only with a gate) --------------------------------
 
+    def _on_channel_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.OPEN)
+
+    def _on_channel_open_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.OPEN_OK)
+
+    def _on_channel_close(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.CLOSE)
+
+    def _on_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
+        self._channel_event(channel, ChannelEvent.CLOSE_OK)
+
+    def _channel_event(self, channel: int, event: ChannelEvent) -> None:
+        if channel == 0:
+            return
+        state = self.channels.get(channel)
+        key = (state, event)
+        if key not in CHANNEL_TRANSITIONS:
+            return
+        after = CHANNEL_TRANSITIONS[key]
+        if after is None:
+            del self.channels[channel]
+            if self.gate is not None:
+                self.gate.on_channel_gone(channel)
+            if self.topology is not None:
+                self.topology.channel_gone(channel)
+        else:
+            self.channels[channel] = after
+
+
+
+
+class Connection(FrameRelay):
+    """One proxied AMQP 0-9-1 connection (client <-> proxy <-> broker); a ``RelayCore``.
+
+    Starts at the first frame in both directions (the I/O layer has relayed the protocol
+    header). Every frame is relayed exactly as it came; the core only reads the few
+    methods below, and decodes them with pamqp. A chunk made only of complete frames, with
+    nothing held before it, is forwarded as the very same bytes object.
+
+    Frame size: both directions are held to FRAME_MIN_SIZE until the client's tune-ok
+    passes, then to its frame_max (0 = none), never below FRAME_MIN_SIZE.
+
+    Errors: a malformed frame from the client sets ``failure`` (side CLIENT) and queues a
+    connection.close for the client with the spec's code (501/502/505); one from the
+    broker sets ``failure`` (side SERVER), queues a connection.close 501 for the broker
+    and a connection.close 541 INTERNAL_ERROR for the client that names the problem.
+    Complete frames before the bad one are still relayed; later input is ignored.
+
+    With a gate, it hands the gate every publish and the frames around it
+    (``hooks.PublishHooks``); watching topology, the declares, deletes and binds the broker
+    confirms become ``TopologyChange`` events.
+    """
+
+    def _handlers(self) -> tuple[dict[int, Handler], dict[int, Handler]]:
+        """What each direction stops at: connection and channel lifecycle always; publishes,
+        confirms and flow replies with a gate; declares and binds when watching topology."""
+        client: dict[int, Handler] = {
+            _C.StartOk.index: self._on_start_ok,
+            _C.TuneOk.index: self._on_tune_ok,
+            _C.Open.index: self._on_open,
+            _C.Close.index: self._on_client_close,
+            _C.CloseOk.index: self._on_close_ok,
+            _CH.Open.index: self._on_channel_open,
+            _CH.Close.index: self._on_channel_close,
+            _CH.CloseOk.index: self._on_channel_close_ok,
+        }
+        server: dict[int, Handler] = {
+            _C.Tune.index: self._on_tune,
+            _C.OpenOk.index: self._on_open_ok,
+            _C.Close.index: self._on_server_close,
+            _C.CloseOk.index: self._on_close_ok,
+            _CH.OpenOk.index: self._on_channel_open_ok,
+            _CH.Close.index: self._on_channel_close,
+            _CH.CloseOk.index: self._on_channel_close_ok,
+        }
+        if self.gate is not None:
+            client.update({
+                _B.Publish.index: self._on_publish,
+                _CF.Select.index: self._on_confirm_select,
+                commands.Tx.Select.index: self._on_tx_select,
+                _CH.FlowOk.index: self._on_flow_reply,
+                _CH.Flow.index: self._on_flow_reply,
+                _C.Close.index: self._on_client_close_held,
+            })
+            server.update({
+                _B.Ack.index: self._on_broker_ack,
+                _B.Nack.index: self._on_broker_nack,
+                _CH.CloseOk.index: self._on_broker_channel_close_ok,
+            })
+        if self.topology is not None:
+            client.update(dict.fromkeys(REQUEST_KEYS, self._on_topology_request))
+            server.update(dict.fromkeys(REPLY_KEYS, self._on_topology_reply))
+        return client, server
+
     def _on_publish(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
         gate = self.gate
         assert gate is not None
@@ -590,34 +623,17 @@ class Connection(CoreOutput):
         if change is not None:
             self._events.append(change)
 
-    def _on_channel_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
-        self._channel_event(channel, ChannelEvent.OPEN)
+    def collect(self) -> None:
+        """Take what the gate made outside a receive call (held frames released, expiries,
+        spool acknowledgements) into the outgoing data and events."""
+        if self.gate is not None and self.gate.outbox:
+            self._take(self.gate)
 
-    def _on_channel_open_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
-        self._channel_event(channel, ChannelEvent.OPEN_OK)
-
-    def _on_channel_close(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
-        self._channel_event(channel, ChannelEvent.CLOSE)
-
-    def _on_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
-        self._channel_event(channel, ChannelEvent.CLOSE_OK)
-
-    def _channel_event(self, channel: int, event: ChannelEvent) -> None:
-        if channel == 0:
-            return
-        state = self.channels.get(channel)
-        key = (state, event)
-        if key not in CHANNEL_TRANSITIONS:
-            return
-        after = CHANNEL_TRANSITIONS[key]
-        if after is None:
-            del self.channels[channel]
-            if self.gate is not None:
-                self.gate.on_channel_gone(channel)
-            if self.topology is not None:
-                self.topology.channel_gone(channel)
-        else:
-            self.channels[channel] = after
+    def _own(self, command: object) -> bool:
+        if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone
+            self.channels.pop(command.channel, None)
+            return True
+        return False
 
 
 def _emit(inbound: _Inbound, buf: Buffer, start: int, stop: int, at: int | None = None) -> None:

@@ -386,7 +386,19 @@ class Connection(CoreOutput):
             if gate.outbox:
                 self._take(gate)
             return False
-        _, fields, payload = decode_composite(buf, body, end)
+        _, fields, _ = decode_composite(buf, body, end)
+        replacement = self._lifecycle(stream, other, code, channel, fields)
+        if gate is not None and gate.outbox:
+            self._take(gate)
+        if replacement is not None:
+            _replace(stream, buf, start, end, replacement)
+        return False
+
+    def _lifecycle(self, stream: _Stream, other: _Stream, code: int, channel: int,
+                   fields: list[object]) -> bytes | None:
+        """Open, begin, attach, detach, end, close: what the peers and the gate learn; the
+        gate's replacement for the frame, if any (a detach it absorbs)."""
+        gate = self.gate
         peer = stream.peer
         client = stream.side is Side.CLIENT
         replacement: bytes | None = None
@@ -423,11 +435,7 @@ class Connection(CoreOutput):
         elif code == CLOSE:
             peer.close = Ending.from_fields(fields)
             stream.close_relayed = True
-        if gate is not None and gate.outbox:
-            self._take(gate)
-        if replacement is not None:
-            _replace(stream, buf, start, end, replacement)
-        return False
+        return replacement
 
     def _gate_frame(self, gate: TransferHooks, stream: _Stream, code: int, channel: int,
                     fields: list[object], buf: bytes, start: int, payload: int,

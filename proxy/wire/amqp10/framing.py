@@ -118,12 +118,11 @@ def scan_frames(
     Every frame must be of ``frame_type`` and at most ``limit`` bytes. AMQP frames whose
     performative code lies in the ``skip`` range (by default flow, transfer and disposition)
     and empty AMQP frames (heartbeats) are passed by their size alone; every other frame goes
-    to ``on_frame`` (an empty range such as ``(1, 0)`` skips only heartbeats). ``stop`` is where
-    the scan ended: the start of an incomplete frame (``need`` is then the bytes that frame needs
-    from ``stop``, at least 8), the end of ``buf`` (``need`` 8), or just after a frame for which
-    ``on_frame`` returned True
-    (``need`` 0). Raises FramingError for a bad frame header and lets ``on_frame``'s
-    ProtocolError through, both with ``offset`` set to the start of the offending frame.
+    to ``on_frame`` (an empty range such as ``(1, 0)`` skips only heartbeats). ``stop``: the
+    start of an incomplete frame (``need``: the bytes it needs from ``stop``, at least 8), the
+    end of ``buf`` (``need`` 8), or just after a frame ``on_frame`` returned True for (``need``
+    0). Raises FramingError for a bad frame header and lets ``on_frame``'s ProtocolError
+    through, both with ``offset`` set to the start of the offending frame.
     """
     unpack_usual = _USUAL_START.unpack_from
     unpack = _FRAME_HEADER.unpack_from
@@ -152,24 +151,16 @@ def scan_frames(
             elif left < 8:
                 return pos, frames, HEADER_SIZE
             # General path: any valid frame, or the error that explains why it is not one.
-            size, doff, ftype, channel = unpack(buf, pos)
-            # doff >= 2 and doff * 4 <= size together imply size >= 8.
-            if size > limit or doff < 2 or doff << 2 > size or ftype != frame_type:
-                raise FramingError(_explain(size, doff, ftype, limit, frame_type))
-            end = pos + size
-            if end > size_of_buf:
-                return pos, frames, size
-            body = pos + (doff << 2)
-            if body < end:
-                code = peek_performative(buf, body, end)
-                if (ftype or code < skip_lo or code > skip_hi) and on_frame(
-                    code, channel, buf, pos, body, end
-                ):
-                    return end, frames + 1, 0
-            elif ftype:
-                raise FramingError("empty SASL frame")
+            found = next_frame(buf, pos, limit, frame_type)
+            if not isinstance(found, Frame):  # NEED_DATA: the frame is not all here
+                return pos, frames, unpack(buf, pos)[0]
+            code = found.code
+            if code is not None and (found.type or code < skip_lo or code > skip_hi) and on_frame(
+                code, found.channel, buf, pos, found.body, found.end
+            ):
+                return found.end, frames + 1, 0
             frames += 1
-            pos = end
+            pos = found.end
     except ProtocolError as exc:
         exc.offset = pos
         exc.frames_before = frames

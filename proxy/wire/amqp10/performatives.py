@@ -189,20 +189,12 @@ def peek_composite(buf: bytes, pos: int, end: int) -> tuple[list[object], int] |
     Returns None for any other (or malformed) encoding: the caller then decodes the frame in
     full, which also explains what is wrong with it.
     """
-    if pos + 4 > end or buf[pos] != 0x00 or buf[pos + 1] != 0x53:
+    header = _list8(buf, pos, end)
+    if header is None:
         return None
-    kind = buf[pos + 3]
-    p = pos + 4
-    if kind == 0x45:  # list0
+    p, stop, count = header
+    if count < 0:  # list0
         return [], p
-    if kind != 0xC0 or p + 2 > end:  # list8 only (list32: the general decoder)
-        return None
-    size = buf[p]
-    count = buf[p + 1]
-    stop = p + 1 + size
-    p += 2
-    if size < 1 or stop > end or count > stop - p:
-        return None
     fields: list[object] = []
     append = fields.append
     uints = _SMALL_UINTS
@@ -234,25 +226,52 @@ def peek_composite(buf: bytes, pos: int, end: int) -> tuple[list[object], int] |
                 return None
             append(buf[p + 1 : n])
             p = n
-        elif c == 0x40:
-            append(None)
-        elif c == 0x41:
-            append(True)
-        elif c == 0x50:  # ubyte
-            if p >= stop:
-                return None
-            append(UByte(buf[p]))
-            p += 1
-        elif c == 0x56:  # boolean
-            if p >= stop or buf[p] > 1:
-                return None
-            append(buf[p] == 1)
-            p += 1
         else:
-            return None
+            rare = _rare_field(buf, p, stop, c)
+            if rare is None:
+                return None
+            append(rare[0])
+            p = rare[1]
     if p != stop:
         return None
     return fields, stop
+
+
+def _list8(buf: bytes, pos: int, end: int) -> tuple[int, int, int] | None:
+    """A smallulong-described list0 or list8 at ``buf[pos:end]``: (where its first element
+    starts, where the list ends, how many elements: -1 for list0), or None for anything
+    else (list32: the general decoder)."""
+    if pos + 4 > end or buf[pos] != 0x00 or buf[pos + 1] != 0x53:
+        return None
+    kind = buf[pos + 3]
+    p = pos + 4
+    if kind == 0x45:  # list0
+        return p, p, -1
+    if kind != 0xC0 or p + 2 > end:
+        return None
+    size = buf[p]
+    count = buf[p + 1]
+    stop = p + 1 + size
+    p += 2
+    if size < 1 or stop > end or count > stop - p:
+        return None
+    return p, stop, count
+
+
+def _rare_field(buf: bytes, p: int, stop: int, c: int) -> tuple[object, int] | None:
+    """``peek_composite``'s less common field encodings (null, true, ubyte, boolean): the
+    value and where the next field starts, or None for anything else."""
+    if c == 0x40:
+        return None, p
+    if c == 0x41:
+        return True, p
+    if p >= stop:
+        return None
+    if c == 0x50:  # ubyte
+        return UByte(buf[p]), p + 1
+    if c == 0x56 and buf[p] <= 1:  # boolean
+        return buf[p] == 1, p + 1
+    return None
 
 
 def composite_fields(value: object) -> tuple[int, list[object]]:

@@ -1,0 +1,210 @@
+"""The 0-9-1 gate's held channels: holding a publish and what follows it on its channel, blocking
+the channel on queues (and signalling the client), releasing it in order; the connection's
+hold accounting."""
+
+from __future__ import annotations
+
+from pamqp import commands
+
+from floodwall.control.controller import ALARM, QueueKey
+from floodwall.control.lookups import is_pseudo
+from floodwall.enforce import events as ev
+from floodwall.enforce.amqp091.channels import (
+    DEFAULT_HOLD_BUDGET,
+    LOOKUP_HOLD_BUDGET,
+    PROTOCOL,
+    ChannelFlow,
+    HeldPublish,
+    headers_of,
+)
+from floodwall.enforce.amqp091.clients import may_signal
+from floodwall.enforce.decision import (
+    should_signal,
+)
+from floodwall.enforce.shared import Enforcement, GateBase
+from floodwall.wire.amqp091.framing import encode_method
+from floodwall.wire.amqp091.hooks import ClientInfo
+
+_CH = commands.Channel
+
+
+class HeldChannels(GateBase):
+    """A connection's channels as its publish gate holds and releases them."""
+
+    def __init__(self, shared: Enforcement, conn_id: int,
+                 hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
+        super().__init__(shared, conn_id, hold_budget)
+        self.may_signal = False
+        self.channels: dict[int, ChannelFlow] = {}
+        self.held_bytes = 0
+        self._connection_close: bytes | None = None  # the client's close, behind held frames
+        self._waiting_lookup: set[int] = set()  # channels blocked on lookups only
+        self._maybe_slow = False  # set whenever a channel may have left the fast path
+
+    # -- output --------------------------------------------------------------------------
+    def _at(self, channel: int) -> ev.At:
+        return ev.At(PROTOCOL, self.conn_id, self.vhost, channel)
+
+    # -- what the core learns about the connection ----------------------------------------
+    def client_identified(self, client: ClientInfo) -> None:
+        """connection.start-ok: whether the client may be sent Channel.Flow (clients.py)."""
+        self.may_signal = may_signal(client)
+
+    # -- state -------------------------------------------------------------------------
+    def channel(self, channel: int) -> ChannelFlow:
+        ch = self.channels.get(channel)
+        if ch is None:
+            ch = self.channels[channel] = ChannelFlow(channel)
+        return ch
+
+    @property
+    def needs_every_frame(self) -> bool:
+        """True while some channel must see each of its frames (slow path).
+
+        Asked before every method frame the core stops at: O(1) while no channel ever
+        left the fast path since the last time all were back on it.
+        """
+        if not self._maybe_slow:
+            return False
+        slow = any(ch.needs_every_frame for ch in self.channels.values())
+        self._maybe_slow = slow
+        return slow
+
+    @property
+    def over_budget(self) -> bool:
+        """Past the hold budget: stop reading the connection (the relay's backpressure)."""
+        held = self.held_bytes
+        return held > self.hold_budget or (held > LOOKUP_HOLD_BUDGET
+                                           and bool(self._waiting_lookup))
+
+    @property
+    def waiting_for_lookup(self) -> bool:
+        """True while a channel of this connection waits for a lookup's answer."""
+        return bool(self._waiting_lookup)
+
+    @property
+    def holding(self) -> bool:
+        return any(ch.holding for ch in self.channels.values())
+
+    def close(self) -> None:
+        """The connection is gone: nothing of it is blocked or held any more."""
+        self.controller.connection_closed(self.conn_id)
+        self._account(-self.held_bytes, -sum(
+            sum(1 for i in ch.held if isinstance(i, HeldPublish)) for ch in self.channels.values()))
+        self.channels.clear()
+
+    def on_channel_gone(self, channel: int) -> None:
+        """The channel's close handshake completed: nothing of it is held any more.
+
+        Not for a channel the proxy itself is closing: its close-oks are the proxy's to
+        absorb, and ``_close_ok`` forgets it once both have come.
+        """
+        ch = self.channels.get(channel)
+        if ch is not None and ch.closing_by_proxy:
+            return
+        self.channels.pop(channel, None)
+        self._waiting_lookup.discard(channel)
+        if ch is not None and ch.held_bytes:
+            self._account(-ch.held_bytes, -sum(1 for i in ch.held if isinstance(i, HeldPublish)))
+        self.controller.channel_closed(self.conn_id, channel)
+
+    # -- hold, block, release ------------------------------------------------------------
+    def _hold(self, ch: ChannelFlow, item: HeldPublish) -> None:
+        self._maybe_slow = True
+        ch.held.append(item)
+        self._grow(ch, item.nbytes)
+        self._account(0, 1)
+        if not item.complete:
+            ch.filling = item
+            self._maybe_slow = True
+
+    def _grow(self, ch: ChannelFlow, nbytes: int) -> None:
+        ch.held_bytes += nbytes
+        self._account(nbytes, 0)
+
+    def _account(self, nbytes: int, messages: int) -> None:
+        self.held_bytes += nbytes
+        self.counters.held_bytes += nbytes
+        self.counters.held_messages += messages
+
+    def _block(self, ch: ChannelFlow, blocking: frozenset[QueueKey], now: float) -> None:
+        newly = self.controller.block(self.conn_id, ch.channel, blocking, now)
+        only_lookups = all(is_pseudo(k) and k != ALARM for k in blocking)
+        if not only_lookups:
+            self._waiting_lookup.discard(ch.channel)
+        if not newly:
+            if not self.controller.is_blocked(self.conn_id, ch.channel):
+                # Released while we looked (seed 000's race): let it go at once.
+                self.channel_released(ch.channel, now)
+            return
+        if only_lookups:
+            # A moment's wait for the broker's answer (a lookup): no signal, no hold event.
+            self._waiting_lookup.add(ch.channel)
+            self.outbox.append(ev.WaitingForLookup(self._at(ch.channel), blocking))
+            return
+        signal = should_signal(self.controller.queues, blocking, self.may_signal)
+        self.outbox.append(ev.PublisherHeld(self._at(ch.channel), blocking, signal))
+        if signal and not ch.signalled_off:
+            self._send_flow(ch, active=False)
+
+    def _send_flow(self, ch: ChannelFlow, active: bool) -> None:
+        self._to_client(encode_method(_CH.Flow(active=active), ch.channel))
+        ch.flow_replies += 1
+        ch.signalled_off = not active
+        self.counters.signalled(PROTOCOL, active)
+        self.outbox.append(ev.Signalled(self._at(ch.channel), active))
+
+    def channel_released(self, channel: int, now: float) -> None:
+        """The controller says every queue this channel waited on has drained."""
+        self._waiting_lookup.discard(channel)
+        ch = self.channels.get(channel)
+        if ch is None:
+            return
+        self._release(ch, now)
+        if self._connection_close is not None and not self.holding:
+            self._to_server(self._connection_close)
+            self._connection_close = None
+
+    def _release(self, ch: ChannelFlow, now: float) -> None:
+        held = ch.held
+        controller = self.controller
+        while held:
+            item = held[0]
+            if isinstance(item, HeldPublish):
+                blocking = controller.blocking(self.vhost, item.queues)
+                if item.generation != controller.generation:
+                    # The model learned something while it waited (a lookup's answer): it
+                    # goes where the broker will route it now, and is checked there.
+                    pub = item.publish
+                    item.generation = controller.generation
+                    item.queues = controller.destinations(self.vhost, pub.exchange,
+                                                          pub.routing_key,
+                                                          headers_of(item.frames[1]))
+                    blocking = controller.blocking(self.vhost, item.queues)
+                    lookup = controller.lookup_for(self.vhost, pub.exchange, pub.routing_key,
+                                                   item.queues, now)
+                    if lookup is not None:
+                        blocking = blocking | {lookup}
+                if blocking:
+                    self._block(ch, blocking, now)
+                    if self.controller.is_blocked(self.conn_id, ch.channel):
+                        return
+                    continue  # released in the same breath: look again
+                held.popleft()
+                nbytes = sum(len(f) for f in item.frames)
+                for f in item.frames:
+                    self._to_server(f)
+                ch.held_bytes -= nbytes
+                self._account(-nbytes, -1)
+                self.controller.forwarded(self.vhost, item.queues, item.body_size, now)
+                if ch.confirms is not None:
+                    ch.confirms.forwarded()
+                if ch.filling is item:
+                    ch.filling = None  # the rest of its content passes in place
+            else:
+                held.popleft()
+                self._to_server(item)
+                ch.held_bytes -= len(item)
+                self._account(-len(item), 0)
+        if ch.signalled_off:
+            self._send_flow(ch, active=True)

@@ -1,0 +1,379 @@
+"""The 1.0 credit gate's credit: the window a sender link sees, paced near capacity and within
+its in-flight allowance; withheld while a queue it feeds is tripped (and signalled), restored
+on release; links without credit past their deadline detached."""
+
+from __future__ import annotations
+
+from floodwall.control.controller import QueueKey
+from floodwall.enforce import events as ev
+from floodwall.enforce.amqp10.links import (
+    _DETACHING,
+    _NO_KEYS,
+    ASSUMED_MESSAGE_BYTES,
+    IN_FLIGHT_WINDOWS,
+    PACING_ROOM,
+    PROTOCOL,
+    RESOURCE_LIMIT_EXCEEDED,
+    SenderLink,
+    _flag,
+    _flow_link,
+    _padded,
+    _uint,
+    encode_performative_fields,
+    message_routing,
+    paced_window,
+    window_for,
+)
+from floodwall.enforce.amqp10.sessions import Sessions
+from floodwall.enforce.decision import Decision, Verdict, deadline_of, decide
+from floodwall.enforce.states import LinkInput
+from floodwall.wire.amqp10.addresses import (
+    Destination,
+    parse_target,
+    queues_for,
+)
+from floodwall.wire.amqp10.credit import (
+    LinkFlow,
+    serial_add,
+)
+from floodwall.wire.amqp10.framing import frame
+from floodwall.wire.amqp10.performatives import (
+    FLOW,
+)
+from floodwall.wire.amqp10.performatives import (
+    FlowFields as F,
+)
+from floodwall.wire.amqp10.types import UInt
+
+
+class LinkCredit(Sessions):
+    """The credit each sender link gets, on top of the sessions and links."""
+
+    def expire(self, now: float) -> int:
+        """Withheld links: note since when each has had no credit (``now``, the caller's
+        clock; a link is seen out of credit at the first call after it ran out) and detach
+        those out of credit for longer than their policy's ``deadline`` with
+        ``amqp:resource-limit-exceeded``; returns how many were detached."""
+        expired = 0
+        for link in list(self.withheld_links.values()):
+            if link.credit.client_credit > 0 or link.delivery.in_progress:
+                continue
+            since = link.starved_since
+            if since is None:
+                link.starved_since = now
+                self.controller.starved(self.conn_id, link.ref, now)
+                continue
+            deadline = self._deadline(link)
+            if now - since < deadline:
+                continue
+            session = self.sessions.get(link.channel)
+            if session is None:
+                continue
+            expired += 1
+            queues = sorted(q for _, q in self.controller.blocked_on(self.conn_id, link.ref)) \
+                or [self.controller.alarm_reason or "?"]
+            names = ",".join(queues)
+            self.counters.deadline_expiries += 1
+            why = f"still over capacity after the {deadline:g}s deadline"
+            self.outbox.append(ev.DeadlineExpired(self._at(link), tuple(queues), why,
+                                               ev.Answer.DETACHED, 0, round(now - since, 3)))
+            self._to_server(self._detach_by_proxy(
+                session, link, RESOURCE_LIMIT_EXCEEDED,
+                f"floodwall: queue '{names}' {why}: no link credit for {now - since:.1f}s"))
+        return expired
+
+    def _deadline(self, link: SenderLink) -> float:
+        """The shortest ``deadline`` among the policies of the queues ``link`` waits on."""
+        return deadline_of(self.controller.queues,
+                           self.controller.blocked_on(self.conn_id, link.ref))
+
+    # -- flow frames -----------------------------------------------------------------------
+    def on_client_flow(self, channel: int, fields: list[object]) -> bytes | None:
+        session = self.sessions.get(channel)
+        if session is None:
+            return None
+        link = _flow_link(session.links, fields)
+        if link is _DETACHING:
+            return b""
+        changed = False
+        if isinstance(link, SenderLink):
+            sent = LinkFlow(_uint(fields, F.DELIVERY_COUNT, FLOW),
+                            _uint(fields, F.LINK_CREDIT, FLOW) or 0,
+                            _flag(fields, F.DRAIN, FLOW), _flag(fields, F.ECHO, FLOW))
+            offset = link.credit.offset
+            out = link.credit.client_flow(sent)
+            if out.delivery_count != sent.delivery_count or out.link_credit != sent.link_credit \
+                    or offset != link.credit.offset:
+                fields = _padded(fields, F.LINK_CREDIT + 1)
+                fields[F.DELIVERY_COUNT] = (None if out.delivery_count is None
+                                            else UInt(out.delivery_count))
+                fields[F.LINK_CREDIT] = UInt(out.link_credit)
+                changed = True
+        if session.dropped_frames:
+            next_outgoing = _uint(fields, F.NEXT_OUTGOING_ID, FLOW)
+            if next_outgoing is not None:
+                fields = _padded(fields, F.NEXT_OUTGOING_ID + 1)
+                fields[F.NEXT_OUTGOING_ID] = UInt(serial_add(next_outgoing,
+                                                             -session.dropped_frames))
+                changed = True
+        if not changed:
+            return None
+        return frame(encode_performative_fields(FLOW, fields), channel)
+
+    def on_server_flow(self, channel: int, fields: list[object], now: float) -> bytes | None:
+        session = self.by_server_channel.get(channel)
+        if session is None:
+            return None
+        next_incoming = _uint(fields, F.NEXT_INCOMING_ID, FLOW)
+        session.next_incoming = next_incoming
+        session.incoming_window = _uint(fields, F.INCOMING_WINDOW, FLOW) or 0
+        session.next_outgoing = _uint(fields, F.NEXT_OUTGOING_ID, FLOW) or 0
+        session.outgoing_window = _uint(fields, F.OUTGOING_WINDOW, FLOW) or 0
+        link = _flow_link(session.by_server_handle, fields)
+        if link is _DETACHING:
+            return b""
+        changed = False
+        if isinstance(link, SenderLink):
+            credit = link.credit
+            credit.broker_flow(LinkFlow(_uint(fields, F.DELIVERY_COUNT, FLOW),
+                                        _uint(fields, F.LINK_CREDIT, FLOW) or 0,
+                                        _flag(fields, F.DRAIN, FLOW)))
+            window = self._window(link)
+            link.windowed = window is not None
+            if window is None and credit.offset == 0 and not link.withheld and (
+                    link.per_message or not self._lookup(link.destination, self._queues(link),
+                                                         now)):
+                credit.grant(None)  # the broker's own words: pass them as they are
+            else:
+                grant = self._decide(link, window, now)
+                fields = _padded(fields, F.DRAIN + 1)
+                fields[F.DELIVERY_COUNT] = UInt(grant.delivery_count or 0)
+                fields[F.LINK_CREDIT] = UInt(grant.link_credit)
+                changed = True
+        if session.dropped_frames and next_incoming is not None:
+            fields = _padded(fields, F.NEXT_INCOMING_ID + 1)
+            fields[F.NEXT_INCOMING_ID] = UInt(serial_add(next_incoming, session.dropped_frames))
+            changed = True
+        if not changed:
+            return None
+        return frame(encode_performative_fields(FLOW, fields), channel)
+
+    # -- decisions ---------------------------------------------------------------------------
+    def _queues(self, link: SenderLink) -> frozenset[str]:
+        """The queues the link's messages land in (per-message links: those it hit lately)."""
+        if link.per_message:
+            return frozenset(link.hit)
+        return queues_for(self.controller, self.vhost, link.destination)
+
+    def _route(self, link: SenderLink, payload: bytes, start: int, end: int,
+               now: float) -> frozenset[str]:
+        if not link.per_message:
+            return queues_for(self.controller, self.vhost, link.destination)
+        if not self.controller.queues and not self.controller.polices_vhost(self.vhost):
+            return frozenset()
+        found = message_routing(payload, start, end)
+        if found is None:
+            return frozenset()
+        to, subject = found
+        destination = link.destination
+        if link.anonymous:
+            destination = parse_target(to) if to else None
+            link.delivery.message_to = to or ""
+        queues = queues_for(self.controller, self.vhost, destination, subject)
+        link.delivery.lookup = self._lookup(destination, queues, now, subject)
+        return queues
+
+    def _lookup(self, destination: Destination | None, queues: frozenset[str], now: float,
+                subject: str | None = None) -> frozenset[QueueKey]:
+        """The lookup pseudo-queue to withhold credit on until the broker was asked about
+        a destination the model does not know (``FlowController.lookup_for``), or none."""
+        if destination is None:
+            return _NO_KEYS
+        key = destination.routing_key if destination.routing_key is not None else subject
+        if key is None:
+            return _NO_KEYS
+        pending = self.controller.lookup_for(self.vhost, destination.exchange, key, queues, now)
+        return _NO_KEYS if pending is None else frozenset((pending,))
+
+    def _policed(self, link: SenderLink,
+                 names: frozenset[str] | None = None) -> frozenset[QueueKey]:
+        """The policed queues among ``names`` (None: ``_queues(link)``)."""
+        queues = self.controller.queues
+        if not queues:
+            return _NO_KEYS
+        if names is None:
+            names = self._queues(link)
+        return self.controller.policed(self.vhost, names)
+
+    def _window(self, link: SenderLink, names: frozenset[str] | None = None) -> int | None:
+        """The link's credit cap, or None when nothing it sends to is policed.
+
+        ``names``: ``_queues(link)`` when the caller has just computed it.
+        """
+        policed = self._policed(link, names)
+        if not policed and not self._may_be_policed(link):
+            return None
+        queues = self.controller.queues
+        size = link.typical_bytes
+        if not size:
+            size = max((queues[k].depth.average_body_bytes() for k in policed),
+                       default=0) or ASSUMED_MESSAGE_BYTES
+        window = ceiling = window_for(size)
+        room = PACING_ROOM * ceiling * size
+        for key in policed:
+            q = queues[key]
+            # Bytes the queue may still take before its next evaluation could trip it (the
+            # armed headroom less the ledger; -1 - total when unarmed: pace).
+            if q.quiet_bytes - q.depth.forwarded_bytes_total > room:
+                continue
+            depth = q.depth
+            drain = depth.drain_rate
+            interval = depth.sample_interval
+            share = None
+            if drain is not None and interval is not None:
+                share = drain * interval / self._feeders(key[1])
+            window = min(window, paced_window(ceiling, share))
+        return window
+
+    def _feeders(self, queue: str) -> int:
+        """This connection's sender links whose last message went to ``queue`` (at least 1):
+        they share the queue's drain. Counted only near capacity (a scan of the links)."""
+        n = 0
+        for session in self.sessions.values():
+            for link in session.links.values():
+                if isinstance(link, SenderLink) and not link.detaching \
+                        and queue in link.delivery.queues:
+                    n += 1
+        return n or 1
+
+    def _overshoot(self, names: frozenset[str], body_bytes: int) -> None:
+        """A delivery to ``names`` forwarded while some of them are tripped: count it on each."""
+        queues = self.controller.queues
+        for key in self.controller.blocking(self.vhost, names):
+            q = queues.get(key)
+            if q is not None and q.tripped:
+                q.overshoot_messages += 1
+                q.overshoot_bytes += body_bytes
+
+    def _may_be_policed(self, link: SenderLink) -> bool:
+        """Whether the link can come to feed a policed queue at any moment, with nothing
+        sent through the proxy: a binding made elsewhere to its exchange, a queue a policy
+        matches declared elsewhere. Its credit is capped by the window too, so what it holds
+        when that happens is one window, not the broker's whole grant."""
+        controller = self.controller
+        if link.per_message:
+            return bool(controller.queues) or controller.polices_vhost(self.vhost)
+        destination = link.destination
+        if destination is None or destination.routing_key is None:
+            return False
+        if destination.exchange:
+            return controller.polices_vhost(self.vhost)
+        return controller.policies.for_queue(self.vhost, destination.routing_key) is not None
+
+    # -- spool -------------------------------------------------------------------------------
+    def _spooling(self, link: SenderLink, queues: frozenset[str],
+                  blocking: frozenset[QueueKey], lookups: frozenset[QueueKey]) -> Decision:
+        """What the decision says of ``link``'s next messages (spooled: its credit stays)."""
+        return decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
+                      lookup=bool(lookups), behind=link.spool_refused)
+
+    def _decide(self, link: SenderLink, window: int | None, now: float) -> LinkFlow:
+        """The credit to give the client now: withheld while a queue it feeds is tripped."""
+        queues = self._queues(link)
+        blocking = self.controller.blocking(self.vhost, queues)
+        lookups = _NO_KEYS if link.per_message else self._lookup(link.destination, queues, now)
+        blocking |= lookups
+        if blocking and self._spooling(link, queues, blocking, lookups).verdict \
+                is not Verdict.SPOOL and self._block(link, blocking, now):
+            return link.credit.grant(0)
+        if link.withheld:
+            link.move(LinkInput.GRANTED)
+            self._signalled(link, active=True)
+        if window is not None and link.unsettled:
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                window = room
+        return link.credit.grant(window)
+
+    def _in_flight_window(self, link: SenderLink, window: int) -> int:
+        """The credit a windowed link may have: its window, less what it has unsettled at the
+        broker beyond ``IN_FLIGHT_WINDOWS - 1`` windows. Credit plus unsettled deliveries
+        stay within ``IN_FLIGHT_WINDOWS x window``, so a broker slow to enqueue cannot have
+        more than that of the link's messages out of the proxy's sight."""
+        room = IN_FLIGHT_WINDOWS * window - link.unsettled
+        return window if room >= window else max(room, 0)
+
+    def _after_transfer(self, link: SenderLink, now: float,
+                        routed: frozenset[str] | None = None) -> None:
+        """After a client transfer: withhold credit if a queue tripped, else top it up.
+
+        A per-message link under ``overflow: reject`` keeps its credit: what it sends to the
+        tripped queue is refused one by one, what it sends elsewhere goes on. ``routed``: the
+        fixed destination's queues, when the caller has just routed them (``_queues(link)``).
+        """
+        if link.blocked:
+            return
+        fixed: frozenset[str] | None = None
+        if link.per_message:
+            queues = link.delivery.queues
+            lookups = link.delivery.lookup
+        else:
+            queues = fixed = routed if routed is not None else self._queues(link)
+            lookups = _NO_KEYS
+        blocking = self.controller.blocking(self.vhost, queues)
+        if lookups:
+            blocking |= lookups
+        verdict = self._spooling(link, queues, blocking, lookups).verdict if blocking \
+            else Verdict.PASS
+        if blocking and not (link.per_message and verdict is Verdict.REJECT and not lookups) \
+                and verdict is not Verdict.SPOOL:
+            self._block(link, blocking, now)  # no flow: the limit the client has stands
+            return
+        window = self._window(link, fixed)
+        link.windowed = window is not None
+        if window is None:
+            return
+        if link.unsettled:
+            room = self._in_flight_window(link, window)
+            if room < window:
+                link.squeezed = True
+                if not room:
+                    return
+                window = room
+        if link.credit.wants_top_up(window):
+            self._send_grant(link, link.credit.grant(window))
+
+    def _block(self, link: SenderLink, blocking: frozenset[QueueKey], now: float) -> bool:
+        """Block the link on ``blocking``; False when they all released meanwhile."""
+        if link.blocked:
+            return True
+        newly = self.controller.block(self.conn_id, link.ref, blocking, now)
+        if not newly and not self.controller.is_blocked(self.conn_id, link.ref):
+            return False
+        link.move(LinkInput.BLOCKED)
+        link.starved_since = None
+        self.withheld_links[link.ref] = link
+        self.outbox.append(ev.PublisherHeld(self._at(link), blocking, True))
+        self._signalled(link, active=False)
+        return True
+
+    def _signalled(self, link: SenderLink, active: bool) -> None:
+        self.counters.signalled(PROTOCOL, active)
+        self.outbox.append(ev.Signalled(self._at(link), active))
+
+    def channel_released(self, channel: int, now: float) -> None:
+        """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
+        session = self.sessions.get(channel >> 32)
+        link = session.links.get(channel & 0xFFFFFFFF) if session is not None else None
+        if not isinstance(link, SenderLink) or link.detaching:
+            return
+        link.move(LinkInput.RELEASED)
+        link.starved_since = None
+        self.withheld_links.pop(link.ref, None)
+        link.spool_refused = False
+        link.hit.clear()
+        window = self._window(link)
+        grant = self._decide(link, window, now)
+        if not link.blocked:
+            self._send_grant(link, grant)

@@ -1,0 +1,368 @@
+"""The 1.0 credit gate's state: sessions, sender and receiver links (a sender link's phase, its
+delivery in progress, its spool capture), the window arithmetic, and the frames the gate makes
+or rewrites (grants, dispositions, renumbered transfers)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from floodwall.control.controller import QueueKey
+from floodwall.enforce import events as ev
+from floodwall.enforce.states import DETACHING_PHASES, LINK_PHASES, LinkInput, LinkPhase, step
+from floodwall.wire.amqp10.addresses import (
+    Destination,
+)
+from floodwall.wire.amqp10.credit import (
+    DeliveryIds,
+    SenderCredit,
+)
+from floodwall.wire.amqp10.errors import DecodeError
+from floodwall.wire.amqp10.framing import frame
+from floodwall.wire.amqp10.performatives import (
+    DISPOSITION,
+    ERROR,
+    FLOW,
+    MESSAGE_PROPERTIES,
+    field_label,
+    performative,
+    uint_bytes,
+)
+from floodwall.wire.amqp10.performatives import (
+    DispositionFields as D,
+)
+from floodwall.wire.amqp10.performatives import (
+    FlowFields as F,
+)
+from floodwall.wire.amqp10.performatives import (
+    MessageProperties as P,
+)
+from floodwall.wire.amqp10.types import Described, Symbol, UInt, ULong, decode_value, encode
+
+PROTOCOL: Final = ev.ProtocolName.AMQP10
+WINDOW_BYTES: Final = 64 * 1024
+"""Message bytes one policed link may have credit for: its share of the overshoot bound."""
+MAX_WINDOW: Final = 256
+"""Most credit the proxy gives one policed link, however small its messages."""
+MIN_WINDOW: Final = 2
+"""Least credit a paced link gets while its queue is not tripped (the floor of pacing)."""
+IN_FLIGHT_WINDOWS: Final = 2
+"""A windowed link's credit plus its deliveries the broker has not settled yet stay within
+this many windows (see ``_in_flight_window``)."""
+PACING_ROOM: Final = 2
+"""Windows of room below capacity under which a link's window is paced to the drain rate."""
+ASSUMED_MESSAGE_BYTES: Final = 4096
+"""Message size assumed before a link or its queue has shown one (window 16)."""
+TRANSFER_LIMIT_EXCEEDED: Final = "amqp:link:transfer-limit-exceeded"
+RESOURCE_LIMIT_EXCEEDED: Final = "amqp:resource-limit-exceeded"
+ACCEPTED: Final = 0x24
+REJECTED: Final = 0x25
+TRANSACTIONAL_STATE: Final = 0x34
+_NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
+PROPERTIES: Final = MESSAGE_PROPERTIES
+FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
+
+
+def link_ref(channel: int, handle: int) -> int:
+    """The int a 1.0 link is known by in the FlowController: session channel << 32 | handle."""
+    return channel << 32 | handle
+
+
+def window_for(message_bytes: int) -> int:
+    """Credit for one policed link: WINDOW_BYTES of messages, at least 1, at most MAX_WINDOW."""
+    if message_bytes <= WINDOW_BYTES // MAX_WINDOW:  # sizes up to 256 (and 0): the most
+        return MAX_WINDOW
+    return WINDOW_BYTES // message_bytes or 1
+
+
+def paced_window(ceiling: int, share: float | None) -> int:
+    """The window of a link whose queue is near capacity: its ``share`` of the messages the
+    queue's consumers take in one depth-probe interval (the credit that keeps them busy until
+    the next decision: drain rate x probe interval / the connection's links feeding the
+    queue), at least ``MIN_WINDOW``, at most ``ceiling`` (``window_for``); the ceiling while
+    the drain rate is not known yet."""
+    if share is None:
+        return ceiling
+    return max(min(ceiling, math.ceil(share)), min(MIN_WINDOW, ceiling))
+
+
+def message_routing(payload: bytes, pos: int, end: int) -> tuple[str | None, str | None] | None:
+    """``to`` and ``subject`` of the message whose encoded sections start at ``payload[pos]``.
+
+    None when the bytes end before the properties section does (a long first frame of a
+    multi-frame message) or do not decode.
+    """
+    try:
+        while pos < end:
+            value, pos = decode_value(payload, pos, end)
+            if not isinstance(value, Described) or not isinstance(value.descriptor, ULong):
+                return None
+            code = int(value.descriptor)
+            if code == PROPERTIES:
+                fields = value.value if isinstance(value.value, list) else []
+                to = fields[P.TO] if len(fields) > P.TO else None
+                subject = fields[P.SUBJECT] if len(fields) > P.SUBJECT else None
+                return (to if isinstance(to, str) else None,
+                        subject if isinstance(subject, str) else None)
+            if code >= FIRST_BODY_SECTION:
+                return None, None
+    except DecodeError:
+        return None
+    return None
+
+
+#: The phases in which the proxy waits for a peer's detach (its own, absorbed when it comes).
+ANSWERS_AWAITED: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.BROKER_DETACH_DUE,
+                                    LinkPhase.CLIENT_DETACH_DUE})
+CLIENT_DETACH_AWAITED: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.CLIENT_DETACH_DUE})
+
+
+@dataclass(slots=True)
+class Delivery:
+    """The delivery a sender link is in the middle of (its first frame decided its fate)."""
+
+    in_progress: bool = False  # more frames of it are to come
+    dropping: bool = False  # not forwarded (rejected or spooled by the proxy)
+    bytes: int = 0
+    queues: frozenset[str] = frozenset()  # where it lands
+    # Lookups (control/lookups.py): the pseudo-queue its destination waits on (per-message
+    # links).
+    lookup: frozenset[QueueKey] = frozenset()
+    message_to: str = ""  # an anonymous link's message: its ``to``
+    id_shift: int = 0  # client - broker delivery-id
+    tracked_id: int | None = None  # its broker id while counted in flight (``_track``)
+
+
+@dataclass(slots=True)
+class SpoolCapture:
+    """A delivery on its way to a queue's spool: its frames gathered until the last one."""
+
+    key: QueueKey
+    address: str  # where it is replayed to: the link's target, or the message's ``to``
+    delivery_id: int | None  # its client delivery-id; None: sent settled
+    message_format: int
+    parts: list[bytes] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class SenderLink:
+    """A link on which the client sends: its credit as the proxy relays it, its phase
+    (``enforce.states.LinkPhase``), the delivery in progress and, when that goes to the
+    spool, its capture."""
+
+    channel: int  # the client's session channel
+    handle: int  # the client's handle
+    name: str
+    destination: Destination | None
+    anonymous: bool  # null target: every message says where it goes
+    credit: SenderCredit
+    address: str | None = None  # the target address as attached
+    server_handle: int | None = None
+    phase: LinkPhase = LinkPhase.OPEN
+    delivery: Delivery = field(default_factory=Delivery)
+    capture: SpoolCapture | None = None
+    hit: set[str] = field(default_factory=set)  # per-message links: queues sent to lately
+    deliveries: int = 0
+    payload_bytes: int = 0
+    starved_since: float | None = None  # withheld and out of credit since (expire's now)
+    # The spool said no, or the link sent a transactional transfer: held by credit until
+    # its queue is released.
+    spool_refused: bool = False
+    # Deliveries forwarded unsettled while the link was windowed, not yet settled by the
+    # broker (``SessionGate.in_flight``); the current one's broker id: ``delivery.tracked_id``.
+    unsettled: int = 0
+    squeezed: bool = False  # its last top-up was cut by what it has unsettled
+    windowed: bool = False  # its credit was last capped by a window (``_window``)
+    not_spooled_reported: bool = False
+    # Every message says where it goes: fixed by the attach (read on every transfer).
+    per_message: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        destination = self.destination
+        self.per_message = self.anonymous or (destination is not None
+                                              and destination.per_message)
+
+    @property
+    def ref(self) -> int:
+        return link_ref(self.channel, self.handle)
+
+    @property
+    def typical_bytes(self) -> int:
+        return -(-self.payload_bytes // self.deliveries) if self.deliveries else 0
+
+    @property
+    def blocked(self) -> bool:
+        """Blocked on queues in the controller (its credit withheld)."""
+        return self.phase is LinkPhase.WITHHELD
+
+    @property
+    def withheld(self) -> bool:
+        """The client was told to stop (no more credit) and not yet to go on."""
+        return self.phase is LinkPhase.WITHHELD or self.phase is LinkPhase.RELEASED
+
+    @property
+    def detaching(self) -> bool:
+        """The proxy detached it: its frames are dropped, both peers' detaches absorbed."""
+        return self.phase in DETACHING_PHASES
+
+    def move(self, event: LinkInput) -> None:
+        """Take ``event`` (``enforce.states.LINK_PHASES``); one its phase does not take
+        leaves it where it is."""
+        self.phase = step(LINK_PHASES, self.phase, event) or self.phase
+
+
+@dataclass(eq=False, slots=True)
+class ReceiverLink:
+    """A link on which the client receives: only counted."""
+
+    handle: int
+    name: str
+    queue: str | None
+    server_handle: int | None = None
+    in_delivery: bool = False
+
+
+Link = SenderLink | ReceiverLink
+
+
+@dataclass(eq=False, slots=True)
+class SessionGate:
+    """One session: its links by either peer's handle, and the broker's last session fields."""
+
+    channel: int  # the client's channel
+    server_channel: int | None = None
+    client_next_outgoing: int = 0  # the client's begin: its first transfer-id
+    links: dict[int, Link] = field(default_factory=dict)  # by the client's handle
+    by_server_handle: dict[int, Link] = field(default_factory=dict)
+    attaching: dict[str, Link] = field(default_factory=dict)  # by name, until the broker attaches
+    declaring: dict[str, str] = field(default_factory=dict)  # link name -> queue it declares
+    # The broker's session fields, as its last begin or flow gave them (for flows we make).
+    next_incoming: int | None = None
+    incoming_window: int = 0
+    next_outgoing: int = 0  # kept current: + each transfer frame the broker sends
+    outgoing_window: int = 0
+    dropped_frames: int = 0  # client transfer frames the proxy did not forward
+    ids: DeliveryIds = field(default_factory=DeliveryIds)  # client vs broker delivery-ids
+    # Spooled deliveries to settle once durable: (queue, spool seq, client delivery-id).
+    spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
+    # Windowed links' deliveries the broker has not settled yet, by the broker's delivery-id.
+    in_flight: dict[int, SenderLink] = field(default_factory=dict)
+
+
+K = TypeVar("K")
+
+
+def _typed(fields: list[object], index: int, code: int, kind: type[K]) -> K | None:
+    """Field ``index`` of performative ``code`` if it is of wire type ``kind``; None when
+    absent; anything else is a ``DecodeError`` naming the field."""
+    value = fields[index] if index < len(fields) else None
+    if value is None or isinstance(value, kind):
+        return value
+    raise DecodeError(f"{field_label(code, index)} is {type(value).__name__}, expected "
+                      f"{_KIND_NAMES.get(kind, kind.__name__)}")
+
+
+def _uint(fields: list[object], index: int, code: int) -> int | None:
+    """Field ``index`` of performative ``code``: an uint, or None when absent."""
+    value = fields[index] if index < len(fields) else None
+    if type(value) is UInt:  # per transfer: the common case without a call
+        return int(value)
+    typed = _typed(fields, index, code, UInt)
+    return None if typed is None else int(typed)
+
+
+def _flag(fields: list[object], index: int, code: int) -> bool:
+    """Field ``index`` of performative ``code``: a boolean, False when absent."""
+    value = fields[index] if index < len(fields) else None
+    if value is True:  # per transfer: the common cases without a call
+        return True
+    if value is None or value is False:
+        return False
+    return _typed(fields, index, code, bool) or False
+
+
+_KIND_NAMES: Final[dict[type, str]] = {bool: "boolean"}
+
+
+_DETACHING: Final = object()
+
+
+def _flow_link(links: dict[int, Link], fields: list[object]) -> Link | object | None:
+    """The link a flow names among ``links`` (by handle); ``_DETACHING`` for a sender link
+    the proxy is detaching (its flows are dropped)."""
+    handle = _uint(fields, F.HANDLE, FLOW)
+    link = links.get(handle) if handle is not None else None
+    return _DETACHING if isinstance(link, SenderLink) and link.detaching else link
+
+
+def _padded(fields: list[object], size: int) -> list[object]:
+    return fields + [None] * (size - len(fields)) if len(fields) < size else list(fields)
+
+
+_ACCEPTED: Final = Described(ULong(ACCEPTED), [])
+
+
+def _rejected(description: str) -> Described:
+    """The ``rejected`` outcome the proxy settles with: amqp:resource-limit-exceeded."""
+    return Described(ULong(REJECTED), [performative(
+        ERROR, condition=Symbol(RESOURCE_LIMIT_EXCEEDED), description=description)])
+
+
+def _range(fields: list[object]) -> tuple[int, int]:
+    """A disposition's first..last."""
+    first = _uint(fields, D.FIRST, DISPOSITION)
+    if first is None:
+        raise DecodeError("disposition.first is mandatory")
+    last = _uint(fields, D.LAST, DISPOSITION)
+    return first, first if last is None else last
+
+
+def _renumber_disposition(fields: list[object], ids: DeliveryIds,
+                          mapped: Callable[[int, int], list[tuple[int, int]]],
+                          channel: int) -> bytes | None:
+    """A disposition with its range mapped by ``mapped`` (None: unchanged, nothing dropped)."""
+    if not ids.dropped:
+        return None
+    first, last = _range(fields)
+    ranges = mapped(first, last)
+    if ranges == [(first, last)]:
+        return None
+    return _dispositions(fields, ranges, channel)
+
+
+def _dispositions(fields: list[object], ranges: list[tuple[int, int]], channel: int) -> bytes:
+    """``fields``' disposition once per range (b"": none left)."""
+    out = bytearray()
+    for first, last in ranges:
+        piece = _padded(fields, D.LAST + 1)
+        piece[D.FIRST], piece[D.LAST] = UInt(first), UInt(last)
+        out += frame(encode_performative_fields(DISPOSITION, piece), channel)
+    return bytes(out)
+
+
+def grant_flow_body(next_incoming: int | None, incoming_window: int, next_outgoing: int,
+                    outgoing_window: int, handle: int, delivery_count: int, link_credit: int,
+                    drain: bool) -> bytes:
+    """The body of a flow the proxy grants credit with: the bytes ``encode_performative``
+    makes of these fields (drain only when set), without its generic encoder.
+
+    Seven or nine small fields always fit a list8.
+    """
+    fields = [b"\x40" if next_incoming is None else uint_bytes(next_incoming),
+              uint_bytes(incoming_window), uint_bytes(next_outgoing),
+              uint_bytes(outgoing_window), uint_bytes(handle), uint_bytes(delivery_count),
+              uint_bytes(link_credit)]
+    if drain:
+        fields += (b"\x40", b"\x41")  # available: null; drain: true
+    body = b"".join(fields)
+    return b"\x00\x53\x13\xc0" + bytes((len(body) + 1, len(fields))) + body
+
+
+def encode_performative_fields(code: int, fields: list[object]) -> bytes:
+    """The body of a performative from its fields as decoded (typed values kept)."""
+    while fields and fields[-1] is None:
+        fields = fields[:-1]
+    return encode(Described(ULong(code), fields))

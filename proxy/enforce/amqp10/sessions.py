@@ -1,0 +1,238 @@
+"""The 1.0 credit gate's sessions and links: their lifecycle as both peers begin, attach, detach
+and end them; the frames the proxy makes for a link (grants, settlements, detaches)."""
+
+from __future__ import annotations
+
+from floodwall.enforce import events as ev
+from floodwall.enforce.amqp10.links import (
+    ANSWERS_AWAITED,
+    CLIENT_DETACH_AWAITED,
+    PROTOCOL,
+    TRANSFER_LIMIT_EXCEEDED,
+    Link,
+    ReceiverLink,
+    SenderLink,
+    SessionGate,
+    _renumber_disposition,
+    grant_flow_body,
+)
+from floodwall.enforce.shared import Enforcement, GateBase
+from floodwall.enforce.states import LinkInput
+from floodwall.wire.amqp10.addresses import (
+    declared_queue,
+    parse_target,
+    source_queue,
+)
+from floodwall.wire.amqp10.credit import (
+    LinkFlow,
+    SenderCredit,
+    serial_add,
+)
+from floodwall.wire.amqp10.framing import frame
+from floodwall.wire.amqp10.performatives import (
+    DETACH,
+    DISPOSITION,
+    ERROR,
+    Attach,
+    Begin,
+    Role,
+    encode_performative,
+    performative,
+)
+from floodwall.wire.amqp10.performatives import (
+    DispositionFields as D,
+)
+from floodwall.wire.amqp10.types import Described, Symbol, UInt
+from floodwall.wire.topology import ChangeKind, TopologyChange
+
+
+class Sessions(GateBase):
+    """A connection's sessions and links as its credit gate keeps them."""
+
+    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int = 0) -> None:
+        super().__init__(shared, conn_id, hold_budget)
+        self.sessions: dict[int, SessionGate] = {}  # by the client's channel
+        self.by_server_channel: dict[int, SessionGate] = {}
+        # The first delivery the proxy drops: the core starts reading the broker's dispositions.
+        self.dropping = False
+        # The first delivery counted in flight: the core starts reading the broker's
+        # dispositions.
+        self.tracking = False
+        self.withheld_links: dict[int, SenderLink] = {}  # blocked links by link_ref
+
+    def close(self) -> None:
+        """The connection is gone: none of its links is blocked any more."""
+        self.controller.connection_closed(self.conn_id)
+        self.sessions.clear()
+        self.by_server_channel.clear()
+
+    # -- output ------------------------------------------------------------------------------
+    def _at(self, link: SenderLink) -> ev.At:
+        return ev.At(PROTOCOL, self.conn_id, self.vhost, link.ref,
+                  ev.LinkName(link.channel, link.handle, link.name))
+
+    # -- sessions and links -----------------------------------------------------------------
+    def client_begin(self, channel: int, begin: Begin) -> None:
+        self.sessions[channel] = SessionGate(channel, client_next_outgoing=begin.next_outgoing_id)
+
+    def server_begin(self, channel: int, begin: Begin) -> None:
+        if begin.remote_channel is None:
+            return
+        session = self.sessions.get(begin.remote_channel)
+        if session is None:
+            return
+        session.server_channel = channel
+        session.next_incoming = session.client_next_outgoing
+        session.incoming_window = begin.incoming_window
+        session.next_outgoing = begin.next_outgoing_id
+        session.outgoing_window = begin.outgoing_window
+        self.by_server_channel[channel] = session
+
+    def client_end(self, channel: int) -> None:
+        session = self.sessions.pop(channel, None)
+        if session is None:
+            return
+        for link in session.links.values():
+            self._link_gone(link)
+        if session.server_channel is not None:
+            self.by_server_channel.pop(session.server_channel, None)
+
+    def server_end(self, channel: int) -> None:
+        session = self.by_server_channel.get(channel)
+        if session is not None:
+            session.by_server_handle.clear()
+
+    def client_attach(self, channel: int, attach: Attach) -> None:
+        session = self.sessions.get(channel)
+        if session is None:
+            return
+        link: Link
+        if attach.role is Role.SENDER:
+            if attach.coordinator:
+                return  # transactions: not a node, nothing to police
+            address = attach.target_address
+            initial = attach.initial_delivery_count or 0
+            link = SenderLink(channel, attach.handle, attach.name,
+                              None if address is None else parse_target(address),
+                              address is None, SenderCredit(initial), address)
+        else:
+            link = ReceiverLink(attach.handle, attach.name, source_queue(attach.source_address))
+        session.links[attach.handle] = link
+        session.attaching[attach.name] = link
+        address = attach.target_address if attach.role is Role.SENDER else attach.source_address
+        declared = declared_queue(address)
+        if declared is not None:
+            session.declaring[attach.name] = declared
+
+    def server_attach(self, channel: int, attach: Attach) -> None:
+        session = self.by_server_channel.get(channel)
+        if session is None:
+            return
+        declared = session.declaring.pop(attach.name, None)
+        answered = attach.source_address if attach.role is Role.SENDER else attach.target_address
+        if declared is not None and answered is not None:  # the broker declared it for the link
+            self.outbox.append(TopologyChange(ChangeKind.DECLARE_QUEUE, self.vhost, declared))
+        link = session.attaching.pop(attach.name, None)
+        if link is None:
+            return
+        link.server_handle = attach.handle
+        session.by_server_handle[attach.handle] = link
+
+    def client_detach(self, channel: int, handle: int) -> bytes | None:
+        session = self.sessions.get(channel)
+        link = session.links.get(handle) if session is not None else None
+        if session is None or link is None:
+            return None
+        if isinstance(link, SenderLink) and link.phase in CLIENT_DETACH_AWAITED:
+            link.move(LinkInput.CLIENT_DETACH)  # the answer to the detach the proxy sent
+            self._forget(session, link)
+            return b""
+        self._forget(session, link)
+        return None
+
+    def server_detach(self, channel: int, handle: int) -> bytes | None:
+        session = self.by_server_channel.get(channel)
+        link = session.by_server_handle.get(handle) if session is not None else None
+        if session is None or link is None:
+            return None
+        session.by_server_handle.pop(handle, None)
+        if isinstance(link, SenderLink) and link.detaching:
+            link.move(LinkInput.BROKER_DETACH)
+            self._forget(session, link)
+            return b""
+        return None
+
+    def _forget(self, session: SessionGate, link: Link) -> None:
+        """Forget the link once neither peer will speak of it again."""
+        if isinstance(link, SenderLink) and link.phase in ANSWERS_AWAITED:
+            return
+        if session.links.get(link.handle) is link:
+            del session.links[link.handle]
+        if session.attaching.get(link.name) is link:
+            del session.attaching[link.name]
+        if isinstance(link, SenderLink) and link.unsettled:
+            for broker_id in [i for i, lk in session.in_flight.items() if lk is link]:
+                del session.in_flight[broker_id]
+            link.unsettled = 0
+        self._link_gone(link)
+
+    def _link_gone(self, link: Link) -> None:
+        if isinstance(link, SenderLink) and link.blocked:
+            link.move(LinkInput.RELEASED)
+            self.withheld_links.pop(link.ref, None)
+            self.controller.channel_closed(self.conn_id, link.ref)
+
+    def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None:
+        """The client settles its own deliveries (role sender): mapped to the broker's ids;
+        those the proxy consumed (and settled itself) are left out."""
+        session = self.sessions.get(channel)
+        if session is None or not fields or fields[D.ROLE] is not False:
+            return None
+        return _renumber_disposition(fields, session.ids, session.ids.broker_ranges, channel)
+
+    # -- frames the proxy makes --------------------------------------------------------------
+    def _send_grant(self, link: SenderLink, grant: LinkFlow) -> None:
+        """A flow to the client for ``link``, with the broker's last session fields."""
+        session = self.sessions.get(link.channel)
+        if session is None or session.server_channel is None or link.server_handle is None:
+            return
+        next_incoming = session.next_incoming
+        if next_incoming is not None and session.dropped_frames:
+            next_incoming = serial_add(next_incoming, session.dropped_frames)
+        self._to_client(frame(grant_flow_body(
+            next_incoming, session.incoming_window, session.next_outgoing,
+            session.outgoing_window, link.server_handle, grant.delivery_count or 0,
+            grant.link_credit, grant.drain), session.server_channel))
+
+    def _settle(self, session: SessionGate, first: int, last: int, state: Described) -> None:
+        """Settle the client's deliveries ``first..last`` with ``state``, as the receiver."""
+        if session.server_channel is None:
+            return
+        self._to_client(frame(encode_performative(
+            DISPOSITION, role=True, first=UInt(first),
+            last=None if last == first else UInt(last), settled=True, state=state),
+            session.server_channel))
+
+    def _transfer_limit_exceeded(self, session: SessionGate, link: SenderLink) -> bytes:
+        """Detach the link on both sides; the broker's detach replaces the transfer."""
+        return self._detach_by_proxy(session, link, TRANSFER_LIMIT_EXCEEDED,
+                                     "floodwall: transfer beyond the granted link credit")
+
+    def _detach_by_proxy(self, session: SessionGate, link: SenderLink, condition: str,
+                         description: str) -> bytes:
+        """Detach ``link`` on both sides: the client's detach is queued, the broker's returned.
+
+        Later frames of the link are dropped, both peers' answering detaches absorbed."""
+        link.delivery.in_progress = False
+        self._link_gone(link)
+        self.outbox.append(ev.EndedByProxy(self._at(link), description, condition))
+        error = performative(ERROR, condition=Symbol(condition), description=description)
+        if session.server_channel is not None and link.server_handle is not None:
+            link.move(LinkInput.PROXY_DETACHES)  # both peers answer
+            self._to_client(frame(encode_performative(
+                DETACH, handle=UInt(link.server_handle), closed=True, error=error),
+                session.server_channel))
+        else:  # the client has not heard of the broker's end: only the broker answers
+            link.move(LinkInput.PROXY_DETACHES_BROKER_SIDE)
+        return frame(encode_performative(DETACH, handle=UInt(link.handle), closed=True,
+                                         error=error), link.channel)
