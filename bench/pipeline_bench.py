@@ -8,8 +8,9 @@ It writes synthetic fleet telemetry once (pipeline/synthetic.py: N sidecars feed
 queues, one sample a second, plus sidecar records and events; the same seed as every
 earlier run of this benchmark, so the same lines) and runs the whole job (read,
 aggregate, recommend, plot, report) on each master, each in a process of its own with one
-SparkSession: a warm-up run on a small input, then ``--rounds`` runs on the fleet's
-telemetry; the best is kept (the session's start-up is reported apart). Masters:
+SparkSession: a warm-up run on the fleet's telemetry (not counted: the JVM compiles the
+job's generated code and Spark's own on the first big run, as a long fleet job would once),
+then ``--rounds`` runs on it; the best is kept (the session's start-up is reported apart). Masters:
 ``local[N]``, and ``cluster:N``, a standalone cluster of N one-core workers started from the
 installed pyspark (pipeline/devcluster.py) for the run. ``--baseline DIR`` also runs the
 local masters with the ``pipeline`` package of another checkout (an older commit), side
@@ -85,7 +86,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     gateway = spark.sparkContext._gateway
     assert gateway is not None and gateway.proc is not None
     driver = gateway.proc.pid
-    job.analyze([spec["warm"]], work / "warm-out", spark=spark)
+    t0 = time.perf_counter()
+    job.analyze([spec["data"]], work / "warm-out", spark=spark)
+    warm_s = time.perf_counter() - t0
     # the executors (a cluster's) live as long as the session: the same JVMs every round
     executors = _executors(spec.get("groups") or [])
     rounds = []
@@ -101,7 +104,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                        "executor_cpu": round(sum(cpu.values()) - cpu[driver], 1),
                        "jvm_cpu": round(sum(cpu.values()), 1), "stages": a.timings})
     spark.stop()
-    return {"startup_s": round(startup, 2), "rounds": rounds, "spark": spark.version,
+    return {"startup_s": round(startup, 2), "warm_s": round(warm_s, 2), "rounds": rounds,
+            "spark": spark.version,
             "executors": len(executors), "module": job.__file__}
 
 
@@ -125,8 +129,6 @@ def run(sidecars: int, hours: float, queues: int, masters: list[str], rounds: in
 
     work = Path(tempfile.mkdtemp(prefix="floodwall-pipeline-bench-"))
     try:
-        warm = work / "warm"
-        generate(warm, sidecars=1, hours=0.05, queues=2)
         data = work / "data"
         lines = generate(data, sidecars=sidecars, hours=hours, queues=queues, seed=sidecars)
         size = sum(p.stat().st_size for p in data.iterdir())
@@ -136,7 +138,7 @@ def run(sidecars: int, hours: float, queues: int, masters: list[str], rounds: in
             for label, code in codes:
                 if label == "baseline" and not master.startswith("local"):
                     continue
-                runs.append(_one(master, label, code, work, warm, data, rounds))
+                runs.append(_one(master, label, code, work, data, rounds))
                 print(json.dumps(runs[-1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -157,12 +159,12 @@ def _commit(path: Path | None) -> str | None:
     return out.stdout.strip() or None
 
 
-def _one(master: str, label: str, code: Path, work: Path, warm: Path, data: Path,
-         rounds: int) -> dict[str, Any]:
+def _one(master: str, label: str, code: Path, work: Path, data: Path, rounds: int
+         ) -> dict[str, Any]:
     out = work / f"{label}-{master.replace('[', '').replace(']', '').replace(':', '')}"
     out.mkdir()
-    spec: dict[str, Any] = {"master": master, "work": str(out), "warm": str(warm),
-                            "data": str(data), "rounds": rounds, "code": str(code)}
+    spec: dict[str, Any] = {"master": master, "work": str(out), "data": str(data),
+                            "rounds": rounds, "code": str(code)}
     if master.startswith("cluster:"):
         from floodwall_pipeline.devcluster import running  # this checkout's, for both
 
@@ -199,23 +201,27 @@ def markdown(result: dict[str, Any]) -> str:
            f"{result['sidecars']} sidecars x {result['hours']:g} h feeding {result['queues']} "
            f"queues (pipeline/synthetic.py, seed {result['sidecars']}): {lines_n:,} lines, "
            f"{result['bytes'] / 2**20:.0f} MiB of NDJSON. Each master in a process of its own "
-           "with one SparkSession (start-up not counted), warmed up on a small input; best "
+           "with one SparkSession (start-up not counted), warmed up by a first run on the same "
+           "telemetry (not counted); best "
            f"of {len(runs[0]['rounds'])} rounds. `cluster:N`: a standalone master and N "
            "workers of one core each, started from the installed pyspark "
-           "(pipeline/devcluster.py), executors in JVMs of their own. CPU: user and system "
+           "(pipeline/devcluster.py), executors in JVMs of their own. First run: the warm-up, "
+           "what a one-off `floodwall analyze` costs past its start-up. CPU: user and system "
            "seconds of the driver's JVM and the executors' (the best round). **The machine "
            "is shared** with other engineers' test runs: load average "
            f"{min(loads):.1f} to {max(loads):.1f} on its {os.cpu_count()} cores during the "
-           "runs, so a wall-clock time here is the job's plus its share of waiting; the CPU "
-           "seconds wait for nobody.", "",
-           "| code | master | cores | job | lines/s | lines/s per core | CPU | lines per "
-           "CPU second |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+           "runs, so a wall-clock time here is the job's plus its share of waiting; CPU "
+           "seconds are less sensitive to the sharing (not immune: caches and memory are "
+           "shared too).", "",
+           "| code | master | cores | first run | job | lines/s | lines/s per core | CPU | "
+           "lines per CPU second |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         cpu = _best_cpu(r)
         rate = lines_n / r["best_s"]
-        out.append(f"| {r['code']} | `{r['master']}` | {r['cores']} | {r['best_s']:.1f} s | "
-                   f"{rate:,.0f} | {rate / r['cores']:,.0f} | "
+        first = f"{r['warm_s']:.1f} s" if "warm_s" in r else "-"
+        out.append(f"| {r['code']} | `{r['master']}` | {r['cores']} | {first} | "
+                   f"{r['best_s']:.1f} s | {rate:,.0f} | {rate / r['cores']:,.0f} | "
                    + (f"{cpu:.1f} s | {lines_n / cpu:,.0f} |" if cpu else "- | - |"))
     this = {r["master"]: r for r in runs if r["code"] == "this"}
     base = {r["master"]: r for r in runs if r["code"] == "baseline"}

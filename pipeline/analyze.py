@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,8 +42,20 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 #: (adaptive execution merges small ones); raise it for fleets of many thousand sidecars.
 CLUSTER_SHUFFLE_PARTITIONS = 32
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
-#: The driver JVM's options (``spark_session``), before any the user gives.
-DRIVER_JAVA_OPTIONS = "-Dlog4j2.configurationFile=file:{log4j} -XX:+UseParallelGC"
+#: The driver JVM's collector unless the user's options choose one: the throughput
+#: collector (no concurrent work beside the job's; within the noise of G1 on the bench's
+#: input here: 31.3 against 32.0 CPU seconds).
+DRIVER_GC = "-XX:+UseParallelGC"
+
+
+def driver_java_options(given: str = "") -> str:
+    """The driver JVM's options: the job's log4j settings and ``DRIVER_GC``, then those
+    ``given`` with ``--conf spark.driver.extraJavaOptions=...`` (a JVM takes the later of
+    two values of one flag; a collector given replaces ``DRIVER_GC``: two would not start)."""
+    ours = [f"-Dlog4j2.configurationFile=file:{LOG4J}"]
+    if not re.search(r"-XX:\+Use\w+GC\b", given):
+        ours.append(DRIVER_GC)
+    return " ".join([*ours, given.strip()] if given.strip() else ours)
 
 
 @dataclass
@@ -98,10 +111,7 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
     master = master or DEFAULT_MASTER
     local = master.startswith("local")
     conf = dict(conf or {})
-    # The throughput collector: 15 % less CPU than G1 on this job (bench/RESULTS.md).
-    # Options given with --conf come after these (the later of two flags wins).
-    driver_options = " ".join(filter(None, [DRIVER_JAVA_OPTIONS.format(log4j=LOG4J),
-                                            conf.pop(DRIVER_OPTIONS, "")]))
+    driver_options = driver_java_options(conf.pop(DRIVER_OPTIONS, ""))
     b = (SparkSession.builder.master(master).appName(app)
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.showConsoleProgress", "false")
@@ -111,9 +121,8 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
          # The job generates a few hundred classes: with Spark's default cache of 100
          # they evict each other and a warm session compiles them all again.
          .config("spark.sql.codegen.cache.maxEntries", "2000")
-         # Adaptive execution re-plans after every shuffle: a job per stage, 40 % more
-         # driver time on this job's many small stages, and nothing to gain on its
-         # aggregated (small) joins.
+         # Adaptive execution re-plans after every shuffle, a job per stage, for nothing
+         # to gain on this job's joins of small aggregated tables.
          .config("spark.sql.adaptive.enabled", "false")
          .config(DRIVER_OPTIONS, driver_options))
     if local:
@@ -137,7 +146,11 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
 
 
 def _rows(df: DataFrame, order: Sequence[str]) -> list[dict[str, Any]]:
-    return [r.asDict() for r in df.orderBy(*order).collect()]
+    """The rows of a small table, sorted by ``order`` (a key of it) on the driver: Spark's
+    global sort would cost a sampling job and a shuffle for a few hundred rows."""
+    rows = [r.asDict() for r in df.collect()]
+    rows.sort(key=lambda r: tuple(r[k] for k in order))
+    return rows
 
 
 class _Stages:

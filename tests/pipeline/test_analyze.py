@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from floodwall.cli import main
 from floodwall.control.policy import load_policies
-from floodwall_pipeline.analyze import analyze
+from floodwall_pipeline.analyze import DRIVER_GC, analyze, driver_java_options
 from floodwall_pipeline.synthetic import generate
 
 
@@ -80,3 +80,11 @@ def test_figures_and_recommendations_do_not_move_with_the_plot_resolution(
     assert any(r.changed for r in runs[1.0].recommendations)  # there is advice to move
     for res, a in runs.items():  # the plots' own
         assert f"{res:g}s buckets" in (a.out / "report.html").read_text()
+
+
+def test_driver_java_options_given_add_to_the_jobs_and_may_choose_the_collector() -> None:
+    ours = driver_java_options()
+    assert "-Dlog4j2.configurationFile=file:" in ours and ours.endswith(DRIVER_GC)
+    assert driver_java_options("-XX:TieredStopAtLevel=1") == f"{ours} -XX:TieredStopAtLevel=1"
+    g1 = driver_java_options("-XX:+UseG1GC")  # two collectors: the JVM would not start
+    assert DRIVER_GC not in g1 and g1.endswith("-XX:+UseG1GC") and "log4j2" in g1

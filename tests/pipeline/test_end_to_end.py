@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -122,12 +123,22 @@ def test_telemetry_of_a_real_run_to_report_and_policies(
     assert q["trips"] >= 1 and q["tripped_seconds"] > 0
     assert q["ingress_bytes"] == MESSAGES * BODY
     assert q["capacity"] == 64 * 1024 and q["depth_max"] > 32 * 1024
-    assert q["drain_rate"] and q["drain_rate"] > 0
+    assert q["drain_rate"] and q["drain_rate"] > 0, _series(samples)
     html = (out / "report.html").read_text()
     assert queue in html and (out / "plots" / f"{queue}.png").stat().st_size > 10_000
     recommended = parse_policies((out / "recommended-policies.yaml").read_text())
     policy = recommended.for_queue("/", queue)
     assert policy is not None and policy.capacity >= 64 * 1024
+
+
+def _series(samples: list[dict[str, Any]]) -> str:
+    """The queue's samples, one line each, for a failure's message: what the drain rate
+    was computed from."""
+    t0 = float(samples[0]["ts"])
+    return "\n".join(
+        f"{float(r['ts']) - t0:7.3f}s depth={r['depth_bytes']} known={r['depth_known']} "
+        f"ingress={r['ingress_bytes']} tripped={r['tripped']} held={r['held_bytes']}"
+        for r in samples)
 
 
 def metric_tripped(proc: ProxyProcess, queue: str) -> bool:
