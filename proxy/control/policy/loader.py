@@ -19,6 +19,7 @@ from floodwall.control.policy.model import (
     EMPTY_POLICIES,
     FORMAT_VERSION,
     Fsync,
+    Mode,
     Overflow,
     Policy,
     PolicyError,
@@ -41,7 +42,7 @@ from floodwall.control.policy.units import (
 # --- the loader -----------------------------------------------------------------------
 
 _LIMIT_KEYS: Final = ("capacity", "resume", "max_messages", "resume_messages", "overflow",
-                      "deadline", "signal", "on_unknown_depth", "spool")
+                      "deadline", "signal", "on_unknown_depth", "spool", "mode")
 _TOP_KEYS: Final = ("version", "defaults", "policies")
 _POLICY_KEYS: Final = ("name", "match", *_LIMIT_KEYS)
 _DEFAULTS_KEYS: Final = ("vhost", *_LIMIT_KEYS)
@@ -240,6 +241,7 @@ def _resolve(reader: _Reader, entry: dict[str, _Entry], where: str, base: Policy
         n, f"{where}.signal", Signal), base.signal)
     values["on_unknown_depth"] = read("on_unknown_depth", lambda n: reader.choice(
         n, f"{where}.on_unknown_depth", UnknownDepth), base.on_unknown_depth)
+    values["mode"] = read("mode", lambda n: reader.choice(n, f"{where}.mode", Mode), base.mode)
     values["spool"] = read("spool", lambda n: _spool_settings(
         reader, n, where, base.spool), base.spool)
     if len(reader.problems) > before or any(

@@ -21,14 +21,15 @@ from floodwall.enforce.amqp091.clients import may_signal
 from floodwall.enforce.decision import (
     should_signal,
 )
-from floodwall.enforce.shared import Enforcement, GateBase
+from floodwall.enforce.shadow import ShadowWatch
+from floodwall.enforce.shared import Enforcement
 from floodwall.wire.amqp091.framing import encode_method
 from floodwall.wire.amqp091.hooks import ClientInfo
 
 _CH = commands.Channel
 
 
-class HeldChannels(GateBase):
+class HeldChannels(ShadowWatch):
     """A connection's channels as its publish gate holds and releases them."""
 
     def __init__(self, shared: Enforcement, conn_id: int,
@@ -126,6 +127,8 @@ class HeldChannels(GateBase):
         self.held_bytes += nbytes
         self.counters.held_bytes += nbytes
         self.counters.held_messages += messages
+        if messages > 0:
+            self.counters.held_publishes += messages
 
     def _block(self, ch: ChannelFlow, blocking: frozenset[QueueKey], now: float) -> None:
         newly = self.controller.block(self.conn_id, ch.channel, blocking, now)
