@@ -539,21 +539,26 @@ class PolicyStore:
     """
 
     def __init__(self, policies: PolicySet = EMPTY_POLICIES,
-                 path: str | os.PathLike[str] | None = None) -> None:
+                 path: str | os.PathLike[str] | None = None, shadow: bool = False) -> None:
         self.current = policies
         self.path = os.fspath(path) if path is not None else None
         self.generation = 0
+        self.shadow = shadow  # ``--shadow``: every policy loaded is in shadow mode
         self._fingerprint: _Fingerprint | None = None
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> PolicyStore:
+    def from_file(cls, path: str | os.PathLike[str], shadow: bool = False) -> PolicyStore:
         """Load at startup: a bad file raises ``PolicyError`` (no old policies to keep)."""
-        store = cls(path=path)
+        store = cls(path=path, shadow=shadow)
         source = store._path(None)
         store._fingerprint = _fingerprint(source)
-        store.current = load_policies(source)
+        store.current = store._load(source)
         store.generation = 1
         return store
+
+    def _load(self, source: str) -> PolicySet:
+        policies = load_policies(source)
+        return policies.in_shadow() if self.shadow else policies
 
     def _path(self, path: str | os.PathLike[str] | None) -> str:
         if path is not None:
@@ -568,7 +573,7 @@ class PolicyStore:
         self.path = source
         self._fingerprint = _fingerprint(source)  # before reading: a racing change is seen
         try:
-            new = load_policies(source)
+            new = self._load(source)
         except PolicyError as exc:
             return ReloadResult(ok=False, policies=self.current, reason=str(exc))
         changed = new != self.current

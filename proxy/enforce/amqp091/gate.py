@@ -46,7 +46,6 @@ from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
 
 _B = commands.Basic
-_NOTHING: frozenset[QueueKey] = frozenset()
 _CH = commands.Channel
 
 
@@ -103,14 +102,11 @@ class PublishFlow(Refusing):
             controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues, now)
         if lookup is not None:  # the model does not know where it lands: ask first
             blocking = blocking | {lookup}
-        would = self._would_wait_on(self._at(ch.channel), ch.shadow, queues) \
-            if ch.shadow.on or controller.trips.shadow else _NOTHING
+        would = self._shadow_wait(ch, queues)
         decision = decide(self.vhost, queues, blocking, controller.queues, self.spool,
                           lookup=lookup is not None, transactional=ch.transactional,
                           mandatory=pub.mandatory, behind=ch.holding, shadow=would)
-        if decision.shadow is not None:  # shadow mode: what it would have done, recorded
-            self._would_have(self._at(ch.channel), ch.shadow, decision.shadow, would,
-                             self.may_signal)
+        self._shadowed(ch, decision.shadow, would)  # shadow mode: recorded, never acted on
         verdict = decision.verdict
         if verdict is Verdict.PASS:
             controller.forwarded(self.vhost, queues, body_size, now)

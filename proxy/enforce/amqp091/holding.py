@@ -19,6 +19,7 @@ from floodwall.enforce.amqp091.channels import (
 )
 from floodwall.enforce.amqp091.clients import may_signal
 from floodwall.enforce.decision import (
+    Verdict,
     should_signal,
 )
 from floodwall.enforce.shadow import ShadowWatch
@@ -27,6 +28,7 @@ from floodwall.wire.amqp091.framing import encode_method
 from floodwall.wire.amqp091.hooks import ClientInfo
 
 _CH = commands.Channel
+_NOTHING: frozenset[QueueKey] = frozenset()
 
 
 class HeldChannels(ShadowWatch):
@@ -108,6 +110,19 @@ class HeldChannels(ShadowWatch):
         if ch is not None and ch.held_bytes:
             self._account(-ch.held_bytes, -sum(1 for i in ch.held if isinstance(i, HeldPublish)))
         self.controller.channel_closed(self.conn_id, channel)
+
+    # -- shadow mode (floodwall.enforce.shadow) -------------------------------------------
+    def _shadow_wait(self, ch: ChannelFlow, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """The shadow queues a publish on ``ch`` to ``queues`` would wait on."""
+        if not ch.shadow.on and not self.controller.trips.shadow:
+            return _NOTHING
+        return self._would_wait_on(self._at(ch.channel), ch.shadow, queues)
+
+    def _shadowed(self, ch: ChannelFlow, verdict: Verdict | None,
+                  would: frozenset[QueueKey]) -> None:
+        """Record what enforcing the shadow policies would have done (None: nothing else)."""
+        if verdict is not None:
+            self._would_have(self._at(ch.channel), ch.shadow, verdict, would, self.may_signal)
 
     # -- hold, block, release ------------------------------------------------------------
     def _hold(self, ch: ChannelFlow, item: HeldPublish) -> None:
