@@ -172,8 +172,8 @@ class FlowCollector(Collector):
         shadow_seconds = CounterMetricFamily(
             "floodwall_shadow_queue_tripped_seconds",
             "Seconds a shadow-mode policy's queue has spent tripped", labels=QUEUE_LABELS)
-        shadow_trips = CounterMetricFamily("floodwall_shadow_queue_trips", "Times a "
-                                           "shadow-mode policy's queue tripped", QUEUE_LABELS)
+        shadow_trips = CounterMetricFamily("floodwall_shadow_queue_trips", "Times a shadow-"
+                                           "mode policy's queue tripped", labels=QUEUE_LABELS)
         for key in sorted(c.queues):
             q = c.queues[key]
             labels = [key[0], key[1], q.policy.name]
