@@ -394,6 +394,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "vhost": key[0],
             "queue": key[1],
             "policy": p.name,
+            "mode": p.mode.value,
             "capacity": p.capacity,
             "resume": p.resume,
             "max_messages": p.max_messages,
