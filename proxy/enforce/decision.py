@@ -89,6 +89,8 @@ def decide(vhost: str, names: frozenset[str], blocking: frozenset[QueueKey],
     now). Otherwise nothing blocking and nothing ahead of it: pass; a blocking queue whose
     policy says ``reject``: reject; else hold.
     """
+    if not blocking and not behind and spool is None and not shadow:  # the common case
+        return PASS
     acted = _decide(vhost, names, blocking, queues, spool, lookup, transactional, mandatory,
                     behind)
     if not shadow:
