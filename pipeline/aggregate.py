@@ -43,7 +43,7 @@ SIGNIFICANT_BITS = 11
 EVENT_COUNTS = ("deadline_expiries", "rejects", "holds", "signals")
 #: The policy in force, as the samples carry it: the latest sample's.
 POLICY_FIELDS = ("policy", "capacity", "resume", "max_messages", "resume_messages", "deadline",
-                 "overflow")
+                 "overflow", "mode")
 
 #: ``_key``: milliseconds times 2**20 stays within a long until the year 2248.
 _SEQ_BITS = 20

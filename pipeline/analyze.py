@@ -73,6 +73,7 @@ class Analysis:
     summary: Path
     timings: dict[str, float] = field(default_factory=dict)
     resolution: float = 0.0  # of the per-queue figures and the recommendations
+    caveats: list[str] = field(default_factory=list)  # why the recommendations may not hold
 
 
 @contextlib.contextmanager
@@ -226,11 +227,13 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         with stages.stage("recommending policies"):
             recs = recommend.recommend_all(queues, target_drain)
             span = _span(queues)
+            warnings = report.caveats(_span_seconds(queues), queues)
             header = [f"From {t.quality.used} telemetry records of {len(sidecars)} sidecar(s), "
                       f"{span}" + (f" (--since/--until: {rng.describe()})" if rng.bounded
                                    else "") + ".",
                       f"Rates in {advice:g}s buckets (whatever the report's --resolution); "
-                      f"target drain time {target_drain:g}s."]
+                      f"target drain time {target_drain:g}s.",
+                      *(f"CAVEAT: {w}" for w in warnings)]
             policies_text = recommend.render(recs, header)
             policies = out / "recommended-policies.yaml"
             policies.write_text(policies_text)
@@ -241,7 +244,8 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         overview: str | None = None
         with stages.stage("plotting"):
             if plots and ranked:
-                drawn = _plot(t.samples, tables, ranked[:MAX_PLOTS], out, resolution)
+                drawn = _plot(t.samples, t.events, tables, ranked[:MAX_PLOTS], out,
+                              resolution)
                 report.plot_overview(ranked, out / "plots" / "overview.png")
                 overview = "plots/overview.png"
         with stages.stage("writing the report"):
@@ -258,7 +262,7 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                               quality=t.quality, queues=ranked, sidecar_queues=sidecar_queues,
                               sidecars=sidecars, plots=drawn, overview=overview,
                               recommendations=recs, policies_file=policies.name,
-                              policies_text=policies_text)
+                              policies_text=policies_text, warnings=warnings)
             summary = out / "summary.json"
             q = t.quality
             # Only what the telemetry determines: the same records give the same bytes
@@ -269,7 +273,7 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                           "incomplete": q.incomplete, "outside_range": q.outside,
                           "files": q.files, "examples": q.examples,
                           "since": rng.since, "until": rng.until},
-                "resolution": advice,
+                "resolution": advice, "caveats": warnings,
                 "queues": queues, "sidecar_queues": sidecar_queues, "sidecars": sidecars},
                 indent=1, default=str) + "\n")
         tables.unpersist()
@@ -278,7 +282,13 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         {"master": spark.sparkContext.master, **split, "stages": stages.timings},
         indent=1) + "\n")
     return Analysis(out, t.quality, queues, sidecar_queues, sidecars, recs, html_path, policies,
-                    summary, stages.timings, advice)
+                    summary, stages.timings, advice, warnings)
+
+
+def _span_seconds(queues: Sequence[Mapping[str, Any]]) -> float:
+    firsts = [q["first_ts"] for q in queues if q.get("first_ts") is not None]
+    lasts = [q["last_ts"] for q in queues if q.get("last_ts") is not None]
+    return float(max(lasts) - min(firsts)) if firsts and lasts else 0.0
 
 
 def _span(queues: Sequence[Mapping[str, Any]]) -> str:
@@ -290,10 +300,11 @@ def _span(queues: Sequence[Mapping[str, Any]]) -> str:
     return f"{report.fmt(a, 'time')} to {report.fmt(b, 'time')} UTC ({b - a:.0f}s)"
 
 
-def _plot(samples: DataFrame, tables: aggregate.Tables, queues: Sequence[Mapping[str, Any]],
-          out: Path, resolution: float) -> list[tuple[str, str]]:
+def _plot(samples: DataFrame, events: DataFrame, tables: aggregate.Tables,
+          queues: Sequence[Mapping[str, Any]], out: Path, resolution: float
+          ) -> list[tuple[str, str]]:
     """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points
-    (the figures' series when it is at that resolution)."""
+    (the figures' series when it is at that resolution), its trips and releases marked."""
     (out / "plots").mkdir(exist_ok=True)
     span = max((q["last_ts"] or 0) - (q["first_ts"] or 0) for q in queues)
     res = max(resolution, span / PLOT_POINTS)
@@ -307,6 +318,9 @@ def _plot(samples: DataFrame, tables: aggregate.Tables, queues: Sequence[Mapping
         level1 = aggregate.sidecar_series(samples.filter(wanted), res)
         series = aggregate.queue_series(level1, tables.psq, res)
     rows = _rows(series, ["vhost", "queue", "bucket_index"])
+    moments = _rows(events.filter(wanted & F.col("event").isin("trip", "release"))
+                    .select("vhost", "queue", "ts_ms", "event", "mode"),
+                    ["vhost", "queue", "ts_ms"])
     drawn: list[tuple[str, str]] = []
     for vhost, queue in keys:
         mine = [r for r in rows if r["vhost"] == vhost and r["queue"] == queue]
@@ -316,7 +330,9 @@ def _plot(samples: DataFrame, tables: aggregate.Tables, queues: Sequence[Mapping
         if any(name == d[0] for d in drawn):
             name = f"plots/{report.slug(vhost, queue)}-{len(drawn)}.png"
         caption = f"{queue} (vhost {vhost}), {res:g}s buckets"
-        report.plot_queue(mine, res, caption, out / name)
+        marks = report.markers([e for e in moments
+                                if e["vhost"] == vhost and e["queue"] == queue])
+        report.plot_queue(mine, res, caption, out / name, marks)
         drawn.append((name, caption))
     return drawn
 
@@ -344,4 +360,6 @@ def print_summary(console: Console, a: Analysis) -> None:
                       (f"{report.fmt(r.capacity, 'bytes')} / {report.fmt(r.resume, 'bytes')}"
                        if r else "-"))
     console.print(table)
+    for caveat in a.caveats:
+        console.print(f"[yellow]caveat[/]: {caveat}", soft_wrap=True)
     console.print(f"report: {a.report}\nrecommended policies: {a.policies}", soft_wrap=True)

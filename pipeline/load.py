@@ -25,13 +25,13 @@ REQUIRED = ("type", "ts", "sidecar", "vhost", "queue")
 #: The columns of the cached table, per record type (null where a type has no such field).
 SAMPLE_COLUMNS = (
     "sq", "q", "sidecar", "vhost", "queue", "ts_ms", "seq", "iv_ms", "policy", "capacity", "resume",
-    "max_messages", "resume_messages", "overflow", "deadline", "depth", "depth_msgs",
+    "max_messages", "resume_messages", "overflow", "deadline", "mode", "depth", "depth_msgs",
     "ingress_bytes", "ingress_messages", "tripped", "trips", "blocked_publishers",
     "held_bytes", "held_messages", "spooled_bytes")
 SIDECAR_COLUMNS = (
     "sidecar", "ts_ms", "iv_ms", "held_bytes", "held_messages", "blocked_channels",
     "spooled_bytes", "alarm", "dropped_records")
-EVENT_COLUMNS = ("sidecar", "vhost", "queue", "ts_ms", "event")
+EVENT_COLUMNS = ("sidecar", "vhost", "queue", "ts_ms", "event", "mode")
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
                  F.when(is_sample, F.xxhash64("sidecar", "vhost", "queue")).alias("sq"),
                  F.when(is_sample, F.xxhash64("vhost", "queue")).alias("q"),
                  _ms(F.col("interval")).alias("iv_ms"), "policy", "capacity", "resume",
-                 "max_messages", "resume_messages", "overflow", "deadline",
+                 "max_messages", "resume_messages", "overflow", "deadline", "mode",
                  F.coalesce("depth_bytes", "broker_depth_bytes").alias("depth"),
                  F.coalesce("depth_messages", "broker_depth_messages").alias("depth_msgs"),
                  "ingress_bytes", "ingress_messages", "tripped", "trips",

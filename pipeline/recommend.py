@@ -55,6 +55,7 @@ class Recommendation:
     overflow: str
     reasons: list[str] = field(default_factory=list)
     changed: bool = True
+    mode: str = "enforce"  # kept as observed: a shadow policy stays in shadow until you say
 
 
 def _num(row: Mapping[str, object], key: str) -> float | None:
@@ -183,8 +184,12 @@ def recommend(row: Mapping[str, object], target_drain: float = DEFAULT_TARGET_DR
                        "measure")
     else:
         reasons.append(f"deadline {format_duration(deadline)} kept: no publish expired")
+    mode = "shadow" if row.get("mode") == "shadow" else "enforce"
+    if mode == "shadow":
+        reasons.append("mode: shadow kept (it was observed in shadow mode; set enforce when "
+                       "these levels look right)")
     return Recommendation(vhost, queue, name, capacity, resume, max_messages, resume_messages,
-                          deadline, overflow, reasons, changed)
+                          deadline, overflow, reasons, changed, mode)
 
 
 def render(recs: Sequence[Recommendation], header: Sequence[str] = ()) -> str:
@@ -212,6 +217,8 @@ def render(recs: Sequence[Recommendation], header: Sequence[str] = ()) -> str:
             out.append(f"    resume_messages: {r.resume_messages}")
         out.append(f"    overflow: {r.overflow}")
         out.append(f"    deadline: {format_duration(r.deadline)}")
+        if r.mode != "enforce":
+            out.append(f"    mode: {r.mode}")
     text = "\n".join(out) + "\n"
     parse_policies(text, "recommended-policies.yaml")  # never hand out a file check refuses
     return text

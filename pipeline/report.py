@@ -1,4 +1,10 @@
-"""report.html: the tables and matplotlib PNGs (depth vs capacity, trips, ingress vs egress)."""
+"""report.html: the tables and matplotlib PNGs (depth vs capacity, trips, ingress vs egress).
+
+What the report must not hide: every trip and release is marked on its queue's plots (from
+the telemetry's events, so a trip shorter than a bucket still shows), shadow-mode trips
+beside enforced ones (``mode``), the caveats when the telemetry is too short or saw too few
+trips to recommend from (``caveats``), and tables no wider than a page (``MAX_COLUMNS``).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,13 @@ from floodwall_pipeline.recommend import Recommendation
 
 Row = Mapping[str, object]
 KIB = 1024.0
+#: Columns per table: a wider one is split, its key columns repeated in each part.
+MAX_COLUMNS = 10
+#: Less telemetry than this, or fewer trips of a queue, and the recommendations say so.
+MIN_SPAN_SECONDS = 3600.0
+MIN_TRIPS = 3
+#: Trips and releases marked on one queue's plot at most (more are counted in its caption).
+MAX_MARKERS = 200
 
 
 @dataclass(frozen=True)
@@ -35,7 +48,8 @@ QUEUE_COLUMNS = [
     Column("policy", "policy", "text"), Column("sidecars", "sidecars"),
     Column("capacity", "capacity", "bytes"),
     Column("tripped_seconds", "time tripped", "seconds"),
-    Column("tripped_share", "tripped", "share"), Column("trips", "trips"),
+    Column("tripped_share", "tripped", "share"), Column("enforced_trips", "trips"),
+    Column("shadow_trips", "shadow trips"),
     Column("depth_p50", "depth p50", "bytes"), Column("depth_p90", "p90", "bytes"),
     Column("depth_p99", "p99", "bytes"), Column("depth_max", "max", "bytes"),
     Column("peak_overshoot", "peak overshoot", "bytes"),
@@ -51,7 +65,8 @@ SIDECAR_QUEUE_COLUMNS = [
     Column("sidecar", "sidecar", "text"), Column("vhost", "vhost", "text"),
     Column("queue", "queue", "text"), Column("samples", "samples"),
     Column("tripped_seconds", "time tripped", "seconds"),
-    Column("tripped_share", "tripped", "share"), Column("trips", "trips"),
+    Column("tripped_share", "tripped", "share"), Column("enforced_trips", "trips"),
+    Column("shadow_trips", "shadow trips"),
     Column("depth_p50", "depth p50", "bytes"), Column("depth_p90", "p90", "bytes"),
     Column("depth_p99", "p99", "bytes"), Column("depth_max", "max", "bytes"),
     Column("peak_overshoot", "peak overshoot", "bytes"),
@@ -96,6 +111,76 @@ def fmt(value: object, kind: str) -> str:
     return f"{int(value)}"
 
 
+def is_shadow(row: Row) -> bool:
+    """Whether a queue's (latest) policy is in shadow mode: its trips held nothing."""
+    return row.get("mode") == "shadow"
+
+
+def with_modes(rows: Sequence[Row]) -> list[dict[str, object]]:
+    """Rows with ``enforced_trips`` and ``shadow_trips``: a queue's trips under the mode of
+    its policy (telemetry written before shadow mode has no mode: enforced)."""
+    out = []
+    for r in rows:
+        trips = r.get("trips")
+        shadow = is_shadow(r)
+        out.append({**r, "enforced_trips": 0 if shadow and trips is not None else trips,
+                    "shadow_trips": trips if shadow else (0 if trips is not None else None)})
+    return out
+
+
+def caveats(span_seconds: float, queues: Sequence[Row]) -> list[str]:
+    """Why the recommendations may not hold: too little time observed, too few trips (of a
+    queue with a byte limit), or a queue only watched in shadow mode."""
+    found = []
+    if span_seconds < MIN_SPAN_SECONDS:
+        found.append(f"The telemetry covers {fmt(span_seconds, 'seconds')}, less than "
+                     f"{MIN_SPAN_SECONDS / 3600:g} hour: it has not seen a day's peaks. Treat "
+                     "the recommendations as a first guess and collect more before enforcing "
+                     "them.")
+    for r in queues:
+        trips = r.get("trips")
+        n = int(trips) if isinstance(trips, (int, float)) else 0
+        limited = isinstance(r.get("capacity"), (int, float)) and r["capacity"] > 0  # type: ignore[operator]
+        if limited and n < MIN_TRIPS:
+            found.append(f"{r['queue']} (vhost {r['vhost']}) tripped {n} time(s), fewer than "
+                         f"{MIN_TRIPS}: its resume level (the burst at a release) rests on "
+                         "too few releases.")
+    shadow = [f"{r['queue']}" for r in queues if is_shadow(r)]
+    if shadow:
+        found.append(f"In shadow mode (nothing was held): {', '.join(shadow[:10])}"
+                     + (" ..." if len(shadow) > 10 else "") + ". Their depth is what the "
+                     "traffic does unchecked; their trips say what enforcing would have held.")
+    return found
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A trip or release of a queue, at ``at`` (UTC), of a shadow-mode policy or not."""
+
+    at: dt.datetime
+    trip: bool
+    shadow: bool
+
+
+def markers(events: Sequence[Row]) -> list[Marker]:
+    """The trips and releases among a queue's telemetry events (``ts_ms``, ``event``,
+    ``mode``), in time order."""
+    found = [Marker(dt.datetime.fromtimestamp(float(e["ts_ms"]) / 1000,  # type: ignore[arg-type]
+                                              dt.UTC), e["event"] == "trip",
+                    e.get("mode") == "shadow")
+             for e in events if e.get("event") in ("trip", "release")
+             and isinstance(e.get("ts_ms"), (int, float))]
+    return sorted(found, key=lambda m: (m.at, not m.trip))
+
+
+def _mark(axes: Sequence[object], marks: Sequence[Marker]) -> None:
+    """Vertical lines: trips red, releases green; shadow ones dotted."""
+    for m in marks[:MAX_MARKERS]:
+        for ax in axes:
+            ax.axvline(m.at, color="#d62728" if m.trip else "#2ca02c",  # type: ignore[attr-defined]
+                       ls=":" if m.shadow else "-", lw=0.8, alpha=0.8)
+
+
 def slug(vhost: str, queue: str) -> str:
     """A file name for a queue's plot: ``orders.eu``, ``audit@billing`` (other vhosts)."""
     text = queue if vhost == "/" else f"{queue}@{vhost}"
@@ -112,8 +197,10 @@ def _f(row: Row, key: str) -> float:
     return float(v) if isinstance(v, (int, float)) else float("nan")
 
 
-def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path) -> None:
-    """Depth against capacity (tripped shaded), trips, and ingress against egress."""
+def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path,
+               marks: Sequence[Marker] = ()) -> None:
+    """Depth against capacity (tripped shaded), trips, and ingress against egress; each trip
+    and release of ``marks`` a vertical line on the depth and the trips panels."""
     t = _times(rows)
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 7.5), sharex=True,
                                         gridspec_kw={"height_ratios": [3, 1, 2]})
@@ -131,6 +218,14 @@ def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path) -
     ax2.fill_between(t, tripped, step="mid", color="#ff7f0e", alpha=0.7)
     ax2.set_ylim(0, 1.05)
     ax2.set_ylabel("tripped\n(share)")
+    _mark((ax1, ax2), marks)
+    if marks:
+        shadow = sum(1 for m in marks if m.shadow and m.trip)
+        trips = sum(1 for m in marks if m.trip)
+        more = f", {len(marks) - MAX_MARKERS} not marked" if len(marks) > MAX_MARKERS else ""
+        ax2.set_title(f"{trips} trip(s) (red) and releases (green)"
+                      + (f", {shadow} in shadow mode (dotted)" if shadow else "") + more,
+                      fontsize=8, loc="left")
     ax3.plot(t, [_f(r, "ingress_bytes") / resolution / KIB for r in rows], color="#9467bd",
              lw=1, label="ingress (publishes forwarded)")
     ax3.plot(t, [_f(r, "egress_bytes") / resolution / KIB for r in rows], color="#8c564b",
@@ -153,9 +248,12 @@ def plot_overview(queues: Sequence[Row], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, max(2.0, 0.35 * len(top) + 1)))
     shares = [100 * _f(r, "tripped_share") if r.get("tripped_share") is not None else 0
               for r in top]
-    ax.barh(labels[::-1], shares[::-1], color="#ff7f0e")
+    ax.barh(labels[::-1], shares[::-1],
+            color=["#c7c7c7" if is_shadow(r) else "#ff7f0e" for r in top[::-1]],
+            hatch=["//" if is_shadow(r) else "" for r in top[::-1]])
     for i, r in enumerate(top[::-1]):
-        ax.text(shares[::-1][i], i, f"  {int(_f(r, 'trips') or 0)} trips", va="center",
+        kind = "shadow trips (nothing held)" if is_shadow(r) else "trips"
+        ax.text(shares[::-1][i], i, f"  {int(_f(r, 'trips') or 0)} {kind}", va="center",
                 fontsize=8)
     ax.set_xlabel("% of the observed time tripped")
     ax.set_xlim(0, max([*shares, 1.0]) * 1.25)
@@ -165,7 +263,13 @@ def plot_overview(queues: Sequence[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def _table(rows: Sequence[Row], columns: Sequence[Column]) -> str:
+def _table(rows: Sequence[Row], columns: Sequence[Column], keys: int = 0) -> str:
+    """An HTML table; wider than ``MAX_COLUMNS``, several, each with the first ``keys``
+    columns (what names a row) and the next columns that fit."""
+    if len(columns) > MAX_COLUMNS and 0 < keys < MAX_COLUMNS:
+        rest, per = columns[keys:], MAX_COLUMNS - keys
+        return "".join(_table(rows, [*columns[:keys], *rest[i:i + per]])
+                       for i in range(0, len(rest), per))
     head = "".join(f"<th>{html.escape(c.title)}</th>" for c in columns)
     body = []
     for r in rows:
@@ -181,14 +285,16 @@ table{border-collapse:collapse;font-size:13px;margin:1em 0}
 td,th{border:1px solid #ccc;padding:3px 7px}th{background:#f3f3f3}td.n{text-align:right}
 img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
 pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:12px}.bad{color:#b00}
-.wide{overflow-x:auto}"""
+.wide{overflow-x:auto}
+.caveat{border-left:4px solid #b00;padding:0.3em 1em;background:#fff4f4}
+@media print{body{margin:0}table{font-size:10px}tr{page-break-inside:avoid}}"""
 
 
 def write_html(path: Path, *, title: str, meta: Mapping[str, str], quality: InputQuality,
                queues: Sequence[Row], sidecar_queues: Sequence[Row], sidecars: Sequence[Row],
                plots: Sequence[tuple[str, str]], overview: str | None,
                recommendations: Sequence[Recommendation], policies_file: str,
-               policies_text: str) -> None:
+               policies_text: str, warnings: Sequence[str] = ()) -> None:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
              f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     parts.append("<table>" + "".join(
@@ -202,7 +308,12 @@ def write_html(path: Path, *, title: str, meta: Mapping[str, str], quality: Inpu
     if q.examples:
         parts.append("<pre>" + html.escape("\n".join(f"{f}: {line}" for f, line in q.examples))
                      + "</pre>")
-    parts.append("<h2>Per queue (whole fleet)</h2>" + _table(queues, QUEUE_COLUMNS))
+    if warnings:
+        parts.append("<div class='caveat'><b>Before you use the recommendations</b><ul>"
+                     + "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
+                     + "</ul></div>")
+    parts.append("<h2>Per queue (whole fleet)</h2>"
+                 + _table(with_modes(queues), QUEUE_COLUMNS, keys=2))
     if overview:
         parts.append(f"<img src='{html.escape(overview)}' alt='time tripped per queue'>")
     parts.append("<h2>Recommended policies</h2>"
@@ -219,9 +330,11 @@ def write_html(path: Path, *, title: str, meta: Mapping[str, str], quality: Inpu
     for name, caption in plots:
         parts.append(f"<h3>{html.escape(caption)}</h3><img src='{html.escape(name)}' "
                      f"alt='{html.escape(caption)}'>")
-    parts.append("<h2>Per sidecar and queue</h2>" + _table(sidecar_queues, SIDECAR_QUEUE_COLUMNS))
-    parts.append("<h2>Per sidecar</h2>" + _table(sidecars, SIDECAR_COLUMNS))
+    parts.append("<h2>Per sidecar and queue</h2>"
+                 + _table(with_modes(sidecar_queues), SIDECAR_QUEUE_COLUMNS, keys=3))
+    parts.append("<h2>Per sidecar</h2>" + _table(sidecars, SIDECAR_COLUMNS, keys=1))
     parts.append("<p>Definitions: docs/pipeline.md. Held bytes per queue are the sidecar's held "
                  "bytes shared out by blocked channels (docs/telemetry.md). Egress is derived: "
-                 "ingress minus the change in depth.</p></body></html>")
+                 "ingress minus the change in depth. Shadow trips: trips of a policy in "
+                 "shadow mode, which held nothing (docs/operations.md).</p></body></html>")
     path.write_text("\n".join(parts))

@@ -33,7 +33,7 @@ _FIELDS: list[tuple[str, DataType]] = [
     # sample (and some sidecar) fields
     ("interval", DoubleType()), ("policy", StringType()), ("capacity", LongType()),
     ("resume", LongType()), ("max_messages", LongType()), ("resume_messages", LongType()),
-    ("overflow", StringType()), ("deadline", DoubleType()),
+    ("overflow", StringType()), ("deadline", DoubleType()), ("mode", StringType()),
     ("depth_bytes", LongType()), ("depth_messages", LongType()),
     ("broker_depth_bytes", LongType()), ("broker_depth_messages", LongType()),
     ("ready_count", LongType()), ("depth_known", BooleanType()),
@@ -51,7 +51,7 @@ _FIELDS: list[tuple[str, DataType]] = [
     # event
     ("event", StringType()), ("reason", StringType()), ("conn", LongType()),
     ("channel", LongType()), ("active", BooleanType()), ("body_bytes", LongType()),
-    ("waited", DoubleType()), ("answer", StringType()),
+    ("waited", DoubleType()), ("answer", StringType()), ("action", StringType()),
     # event: replay (a spool's replay session)
     ("replayed", LongType()), ("replayed_bytes", LongType()), ("seconds", DoubleType()),
     ("records_left", LongType()), ("bytes_left", LongType()),
@@ -67,7 +67,7 @@ FIELD_NAMES = [name for name, _ in _FIELDS]
 READ_FIELDS = (
     "v", "type", "ts", "seq", "sidecar", "vhost", "queue",
     "interval", "policy", "capacity", "resume", "max_messages", "resume_messages",
-    "overflow", "deadline", "depth_bytes", "depth_messages", "broker_depth_bytes",
+    "overflow", "deadline", "mode", "depth_bytes", "depth_messages", "broker_depth_bytes",
     "broker_depth_messages", "ingress_bytes", "ingress_messages", "tripped", "trips",
     "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
     "blocked_channels", "alarm", "dropped_records", "event",

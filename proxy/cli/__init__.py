@@ -158,6 +158,10 @@ def main() -> None:
               envvar="FLOODWALL_POLICIES",
               help="YAML policies file; a bad one refuses to start. Reloaded on SIGHUP and "
                    "when it changes.")
+@click.option("--shadow", is_flag=True, default=False, envvar="FLOODWALL_SHADOW",
+              help="Shadow mode for every policy: trips and what the proxy would do are "
+                   "logged, counted (floodwall_shadow_*) and written to the telemetry, but "
+                   "every frame passes untouched.")
 @click.option("--depth-interval", default="200ms", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_DEPTH_INTERVAL",
               help="How often each policed queue's ready count is read (passive declare).")
@@ -236,7 +240,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         upstream_tls_min_version: str, upstream_tls_sasl_external: bool,
         upstream_tls_relay_external: bool, admin: str, management: str | None,
         management_tls_ca: str | None, management_tls_cert: str | None,
-        management_tls_key: str | None, policies: str | None,
+        management_tls_key: str | None, policies: str | None, shadow: bool,
         depth_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, alarm_interval: float, management_timeout: float,
         management_connections: int, hold_budget: int,
@@ -269,7 +273,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
-            policies=Path(policies) if policies else None, depth_interval=depth_interval,
+            policies=Path(policies) if policies else None, shadow=shadow,
+            depth_interval=depth_interval,
             management_interval=management_interval, topology_interval=topology_interval,
             topology_events=topology_events == "on", alarm_interval=alarm_interval,
             management_timeout=management_timeout,

@@ -30,6 +30,7 @@ from floodwall.control.histogram import HoldTimes
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
 from floodwall.control.routing.model import REPLY_TO_PREFIX
+from floodwall.control.trips import Trips
 
 QueueKey = tuple[str, str]  # (vhost, queue)
 #: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
@@ -89,7 +90,8 @@ class FlowController:
     def __init__(self, router: Router, policies: PolicySet = EMPTY_POLICIES) -> None:
         self.router = router
         self.policies = policies
-        self._policy_vhosts = policies.vhosts
+        self._policy_vhosts = policies.enforcing_vhosts
+        self._enforcing = bool(self._policy_vhosts)  # some policy holds (the alarm too)
         self._policy_loads = 0  # set_policies calls: part of ``generation``
         self.queues: dict[QueueKey, PolicedQueue] = {}
         # Names a publish needs the broker's word on before it may go (proxy/lookups.py),
@@ -99,7 +101,10 @@ class FlowController:
         self._awaiting: dict[QueueKey, Lookup] = {}
         # policed(): the policed keys among a set of queue names, until ``queues`` changes.
         self._policed_among: dict[tuple[str, frozenset[str]], frozenset[QueueKey]] = {}
-        self._tripped: set[QueueKey] = set()
+        # Tripped queues: enforced (what publishes wait on; ALARM too) and shadow (watched:
+        # the gates count what they would have done; ``shadow_blocking``).
+        self.trips = Trips()
+        self._tripped = self.trips.enforced
         # Queues with spooled backlog: what cannot join the spool waits behind it (FIFO).
         self._backlogged: set[QueueKey] = set()
         self._blocked = BlockTable()
@@ -122,8 +127,10 @@ class FlowController:
                      now: float) -> None:
         """Apply a (re)loaded policy file to the queues that exist now."""
         self.policies = policies
-        self._policy_vhosts = policies.vhosts
+        self._policy_vhosts = policies.enforcing_vhosts
+        self._enforcing = bool(self._policy_vhosts)
         self._policy_loads += 1
+        self._policed_among.clear()
         for key in list(self.queues):
             if policies.for_queue(*key) is None:
                 self._unpolice(key, now)
@@ -133,7 +140,11 @@ class FlowController:
             new = policies.for_queue(*q.key)
             if new is not None and new != q.policy:
                 q.policy = new
+                if q.tripped and self.trips.file(q.key, not new.enforced):
+                    self._released(q.key, now)
                 self._evaluate(q, now)
+        if self.alarm_reason is not None and self.trips.file(ALARM, not self._enforcing):
+            self._released(ALARM, now)  # every policy is in shadow now
 
     def queue_seen(self, key: QueueKey, now: float) -> PolicedQueue | None:
         """A queue exists (declared, or found in the topology); police it if a policy says."""
@@ -146,6 +157,8 @@ class FlowController:
             return None
         q = self.queues[key] = PolicedQueue(key, policy)
         self._policed_among.clear()
+        if not policy.enforced:
+            return q  # watched only: nothing waits for its first figure
         # Until the broker gives a first figure, publishes to it wait (a queue lookup).
         lookup = Lookup(key[0], LookupKind.QUEUE, key[1])
         self._awaiting[key] = lookup
@@ -184,14 +197,20 @@ class FlowController:
         else:
             if routing_key in queues or not routing_key \
                     or routing_key.startswith(REPLY_TO_PREFIX) \
-                    or self.policies.for_queue(vhost, routing_key) is None:
+                    or not self.enforces(vhost, routing_key):
                 return None
             lookup = Lookup(vhost, LookupKind.QUEUE, routing_key)
         return lookup.key if self.lookups.want(lookup, now) else None
 
     def polices_vhost(self, vhost: str) -> bool:
-        """Whether a policy (or a vhost's limiting defaults) can police queues of ``vhost``."""
+        """Whether an enforce-mode policy (or a vhost's limiting defaults) can police queues
+        of ``vhost``."""
         return vhost in self._policy_vhosts
+
+    def enforces(self, vhost: str, queue: str) -> bool:
+        """Whether an enforce-mode policy polices ``queue`` (a shadow policy only watches)."""
+        policy = self.policies.for_queue(vhost, queue)
+        return policy is not None and policy.enforced
 
     def lookup_answered(self, lookup: Lookup, result: LookupResult, now: float) -> bool:
         """The I/O layer asked the broker (and, when found, taught the model and fed the
@@ -242,13 +261,15 @@ class FlowController:
         return self.router.generation + self._policy_loads
 
     def policed(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
-        """The policed queues among ``queues`` (the answer for a set is kept until a queue
-        starts or stops being policed: routes are the same frozensets publish after publish)."""
+        """The queues among ``queues`` policed by an enforce-mode policy (the answer for a set
+        is kept until a queue starts or stops being policed or the policies change: routes
+        are the same frozensets publish after publish)."""
         known = self._policed_among
         found = known.get((vhost, queues))
         if found is None:
             policed = self.queues
-            found = frozenset(k for name in queues if (k := (vhost, name)) in policed)
+            found = frozenset(k for name in queues if (q := policed.get(k := (vhost, name)))
+                              is not None and q.policy.enforced)
             if len(known) >= POLICED_CACHE_SIZE:
                 known.clear()
             known[(vhost, queues)] = found
@@ -268,6 +289,10 @@ class FlowController:
         if ALARM in tripped:
             found.add(ALARM)
         return frozenset(found)
+
+    def shadow_blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """What ``blocking`` would add were every shadow policy enforced (``Trips``)."""
+        return self.trips.shadow_among(vhost, queues, ALARM)
 
     def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int, now: float) -> None:
         """A publish went to the broker; book it on each policed queue it lands in.
@@ -389,11 +414,11 @@ class FlowController:
         if reason == self.alarm_reason:
             return
         self.alarm_reason = reason
-        if reason is not None:
-            self._tripped.add(ALARM)
+        if reason is not None:  # held on while a policy enforces, else watched
+            self.trips.trip(ALARM, not self._enforcing)
             self.outbox.append(AlarmRaised(reason))
         else:
-            self._tripped.discard(ALARM)
+            self.trips.release(ALARM)
             self.outbox.append(AlarmCleared())
             self._released(ALARM, self._now)
 
@@ -406,29 +431,7 @@ class FlowController:
             self._apply(q, decide(q.policy, None, None, q.tripped), now)
         else:
             self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped), now)
-        self._arm(q)
-
-    @staticmethod
-    def _arm(q: PolicedQueue) -> None:
-        """Set ``q.quiet_*`` for its policy and its depth's current base.
-
-        Not tripped, with a known depth, ``decide`` trips only when bytes > capacity (if
-        any) or messages > max_messages (if any): the ledger totals that keep both within
-        are the depth's ``headroom``. With the depth unknown it ignores the ledger: an
-        untripped queue stays so (on_unknown_depth keep or allow) or trips at once (block:
-        evaluate every publish).
-        """
-        policy = q.policy
-        limits = policy.limits
-        depth = q.depth
-        headroom = depth.headroom(limits.capacity if limits.capacity > 0 else None,
-                                  limits.max_messages)
-        if headroom is None:
-            quiet = -1.0 if decide(limits, None, None, False) else math.inf
-            headroom = (quiet, quiet)
-        q.quiet_bytes, q.quiet_messages = headroom
-        q.armed_rebases = depth.rebases
-        q.armed_policy = policy
+        _arm(q)
 
     def _apply(self, q: PolicedQueue, tripped: bool, now: float) -> None:
         if tripped != q.tripped:
@@ -438,21 +441,22 @@ class FlowController:
         est = q.depth.estimate() or Depth(-1, -1)
         q.tripped = tripped
         policy = q.policy
+        shadow = not policy.enforced
         if tripped:
             q.trips += 1
             q.tripped_since = now
-            self._tripped.add(q.key)
+            self.trips.trip(q.key, shadow)
             self.outbox.append(QueueTripped(
                 q.key, policy.name, est.bytes, est.messages, policy.capacity,
-                policy.max_messages, self._publishers_of(q.key)))
+                policy.max_messages, self._publishers_of(q.key), shadow))
         else:
             if q.tripped_since is not None:
                 q.tripped_seconds += now - q.tripped_since
             q.tripped_since = None
-            self._tripped.discard(q.key)
+            self.trips.release(q.key)
             self.outbox.append(QueueReleased(
                 q.key, policy.name, est.bytes, est.messages, policy.resume, why,
-                self._publishers_of(q.key)))
+                self._publishers_of(q.key), shadow))
             if q.key not in self._backlogged:
                 self._released(q.key, now)
 
@@ -468,4 +472,27 @@ class FlowController:
     # -- views -------------------------------------------------------------------------
     @property
     def tripped(self) -> frozenset[QueueKey]:
+        """The tripped queues publishes wait on (enforce mode; ALARM while it holds)."""
         return frozenset(self._tripped)
+
+
+def _arm(q: PolicedQueue) -> None:
+    """Set ``q.quiet_*`` for its policy and its depth's current base.
+
+    Not tripped, with a known depth, ``decide`` trips only when bytes > capacity (if
+    any) or messages > max_messages (if any): the ledger totals that keep both within
+    are the depth's ``headroom``. With the depth unknown it ignores the ledger: an
+    untripped queue stays so (on_unknown_depth keep or allow) or trips at once (block:
+    evaluate every publish).
+    """
+    policy = q.policy
+    limits = policy.limits
+    depth = q.depth
+    headroom = depth.headroom(limits.capacity if limits.capacity > 0 else None,
+                              limits.max_messages)
+    if headroom is None:
+        quiet = -1.0 if decide(limits, None, None, False) else math.inf
+        headroom = (quiet, quiet)
+    q.quiet_bytes, q.quiet_messages = headroom
+    q.armed_rebases = depth.rebases
+    q.armed_policy = policy

@@ -33,6 +33,7 @@ class QueueTripped:
     capacity: int
     max_messages: int | None
     publishers: str  # "conn/channel,..." already blocked on it
+    shadow: bool = False  # its policy is in shadow mode: nothing is held
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class QueueReleased:
     resume: int
     reason: str  # "depth", "no longer policed"
     blocked: str  # "conn/channel,..." blocked on it when it released
+    shadow: bool = False  # its policy is in shadow mode
 
 
 @dataclass(frozen=True, slots=True)

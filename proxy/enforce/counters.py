@@ -19,6 +19,7 @@ class GateCounters:
 
     held_bytes: int = 0  # bytes of publishes held right now, every connection
     held_messages: int = 0
+    held_publishes: int = 0  # publishes ever held (0-9-1), for comparing with shadow mode
     # Flow signals sent to clients, by (protocol, "flow_off" | "flow_on"): 0-9-1's
     # Channel.Flow, 1.0's link credit withheld or restored.
     signals: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -27,6 +28,8 @@ class GateCounters:
     spooled_records: int = 0  # publishes written to the spool instead of held
     spooled_bytes: int = 0
     spool_fallbacks: int = 0  # the spool said no (limits, disk): held instead
+    # Shadow mode: what the gates would have done, by (protocol, ShadowAction value).
+    shadow: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def signalled(self, protocol: ProtocolName | str, active: bool) -> None:
         """A ``protocol`` gate told a client to stop (False) or resume (True) publishing."""

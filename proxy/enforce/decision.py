@@ -6,12 +6,17 @@ which policy) and the spool port's ``accepting``/``has_backlog``, and returns a 
 gate translates the verdict into frames: 0-9-1 holds the frames on the channel (or nacks, or
 closes it, or acks a spooled one when durable); 1.0 withholds the link's credit (or settles
 the delivery ``rejected``, or settles a spooled one ``accepted`` when durable).
+
+Shadow mode is decided here too: the controller keeps the trips of shadow-mode policies apart
+(``FlowController.shadow_blocking``); ``decide`` given them returns the verdict acted upon
+(as if they were not tripped) and, when it differs, the verdict enforcing them would have
+given (``Decision.shadow``), which the gate only records (``events.ShadowAction``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Final, Protocol
 
@@ -46,11 +51,13 @@ class Policed(Protocol):
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The verdict; the spool that takes it (``SPOOL``); why it is not spooled when it
-    would have been (reported once per channel or link by the gate)."""
+    would have been (reported once per channel or link by the gate); ``shadow``: the verdict
+    had the shadow policies been enforced, when it is not ``verdict`` (None: the same)."""
 
     verdict: Verdict
     spool_to: QueueKey | None = None
     not_spooled: Unspoolable | None = None
+    shadow: Verdict | None = None
 
 
 PASS: Final = Decision(Verdict.PASS)
@@ -61,8 +68,11 @@ REJECT: Final = Decision(Verdict.REJECT)
 def decide(vhost: str, names: frozenset[str], blocking: frozenset[QueueKey],
            queues: Mapping[QueueKey, Policed], spool: SpoolPort | None, *,
            lookup: bool = False, transactional: bool = False, mandatory: bool = False,
-           behind: bool = False) -> Decision:
-    """Pass, hold, reject or spool one publish or transfer.
+           behind: bool = False, shadow: frozenset[QueueKey] = frozenset()) -> Decision:
+    """Pass, hold, reject or spool one publish or transfer; and, given ``shadow`` (what
+    it would also wait on were the shadow policies enforced: ``shadow_blocking``, and for
+    0-9-1 the shadow queues its channel would still be held on), what enforcing them would
+    have done (``Decision.shadow``).
 
     ``names``: the queues it lands in; ``blocking``: the tripped or backlogged queues among
     them, the broker alarm and the lookups it waits for (``FlowController.blocking``,
@@ -79,6 +89,20 @@ def decide(vhost: str, names: frozenset[str], blocking: frozenset[QueueKey],
     now). Otherwise nothing blocking and nothing ahead of it: pass; a blocking queue whose
     policy says ``reject``: reject; else hold.
     """
+    if not blocking and not behind and spool is None and not shadow:  # the common case
+        return PASS
+    acted = _decide(vhost, names, blocking, queues, spool, lookup, transactional, mandatory,
+                    behind)
+    if not shadow:
+        return acted
+    would = _decide(vhost, names, blocking | shadow, queues, spool, lookup, transactional,
+                    mandatory, behind).verdict
+    return acted if would is acted.verdict else replace(acted, shadow=would)
+
+
+def _decide(vhost: str, names: frozenset[str], blocking: frozenset[QueueKey],
+            queues: Mapping[QueueKey, Policed], spool: SpoolPort | None, lookup: bool,
+            transactional: bool, mandatory: bool, behind: bool) -> Decision:
     if not blocking and not behind and spool is None:  # the common case, first
         return PASS
     if spool is not None and not lookup and not behind and len(names) == 1 \

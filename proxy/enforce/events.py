@@ -30,6 +30,19 @@ class Answer(Enum):
     DETACHED = "amqp:resource-limit-exceeded"  # 1.0: the link detached (EndedByProxy)
 
 
+class ShadowAction(Enum):
+    """What a gate would have done, had the shadow policies been enforced (counted by
+    ``GateCounters.shadow``, exported as ``floodwall_shadow_actions_total{action}``)."""
+
+    HELD = "held"  # a publish (0-9-1) held on its channel
+    FLOW_OFF = "flow_off"  # 0-9-1: Channel.Flow(active=false) sent
+    FLOW_ON = "flow_on"  # 0-9-1: Channel.Flow(active=true) on the would-be release
+    CREDIT_WITHHELD = "credit_withheld"  # 1.0: a link's credit withheld
+    CREDIT_RESTORED = "credit_restored"  # 1.0: its credit restored on the would-be release
+    REJECTED = "rejected"  # refused (overflow: reject)
+    SPOOLED = "spooled"  # written to the spool (overflow: spool)
+
+
 @dataclass(frozen=True, slots=True)
 class LinkName:
     """A 1.0 sender link as events name it."""
@@ -133,5 +146,17 @@ class SpoolFellBack:
     action: str
 
 
+@dataclass(frozen=True, slots=True)
+class WouldHave:
+    """Shadow mode: what the gate would have done to ``at``'s publishes, had the shadow
+    policies among ``queues`` been enforced (it let them pass). Made when a channel or link
+    would start to be held (``HELD``, ``CREDIT_WITHHELD``; ``SPOOLED`` for its first
+    spooled publish), signalled, released, and for each publish it would have refused."""
+
+    at: At
+    action: ShadowAction
+    queues: frozenset[QueueKey]
+
+
 GateEvent = (PublisherHeld | WaitingForLookup | Signalled | Refused | DeadlineExpired
-             | EndedByProxy | NotSpooled | SpoolFellBack)
+             | EndedByProxy | NotSpooled | SpoolFellBack | WouldHave)

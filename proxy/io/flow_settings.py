@@ -46,6 +46,7 @@ class FlowSettings:
     sync_grace: float = 2.0  # how long changes in flight may explain a sync's difference
     upstream_tls: UpstreamTlsContext | None = None  # amqps for the depth probes
     management_tls: ManagementTlsContext | None = None  # https to the management API
+    shadow: bool = False  # --shadow: every policy in shadow mode (nothing held)
 
     @property
     def depth_unknown_after(self) -> float:
@@ -78,4 +79,5 @@ class FlowSettings:
             connect_timeout=s.connect_timeout,
             upstream_tls=upstream_tls,
             management_tls=management_tls,
+            shadow=s.shadow,
         )

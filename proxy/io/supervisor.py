@@ -110,7 +110,7 @@ class FlowSupervisor(DepthProbes):
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
-        self.store = PolicyStore.from_file(settings.policies)
+        self.store = PolicyStore.from_file(settings.policies, settings.shadow)
         self.topology = topology if topology is not None else Topology()
         self.controller = FlowController(self.topology, self.store.current)
         # The gates' shared parts (the app adds the spool) and where what the controller
@@ -152,7 +152,8 @@ class FlowSupervisor(DepthProbes):
               depth_interval=self.settings.depth_interval,
               management_interval=self.settings.management_interval,
               topology_interval=self.settings.topology_interval,
-              topology_events="on" if self.settings.topology_events else "off")
+              topology_events="on" if self.settings.topology_events else "off",
+              mode="shadow" if self.store.shadow else "enforce")
         self.feed.start()
         self._spawn(self._management_loop(), "flow-management")
         self._spawn(self._alarm_loop(), "flow-alarms")

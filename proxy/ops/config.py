@@ -277,6 +277,7 @@ class ProxySettings:
     credentials: ManagementCredentials = ManagementCredentials()
     amqp_credentials: AmqpCredentials | None = None  # None: the management credentials
     policies: Path | None = None
+    shadow: bool = False  # every policy in shadow mode: computed, logged, counted; none held
     connect_timeout: float = 5.0
     handshake_timeout: float = 10.0
     upstream_probe_interval: float = 5.0

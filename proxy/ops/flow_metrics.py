@@ -24,7 +24,10 @@ from floodwall.control.histogram import HOLD_BUCKETS, Histogram
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import PolicySet
 from floodwall.enforce.counters import GateCounters
+from floodwall.enforce.events import ShadowAction
 from floodwall.ops.metrics import PROTOCOLS
+
+SHADOW_ACTIONS = tuple(a.value for a in ShadowAction)
 
 #: ``ManagementError.kind`` values, always exported (as 0 until they happen).
 MANAGEMENT_ERROR_KINDS = ("auth", "not_found", "unreachable", "timeout", "tls", "http",
@@ -132,7 +135,8 @@ class FlowCollector(Collector):
 
     @staticmethod
     def _queues(c: FlowController, now: float) -> Iterator[Metric]:
-        """Per policed queue: depth, limits, trips, overshoot."""
+        """Per policed queue: depth, limits, trips, overshoot; a shadow policy's trips in
+        their own families (nothing was held: alerts on trips see enforced ones only)."""
         depth_bytes = GaugeMetricFamily(
             "floodwall_queue_depth_bytes",
             "Message-body bytes in a policed queue: the broker's last figure or the estimate",
@@ -161,6 +165,15 @@ class FlowCollector(Collector):
         overshoot_bytes = CounterMetricFamily(
             "floodwall_queue_overshoot_bytes",
             "Message-body bytes of floodwall_queue_overshoot_messages", labels=QUEUE_LABELS)
+        shadow_tripped = GaugeMetricFamily(
+            "floodwall_shadow_queue_tripped",
+            "1 while a shadow-mode policy's queue is over its limit (nothing is held)",
+            labels=QUEUE_LABELS)
+        shadow_seconds = CounterMetricFamily(
+            "floodwall_shadow_queue_tripped_seconds",
+            "Seconds a shadow-mode policy's queue has spent tripped", labels=QUEUE_LABELS)
+        shadow_trips = CounterMetricFamily("floodwall_shadow_queue_trips", "Times a shadow-"
+                                           "mode policy's queue tripped", labels=QUEUE_LABELS)
         for key in sorted(c.queues):
             q = c.queues[key]
             labels = [key[0], key[1], q.policy.name]
@@ -171,13 +184,16 @@ class FlowCollector(Collector):
                     depth_messages.add_metric([*labels, source], depth.messages)
             capacity.add_metric(labels, q.policy.capacity)
             resume.add_metric(labels, q.policy.resume)
-            tripped.add_metric(labels, 1 if q.tripped else 0)
-            tripped_seconds.add_metric(labels, q.seconds_tripped(now))
-            trips.add_metric(labels, q.trips)
+            enforced = q.policy.enforced
+            (tripped if enforced else shadow_tripped).add_metric(labels, 1 if q.tripped else 0)
+            (tripped_seconds if enforced else shadow_seconds).add_metric(
+                labels, q.seconds_tripped(now))
+            (trips if enforced else shadow_trips).add_metric(labels, q.trips)
             overshoot_messages.add_metric(labels, q.overshoot_messages)
             overshoot_bytes.add_metric(labels, q.overshoot_bytes)
         yield from (depth_bytes, depth_messages, capacity, resume, tripped, tripped_seconds,
-                    trips, overshoot_messages, overshoot_bytes)
+                    trips, overshoot_messages, overshoot_bytes, shadow_tripped, shadow_seconds,
+                    shadow_trips)
 
     @staticmethod
     def _depth_freshness(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
@@ -234,6 +250,18 @@ class FlowCollector(Collector):
                                 value=g.held_bytes)
         yield GaugeMetricFamily("floodwall_held_messages", "Publishes held now",
                                 value=g.held_messages)
+        yield CounterMetricFamily("floodwall_held_publishes", "Publishes held (0-9-1), ever",
+                                  value=g.held_publishes)
+        shadow = CounterMetricFamily(
+            "floodwall_shadow_actions",
+            "What the gates would have done had the shadow-mode policies been enforced "
+            "(every frame passed): publishes held, Channel.Flow off/on (amqp091), link credit "
+            "withheld/restored (amqp10), publishes rejected or spooled",
+            labels=["protocol", "action"])
+        for proto in sorted({*PROTOCOLS, *(p for p, _ in g.shadow)}):
+            for action in SHADOW_ACTIONS:
+                shadow.add_metric([proto, action], g.shadow[(proto, action)])
+        yield shadow
         signals = CounterMetricFamily(
             "floodwall_flow_signals",
             "Flow signals sent to clients: Channel.Flow (amqp091), link credit withheld "
@@ -366,6 +394,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "vhost": key[0],
             "queue": key[1],
             "policy": p.name,
+            "mode": p.mode.value,
             "capacity": p.capacity,
             "resume": p.resume,
             "max_messages": p.max_messages,

@@ -23,6 +23,7 @@ from floodwall.enforce.events import (
     Signalled,
     SpoolFellBack,
     WaitingForLookup,
+    WouldHave,
 )
 
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
@@ -105,6 +106,11 @@ def _names(keys: Iterable[tuple[str, str]]) -> str:
     return ",".join(q for _, q in sorted(keys))
 
 
+def _mode(shadow: bool) -> dict[str, Any]:
+    """A shadow policy's trip says so (``mode=shadow``: nothing is held)."""
+    return {"mode": "shadow"} if shadow else {}
+
+
 def log_event(ev: object) -> None:
     """Log one typed event of a gate or of the flow controller (anything else: nothing)."""
     match ev:
@@ -146,15 +152,20 @@ def log_event(ev: object) -> None:
             event(_gate_log, "spool_refused", logging.WARNING, conn=at.conn,
                   channel=at.channel, **_link_fields(at), queue=ev.queue, reason=ev.reason,
                   action=ev.action, **_protocol(at))
+        case WouldHave(at=at):
+            event(_gate_log, "shadow_" + ev.action.value, conn=at.conn, channel=at.channel,
+                  **_link_fields(at), vhost=at.vhost, queues=_names(ev.queues),
+                  **_protocol(at))
         case QueueTripped(key=(vhost, queue)):
             event(_control_log, "queue_tripped", logging.WARNING, vhost=vhost, queue=queue,
                   depth_bytes=ev.depth_bytes, depth_messages=ev.depth_messages,
                   capacity=ev.capacity, max_messages=ev.max_messages, policy=ev.policy,
-                  publishers=ev.publishers)
+                  publishers=ev.publishers, **_mode(ev.shadow))
         case QueueReleased(key=(vhost, queue)):
             event(_control_log, "queue_released", vhost=vhost, queue=queue,
                   depth_bytes=ev.depth_bytes, depth_messages=ev.depth_messages,
-                  resume=ev.resume, policy=ev.policy, reason=ev.reason, blocked=ev.blocked)
+                  resume=ev.resume, policy=ev.policy, reason=ev.reason, blocked=ev.blocked,
+                  **_mode(ev.shadow))
         case AlarmRaised():
             event(_control_log, "broker_alarm", logging.WARNING, reason=ev.reason,
                   action="every publish is held until it clears")

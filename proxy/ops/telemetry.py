@@ -24,16 +24,23 @@ from dataclasses import dataclass, field
 from floodwall.control.controller import ALARM, FlowController, QueueKey
 from floodwall.control.events import QueueReleased, QueueTripped
 from floodwall.control.lookups import is_pseudo
-from floodwall.control.policy import Policy
+from floodwall.control.policy import Mode, Policy
 from floodwall.enforce.counters import GateCounters
-from floodwall.enforce.events import DeadlineExpired, PublisherHeld, Refused, Signalled
+from floodwall.enforce.events import (
+    DeadlineExpired,
+    PublisherHeld,
+    Refused,
+    Signalled,
+    WouldHave,
+)
 from floodwall.spool.events import ReplayEnded, SpoolFilling
 
 #: The version every record carries as ``v``; docs/telemetry.md describes each version.
 SCHEMA_VERSION = 1
 RECORD_TYPES = ("sample", "sidecar", "event")
 #: Event names; spool and replay are reserved for the spool (not emitted by this build).
-EVENTS = ("trip", "release", "signal", "hold", "reject", "deadline", "spool", "replay")
+EVENTS = ("trip", "release", "signal", "hold", "reject", "deadline", "spool", "replay",
+          "shadow")
 FILE_PREFIX = "telemetry"
 FILE_SUFFIX = ".ndjson"
 
@@ -242,7 +249,11 @@ def _policy_fields(p: Policy) -> dict[str, object]:
     """A sample's fields from the queue's policy."""
     return {"policy": p.name, "capacity": p.capacity, "resume": p.resume,
             "max_messages": p.max_messages or 0, "resume_messages": p.resume_messages or 0,
-            "overflow": p.overflow.value, "deadline": p.deadline}
+            "overflow": p.overflow.value, "deadline": p.deadline, "mode": p.mode.value}
+
+
+def _mode(shadow: bool) -> str:
+    return Mode.SHADOW.value if shadow else Mode.ENFORCE.value
 
 
 def event_fields(ev: object) -> tuple[str, dict[str, object]] | None:
@@ -252,12 +263,16 @@ def event_fields(ev: object) -> tuple[str, dict[str, object]] | None:
         case QueueTripped(key=(vhost, queue)):
             return "trip", {"vhost": vhost, "queue": queue, "policy": ev.policy,
                             "depth_bytes": ev.depth_bytes, "depth_messages": ev.depth_messages,
-                            "capacity": ev.capacity}
+                            "capacity": ev.capacity, "mode": _mode(ev.shadow)}
         case QueueReleased(key=(vhost, queue)):
             return "release", {"vhost": vhost, "queue": queue, "policy": ev.policy,
                                "depth_bytes": ev.depth_bytes,
                                "depth_messages": ev.depth_messages, "resume": ev.resume,
-                               "reason": ev.reason}
+                               "reason": ev.reason, "mode": _mode(ev.shadow)}
+        case WouldHave(at=at):
+            return "shadow", {"vhost": at.vhost, "conn": at.conn, "channel": at.channel,
+                              "action": ev.action.value,
+                              "queues": sorted(k[1] for k in ev.queues if not is_pseudo(k))}
         case PublisherHeld(at=at):
             return "hold", {"vhost": at.vhost, "conn": at.conn, "channel": at.channel,
                             "queues": sorted(q for k in ev.queues
@@ -287,5 +302,5 @@ def event_fields(ev: object) -> tuple[str, dict[str, object]] | None:
 EVENT_FIELDS = frozenset({
     "policy", "depth_bytes", "depth_messages", "capacity", "resume", "reason", "conn",
     "channel", "active", "body_bytes", "waited", "answer", "replayed", "replayed_bytes",
-    "seconds", "records_left", "bytes_left",
+    "seconds", "records_left", "bytes_left", "mode", "action",
 })

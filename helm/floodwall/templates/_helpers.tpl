@@ -135,6 +135,10 @@ env:
         key: {{ .Values.management.passwordKey }}
   {{- end }}
   {{- end }}
+  {{- if .Values.policies.shadow }}
+  - name: FLOODWALL_SHADOW
+    value: "true"
+  {{- end }}
   - name: FLOODWALL_SPOOL_DIR
     value: {{ .Values.spool.mountPath | quote }}
   - name: FLOODWALL_TELEMETRY_DIR

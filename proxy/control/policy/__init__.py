@@ -19,6 +19,7 @@ overflow           hold (``spool`` acts as ``hold`` unless run with ``--spool-di
 deadline           30s
 signal             auto
 on_unknown_depth   keep
+mode               enforce (``shadow``: computed, logged, counted; nothing held)
 spool              max_bytes 1GiB, fsync group, group_commit_ms 10
 =================  ===========================================================
 
@@ -42,6 +43,7 @@ from floodwall.control.policy.model import (
     EMPTY_POLICIES,
     FORMAT_VERSION,
     Fsync,
+    Mode,
     Overflow,
     Policy,
     PolicyError,
@@ -76,6 +78,7 @@ __all__ = [
     "EMPTY_POLICIES",
     "FORMAT_VERSION",
     "Fsync",
+    "Mode",
     "Overflow",
     "Overlap",
     "Policy",

@@ -19,6 +19,7 @@ from floodwall.control.policy.model import (
     EMPTY_POLICIES,
     FORMAT_VERSION,
     Fsync,
+    Mode,
     Overflow,
     Policy,
     PolicyError,
@@ -41,7 +42,7 @@ from floodwall.control.policy.units import (
 # --- the loader -----------------------------------------------------------------------
 
 _LIMIT_KEYS: Final = ("capacity", "resume", "max_messages", "resume_messages", "overflow",
-                      "deadline", "signal", "on_unknown_depth", "spool")
+                      "deadline", "signal", "on_unknown_depth", "spool", "mode")
 _TOP_KEYS: Final = ("version", "defaults", "policies")
 _POLICY_KEYS: Final = ("name", "match", *_LIMIT_KEYS)
 _DEFAULTS_KEYS: Final = ("vhost", *_LIMIT_KEYS)
@@ -240,6 +241,7 @@ def _resolve(reader: _Reader, entry: dict[str, _Entry], where: str, base: Policy
         n, f"{where}.signal", Signal), base.signal)
     values["on_unknown_depth"] = read("on_unknown_depth", lambda n: reader.choice(
         n, f"{where}.on_unknown_depth", UnknownDepth), base.on_unknown_depth)
+    values["mode"] = read("mode", lambda n: reader.choice(n, f"{where}.mode", Mode), base.mode)
     values["spool"] = read("spool", lambda n: _spool_settings(
         reader, n, where, base.spool), base.spool)
     if len(reader.problems) > before or any(
@@ -537,21 +539,26 @@ class PolicyStore:
     """
 
     def __init__(self, policies: PolicySet = EMPTY_POLICIES,
-                 path: str | os.PathLike[str] | None = None) -> None:
+                 path: str | os.PathLike[str] | None = None, shadow: bool = False) -> None:
         self.current = policies
         self.path = os.fspath(path) if path is not None else None
         self.generation = 0
+        self.shadow = shadow  # ``--shadow``: every policy loaded is in shadow mode
         self._fingerprint: _Fingerprint | None = None
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> PolicyStore:
+    def from_file(cls, path: str | os.PathLike[str], shadow: bool = False) -> PolicyStore:
         """Load at startup: a bad file raises ``PolicyError`` (no old policies to keep)."""
-        store = cls(path=path)
+        store = cls(path=path, shadow=shadow)
         source = store._path(None)
         store._fingerprint = _fingerprint(source)
-        store.current = load_policies(source)
+        store.current = store._load(source)
         store.generation = 1
         return store
+
+    def _load(self, source: str) -> PolicySet:
+        policies = load_policies(source)
+        return policies.in_shadow() if self.shadow else policies
 
     def _path(self, path: str | os.PathLike[str] | None) -> str:
         if path is not None:
@@ -566,7 +573,7 @@ class PolicyStore:
         self.path = source
         self._fingerprint = _fingerprint(source)  # before reading: a racing change is seen
         try:
-            new = load_policies(source)
+            new = self._load(source)
         except PolicyError as exc:
             return ReloadResult(ok=False, policies=self.current, reason=str(exc))
         changed = new != self.current

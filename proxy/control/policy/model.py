@@ -7,7 +7,7 @@ import enum
 import re
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final
 
@@ -95,6 +95,14 @@ class UnknownDepth(enum.Enum):
     KEEP = "keep"  # keep the last decision
     BLOCK = "block"  # trip (fail closed)
     ALLOW = "allow"  # release (fail open)
+
+
+class Mode(enum.Enum):
+    """Whether a policy acts (enforce) or only says what it would have done (shadow: depth,
+    trips and the gates' verdicts are computed, logged and counted; every frame passes)."""
+
+    ENFORCE = "enforce"
+    SHADOW = "shadow"
 
 
 class Fsync(enum.Enum):
@@ -219,6 +227,7 @@ class Policy:
     signal: Signal = Signal.AUTO
     on_unknown_depth: UnknownDepth = UnknownDepth.KEEP
     spool: SpoolSettings = field(default_factory=SpoolSettings)
+    mode: Mode = Mode.ENFORCE
     line: int | None = field(default=None, compare=False)
     column: int | None = field(default=None, compare=False)
     _pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
@@ -268,6 +277,11 @@ class Policy:
     def is_limited(self) -> bool:
         """False for a policy with no byte and no count limit: its queues are not policed."""
         return self.capacity > 0 or self.max_messages is not None
+
+    @property
+    def enforced(self) -> bool:
+        """False for a shadow policy: its queues are watched, never held."""
+        return self.mode is Mode.ENFORCE
 
     def effective_overflow(self, spooling: bool) -> Overflow:
         """The overflow applied: ``spool`` is ``hold`` without a spool (``spooling`` False: no
@@ -331,6 +345,18 @@ class PolicySet:
         """Every vhost a policy or a limiting defaults entry can police."""
         return frozenset([*self._by_vhost, *(v for v, d in self.defaults.items()
                                              if d.is_limited)])
+
+    @property
+    def enforcing_vhosts(self) -> frozenset[str]:
+        """The vhosts where an enforce-mode policy or limiting defaults entry can police."""
+        return frozenset([*(p.vhost for p in self.policies if p.enforced),
+                          *(v for v, d in self.defaults.items() if d.is_limited and d.enforced)])
+
+    def in_shadow(self) -> PolicySet:
+        """The same policies, every one in shadow mode (``--shadow``)."""
+        return PolicySet(tuple(replace(p, mode=Mode.SHADOW) for p in self.policies),
+                         {v: replace(d, mode=Mode.SHADOW) for v, d in self.defaults.items()},
+                         self.source)
 
     def match(self, vhost: str, queue: str) -> Policy | None:
         """The policy that applies to the queue, limited or not (uncached)."""

@@ -39,6 +39,8 @@ def _limit_lines(p: Policy) -> list[tuple[str, str]]:
     lines.append((f"deadline: {format_duration(p.deadline)}", ""))
     lines.append((f"signal: {p.signal.value}", ""))
     lines.append((f"on_unknown_depth: {p.on_unknown_depth.value}", ""))
+    lines.append((f"mode: {p.mode.value}",
+                  "watched only: nothing is held, rejected or spooled" if not p.enforced else ""))
     sp = p.spool
     lines.append((f"spool: {{max_bytes: {format_bytes(sp.max_bytes)}, fsync: {sp.fsync.value}, "
                   f"group_commit_ms: {sp.group_commit_ms}}}", ""))
@@ -101,7 +103,7 @@ def policy_document(p: Policy) -> dict[str, object]:
         "policed": p.is_limited, "capacity": p.capacity, "resume": p.resume,
         "max_messages": p.max_messages, "resume_messages": p.resume_messages,
         "overflow": p.overflow.value, "deadline": p.deadline, "signal": p.signal.value,
-        "on_unknown_depth": p.on_unknown_depth.value,
+        "on_unknown_depth": p.on_unknown_depth.value, "mode": p.mode.value,
         "spool": {"max_bytes": p.spool.max_bytes, "fsync": p.spool.fsync.value,
                   "group_commit_ms": p.spool.group_commit_ms},
         "line": p.line,

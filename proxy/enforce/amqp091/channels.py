@@ -13,6 +13,7 @@ from pamqp import frame as pamqp_frame
 
 from floodwall.control.controller import QueueKey
 from floodwall.enforce import events as ev
+from floodwall.enforce.shadow import ShadowHold
 from floodwall.enforce.states import (
     CLOSING_PHASES,
     ChannelPhase,
@@ -156,6 +157,7 @@ class ChannelFlow:
     flow_replies: int = 0  # replies to injected channel.flow still to absorb
     phase: ChannelPhase = ChannelPhase.OPEN  # see floodwall.enforce.states
     reopen: list[bytes] = field(default_factory=list)  # client frames after its close-ok
+    shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
 
     @property
     def closing_by_proxy(self) -> bool:

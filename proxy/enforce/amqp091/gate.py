@@ -102,9 +102,11 @@ class PublishFlow(Refusing):
             controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues, now)
         if lookup is not None:  # the model does not know where it lands: ask first
             blocking = blocking | {lookup}
+        would = self._shadow_wait(ch, queues)
         decision = decide(self.vhost, queues, blocking, controller.queues, self.spool,
                           lookup=lookup is not None, transactional=ch.transactional,
-                          mandatory=pub.mandatory, behind=ch.holding)
+                          mandatory=pub.mandatory, behind=ch.holding, shadow=would)
+        self._shadowed(ch, decision.shadow, would)  # shadow mode: recorded, never acted on
         verdict = decision.verdict
         if verdict is Verdict.PASS:
             controller.forwarded(self.vhost, queues, body_size, now)

@@ -19,16 +19,19 @@ from floodwall.enforce.amqp091.channels import (
 )
 from floodwall.enforce.amqp091.clients import may_signal
 from floodwall.enforce.decision import (
+    Verdict,
     should_signal,
 )
-from floodwall.enforce.shared import Enforcement, GateBase
+from floodwall.enforce.shadow import ShadowWatch
+from floodwall.enforce.shared import Enforcement
 from floodwall.wire.amqp091.framing import encode_method
 from floodwall.wire.amqp091.hooks import ClientInfo
 
 _CH = commands.Channel
+_NOTHING: frozenset[QueueKey] = frozenset()
 
 
-class HeldChannels(GateBase):
+class HeldChannels(ShadowWatch):
     """A connection's channels as its publish gate holds and releases them."""
 
     def __init__(self, shared: Enforcement, conn_id: int,
@@ -108,6 +111,19 @@ class HeldChannels(GateBase):
             self._account(-ch.held_bytes, -sum(1 for i in ch.held if isinstance(i, HeldPublish)))
         self.controller.channel_closed(self.conn_id, channel)
 
+    # -- shadow mode (floodwall.enforce.shadow) -------------------------------------------
+    def _shadow_wait(self, ch: ChannelFlow, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """The shadow queues a publish on ``ch`` to ``queues`` would wait on."""
+        if not ch.shadow.on and not self.controller.trips.shadow:
+            return _NOTHING
+        return self._would_wait_on(self._at(ch.channel), ch.shadow, queues)
+
+    def _shadowed(self, ch: ChannelFlow, verdict: Verdict | None,
+                  would: frozenset[QueueKey]) -> None:
+        """Record what enforcing the shadow policies would have done (None: nothing else)."""
+        if verdict is not None:
+            self._would_have(self._at(ch.channel), ch.shadow, verdict, would, self.may_signal)
+
     # -- hold, block, release ------------------------------------------------------------
     def _hold(self, ch: ChannelFlow, item: HeldPublish) -> None:
         self._maybe_slow = True
@@ -126,6 +142,8 @@ class HeldChannels(GateBase):
         self.held_bytes += nbytes
         self.counters.held_bytes += nbytes
         self.counters.held_messages += messages
+        if messages > 0:
+            self.counters.held_publishes += messages
 
     def _block(self, ch: ChannelFlow, blocking: frozenset[QueueKey], now: float) -> None:
         newly = self.controller.block(self.conn_id, ch.channel, blocking, now)

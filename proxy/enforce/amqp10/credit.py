@@ -268,7 +268,24 @@ class LinkCredit(Sessions):
             return False
         if destination.exchange:
             return controller.polices_vhost(self.vhost)
-        return controller.policies.for_queue(self.vhost, destination.routing_key) is not None
+        return controller.enforces(self.vhost, destination.routing_key)
+
+    # -- shadow mode -------------------------------------------------------------------------
+    def _shadow_transfer(self, link: SenderLink, queues: frozenset[str]) -> None:
+        """A delivery's first frame, with shadow policies tripped (or the link's would-be
+        hold to end): what enforcing them would have done (``enforce.shadow``). A fixed
+        link's refused delivery withholds its credit, as enforced (``_after_transfer``)."""
+        at = self._at(link)
+        would = self._would_wait_on(at, link.shadow, queues)
+        if not would:
+            return
+        lookups = link.delivery.lookup if link.per_message else _NO_KEYS
+        blocking = self.controller.blocking(self.vhost, queues) | lookups
+        verdict = decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
+                         lookup=bool(lookups), behind=link.spool_refused, shadow=would).shadow
+        if verdict is Verdict.REJECT and not link.per_message:
+            verdict = Verdict.HOLD
+        self._would_have(at, link.shadow, verdict, would, None)
 
     # -- spool -------------------------------------------------------------------------------
     def _spooling(self, link: SenderLink, queues: frozenset[str],

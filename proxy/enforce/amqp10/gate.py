@@ -167,6 +167,8 @@ class CreditFlow(LinkCredit):
             link.delivery.bytes = 0
             link.delivery.dropping = False
             queues = link.delivery.queues = self._route(link, payload, start, end, now)
+            if link.shadow.on or self.controller.trips.shadow:
+                self._shadow_transfer(link, queues)
             if link.per_message or self.spool is not None:
                 blocking = self.controller.blocking(self.vhost, queues)
                 if blocking:

@@ -12,6 +12,7 @@ from typing import Final, TypeVar
 
 from floodwall.control.controller import QueueKey
 from floodwall.enforce import events as ev
+from floodwall.enforce.shadow import ShadowHold
 from floodwall.enforce.states import DETACHING_PHASES, LINK_PHASES, LinkInput, LinkPhase, step
 from floodwall.wire.amqp10.addresses import (
     Destination,
@@ -177,6 +178,7 @@ class SenderLink:
     squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
     not_spooled_reported: bool = False
+    shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
 

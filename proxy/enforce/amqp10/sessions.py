@@ -16,7 +16,8 @@ from floodwall.enforce.amqp10.links import (
     _renumber_disposition,
     grant_flow_body,
 )
-from floodwall.enforce.shared import Enforcement, GateBase
+from floodwall.enforce.shadow import ShadowWatch
+from floodwall.enforce.shared import Enforcement
 from floodwall.enforce.states import LinkInput
 from floodwall.wire.amqp10.addresses import (
     declared_queue,
@@ -46,7 +47,7 @@ from floodwall.wire.amqp10.types import Described, Symbol, UInt
 from floodwall.wire.topology import ChangeKind, TopologyChange
 
 
-class Sessions(GateBase):
+class Sessions(ShadowWatch):
     """A connection's sessions and links as its credit gate keeps them."""
 
     def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int = 0) -> None:

@@ -1,0 +1,53 @@
+"""Which policed queues are tripped, as the gates see them: enforced (publishes wait on them)
+or in shadow mode (watched: a gate only counts what it would have done).
+
+A queue trips and releases by the same rule in both modes (``control.policy.decide``); its
+policy's ``mode`` files the trip here. The broker alarm (``ALARM``) is filed as enforced
+while some policy enforces, else as shadow. Pure bookkeeping, owned by ``FlowController``.
+"""
+
+from __future__ import annotations
+
+QueueKey = tuple[str, str]  # (vhost, queue)
+_NOTHING: frozenset[QueueKey] = frozenset()
+
+
+class Trips:
+    """The tripped queues: ``enforced`` and ``shadow`` (disjoint sets of keys)."""
+
+    def __init__(self) -> None:
+        self.enforced: set[QueueKey] = set()
+        self.shadow: set[QueueKey] = set()
+
+    def trip(self, key: QueueKey, shadow: bool) -> None:
+        (self.shadow if shadow else self.enforced).add(key)
+
+    def release(self, key: QueueKey) -> None:
+        self.enforced.discard(key)
+        self.shadow.discard(key)
+
+    def file(self, key: QueueKey, shadow: bool) -> bool:
+        """A tripped ``key``'s mode is now ``shadow`` (or not): move it. True when it left the
+        enforced trips (what waited on it may go)."""
+        if shadow:
+            left = key in self.enforced
+            self.enforced.discard(key)
+            self.shadow.add(key)
+            return left
+        self.shadow.discard(key)
+        self.enforced.add(key)
+        return False
+
+    def shadow_among(self, vhost: str, queues: frozenset[str], alarm: QueueKey) -> \
+            frozenset[QueueKey]:
+        """What the enforced blocking set would gain were every shadow policy enforced: the
+        shadow trips among ``queues`` of ``vhost``, and ``alarm`` when it is filed as shadow."""
+        shadow = self.shadow
+        if not shadow:
+            return _NOTHING
+        found = frozenset(k for q in queues if (k := (vhost, q)) in shadow)
+        return found | {alarm} if alarm in shadow else found
+
+    def still_shadow(self, keys: frozenset[QueueKey]) -> frozenset[QueueKey]:
+        """Those of ``keys`` still tripped in shadow mode."""
+        return keys & self.shadow if keys else keys
