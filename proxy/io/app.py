@@ -35,8 +35,10 @@ from prometheus_client.registry import Collector
 
 from floodwall import __version__
 from floodwall.control.controller import QueueKey
+from floodwall.control.memory import MemoryBudget
 from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
+from floodwall.io.memory import MemoryReturn
 from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
 from floodwall.io.spool import SpoolService, SpoolServiceSettings
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor
@@ -53,6 +55,7 @@ from floodwall.io.tls import (
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import (
+    MemoryBudgetCollector,
     RelayCollector,
     RelayStats,
     make_registry,
@@ -94,8 +97,11 @@ class Proxy:
             self.spool = make_spool(settings, self.flow, self.upstream_tls)
             self.flow.enforcement.spool = self.spool.port  # overflow: spool spools from now
         collectors: list[Collector] = [RelayCollector(self.stats), *standard_collectors()]
+        self.memory: MemoryBudget | None = None
         if self.flow is not None:
+            self.memory = self.flow.board.memory = MemoryBudget(settings.memory_budget)
             collectors.append(self.flow.collector)
+            collectors.append(MemoryBudgetCollector(self.memory))
         if self.spool is not None:
             collectors.append(self.spool.collector)
         self.registry = make_registry(collectors)
@@ -163,15 +169,13 @@ class Proxy:
         if self.flow is not None:
             await self.flow.start()
             self._spawn(self._expire_held_forever(), "deadlines")
+            self._spawn(self._return_memory_forever(), "memory-return")
         if self.telemetry is not None:
             await self.telemetry.start()
         elif self.settings.telemetry_dir is not None:
             event(log, "telemetry_off", logging.WARNING, reason="no --policies given: "
                   "nothing is policed, so there is nothing to record")
-        event(log, "started", logging.INFO, version=__version__, **listening,
-              upstream=self.upstream_label,
-              admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
-                     else "off"), event_loop=type(loop).__module__.split(".")[0])
+        self._log_started(listening, type(loop).__module__.split(".")[0])
         tls = self.settings.upstream_tls
         if tls is not None and tls.insecure:
             event(log, "upstream_tls_insecure", logging.WARNING, upstream=self.upstream_label,
@@ -182,6 +186,16 @@ class Proxy:
             event(log, "relayed_external_allowed", logging.WARNING,
                   reason="--upstream-tls-relay-external: a client that logs in with SASL "
                          "EXTERNAL is logged in as floodwall's own certificate")
+
+    def _log_started(self, listening: dict[str, object], event_loop: str) -> None:
+        """The start-up line: where it listens, the upstream, the budgets of held bytes."""
+        event(log, "started", logging.INFO, version=__version__, **listening,
+              upstream=self.upstream_label,
+              admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
+                     else "off"), event_loop=event_loop,
+              hold_budget=self.settings.hold_budget,
+              memory_budget=self.settings.memory_budget if self.flow is not None else "off",
+              memory_budget_from=self.settings.memory_budget_source)
 
     @property
     def upstream_label(self) -> str:
@@ -347,6 +361,14 @@ class Proxy:
                 if isinstance(conn, RelayedConnection):
                     conn.expire_held(now)
 
+    async def _return_memory_forever(self, interval: float = 1.0) -> None:
+        """Hand freed heap pages back to the system after held publishes left
+        (``floodwall.io.memory``)."""
+        returner = MemoryReturn(lambda: self._held()[1])
+        while True:
+            await asyncio.sleep(interval)
+            returner.check()
+
     # -- upstream probe ----------------------------------------------------------------
     async def probe_upstream(self) -> bool:
         """Can a client reach the broker? TCP, and with amqps the TLS handshake (the
@@ -448,6 +470,12 @@ class Proxy:
             doc["flow"] = self.flow.state()
         if self.spool is not None:
             doc["spool"] = self.spool.state()
+        if self.memory is not None:
+            doc["memory_budget"] = {
+                "bytes": self.memory.limit, "resume_bytes": self.memory.resume,
+                "reached": self.memory.engaged, "paused_connections": len(self.memory.paused),
+                "largest_paused": [{"conn": c, "held_bytes": b}
+                                   for c, b in self.memory.largest()]}
         return doc
 
 

@@ -46,7 +46,7 @@ class RelaySettings:
     handshake_timeout: float = 10.0
     write_high_water: int = 256 * 1024
     board: Switchboard | None = None  # None: no policies, a plain relay (no gates)
-    hold_budget: int = 16 * 1024 * 1024
+    hold_budget: int = 8 * 1024 * 1024  # ops.config.DEFAULT_HOLD_BUDGET
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
     upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
     relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
@@ -268,15 +268,7 @@ class RelayedConnection(asyncio.Protocol):
             if self._client_gone and not flow.holding:
                 self._retire_upstream(core)
                 return
-            if flow.over_budget:
-                if "hold budget" not in self._client_paused \
-                        and flow.held_bytes > flow.hold_budget:
-                    event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
-                          peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
-                          action="stopped reading this connection")
-                self._pause_client("hold budget")
-            elif "hold budget" in self._client_paused:
-                self._resume_client("hold budget")
+            self._check_budgets(flow)
         if core.failure is not None:
             f = core.failure
             if f.refused:
@@ -288,6 +280,27 @@ class RelayedConnection(asyncio.Protocol):
                       peer=self.peer, protocol=self.protocol, side=f.side.value,
                       condition=f.condition, reason=f.reason)
             self._close_both()
+
+    def _check_budgets(self, flow: ConnectionGate) -> None:
+        """Stop reading this connection past its hold budget, or while the process' memory
+        budget is reached and it holds publishes; read it again when it is back under."""
+        if flow.over_budget:
+            if "hold budget" not in self._client_paused \
+                    and flow.held_bytes > flow.hold_budget:
+                event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
+                      peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
+                      action="stopped reading this connection")
+            self._pause_client("hold budget")
+        elif "hold budget" in self._client_paused:
+            self._resume_client("hold budget")
+        board = self.settings.board
+        if board is not None and board.memory is not None and not self._client_gone \
+                and board.memory_reached(self.conn_id, flow.held_bytes):
+            self._pause_client("memory budget")
+
+    def memory_resumed(self) -> None:
+        """The process' held bytes are back under the memory budget's resume level."""
+        self._resume_client("memory budget")
 
     def _retire_upstream(self, core: RelayCore) -> None:
         """A vanished client's held publishes are all written: end its broker connection as
@@ -399,8 +412,12 @@ class RelayedConnection(asyncio.Protocol):
                       reason="the broker connection closed")
             self.gate.close()
             self.gate = None
-            if self.settings.board is not None:
-                self.settings.board.detach(self)
+            board = self.settings.board
+            if board is not None:
+                board.detach(self)
+                if board.memory is not None:
+                    board.memory.forget(self.conn_id)
+                    board.relieve_memory()
         if self in self.stats.live:
             self.stats.retire(self)
 
