@@ -39,6 +39,7 @@ from floodwall.control.memory import MemoryBudget
 from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
 from floodwall.io.memory import MemoryReturn
+from floodwall.io.readiness import UpstreamProbe
 from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
 from floodwall.io.spool import SpoolService, SpoolServiceSettings
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor
@@ -49,8 +50,6 @@ from floodwall.io.tls import (
     ReloadingContext,
     UpstreamTlsContext,
     explain,
-    open_upstream,
-    tls_error,
 )
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.logs import event
@@ -67,19 +66,6 @@ from floodwall.spool.manager import SpoolLimits
 log = logging.getLogger("floodwall")
 
 T = TypeVar("T")
-#: What the readiness probe sends: the AMQP 0-9-1 protocol header (the broker answers with
-#: connection.start).
-AMQP091_PROBE_HEADER = b"AMQP\x00\x00\x09\x01"
-#: Seconds the probe waits for the broker's connection.start once connected. With the
-#: default 5 s interval a broker that hangs is reported within 5 + 3 = 8 s.
-PROBE_ANSWER_WAIT = 3.0
-#: Seconds between probes while the broker does not answer (a refused connection fails at
-#: once; a hung broker's probe waits ``PROBE_ANSWER_WAIT`` and answers the moment it wakes).
-PROBE_RETRY_WHILE_DOWN = 0.5
-
-
-class BrokerHung(OSError):
-    """The broker accepted the TCP connection but did not answer the protocol header."""
 
 
 class Proxy:
@@ -133,7 +119,7 @@ class Proxy:
         self.listen_port: int | None = None
         self.listen_tls_port: int | None = None
         self.admin_port: int | None = None
-        self._last_probe_error = "not probed yet"
+        self.probe = UpstreamProbe(settings, self.upstream_tls, self.stats, self.upstream_label)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -168,7 +154,7 @@ class Proxy:
             admin = await serve_admin(endpoints, *self.settings.admin)
             self._servers.append(admin)
             self.admin_port = admin.sockets[0].getsockname()[1]
-        self._spawn(self._probe_upstream_forever(), "upstream-probe")
+        self._spawn(self.probe.forever(), "upstream-probe")
         if self._tls_contexts():
             self._spawn(self._watch_tls_forever(), "tls-reload")
         if self.flow is not None:
@@ -374,79 +360,11 @@ class Proxy:
             await asyncio.sleep(interval)
             returner.check()
 
-    # -- upstream probe ----------------------------------------------------------------
-    async def probe_upstream(self) -> bool:
-        """Does the broker answer at the AMQP level? TCP (with amqps the TLS handshake, the
-        certificate verified as for a client), then the 0-9-1 protocol header, and the
-        broker's first bytes (its connection.start) within ``PROBE_ANSWER_WAIT``: a hung
-        (frozen, overloaded) broker still completes TCP handshakes in the kernel, so a probe
-        that only connects calls it up. With TLS 1.3 a broker that refuses our client
-        certificate says so on that first read."""
-        host, port = self.settings.upstream
-        tls = self.upstream_tls
-        try:
-            async with asyncio.timeout(self.settings.connect_timeout):
-                reader, writer = await open_upstream(host, port, tls)
-            try:
-                await self._await_connection_start(reader, writer)
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-        except (OSError, TimeoutError) as raised:
-            exc = tls_error(raised, tls, host)
-            reason = str(exc) or type(exc).__name__
-            if isinstance(exc, TimeoutError):
-                reason = f"no answer within {self.settings.connect_timeout}s"
-            self._probe_failed(reason)
-            return False
-        if not self.stats.upstream_up:
-            event(log, "upstream_reachable", upstream=self.upstream_label)
-        self.stats.upstream_up = True
-        self._last_probe_error = ""
-        return True
-
-    async def _await_connection_start(self, reader: asyncio.StreamReader,
-                                      writer: asyncio.StreamWriter) -> None:
-        """Send the protocol header; the broker's first bytes must come within
-        ``PROBE_ANSWER_WAIT`` (``BrokerHung``, an OSError, if not)."""
-        writer.write(AMQP091_PROBE_HEADER)
-        try:
-            async with asyncio.timeout(PROBE_ANSWER_WAIT):
-                first = await reader.read(7)
-        except TimeoutError:
-            raise BrokerHung(f"connected, but no connection.start within "
-                             f"{PROBE_ANSWER_WAIT:g}s: the broker does not answer") from None
-        if not first:
-            raise ConnectionResetError(
-                "the broker closed the connection after the TLS handshake"
-                if self.upstream_tls is not None
-                else "the broker closed the connection before connection.start")
-
-    def _probe_failed(self, reason: str) -> None:
-        first_failure = self.stats.upstream_up or self._last_probe_error == "not probed yet"
-        self.stats.upstream_up = False
-        changed = reason != self._last_probe_error
-        self._last_probe_error = reason
-        if first_failure or changed:  # once per outage (and per new reason)
-            event(log, "upstream_probe_failed", logging.WARNING,
-                  upstream=self.upstream_label, reason=reason)
-
-    async def _probe_upstream_forever(self) -> None:
-        """Every ``--upstream-probe-interval`` while the broker answers; while it does not,
-        probe again at once (each probe waits for the answer), so readiness comes back as
-        soon as the broker does."""
-        while True:
-            up = await self.probe_upstream()
-            self.stats.tasks = len(asyncio.all_tasks())
-            await asyncio.sleep(self.settings.upstream_probe_interval if up
-                                else PROBE_RETRY_WHILE_DOWN)
-
     # -- admin views -------------------------------------------------------------------
     def _readiness(self) -> tuple[bool, dict[str, object]]:
         checks: dict[str, object] = {"upstream": self.stats.upstream_up}
         if not self.stats.upstream_up:
-            checks["upstream_error"] = self._last_probe_error
+            checks["upstream_error"] = self.probe.last_error
         tls = self.settings.upstream_tls
         if tls is not None:
             checks["upstream_tls"] = {
@@ -557,7 +475,8 @@ def make_spool(settings: ProxySettings, flow: FlowSupervisor,
                              settings.effective_amqp_credentials,
                              SpoolLimits(settings.spool_total_max, settings.spool_min_free),
                              connect_timeout=settings.connect_timeout, tls=tls),
-        flow.board, flow.topology, ready=lambda: flow.readiness()[0])
+        flow.board, flow.topology, ready=lambda: flow.readiness()[0],
+        depth_known=lambda key: not flow.depth_unknown_now(key))
 
 
 def run_proxy(settings: ProxySettings) -> None:

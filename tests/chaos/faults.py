@@ -38,6 +38,8 @@ class FaultyRelay:
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
+        self._flowing = asyncio.Event()  # set unless SILENT (touched on the relay's loop)
+        self._flowing.set()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self.port = self._call(self._start())
@@ -58,6 +60,8 @@ class FaultyRelay:
         self.mode = mode
         if delay is not None:
             self.delay = delay
+        flowing = mode is not Mode.SILENT
+        self._loop.call_soon_threadsafe(self._flowing.set if flowing else self._flowing.clear)
 
     def cut(self) -> None:
         """Close every connection relayed now (both sides), as a network reset would."""
@@ -98,8 +102,7 @@ class FaultyRelay:
                 data = await reader.read(65536)
                 if not data:
                     break
-                while self.mode is Mode.SILENT:
-                    await asyncio.sleep(0.05)
+                await self._flowing.wait()
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 writer.write(data)

@@ -40,7 +40,7 @@ def test_readyz_follows_a_frozen_broker(alive: LocalBroker, start_floodwall: Any
     alive.freeze()
     frozen_at = time.monotonic()
     try:
-        status, doc = wait_for(lambda: (s := readyz(proc))[0] == 503 and s, UNREADY_WITHIN,
+        _, doc = wait_for(lambda: (s := readyz(proc))[0] == 503 and s, UNREADY_WITHIN,
                                what="/readyz 503 with the broker frozen")
         unready_after = time.monotonic() - frozen_at
         assert "no connection.start" in doc["upstream_error"], doc
