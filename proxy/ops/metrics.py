@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from floodwall import __version__
 from floodwall.control.memory import MemoryBudget
+from floodwall.ops.logs import LogLimiter
 from floodwall.wire.relaycore import FrameCounts
 
 PROTOCOLS = ("amqp091", "amqp10")
@@ -47,6 +48,7 @@ class RelayStats:
     upstream_up: bool = False
     tasks: int = 0
     hold_budget: int = 0  # bytes held per connection before the relay stops reading it
+    log_limits: LogLimiter = field(default_factory=LogLimiter)  # repeated relay lines
 
     def retire(self, conn: LiveConnection) -> None:
         """Move a closing connection's counts into the totals."""
