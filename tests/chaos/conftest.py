@@ -13,6 +13,9 @@ import pytest
 
 from floodwall.dev.devbroker import LocalBroker
 from tests.chaos.faults import FaultyRelay
+from tests.integration.conftest import queues
+
+__all__ = ["alive", "chaos_broker", "queues", "relay"]  # queues: the integration tests' own
 
 
 @pytest.fixture(scope="module")
