@@ -161,7 +161,8 @@ class ManagementApi:
                 self._observe(endpoint_of(path), time.monotonic() - started)
 
     async def queue_sample(self, vhost: str, queue: str) -> ManagementSample | None:
-        """One queue's figures; None when the queue does not exist."""
+        """One queue's figures; None when the queue does not exist or has no statistics
+        yet (the passive declare tells which)."""
         taken_at = time.monotonic()
         path = (f"/api/queues/{urllib.parse.quote(vhost, safe='')}/"
                 f"{urllib.parse.quote(queue, safe='')}?columns={QUEUE_COLUMNS}")
@@ -190,15 +191,20 @@ class ManagementApi:
         return exchanges, queues, bindings
 
 
-def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample:
+def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample | None:
     """Turn a /api/queues/VHOST/NAME document into a sample (missing figures count as 0).
 
-    A queue whose statistics have not been emitted yet (just declared) has no figures at
-    all; that is reported as zero, which the ledger then corrects upward. A stream has
-    message counts but no byte figures: ``bytes_known`` is then False.
+    A queue whose statistics have not been emitted yet has no message figures at all: None,
+    no sample. That is a queue just declared, but also every queue of a broker that has
+    just restarted, recovering its persistent messages: taking that for "empty" released
+    tripped queues into a full broker (issue 17); the passive declare's ready count decides
+    until the statistics are in. A stream has message counts but no byte figures:
+    ``bytes_known`` is then False.
     """
     if not isinstance(doc, dict):
         raise ManagementError("bad_reply", "queue document is not an object")
+    if "messages_ready" not in doc and "messages_unacknowledged" not in doc:
+        return None
 
     def n(key: str) -> int:
         value = doc.get(key, 0)

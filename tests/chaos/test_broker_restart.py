@@ -27,6 +27,7 @@ from tests.conftest import wait_for
 from tests.integration.support import (
     FlowProxy,
     direct_params,
+    http_status,
     policy_file,
     ready_count,
     seq_of,
@@ -158,3 +159,118 @@ def test_restart_while_the_spool_replays_stays_within_capacity(
     wait_for(lambda: not flow.proc.state()["spool"]["bytes"], 10,  # type: ignore[index]
              what="the spool empty")
     assert ready_count(ep, q) == 0
+
+
+class HeldProducers:
+    """A pika producer (confirms, persistent) and a proton sender through the proxy, both
+    publishing to a tripped queue (so held, and withheld: no credit) until their connection
+    fails; what the broker confirmed or accepted."""
+
+    def __init__(self, port: int, queue: str) -> None:
+        self.port, self.queue = port, queue
+        self.confirmed: list[int] = []
+        self.accepted: list[int] = []
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._pika, daemon=True),
+                        threading.Thread(target=self._proton, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _pika(self) -> None:
+        try:
+            with pika.BlockingConnection(pika.ConnectionParameters(
+                    "127.0.0.1", self.port, connection_attempts=1, socket_timeout=10,
+                    blocked_connection_timeout=120)) as conn:
+                ch = conn.channel()
+                ch.confirm_delivery()
+                for i in range(2_000_000, 2_000_100):
+                    ch.basic_publish("", self.queue, body(i), PERSISTENT)
+                    self.confirmed.append(i)
+        except Exception as exc:
+            self.errors.append(f"pika: {exc!r}")
+
+    def _proton(self) -> None:
+        from proton import Message
+        from proton.utils import BlockingConnection
+
+        try:
+            conn = BlockingConnection(f"amqp://127.0.0.1:{self.port}", timeout=120)
+            sender = conn.create_sender(f"/amq/queue/{self.queue}")
+            for i in range(3_000_000, 3_000_100):
+                sender.send(Message(body=body(i).decode(), durable=True), timeout=120)
+                self.accepted.append(i)
+        except Exception as exc:
+            self.errors.append(f"proton: {exc!r}")
+
+    def join(self, timeout: float) -> None:
+        for t in self.threads:
+            t.join(timeout)
+
+
+@pytest.mark.timeout(300)
+def test_kill_while_publishes_are_held_and_a_link_is_withheld(
+        alive: LocalBroker, start_floodwall: Any, tmp_path: Path) -> None:
+    """kill -9 with a 0-9-1 publish held and a 1.0 link without credit: both clients' broker
+    connections die with the broker, so they are told (their connection fails) and nothing
+    they were confirmed is lost; /readyz is 503 while the broker is down and 200 within
+    ``RECOVERY_WITHIN`` of its restart; the queue's depth is unknown until a fresh ready
+    count, which finds it still over capacity, so nothing is released into it."""
+    ep = alive.endpoint
+    q = unique("restart-held")
+    policies = policy_file(
+        tmp_path / "p.yaml",
+        f'{{name: held, match: {{queue: "{q}"}}, capacity: {CAPACITY // KIB}KiB, '
+        f"resume: {RESUME // KIB}KiB, deadline: 120s}}")
+    with pika.BlockingConnection(direct_params(ep)) as conn:
+        conn.channel().queue_declare(q, durable=True)
+    flow = start_flow(start_floodwall, ep, policies, *FAST, upstream=ep.upstream,
+                      management=ep.management_url)
+    wait_for(lambda: flow.policed(q), 20, what=f"{q} policed")
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", flow.port)) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(32):  # confirmed through the proxy before the trip: 128 KiB
+            ch.basic_publish("", q, body(i), PERSISTENT)
+    with pika.BlockingConnection(direct_params(ep)) as conn:
+        ch = conn.channel()
+        for i in range(FILL):  # and past capacity at the broker
+            ch.basic_publish("", q, body(1_000_000 + i), PERSISTENT)
+    wait_for(lambda: flow.tripped(q), 20, what=f"{q} tripped")
+    producers = HeldProducers(flow.port, q)
+    wait_for(lambda: len(flow.blocked_channels()) >= 2, 20,
+             what="the 0-9-1 channel held and the 1.0 link withheld")
+    before = ready_count(ep, q)
+
+    alive.kill()
+    killed_at = time.monotonic()
+    wait_for(lambda: http_status(flow.proc.admin_url + "/readyz")[0] == 503, 10,
+             what="/readyz 503 with the broker dead")
+    producers.join(30)
+    assert len(producers.errors) == 2, producers.errors  # both told: their connection failed
+    alive.start()
+    restarted_at = time.monotonic()
+    wait_for(lambda: http_status(flow.proc.admin_url + "/readyz")[0] == 200, RECOVERY_WITHIN,
+             what="/readyz 200 after the restart")
+    wait_for(lambda: flow.log("depth_known_again"), RECOVERY_WITHIN, what="fresh depth")
+    print(f"down {restarted_at - killed_at:.1f}s; ready and depth known again "
+          f"{time.monotonic() - restarted_at:.1f}s after the restart")
+    assert flow.tripped(q), "released although the recovered queue is over capacity"
+    assert flow.log("held_publishes_lost")  # never confirmed: the client saw its connection fail
+    after = ready_count(ep, q)
+    assert after >= 32 + FILL and after == before + len(producers.confirmed) + len(
+        producers.accepted)
+    with pika.BlockingConnection(direct_params(ep)) as conn:
+        ch = conn.channel()
+        seqs = []
+        for _ in range(after):
+            method, _, data = ch.basic_get(q, auto_ack=True)
+            assert method is not None
+            seqs.append(seq_of(data))
+    for confirmed in (list(range(32)), producers.confirmed, producers.accepted):
+        assert set(confirmed) <= set(seqs), "a confirmed publish was lost"
+    # and the proxy works again: a publish goes through once the queue drained
+    wait_for(lambda: not flow.tripped(q), 15, what="released on real figures")
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", flow.port)) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", q, body(9), PERSISTENT)
