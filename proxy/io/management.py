@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import json
 import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
@@ -160,9 +161,10 @@ class ManagementApi:
             if self._observe is not None:
                 self._observe(endpoint_of(path), time.monotonic() - started)
 
-    async def queue_sample(self, vhost: str, queue: str) -> ManagementSample | None:
-        """One queue's figures; None when the queue does not exist or has no statistics
-        yet (the passive declare tells which)."""
+    async def queue_sample(self, vhost: str, queue: str
+                           ) -> ManagementSample | NoStatistics | None:
+        """One queue's figures; None when the queue does not exist; ``NO_STATISTICS`` when
+        it has no figures yet (``sample_from_queue_doc``)."""
         taken_at = time.monotonic()
         path = (f"/api/queues/{urllib.parse.quote(vhost, safe='')}/"
                 f"{urllib.parse.quote(queue, safe='')}?columns={QUEUE_COLUMNS}")
@@ -172,7 +174,8 @@ class ManagementApi:
             if exc.kind == "not_found":
                 return None
             raise
-        return sample_from_queue_doc(doc, taken_at)
+        sample = sample_from_queue_doc(doc, taken_at)
+        return NO_STATISTICS if sample is None else sample
 
     async def alarms(self) -> NodeAlarms:
         nodes = await self.get("/api/nodes?columns=name,mem_alarm,disk_free_alarm")
@@ -189,6 +192,15 @@ class ManagementApi:
         queues = await self.get("/api/queues?columns=name,vhost,type")
         bindings = await self.get("/api/bindings")
         return exchanges, queues, bindings
+
+
+class NoStatistics(enum.Enum):
+    """The queue exists but the broker has no statistics for it yet."""
+
+    NO_STATISTICS = "no statistics"
+
+
+NO_STATISTICS: Final = NoStatistics.NO_STATISTICS
 
 
 def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample | None:

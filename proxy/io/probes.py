@@ -19,7 +19,12 @@ from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyC
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
 from floodwall.io.flow_settings import FlowSettings
-from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.io.management import (
+    NO_STATISTICS,
+    ManagementApi,
+    ManagementError,
+    NoStatistics,
+)
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.tasks import spawn
 from floodwall.io.topology import TopologyFeed
@@ -65,6 +70,7 @@ class DepthProbes:
     _asked: set[QueueKey]
     _probe_refused: dict[QueueKey, str]
     _stale: dict[QueueKey, float]
+    _had_figures: set[QueueKey]
     _warm: bool
     _management_alarm: str | None
     _blocked_alarm: dict[str, str]
@@ -197,7 +203,7 @@ class DepthProbes:
         keys = sorted(self.controller.queues)
         limit = asyncio.Semaphore(self.settings.management_connections)
 
-        async def one(key: QueueKey) -> ManagementSample | ManagementError | None:
+        async def one(key: QueueKey) -> ManagementSample | NoStatistics | ManagementError | None:
             async with limit:
                 try:
                     return await self._ask(functools.partial(self.api.queue_sample, *key))
@@ -211,8 +217,11 @@ class DepthProbes:
                 continue  # dropped while we asked
             self._asked.add(key)
             if isinstance(result, ManagementSample):
+                self._had_figures.add(key)
                 self.feed_management(key, result)
                 self._sampled_at[key] = now
+            elif result is NO_STATISTICS:
+                self._no_statistics(key, now)
             # None: the API does not know it; the passive declare decides whether it is gone
         self.apply_unknown_depth()
         if not self._warm and first_round_in(self.feed.loaded or self.feed.error is not None,
@@ -221,6 +230,15 @@ class DepthProbes:
             event(log, "flow_ready", policed_queues=len(self.controller.queues),
                   management="ok" if self.stats.management.ok else
                   f"failing ({self.stats.management.kind})")
+
+    def _no_statistics(self, key: QueueKey, now: float) -> None:
+        """The API answered, without figures for ``key`` (no statistics yet). A queue that
+        never had any is new: empty, the ledger adds what was forwarded since. One that had
+        some is on a broker that restarted and is recovering its messages: not "empty"
+        (issue 17); the passive declare's ready count decides until the figures are back."""
+        self._sampled_at[key] = now
+        if key not in self._had_figures:
+            self.feed_management(key, ManagementSample(now, 0, 0, 0, 0, 0))
 
     def depth_is_unknown(self, key: QueueKey, now: float | None = None) -> bool:
         return depth_is_unknown(key in self._asked, self._sampled_at.get(key),

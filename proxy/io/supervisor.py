@@ -136,6 +136,7 @@ class FlowSupervisor(DepthProbes):
         self._asked: set[QueueKey] = set()  # the management API was asked about these
         self._probe_refused: dict[QueueKey, str] = {}  # passive declare refused (not 404)
         self._stale: dict[QueueKey, float] = {}  # figures from before a reconnect (since)
+        self._had_figures: set[QueueKey] = set()  # the management API gave real figures
         self._warm = False
         self._management_alarm: str | None = None
         self._blocked_alarm: dict[str, str] = {}  # vhost -> connection.blocked reason
@@ -254,6 +255,7 @@ class FlowSupervisor(DepthProbes):
         self._asked.discard(key)
         self._probe_refused.pop(key, None)
         self._stale.pop(key, None)
+        self._had_figures.discard(key)
         self.stats.depth_known.pop(key, None)
         self._after_queue_change()
 

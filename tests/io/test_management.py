@@ -115,7 +115,7 @@ def test_requests_share_one_pooled_connection(broker: BrokerEndpoint) -> None:
         ch.queue_declare(queue, auto_delete=False)
         ch.basic_publish("", queue, b"x" * 100)
         observed: list[tuple[str, float]] = []
-        # a queue has no figures until the broker's first statistics emission (then: None)
+        # a queue has no figures until the broker's first statistics emission
         wait_for(lambda: "messages_ready" in broker.api(  # type: ignore[operator]
             "GET", f"/api/queues/%2F/{queue}"), 15, what="the queue's statistics")
 
