@@ -121,6 +121,7 @@ def test_restart_while_the_spool_replays_stays_within_capacity(
     with pika.BlockingConnection(direct_params(ep)) as conn:
         ch = conn.channel()
         ch.queue_declare(q, durable=True)
+        ch.confirm_delivery()  # confirmed: on disk, so it survives the kill -9
         for i in range(FILL):
             ch.basic_publish("", q, body(1_000_000 + i), PERSISTENT)
     flow = start_spooling_flow(start_floodwall, ep, tmp_path, q)
@@ -233,6 +234,7 @@ def test_kill_while_publishes_are_held_and_a_link_is_withheld(
             ch.basic_publish("", q, body(i), PERSISTENT)
     with pika.BlockingConnection(direct_params(ep)) as conn:
         ch = conn.channel()
+        ch.confirm_delivery()  # confirmed: on disk, so it survives the kill -9
         for i in range(FILL):  # and past capacity at the broker
             ch.basic_publish("", q, body(1_000_000 + i), PERSISTENT)
     wait_for(lambda: flow.tripped(q), 20, what=f"{q} tripped")
