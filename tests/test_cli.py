@@ -89,8 +89,39 @@ def test_defaults_of_flow_flags(captured: list[ProxySettings]) -> None:
     assert result.exit_code == 0, result.output
     (settings,) = captured
     assert (settings.depth_interval, settings.management_interval) == (0.2, 5.0)
-    assert settings.hold_budget == 16 * 1024**2
+    assert settings.hold_budget == 8 * 1024**2
     assert settings.effective_management_url == "http://m:15672"
+
+
+def test_memory_budget_from_the_cgroup_limit(captured: list[ProxySettings], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` (the default): a third of the container's limit (v2's ``memory.max`` first,
+    then v1's ``memory.limit_in_bytes``); "max" and v1's near-2**63 mean no limit."""
+    import floodwall.cli as cli
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(cli, "CGROUP_FILES", (v2, v1))
+    cases = [(None, None, 96 * 1024**2), ("268435456\n", None, 268435456 // 3),
+             ("max\n", "536870912", 536870912 // 3), (None, "9223372036854771712", 96 * 1024**2),
+             ("max", None, 96 * 1024**2)]
+    for v2_text, v1_text, expected in cases:
+        for path, text in ((v2, v2_text), (v1, v1_text)):
+            if text is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(text)
+        captured.clear()
+        result = CliRunner().invoke(main, ["run"])
+        assert result.exit_code == 0, result.output
+        assert captured[0].memory_budget == expected, (v2_text, v1_text)
+        assert ("of the cgroup" in captured[0].memory_budget_source) == \
+            (expected != 96 * 1024**2)
+    captured.clear()
+    result = CliRunner().invoke(main, ["run", "--memory-budget", "200MiB"])
+    assert result.exit_code == 0, result.output
+    assert captured[0].memory_budget == 200 * 1024**2
+    result = CliRunner().invoke(main, ["run", "--memory-budget", "lots"])
+    assert result.exit_code == 2 and "--memory-budget" in result.output
 
 
 @pytest.mark.parametrize(("flag", "value", "reason"), [

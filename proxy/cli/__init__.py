@@ -19,6 +19,7 @@ import yaml
 
 from floodwall import __version__
 from floodwall.cli.tls import upstream_settings, upstream_tls_options
+from floodwall.control.memory import CGROUP_FILES, cgroup_limit, default_budget
 from floodwall.control.policy import (
     PolicyError,
     PolicySet,
@@ -190,6 +191,11 @@ def main() -> None:
 @click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
               metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
               help="Bytes of held publishes per connection before the proxy stops reading it.")
+@click.option("--memory-budget", default="auto", metavar="SIZE", show_default=True,
+              envvar="FLOODWALL_MEMORY_BUDGET",
+              help="Bytes of held publishes of all connections together; at it the proxy "
+                   "stops reading the connections that hold publishes. auto: a third of the "
+                   "container's memory limit (cgroup), else 96MiB.")
 @click.option("--telemetry-dir", type=click.Path(file_okay=False), default=None,
               envvar="FLOODWALL_TELEMETRY_DIR",
               help="Write telemetry (NDJSON, docs/telemetry.md) here; needs --policies.")
@@ -243,7 +249,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool,
         depth_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, alarm_interval: float, management_timeout: float,
-        management_connections: int, hold_budget: int,
+        management_connections: int, hold_budget: int, memory_budget: str,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int,
         spool_dir: str | None, spool_total_max: int, spool_min_free: int,
@@ -268,6 +274,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
                                          management_tls_key, upstream_tls)
         admin_at = None if admin.lower() == "off" else parse_hostport(admin, "--admin",
                                                                        "127.0.0.1")
+        budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
             listen=plain_listener, upstream=upstream_address, admin=admin_at,
             management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
@@ -279,6 +286,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             topology_events=topology_events == "on", alarm_interval=alarm_interval,
             management_timeout=management_timeout,
             management_connections=management_connections, hold_budget=hold_budget,
+            memory_budget=budget, memory_budget_source=budget_source,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval, telemetry_file_bytes=telemetry_file_size,
             telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,
@@ -291,6 +299,28 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
     if telemetry_max_total < telemetry_file_size:
         raise click.UsageError("--telemetry-max-total must be at least --telemetry-file-size")
     _run(settings)
+
+
+def _memory_budget(value: str) -> tuple[int, str]:
+    """--memory-budget: a size, or ``auto`` (from the cgroup memory limit when there is one);
+    the bytes and where they came from (for the start-up line)."""
+    if value.strip().lower() != "auto":
+        try:
+            size = int(parse_bytes(value))
+        except ValueError as exc:
+            raise ConfigError(f"--memory-budget: {exc} (e.g. 96MiB, or auto)") from None
+        if size <= 0:
+            raise ConfigError(f"--memory-budget: {value!r} must be more than 0")
+        return size, "--memory-budget"
+    for path in CGROUP_FILES:
+        try:
+            limit = cgroup_limit(path.read_text())
+        except OSError:
+            continue
+        if limit is not None:
+            return default_budget(limit), f"a third of the cgroup memory limit ({path}: " \
+                                          f"{format_bytes(limit)})"
+    return default_budget(None), "no cgroup memory limit: the fixed default"
 
 
 def _listeners(listen: str, listen_tls: str | None, cert: str | None, key: str | None,

@@ -13,6 +13,7 @@ offers SASL EXTERNAL (``rabbitmq_auth_mechanism_ssl``, the user is the certifica
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -271,6 +272,32 @@ class LocalBroker:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    # -- faults (the chaos tests) ---------------------------------------------------------
+    def _signal_group(self, sig: int) -> None:
+        if self.process is None:
+            raise BrokerError("the broker is not running")
+        os.killpg(self.process.pid, sig)
+
+    def freeze(self) -> None:
+        """SIGSTOP the node and everything it started: a hung broker (the kernel still
+        completes TCP handshakes on its listening sockets, nothing answers)."""
+        self._signal_group(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after ``freeze``."""
+        self._signal_group(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """kill -9 the node (and its group): no clean shutdown; ``start()`` brings it back on
+        the same ports and data directory (durable queues and persistent messages recover)."""
+        proc = self.process
+        if proc is None:
+            return
+        self.process = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the node and every process it started (its own process group)."""

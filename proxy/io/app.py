@@ -35,8 +35,11 @@ from prometheus_client.registry import Collector
 
 from floodwall import __version__
 from floodwall.control.controller import QueueKey
+from floodwall.control.memory import MemoryBudget
 from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
+from floodwall.io.memory import MemoryReturn
+from floodwall.io.readiness import UpstreamProbe
 from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
 from floodwall.io.spool import SpoolService, SpoolServiceSettings
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor
@@ -47,12 +50,11 @@ from floodwall.io.tls import (
     ReloadingContext,
     UpstreamTlsContext,
     explain,
-    open_upstream,
-    tls_error,
 )
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import (
+    MemoryBudgetCollector,
     RelayCollector,
     RelayStats,
     make_registry,
@@ -64,14 +66,6 @@ from floodwall.spool.manager import SpoolLimits
 log = logging.getLogger("floodwall")
 
 T = TypeVar("T")
-#: Seconds the readiness probe listens after a TLS 1.3 handshake for the broker's alert
-#: (a refused client certificate is only told then); the broker sends nothing else first.
-TLS_ALERT_WAIT = 0.5
-
-
-def _tls_version(writer: asyncio.StreamWriter) -> str | None:
-    ssl_object = writer.get_extra_info("ssl_object")
-    return ssl_object.version() if ssl_object is not None else None
 
 
 class Proxy:
@@ -94,8 +88,11 @@ class Proxy:
             self.spool = make_spool(settings, self.flow, self.upstream_tls)
             self.flow.enforcement.spool = self.spool.port  # overflow: spool spools from now
         collectors: list[Collector] = [RelayCollector(self.stats), *standard_collectors()]
+        self.memory: MemoryBudget | None = None
         if self.flow is not None:
+            self.memory = self.flow.board.memory = MemoryBudget(settings.memory_budget)
             collectors.append(self.flow.collector)
+            collectors.append(MemoryBudgetCollector(self.memory))
         if self.spool is not None:
             collectors.append(self.spool.collector)
         self.registry = make_registry(collectors)
@@ -122,7 +119,7 @@ class Proxy:
         self.listen_port: int | None = None
         self.listen_tls_port: int | None = None
         self.admin_port: int | None = None
-        self._last_probe_error = "not probed yet"
+        self.probe = UpstreamProbe(settings, self.upstream_tls, self.stats, self.upstream_label)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -157,21 +154,19 @@ class Proxy:
             admin = await serve_admin(endpoints, *self.settings.admin)
             self._servers.append(admin)
             self.admin_port = admin.sockets[0].getsockname()[1]
-        self._spawn(self._probe_upstream_forever(), "upstream-probe")
+        self._spawn(self.probe.forever(), "upstream-probe")
         if self._tls_contexts():
             self._spawn(self._watch_tls_forever(), "tls-reload")
         if self.flow is not None:
             await self.flow.start()
             self._spawn(self._expire_held_forever(), "deadlines")
+            self._spawn(self._return_memory_forever(), "memory-return")
         if self.telemetry is not None:
             await self.telemetry.start()
         elif self.settings.telemetry_dir is not None:
             event(log, "telemetry_off", logging.WARNING, reason="no --policies given: "
                   "nothing is policed, so there is nothing to record")
-        event(log, "started", logging.INFO, version=__version__, **listening,
-              upstream=self.upstream_label,
-              admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
-                     else "off"), event_loop=type(loop).__module__.split(".")[0])
+        self._log_started(listening, type(loop).__module__.split(".")[0])
         tls = self.settings.upstream_tls
         if tls is not None and tls.insecure:
             event(log, "upstream_tls_insecure", logging.WARNING, upstream=self.upstream_label,
@@ -182,6 +177,16 @@ class Proxy:
             event(log, "relayed_external_allowed", logging.WARNING,
                   reason="--upstream-tls-relay-external: a client that logs in with SASL "
                          "EXTERNAL is logged in as floodwall's own certificate")
+
+    def _log_started(self, listening: dict[str, object], event_loop: str) -> None:
+        """The start-up line: where it listens, the upstream, the budgets of held bytes."""
+        event(log, "started", logging.INFO, version=__version__, **listening,
+              upstream=self.upstream_label,
+              admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
+                     else "off"), event_loop=event_loop,
+              hold_budget=self.settings.hold_budget,
+              memory_budget=self.settings.memory_budget if self.flow is not None else "off",
+              memory_budget_from=self.settings.memory_budget_source)
 
     @property
     def upstream_label(self) -> str:
@@ -347,59 +352,19 @@ class Proxy:
                 if isinstance(conn, RelayedConnection):
                     conn.expire_held(now)
 
-    # -- upstream probe ----------------------------------------------------------------
-    async def probe_upstream(self) -> bool:
-        """Can a client reach the broker? TCP, and with amqps the TLS handshake (the
-        certificate verified as for a client); with TLS 1.3 also a moment after it, when a
-        broker that refuses our client certificate (or its absence) sends its alert."""
-        host, port = self.settings.upstream
-        tls = self.upstream_tls
-        try:
-            async with asyncio.timeout(self.settings.connect_timeout):
-                reader, writer = await open_upstream(host, port, tls)
-                try:
-                    if tls is not None and _tls_version(writer) == "TLSv1.3":
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(min(TLS_ALERT_WAIT,
-                                                           self.settings.connect_timeout)):
-                                if not await reader.read(1):
-                                    raise ConnectionResetError(
-                                        "the broker closed the connection after the TLS "
-                                        "handshake")
-                finally:
-                    writer.close()
-                    with contextlib.suppress(OSError):
-                        await writer.wait_closed()
-        except (OSError, TimeoutError) as raised:
-            exc = tls_error(raised, tls, host)
-            first_failure = self.stats.upstream_up or self._last_probe_error == "not probed yet"
-            self.stats.upstream_up = False
-            reason = str(exc) or type(exc).__name__
-            if isinstance(exc, TimeoutError):
-                reason = f"no answer within {self.settings.connect_timeout}s"
-            changed = reason != self._last_probe_error
-            self._last_probe_error = reason
-            if first_failure or changed:  # once per outage (and per new reason)
-                event(log, "upstream_probe_failed", logging.WARNING,
-                      upstream=self.upstream_label, reason=self._last_probe_error)
-            return False
-        if not self.stats.upstream_up:
-            event(log, "upstream_reachable", upstream=self.upstream_label)
-        self.stats.upstream_up = True
-        self._last_probe_error = ""
-        return True
-
-    async def _probe_upstream_forever(self) -> None:
+    async def _return_memory_forever(self, interval: float = 1.0) -> None:
+        """Hand freed heap pages back to the system after held publishes left
+        (``floodwall.io.memory``)."""
+        returner = MemoryReturn(lambda: self._held()[1])
         while True:
-            await self.probe_upstream()
-            self.stats.tasks = len(asyncio.all_tasks())
-            await asyncio.sleep(self.settings.upstream_probe_interval)
+            await asyncio.sleep(interval)
+            returner.check()
 
     # -- admin views -------------------------------------------------------------------
     def _readiness(self) -> tuple[bool, dict[str, object]]:
         checks: dict[str, object] = {"upstream": self.stats.upstream_up}
         if not self.stats.upstream_up:
-            checks["upstream_error"] = self._last_probe_error
+            checks["upstream_error"] = self.probe.last_error
         tls = self.settings.upstream_tls
         if tls is not None:
             checks["upstream_tls"] = {
@@ -448,6 +413,12 @@ class Proxy:
             doc["flow"] = self.flow.state()
         if self.spool is not None:
             doc["spool"] = self.spool.state()
+        if self.memory is not None:
+            doc["memory_budget"] = {
+                "bytes": self.memory.limit, "resume_bytes": self.memory.resume,
+                "reached": self.memory.engaged, "paused_connections": len(self.memory.paused),
+                "largest_paused": [{"conn": c, "held_bytes": b}
+                                   for c, b in self.memory.largest()]}
         return doc
 
 
@@ -504,7 +475,8 @@ def make_spool(settings: ProxySettings, flow: FlowSupervisor,
                              settings.effective_amqp_credentials,
                              SpoolLimits(settings.spool_total_max, settings.spool_min_free),
                              connect_timeout=settings.connect_timeout, tls=tls),
-        flow.board, flow.topology, ready=lambda: flow.readiness()[0])
+        flow.board, flow.topology, ready=lambda: flow.readiness()[0],
+        depth_known=lambda key: not flow.depth_unknown_now(key))
 
 
 def run_proxy(settings: ProxySettings) -> None:

@@ -30,7 +30,7 @@ class FlowSettings:
     connect_timeout: float = 5.0
     probe_timeout: float = 5.0
     reconnect_min: float = 0.5
-    reconnect_max: float = 30.0
+    reconnect_max: float = 1.0  # a restarted broker is read again within a second
     management_connections: int = 4  # the API client's pool: requests in flight at most
     # How old the management API's queue figures can be when it answers: RabbitMQ's
     # collect_statistics_interval (5 s by default). Samples are dated back by this much, so

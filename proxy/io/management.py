@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import json
 import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
@@ -160,8 +161,10 @@ class ManagementApi:
             if self._observe is not None:
                 self._observe(endpoint_of(path), time.monotonic() - started)
 
-    async def queue_sample(self, vhost: str, queue: str) -> ManagementSample | None:
-        """One queue's figures; None when the queue does not exist."""
+    async def queue_sample(self, vhost: str, queue: str
+                           ) -> ManagementSample | NoStatistics | None:
+        """One queue's figures; None when the queue does not exist; ``NO_STATISTICS`` when
+        it has no figures yet (``sample_from_queue_doc``)."""
         taken_at = time.monotonic()
         path = (f"/api/queues/{urllib.parse.quote(vhost, safe='')}/"
                 f"{urllib.parse.quote(queue, safe='')}?columns={QUEUE_COLUMNS}")
@@ -171,7 +174,8 @@ class ManagementApi:
             if exc.kind == "not_found":
                 return None
             raise
-        return sample_from_queue_doc(doc, taken_at)
+        sample = sample_from_queue_doc(doc, taken_at)
+        return NO_STATISTICS if sample is None else sample
 
     async def alarms(self) -> NodeAlarms:
         nodes = await self.get("/api/nodes?columns=name,mem_alarm,disk_free_alarm")
@@ -190,15 +194,29 @@ class ManagementApi:
         return exchanges, queues, bindings
 
 
-def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample:
+class NoStatistics(enum.Enum):
+    """The queue exists but the broker has no statistics for it yet."""
+
+    NO_STATISTICS = "no statistics"
+
+
+NO_STATISTICS: Final = NoStatistics.NO_STATISTICS
+
+
+def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample | None:
     """Turn a /api/queues/VHOST/NAME document into a sample (missing figures count as 0).
 
-    A queue whose statistics have not been emitted yet (just declared) has no figures at
-    all; that is reported as zero, which the ledger then corrects upward. A stream has
-    message counts but no byte figures: ``bytes_known`` is then False.
+    A queue whose statistics have not been emitted yet has no message figures at all: None,
+    no sample. That is a queue just declared, but also every queue of a broker that has
+    just restarted, recovering its persistent messages: taking that for "empty" released
+    tripped queues into a full broker (issue 17); the passive declare's ready count decides
+    until the statistics are in. A stream has message counts but no byte figures:
+    ``bytes_known`` is then False.
     """
     if not isinstance(doc, dict):
         raise ManagementError("bad_reply", "queue document is not an object")
+    if "messages_ready" not in doc and "messages_unacknowledged" not in doc:
+        return None
 
     def n(key: str) -> int:
         value = doc.get(key, 0)

@@ -19,7 +19,12 @@ from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyC
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
 from floodwall.io.flow_settings import FlowSettings
-from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.io.management import (
+    NO_STATISTICS,
+    ManagementApi,
+    ManagementError,
+    NoStatistics,
+)
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.tasks import spawn
 from floodwall.io.topology import TopologyFeed
@@ -64,6 +69,8 @@ class DepthProbes:
     _sampled_at: dict[QueueKey, float]
     _asked: set[QueueKey]
     _probe_refused: dict[QueueKey, str]
+    _stale: dict[QueueKey, float]
+    _had_figures: set[QueueKey]
     _warm: bool
     _management_alarm: str | None
     _blocked_alarm: dict[str, str]
@@ -81,7 +88,7 @@ class DepthProbes:
         old: it is dated back by ``management_stats_age``, so the ledger adds what was
         forwarded since (the estimate errs high, never low).
         """
-        if key not in self.controller.queues:
+        if key not in self.controller.queues or not self._fresh_figure(key, requested_at):
             return
         if self.topology.queue_type(*key) is QueueType.STREAM:
             requested_at -= self.settings.management_stats_age
@@ -95,6 +102,8 @@ class DepthProbes:
             return
         self._asked.add(key)
         now = self._sampled_at[key] = self.clock()
+        if not self._fresh_figure(key, sample.taken_at, management=True):
+            return
         self.controller.sampled_management(
             key, replace(sample, taken_at=sample.taken_at - self.settings.management_stats_age),
             now)
@@ -160,6 +169,7 @@ class DepthProbes:
             if status.ok is False:
                 event(log, "management_api_recovered", url=self.api.url,
                       after_seconds=round(self.clock() - (status.since or self.clock()), 1))
+                self._mark_stale(list(self.controller.queues), "management API back")
             status.since = self.clock()
         status.ok, status.kind, status.error = True, None, None
 
@@ -193,7 +203,7 @@ class DepthProbes:
         keys = sorted(self.controller.queues)
         limit = asyncio.Semaphore(self.settings.management_connections)
 
-        async def one(key: QueueKey) -> ManagementSample | ManagementError | None:
+        async def one(key: QueueKey) -> ManagementSample | NoStatistics | ManagementError | None:
             async with limit:
                 try:
                     return await self._ask(functools.partial(self.api.queue_sample, *key))
@@ -207,8 +217,11 @@ class DepthProbes:
                 continue  # dropped while we asked
             self._asked.add(key)
             if isinstance(result, ManagementSample):
+                self._had_figures.add(key)
                 self.feed_management(key, result)
                 self._sampled_at[key] = now
+            elif result is NO_STATISTICS:
+                self._no_statistics(key, now)
             # None: the API does not know it; the passive declare decides whether it is gone
         self.apply_unknown_depth()
         if not self._warm and first_round_in(self.feed.loaded or self.feed.error is not None,
@@ -218,6 +231,15 @@ class DepthProbes:
                   management="ok" if self.stats.management.ok else
                   f"failing ({self.stats.management.kind})")
 
+    def _no_statistics(self, key: QueueKey, now: float) -> None:
+        """The API answered, without figures for ``key`` (no statistics yet). A queue that
+        never had any is new: empty, the ledger adds what was forwarded since. One that had
+        some is on a broker that restarted and is recovering its messages: not "empty"
+        (issue 17); the passive declare's ready count decides until the figures are back."""
+        self._sampled_at[key] = now
+        if key not in self._had_figures:
+            self.feed_management(key, ManagementSample(now, 0, 0, 0, 0, 0))
+
     def depth_is_unknown(self, key: QueueKey, now: float | None = None) -> bool:
         return depth_is_unknown(key in self._asked, self._sampled_at.get(key),
                                 self.clock() if now is None else now,
@@ -226,11 +248,52 @@ class DepthProbes:
     def apply_unknown_depth(self) -> None:
         now = self.clock()
         for key in list(self.controller.queues):
-            unknown = self.depth_is_unknown(key, now)
+            unknown = self.depth_unknown_now(key, now)
             self.stats.depth_known[key] = not unknown
             if unknown:
                 self.controller.depth_unknown(key, now)
         self.board.settle()
+
+    # -- depth after a reconnect: unknown until a fresh figure ---------------------------
+    def depth_unknown_now(self, key: QueueKey, now: float | None = None) -> bool:
+        """Unknown: no management figure for too long, or none fresh since a reconnect."""
+        return key in self._stale or self.depth_is_unknown(key, now)
+
+    def _mark_stale(self, keys: list[QueueKey], why: str) -> None:
+        """The own connection or the management API came back (or went): whatever was known
+        of ``keys`` is from before, perhaps before a broker restart (whose management API
+        answers "empty" while the queues recover). Their depth is unknown (the policies'
+        on_unknown_depth applies, the spool does not replay) until a figure asked for after
+        now arrives (``_fresh_figure``)."""
+        now = self.clock()
+        keys = [k for k in keys if k in self.controller.queues]
+        if not keys:
+            return
+        newly = [k for k in keys if k not in self._stale]
+        for key in keys:
+            self._stale[key] = now
+            self.stats.depth_known[key] = False
+            self.controller.depth_unknown(key, now)
+        self.board.settle()
+        if newly:
+            event(log, "depth_unknown_until_fresh", logging.WARNING, reason=why,
+                  queues=len(newly), action="on_unknown_depth applies and the spool waits "
+                  "until a ready count asked for after this arrives")
+
+    def _fresh_figure(self, key: QueueKey, asked_at: float, management: bool = False) -> bool:
+        """Whether a figure asked for at ``asked_at`` may be fed: the depth is not stale, or
+        this figure was asked for after the reconnect (which ends the staleness). A
+        management figure ends it only for queues the passive declare cannot read."""
+        since = self._stale.get(key)
+        if since is None:
+            return True
+        if asked_at < since or (management and key not in self._probe_refused):
+            return False
+        del self._stale[key]
+        self.stats.depth_known[key] = True
+        event(log, "depth_known_again", vhost=key[0], queue=key[1],
+              unknown_seconds=round(self.clock() - since, 3))
+        return True
 
     # -- depth: own connections, one per vhost -----------------------------------------
     def _reconcile_vhosts(self) -> None:
@@ -295,6 +358,8 @@ class DepthProbes:
                     with contextlib.suppress(Exception):
                         await client.close()
                 reason = client.closed_reason or "closed"
+                self._mark_stale([k for k in self.controller.queues if k[0] == vhost],
+                                 f"own connection to vhost {vhost} lost: {reason}")
                 self.stats.own_connections[vhost] = f"down: {reason}"
                 self.stats.own_connection_failures += 1
                 event(log, "own_connection_reconnecting", logging.WARNING, vhost=vhost,

@@ -8,20 +8,21 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from floodwall.control.controller import QueueKey
 from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.enforce.shared import ConnectionGate
 from floodwall.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
-from floodwall.ops.logs import event
+from floodwall.ops.logs import event, event_limited
 from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
 from floodwall.wire.amqp091.connection import close_frame
 from floodwall.wire.amqp10.connection import Connection as Amqp10Connection
 from floodwall.wire.detect import HEADER_SIZE, Detected, detect, header_reply
 from floodwall.wire.relaycore import FrameCounts, RelayCore, Side
 from floodwall.wire.topology import TopologyChange
+from floodwall.wire.unreachable import UnreachableAnswer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -46,7 +47,7 @@ class RelaySettings:
     handshake_timeout: float = 10.0
     write_high_water: int = 256 * 1024
     board: Switchboard | None = None  # None: no policies, a plain relay (no gates)
-    hold_budget: int = 16 * 1024 * 1024
+    hold_budget: int = 8 * 1024 * 1024  # ops.config.DEFAULT_HOLD_BUDGET
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
     upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
     relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
@@ -99,6 +100,7 @@ class RelayedConnection(asyncio.Protocol):
         self.gate: ConnectionGate | None = None
         self._client_gone = False
         self._retire_timer: asyncio.TimerHandle | None = None
+        self._unreachable: UnreachableAnswer | None = None  # telling the client why not
         board = settings.board
         self._clock: Callable[[], float] = board.clock if board is not None else time.monotonic
 
@@ -118,6 +120,9 @@ class RelayedConnection(asyncio.Protocol):
         self._handshake_timer = loop.call_later(self.settings.handshake_timeout, self._no_header)
 
     def data_received(self, data: bytes) -> None:
+        if self._unreachable is not None:
+            self._answer(data)
+            return
         core = self.core
         if core is not None and self.upstream is not None:
             core.receive_from_client(data, self._clock())
@@ -136,8 +141,9 @@ class RelayedConnection(asyncio.Protocol):
         self._cancel_handshake_timer()
         if found is Detected.UNSUPPORTED:
             self.stats.rejected_headers += 1
-            event(log, "unsupported_protocol_header", logging.WARNING, conn=self.conn_id,
-                  peer=self.peer, header=self._head[:HEADER_SIZE])
+            self._log_limited("unsupported_protocol_header", logging.WARNING,
+                              conn=self.conn_id, peer=self.peer,
+                              header=self._head[:HEADER_SIZE])
             assert self.client is not None
             self.client.write(header_reply(self._head))
             self.client.close()
@@ -173,25 +179,60 @@ class RelayedConnection(asyncio.Protocol):
             await asyncio.wait_for(connecting, s.connect_timeout)
         except ssl.SSLError as exc:
             assert tls is not None
-            self.upstream_tls_failed(tls.failure(exc, s.upstream_host))
+            self.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
         except (OSError, TimeoutError) as exc:
             self.stats.upstream_connect_failures += 1
             reason = str(exc) or type(exc).__name__
-            event(log, "upstream_unreachable", logging.ERROR, conn=self.conn_id, peer=self.peer,
-                  upstream=f"{s.upstream_host}:{s.upstream_port}", reason=reason)
-            self._close_both()
+            if isinstance(exc, TimeoutError):
+                reason = f"no connection within {s.connect_timeout:g}s"
+            self._log_limited("upstream_unreachable", logging.ERROR, conn=self.conn_id,
+                              peer=self.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
+                              reason=reason, action="the client is told why and closed")
+            self._tell_unreachable(reason)
         finally:
             self._connect_task = None
 
-    def upstream_tls_failed(self, failure: TlsFailure) -> None:
+    def _log_limited(self, name: str, level: int, **fields: Any) -> None:
+        """One line per kind every 10 s at most; the next says how many were left out."""
+        event_limited(self.stats.log_limits, time.monotonic(), log, name, level, **fields)
+
+    def _tell_unreachable(self, reason: str) -> None:
+        """The broker cannot be reached: answer the client in its protocol with a close that
+        says so (``floodwall.wire.unreachable``), then close; it has ``handshake_timeout``
+        to play its part."""
+        if self._closed or self.client is None:
+            self._close_both()
+            return
+        self._unreachable = UnreachableAnswer(Detected(self.protocol), reason)
+        pending, self._pending = bytes(self._pending), bytearray()
+        self._handshake_timer = asyncio.get_running_loop().call_later(
+            self.settings.handshake_timeout, self._close_both)
+        self._answer(pending)
+        self._resume_client("connecting")
+
+    def _answer(self, data: bytes) -> None:
+        answer = self._unreachable
+        assert answer is not None
+        out = answer.receive(data)
+        if out and self.client is not None:
+            self.client.write(out)
+        if answer.done:
+            self._close_both()  # close() writes out what is buffered first
+
+    def upstream_tls_failed(self, failure: TlsFailure, tell_client: bool = False) -> None:
         """The TLS handshake to the broker failed (or the broker's alert right after it,
-        with TLS 1.3): the client's connection ends now, and the log says why."""
+        with TLS 1.3): the client's connection ends now (told why, when its protocol header
+        has not gone upstream yet: ``tell_client``), and the log says why."""
         s = self.settings
         self.stats.upstream_connect_failures += 1
         self.stats.upstream_tls_failures += 1
-        event(log, "upstream_tls_failed", logging.ERROR, conn=self.conn_id, peer=self.peer,
-              upstream=f"{s.upstream_host}:{s.upstream_port}", reason=str(failure))
-        self._close_both()
+        self._log_limited("upstream_tls_failed", logging.ERROR, conn=self.conn_id,
+                          peer=self.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
+                          reason=str(failure))
+        if tell_client:
+            self._tell_unreachable(str(failure))
+        else:
+            self._close_both()
 
     def upstream_connected(self, transport: asyncio.Transport) -> None:
         self.upstream = transport
@@ -268,15 +309,7 @@ class RelayedConnection(asyncio.Protocol):
             if self._client_gone and not flow.holding:
                 self._retire_upstream(core)
                 return
-            if flow.over_budget:
-                if "hold budget" not in self._client_paused \
-                        and flow.held_bytes > flow.hold_budget:
-                    event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
-                          peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
-                          action="stopped reading this connection")
-                self._pause_client("hold budget")
-            elif "hold budget" in self._client_paused:
-                self._resume_client("hold budget")
+            self._check_budgets(flow)
         if core.failure is not None:
             f = core.failure
             if f.refused:
@@ -284,10 +317,31 @@ class RelayedConnection(asyncio.Protocol):
                       protocol=self.protocol, condition=f.condition, reason=f.reason)
             else:
                 self.stats.protocol_errors[(self.protocol, f.side.value)] += 1
-                event(log, "protocol_error", logging.WARNING, conn=self.conn_id,
-                      peer=self.peer, protocol=self.protocol, side=f.side.value,
-                      condition=f.condition, reason=f.reason)
+                self._log_limited("protocol_error", logging.WARNING, conn=self.conn_id,
+                                  peer=self.peer, protocol=self.protocol, side=f.side.value,
+                                  condition=f.condition, reason=f.reason)
             self._close_both()
+
+    def _check_budgets(self, flow: ConnectionGate) -> None:
+        """Stop reading this connection past its hold budget, or while the process' memory
+        budget is reached and it holds publishes; read it again when it is back under."""
+        if flow.over_budget:
+            if "hold budget" not in self._client_paused \
+                    and flow.held_bytes > flow.hold_budget:
+                event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
+                      peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
+                      action="stopped reading this connection")
+            self._pause_client("hold budget")
+        elif "hold budget" in self._client_paused:
+            self._resume_client("hold budget")
+        board = self.settings.board
+        if board is not None and board.memory is not None and not self._client_gone \
+                and board.memory_reached(self.conn_id, flow.held_bytes):
+            self._pause_client("memory budget")
+
+    def memory_resumed(self) -> None:
+        """The process' held bytes are back under the memory budget's resume level."""
+        self._resume_client("memory budget")
 
     def _retire_upstream(self, core: RelayCore) -> None:
         """A vanished client's held publishes are all written: end its broker connection as
@@ -366,8 +420,9 @@ class RelayedConnection(asyncio.Protocol):
     # -- both ----------------------------------------------------------------------------
     def _no_header(self) -> None:
         self._handshake_timer = None
-        event(log, "handshake_timeout", logging.WARNING, conn=self.conn_id, peer=self.peer,
-              seconds=self.settings.handshake_timeout, received=len(self._head))
+        self._log_limited("handshake_timeout", logging.WARNING, conn=self.conn_id,
+                          peer=self.peer, seconds=self.settings.handshake_timeout,
+                          received=len(self._head))
         self._close_both()
 
     def _cancel_handshake_timer(self) -> None:
@@ -399,8 +454,12 @@ class RelayedConnection(asyncio.Protocol):
                       reason="the broker connection closed")
             self.gate.close()
             self.gate = None
-            if self.settings.board is not None:
-                self.settings.board.detach(self)
+            board = self.settings.board
+            if board is not None:
+                board.detach(self)
+                if board.memory is not None:
+                    board.memory.forget(self.conn_id)
+                    board.relieve_memory()
         if self in self.stats.live:
             self.stats.retire(self)
 

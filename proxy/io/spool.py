@@ -399,6 +399,7 @@ class SpoolReplayer:
     manager: SpoolManager
     replays: dict[QueueKey, QueueReplay]
     _ready: Callable[[], bool] | None
+    _depth_known: Callable[[QueueKey], bool] | None  # False: unknown since a reconnect
     _warm: bool
     _clients: dict[str, AmqpClient]
     _clients10: dict[str, Amqp10Client]
@@ -421,6 +422,8 @@ class SpoolReplayer:
         q = self.controller.queues.get(key)
         if q is not None and q.tripped:
             return "queue tripped"
+        if q is not None and self._depth_known is not None and not self._depth_known(key):
+            return "depth unknown"  # after a reconnect: no replay on a figure from before it
         return None
 
     def _target(self, key: QueueKey, replay: QueueReplay
@@ -565,6 +568,7 @@ class SpoolReplayer:
                 announced = None
                 result = await self._replay_once(key, replay, spool, client, publisher)
                 failed = result.reason not in ("empty", "queue tripped", "broker alarm",
+                                               "depth unknown",
                                                "stopping", "flow control warming up")
                 self._log_session(key, spool, result, failed, backoff)
                 if failed:
@@ -644,8 +648,10 @@ class SpoolService(SpoolReplayer):
 
     def __init__(self, settings: SpoolServiceSettings, board: Switchboard,
                  router: Router | None = None, ready: Callable[[], bool] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 depth_known: Callable[[QueueKey], bool] | None = None) -> None:
         self.settings = settings
+        self._depth_known = depth_known
         self.board = board
         self.controller: FlowController = board.controller
         self.router = router

@@ -135,6 +135,8 @@ class FlowSupervisor(DepthProbes):
         self._sampled_at: dict[QueueKey, float] = {}  # last good management sample
         self._asked: set[QueueKey] = set()  # the management API was asked about these
         self._probe_refused: dict[QueueKey, str] = {}  # passive declare refused (not 404)
+        self._stale: dict[QueueKey, float] = {}  # figures from before a reconnect (since)
+        self._had_figures: set[QueueKey] = set()  # the management API gave real figures
         self._warm = False
         self._management_alarm: str | None = None
         self._blocked_alarm: dict[str, str] = {}  # vhost -> connection.blocked reason
@@ -253,6 +255,8 @@ class FlowSupervisor(DepthProbes):
         self._sampled_at.pop(key, None)
         self._asked.discard(key)
         self._probe_refused.pop(key, None)
+        self._stale.pop(key, None)
+        self._had_figures.discard(key)
         self.stats.depth_known.pop(key, None)
         self._after_queue_change()
 
@@ -340,7 +344,7 @@ class FlowSupervisor(DepthProbes):
                       "entries": len(self.store.current)},
             management=self.stats.management.as_dict(now),
             policed=self.controller.queues, asked=self._asked,
-            unknown=[k for k in self.controller.queues if self.depth_is_unknown(k, now)],
+            unknown=[k for k in self.controller.queues if self.depth_unknown_now(k, now)],
             topology_error=self.feed.error,
             topology=(None if self.stats.events_status == "up"
                       else topology_state(self.controller, self.stats, now)),

@@ -17,10 +17,12 @@ from typing import Protocol
 
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.events import ChannelFreed
+from floodwall.control.memory import MemoryBudget
 from floodwall.enforce.shared import Enforcement
 from floodwall.ops.logs import event, log_event
 
 log = logging.getLogger("floodwall.spool")  # spool_ack_failed
+memory_log = logging.getLogger("floodwall.memory")
 
 Observer = Callable[[object], None]
 
@@ -33,6 +35,8 @@ class Released(Protocol):
     def channel_released(self, channel: int, now: float) -> None: ...
 
     def spool_durable(self, durable: dict[QueueKey, int]) -> None: ...
+
+    def memory_resumed(self) -> None: ...
 
 
 class LookupStarter(Protocol):
@@ -53,6 +57,8 @@ class Switchboard:
         self._observers: list[Observer] = []
         self._lookups: LookupStarter | None = None
         self._settling = False
+        self.memory: MemoryBudget | None = None  # the process-wide budget of held bytes
+        self._engaged_at = 0.0
 
     # -- wiring ---------------------------------------------------------------------------
     def attach(self, conn: Released) -> None:
@@ -102,6 +108,44 @@ class Switchboard:
             self._settling = False
         if self._lookups is not None and self.controller.lookups.due:
             self._lookups.dispatch_lookups()
+
+    # -- the memory budget ----------------------------------------------------------------
+    def memory_reached(self, conn: int, held: int) -> bool:
+        """Whether connection ``conn``, holding ``held`` bytes, must stop being read now:
+        the budget is engaged and it holds publishes (it would add to them). Called after
+        each of its reads; the first pause of an engagement is logged."""
+        budget = self.memory
+        if budget is None:
+            return False
+        if not budget.reached(self.enforcement.counters.held_bytes):
+            if budget.paused:
+                self.relieve_memory()
+            return False
+        if held <= 0:
+            return False
+        if budget.pause(conn, held) and len(budget.paused) == 1:
+            self._engaged_at = self.clock()
+            event(memory_log, "memory_budget_reached", logging.WARNING,
+                  held_bytes=self.enforcement.counters.held_bytes, budget=budget.limit,
+                  action="stopped reading the connections that hold publishes until held "
+                         f"bytes are back at {budget.resume}")
+        return True
+
+    def relieve_memory(self) -> None:
+        """Held bytes went down (a release, a refusal, a connection closed): once the
+        budget disengages, every connection it paused is read again."""
+        budget = self.memory
+        if budget is None or not budget.paused \
+                or budget.reached(self.enforcement.counters.held_bytes):
+            return
+        resumed = budget.take_resumed()
+        event(memory_log, "memory_budget_relieved", held_bytes=self.enforcement.counters
+              .held_bytes, budget=budget.limit, resumed_connections=len(resumed),
+              seconds=round(self.clock() - self._engaged_at, 3))
+        for conn_id in resumed:
+            conn = self._connections.get(conn_id)
+            if conn is not None:
+                conn.memory_resumed()
 
     def report(self, item: object) -> None:
         """One typed event: logged, and shown to every observer (never raises for one)."""

@@ -59,7 +59,7 @@ from floodwall.control.routing.events import (
 )
 from floodwall.control.routing.sync import ChangeSource, SyncDifference, describe
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
-from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.io.management import NO_STATISTICS, ManagementApi, ManagementError
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.tasks import spawn
 from floodwall.ops.flow_metrics import FlowStats
@@ -247,7 +247,7 @@ class FeedLookups:
             with contextlib.suppress(ManagementError):
                 sample = await self.policing.ask(
                     functools.partial(self.api.queue_sample, vhost, name))
-                if sample is not None:
+                if isinstance(sample, ManagementSample):
                     self.policing.feed_management(key, sample)
         self.policing.feed_ready_count(key, requested_at, counts.messages, rtt)
         return LookupResult.FOUND
@@ -260,6 +260,8 @@ class FeedLookups:
         if not self.topology.knows_queue(vhost, name):
             self.apply(TopologyChange(ChangeKind.DECLARE_QUEUE, vhost, name),
                        ChangeSource.LOOKUP)
+        if sample is NO_STATISTICS:  # a queue just declared: empty, the ledger adds on
+            sample = ManagementSample(time.monotonic(), 0, 0, 0, 0, 0)
         self.policing.feed_management((vhost, name), sample)
         return LookupResult.FOUND
 

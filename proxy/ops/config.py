@@ -8,6 +8,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from floodwall.control.memory import DEFAULT_MEMORY_BUDGET
 from floodwall.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
 
 
@@ -252,8 +253,10 @@ class AmqpCredentials:
         return f"AmqpCredentials(username={self.username!r}, password=***)"
 
 
-#: Per-connection budget of held publishes before the proxy stops reading that connection.
-DEFAULT_HOLD_BUDGET = 16 * 1024 * 1024
+#: Per-connection budget of held publishes before the proxy stops reading that connection:
+#: a share of the process-wide memory budget (``--memory-budget``), so that one connection
+#: cannot take all of it.
+DEFAULT_HOLD_BUDGET = 8 * 1024 * 1024
 #: The management API's port when --management is not given (RabbitMQ's default).
 DEFAULT_MANAGEMENT_PORT = 15672
 #: Seconds SIGTERM waits for connections to finish before closing what is left.
@@ -287,6 +290,8 @@ class ProxySettings:
     depth_interval: float = 0.2  # passive queue.declare of each policed queue
     management_interval: float = 5.0  # management API sample of each policed queue
     hold_budget: int = DEFAULT_HOLD_BUDGET  # bytes held per connection (the relay's)
+    memory_budget: int = DEFAULT_MEMORY_BUDGET  # bytes held, all connections together
+    memory_budget_source: str = "the fixed default"  # said in the start-up line
     alarm_interval: float = 2.0  # management API node alarms
     management_timeout: float = 5.0  # longest one management API request may take
     management_connections: int = 4  # pooled keep-alive connections to the management API

@@ -88,6 +88,44 @@ def event(logger: logging.Logger, name: str, level: int = logging.INFO, **fields
         logger.log(level, name, extra=fields)
 
 
+class LogLimiter:
+    """At most ``burst`` lines per ``interval`` seconds for each kind of repeated event (a
+    broker that is down makes every client attempt fail; a scanner sends garbage on every
+    connection): ``event_limited`` lets them through, counts the rest, and the first line
+    of the next window says how many were left out (``suppressed=N``)."""
+
+    def __init__(self, interval: float = 10.0, burst: int = 10) -> None:
+        self.interval = interval
+        self.burst = burst
+        self._window: dict[str, tuple[float, int]] = {}  # kind -> (window start, lines)
+        self.suppressed: dict[str, int] = {}  # left out since the last line, per kind
+        self.suppressed_total = 0
+
+    def allow(self, kind: str, now: float) -> int | None:
+        """None: leave this line out (counted). Else how many were left out before it."""
+        start, lines = self._window.get(kind, (now, 0))
+        if now - start >= self.interval:
+            start, lines = now, 0
+        if lines >= self.burst:
+            self.suppressed[kind] = self.suppressed.get(kind, 0) + 1
+            self.suppressed_total += 1
+            return None
+        self._window[kind] = (start, lines + 1)
+        return self.suppressed.pop(kind, 0)
+
+
+def event_limited(limiter: LogLimiter, now: float, logger: logging.Logger, name: str,
+                  level: int = logging.INFO, kind: str | None = None, **fields: Any) -> None:
+    """``event``, rate-limited by ``limiter`` per ``kind`` (default: the event's name)."""
+    left_out = limiter.allow(kind or name, now)
+    if left_out is None:
+        return
+    if left_out:
+        fields["suppressed"] = left_out
+        fields["suppressed_window"] = limiter.interval
+    event(logger, name, level, **fields)
+
+
 # -- typed events: the one place they become log lines -------------------------------------
 _gate_log = logging.getLogger("floodwall.flow")
 _control_log = logging.getLogger("floodwall.gate")

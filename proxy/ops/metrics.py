@@ -13,6 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from floodwall import __version__
+from floodwall.control.memory import MemoryBudget
+from floodwall.ops.logs import LogLimiter
 from floodwall.wire.relaycore import FrameCounts
 
 PROTOCOLS = ("amqp091", "amqp10")
@@ -46,6 +48,7 @@ class RelayStats:
     upstream_up: bool = False
     tasks: int = 0
     hold_budget: int = 0  # bytes held per connection before the relay stops reading it
+    log_limits: LogLimiter = field(default_factory=LogLimiter)  # repeated relay lines
 
     def retire(self, conn: LiveConnection) -> None:
         """Move a closing connection's counts into the totals."""
@@ -154,6 +157,32 @@ def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> Coun
         for direction in ("client_to_server", "server_to_client"):
             family.add_metric([proto, direction], values[(proto, direction)])
     return family
+
+
+class MemoryBudgetCollector(Collector):
+    """``floodwall_memory_budget_*``: the process-wide budget of held publishes (with
+    ``--policies``), whether it is reached, and the connections it stopped reading."""
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.budget
+        yield GaugeMetricFamily(
+            "floodwall_memory_budget_bytes",
+            "Bytes of held publishes of all connections together before the proxy stops "
+            "reading the connections that hold publishes (--memory-budget)", value=b.limit)
+        yield GaugeMetricFamily(
+            "floodwall_memory_budget_reached",
+            "1 while the memory budget is reached (until held bytes are back at 7/8 of it)",
+            value=1 if b.engaged else 0)
+        yield GaugeMetricFamily(
+            "floodwall_memory_budget_paused_connections",
+            "Connections not read now because the memory budget is reached",
+            value=len(b.paused))
+        yield CounterMetricFamily(
+            "floodwall_memory_budget_pauses",
+            "Connections paused by the memory budget, since the start", value=b.pauses_total)
 
 
 class BuildInfoCollector(Collector):

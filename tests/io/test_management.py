@@ -23,7 +23,7 @@ from floodwall.dev.devbroker import BrokerEndpoint, free_port
 from floodwall.io.management import ManagementApi, ManagementError, endpoint_of
 from floodwall.io.tls import ManagementTlsContext
 from floodwall.ops.config import ManagementCredentials, ManagementTls
-from tests.conftest import run
+from tests.conftest import run, wait_for
 
 pika = pytest.importorskip("pika")
 
@@ -115,6 +115,9 @@ def test_requests_share_one_pooled_connection(broker: BrokerEndpoint) -> None:
         ch.queue_declare(queue, auto_delete=False)
         ch.basic_publish("", queue, b"x" * 100)
         observed: list[tuple[str, float]] = []
+        # a queue has no figures until the broker's first statistics emission
+        wait_for(lambda: "messages_ready" in broker.api(  # type: ignore[operator]
+            "GET", f"/api/queues/%2F/{queue}"), 15, what="the queue's statistics")
 
         async def body() -> None:
             api = api_for(broker, connections=3,

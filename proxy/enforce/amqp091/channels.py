@@ -26,7 +26,7 @@ _CH = commands.Channel
 _SHORT = struct.Struct(">H")
 BODY_SIZE = struct.Struct(">HHQH")  # class id, weight, body size, property flags
 _HEADERS_FLAG: Final = 0x2000  # property flag bit of ``headers`` (third property)
-DEFAULT_HOLD_BUDGET: Final = 16 * 1024 * 1024
+DEFAULT_HOLD_BUDGET: Final = 8 * 1024 * 1024
 #: Held bytes past which a connection is not read while a channel of it waits for a lookup
 #: (proxy/lookups.py): a lookup takes a round trip, and a flood read meanwhile would only
 #: take the event loop from the answer.

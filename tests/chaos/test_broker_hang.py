@@ -1,0 +1,62 @@
+"""Chaos: the broker hangs (SIGSTOP) and wakes (SIGCONT).
+
+A frozen broker's kernel still completes TCP handshakes, so a readiness probe that only
+connects called it up for as long as it hung (issue 17). The probe now waits for the
+broker's connection.start: /readyz is 503 within 10 s of the freeze (5 s interval + 3 s
+answer wait) and 200 within 2 s of the thaw (the probe in flight gets its answer at once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pika
+import pytest
+
+from floodwall.dev.devbroker import LocalBroker
+from tests.conftest import wait_for
+from tests.integration.support import http_status
+
+pytestmark = pytest.mark.broker
+
+#: The targets (issue 17): unready within 10 s of a hang, ready within 2 s of the recovery.
+UNREADY_WITHIN = 10.0
+READY_WITHIN = 2.0
+
+
+def readyz(proc: Any) -> tuple[int, dict[str, Any]]:
+    status, body = http_status(proc.admin_url + "/readyz", timeout=3)
+    return status, json.loads(body)
+
+
+@pytest.mark.timeout(120)
+def test_readyz_follows_a_frozen_broker(alive: LocalBroker, start_floodwall: Any) -> None:
+    ep = alive.endpoint
+    proc = start_floodwall(upstream=f"{ep.host}:{ep.amqp_port}")
+    assert readyz(proc)[0] == 200
+    time.sleep(0.5)  # the freeze may come at any point of the probe's interval
+    alive.freeze()
+    frozen_at = time.monotonic()
+    try:
+        _, doc = wait_for(lambda: (s := readyz(proc))[0] == 503 and s, UNREADY_WITHIN,
+                               what="/readyz 503 with the broker frozen")
+        unready_after = time.monotonic() - frozen_at
+        assert "no connection.start" in doc["upstream_error"], doc
+        time.sleep(3)  # stays unready while it is frozen
+        assert readyz(proc)[0] == 503
+    finally:
+        alive.thaw()
+    thawed_at = time.monotonic()
+    wait_for(lambda: readyz(proc)[0] == 200, READY_WITHIN, interval=0.05,
+             what="/readyz 200 after the thaw")
+    ready_after = time.monotonic() - thawed_at
+    print(f"unready {unready_after:.1f}s after the freeze, ready {ready_after:.2f}s after "
+          "the thaw")
+    # and clients get through again
+    with pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", proc.port, connection_attempts=1, socket_timeout=10)) as conn:
+        conn.channel().queue_declare("", exclusive=True)
+    lines = proc.logfile.read_text()
+    assert "event=upstream_probe_failed" in lines and "event=upstream_reachable" in lines
