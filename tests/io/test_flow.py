@@ -533,7 +533,8 @@ def test_collector_output_and_state_shape() -> None:
     (first, second) = state["queues"]
     assert first["queue"] == "audit" and first["depth"]["estimate"] is None
     assert second == {
-        "vhost": "/", "queue": "orders.eu", "policy": "orders", "capacity": 1024**2,
+        "vhost": "/", "queue": "orders.eu", "policy": "orders", "mode": "enforce",
+        "capacity": 1024**2,
         "resume": 512 * 1024, "max_messages": None, "resume_messages": None,
         "depth": {"estimate": {"bytes": 2 * 1024**2, "messages": 4},
                   "broker": {"bytes": 2 * 1024**2, "messages": 4},
