@@ -161,6 +161,11 @@ def main() -> None:
 @click.option("--depth-interval", default="200ms", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_DEPTH_INTERVAL",
               help="How often each policed queue's ready count is read (passive declare).")
+@click.option("--hot-interval", default="2ms", callback=_duration, metavar="DURATION",
+              show_default=True, envvar="FLOODWALL_HOT_INTERVAL",
+              help="Least time between two ready counts of a hot queue (held, or predicted "
+                   "to fill before the next --depth-interval): counted back to back, one "
+                   "passive declare in flight, at most one per this interval.")
 @click.option("--management-interval", default="5s", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_MANAGEMENT_INTERVAL",
               help="How often each policed queue is sampled from the management API.")
@@ -237,8 +242,9 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         upstream_tls_relay_external: bool, admin: str, management: str | None,
         management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None,
-        depth_interval: float, management_interval: float, topology_interval: float,
-        topology_events: str, alarm_interval: float, management_timeout: float,
+        depth_interval: float, hot_interval: float, management_interval: float,
+        topology_interval: float, topology_events: str, alarm_interval: float,
+        management_timeout: float,
         management_connections: int, hold_budget: int,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int,
@@ -270,7 +276,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
             policies=Path(policies) if policies else None, depth_interval=depth_interval,
-            management_interval=management_interval, topology_interval=topology_interval,
+            hot_interval=hot_interval, management_interval=management_interval,
+            topology_interval=topology_interval,
             topology_events=topology_events == "on", alarm_interval=alarm_interval,
             management_timeout=management_timeout,
             management_connections=management_connections, hold_budget=hold_budget,

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from floodwall.control.admission import Admission
 from floodwall.control.blocks import Blocked, BlockTable
 from floodwall.control.depth import Depth, ManagementSample, QueueDepth
 from floodwall.control.events import (
@@ -104,6 +105,7 @@ class FlowController:
         self._backlogged: set[QueueKey] = set()
         self._blocked = BlockTable()
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
+        self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
         # The latest ``now`` an entry point was given: a close (which carries no time) ends
         # its hold at it, so a hold-time ends within one controller call of the truth.
         self._now = 0.0
@@ -322,6 +324,13 @@ class FlowController:
         since = self._blocked.remove(ref)
         self.holds.ended(ref, None if since is None else now - since, outcome)
 
+    def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
+        """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
+        with tokens (no alarm, lookup or spool backlog among them)."""
+        queues, admission = self.queues, self.admission
+        return all(k in queues and k not in self._backlogged
+                   and admission.admits(queues[k], now) for k in keys)
+
     def is_blocked(self, conn: int, channel: int) -> bool:
         return (conn, channel) in self._blocked
 
@@ -352,6 +361,8 @@ class FlowController:
         if q is not None:
             q.depth.sampled_ready_count(requested_at, ready, rtt)
             self._evaluate(q, now)
+            if q.tripped and key not in self._backlogged:  # its tokens, to those waiting
+                self.outbox.extend(self.admission.tick(q, self._blocked.waiting_on(key), now))
             if self._awaiting:
                 self._first_figure(key, now)
 

@@ -86,6 +86,7 @@ class QueueDepth:
     delivered_messages_total: int = 0
     acked_messages_total: int = 0
     ready_margin: float = IN_FLIGHT_MARGIN
+    ready_rtt: float | None = None  # the round trip of the newest ready count (None: unknown)
     _base: Depth | None = None  # depth per the newest sample ...
     _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
     _base_messages_mark: int = 0
@@ -128,7 +129,7 @@ class QueueDepth:
                 and requested_at > self.ready_count_at:
             self._drained(self.ready_count, self.ready_count_at, ready, requested_at, margin)
         self.ready_count, self.ready_count_at = ready, requested_at
-        self.ready_margin = margin
+        self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
 
     def _drained(self, before: int, before_at: float, ready: int, at: float,
@@ -183,6 +184,19 @@ class QueueDepth:
                 else max_bytes - base.bytes + self._base_bytes_mark,
                 math.inf if max_messages is None
                 else max_messages - base.messages + self._base_messages_mark)
+
+    @property
+    def counted_base(self) -> Depth | None:
+        """The base when it is the newest ready count's (real time), else None (a management
+        figure, seconds old, or nothing yet): what admission while held starts from."""
+        at, mgmt = self.ready_count_at, self.management
+        if at is None or self._base is None or (mgmt is not None and mgmt.taken_at > at):
+            return None
+        return self._base
+
+    def totals_before(self, t: float) -> tuple[int, int]:
+        """Ledger totals (body bytes, messages) forwarded before time ``t``."""
+        return self._totals_before(t)
 
     def broker_depth(self) -> Depth | None:
         """The broker's own last word (management API), unadjusted."""

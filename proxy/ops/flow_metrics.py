@@ -77,6 +77,8 @@ class FlowStats:
     own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
     own_connection_failures: int = 0  # failed connects and lost connections
     depth_known: dict[QueueKey, bool] = field(default_factory=dict)  # False: on_unknown_depth
+    # The depth sampling interval in force per queue (floodwall.control.schedule).
+    sampling_interval: dict[QueueKey, float] = field(default_factory=dict)
     # The routing model (proxy/io/topology.py): changes by source, events, lookups, syncs.
     changes: Counter[str] = field(default_factory=Counter)  # by ChangeSource value
     events_status: str = "off"  # off | starting | up | down: ... | unavailable: ...
