@@ -38,17 +38,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from floodwall.control.depth import SETTLE, QueueDepth
+from floodwall.control.depth import HOT_MIN_MARGIN, QueueDepth
 from floodwall.control.events import ChannelAdmitted
 from floodwall.control.policy import Policy
 
 #: Default least seconds between two ready counts of one hot queue (a passive declare each):
 #: bench/pace.py measured the broker's CPU for 1, 2 and 5 ms (bench/RESULTS.md).
 HOT_INTERVAL = 0.002
-#: Floor of the in-flight margin for what was admitted while held (seconds).
-HOT_MIN_MARGIN = 0.002
+#: Longest the drain is credited after a count (seconds): the bound below holds with it.
+MAX_CREDIT_TIME = 0.01
 
 Ref = tuple[int, int]  # (connection id, channel)
+QueueKey = tuple[str, str]  # (vhost, queue)
 
 
 class HeldQueue(Protocol):
@@ -77,13 +78,11 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
     if base is None or at is None:
         return None
     rtt = depth.ready_rtt
-    margin = depth.ready_margin if rtt is None else max(2 * rtt, HOT_MIN_MARGIN)
-    trip = q.tripped_since
-    if trip is None or at - SETTLE < trip:
-        margin = max(margin, SETTLE)  # a count too soon after the trip to cover a flood
+    margin = max(depth.ready_margin if rtt is None else max(2 * rtt, HOT_MIN_MARGIN),
+                 depth.enqueue_lag)
     before_bytes, before_messages = depth.totals_before(at - margin)
     drain = depth.drain_rate or 0.0
-    credit = drain * min(max(0.0, now - at), hot_interval + (rtt or 0.0))
+    credit = drain * min(max(0.0, now - at), hot_interval + (rtt or 0.0), MAX_CREDIT_TIME)
     policy = q.policy
     allowed_bytes = (math.inf if policy.capacity <= 0 else
                      policy.capacity - base.bytes + before_bytes
@@ -99,6 +98,21 @@ class Admission:
     def __init__(self, hot_interval: float = HOT_INTERVAL) -> None:
         self.hot_interval = hot_interval
         self._turn = 0  # where the next round robin starts
+        # The allowance offered at each held queue's last tick, while channels waited on it.
+        self._offered: dict[QueueKey, Allowance] = {}
+
+    def busy(self, key: QueueKey, depth: QueueDepth) -> bool:
+        """Whether the publishers waiting on held queue ``key`` used up what its last tick
+        offered: they want more than it drains, so it stays held (its release would let
+        their backlog go at once) even at its resume level. A queue whose waiting publishers
+        leave tokens unused (they have little left, or were told to stop: Channel.Flow) is
+        released as the policy's resume level says."""
+        offered = self._offered.get(key)
+        return offered is not None and (depth.forwarded_bytes_total >= offered.bytes
+                                         or depth.forwarded_messages_total >= offered.messages)
+
+    def forget(self, key: QueueKey) -> None:
+        self._offered.pop(key, None)
 
     def admits(self, q: HeldQueue, now: float) -> bool:
         """Whether one more publish may go to held queue ``q`` now (it has tokens left)."""
@@ -107,12 +121,18 @@ class Admission:
         return a is not None and depth.forwarded_bytes_total < a.bytes \
             and depth.forwarded_messages_total < a.messages
 
-    def tick(self, q: HeldQueue, waiting: Iterable[Ref], now: float) -> list[ChannelAdmitted]:
+    def tick(self, key: QueueKey, q: HeldQueue, waiting: Iterable[Ref], now: float
+             ) -> list[ChannelAdmitted]:
         """A new count of held queue ``q``: the channels waiting on it, to be offered its
         tokens in turn (round robin: the first served moves on by one each tick); none
         when it has no tokens."""
         refs = list(waiting)
-        if not refs or not self.admits(q, now):
+        a = allowance(q, now, self.hot_interval) if refs else None
+        if a is None:
+            self._offered.pop(key, None)
+            return []
+        self._offered[key] = a
+        if not self.admits(q, now):
             return []
         self._turn += 1
         start = self._turn % len(refs)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from floodwall.control.admission import Admission
 from floodwall.control.blocks import Blocked, BlockTable
-from floodwall.control.depth import Depth, ManagementSample, QueueDepth
+from floodwall.control.depth import SETTLE, Depth, ManagementSample, QueueDepth
 from floodwall.control.events import (
     AlarmCleared,
     AlarmRaised,
@@ -162,6 +162,7 @@ class FlowController:
     def _unpolice(self, key: QueueKey, now: float) -> None:
         q = self.queues.pop(key)
         self._policed_among.clear()
+        self.admission.forget(key)
         self._first_figure(key, now)
         if q.tripped:
             self._set_tripped(q, False, "no longer policed", now)
@@ -327,9 +328,8 @@ class FlowController:
     def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
         with tokens (no alarm, lookup or spool backlog among them)."""
-        queues, admission = self.queues, self.admission
-        return all(k in queues and k not in self._backlogged
-                   and admission.admits(queues[k], now) for k in keys)
+        return all(k in self.queues and k not in self._backlogged
+                   and self.admission.admits(self.queues[k], now) for k in keys)
 
     def is_blocked(self, conn: int, channel: int) -> bool:
         return (conn, channel) in self._blocked
@@ -362,7 +362,7 @@ class FlowController:
             q.depth.sampled_ready_count(requested_at, ready, rtt)
             self._evaluate(q, now)
             if q.tripped and key not in self._backlogged:  # its tokens, to those waiting
-                self.outbox.extend(self.admission.tick(q, self._blocked.waiting_on(key), now))
+                self.outbox.extend(self.admission.tick(key, q, self._blocked.waiting_on(key), now))
             if self._awaiting:
                 self._first_figure(key, now)
 
@@ -378,6 +378,7 @@ class FlowController:
         """The depth could not be read; the policy's on_unknown_depth decides."""
         q = self.queues.get(key)
         if q is not None:
+            self.admission.forget(key)  # no counts, no admission: on_unknown_depth decides
             self._apply(q, decide(q.policy, None, None, q.tripped), now)
 
     def set_backlog(self, key: QueueKey, backlogged: bool, now: float | None = None) -> None:
@@ -442,7 +443,8 @@ class FlowController:
         q.armed_policy = policy
 
     def _apply(self, q: PolicedQueue, tripped: bool, now: float) -> None:
-        if tripped != q.tripped:
+        # Held publishers that use every token they are offered keep their queue held.
+        if tripped != q.tripped and (tripped or not self.admission.busy(q.key, q.depth)):
             self._set_tripped(q, tripped, "depth", now)
 
     def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str, now: float) -> None:
@@ -452,6 +454,7 @@ class FlowController:
         if tripped:
             q.trips += 1
             q.tripped_since = now
+            q.depth.enqueue_lag = max(q.depth.enqueue_lag, SETTLE)  # a flood may precede it
             self._tripped.add(q.key)
             self.outbox.append(QueueTripped(
                 q.key, policy.name, est.bytes, est.messages, policy.capacity,

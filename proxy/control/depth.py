@@ -46,6 +46,12 @@ LEDGER_HORIZON = 5.0
 LEDGER_BUCKET = 0.005
 # Weight of the newest interval in the drain-rate and sample-interval averages.
 DRAIN_SMOOTHING = 0.3
+# The drain rate is measured between ready counts at least this far apart (seconds).
+DRAIN_SPAN = 0.05
+# The in-flight margin of a count for admission while held, at least (seconds).
+HOT_MIN_MARGIN = 0.002
+# Per count that shows no lag, the enqueue-lag estimate shrinks by this factor.
+LAG_DECAY = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,10 @@ class QueueDepth:
     # seconds between those counts, both averaged (DRAIN_SMOOTHING); None before two counts.
     drain_rate: float | None = None
     sample_interval: float | None = None
+    _drain_anchor: tuple[int, float] | None = None  # (ready, at): where the drain span starts
+    # How long a forwarded publish may take to show in a ready count, as the counts show it
+    # (``_watch_lag``); the controller raises it to SETTLE at each trip.
+    enqueue_lag: float = 0.0
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int) -> None:
@@ -125,24 +135,54 @@ class QueueDepth:
         if self.ready_count_at is not None and requested_at < self.ready_count_at:
             return  # an older answer overtaken by a newer one
         margin = (IN_FLIGHT_MARGIN if rtt is None else min(max(2 * rtt, MIN_MARGIN), MAX_MARGIN))
-        if self.ready_count is not None and self.ready_count_at is not None \
-                and requested_at > self.ready_count_at:
-            self._drained(self.ready_count, self.ready_count_at, ready, requested_at, margin)
+        if self.ready_count_at is not None and requested_at > self.ready_count_at:
+            dt, a = requested_at - self.ready_count_at, DRAIN_SMOOTHING
+            self.sample_interval = (dt if self.sample_interval is None
+                                    else a * dt + (1 - a) * self.sample_interval)
+            if self.ready_count is not None:
+                self._watch_lag(self.ready_count, self.ready_count_at, ready, requested_at, rtt)
+        anchor = self._drain_anchor
+        if anchor is not None and requested_at - anchor[1] >= DRAIN_SPAN:
+            self._drained(anchor[0], anchor[1], ready, requested_at,
+                          max(margin, self.enqueue_lag))
+        if anchor is None or requested_at - anchor[1] >= DRAIN_SPAN:
+            self._drain_anchor = (ready, requested_at)
         self.ready_count, self.ready_count_at = ready, requested_at
         self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
 
+    def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
+                   rtt: float | None) -> None:
+        """Update ``enqueue_lag`` from two successive counts: a rise beyond what the ledger
+        forwarded between them (each shifted by the fast margin, plus half the drain
+        estimate: consumers hide a rise) means the earlier count missed publishes forwarded
+        before it; how far back the ledger must go to hold that many is a lag seen. No
+        rise beyond: the estimate shrinks by ``LAG_DECAY``. Consumers taking more than half
+        the drain estimate hide lag: the estimate errs low then, and ``SETTLE`` at each trip
+        covers what went before it (docs/architecture.md, "Pace")."""
+        fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
+        earlier = self._totals_before(before_at - fast)[1]
+        arrived = self._totals_before(at - fast)[1] - earlier
+        excess = ready - before - arrived + 0.5 * (self.drain_rate or 0.0) * (at - before_at)
+        if excess < 1:
+            self.enqueue_lag *= LAG_DECAY
+            return
+        ledger = self._ledger
+        i = bisect_left(ledger, earlier - excess, key=lambda e: e[2])
+        lag = MAX_MARGIN if i == 0 else before_at - ledger[i - 1][0]
+        self.enqueue_lag = min(MAX_MARGIN, max(self.enqueue_lag, lag))
+
     def _drained(self, before: int, before_at: float, ready: int, at: float,
                  margin: float) -> None:
         """Update the drain rate from two ready counts: what was ready, plus what the ledger
-        forwarded in between (each shifted by the in-flight margin), less what is ready now."""
+        forwarded in between (each shifted by the in-flight margin), less what is ready now.
+        The two are ``DRAIN_SPAN`` apart at least: hot counts come every few milliseconds,
+        and over so short a span the in-flight margin's error would swamp the rate."""
         forwarded = self._totals_before(at - margin)[1] - self._totals_before(before_at - margin)[1]
         dt = at - before_at
         rate = max(0, before + forwarded - ready) / dt
         a = DRAIN_SMOOTHING
         self.drain_rate = rate if self.drain_rate is None else a * rate + (1 - a) * self.drain_rate
-        self.sample_interval = (dt if self.sample_interval is None
-                                else a * dt + (1 - a) * self.sample_interval)
 
     def sampled_management(self, sample: ManagementSample) -> None:
         if self.management is not None and sample.taken_at < self.management.taken_at:

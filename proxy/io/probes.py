@@ -90,6 +90,7 @@ class DepthProbes:
         if self.topology.queue_type(*key) is QueueType.STREAM:
             requested_at -= self.settings.management_stats_age
             rtt = None
+        self.stats.ready_counts[key] += 1
         self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock())
         self.board.settle()
 

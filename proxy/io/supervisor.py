@@ -257,6 +257,7 @@ class FlowSupervisor(DepthProbes):
         self._probe_refused.pop(key, None)
         self.stats.depth_known.pop(key, None)
         self.stats.sampling_interval.pop(key, None)
+        self.stats.ready_counts.pop(key, None)
         self._after_queue_change()
 
     def _after_queue_change(self) -> None:
