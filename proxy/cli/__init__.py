@@ -161,7 +161,7 @@ def main() -> None:
 @click.option("--depth-interval", default="200ms", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_DEPTH_INTERVAL",
               help="How often each policed queue's ready count is read (passive declare).")
-@click.option("--hot-interval", default="2ms", callback=_duration, metavar="DURATION",
+@click.option("--hot-interval", default="5ms", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_HOT_INTERVAL",
               help="Least time between two ready counts of a hot queue (held, or predicted "
                    "to fill before the next --depth-interval): counted back to back, one "

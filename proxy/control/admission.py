@@ -44,7 +44,7 @@ from floodwall.control.policy import Policy
 
 #: Default least seconds between two ready counts of one hot queue (a passive declare each):
 #: bench/pace.py measured the broker's CPU for 1, 2 and 5 ms (bench/RESULTS.md).
-HOT_INTERVAL = 0.002
+HOT_INTERVAL = 0.005
 #: Longest the drain is credited after a count (seconds): the bound below holds with it.
 MAX_CREDIT_TIME = 0.01
 
@@ -107,9 +107,10 @@ class Admission:
         their backlog go at once) even at its resume level. A queue whose waiting publishers
         leave tokens unused (they have little left, or were told to stop: Channel.Flow) is
         released as the policy's resume level says."""
-        offered = self._offered.get(key)
-        return offered is not None and (depth.forwarded_bytes_total >= offered.bytes
-                                         or depth.forwarded_messages_total >= offered.messages)
+        offered = self._offered.get(key)  # less than one message's tokens left: all used
+        return offered is not None and (
+            depth.forwarded_bytes_total + depth.average_body_bytes() > offered.bytes
+            or depth.forwarded_messages_total + 1 > offered.messages)
 
     def forget(self, key: QueueKey) -> None:
         self._offered.pop(key, None)

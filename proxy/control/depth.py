@@ -168,8 +168,10 @@ class QueueDepth:
             self.enqueue_lag *= LAG_DECAY
             return
         ledger = self._ledger
-        i = bisect_left(ledger, earlier - excess, key=lambda e: e[2])
-        lag = MAX_MARGIN if i == 0 else before_at - ledger[i - 1][0]
+        target = earlier - excess  # the first missing publish was this one (cumulative)
+        i = bisect_left(ledger, target, key=lambda e: e[2])
+        lag = (MAX_MARGIN if i == len(ledger) or target <= self._trimmed_messages
+               else before_at - ledger[i][0])
         self.enqueue_lag = min(MAX_MARGIN, max(self.enqueue_lag, lag))
 
     def _drained(self, before: int, before_at: float, ready: int, at: float,

@@ -21,7 +21,7 @@ class FlowSettings:
     amqp_port: int
     amqp_credentials: AmqpCredentials
     depth_interval: float = 0.2
-    hot_interval: float = 0.002  # a hot queue's counts: at most one per this (schedule.py)
+    hot_interval: float = 0.005  # a hot queue's counts: at most one per this (schedule.py)
     management_interval: float = 5.0
     alarm_interval: float = 2.0
     topology_interval: float = 30.0
