@@ -42,6 +42,7 @@ _FIELDS: list[tuple[str, DataType]] = [
     ("tripped", BooleanType()), ("trips", LongType()), ("tripped_seconds", DoubleType()),
     ("blocked_publishers", LongType()), ("held_bytes", LongType()),
     ("held_messages", LongType()), ("spooled_bytes", LongType()),
+    ("sampling_interval", DoubleType()), ("drain_bytes_per_second", DoubleType()),
     # sidecar
     ("policed_queues", LongType()), ("tripped_queues", LongType()),
     ("blocked_channels", LongType()), ("alarm", StringType()),

@@ -20,13 +20,14 @@ that is, the headroom the count shows (what was forwarded in the last ``m`` befo
 counted on top of it, as the trip estimate does) plus what the consumers take until the next
 count, at most one hot interval and round trip's worth of it: if the consumers stop dead at
 the count, the queue receives at most ``d x (h + r)`` plus one message beyond its capacity
-before the next count (which shows no drain, and no headroom).
+before the next count (which shows no drain, and no headroom); ``h + r`` is capped at
+``MAX_CREDIT_TIME``.
 
-The margin ``m`` is ``max(2 x r, HOT_MIN_MARGIN)`` for what was forwarded while the queue was
-held (admitted at the drain rate, a paced stream the broker keeps up with), but ``SETTLE``
-(``floodwall.control.depth``) until the count was asked ``SETTLE`` after the trip: what went
-before the trip may be a flood still on its way into the queue (issue 11), so the first
-admissions wait until a count covers it.
+The margin ``m`` is ``max(2 x r, HOT_MIN_MARGIN, enqueue_lag)``: the lag the counts show
+(``QueueDepth.enqueue_lag``), which the controller raises to ``SETTLE`` at each trip (what
+went before the trip may be a flood still on its way into the queue, issue 11), so the first
+admissions wait until the counts show it landed. The drain is credited for at most
+``MAX_CREDIT_TIME`` (a count that takes long to come must not open the bucket wide).
 
 Pure: every entry point takes ``now``; nothing here reads a clock.
 """

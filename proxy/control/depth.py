@@ -21,8 +21,9 @@ is still working through the burst; ~50 ms for 1,000 1 KiB messages on a busy 2-
 machine). A count taken then is low, and releasing on it would let another burst go. So
 the *release* decision uses the settled estimate (``estimate(settled=True)``): a ready
 count covers only what was forwarded ``SETTLE`` (100 ms) before it was asked for. The trip
-decision keeps the fast one; a tripped queue forwards nothing, so the two agree again
-``SETTLE`` after the trip. Consumption since the sample
+decision keeps the fast one. While a queue is tripped its held publishes are admitted
+(``floodwall.control.admission``) on a margin that follows the lag the counts show
+(``enqueue_lag``, raised to ``SETTLE`` at each trip). Consumption since the sample
 is not subtracted: the estimate errs high, so a queue trips early rather than late, and the
 next sample brings it back down. All times are the caller's monotonic clock, in seconds.
 """
