@@ -155,16 +155,17 @@ class QueueDepth:
     def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
                    rtt: float | None) -> None:
         """Update ``enqueue_lag`` from two successive counts: a rise beyond what the ledger
-        forwarded between them (each shifted by the fast margin, plus half the drain
-        estimate: consumers hide a rise) means the earlier count missed publishes forwarded
-        before it; how far back the ledger must go to hold that many is a lag seen. No
-        rise beyond: the estimate shrinks by ``LAG_DECAY``. Consumers taking more than half
-        the drain estimate hide lag: the estimate errs low then, and ``SETTLE`` at each trip
-        covers what went before it (docs/architecture.md, "Pace")."""
+        forwarded between them (each shifted by the fast margin) means the earlier count
+        missed publishes forwarded before it; how far back the ledger must go to hold that
+        many is a lag seen. No rise beyond: the estimate shrinks by ``LAG_DECAY``. Consumers
+        taking messages between the two counts hide a rise: the estimate errs low then, and
+        ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
+        (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
+        as lag at every count.)"""
         fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
         earlier = self._totals_before(before_at - fast)[1]
         arrived = self._totals_before(at - fast)[1] - earlier
-        excess = ready - before - arrived + 0.5 * (self.drain_rate or 0.0) * (at - before_at)
+        excess = ready - before - arrived
         if excess < 1:
             self.enqueue_lag *= LAG_DECAY
             return
