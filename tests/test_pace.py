@@ -12,7 +12,7 @@ from floodwall.control.admission import (
     allowance,
 )
 from floodwall.control.controller import FlowController
-from floodwall.control.depth import LAG_DECAY, SETTLE, QueueDepth
+from floodwall.control.depth import HOT_MIN_MARGIN, LAG_HALF_LIFE, SETTLE, QueueDepth
 from floodwall.control.events import ChannelAdmitted
 from floodwall.control.policy import parse_policies
 from floodwall.control.schedule import ingress_rate, predicted_full, sampling_interval
@@ -115,7 +115,7 @@ def test_a_count_that_missed_a_burst_shows_the_lag() -> None:
     d.sampled_ready_count(0.062, 100, RTT)  # ... and now all of them: 80 were missing
     assert d.enqueue_lag == pytest.approx(0.06 - 0.01)
     d.sampled_ready_count(0.064, 100, RTT)  # consistent: it shrinks
-    assert d.enqueue_lag == pytest.approx(0.05 * LAG_DECAY)
+    assert d.enqueue_lag == pytest.approx(0.05 * 0.5 ** (0.002 / LAG_HALF_LIFE))
 
 
 def test_a_trip_assumes_a_flood_on_its_way_until_the_counts_say_otherwise() -> None:
@@ -125,10 +125,13 @@ def test_a_trip_assumes_a_flood_on_its_way_until_the_counts_say_otherwise() -> N
     count(fc, t, 11)
     # the fast margin would trust a count 2 ms after the burst; the lag does not
     a = allowance(fc.queues[KEY], t, HOT_INTERVAL)
-    assert a is not None and a.margin >= SETTLE * LAG_DECAY
-    for i in range(1, 80):
-        count(fc, t + i * 0.003, 11)
-    assert depth.enqueue_lag < 0.003
+    # (the trip was 0.5 s before this count, which shows no lag: half a half-life)
+    assert a is not None and a.margin == pytest.approx(SETTLE * 0.5 ** (0.5 / LAG_HALF_LIFE))
+    for i in range(1, 101):  # 3 s more of counts that show no lag
+        count(fc, t + i * 0.03, 11)
+    assert depth.enqueue_lag == pytest.approx(SETTLE * 0.5 ** (3.5 / LAG_HALF_LIFE))
+    a = allowance(fc.queues[KEY], t + 3.0, HOT_INTERVAL)
+    assert a is not None and a.margin == pytest.approx(HOT_MIN_MARGIN)  # the floor
 
 
 # -- the schedule ---------------------------------------------------------------------------

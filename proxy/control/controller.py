@@ -454,7 +454,7 @@ class FlowController:
         if tripped:
             q.trips += 1
             q.tripped_since = now
-            q.depth.enqueue_lag = max(q.depth.enqueue_lag, SETTLE)  # a flood may precede it
+            q.depth.expect_lag(SETTLE, now)  # a flood may precede a trip
             self._tripped.add(q.key)
             self.outbox.append(QueueTripped(
                 q.key, policy.name, est.bytes, est.messages, policy.capacity,

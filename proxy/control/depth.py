@@ -49,10 +49,11 @@ LEDGER_BUCKET = 0.005
 DRAIN_SMOOTHING = 0.3
 # The drain rate is measured between ready counts at least this far apart (seconds).
 DRAIN_SPAN = 0.05
-# The in-flight margin of a count for admission while held, at least (seconds).
-HOT_MIN_MARGIN = 0.002
-# Per count that shows no lag, the enqueue-lag estimate shrinks by this factor.
-LAG_DECAY = 0.95
+# The in-flight margin of a count for admission while held, at least (seconds): bench/pace.py
+# on a loaded machine over-admitted by megabytes with a 2 ms floor (docs/architecture.md).
+HOT_MIN_MARGIN = MIN_MARGIN
+# While the counts show no lag, the enqueue-lag estimate halves every this many seconds.
+LAG_HALF_LIFE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,7 @@ class QueueDepth:
     # How long a forwarded publish may take to show in a ready count, as the counts show it
     # (``_watch_lag``); the controller raises it to SETTLE at each trip.
     enqueue_lag: float = 0.0
+    _lag_since: float = -math.inf  # when ``expect_lag`` last raised it
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int) -> None:
@@ -152,12 +154,18 @@ class QueueDepth:
         self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
 
+    def expect_lag(self, lag: float, now: float) -> None:
+        """Assume publishes may take ``lag`` to show in a count from ``now`` on, until the
+        counts show otherwise (a trip: what went before it may be a flood on its way)."""
+        if lag > self.enqueue_lag:
+            self.enqueue_lag, self._lag_since = lag, now
+
     def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
                    rtt: float | None) -> None:
         """Update ``enqueue_lag`` from two successive counts: a rise beyond what the ledger
         forwarded between them (each shifted by the fast margin) means the earlier count
         missed publishes forwarded before it; how far back the ledger must go to hold that
-        many is a lag seen. No rise beyond: the estimate shrinks by ``LAG_DECAY``. Consumers
+        many is a lag seen. No rise beyond: the estimate halves per ``LAG_HALF_LIFE``. Consumers
         taking messages between the two counts hide a rise: the estimate errs low then, and
         ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
         (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
@@ -167,7 +175,8 @@ class QueueDepth:
         arrived = self._totals_before(at - fast)[1] - earlier
         excess = ready - before - arrived
         if excess < 1:
-            self.enqueue_lag *= LAG_DECAY
+            since = max(before_at, self._lag_since)
+            self.enqueue_lag *= 0.5 ** (max(0.0, at - since) / LAG_HALF_LIFE)
             return
         ledger = self._ledger
         target = earlier - excess  # the first missing publish was this one (cumulative)
