@@ -32,6 +32,8 @@ import datetime as dt
 import json
 import multiprocessing
 import os
+import signal
+import sys
 import threading
 import time
 import uuid
@@ -68,20 +70,21 @@ def consume(host: str, port: int, queue: str, total: int, stop_after: int,
     conn = pika.BlockingConnection(pika.ConnectionParameters(host, port))
     ch = conn.channel()
     ch.basic_qos(prefetch_count=PREFETCH)
-    got, first = 0, None
+    got, first, last = 0, None, None
     for method, _props, _body in ch.consume(queue, inactivity_timeout=30):
         if method is None:
             break
         got += 1
+        last = time.monotonic()
         if first is None:
-            first = time.monotonic()
+            first = last
         if stop_after and got >= stop_after:
             out.send({"stopped_at": time.monotonic(), "got": got})
             time.sleep(3600)
         ch.basic_ack(method.delivery_tag)
         if got >= total:
             break
-    out.send({"first": first, "last": time.monotonic(), "got": got})
+    out.send({"first": first, "last": last, "got": got})
     with contextlib.suppress(Exception):
         conn.close()
 
@@ -126,7 +129,13 @@ async def produce(host: str, port: int, queue: str, count: int) -> float:
             await asyncio.sleep(0)
         return time.monotonic() - start
     finally:
-        await asyncio.sleep(0.5)  # the tail leaves the socket before the abort
+        # what the socket has not taken yet would be lost by the abort: wait for it
+        for _ in range(2400):  # 120 s at most
+            if client.transport is None or client.lost.done() \
+                    or not client.transport.get_write_buffer_size():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
         client.abort()
 
 
@@ -331,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the broker is stopped on exit
     results: dict[str, Any] = {}
     meta = {"started": started.isoformat(timespec="seconds"), "loadavg": os.getloadavg(),
             "command": "python -m bench.pace " + " ".join(argv or [])}
