@@ -71,7 +71,7 @@ READ_FIELDS = (
     "overflow", "deadline", "depth_bytes", "depth_messages", "broker_depth_bytes",
     "broker_depth_messages", "ingress_bytes", "ingress_messages", "tripped", "trips",
     "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
-    "blocked_channels", "alarm", "dropped_records", "event",
+    "drain_bytes_per_second", "blocked_channels", "alarm", "dropped_records", "event",
 )
 READ_SCHEMA = StructType(
     [StructField(name, typ, True) for name, typ in _FIELDS if name in READ_FIELDS]
