@@ -15,6 +15,8 @@ One private RabbitMQ, one ``floodwall run`` with three policies, then:
 - **stopped**: the same at 256 KiB, but the consumer stops dead (no more acks) after 5,000
   messages while the producer goes on at full speed; the broker-side depth above capacity
   after the stop (ready + the 200 unacknowledged).
+- ``--base DIR``: the pace and stopped runs also through ``floodwall run`` from the checkout
+  DIR (main before issue 14), alternated with this one's, capacity by capacity.
 - **cpu**: the broker's CPU with one queue held (no consumer, the producer held behind it)
   for 3 s, by the proxy's ``--hot-interval`` (1, 2, 5 ms) and with the hot schedule off
   (``--hot-interval 200ms``, the slow interval): the difference is what fast sampling costs
@@ -56,6 +58,7 @@ from bench.flow import (
 )
 from bench.meters import cpu_seconds
 from bench.relay import beam_of
+from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
 PREFETCH = 200
@@ -238,24 +241,44 @@ async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, 
     entries = [policy_entry(f"p{label}", f"{names[label]}-*", label, label)
                for label in CAPACITIES]
     policies = write_policies(st.workdir / "pace.yaml", *entries)
-    fw = st.floodwall("pace", policies)
+    proxies = {"new": st.floodwall("pace", policies)}
+    if opts.base is not None:  # the same scenario through another checkout, side by side
+        proxies["base"] = base_floodwall(st, opts.base, policies)
     rounds: list[dict[str, Any]] = []
     for r in range(opts.rounds):
         row: dict[str, Any] = {}
         for label, cap in CAPACITIES.items():
-            q = f"{names[label]}-{r}"
-            row[label] = await one_run(st, fw, q, cap, opts.messages)
-            progress(f"round {r} {label}: {row[label]}")
-        base = row["1GiB"].get("rate")
-        for label in CAPACITIES:
-            rate = row[label].get("rate")
-            row[label]["ratio"] = round(rate / base, 3) if rate and base else None
+            for variant, fw in proxies.items():
+                q = f"{names[label]}-{variant}{r}"
+                row[f"{variant} {label}"] = res = await one_run(st, fw, q, cap, opts.messages)
+                progress(f"round {r} {variant} {label}: {res}")
+        for variant in proxies:
+            base = row[f"{variant} 1GiB"].get("rate")
+            for label in CAPACITIES:
+                rate = row[f"{variant} {label}"].get("rate")
+                row[f"{variant} {label}"]["ratio"] = (round(rate / base, 3)
+                                                      if rate and base else None)
         rounds.append(row)
-    stopped = await one_run(st, fw, f"{names['256KiB']}-stop", 256 * KIB, opts.messages,
-                            stop_after=5000)
-    progress(f"stopped: {stopped}")
-    st.stop_proxy(fw)
+    stopped = {}
+    for variant, fw in proxies.items():
+        stopped[variant] = await one_run(st, fw, f"{names['256KiB']}-stop{variant}",
+                                         256 * KIB, opts.messages, stop_after=5000)
+        progress(f"stopped {variant}: {stopped[variant]}")
+    for fw in proxies.values():
+        st.stop_proxy(fw)
     return {"rounds": rounds, "stopped": stopped}
+
+
+def base_floodwall(st: Stack, root: Path, policies: Path) -> ProxyProcess:
+    """``floodwall run`` from another checkout (``--base``: main before issue 14)."""
+    proc = ProxyProcess(upstream=st.upstream, logfile=st.workdir / "base.log",
+                        extra_args=["--event-loop", "auto", "--log-format", "json",
+                                    "--policies", str(policies),
+                                    "--management", st.endpoint.management_url],
+                        root=root.resolve())
+    proc.start()
+    st.proxies.append(proc)
+    return proc
 
 
 async def cpu(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
@@ -312,10 +335,11 @@ def report(doc: dict[str, Any]) -> None:
             for label, r in row.items():
                 print(f"| {i} | {label} | {r.get('rate')} | {r.get('ratio')} | "
                       f"{r.get('max_ready')} | {r.get('over_capacity_bytes', 0) / KIB:.0f} KiB |")
-        s = res["pace"]["stopped"]
-        print(f"\nstopped consumer (256 KiB): max ready after the stop "
-              f"{s.get('max_ready_after_stop')}, over capacity "
-              f"{s.get('over_capacity_bytes', 0) / KIB:.0f} KiB, still tripped {s.get('tripped')}")
+        for variant, s in res["pace"]["stopped"].items():
+            print(f"\nstopped consumer (256 KiB, {variant}): max ready after the stop "
+                  f"{s.get('max_ready_after_stop')}, over capacity "
+                  f"{s.get('over_capacity_bytes', 0) / KIB:.0f} KiB, still tripped "
+                  f"{s.get('tripped')}")
     if "cpu" in res:
         print("\n| --hot-interval | broker cores | added per tripped queue | counts/s |")
         print("|---|---|---|---|")
@@ -332,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-seconds", type=float, default=3.0)
     p.add_argument("--scenarios", type=lambda s: s.split(","), default=["pace", "cpu"])
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--base", type=Path, default=None,
+                   help="another checkout (e.g. main before issue 14) run side by side")
     opts = p.parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     out = opts.out or REPO / "bench" / "out" / f"pace-{started:%Y%m%d-%H%M%S}.json"
@@ -343,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the broker is stopped on exit
     results: dict[str, Any] = {}
     meta = {"started": started.isoformat(timespec="seconds"), "loadavg": os.getloadavg(),
-            "command": "python -m bench.pace " + " ".join(argv or [])}
+            "command": "python -m bench.pace " + " ".join(sys.argv[1:] if argv is None else argv)}
     with stack(progress) as st:
         for name in opts.scenarios:
             progress(f"== {name}")
