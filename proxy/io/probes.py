@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -40,6 +41,8 @@ from floodwall.ops.supervision import (
 log = logging.getLogger("floodwall.flow")
 
 T = TypeVar("T")
+#: Channels the hot queues of one vhost are counted on, side by side (more share them).
+HOT_LANES = 8
 
 
 def _reason(exc: BaseException) -> str:
@@ -343,7 +346,8 @@ class DepthProbes:
         """Count hot queue ``key`` back to back, one passive declare in flight, at most one
         every ``hot_interval``, until it is cold again (the slow loop takes it back)."""
         loop = asyncio.get_running_loop()
-        lane = f"hot:{key[1]}"
+        # A channel of the lane's own; at most HOT_LANES of them (hot queues beyond share)
+        lane = f"hot:{zlib.crc32(key[1].encode()) % HOT_LANES}"
         while client.connected and self._is_hot(key):
             started = loop.time()
             if not await self._probe_once(client, key, lane):
