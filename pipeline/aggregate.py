@@ -204,6 +204,9 @@ def sidecar_series(samples: DataFrame, resolution: float) -> DataFrame:
                 _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
                 _sum0(F.col("ingress_messages")).alias("ingress_messages"),
                 _sum0(F.col("held_bytes") * iv).alias("held_bms"),
+                # issue 14: forwarded while held (admitted), and the drain estimate x time
+                _sum0(F.when(F.col("tripped"), F.col("ingress_bytes"))).alias("admitted_bytes"),
+                _sum0(F.col("drain_bps") * iv).alias("drain_bms"),
                 F.max(_packed(offset, F.col("depth"))).alias("last_depth"),
                 F.max(_packed(offset, F.col("depth_msgs"))).alias("last_msgs"),
                 F.max("depth").alias("depth_max"),
@@ -236,6 +239,8 @@ def queue_series(level1: DataFrame, names: DataFrame, resolution: float) -> Data
         F.sum("ingress_bytes").alias("ingress_bytes"),
         F.sum("ingress_messages").alias("ingress_messages"),
         F.sum("held_bms").alias("held_bms"),
+        F.sum("admitted_bytes").alias("admitted_bytes"),
+        F.max("drain_bms").alias("drain_bms"),  # one queue's drain: any sidecar's estimate
         _unpacked(F.max("last_depth")).alias("depth_end"),
         _unpacked(F.max("last_msgs")).alias("depth_msgs_end"),
         F.max("depth_max").alias("depth_max"),
@@ -256,6 +261,7 @@ def queue_series(level1: DataFrame, names: DataFrame, resolution: float) -> Data
         _seconds(F.col("observed_ms")).alias("observed_seconds"),
         _seconds(F.col("tripped_ms")).alias("tripped_seconds"),
         _ratio("held_bms", "observed_ms").alias("held_bytes"),
+        (F.col("drain_bms") / F.lit(1000.0)).alias("drained_bytes"),
         egress_b.alias("egress_bytes"), egress_m.alias("egress_messages"),
         F.coalesce(contiguous & (prev_b > 0), F.lit(False)).alias("backlog"))
         .join(F.broadcast(q_names), "q"))

@@ -199,8 +199,9 @@ def _f(row: Row, key: str) -> float:
 
 def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path,
                marks: Sequence[Marker] = ()) -> None:
-    """Depth against capacity (tripped shaded), trips, and ingress against egress; each trip
-    and release of ``marks`` a vertical line on the depth and the trips panels."""
+    """Depth against capacity (tripped shaded), trips, and ingress against egress (with
+    what was admitted while held against the estimated drain, when the queue was held);
+    each trip and release of ``marks`` a vertical line on the depth and the trips panels."""
     t = _times(rows)
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 7.5), sharex=True,
                                         gridspec_kw={"height_ratios": [3, 1, 2]})
@@ -230,6 +231,11 @@ def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path,
              lw=1, label="ingress (publishes forwarded)")
     ax3.plot(t, [_f(r, "egress_bytes") / resolution / KIB for r in rows], color="#8c564b",
              lw=1, label="egress (derived)")
+    if any(_f(r, "tripped_seconds") > 0 for r in rows):  # issue 14: the pace while held
+        ax3.plot(t, [_f(r, "admitted_bytes") / resolution / KIB for r in rows],
+                 color="#ff7f0e", lw=1, ls="--", label="admitted while held")
+        ax3.plot(t, [_f(r, "drained_bytes") / resolution / KIB for r in rows],
+                 color="#17becf", lw=1, ls=":", label="drain (the proxy's estimate)")
     ax3.set_ylabel("KiB/s")
     ax3.legend(loc="upper left", fontsize=8)
     ax3.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]

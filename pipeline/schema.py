@@ -42,6 +42,7 @@ _FIELDS: list[tuple[str, DataType]] = [
     ("tripped", BooleanType()), ("trips", LongType()), ("tripped_seconds", DoubleType()),
     ("blocked_publishers", LongType()), ("held_bytes", LongType()),
     ("held_messages", LongType()), ("spooled_bytes", LongType()),
+    ("sampling_interval", DoubleType()), ("drain_bytes_per_second", DoubleType()),
     # sidecar
     ("policed_queues", LongType()), ("tripped_queues", LongType()),
     ("blocked_channels", LongType()), ("alarm", StringType()),
@@ -70,7 +71,7 @@ READ_FIELDS = (
     "overflow", "deadline", "mode", "depth_bytes", "depth_messages", "broker_depth_bytes",
     "broker_depth_messages", "ingress_bytes", "ingress_messages", "tripped", "trips",
     "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
-    "blocked_channels", "alarm", "dropped_records", "event",
+    "drain_bytes_per_second", "blocked_channels", "alarm", "dropped_records", "event",
 )
 READ_SCHEMA = StructType(
     [StructField(name, typ, True) for name, typ in _FIELDS if name in READ_FIELDS]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from floodwall.control.controller import FlowController, QueueKey
-from floodwall.control.events import ChannelFreed
+from floodwall.control.events import ChannelAdmitted, ChannelFreed
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.ports import SpoolRefused
 from floodwall.enforce.shared import ConnectionGate, Enforcement
@@ -109,6 +109,7 @@ class Board:
         self.enforcement = Enforcement(controller, GateCounters(), spool)
         self.counters = self.enforcement.counters
         self.events: list[object] = []
+        self.admitted: list[ChannelAdmitted] = []  # the admission ticks carried out
         # Times the I/O layer was handed output made outside a read (a release; an expiry
         # or a spool acknowledgement that made frames): each is one flush of the relay.
         self.flushes = 0
@@ -128,6 +129,14 @@ class Board:
                     if found is not None:
                         core, gate = found
                         gate.channel_released(item.channel, self.clock())
+                        core.collect()
+                        self.flushes += 1
+                elif isinstance(item, ChannelAdmitted):
+                    self.admitted.append(item)
+                    found = self._conns.get(item.conn)
+                    if found is not None:
+                        core, gate = found
+                        gate.channel_admitted(item.channel, self.clock())
                         core.collect()
                         self.flushes += 1
                 else:

@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from floodwall.control.admission import Admission
 from floodwall.control.blocks import Blocked, BlockTable
-from floodwall.control.depth import Depth, ManagementSample, QueueDepth
+from floodwall.control.depth import SETTLE, Depth, ManagementSample, QueueDepth
 from floodwall.control.events import (
     AlarmCleared,
     AlarmRaised,
@@ -109,6 +110,7 @@ class FlowController:
         self._backlogged: set[QueueKey] = set()
         self._blocked = BlockTable()
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
+        self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
         # The latest ``now`` an entry point was given: a close (which carries no time) ends
         # its hold at it, so a hold-time ends within one controller call of the truth.
         self._now = 0.0
@@ -173,6 +175,7 @@ class FlowController:
     def _unpolice(self, key: QueueKey, now: float) -> None:
         q = self.queues.pop(key)
         self._policed_among.clear()
+        self.admission.forget(key)
         self._first_figure(key, now)
         if q.tripped:
             self._set_tripped(q, False, "no longer policed", now)
@@ -347,6 +350,12 @@ class FlowController:
         since = self._blocked.remove(ref)
         self.holds.ended(ref, None if since is None else now - since, outcome)
 
+    def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
+        """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
+        with tokens (no alarm, lookup or spool backlog among them)."""
+        return all(k in self.queues and k not in self._backlogged
+                   and self.admission.admits(self.queues[k], now) for k in keys)
+
     def is_blocked(self, conn: int, channel: int) -> bool:
         return (conn, channel) in self._blocked
 
@@ -377,6 +386,8 @@ class FlowController:
         if q is not None:
             q.depth.sampled_ready_count(requested_at, ready, rtt)
             self._evaluate(q, now)
+            if q.tripped and key not in self._backlogged:  # its tokens, to those waiting
+                self.outbox.extend(self.admission.tick(key, q, self._blocked.waiting_on(key), now))
             if self._awaiting:
                 self._first_figure(key, now)
 
@@ -392,6 +403,7 @@ class FlowController:
         """The depth could not be read; the policy's on_unknown_depth decides."""
         q = self.queues.get(key)
         if q is not None:
+            self.admission.forget(key)  # no counts, no admission: on_unknown_depth decides
             self._apply(q, decide(q.policy, None, None, q.tripped), now)
 
     def set_backlog(self, key: QueueKey, backlogged: bool, now: float | None = None) -> None:
@@ -434,7 +446,8 @@ class FlowController:
         _arm(q)
 
     def _apply(self, q: PolicedQueue, tripped: bool, now: float) -> None:
-        if tripped != q.tripped:
+        # Held publishers that use every token they are offered keep their queue held.
+        if tripped != q.tripped and (tripped or not self.admission.busy(q.key, q.depth)):
             self._set_tripped(q, tripped, "depth", now)
 
     def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str, now: float) -> None:
@@ -445,6 +458,7 @@ class FlowController:
         if tripped:
             q.trips += 1
             q.tripped_since = now
+            q.depth.expect_lag(SETTLE, now)  # a flood may precede a trip
             self.trips.trip(q.key, shadow)
             self.outbox.append(QueueTripped(
                 q.key, policy.name, est.bytes, est.messages, policy.capacity,

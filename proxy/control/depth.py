@@ -21,8 +21,9 @@ is still working through the burst; ~50 ms for 1,000 1 KiB messages on a busy 2-
 machine). A count taken then is low, and releasing on it would let another burst go. So
 the *release* decision uses the settled estimate (``estimate(settled=True)``): a ready
 count covers only what was forwarded ``SETTLE`` (100 ms) before it was asked for. The trip
-decision keeps the fast one; a tripped queue forwards nothing, so the two agree again
-``SETTLE`` after the trip. Consumption since the sample
+decision keeps the fast one. While a queue is tripped its held publishes are admitted
+(``floodwall.control.admission``) on a margin that follows the lag the counts show
+(``enqueue_lag``, raised to ``SETTLE`` at each trip). Consumption since the sample
 is not subtracted: the estimate errs high, so a queue trips early rather than late, and the
 next sample brings it back down. All times are the caller's monotonic clock, in seconds.
 """
@@ -46,6 +47,13 @@ LEDGER_HORIZON = 5.0
 LEDGER_BUCKET = 0.005
 # Weight of the newest interval in the drain-rate and sample-interval averages.
 DRAIN_SMOOTHING = 0.3
+# The drain rate is measured between ready counts at least this far apart (seconds).
+DRAIN_SPAN = 0.05
+# The in-flight margin of a count for admission while held, at least (seconds): bench/pace.py
+# on a loaded machine over-admitted by megabytes with a 2 ms floor (docs/architecture.md).
+HOT_MIN_MARGIN = MIN_MARGIN
+# While the counts show no lag, the enqueue-lag estimate halves every this many seconds.
+LAG_HALF_LIFE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,7 @@ class QueueDepth:
     delivered_messages_total: int = 0
     acked_messages_total: int = 0
     ready_margin: float = IN_FLIGHT_MARGIN
+    ready_rtt: float | None = None  # the round trip of the newest ready count (None: unknown)
     _base: Depth | None = None  # depth per the newest sample ...
     _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
     _base_messages_mark: int = 0
@@ -96,6 +105,11 @@ class QueueDepth:
     # seconds between those counts, both averaged (DRAIN_SMOOTHING); None before two counts.
     drain_rate: float | None = None
     sample_interval: float | None = None
+    _drain_anchor: tuple[int, float] | None = None  # (ready, at): where the drain span starts
+    # How long a forwarded publish may take to show in a ready count, as the counts show it
+    # (``_watch_lag``); the controller raises it to SETTLE at each trip.
+    enqueue_lag: float = 0.0
+    _lag_since: float = -math.inf  # when ``expect_lag`` last raised it
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int) -> None:
@@ -124,24 +138,64 @@ class QueueDepth:
         if self.ready_count_at is not None and requested_at < self.ready_count_at:
             return  # an older answer overtaken by a newer one
         margin = (IN_FLIGHT_MARGIN if rtt is None else min(max(2 * rtt, MIN_MARGIN), MAX_MARGIN))
-        if self.ready_count is not None and self.ready_count_at is not None \
-                and requested_at > self.ready_count_at:
-            self._drained(self.ready_count, self.ready_count_at, ready, requested_at, margin)
+        if self.ready_count_at is not None and requested_at > self.ready_count_at:
+            dt, a = requested_at - self.ready_count_at, DRAIN_SMOOTHING
+            self.sample_interval = (dt if self.sample_interval is None
+                                    else a * dt + (1 - a) * self.sample_interval)
+            if self.ready_count is not None:
+                self._watch_lag(self.ready_count, self.ready_count_at, ready, requested_at, rtt)
+        anchor = self._drain_anchor
+        if anchor is not None and requested_at - anchor[1] >= DRAIN_SPAN:
+            self._drained(anchor[0], anchor[1], ready, requested_at,
+                          max(margin, self.enqueue_lag))
+        if anchor is None or requested_at - anchor[1] >= DRAIN_SPAN:
+            self._drain_anchor = (ready, requested_at)
         self.ready_count, self.ready_count_at = ready, requested_at
-        self.ready_margin = margin
+        self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
+
+    def expect_lag(self, lag: float, now: float) -> None:
+        """Assume publishes may take ``lag`` to show in a count from ``now`` on, until the
+        counts show otherwise (a trip: what went before it may be a flood on its way)."""
+        if lag > self.enqueue_lag:
+            self.enqueue_lag, self._lag_since = lag, now
+
+    def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
+                   rtt: float | None) -> None:
+        """Update ``enqueue_lag`` from two successive counts: a rise beyond what the ledger
+        forwarded between them (each shifted by the fast margin) means the earlier count
+        missed publishes forwarded before it; how far back the ledger must go to hold that
+        many is a lag seen. No rise beyond: the estimate halves per ``LAG_HALF_LIFE``. Consumers
+        taking messages between the two counts hide a rise: the estimate errs low then, and
+        ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
+        (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
+        as lag at every count.)"""
+        fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
+        earlier = self._totals_before(before_at - fast)[1]
+        arrived = self._totals_before(at - fast)[1] - earlier
+        excess = ready - before - arrived
+        if excess < 1:
+            since = max(before_at, self._lag_since)
+            self.enqueue_lag *= 0.5 ** (max(0.0, at - since) / LAG_HALF_LIFE)
+            return
+        ledger = self._ledger
+        target = earlier - excess  # the first missing publish was this one (cumulative)
+        i = bisect_left(ledger, target, key=lambda e: e[2])
+        lag = (MAX_MARGIN if i == len(ledger) or target <= self._trimmed_messages
+               else before_at - ledger[i][0])
+        self.enqueue_lag = min(MAX_MARGIN, max(self.enqueue_lag, lag))
 
     def _drained(self, before: int, before_at: float, ready: int, at: float,
                  margin: float) -> None:
         """Update the drain rate from two ready counts: what was ready, plus what the ledger
-        forwarded in between (each shifted by the in-flight margin), less what is ready now."""
+        forwarded in between (each shifted by the in-flight margin), less what is ready now.
+        The two are ``DRAIN_SPAN`` apart at least: hot counts come every few milliseconds,
+        and over so short a span the in-flight margin's error would swamp the rate."""
         forwarded = self._totals_before(at - margin)[1] - self._totals_before(before_at - margin)[1]
         dt = at - before_at
         rate = max(0, before + forwarded - ready) / dt
         a = DRAIN_SMOOTHING
         self.drain_rate = rate if self.drain_rate is None else a * rate + (1 - a) * self.drain_rate
-        self.sample_interval = (dt if self.sample_interval is None
-                                else a * dt + (1 - a) * self.sample_interval)
 
     def sampled_management(self, sample: ManagementSample) -> None:
         if self.management is not None and sample.taken_at < self.management.taken_at:
@@ -183,6 +237,19 @@ class QueueDepth:
                 else max_bytes - base.bytes + self._base_bytes_mark,
                 math.inf if max_messages is None
                 else max_messages - base.messages + self._base_messages_mark)
+
+    @property
+    def counted_base(self) -> Depth | None:
+        """The base when it is the newest ready count's (real time), else None (a management
+        figure, seconds old, or nothing yet): what admission while held starts from."""
+        at, mgmt = self.ready_count_at, self.management
+        if at is None or self._base is None or (mgmt is not None and mgmt.taken_at > at):
+            return None
+        return self._base
+
+    def totals_before(self, t: float) -> tuple[int, int]:
+        """Ledger totals (body bytes, messages) forwarded before time ``t``."""
+        return self._totals_before(t)
 
     def broker_depth(self) -> Depth | None:
         """The broker's own last word (management API), unadjusted."""

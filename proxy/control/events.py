@@ -23,6 +23,16 @@ class ChannelFreed:
 
 
 @dataclass(frozen=True, slots=True)
+class ChannelAdmitted:
+    """A queue ``channel`` waits on is held but has tokens (``floodwall.control.admission``):
+    its gate may let held publishes go while the controller ``admits`` them. The channel
+    stays blocked (0-9-1; a 1.0 link keeps waiting for its release)."""
+
+    conn: int
+    channel: int
+
+
+@dataclass(frozen=True, slots=True)
 class QueueTripped:
     """A policed queue went over its limit: publishes to it are held from now."""
 
@@ -63,4 +73,4 @@ class AlarmCleared:
 
 
 ControlEvent = QueueTripped | QueueReleased | AlarmRaised | AlarmCleared
-ControlOutput = ControlEvent | ChannelFreed
+ControlOutput = ControlEvent | ChannelFreed | ChannelAdmitted

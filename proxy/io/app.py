@@ -431,7 +431,7 @@ def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
     return Telemetry(TelemetrySettings(settings.telemetry_dir, settings.telemetry_interval,
                                        rotation),
                      flow.board, depth_known=lambda: flow.stats.depth_known,
-                     spooled=spooled)
+                     spooled=spooled, sampling=lambda: flow.stats.sampling_interval)
 
 
 def make_tls(settings: ProxySettings) -> tuple[UpstreamTlsContext | None,

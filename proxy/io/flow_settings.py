@@ -21,6 +21,7 @@ class FlowSettings:
     amqp_port: int
     amqp_credentials: AmqpCredentials
     depth_interval: float = 0.2
+    hot_interval: float = 0.005  # a hot queue's counts: at most one per this (schedule.py)
     management_interval: float = 5.0
     alarm_interval: float = 2.0
     topology_interval: float = 30.0
@@ -68,6 +69,7 @@ class FlowSettings:
             amqp_port=s.upstream[1],
             amqp_credentials=s.effective_amqp_credentials,
             depth_interval=s.depth_interval,
+            hot_interval=s.hot_interval,
             management_interval=s.management_interval,
             alarm_interval=s.alarm_interval,
             topology_interval=s.topology_interval,

@@ -1,6 +1,7 @@
 """The depth and alarm side of the flow supervisor (``DepthProbes``, which ``FlowSupervisor``
 extends): management API samples of every policed queue, one own AMQP connection per vhost
-passive-declaring them every ``depth_interval``, and the broker's alarms (the API's node
+passive-declaring them every ``depth_interval`` (a hot queue back to back, at most one
+every ``hot_interval``: ``floodwall.control.schedule``), and the broker's alarms (the API's node
 alarms, the own connections' connection.blocked)."""
 
 from __future__ import annotations
@@ -9,14 +10,17 @@ import asyncio
 import contextlib
 import functools
 import logging
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.depth import ManagementSample
+from floodwall.control.events import QueueTripped
 from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
+from floodwall.control.schedule import sampling_interval
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
 from floodwall.io.flow_settings import FlowSettings
 from floodwall.io.management import (
@@ -42,6 +46,8 @@ from floodwall.ops.supervision import (
 log = logging.getLogger("floodwall.flow")
 
 T = TypeVar("T")
+#: Channels the hot queues of one vhost are counted on, side by side (more share them).
+HOT_LANES = 8
 
 
 def _reason(exc: BaseException) -> str:
@@ -66,6 +72,7 @@ class DepthProbes:
     _clients: dict[str, AmqpClient]
     _client_up: dict[str, asyncio.Event]
     _vhost_kick: dict[str, asyncio.Event]
+    _probe_wake: dict[str, asyncio.Event]
     _sampled_at: dict[QueueKey, float]
     _asked: set[QueueKey]
     _probe_refused: dict[QueueKey, str]
@@ -93,6 +100,7 @@ class DepthProbes:
         if self.topology.queue_type(*key) is QueueType.STREAM:
             requested_at -= self.settings.management_stats_age
             rtt = None
+        self.stats.ready_counts[key] += 1
         self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock())
         self.board.settle()
 
@@ -370,42 +378,95 @@ class DepthProbes:
             self.stats.own_connections.pop(vhost, None)
 
     async def _probe_forever(self, client: AmqpClient, vhost: str) -> None:
-        """Passive-declare each policed queue of ``vhost`` every depth interval."""
+        """Passive-declare each cold policed queue of ``vhost`` every depth interval; a hot
+        one (``floodwall.control.schedule``: held, or about to fill) gets a task of its own
+        that counts it back to back on a channel of its own (``_probe_hot``), so several
+        hot queues are counted side by side. A trip wakes the loop (``_on_flow_event``)."""
         loop = asyncio.get_running_loop()
         interval = self.settings.depth_interval
+        wake = self._probe_wake.setdefault(vhost, asyncio.Event())
+        hot: dict[QueueKey, asyncio.Task[None]] = {}
         next_at = loop.time()
-        while client.connected:
-            for key in [k for k in self.controller.queues if k[0] == vhost]:
-                if self.depth_is_unknown(key):
-                    self.controller.depth_unknown(key, self.clock())
-                    self.board.settle()
-                    continue
-                requested_at = self.clock()
-                try:
-                    counts = await client.queue_counts(key[1], self.settings.probe_timeout)
-                except TimeoutError:
-                    event(log, "own_connection_unresponsive", logging.WARNING, vhost=vhost,
-                          queue=key[1], timeout=self.settings.probe_timeout)
-                    return
-                except AmqpClientError as exc:
-                    if not client.connected:
+        try:
+            while client.connected:
+                wake.clear()
+                for key in [k for k in self.controller.queues if k[0] == vhost]:
+                    task = hot.get(key)
+                    if task is not None and not task.done():
+                        continue
+                    if self._is_hot(key):
+                        hot[key] = self._spawn(self._probe_hot(client, key),
+                                               f"flow-hot-{vhost}-{key[1]}")
+                    elif not await self._probe_once(client, key):
                         return
-                    self._refused(key, str(exc))
-                    continue
-                if self._probe_refused.pop(key, None) is not None:
-                    event(log, "queue_probe_ok", vhost=key[0], queue=key[1])
-                if counts is None:
-                    if key in self.controller.queues:
-                        self.feed.apply(TopologyChange(ChangeKind.DELETE_QUEUE, *key),
-                                        ChangeSource.LOOKUP)
-                elif key in self.controller.queues:
-                    rtt = self.clock() - requested_at
-                    self.feed_ready_count(key, requested_at, counts.messages, rtt)
-            next_at += interval
-            now = loop.time()
-            if next_at < now:
-                next_at = now  # fell behind (many queues, slow broker): no burst to catch up
-            await asyncio.sleep(next_at - now)
+                now = loop.time()
+                next_at = max(next_at + interval, now)  # fell behind: no burst to catch up
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), next_at - now)
+        finally:
+            for task in hot.values():
+                task.cancel()
+
+    async def _probe_hot(self, client: AmqpClient, key: QueueKey) -> None:
+        """Count hot queue ``key`` back to back, one passive declare in flight, at most one
+        every ``hot_interval``, until it is cold again (the slow loop takes it back)."""
+        loop = asyncio.get_running_loop()
+        # A channel of the lane's own; at most HOT_LANES of them (hot queues beyond share)
+        lane = f"hot:{zlib.crc32(key[1].encode()) % HOT_LANES}"
+        while client.connected and self._is_hot(key):
+            started = loop.time()
+            if not await self._probe_once(client, key, lane):
+                return
+            await asyncio.sleep(max(0.0, self.settings.hot_interval - (loop.time() - started)))
+
+    def _is_hot(self, key: QueueKey) -> bool:
+        """Whether ``key`` is counted at the hot interval now (and note the interval in force
+        for the metrics and /state)."""
+        q = self.controller.queues.get(key)
+        if q is None:
+            return False
+        s = self.settings
+        interval = sampling_interval(q.depth, q.policy, q.tripped, self.clock(),
+                                     s.depth_interval, s.hot_interval)
+        self.stats.sampling_interval[key] = interval
+        return interval < s.depth_interval
+
+    def _on_flow_event(self, item: object) -> None:
+        """A queue tripped between two slow rounds: its loop makes it hot at once."""
+        if isinstance(item, QueueTripped):
+            wake = self._probe_wake.get(item.key[0])
+            if wake is not None:
+                wake.set()
+
+    async def _probe_once(self, client: AmqpClient, key: QueueKey, lane: str = "probe") -> bool:
+        """One passive declare of ``key`` fed to the controller; False when the connection
+        cannot be used any more (it is gone, or did not answer in time)."""
+        if self.depth_is_unknown(key):
+            self.controller.depth_unknown(key, self.clock())
+            self.board.settle()
+            return True
+        requested_at = self.clock()
+        try:
+            counts = await client.queue_counts(key[1], self.settings.probe_timeout, lane)
+        except TimeoutError:
+            event(log, "own_connection_unresponsive", logging.WARNING, vhost=key[0],
+                  queue=key[1], timeout=self.settings.probe_timeout)
+            return False
+        except AmqpClientError as exc:
+            if not client.connected:
+                return False
+            self._refused(key, str(exc))
+            return True
+        if self._probe_refused.pop(key, None) is not None:
+            event(log, "queue_probe_ok", vhost=key[0], queue=key[1])
+        if counts is None:
+            if key in self.controller.queues:
+                self.feed.apply(TopologyChange(ChangeKind.DELETE_QUEUE, *key),
+                                ChangeSource.LOOKUP)
+        elif key in self.controller.queues:
+            rtt = self.clock() - requested_at
+            self.feed_ready_count(key, requested_at, counts.messages, rtt)
+        return True
 
     def _refused(self, key: QueueKey, reason: str) -> None:
         if self._probe_refused.get(key) != reason:

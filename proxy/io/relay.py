@@ -270,6 +270,12 @@ class RelayedConnection(asyncio.Protocol):
             self.gate.channel_released(channel, now)
             self._gate_output(self.core)
 
+    def channel_admitted(self, channel: int, now: float) -> None:
+        """A held queue ``channel`` waits on has tokens: what it admits goes now."""
+        if self.gate is not None and self.core is not None and not self._closed:
+            self.gate.channel_admitted(channel, now)
+            self._gate_output(self.core)
+
     def expire_held(self, now: float) -> None:
         """Refuse held publishes past their deadline, detach 1.0 links without credit past
         it (the proxy calls this periodically while anything is held or blocked)."""

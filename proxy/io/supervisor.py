@@ -117,6 +117,8 @@ class FlowSupervisor(DepthProbes):
         # hands back is carried out.
         self.enforcement = Enforcement(self.controller)
         self.board = Switchboard(self.enforcement, clock)
+        self.board.observe(self._on_flow_event)
+        self.controller.admission.hot_interval = settings.hot_interval
         self.stats = FlowStats(self.store.current, self.store.generation,
                                ManagementStatus(settings.management_url))
         self.api = ManagementApi(settings.management_url, settings.management_credentials,
@@ -132,6 +134,7 @@ class FlowSupervisor(DepthProbes):
         self._clients: dict[str, AmqpClient] = {}
         self._client_up: dict[str, asyncio.Event] = {}  # vhost -> set while connected
         self._vhost_kick: dict[str, asyncio.Event] = {}  # vhost -> retry connecting now
+        self._probe_wake: dict[str, asyncio.Event] = {}  # vhost -> a queue tripped: hot now
         self._sampled_at: dict[QueueKey, float] = {}  # last good management sample
         self._asked: set[QueueKey] = set()  # the management API was asked about these
         self._probe_refused: dict[QueueKey, str] = {}  # passive declare refused (not 404)
@@ -258,6 +261,8 @@ class FlowSupervisor(DepthProbes):
         self._stale.pop(key, None)
         self._had_figures.discard(key)
         self.stats.depth_known.pop(key, None)
+        self.stats.sampling_interval.pop(key, None)
+        self.stats.ready_counts.pop(key, None)
         self._after_queue_change()
 
     def _after_queue_change(self) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from floodwall.control.controller import FlowController, QueueKey
-from floodwall.control.events import ChannelFreed
+from floodwall.control.events import ChannelAdmitted, ChannelFreed
 from floodwall.control.memory import MemoryBudget
 from floodwall.enforce.shared import Enforcement
 from floodwall.ops.logs import event, log_event
@@ -33,6 +33,8 @@ class Released(Protocol):
     conn_id: int
 
     def channel_released(self, channel: int, now: float) -> None: ...
+
+    def channel_admitted(self, channel: int, now: float) -> None: ...
 
     def spool_durable(self, durable: dict[QueueKey, int]) -> None: ...
 
@@ -102,6 +104,10 @@ class Switchboard:
                         conn = self._connections.get(item.conn)
                         if conn is not None:
                             conn.channel_released(item.channel, now)
+                    elif isinstance(item, ChannelAdmitted):
+                        conn = self._connections.get(item.conn)
+                        if conn is not None:
+                            conn.channel_admitted(item.channel, now)
                     else:
                         self.report(item)
         finally:

@@ -171,8 +171,10 @@ class Telemetry:
     def __init__(self, settings: TelemetrySettings, board: Switchboard,
                  depth_known: Callable[[], Mapping[QueueKey, bool]] | None = None,
                  wall: Callable[[], float] = time.time,
-                 spooled: Callable[[], Mapping[QueueKey, int]] | None = None) -> None:
+                 spooled: Callable[[], Mapping[QueueKey, int]] | None = None,
+                 sampling: Callable[[], Mapping[QueueKey, float]] | None = None) -> None:
         self.settings = settings
+        self.sampling = sampling  # each queue's depth sampling interval in force
         self.board = board
         self.controller: FlowController = board.controller
         self.depth_known = depth_known
@@ -224,8 +226,10 @@ class Telemetry:
         records, self._events = self._events, []
         known = self.depth_known() if self.depth_known is not None else None
         spooled = self.spooled() if self.spooled is not None else None
+        sampling = self.sampling() if self.sampling is not None else None
         records.extend(self.sampler.snapshot(self.controller, self.board.enforcement.counters,
-                                             self.wall(), self.board.clock(), known, spooled))
+                                             self.wall(), self.board.clock(), known, spooled,
+                                             sampling))
         if self.writer.submit(records):
             self._dropping = False
             return

@@ -288,6 +288,7 @@ class ProxySettings:
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # SIGTERM: longest wait for connections
     # Flow control (used when ``policies`` is set).
     depth_interval: float = 0.2  # passive queue.declare of each policed queue
+    hot_interval: float = 0.005  # ... of a hot one (held, or about to fill): at most this often
     management_interval: float = 5.0  # management API sample of each policed queue
     hold_budget: int = DEFAULT_HOLD_BUDGET  # bytes held per connection (the relay's)
     memory_budget: int = DEFAULT_MEMORY_BUDGET  # bytes held, all connections together

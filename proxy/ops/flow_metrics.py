@@ -23,6 +23,7 @@ from floodwall.control.depth import Depth
 from floodwall.control.histogram import HOLD_BUCKETS, Histogram
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import PolicySet
+from floodwall.control.schedule import drain_bytes_rate, ingress_rate
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.events import ShadowAction
 from floodwall.ops.metrics import PROTOCOLS
@@ -80,6 +81,10 @@ class FlowStats:
     own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
     own_connection_failures: int = 0  # failed connects and lost connections
     depth_known: dict[QueueKey, bool] = field(default_factory=dict)  # False: on_unknown_depth
+    # The depth sampling interval in force per queue (floodwall.control.schedule), and the
+    # ready counts fed per queue.
+    sampling_interval: dict[QueueKey, float] = field(default_factory=dict)
+    ready_counts: Counter[QueueKey] = field(default_factory=Counter)
     # The routing model (proxy/io/topology.py): changes by source, events, lookups, syncs.
     changes: Counter[str] = field(default_factory=Counter)  # by ChangeSource value
     events_status: str = "off"  # off | starting | up | down: ... | unavailable: ...
@@ -127,6 +132,7 @@ class FlowCollector(Collector):
         c, s, now = self.controller, self.stats, self.clock()
         yield from self._queues(c, now)
         yield from self._depth_freshness(c, s, now)
+        yield from pace_metrics(c, s, now)
         yield self._holds(c, s)
         yield from self._gates(c, self.counters)
         yield from self._management(s)
@@ -382,6 +388,50 @@ def topology_state(controller: FlowController, stats: FlowStats, now: float
     }
 
 
+def pace_of(controller: FlowController, stats: FlowStats, key: QueueKey, now: float
+            ) -> dict[str, float | None]:
+    """A policed queue's pace (issue 14): the sampling interval in force, the drain rate
+    (body bytes/s, from its ready counts and the ledger) and what the proxy forwarded to it
+    over the last second (bytes/s; while it is held, the rate held publishes were admitted)."""
+    depth = controller.queues[key].depth
+    drain = drain_bytes_rate(depth)
+    return {"sampling_interval": stats.sampling_interval.get(key),
+            "enqueue_lag": round(depth.enqueue_lag, 4),
+            "drain_rate_bytes": None if drain is None else round(drain, 1),
+            "admitted_rate_bytes": round(ingress_rate(depth, now).bytes, 1)}
+
+
+def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
+    """Per policed queue: sampling interval, drain rate, admitted rate, ready counts."""
+    interval = GaugeMetricFamily(
+        "floodwall_queue_sampling_interval_seconds",
+        "The depth sampling interval in force: --hot-interval while the queue is held or "
+        "predicted to fill before the next slow count, else --depth-interval",
+        labels=QUEUE_LABELS)
+    drain = GaugeMetricFamily(
+        "floodwall_queue_drain_bytes_per_second",
+        "The queue's estimated drain (consumer) rate, message-body bytes per second",
+        labels=QUEUE_LABELS)
+    admitted = GaugeMetricFamily(
+        "floodwall_queue_admitted_bytes_per_second",
+        "Message-body bytes per second the proxy forwarded to the queue over the last "
+        "second (while it is tripped: the rate held publishes are admitted at)",
+        labels=QUEUE_LABELS)
+    counts = CounterMetricFamily(
+        "floodwall_queue_depth_samples", "Ready counts (passive declares) of the queue",
+        labels=QUEUE_LABELS)
+    for key in sorted(c.queues):
+        labels = [key[0], key[1], c.queues[key].policy.name]
+        pace = pace_of(c, s, key, now)
+        if pace["sampling_interval"] is not None:
+            interval.add_metric(labels, pace["sampling_interval"])
+        if pace["drain_rate_bytes"] is not None:
+            drain.add_metric(labels, pace["drain_rate_bytes"])
+        admitted.add_metric(labels, pace["admitted_rate_bytes"] or 0.0)
+        counts.add_metric(labels, s.ready_counts[key])
+    yield from (interval, drain, admitted, counts)
+
+
 def flow_state(controller: FlowController, counters: GateCounters, stats: FlowStats,
                now: float) -> dict[str, object]:
     """The ``flow`` section of ``GET /state`` (JSON-ready)."""
@@ -411,6 +461,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "overshoot": {"messages": q.overshoot_messages, "bytes": q.overshoot_bytes},
             "drain_rate": (None if q.depth.drain_rate is None
                            else round(q.depth.drain_rate, 1)),
+            **pace_of(c, stats, key, now),
         })
     blocked = [{
         "conn": b.conn_id,

@@ -25,6 +25,7 @@ from floodwall.control.controller import ALARM, FlowController, QueueKey
 from floodwall.control.events import QueueReleased, QueueTripped
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import Mode, Policy
+from floodwall.control.schedule import drain_bytes_rate
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.events import (
     DeadlineExpired,
@@ -145,13 +146,16 @@ class Sampler:
 
     def snapshot(self, c: FlowController, counters: GateCounters, ts: float, mono: float,
                  depth_known: Mapping[QueueKey, bool] | None = None,
-                 spooled: Mapping[QueueKey, int] | None = None) -> list[Record]:
+                 spooled: Mapping[QueueKey, int] | None = None,
+                 sampling: Mapping[QueueKey, float] | None = None) -> list[Record]:
         """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
+
+        ``sampling``: each queue's depth sampling interval in force (issue 14).
 
         ``spooled``: bytes in each queue's spool not yet confirmed by the broker (none
         without ``--spool-dir``).
         """
-        spooled = spooled or {}
+        spooled, sampling = spooled or {}, sampling or {}
         blocked = c.blocked_channels()
         per_queue: dict[QueueKey, int] = {}
         for b in blocked:
@@ -194,6 +198,9 @@ class Sampler:
                 "held_bytes": round(counters.held_bytes * share),
                 "held_messages": round(counters.held_messages * share),
                 "spooled_bytes": spooled.get(key, 0),
+                "sampling_interval": sampling.get(key),
+                "drain_bytes_per_second": (None if (drain := drain_bytes_rate(d)) is None
+                                           else round(drain, 1)),
             })
             records.append(rec)
             self._previous[key] = _Previous(mono, d.forwarded_bytes_total,

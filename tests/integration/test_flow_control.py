@@ -286,8 +286,10 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
         finally:  # release A (its held publishes follow), whatever failed
             landed = drain_direct(broker, qa, 100, timeout=30)
         assert sorted(map(seq_of, landed)) == list(range(100)), "A's publishes lost or doubled"
-        wait_for(lambda: flow.held()["messages"] == 0, 10, what="A released")
-        assert not flow.blocked_channels()
+        wait_for(lambda: flow.held()["messages"] == 0, 10, what="A's held publishes gone")
+        # (admitted while held, issue 14: the channel's hold ends at the queue's release, at
+        # the first count that finds its tokens unused)
+        wait_for(lambda: not flow.blocked_channels(), 10, what="A released")
         ch_a.basic_publish("", qa, numbered(100))  # A's channel works on
         conn.process_data_events(0.1)
     assert consumed == list(range(len(consumed)))

@@ -540,7 +540,11 @@ def test_collector_output_and_state_shape() -> None:
                   "broker": {"bytes": 2 * 1024**2, "messages": 4},
                   "ready_count": None, "known": True},
         "tripped": True, "tripped_seconds": 4.5, "trips": 1,
-        "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None}
+        "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None,
+        # issue 14's pace: not counted by the probes here; tripped, so a flood may be on
+        # its way (the lag is SETTLE); nothing forwarded over the last second
+        "sampling_interval": None, "enqueue_lag": 0.1, "drain_rate_bytes": None,
+        "admitted_rate_bytes": 0.0}
     assert state["blocked_channels"] == [
         {"conn": 5, "channel": 1, "queues": [{"vhost": "/", "queue": "orders.eu"}],
          "alarm": False, "lookups": [], "seconds": 0.0,

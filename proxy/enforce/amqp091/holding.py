@@ -183,6 +183,12 @@ class HeldChannels(ShadowWatch):
             self._to_server(self._connection_close)
             self._connection_close = None
 
+    def channel_admitted(self, channel: int, now: float) -> None:
+        """The controller: a held queue this channel waits on has tokens
+        (``floodwall.control.admission``): held publishes go while it admits them; the
+        channel stays blocked (no Channel.Flow, its hold goes on)."""
+        self.channel_released(channel, now)
+
     def _release(self, ch: ChannelFlow, now: float) -> None:
         held = ch.held
         controller = self.controller
@@ -203,7 +209,7 @@ class HeldChannels(ShadowWatch):
                                                    item.queues, now)
                     if lookup is not None:
                         blocking = blocking | {lookup}
-                if blocking:
+                if blocking and not controller.admits(blocking, now):
                     self._block(ch, blocking, now)
                     if self.controller.is_blocked(self.conn_id, ch.channel):
                         return
@@ -224,5 +230,5 @@ class HeldChannels(ShadowWatch):
                 self._to_server(item)
                 ch.held_bytes -= len(item)
                 self._account(-len(item), 0)
-        if ch.signalled_off:
+        if ch.signalled_off and not controller.is_blocked(self.conn_id, ch.channel):
             self._send_flow(ch, active=True)

@@ -379,6 +379,11 @@ class LinkCredit(Sessions):
         self.counters.signalled(PROTOCOL, active)
         self.outbox.append(ev.Signalled(self._at(link), active))
 
+    def channel_admitted(self, channel: int, now: float) -> None:
+        """A held queue the link waits on has tokens. A 1.0 link is not admitted while held:
+        it keeps waiting for the release (its credit near capacity is paced by
+        ``paced_window`` instead); nothing to do."""
+
     def channel_released(self, channel: int, now: float) -> None:
         """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
         session = self.sessions.get(channel >> 32)

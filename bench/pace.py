@@ -1,0 +1,387 @@
+"""Held producers at their consumers' pace (issue 14).
+
+``python -m bench.pace [--rounds 2] [--messages 20000] [--out FILE]``
+
+One private RabbitMQ, one ``floodwall run`` with three policies, then:
+
+- **pace**: 20,000 x 1 KiB from a producer through the proxy (raw 0-9-1 frames, no confirms,
+  as fast as the socket takes them), one pika consumer straight at the broker (prefetch 200,
+  an ack per message, in a process of its own), against queues whose policies say capacity
+  1 GiB (never trips), 1 MiB and 256 KiB; the three side by side, ``--rounds`` times in turn.
+  Reports the consumed rate (first to last delivery), its ratio to the 1 GiB run of the same
+  round, and the broker-side depth (a passive declare on a direct connection every ~5 ms:
+  ready messages; plus the consumer's unacknowledged ones, at most the prefetch) above the
+  capacity.
+- **stopped**: the same at 256 KiB, but the consumer stops dead (no more acks) after 5,000
+  messages while the producer goes on at full speed; the broker-side depth above capacity
+  after the stop (ready + the 200 unacknowledged).
+- ``--base DIR``: the pace and stopped runs also through ``floodwall run`` from the checkout
+  DIR (main before issue 14), alternated with this one's, capacity by capacity.
+- **cpu**: the broker's CPU with one queue held (no consumer, the producer held behind it)
+  for 3 s, by the proxy's ``--hot-interval`` (1, 2, 5 ms) and with the hot schedule off
+  (``--hot-interval 200ms``, the slow interval): the difference is what fast sampling costs
+  per tripped queue.
+
+The machine is small and shared: compare figures of one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pika
+
+from bench import amqp091
+from bench.flow import (
+    KIB,
+    MIB,
+    Stack,
+    metric_sum,
+    policy_entry,
+    queue_state,
+    stack,
+    tripped,
+    write_policies,
+)
+from bench.meters import cpu_seconds
+from bench.relay import beam_of
+from floodwall.dev.devproxy import ProxyProcess
+
+REPO = Path(__file__).resolve().parents[1]
+PREFETCH = 200
+SIZE = 1024
+CAPACITIES = {"1GiB": 1024 * MIB, "1MiB": MIB, "256KiB": 256 * KIB}
+
+
+def consume(host: str, port: int, queue: str, total: int, stop_after: int,
+            out: Any) -> None:
+    """A pika consumer (a process of its own): prefetch 200, an ack per message; stops dead
+    (no more acks, the connection left open) after ``stop_after`` messages when set."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host, port))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=PREFETCH)
+    got, first, last = 0, None, None
+    for method, _props, _body in ch.consume(queue, inactivity_timeout=30):
+        if method is None:
+            break
+        got += 1
+        last = time.monotonic()
+        if first is None:
+            first = last
+        if stop_after and got >= stop_after:
+            out.send({"stopped_at": time.monotonic(), "got": got})
+            time.sleep(3600)
+        ch.basic_ack(method.delivery_tag)
+        if got >= total:
+            break
+    out.send({"first": first, "last": last, "got": got})
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+class BrokerDepth(threading.Thread):
+    """Ready count of ``queue`` by a passive declare on a direct connection, every ~5 ms."""
+
+    def __init__(self, host: str, port: int, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.host, self.port, self.queue = host, port, queue
+        self.samples: list[tuple[float, int]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        conn = pika.BlockingConnection(pika.ConnectionParameters(self.host, self.port))
+        ch = conn.channel()
+        while not self.halt.is_set():
+            ok = ch.queue_declare(self.queue, passive=True)
+            self.samples.append((time.monotonic(), int(ok.method.message_count)))
+            time.sleep(0.005)
+        conn.close()
+
+    def max_ready(self, since: float = 0.0) -> int:
+        return max((n for t, n in self.samples if t >= since), default=0)
+
+
+async def produce(host: str, port: int, queue: str, count: int) -> float:
+    """``count`` publishes through the proxy as fast as the socket takes them; the seconds
+    the writes took (the proxy stops reading while it holds its budget)."""
+    client = await amqp091.connect(host, port)
+    one = amqp091.publish_frames(queue, b"\xab" * SIZE)
+    start, sent = time.monotonic(), 0
+    try:
+        while sent < count and not client.lost.done():
+            if client.paused:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(client.writable(), 0.1)
+                continue
+            n = min(64, count - sent)
+            client.write(one * n)
+            sent += n
+            await asyncio.sleep(0)
+        return time.monotonic() - start
+    finally:
+        # what the socket has not taken yet would be lost by the abort: wait for it
+        for _ in range(2400):  # 120 s at most
+            if client.transport is None or client.lost.done() \
+                    or not client.transport.get_write_buffer_size():
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        client.abort()
+
+
+def declare(st: Stack, queue: str, delete: bool = False) -> None:
+    with pika.BlockingConnection(pika.ConnectionParameters(
+            st.endpoint.host, st.endpoint.amqp_port)) as conn:
+        ch = conn.channel()
+        if delete:
+            ch.queue_delete(queue)
+        else:
+            ch.queue_declare(queue)
+
+
+async def wait_policed(fw: Any, queue: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        q = await asyncio.to_thread(queue_state, fw, queue)
+        if q and q["depth"]["estimate"] is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{queue} not policed")
+
+
+async def poll_state(fw: Any, queue: str, seen: list[dict[str, Any]]) -> None:
+    """The proxy's /state of ``queue`` every 250 ms (sampling interval, drain, admitted)."""
+    while True:
+        with contextlib.suppress(Exception):
+            q = await asyncio.to_thread(queue_state, fw, queue)
+            if q:
+                seen.append(q)
+        await asyncio.sleep(0.25)
+
+
+def held_pace(seen: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians, over the /state samples taken while the queue was tripped, of its sampling
+    interval, drain rate and admitted rate (bytes/s)."""
+    held = [q for q in seen if q["tripped"]]
+    def med(k: str) -> float | None:
+        vals = sorted(q[k] for q in held if q.get(k) is not None)
+        return vals[len(vals) // 2] if vals else None
+    return {"samples_tripped": len(held), "samples": len(seen),
+            "sampling_interval": med("sampling_interval"),
+            "drain_rate_bytes": med("drain_rate_bytes"),
+            "admitted_rate_bytes": med("admitted_rate_bytes"),
+            "trips": seen[-1]["trips"] if seen else None}
+
+
+async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
+                  stop_after: int = 0) -> dict[str, Any]:
+    declare(st, queue)
+    await wait_policed(fw, queue)
+    ep = st.endpoint
+    ctx = multiprocessing.get_context("fork")
+    mine, theirs = ctx.Pipe()
+    consumer = ctx.Process(target=consume, args=(ep.host, ep.amqp_port, queue, messages,
+                                                 stop_after, theirs), daemon=True)
+    consumer.start()
+    watch = BrokerDepth(ep.host, ep.amqp_port, queue)
+    watch.start()
+    await asyncio.sleep(0.3)  # the consumer is up
+    producer = asyncio.ensure_future(produce("127.0.0.1", fw.port, queue, messages))
+    seen: list[dict[str, Any]] = []
+    poller = asyncio.ensure_future(poll_state(fw, queue, seen))
+    result: dict[str, Any] = {"capacity": capacity}
+    try:
+        if stop_after:
+            doc = await asyncio.to_thread(mine.recv)
+            stopped = doc["stopped_at"]
+            await asyncio.sleep(3.0)  # the producer at full speed, nobody consuming
+            state = await asyncio.to_thread(queue_state, fw, queue)
+            result.update(stopped_after=doc["got"],
+                          max_ready_after_stop=watch.max_ready(stopped),
+                          tripped=bool(state and state["tripped"]),
+                          over_capacity_bytes=(watch.max_ready(stopped) + PREFETCH) * SIZE
+                          - capacity)
+        else:
+            doc = await asyncio.to_thread(mine.recv)
+            await producer
+            secs = doc["last"] - doc["first"]
+            ready = watch.max_ready()
+            result.update(consumed=doc["got"], seconds=round(secs, 3),
+                          rate=round((doc["got"] - 1) / secs, 1) if secs > 0 else None,
+                          max_ready=ready,
+                          over_capacity_bytes=(ready + PREFETCH) * SIZE - capacity,
+                          held=held_pace(seen))
+    finally:
+        watch.halt.set()
+        poller.cancel()
+        producer.cancel()
+        with contextlib.suppress(BaseException):
+            await producer
+        consumer.kill()
+        consumer.join(5)
+        await asyncio.to_thread(declare, st, queue, True)
+    return result
+
+
+async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    names = {label: f"pace-{label}-{uuid.uuid4().hex[:6]}" for label in CAPACITIES}
+    entries = [policy_entry(f"p{label}", f"{names[label]}-*", label, label)
+               for label in CAPACITIES]
+    policies = write_policies(st.workdir / "pace.yaml", *entries)
+    proxies = {"new": st.floodwall("pace", policies)}
+    if opts.base is not None:  # the same scenario through another checkout, side by side
+        proxies["base"] = base_floodwall(st, opts.base, policies)
+    rounds: list[dict[str, Any]] = []
+    for r in range(opts.rounds):
+        row: dict[str, Any] = {}
+        for label, cap in CAPACITIES.items():
+            for variant, fw in proxies.items():
+                q = f"{names[label]}-{variant}{r}"
+                row[f"{variant} {label}"] = res = await one_run(st, fw, q, cap, opts.messages)
+                progress(f"round {r} {variant} {label}: {res}")
+        for variant in proxies:
+            base = row[f"{variant} 1GiB"].get("rate")
+            for label in CAPACITIES:
+                rate = row[f"{variant} {label}"].get("rate")
+                row[f"{variant} {label}"]["ratio"] = (round(rate / base, 3)
+                                                      if rate and base else None)
+        rounds.append(row)
+    stopped = {}
+    for variant, fw in proxies.items():
+        stopped[variant] = await one_run(st, fw, f"{names['256KiB']}-stop{variant}",
+                                         256 * KIB, opts.messages, stop_after=5000)
+        progress(f"stopped {variant}: {stopped[variant]}")
+    for fw in proxies.values():
+        st.stop_proxy(fw)
+    return {"rounds": rounds, "stopped": stopped}
+
+
+def base_floodwall(st: Stack, root: Path, policies: Path) -> ProxyProcess:
+    """``floodwall run`` from another checkout (``--base``: main before issue 14)."""
+    proc = ProxyProcess(upstream=st.upstream, logfile=st.workdir / "base.log",
+                        extra_args=["--event-loop", "auto", "--log-format", "json",
+                                    "--policies", str(policies),
+                                    "--management", st.endpoint.management_url],
+                        root=root.resolve())
+    proc.start()
+    st.proxies.append(proc)
+    return proc
+
+
+async def cpu(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    beam = beam_of(st.broker)
+    out: dict[str, Any] = {}
+    for label in ("200ms", "5ms", "2ms", "1ms"):
+        name = f"cpu-{label}-{uuid.uuid4().hex[:6]}"
+        policies = write_policies(st.workdir / f"cpu-{label}.yaml",
+                                  policy_entry("cpu", name, "256KiB", "128KiB"))
+        fw = st.floodwall(f"cpu-{label}", policies, ("--hot-interval", label))
+        try:
+            declare(st, name)
+            await wait_policed(fw, name)
+            producer = asyncio.ensure_future(produce("127.0.0.1", fw.port, name, 2000))
+            deadline = time.monotonic() + 20
+            while not await asyncio.to_thread(tripped, fw, name):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("not tripped")
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            before_probes = await asyncio.to_thread(
+                metric_sum, fw, "floodwall_queue_depth_samples_total")
+            c0, t0 = cpu_seconds(beam), time.monotonic()
+            await asyncio.sleep(opts.cpu_seconds)
+            c1, t1 = cpu_seconds(beam), time.monotonic()
+            after_probes = await asyncio.to_thread(
+                metric_sum, fw, "floodwall_queue_depth_samples_total")
+            out[label] = {"broker_cores": round((c1 - c0) / (t1 - t0), 4),
+                          "counts_per_s": round((after_probes - before_probes) / (t1 - t0), 1)}
+            progress(f"cpu {label}: {out[label]}")
+            producer.cancel()
+            with contextlib.suppress(BaseException):
+                await producer
+        finally:
+            st.stop_proxy(fw)
+            with contextlib.suppress(Exception):
+                declare(st, name, True)
+    base = out["200ms"]["broker_cores"]
+    for label in ("5ms", "2ms", "1ms"):
+        out[label]["added_cores"] = round(out[label]["broker_cores"] - base, 4)
+    return out
+
+
+SCENARIOS = {"pace": pace, "cpu": cpu}
+
+
+def report(doc: dict[str, Any]) -> None:
+    res = doc["results"]
+    if "pace" in res:
+        print("\n| round | capacity | consumed msg/s | ratio to 1 GiB | max ready | "
+              "depth over capacity (ready + 200 unacked) |")
+        print("|---|---|---|---|---|---|")
+        for i, row in enumerate(res["pace"]["rounds"]):
+            for label, r in row.items():
+                print(f"| {i} | {label} | {r.get('rate')} | {r.get('ratio')} | "
+                      f"{r.get('max_ready')} | {r.get('over_capacity_bytes', 0) / KIB:.0f} KiB |")
+        for variant, s in res["pace"]["stopped"].items():
+            print(f"\nstopped consumer (256 KiB, {variant}): max ready after the stop "
+                  f"{s.get('max_ready_after_stop')}, over capacity "
+                  f"{s.get('over_capacity_bytes', 0) / KIB:.0f} KiB, still tripped "
+                  f"{s.get('tripped')}")
+    if "cpu" in res:
+        print("\n| --hot-interval | broker cores | added per tripped queue | counts/s |")
+        print("|---|---|---|---|")
+        for label, r in res["cpu"].items():
+            if isinstance(r, dict):
+                print(f"| {label} | {r['broker_cores']} | {r.get('added_cores', '-')} | "
+                      f"{r['counts_per_s']} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.pace")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--messages", type=int, default=20000)
+    p.add_argument("--cpu-seconds", type=float, default=3.0)
+    p.add_argument("--scenarios", type=lambda s: s.split(","), default=["pace", "cpu"])
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--base", type=Path, default=None,
+                   help="another checkout (e.g. main before issue 14) run side by side")
+    opts = p.parse_args(argv)
+    started = dt.datetime.now(dt.UTC)
+    out = opts.out or REPO / "bench" / "out" / f"pace-{started:%Y%m%d-%H%M%S}.json"
+    t0 = time.monotonic()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the broker is stopped on exit
+    results: dict[str, Any] = {}
+    meta = {"started": started.isoformat(timespec="seconds"), "loadavg": os.getloadavg(),
+            "command": "python -m bench.pace " + " ".join(sys.argv[1:] if argv is None else argv)}
+    with stack(progress) as st:
+        for name in opts.scenarios:
+            progress(f"== {name}")
+            results[name] = asyncio.run(SCENARIOS[name](st, opts, progress))
+    meta["loadavg_after"] = os.getloadavg()
+    doc = {"meta": meta, "results": results}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    report(doc)
+    print(f"\nraw figures: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

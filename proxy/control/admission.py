@@ -1,0 +1,141 @@
+"""Admission while a queue is held (issue 14): a token bucket per tripped queue.
+
+A tripped queue's publishes are held (0-9-1) as before; what changes is how they leave. Not
+all at once when the queue falls to its ``resume`` level, but continuously, at the rate the
+queue drains: after every ready count of a tripped queue the controller hands its waiting
+channels a ``ChannelAdmitted`` (round robin: the first one served moves on each time), and
+each gate lets its held publishes go while ``admits`` says the queue has tokens.
+
+The tokens are a ledger total (``allowance``): held publishes may go while the queue's
+``forwarded_bytes_total`` (and ``forwarded_messages_total``) are below it. With ``t`` the
+time the newest ready count ``c`` was asked for, ``B`` the depth it gives (``c`` x mean body
+size + unacknowledged bytes), ``F(x)`` the ledger total forwarded before ``x``, ``m`` the
+in-flight margin, ``d`` the drain rate (bytes/s, ``QueueDepth.drain_rate`` x mean body
+size), ``h`` the hot sampling interval and ``r`` the count's round trip:
+
+    allowance = capacity - (B + F(now) - F(t - m)) + F(now) + d x min(now - t, h + r)
+              = capacity - B + F(t - m) + d x min(now - t, h + r)
+
+that is, the headroom the count shows (what was forwarded in the last ``m`` before it is
+counted on top of it, as the trip estimate does) plus what the consumers take until the next
+count, at most one hot interval and round trip's worth of it: if the consumers stop dead at
+the count, the queue receives at most ``d x (h + r)`` plus one message beyond its capacity
+before the next count (which shows no drain, and no headroom); ``h + r`` is capped at
+``MAX_CREDIT_TIME``.
+
+The margin ``m`` is ``max(2 x r, HOT_MIN_MARGIN, enqueue_lag)``: the lag the counts show
+(``QueueDepth.enqueue_lag``), which the controller raises to ``SETTLE`` at each trip (what
+went before the trip may be a flood still on its way into the queue, issue 11), so the first
+admissions wait until the counts show it landed. The drain is credited for at most
+``MAX_CREDIT_TIME`` (a count that takes long to come must not open the bucket wide).
+
+Pure: every entry point takes ``now``; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from floodwall.control.depth import HOT_MIN_MARGIN, QueueDepth
+from floodwall.control.events import ChannelAdmitted
+from floodwall.control.policy import Policy
+
+#: Default least seconds between two ready counts of one hot queue (a passive declare each):
+#: bench/pace.py measured the broker's CPU for 1, 2 and 5 ms (bench/RESULTS.md).
+HOT_INTERVAL = 0.005
+#: Longest the drain is credited after a count (seconds): the bound below holds with it.
+MAX_CREDIT_TIME = 0.01
+
+Ref = tuple[int, int]  # (connection id, channel)
+QueueKey = tuple[str, str]  # (vhost, queue)
+
+
+class HeldQueue(Protocol):
+    """What admission reads of a policed queue (``floodwall.control.controller.PolicedQueue``)."""
+
+    depth: QueueDepth
+    policy: Policy
+    tripped_since: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Allowance:
+    """Ledger totals up to which a held queue may take publishes, until its next count."""
+
+    bytes: float
+    messages: float
+    margin: float  # the in-flight margin used (seconds)
+
+
+def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None:
+    """The queue's allowance now (module docstring), or None: nothing may be admitted (the
+    depth is unknown, or its newest figure is a management sample, seconds old)."""
+    depth = q.depth
+    base = depth.counted_base
+    at = depth.ready_count_at
+    if base is None or at is None:
+        return None
+    rtt = depth.ready_rtt
+    margin = max(depth.ready_margin if rtt is None else max(2 * rtt, HOT_MIN_MARGIN),
+                 depth.enqueue_lag)
+    before_bytes, before_messages = depth.totals_before(at - margin)
+    drain = depth.drain_rate or 0.0
+    credit = drain * min(max(0.0, now - at), hot_interval + (rtt or 0.0), MAX_CREDIT_TIME)
+    policy = q.policy
+    allowed_bytes = (math.inf if policy.capacity <= 0 else
+                     policy.capacity - base.bytes + before_bytes
+                     + credit * depth.average_body_bytes())
+    allowed_messages = (math.inf if policy.max_messages is None else
+                        policy.max_messages - base.messages + before_messages + credit)
+    return Allowance(allowed_bytes, allowed_messages, margin)
+
+
+class Admission:
+    """Admission for every tripped queue of one controller: the setting, the round robin."""
+
+    def __init__(self, hot_interval: float = HOT_INTERVAL) -> None:
+        self.hot_interval = hot_interval
+        self._turn = 0  # where the next round robin starts
+        # The allowance offered at each held queue's last tick, while channels waited on it.
+        self._offered: dict[QueueKey, Allowance] = {}
+
+    def busy(self, key: QueueKey, depth: QueueDepth) -> bool:
+        """Whether the publishers waiting on held queue ``key`` used up what its last tick
+        offered: they want more than it drains, so it stays held (its release would let
+        their backlog go at once) even at its resume level. A queue whose waiting publishers
+        leave tokens unused (they have little left, or were told to stop: Channel.Flow) is
+        released as the policy's resume level says."""
+        offered = self._offered.get(key)  # less than one message's tokens left: all used
+        return offered is not None and (
+            depth.forwarded_bytes_total + depth.average_body_bytes() > offered.bytes
+            or depth.forwarded_messages_total + 1 > offered.messages)
+
+    def forget(self, key: QueueKey) -> None:
+        self._offered.pop(key, None)
+
+    def admits(self, q: HeldQueue, now: float) -> bool:
+        """Whether one more publish may go to held queue ``q`` now (it has tokens left)."""
+        a = allowance(q, now, self.hot_interval)
+        depth = q.depth
+        return a is not None and depth.forwarded_bytes_total < a.bytes \
+            and depth.forwarded_messages_total < a.messages
+
+    def tick(self, key: QueueKey, q: HeldQueue, waiting: Iterable[Ref], now: float
+             ) -> list[ChannelAdmitted]:
+        """A new count of held queue ``q``: the channels waiting on it, to be offered its
+        tokens in turn (round robin: the first served moves on by one each tick); none
+        when it has no tokens."""
+        refs = list(waiting)
+        a = allowance(q, now, self.hot_interval) if refs else None
+        if a is None:
+            self._offered.pop(key, None)
+            return []
+        self._offered[key] = a
+        if not self.admits(q, now):
+            return []
+        self._turn += 1
+        start = self._turn % len(refs)
+        return [ChannelAdmitted(*ref) for ref in refs[start:] + refs[:start]]

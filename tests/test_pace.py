@@ -1,0 +1,188 @@
+"""Issue 14, sans-IO: the sampling schedule, the enqueue lag, admission while held (the token
+bucket, its cap when the consumers stop dead, the round robin) and the release it defers."""
+
+from __future__ import annotations
+
+import pytest
+
+from floodwall.control.admission import (
+    HOT_INTERVAL,
+    MAX_CREDIT_TIME,
+    Admission,
+    allowance,
+)
+from floodwall.control.controller import FlowController
+from floodwall.control.depth import HOT_MIN_MARGIN, LAG_HALF_LIFE, SETTLE, QueueDepth
+from floodwall.control.events import ChannelAdmitted
+from floodwall.control.policy import parse_policies
+from floodwall.control.schedule import ingress_rate, predicted_full, sampling_interval
+from tests.test_gate import Router
+
+POLICIES = parse_policies("""
+version: 1
+policies:
+  - name: orders
+    match: {vhost: "/", queue: "orders.*"}
+    capacity: 10000
+    resume: 5000
+""")
+KEY = ("/", "orders.a")
+RTT = 0.001
+
+
+def held_queue() -> tuple[FlowController, float]:
+    """orders.a counted empty at t=100, then 11 x 1000 bytes forwarded at once: tripped."""
+    fc = FlowController(Router(), POLICIES)
+    t = 100.0
+    fc.queue_seen(KEY, t)
+    fc.sampled_ready_count(KEY, t, 0, RTT, t)
+    for _ in range(11):
+        fc.forwarded("/", frozenset({"orders.a"}), 1000, t + 0.5)
+    assert KEY in fc.tripped
+    return fc, t + 1.0
+
+
+def count(fc: FlowController, at: float, ready: int) -> None:
+    fc.sampled_ready_count(KEY, at, ready, RTT, at + RTT)
+
+
+# -- the token bucket -----------------------------------------------------------------------
+def test_no_tokens_while_the_count_shows_the_queue_full() -> None:
+    fc, t = held_queue()
+    count(fc, t, 11)
+    assert not fc.admits(frozenset({KEY}), t + RTT)
+
+
+def test_tokens_are_the_headroom_the_count_shows() -> None:
+    fc, t = held_queue()
+    count(fc, t, 11)
+    count(fc, t + 0.2, 6)  # consumers took 5
+    q = fc.queues[KEY]
+    a = allowance(q, t + 0.2, HOT_INTERVAL)
+    assert a is not None
+    depth = q.depth
+    # capacity - count x mean size + everything forwarded before the count (11000); no drain
+    # credited yet (now is the count's time)
+    assert a.bytes == pytest.approx(10000 - 6000 + 11000)
+    for _ in range(4):
+        assert fc.admits(frozenset({KEY}), t + 0.2)
+        fc.queues[KEY].depth.forwarded(t + 0.2, 1000)
+    assert depth.forwarded_bytes_total == 15000
+    # at most one message past capacity + the drain credited: the last 1000 used it up
+    assert depth.forwarded_bytes_total + 1000 > a.bytes
+
+
+def test_a_consumer_that_stops_dead_is_credited_for_one_hot_interval_and_round_trip() -> None:
+    fc, t = held_queue()
+    count(fc, t, 11)
+    q = fc.queues[KEY]
+    q.depth.drain_rate = 5000.0  # messages/s, as the counts said before the stop
+    at = q.depth.ready_count_at
+    assert at is not None
+    soon = allowance(q, at, HOT_INTERVAL)
+    late = allowance(q, at + 5.0, HOT_INTERVAL)  # no count for 5 s
+    assert soon is not None and late is not None
+    cap = min(HOT_INTERVAL + RTT, MAX_CREDIT_TIME)
+    assert late.bytes - soon.bytes == pytest.approx(5000.0 * cap * 1000)
+    # overshoot bound: capacity + drain x min(hot interval + rtt, MAX_CREDIT_TIME) + 1 message
+    est = q.depth.estimate()
+    assert est is not None
+    assert late.bytes - q.depth.forwarded_bytes_total + est.bytes <= 10000 + 5000 * cap * 1000
+
+
+def test_nothing_is_admitted_on_a_management_figure_alone() -> None:
+    d = QueueDepth()
+    d.forwarded(1.0, 100)
+    admission = Admission()
+
+    class Q:
+        depth = d
+        policy = POLICIES.policies[0]
+        tripped_since: float | None = 1.0
+
+    assert allowance(Q(), 2.0, HOT_INTERVAL) is None
+    assert not admission.admits(Q(), 2.0)
+
+
+# -- the enqueue lag ------------------------------------------------------------------------
+def test_a_count_that_missed_a_burst_shows_the_lag() -> None:
+    d = QueueDepth()
+    d.sampled_ready_count(0.0, 0, RTT)
+    for _ in range(100):
+        d.forwarded(0.01, 1000)  # one burst at 10 ms
+    d.sampled_ready_count(0.06, 20, RTT)  # 50 ms later only 20 are in
+    assert d.enqueue_lag == 0.0  # a low count alone proves nothing (consumers)
+    d.sampled_ready_count(0.062, 100, RTT)  # ... and now all of them: 80 were missing
+    assert d.enqueue_lag == pytest.approx(0.06 - 0.01)
+    d.sampled_ready_count(0.064, 100, RTT)  # consistent: it shrinks
+    assert d.enqueue_lag == pytest.approx(0.05 * 0.5 ** (0.002 / LAG_HALF_LIFE))
+
+
+def test_a_trip_assumes_a_flood_on_its_way_until_the_counts_say_otherwise() -> None:
+    fc, t = held_queue()
+    depth = fc.queues[KEY].depth
+    assert depth.enqueue_lag == SETTLE
+    count(fc, t, 11)
+    # the fast margin would trust a count 2 ms after the burst; the lag does not
+    a = allowance(fc.queues[KEY], t, HOT_INTERVAL)
+    # (the trip was 0.5 s before this count, which shows no lag: half a half-life)
+    assert a is not None and a.margin == pytest.approx(SETTLE * 0.5 ** (0.5 / LAG_HALF_LIFE))
+    for i in range(1, 101):  # 3 s more of counts that show no lag
+        count(fc, t + i * 0.03, 11)
+    assert depth.enqueue_lag == pytest.approx(SETTLE * 0.5 ** (3.5 / LAG_HALF_LIFE))
+    a = allowance(fc.queues[KEY], t + 3.0, HOT_INTERVAL)
+    assert a is not None and a.margin == pytest.approx(HOT_MIN_MARGIN)  # the floor
+
+
+# -- the schedule ---------------------------------------------------------------------------
+def test_tripped_queues_are_hot_and_quiet_ones_cold() -> None:
+    policy = POLICIES.policies[0]
+    d = QueueDepth()
+    d.sampled_ready_count(0.0, 1, RTT)
+    assert sampling_interval(d, policy, True, 1.0, 0.2, 0.002) == 0.002
+    assert sampling_interval(d, policy, False, 1.0, 0.2, 0.002) == 0.2
+
+
+def test_a_queue_predicted_to_fill_before_the_next_slow_count_is_hot() -> None:
+    policy = POLICIES.policies[0]
+    d = QueueDepth()
+    d.sampled_ready_count(0.0, 0, RTT)
+    for i in range(80):  # 8000 bytes in the last second: 8000 B/s
+        d.forwarded(0.1 + i * 0.01, 100)
+    assert ingress_rate(d, 1.0).bytes == pytest.approx(8000)
+    # estimate 8000 + 8000 B/s x 0.2 s = 9600 < 10000: cold; x 0.3 s: hot
+    assert not predicted_full(d, policy, 1.0, 0.2)
+    assert predicted_full(d, policy, 1.0, 0.3)
+    assert sampling_interval(d, policy, False, 1.0, 0.3, 0.002) == 0.002
+
+
+# -- ticks, the round robin, the deferred release -------------------------------------------
+def test_each_count_offers_the_tokens_to_the_waiting_channels_in_turn() -> None:
+    fc, t = held_queue()
+    for ref in ((1, 1), (1, 2), (2, 1)):
+        assert fc.block(*ref, frozenset({KEY}), t)
+    count(fc, t, 11)
+    assert [o for o in fc.take_output() if isinstance(o, ChannelAdmitted)] == []  # no room
+    orders = []
+    for i in range(1, 4):
+        count(fc, t + 0.2 * i, 6)
+        orders.append([(o.conn, o.channel) for o in fc.take_output()
+                       if isinstance(o, ChannelAdmitted)])
+    assert [o[0] for o in orders] == [(1, 2), (2, 1), (1, 1)]  # the first served moves on
+    assert all(sorted(o) == [(1, 1), (1, 2), (2, 1)] for o in orders)
+    assert fc.is_blocked(1, 1)  # admitted, still held
+
+
+def test_publishers_using_every_token_keep_their_queue_held_below_resume() -> None:
+    fc, t = held_queue()
+    assert fc.block(1, 1, frozenset({KEY}), t)
+    count(fc, t, 8)  # 2000 bytes of tokens offered to channel 1 ...
+    depth = fc.queues[KEY].depth
+    while fc.admits(frozenset({KEY}), t):
+        depth.forwarded(t, 1000)  # ... and it uses every one
+    count(fc, t + 0.2, 4)  # 4000 + what was admitted <= resume 5000 ...
+    assert KEY in fc.tripped and fc.is_blocked(1, 1)  # ... but it wants more: held
+    # the next tick's tokens go unused (the publisher has nothing more): released
+    count(fc, t + 0.6, 4)
+    count(fc, t + 0.8, 4)
+    assert KEY not in fc.tripped and not fc.is_blocked(1, 1)
