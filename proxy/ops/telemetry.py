@@ -18,10 +18,12 @@ import os
 import re
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.depth import QueueDepth
 from floodwall.control.events import QueueReleased, QueueTripped
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import Mode, Policy
@@ -149,18 +151,11 @@ class Sampler:
                  spooled: Mapping[QueueKey, int] | None = None,
                  sampling: Mapping[QueueKey, float] | None = None) -> list[Record]:
         """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
-
-        ``sampling``: each queue's depth sampling interval in force (issue 14).
-
         ``spooled``: bytes in each queue's spool not yet confirmed by the broker (none
-        without ``--spool-dir``).
-        """
+        without ``--spool-dir``); ``sampling``: each queue's depth sampling interval."""
         spooled, sampling = spooled or {}, sampling or {}
         blocked = c.blocked_channels()
-        per_queue: dict[QueueKey, int] = {}
-        for b in blocked:
-            for key in b.queues:
-                per_queue[key] = per_queue.get(key, 0) + 1
+        per_queue = Counter(key for b in blocked for key in b.queues)
         all_blocked = len(blocked)
         records: list[Record] = []
         for key in sorted(c.queues):
@@ -198,9 +193,7 @@ class Sampler:
                 "held_bytes": round(counters.held_bytes * share),
                 "held_messages": round(counters.held_messages * share),
                 "spooled_bytes": spooled.get(key, 0),
-                "sampling_interval": sampling.get(key),
-                "drain_bytes_per_second": (None if (drain := drain_bytes_rate(d)) is None
-                                           else round(drain, 1)),
+                **_pace_fields(d, sampling.get(key)),
             })
             records.append(rec)
             self._previous[key] = _Previous(mono, d.forwarded_bytes_total,
@@ -250,6 +243,13 @@ class Sampler:
             rec.update(extra)
             out.append(rec)
         return out
+
+
+def _pace_fields(d: QueueDepth, sampling: float | None) -> dict[str, object]:
+    """A sample's issue 14 fields: the sampling interval in force, the drain estimate."""
+    drain = drain_bytes_rate(d)
+    return {"sampling_interval": sampling,
+            "drain_bytes_per_second": None if drain is None else round(drain, 1)}
 
 
 def _policy_fields(p: Policy) -> dict[str, object]:
