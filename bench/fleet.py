@@ -1,0 +1,353 @@
+"""The fleet benchmark (issue 15): N floodwall sidecars feeding one capped queue.
+
+``python -m bench.fleet [--cases 1:max,4:max,8:max,8:1000] [--seconds 10] [--root DIR]
+[--floodwall-args "--fleet off"] [--out FILE]``
+
+Starts one private RabbitMQ and the largest N of the cases' floodwall processes (JSON logs,
+uvloop, one policy: ``fleet.*`` capped at 1 MiB, resume 512 KiB), then for each case
+``N:RATE`` (RATE msg/s per producer, ``max``: as fast as the socket takes them):
+
+- a fresh queue ``fleet.<id>``, declared straight on the broker; the case waits until each
+  of its N sidecars polices it (topology events);
+- one *bare* producer per sidecar (``bench.flow.raw_producer``'s kind: pre-encoded 1 KiB
+  publishes, no confirms, Channel.Flow never read: the proxy must hold what it sends), the
+  body's first two bytes its producer number;
+- one consumer straight on the broker, prefetch 20, acking ``--consumer-rate`` msg/s;
+- the broker-side depth: a passive declare on a direct connection every 20 ms, plus the
+  consumer's unacked messages, times 1 KiB; the peak is reported (and the management API's
+  ``message_bytes`` every 250 ms as a coarse cross-check).
+
+After ``--seconds`` the producers stop writing (their connections stay open, so what the
+sidecars hold is released, not dropped), the consumer acks as fast as it can until it has
+every message that was written (or ``--drain-timeout``): delivered vs sent, nothing lost.
+Fairness: Jain's index of the producers' delivered counts in the second half of the window
+(the queue held at capacity), ``(sum x)^2 / (n sum x^2)``; 1.0 is perfectly even.
+
+``--root DIR`` runs the floodwall of another checkout (the baseline: ``git archive`` of a
+commit), ``--floodwall-args`` passes more arguments to every sidecar. Cases run one after
+the other in one run on one broker, so their figures are side by side; the machine is shared
+(2 cores), see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import math
+import shlex
+import struct
+import sys
+import time
+import urllib.parse
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import amqp091, relay
+from bench.flow import (
+    KIB,
+    MIB,
+    Progress,
+    Stack,
+    held,
+    policed,
+    policy_entry,
+    run_main,
+    unique,
+    until,
+    write_policies,
+)
+from bench.meters import CpuMeter
+from floodwall.dev.devproxy import ProxyProcess
+
+SIZE = 1024
+CAPACITY = MIB
+_ID = struct.Struct(">H")
+
+
+@dataclass
+class Consumer:
+    """Straight to the broker; counts deliveries per producer (the body's first 2 bytes);
+    acks ``rate`` msg/s (``math.inf``: everything at once)."""
+
+    client: amqp091.Amqp091Client
+    rate: float
+    per_producer: dict[int, int] = field(default_factory=dict)
+    marks: dict[int, int] = field(default_factory=dict)  # per_producer at ``mark()``
+    tags: deque[int] = field(default_factory=deque)
+    acked: int = 0
+
+    def __post_init__(self) -> None:
+        self.client.on_delivery = self.tags.append
+        self.client.on_body = self._body
+
+    def _body(self, payload: memoryview, _now: int) -> None:
+        pid = _ID.unpack_from(payload)[0]
+        self.per_producer[pid] = self.per_producer.get(pid, 0) + 1
+
+    @property
+    def delivered(self) -> int:
+        return sum(self.per_producer.values())
+
+    @property
+    def unacked(self) -> int:
+        return self.client.deliveries - self.acked
+
+    def mark(self) -> None:
+        self.marks = dict(self.per_producer)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        start, done = time.perf_counter(), 0
+        while not stop.is_set():
+            if math.isinf(self.rate):
+                if self.tags:
+                    self.client.ack(self.tags[-1], multiple=True)
+                    self.acked += len(self.tags)
+                    self.tags.clear()
+            else:
+                due = int((time.perf_counter() - start) * self.rate) - done
+                while due > 0 and self.tags:
+                    self.client.ack(self.tags.popleft(), multiple=False)
+                    self.acked += 1
+                    done += 1
+                    due -= 1
+            await asyncio.sleep(0.001)
+
+    def fast(self) -> None:
+        self.rate = math.inf
+
+
+async def producer(port: int, queue: str, pid: int, rate: float, stop: asyncio.Event,
+                   counts: dict[int, int], gone: asyncio.Event) -> None:
+    """A bare producer through one sidecar: no confirms, Channel.Flow never read. rate 0:
+    batches as fast as the socket takes them; else paced on a 1 ms timer. Stays connected
+    until ``gone`` (held publishes are released, not dropped)."""
+    client = await amqp091.connect("127.0.0.1", port)
+    one = amqp091.publish_frames(queue, _ID.pack(pid) + b"\xab" * (SIZE - 2))
+    batch = one * relay.BATCH
+    counts[pid] = 0
+    start = time.perf_counter()
+    try:
+        while not stop.is_set() and not client.lost.done():
+            if client.paused:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(client.writable(), 0.1)
+                continue
+            if rate <= 0:
+                client.write(batch)
+                counts[pid] += relay.BATCH
+                await asyncio.sleep(0)
+                continue
+            due = int((time.perf_counter() - start) * rate) - counts[pid]
+            most = max(1, int(rate * 0.01))
+            if due > most:  # fell behind (a stall): shift the schedule, do not burst
+                start += (due - most) / rate
+                due = most
+            if due > 0:
+                client.write(one * due)
+                counts[pid] += due
+            await asyncio.sleep(0.001)
+        await gone.wait()
+    finally:
+        client.abort()
+
+
+def jain(xs: list[float]) -> float:
+    """Jain's fairness index: (sum x)^2 / (n sum x^2); 1.0 when all are equal."""
+    sq = sum(x * x for x in xs)
+    return (sum(xs) ** 2) / (len(xs) * sq) if xs and sq else math.nan
+
+
+@dataclass
+class Trace:
+    max_bytes: int = 0
+    max_at: float = 0.0
+    samples: int = 0
+    mgmt_max_bytes: int = 0
+    mgmt_samples: int = 0
+
+
+async def sample_depth(st: Stack, queue: str, consumer: Consumer, trace: Trace,
+                       stop: asyncio.Event, t0: float) -> None:
+    sampler = await amqp091.connect(st.endpoint.host, st.endpoint.amqp_port)
+    try:
+        while not stop.is_set():
+            ready = await sampler.declare(queue, passive=True)
+            depth = (ready + consumer.unacked) * SIZE
+            trace.samples += 1
+            if depth > trace.max_bytes:
+                trace.max_bytes, trace.max_at = depth, time.perf_counter() - t0
+            await asyncio.sleep(0.02)
+    finally:
+        await sampler.close()
+
+
+async def sample_management(st: Stack, queue: str, trace: Trace, stop: asyncio.Event) -> None:
+    path = "/api/queues/%2F/" + urllib.parse.quote(queue, safe="")
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            doc = await asyncio.to_thread(st.endpoint.api, "GET", path, None, 5)
+            assert isinstance(doc, dict)
+            trace.mgmt_max_bytes = max(trace.mgmt_max_bytes, int(doc.get("message_bytes") or 0))
+            trace.mgmt_samples += 1
+        await asyncio.sleep(0.25)
+
+
+async def run_case(st: Stack, sidecars: list[ProxyProcess], rate: float,
+                   opts: argparse.Namespace, cpu: CpuMeter) -> dict[str, Any]:
+    ep, n = st.endpoint, len(sidecars)
+    queue = unique("fleet")
+    direct = await amqp091.connect(ep.host, ep.amqp_port)
+    await direct.declare(queue)
+    await direct.close()
+    for fw in sidecars:
+        await until(functools.partial(policed, fw, queue), 30, f"{queue} policed by {fw.port}")
+    consumer_client = await amqp091.connect(ep.host, ep.amqp_port)
+    await consumer_client.qos(opts.prefetch)
+    consumer = Consumer(consumer_client, opts.consumer_rate)
+    await consumer_client.consume(queue, no_ack=False)
+    stop_producing, stop_sampling, gone = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    stop_consuming = asyncio.Event()
+    sent: dict[int, int] = {}
+    trace = Trace()
+    t0 = time.perf_counter()
+    consuming = asyncio.create_task(consumer.run(stop_consuming))
+    samplers = [asyncio.create_task(sample_depth(st, queue, consumer, trace, stop_sampling, t0)),
+                asyncio.create_task(sample_management(st, queue, trace, stop_sampling))]
+    producers = [asyncio.create_task(producer(fw.port, queue, i, rate, stop_producing, sent,
+                                              gone)) for i, fw in enumerate(sidecars)]
+    procs = [psutil.Process(fw.process.pid) for fw in sidecars if fw.process]
+    s0 = cpu.snapshot(None)
+    side0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    await asyncio.sleep(opts.seconds / 2)
+    consumer.mark()
+    await asyncio.sleep(opts.seconds / 2)
+    stop_producing.set()
+    window = {pid: consumer.per_producer.get(pid, 0) - consumer.marks.get(pid, 0)
+              for pid in range(n)}
+    s1 = cpu.snapshot(None)
+    side1 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    total_sent = sum(sent.values())
+    consumer.fast()
+    drained = True
+    try:
+        await until(lambda: consumer.delivered >= sum(sent.values()), opts.drain_timeout,
+                    "every message delivered", interval=0.1)
+    except TimeoutError:
+        drained = False
+    stop_sampling.set()
+    await asyncio.gather(*samplers, return_exceptions=True)
+    gone.set()
+    errors = [repr(r) for r in await asyncio.gather(*producers, return_exceptions=True)
+              if isinstance(r, BaseException)]
+    stop_consuming.set()
+    await consuming
+    await consumer_client.close()
+    still_held = [held(fw)["messages"] for fw in sidecars]
+    direct = await amqp091.connect(ep.host, ep.amqp_port)
+    await direct.delete(queue)
+    await direct.close()
+    cpu_d = CpuMeter.delta(s0, s1)
+    rates = [window[i] / (opts.seconds / 2) for i in range(n)]
+    return {
+        "sidecars": n, "rate": int(rate) if rate else "max", "queue": queue,
+        "capacity": CAPACITY,
+        "max_depth_bytes": trace.max_bytes, "max_at_s": round(trace.max_at, 2),
+        "overshoot_bytes": trace.max_bytes - CAPACITY,
+        "mgmt_max_bytes": trace.mgmt_max_bytes, "samples": trace.samples,
+        "sent": total_sent, "delivered": consumer.delivered,
+        "lost": total_sent - consumer.delivered, "drained": drained,
+        "held_after": still_held,
+        "delivered_rates_second_half": [round(r, 1) for r in rates],
+        "jain": jain(rates),
+        "sidecar_cpu_cores": (side1 - side0) / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
+        "other_cores": cpu_d["other_cpu_s"] / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
+        "errors": errors,
+    }
+
+
+async def fleet(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    policies = write_policies(st.workdir / "fleet.yaml",
+                              policy_entry("fleet", "fleet.*", "1MiB", "512KiB"))
+    most = max(n for n, _ in opts.cases)
+    extra = shlex.split(opts.floodwall_args)
+    sidecars: list[ProxyProcess] = []
+    for i in range(most):
+        args = ["--event-loop", "auto", "--log-format", "json", "--policies", str(policies),
+                "--management", st.endpoint.management_url, *extra]
+        proc = ProxyProcess(upstream=st.upstream, logfile=st.workdir / f"sidecar-{i}.log",
+                            extra_args=args, root=opts.root)
+        st.proxies.append(proc)
+        sidecars.append(proc)
+        await asyncio.to_thread(proc.start, 60.0)
+    progress(f"{most} sidecars up" + (f" (from {opts.root})" if opts.root else ""))
+    cpu = CpuMeter(relay.beam_of(st.broker))
+    runs = []
+    for n, rate in opts.cases:
+        res = await run_case(st, sidecars[:n], rate, opts, cpu)
+        runs.append(res)
+        progress(f"   {n} sidecars x {res['rate']!s:>5} msg/s: peak "
+                 f"{res['max_depth_bytes'] / KIB:7.0f} KiB ({res['overshoot_bytes'] / KIB:+.0f}), "
+                 f"sent {res['sent']}, delivered "
+                 f"{res['delivered']}, jain {res['jain']:.3f}, noise {res['other_cores']:.2f}"
+                 + (f" ERRORS {res['errors']}" if res["errors"] else ""))
+    return {"runs": runs, "consumer_rate": opts.consumer_rate, "prefetch": opts.prefetch,
+            "seconds": opts.seconds, "root": str(opts.root) if opts.root else None,
+            "floodwall_args": opts.floodwall_args}
+
+
+def report(res: dict[str, Any]) -> None:
+    meta = res["meta"]
+    print(f"\nbench.fleet {meta['started']} ({meta['cpus']} cores, load before "
+          f"{meta['loadavg_before'][0]:.2f}, RabbitMQ {meta.get('rabbitmq')})")
+    f = res["results"].get("fleet")
+    if not f:
+        return
+    print(f"one queue capped at 1 MiB, bare producers (1 KiB, no confirms, one per sidecar), "
+          f"consumer {f['consumer_rate']:g} msg/s, {f['seconds']:g} s per case")
+    print(f"  {'sidecars':>8}{'rate':>7}{'peak':>11}{'over cap':>11}{'mgmt peak':>11}"
+          f"{'sent':>9}{'delivered':>11}{'lost':>6}{'jain':>7}{'sidecar cores':>15}"
+          f"{'noise':>7}")
+    for r in f["runs"]:
+        mg = f"{r['mgmt_max_bytes'] / KIB:.0f} KiB" if r["mgmt_max_bytes"] else "-"
+        print(f"  {r['sidecars']:>8}{r['rate']!s:>7}{r['max_depth_bytes'] / KIB:>7.0f} KiB"
+              f"{r['overshoot_bytes'] / KIB:>+7.0f} KiB{mg:>11}{r['sent']:>9}"
+              f"{r['delivered']:>11}{r['lost']:>6}{r['jain']:>7.3f}"
+              f"{r['sidecar_cpu_cores']:>15.2f}{r['other_cores']:>7.2f}"
+              + (f"  errors: {r['errors']}" if r["errors"] else ""))
+
+
+def parse_case(text: str) -> tuple[int, float]:
+    n, _, rate = text.partition(":")
+    return int(n), 0.0 if rate in ("", "max") else float(rate)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n")[0])
+    p.add_argument("--cases", default="1:max,4:max,8:max,1:1000,4:1000,8:1000",
+                   help="SIDECARS:RATE list (RATE msg/s per producer, max: unpaced)")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--consumer-rate", type=float, default=1000.0)
+    p.add_argument("--prefetch", type=int, default=20)
+    p.add_argument("--drain-timeout", type=float, default=120.0)
+    p.add_argument("--root", type=Path, default=None,
+                   help="run the floodwall of this checkout (e.g. a git archive of main)")
+    p.add_argument("--floodwall-args", default="", help="more arguments for every sidecar")
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args(argv)
+    a.cases = [parse_case(c) for c in a.cases.split(",") if c]
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    return run_main("fleet", argv, {"fleet": fleet}, opts, ["fleet"], report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
