@@ -93,8 +93,14 @@ def test_fleet_queues_are_named_apart() -> None:
 
 
 # -- membership ---------------------------------------------------------------------------
+def _table(timeout: float = MEMBER_TIMEOUT, vhosts: tuple[str, ...] = ("/",)) -> FleetTable:
+    t = FleetTable("me", timeout=timeout)
+    t.expect(vhosts)
+    return t
+
+
 def test_a_member_joins_at_its_first_announcement() -> None:
-    t = FleetTable("me")
+    t = _table()
     t.heard(_ann("me", 1), 0.0)
     t.heard(_ann("b", 1), 0.05)
     assert t.members(0.05) == ["b"]
@@ -104,7 +110,7 @@ def test_a_member_joins_at_its_first_announcement() -> None:
 
 
 def test_a_silent_member_leaves_after_the_timeout_and_not_before() -> None:
-    t = FleetTable("me", timeout=2.5)
+    t = _table(2.5)
     t.heard(_ann("b", 1), 0.0)
     t.take_changes()
     for i in range(1, 26):  # this sidecar keeps hearing itself every 100 ms
@@ -119,7 +125,7 @@ def test_a_silent_member_leaves_after_the_timeout_and_not_before() -> None:
 
 
 def test_a_deaf_sidecar_keeps_the_fleet_it_last_heard() -> None:
-    t = FleetTable("me", timeout=2.5)
+    t = _table(2.5)
     t.heard(_ann("b", 1), 0.0)
     t.heard(_ann("c", 1), 0.0)
     t.heard(_ann("me", 1), 0.1)
@@ -135,13 +141,15 @@ def test_a_deaf_sidecar_keeps_the_fleet_it_last_heard() -> None:
 
 def test_never_having_heard_itself_is_deaf() -> None:
     t = FleetTable("me")
+    assert t.deaf(0.0)  # announcing nowhere
+    t.expect(["/"])
     assert t.deaf(0.0)
     t.heard(_ann("b", 1), 0.0)
     assert t.members(100.0) == ["b"]
 
 
 def test_leaving_and_queue_deleted_remove_at_once() -> None:
-    t = FleetTable("me")
+    t = _table()
     t.heard(_ann("me", 1), 0.0)
     t.heard(_ann("b", 1), 0.0)
     t.heard(_ann("c", 1), 0.0)
@@ -173,11 +181,12 @@ def test_a_restart_under_the_same_id_is_a_new_member() -> None:
 
 
 def test_reports_are_per_vhost_channel() -> None:
-    t = FleetTable("me", timeout=2.5)
+    t = _table(2.5, ("/", "v2"))
     t.heard(_ann("me", 1), 0.0)
     t.heard(_ann("b", 1, vhost="/"), 0.0)
     t.heard(_ann("b", 1, vhost="v2"), 2.0)
     t.heard(_ann("me", 2), 3.0)
+    t.heard(_ann("me", 2, vhost="v2"), 3.0)
     assert t.members(3.0) == ["b"]  # heard on v2 lately
     assert t.reports(("/", "orders"), 3.0) == {}  # its / reports are stale
     assert "b" in t.reports(("v2", "orders"), 3.0)
@@ -256,7 +265,7 @@ def test_more_demand_never_gets_less(headroom: float, d: dict[str, float | None]
 
 
 def test_a_deaf_sidecar_takes_the_fallback_share() -> None:
-    t = FleetTable("me", timeout=2.5)
+    t = _table(2.5)
     t.heard(_ann("b", 1, demand=10.0), 0.0)
     t.heard(_ann("c", 1, demand=10.0), 0.0)
     t.heard(_ann("me", 1), 0.0)
@@ -299,3 +308,17 @@ def test_last_sample_is_the_ready_count_in_bytes_with_its_age() -> None:
 
 def test_default_timeout_is_within_the_issue_bound() -> None:
     assert MEMBER_TIMEOUT + 0.1 < 3.0  # one announcement interval late, still < 3 s
+
+
+def test_deaf_on_one_vhost_is_deaf() -> None:
+    t = _table(2.5, ("/", "v2"))
+    t.heard(_ann("b", 1), 0.0)
+    t.heard(_ann("me", 1), 0.0)
+    assert t.deaf(0.0)  # nothing heard on v2 yet
+    t.heard(_ann("me", 1, vhost="v2"), 0.1)
+    assert not t.deaf(0.1)
+    t.heard(_ann("me", 2), 3.0)  # v2 silent since 0.1
+    assert t.deaf(3.0) and t.members(3.0) == ["b"] and t.size(3.0) == 2
+    t.expect(["/"])  # no longer announcing on v2
+    assert not t.deaf(3.0)
+    assert t.members(3.0) == []

@@ -8,6 +8,7 @@ lazily, the PySpark pipeline (``floodwall_pipeline``). ``spool`` is ``floodwall 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,18 @@ def _units(parse: Callable[[object], float], example: str, zero_ok: bool = False
 
 
 _duration = _units(parse_duration, "200ms, 5s, 1m")
+
+
+def _fleet_name(ctx: click.Context, param: click.Parameter, value: object) -> str | None:
+    """--fleet: a name (letters, digits, ``_.-``, at most 64), or ``off`` (None)."""
+    text = str(value).strip()
+    if text.lower() == "off":
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
+        raise click.BadParameter(f"{text!r}: letters, digits, '_', '.', '-' (at most 64), "
+                                 "or off", ctx=ctx, param=param)
+    return text
+
 _duration_or_zero = _units(parse_duration, "200ms, 5s, 1m", zero_ok=True)
 _size = _units(parse_bytes, "16MiB, 512KiB")
 _size_or_zero = _units(parse_bytes, "16MiB, 512KiB", zero_ok=True)
@@ -172,6 +185,11 @@ def main() -> None:
               show_default=True, envvar="FLOODWALL_TOPOLOGY_EVENTS",
               help="Follow the broker's topology events (amq.rabbitmq.event, the "
                    "rabbitmq_event_exchange plugin) when it has them.")
+@click.option("--fleet", default="default", metavar="NAME|off", show_default=True,
+              envvar="FLOODWALL_FLEET", callback=_fleet_name,
+              help="Sidecars on the same broker with the same fleet name find each other "
+                   "through it (an exchange floodwall.fleet.NAME per policed vhost) and show "
+                   "each other's demand and shares; off: none of it runs.")
 @click.option("--alarm-interval", default="2s", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_ALARM_INTERVAL",
               help="How often the management API is asked for the broker's memory and disk "
@@ -238,7 +256,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None,
         depth_interval: float, management_interval: float, topology_interval: float,
-        topology_events: str, alarm_interval: float, management_timeout: float,
+        topology_events: str, fleet: str | None, alarm_interval: float,
+        management_timeout: float,
         management_connections: int, hold_budget: int,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int,
@@ -271,7 +290,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
             policies=Path(policies) if policies else None, depth_interval=depth_interval,
             management_interval=management_interval, topology_interval=topology_interval,
-            topology_events=topology_events == "on", alarm_interval=alarm_interval,
+            topology_events=topology_events == "on", fleet=fleet, alarm_interval=alarm_interval,
             management_timeout=management_timeout,
             management_connections=management_connections, hold_budget=hold_budget,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,

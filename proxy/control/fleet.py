@@ -9,10 +9,10 @@ Rules (docs/architecture.md, "A fleet of sidecars"):
 
 - A member is live while its last announcement on some vhost's channel is younger than
   ``timeout``; a ``leaving`` announcement (a clean stop) removes it at once.
-- This sidecar hears its own announcements too (the channel is a fanout): while it has not
-  heard itself for ``timeout`` it is *deaf* and counts the fleet at the size it had when it
-  last heard itself (``size``): a sidecar that cannot hear the others never assumes they
-  left.
+- This sidecar hears its own announcements too (the channel is a fanout): while, on some
+  vhost it announces on (``expect``), it has not heard itself for ``timeout`` it is *deaf*:
+  nobody expires, and it counts the fleet at the size it had when it last heard itself on
+  every vhost (``size``): a sidecar that cannot hear the others never assumes they left.
 - Shares of a queue's headroom are max-min fair on demand (``max_min_shares``): a member
   that needs less than an equal share gets what it needs, the rest is split evenly among
   the others; what nobody needs is split evenly too. A member with no measured demand yet
@@ -293,7 +293,9 @@ class FleetTable:
     timeout: float = MEMBER_TIMEOUT
     # member -> vhost -> its last announcement there
     _heard: dict[str, dict[str, _Heard]] = field(default_factory=dict)
-    _self_heard_at: float | None = None
+    # vhost -> when this sidecar last heard its own announcement there (``expect`` says
+    # which vhosts it announces on)
+    _self_heard: dict[str, float | None] = field(default_factory=dict)
     _size_when_heard: int = 1
     heard_total: int = 0
     ignored_total: int = 0  # stale (seq not newer), from an older start, or undecodable
@@ -307,9 +309,11 @@ class FleetTable:
         """An announcement arrived (this sidecar's own echo included)."""
         self.heard_total += 1
         if a.member == self.me:
-            self.expire(now)
-            self._self_heard_at = now
-            self._size_when_heard = 1 + len(self._heard)
+            if a.vhost in self._self_heard:
+                self.expire(now)
+                self._self_heard[a.vhost] = now
+                if not self.deaf(now):
+                    self._size_when_heard = 1 + len(self._heard)
             return
         mine = self._heard.get(a.member)
         last = mine.get(a.vhost) if mine else None
@@ -346,9 +350,20 @@ class FleetTable:
         silent = now - max(h.at for h in mine.values())
         self.changes.append(MemberLeft(member, reason, round(silent, 3), self.size(now)))
 
+    def expect(self, vhosts: Iterable[str]) -> None:
+        """The vhosts this sidecar announces on now (those with policed queues)."""
+        wanted = set(vhosts)
+        for vhost in self._self_heard.keys() - wanted:
+            del self._self_heard[vhost]
+        for vhost in wanted - self._self_heard.keys():
+            self._self_heard[vhost] = None
+
     def deaf(self, now: float) -> bool:
-        """Not heard its own announcement for ``timeout`` (or never)."""
-        return self._self_heard_at is None or now - self._self_heard_at > self.timeout
+        """On some vhost it announces on, it has not heard its own announcement for
+        ``timeout`` (or never); or it announces nowhere."""
+        if not self._self_heard:
+            return True
+        return any(at is None or now - at > self.timeout for at in self._self_heard.values())
 
     def expire(self, now: float) -> None:
         """Members silent for ``timeout`` leave, unless this sidecar is deaf itself (then

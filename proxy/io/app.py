@@ -37,6 +37,7 @@ from floodwall import __version__
 from floodwall.control.controller import QueueKey
 from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
+from floodwall.io.fleet import FleetService
 from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
 from floodwall.io.spool import SpoolService, SpoolServiceSettings
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor
@@ -51,6 +52,7 @@ from floodwall.io.tls import (
     tls_error,
 )
 from floodwall.ops.config import ConfigError, ProxySettings
+from floodwall.ops.fleet_view import FleetFigures
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import (
     RelayCollector,
@@ -96,6 +98,8 @@ class Proxy:
         collectors: list[Collector] = [RelayCollector(self.stats), *standard_collectors()]
         if self.flow is not None:
             collectors.append(self.flow.collector)
+            if self.flow.fleet is not None:
+                collectors.append(self.flow.fleet.collector)
         if self.spool is not None:
             collectors.append(self.spool.collector)
         self.registry = make_registry(collectors)
@@ -460,7 +464,14 @@ def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
     return Telemetry(TelemetrySettings(settings.telemetry_dir, settings.telemetry_interval,
                                        rotation),
                      flow.board, depth_known=lambda: flow.stats.depth_known,
-                     spooled=spooled)
+                     spooled=spooled, fleet=fleet_figures(flow.fleet))
+
+
+def fleet_figures(fleet: FleetService | None) -> Callable[[], FleetFigures | None] | None:
+    """What the telemetry reads of the fleet (None: ``--fleet off``)."""
+    if fleet is None:
+        return None
+    return lambda: fleet.figures
 
 
 def make_tls(settings: ProxySettings) -> tuple[UpstreamTlsContext | None,

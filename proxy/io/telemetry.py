@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from floodwall.control.controller import FlowController, QueueKey
+from floodwall.ops.fleet_view import FleetFigures
 from floodwall.ops.logs import event
 from floodwall.ops.telemetry import (
     FILE_PREFIX,
@@ -171,8 +172,10 @@ class Telemetry:
     def __init__(self, settings: TelemetrySettings, board: Switchboard,
                  depth_known: Callable[[], Mapping[QueueKey, bool]] | None = None,
                  wall: Callable[[], float] = time.time,
-                 spooled: Callable[[], Mapping[QueueKey, int]] | None = None) -> None:
+                 spooled: Callable[[], Mapping[QueueKey, int]] | None = None,
+                 fleet: Callable[[], FleetFigures | None] | None = None) -> None:
         self.settings = settings
+        self.fleet = fleet
         self.board = board
         self.controller: FlowController = board.controller
         self.depth_known = depth_known
@@ -224,8 +227,10 @@ class Telemetry:
         records, self._events = self._events, []
         known = self.depth_known() if self.depth_known is not None else None
         spooled = self.spooled() if self.spooled is not None else None
+        fleet = self.fleet() if self.fleet is not None else None
         records.extend(self.sampler.snapshot(self.controller, self.board.enforcement.counters,
-                                             self.wall(), self.board.clock(), known, spooled))
+                                             self.wall(), self.board.clock(), known, spooled,
+                                             fleet))
         if self.writer.submit(records):
             self._dropping = False
             return

@@ -27,6 +27,7 @@ from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import Policy
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.events import DeadlineExpired, PublisherHeld, Refused, Signalled
+from floodwall.ops.fleet_view import FleetFigures
 from floodwall.spool.events import ReplayEnded, SpoolFilling
 
 #: The version every record carries as ``v``; docs/telemetry.md describes each version.
@@ -138,11 +139,12 @@ class Sampler:
 
     def snapshot(self, c: FlowController, counters: GateCounters, ts: float, mono: float,
                  depth_known: Mapping[QueueKey, bool] | None = None,
-                 spooled: Mapping[QueueKey, int] | None = None) -> list[Record]:
+                 spooled: Mapping[QueueKey, int] | None = None,
+                 fleet: FleetFigures | None = None) -> list[Record]:
         """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
 
         ``spooled``: bytes in each queue's spool not yet confirmed by the broker (none
-        without ``--spool-dir``).
+        without ``--spool-dir``); ``fleet``: the fleet as this sidecar sees it (None: off).
         """
         spooled = spooled or {}
         blocked = c.blocked_channels()
@@ -155,9 +157,7 @@ class Sampler:
         for key in sorted(c.queues):
             q = c.queues[key]
             d = q.depth
-            prev = self._previous.get(key)
-            if prev is None:
-                prev = _Previous(mono - self.interval, 0, 0, 0)
+            prev = self._previous.get(key) or _Previous(mono - self.interval, 0, 0, 0)
             est = d.estimate()
             broker = d.broker_depth()
             p = q.policy
@@ -187,6 +187,7 @@ class Sampler:
                 "held_bytes": round(counters.held_bytes * share),
                 "held_messages": round(counters.held_messages * share),
                 "spooled_bytes": spooled.get(key, 0),
+                **_fleet_fields(fleet, key),
             })
             records.append(rec)
             self._previous[key] = _Previous(mono, d.forwarded_bytes_total,
@@ -194,11 +195,12 @@ class Sampler:
                                             d.delivered_messages_total)
         for gone in self._previous.keys() - c.queues.keys():
             del self._previous[gone]
-        records.append(self._sidecar(c, counters, ts, mono, all_blocked, spooled))
+        records.append(self._sidecar(c, counters, ts, mono, all_blocked, spooled, fleet))
         return records
 
     def _sidecar(self, c: FlowController, counters: GateCounters, ts: float, mono: float,
-                 all_blocked: int, spooled: Mapping[QueueKey, int]) -> Record:
+                 all_blocked: int, spooled: Mapping[QueueKey, int],
+                 fleet: FleetFigures | None = None) -> Record:
         """The ``sidecar`` record: the sidecar as a whole."""
         side = _base("sidecar", self.sidecar, "", "", ts, mono, self._next())
         side.update({
@@ -216,6 +218,8 @@ class Sampler:
             "deadline_expiries_total": counters.deadline_expiries,
             "dropped_records": self.dropped,
         })
+        if fleet is not None:
+            side["fleet_members"] = fleet.size
         return side
 
     def event(self, name: str, fields: Mapping[str, object], ts: float, mono: float
@@ -236,6 +240,19 @@ class Sampler:
             rec.update(extra)
             out.append(rec)
         return out
+
+
+def _fleet_fields(fleet: FleetFigures | None, key: QueueKey) -> dict[str, object]:
+    """A sample's fleet fields: members, and this sidecar's demand and share (none when
+    the fleet is off)."""
+    if fleet is None:
+        return {}
+    q = fleet.queues.get(key)
+    share = q.shares.get(fleet.me) if q is not None else None
+    demand = q.demands.get(fleet.me) if q is not None else None
+    return {"fleet_members": fleet.size,
+            "fleet_share_bytes": None if share is None else round(share),
+            "fleet_demand_bytes_per_s": None if demand is None else round(demand, 1)}
 
 
 def _policy_fields(p: Policy) -> dict[str, object]:

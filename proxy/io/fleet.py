@@ -1,0 +1,295 @@
+"""The fleet channel through the broker (``FleetService``): sidecars that police queues on one
+broker find each other with nothing but the broker they already use.
+
+On each vhost with policed queues or a policy, on the flow supervisor's own connection to it
+(``client_for``): a fanout
+exchange ``floodwall.fleet.<name>`` (not durable, not auto-delete), this sidecar's own
+exclusive, auto-delete queue ``floodwall.fleet.<name>.<member id>`` bound to it and consumed
+without acks, and a plain channel (no confirms) on which it announces every
+``ANNOUNCE_INTERVAL`` (100 ms) its reports of that vhost's policed queues
+(``floodwall.control.fleet.encode``). Every member hears every announcement, its own
+included (the echo says this sidecar can hear the fleet). A member that dies stops
+announcing (gone after ``MEMBER_TIMEOUT``); its queue goes with its connection, which the
+broker's topology events report at once (``member_queue_deleted``); one that stops cleanly
+says so (a ``leaving`` announcement). Membership and shares: ``floodwall.control.fleet``.
+
+Broker load per sidecar: 1 publish per vhost per interval (10/s) and N deliveries of each
+(N members): 10 N deliveries/s per sidecar, 10 N^2 per fleet, each ~60 bytes + ~40 per
+policed queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from floodwall.control.controller import FlowController
+from floodwall.control.fleet import (
+    ANNOUNCE_INTERVAL,
+    EXCHANGE_PREFIX,
+    MEMBER_TIMEOUT,
+    Announcement,
+    FleetMessageError,
+    FleetTable,
+    IngressMeter,
+    MemberJoined,
+    MemberLeft,
+    decode,
+    encode,
+    fleet_exchange,
+    member_queue,
+)
+from floodwall.enforce.shared import Enforcement
+from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery
+from floodwall.io.tasks import spawn
+from floodwall.ops.fleet_view import (
+    FleetCollector,
+    FleetCounters,
+    FleetFigures,
+    fleet_figures,
+    fleet_state,
+    my_reports,
+)
+from floodwall.ops.logs import event
+from floodwall.ops.telemetry import sidecar_identity
+
+log = logging.getLogger("floodwall.fleet")
+
+#: How long a vhost whose fleet channel could not be set up waits before trying again.
+RETRY_SECONDS = 1.0
+
+
+def member_id(identity: str | None = None) -> str:
+    """This process's id in the fleet: the pod's (or host's) name, the pid and a random
+    suffix, so two processes in one pod, or a restarted one, never share one."""
+    base = re.sub(r"[^A-Za-z0-9_.-]", "_", identity or sidecar_identity())[:80] or "sidecar"
+    return f"{base}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    name: str = "default"
+    member: str = ""  # "": member_id()
+    interval: float = ANNOUNCE_INTERVAL
+    timeout: float = MEMBER_TIMEOUT
+    setup_timeout: float = 5.0
+
+
+class FleetHost(Protocol):
+    """What the fleet needs of the flow supervisor."""
+
+    controller: FlowController
+    enforcement: Enforcement
+
+    async def client_for(self, vhost: str) -> AmqpClient: ...
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class FleetService:
+    """Announces, listens, keeps the ``FleetTable``; ``start()``, ``await stop()``."""
+
+    def __init__(self, settings: FleetSettings, host: FleetHost,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.me = settings.member or member_id()
+        self.host = host
+        self.clock = clock
+        self.table = FleetTable(self.me, settings.timeout)
+        self.meter = IngressMeter()
+        self.counters = FleetCounters()
+        self.started = wall()
+        self.seq = 0
+        self.figures: FleetFigures | None = None
+        self.collector = FleetCollector(lambda: self.figures, self.counters)
+        self.exchange = fleet_exchange(self.name)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._vhost_tasks: dict[str, asyncio.Task[None]] = {}
+        self._live: dict[str, tuple[AmqpClient, int]] = {}  # vhost -> (client, channel)
+        self._lost: dict[str, asyncio.Event] = {}  # vhost -> set when its channel broke
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        event(log, "fleet_started", fleet=self.name, member=self.me, exchange=self.exchange,
+              interval=self.settings.interval, timeout=self.settings.timeout)
+        self._spawn(self._tick_forever(), "fleet-tick")
+
+    async def stop(self) -> None:
+        """Say goodbye where the channel is up (the others drop this member at once)."""
+        for vhost, (client, channel) in list(self._live.items()):
+            with contextlib.suppress(AmqpClientError, OSError):
+                self._announce(vhost, client, channel, leaving=True)
+                await asyncio.wait_for(client.drain(), 1.0)
+        tasks = [*self._tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._vhost_tasks.clear()
+        self._live.clear()
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        return spawn(self._tasks, coro, name, log, "fleet_task_failed", _reason)
+
+    # -- what the supervisor tells us ----------------------------------------------------
+    def member_queue_deleted(self, queue: str) -> None:
+        """A fleet member's queue is gone (a topology event): its connection died."""
+        prefix = f"{EXCHANGE_PREFIX}{self.name}."
+        if queue.startswith(prefix):
+            self.table.gone(queue[len(prefix):], self.clock())
+            self._log_changes()
+
+    # -- the tick: announce, expire, figures ---------------------------------------------
+    async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.settings.interval
+        next_at = loop.time()
+        while True:
+            self.tick()
+            next_at += interval
+            now = loop.time()
+            if next_at < now:
+                next_at = now
+            await asyncio.sleep(next_at - now)
+
+    def tick(self) -> None:
+        """Announce on every vhost with policed queues; refresh the figures."""
+        c = self.host.controller
+        now = self.clock()
+        vhosts = {k[0] for k in c.queues} | c.policies.vhosts
+        self._reconcile(vhosts)
+        self.table.expect(vhosts)
+        mine = my_reports(c, self.host.enforcement.counters, self.meter, now)
+        self.seq += 1
+        for vhost in sorted(vhosts):
+            live = self._live.get(vhost)
+            if live is None:
+                continue
+            queues = {k[1]: r for k, r in mine.items() if k[0] == vhost}
+            try:
+                self._publish(live, Announcement(self.me, self.started, self.seq, vhost,
+                                                 queues))
+            except AmqpClientError as exc:
+                # The channel or connection is gone: the vhost's loop sets it up again.
+                self._live.pop(vhost, None)
+                if (lost := self._lost.get(vhost)) is not None:
+                    lost.set()
+                event(log, "fleet_channel_lost", logging.WARNING, fleet=self.name,
+                      vhost=vhost, reason=_reason(exc))
+        self.figures = fleet_figures(self.name, self.table, c, mine, now)
+        self._log_changes()
+
+    def _announce(self, vhost: str, client: AmqpClient, channel: int,
+                  leaving: bool = False) -> None:
+        self.seq += 1
+        self._publish((client, channel), Announcement(self.me, self.started, self.seq, vhost,
+                                                      {}, leaving=leaving))
+
+    def _publish(self, live: tuple[AmqpClient, int], a: Announcement) -> None:
+        data = encode(a)
+        client, channel = live
+        client.publish_plain(channel, self.exchange, "", data)
+        self.counters.sent += 1
+        self.counters.sent_bytes += len(data)
+
+    def _on_message(self, delivery: Delivery) -> None:
+        self.counters.received += 1
+        self.counters.received_bytes += len(delivery.body)
+        try:
+            a = decode(delivery.body)
+        except FleetMessageError as exc:
+            self.counters.undecodable += 1
+            self.table.ignored()
+            if self.counters.undecodable == 1:
+                event(log, "fleet_announcement_undecodable", logging.WARNING,
+                      fleet=self.name, reason=str(exc))
+            return
+        if a is not None:
+            self.table.heard(a, self.clock())
+            self._log_changes()
+
+    def _log_changes(self) -> None:
+        for ch in self.table.take_changes():
+            if isinstance(ch, MemberJoined):
+                event(log, "fleet_member_joined", fleet=self.name, member=ch.member,
+                      vhost=ch.vhost, size=ch.size)
+            elif isinstance(ch, MemberLeft):
+                event(log, "fleet_member_left", fleet=self.name, member=ch.member,
+                      reason=ch.reason, silent_seconds=ch.silent_seconds, size=ch.size)
+
+    # -- one channel per vhost -----------------------------------------------------------
+    def _reconcile(self, vhosts: set[str]) -> None:
+        for vhost in vhosts - self._vhost_tasks.keys():
+            self._vhost_tasks[vhost] = self._spawn(self._channel_loop(vhost),
+                                                   f"fleet-{vhost}")
+        for vhost in self._vhost_tasks.keys() - vhosts:
+            self._vhost_tasks.pop(vhost).cancel()
+            self._live.pop(vhost, None)
+
+    async def _channel_loop(self, vhost: str) -> None:
+        failing = False
+        try:
+            while True:
+                client = await self.host.client_for(vhost)
+                try:
+                    channel = await self._setup(client, vhost)
+                except (AmqpClientError, TimeoutError) as exc:
+                    self.counters.channel_failures += 1
+                    if not failing and client.connected:
+                        event(log, "fleet_channel_failed", logging.WARNING, fleet=self.name,
+                              vhost=vhost, reason=_reason(exc),
+                              action=(f"retrying every {RETRY_SECONDS:g}s; until then this "
+                                      "sidecar cannot hear the fleet and takes the "
+                                      "fallback share"))
+                    failing = True
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
+                if failing:
+                    event(log, "fleet_channel_up", fleet=self.name, vhost=vhost)
+                failing = False
+                self._live[vhost] = (client, channel)
+                lost = self._lost[vhost] = asyncio.Event()
+                waits = [asyncio.ensure_future(client.wait_closed()),
+                         asyncio.ensure_future(lost.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+                    if self._live.get(vhost, (None, 0))[0] is client:
+                        del self._live[vhost]
+        finally:
+            self._live.pop(vhost, None)
+            self._lost.pop(vhost, None)
+
+    async def _setup(self, client: AmqpClient, vhost: str) -> int:
+        t = self.settings.setup_timeout
+        await client.declare_exchange(self.exchange, "fanout", timeout=t)
+        queue = member_queue(self.name, self.me)
+        await client.declare_queue(queue, exclusive=True, auto_delete=True, timeout=t)
+        await client.bind_queue(queue, self.exchange, "", timeout=t)
+        await client.consume(queue, functools.partial(self._on_delivery, vhost), timeout=t)
+        return await client.open_plain_channel(t)
+
+    def _on_delivery(self, _vhost: str, delivery: Delivery) -> None:
+        self._on_message(delivery)
+
+    # -- views ---------------------------------------------------------------------------
+    def state(self) -> dict[str, object]:
+        now = self.clock()
+        fig = self.figures or fleet_figures(self.name, self.table, self.host.controller, {},
+                                            now)
+        return fleet_state(fig, self.table, self.counters, now)
