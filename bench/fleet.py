@@ -266,9 +266,45 @@ async def run_case(st: Stack, sidecars: list[ProxyProcess], rate: float,
         "delivered_rates_second_half": [round(r, 1) for r in rates],
         "jain": jain(rates),
         "sidecar_cpu_cores": (side1 - side0) / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
-        "other_cores": cpu_d["other_cpu_s"] / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
+        "other_cores": (max(0.0, cpu_d["other_cpu_s"] - (side1 - side0)) / cpu_d["wall_s"]
+                        if cpu_d["wall_s"] else math.nan),
         "errors": errors,
     }
+
+
+def _exchange_counts(st: Stack) -> tuple[int, int]:
+    """(published in, routed out) of the default fleet's exchange on /, from the
+    management API's message_stats (0, 0 when it does not exist: --fleet off)."""
+    try:
+        doc = st.endpoint.api("GET", "/api/exchanges/%2F/floodwall.fleet.default", None, 5)
+    except Exception:
+        return 0, 0
+    stats = (doc or {}).get("message_stats") or {} if isinstance(doc, dict) else {}
+    return int(stats.get("publish_in") or 0), int(stats.get("publish_out") or 0)
+
+
+async def idle_cost(st: Stack, sidecars: list[ProxyProcess], seconds: float,
+                    cpu: CpuMeter) -> dict[str, Any]:
+    """What the sidecars cost with no traffic (policies loaded, nothing policed but what
+    the fleet needs): their CPU, the broker's, and the fleet exchange's messages/s (the
+    management API's counters, refreshed every 5 s: read over whole refreshes)."""
+    procs = [psutil.Process(fw.process.pid) for fw in sidecars if fw.process]
+    await asyncio.sleep(6.0)  # let the API's figures catch up with the start-up
+    in0, out0 = await asyncio.to_thread(_exchange_counts, st)
+    s0 = cpu.snapshot(None)
+    c0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    await asyncio.sleep(seconds)
+    s1 = cpu.snapshot(None)
+    c1 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    in1, out1 = await asyncio.to_thread(_exchange_counts, st)
+    d = CpuMeter.delta(s0, s1)
+    wall = d["wall_s"]
+    return {"seconds": round(wall, 1), "sidecars": len(procs),
+            "sidecar_cores_each": (c1 - c0) / wall / max(1, len(procs)),
+            "broker_cores": d.get("broker_cpu_s", math.nan) / wall,
+            "other_cores": max(0.0, d["other_cpu_s"] - (c1 - c0)) / wall,
+            "fleet_in_per_s": round((in1 - in0) / wall, 1),
+            "fleet_out_per_s": round((out1 - out0) / wall, 1)}
 
 
 async def fleet(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -287,6 +323,10 @@ async def fleet(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict
         await asyncio.to_thread(proc.start, 60.0)
     progress(f"{most} sidecars up" + (f" (from {opts.root})" if opts.root else ""))
     cpu = CpuMeter(relay.beam_of(st.broker))
+    idle = await idle_cost(st, sidecars, opts.idle_seconds, cpu)
+    progress(f"   idle {opts.idle_seconds:g} s: {idle['sidecar_cores_each']:.4f} cores per "
+             f"sidecar, broker {idle['broker_cores']:.3f} cores, fleet exchange "
+             f"{idle['fleet_in_per_s']} in/s, {idle['fleet_out_per_s']} out/s")
     runs = []
     for n, rate in opts.cases:
         res = await run_case(st, sidecars[:n], rate, opts, cpu)
@@ -296,7 +336,8 @@ async def fleet(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict
                  f"sent {res['sent']}, delivered "
                  f"{res['delivered']}, jain {res['jain']:.3f}, noise {res['other_cores']:.2f}"
                  + (f" ERRORS {res['errors']}" if res["errors"] else ""))
-    return {"runs": runs, "consumer_rate": opts.consumer_rate, "prefetch": opts.prefetch,
+    return {"runs": runs, "idle": idle, "consumer_rate": opts.consumer_rate,
+            "prefetch": opts.prefetch,
             "seconds": opts.seconds, "root": str(opts.root) if opts.root else None,
             "floodwall_args": opts.floodwall_args}
 
@@ -308,11 +349,18 @@ def report(res: dict[str, Any]) -> None:
     f = res["results"].get("fleet")
     if not f:
         return
+    print("(noise: CPU of everything else on the machine, sidecars and broker excluded)")
     print(f"one queue capped at 1 MiB, bare producers (1 KiB, no confirms, one per sidecar), "
           f"consumer {f['consumer_rate']:g} msg/s, {f['seconds']:g} s per case")
     print(f"  {'sidecars':>8}{'rate':>7}{'peak':>11}{'over cap':>11}{'mgmt peak':>11}"
           f"{'sent':>9}{'delivered':>11}{'lost':>6}{'jain':>7}{'sidecar cores':>15}"
           f"{'noise':>7}")
+    i = f.get("idle")
+    if i:
+        print(f"  idle ({i['seconds']:g} s, {i['sidecars']} sidecars): "
+              f"{i['sidecar_cores_each']:.4f} cores per sidecar, broker "
+              f"{i['broker_cores']:.3f} cores, fleet exchange {i['fleet_in_per_s']:g} "
+              f"publishes/s in, {i['fleet_out_per_s']:g} deliveries/s out")
     for r in f["runs"]:
         mg = f"{r['mgmt_max_bytes'] / KIB:.0f} KiB" if r["mgmt_max_bytes"] else "-"
         print(f"  {r['sidecars']:>8}{r['rate']!s:>7}{r['max_depth_bytes'] / KIB:>7.0f} KiB"
@@ -335,6 +383,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--consumer-rate", type=float, default=1000.0)
     p.add_argument("--prefetch", type=int, default=20)
     p.add_argument("--drain-timeout", type=float, default=120.0)
+    p.add_argument("--idle-seconds", type=float, default=20.0,
+                   help="first, the sidecars' cost with no traffic, over this long")
     p.add_argument("--root", type=Path, default=None,
                    help="run the floodwall of this checkout (e.g. a git archive of main)")
     p.add_argument("--floodwall-args", default="", help="more arguments for every sidecar")
