@@ -1,7 +1,7 @@
 """The fleet benchmark (issue 15): N floodwall sidecars feeding one capped queue.
 
-``python -m bench.fleet [--cases 1:max,4:max,8:max,8:1000] [--seconds 10] [--root DIR]
-[--floodwall-args "--fleet off"] [--out FILE]``
+``python -m bench.fleet [--cases 1:max,4:max,8:max,8:1000] [--seconds 10]
+[--variant NAME:ROOT:ARGS ...] [--rounds R] [--out FILE]``
 
 Starts one private RabbitMQ and the largest N of the cases' floodwall processes (JSON logs,
 uvloop, one policy: ``fleet.*`` capped at 1 MiB, resume 512 KiB), then for each case
@@ -23,10 +23,14 @@ every message that was written (or ``--drain-timeout``): delivered vs sent, noth
 Fairness: Jain's index of the producers' delivered counts in the second half of the window
 (the queue held at capacity), ``(sum x)^2 / (n sum x^2)``; 1.0 is perfectly even.
 
-``--root DIR`` runs the floodwall of another checkout (the baseline: ``git archive`` of a
-commit), ``--floodwall-args`` passes more arguments to every sidecar. Cases run one after
-the other in one run on one broker, so their figures are side by side; the machine is shared
-(2 cores), see bench/README.md.
+First, for each variant, the sidecars' cost with no traffic (``--idle-seconds``): their CPU,
+the broker's, and the fleet exchange's publishes and deliveries per second.
+
+``--variant NAME:ROOT:ARGS`` (repeatable) runs every case with another floodwall: ROOT a
+checkout (the baseline: a ``git archive`` of a commit), ARGS more arguments (``--fleet
+off``). Variants alternate for ``--rounds`` passes, each pass starting its sidecars afresh, on
+one broker in one run, so their figures are side by side; the machine is shared (2 cores),
+see bench/README.md.
 """
 
 from __future__ import annotations
@@ -307,39 +311,81 @@ async def idle_cost(st: Stack, sidecars: list[ProxyProcess], seconds: float,
             "fleet_out_per_s": round((out1 - out0) / wall, 1)}
 
 
+@dataclass(frozen=True)
+class Variant:
+    """A floodwall to run the cases with: a name, a checkout (None: this one), arguments."""
+
+    name: str
+    root: Path | None = None
+    args: tuple[str, ...] = ()
+
+
+def parse_variant(text: str) -> Variant:
+    """``NAME:ROOT:ARGS`` (ROOT and ARGS may be empty), e.g. ``main:/tmp/main:`` or
+    ``off::--fleet off``."""
+    name, _, rest = text.partition(":")
+    root, _, args = rest.partition(":")
+    return Variant(name, Path(root) if root else None, tuple(shlex.split(args)))
+
+
+async def start_sidecars(st: Stack, variant: Variant, n: int, policies: Path
+                         ) -> list[ProxyProcess]:
+    sidecars: list[ProxyProcess] = []
+    for i in range(n):
+        args = ["--event-loop", "auto", "--log-format", "json", "--policies", str(policies),
+                "--management", st.endpoint.management_url, *variant.args]
+        proc = ProxyProcess(upstream=st.upstream,
+                            logfile=st.workdir / f"{variant.name}-sidecar-{i}.log",
+                            extra_args=args, root=variant.root)
+        st.proxies.append(proc)
+        sidecars.append(proc)
+        await asyncio.to_thread(proc.start, 90.0)
+    return sidecars
+
+
+async def one_pass(st: Stack, variant: Variant, policies: Path, opts: argparse.Namespace,
+                   progress: Progress, cpu: CpuMeter) -> dict[str, Any]:
+    """Start the variant's sidecars, measure the idle cost and every case, stop them."""
+    most = max(n for n, _ in opts.cases)
+    sidecars = await start_sidecars(st, variant, most, policies)
+    try:
+        progress(f"== {variant.name}: {most} sidecars up")
+        idle = await idle_cost(st, sidecars, opts.idle_seconds, cpu)
+        progress(f"   idle {idle['seconds']:g} s: {idle['sidecar_cores_each']:.4f} cores per "
+                 f"sidecar, broker {idle['broker_cores']:.3f} cores, fleet exchange "
+                 f"{idle['fleet_in_per_s']} in/s, {idle['fleet_out_per_s']} out/s")
+        runs = []
+        for n, rate in opts.cases:
+            res = await run_case(st, sidecars[:n], rate, opts, cpu)
+            res["variant"] = variant.name
+            runs.append(res)
+            progress(f"   {variant.name} {n} x {res['rate']!s:>5} msg/s: peak "
+                     f"{res['max_depth_bytes'] / KIB:7.0f} KiB "
+                     f"({res['overshoot_bytes'] / KIB:+.0f}), sent {res['sent']}, delivered "
+                     f"{res['delivered']}, jain {res['jain']:.3f}, noise "
+                     f"{res['other_cores']:.2f}"
+                     + (f" ERRORS {res['errors']}" if res["errors"] else ""))
+        return {"idle": idle, "runs": runs}
+    finally:
+        for proc in sidecars:
+            await asyncio.to_thread(st.stop_proxy, proc)
+
+
 async def fleet(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     policies = write_policies(st.workdir / "fleet.yaml",
                               policy_entry("fleet", "fleet.*", "1MiB", "512KiB"))
-    most = max(n for n, _ in opts.cases)
-    extra = shlex.split(opts.floodwall_args)
-    sidecars: list[ProxyProcess] = []
-    for i in range(most):
-        args = ["--event-loop", "auto", "--log-format", "json", "--policies", str(policies),
-                "--management", st.endpoint.management_url, *extra]
-        proc = ProxyProcess(upstream=st.upstream, logfile=st.workdir / f"sidecar-{i}.log",
-                            extra_args=args, root=opts.root)
-        st.proxies.append(proc)
-        sidecars.append(proc)
-        await asyncio.to_thread(proc.start, 60.0)
-    progress(f"{most} sidecars up" + (f" (from {opts.root})" if opts.root else ""))
     cpu = CpuMeter(relay.beam_of(st.broker))
-    idle = await idle_cost(st, sidecars, opts.idle_seconds, cpu)
-    progress(f"   idle {opts.idle_seconds:g} s: {idle['sidecar_cores_each']:.4f} cores per "
-             f"sidecar, broker {idle['broker_cores']:.3f} cores, fleet exchange "
-             f"{idle['fleet_in_per_s']} in/s, {idle['fleet_out_per_s']} out/s")
-    runs = []
-    for n, rate in opts.cases:
-        res = await run_case(st, sidecars[:n], rate, opts, cpu)
-        runs.append(res)
-        progress(f"   {n} sidecars x {res['rate']!s:>5} msg/s: peak "
-                 f"{res['max_depth_bytes'] / KIB:7.0f} KiB ({res['overshoot_bytes'] / KIB:+.0f}), "
-                 f"sent {res['sent']}, delivered "
-                 f"{res['delivered']}, jain {res['jain']:.3f}, noise {res['other_cores']:.2f}"
-                 + (f" ERRORS {res['errors']}" if res["errors"] else ""))
-    return {"runs": runs, "idle": idle, "consumer_rate": opts.consumer_rate,
-            "prefetch": opts.prefetch,
-            "seconds": opts.seconds, "root": str(opts.root) if opts.root else None,
-            "floodwall_args": opts.floodwall_args}
+    passes = []
+    for r in range(opts.rounds):
+        for variant in opts.variants:
+            res = await one_pass(st, variant, policies, opts, progress, cpu)
+            res.update(variant=variant.name, round=r)
+            passes.append(res)
+    return {"passes": passes, "variants": [
+                {"name": v.name, "root": str(v.root) if v.root else None, "args": v.args}
+                for v in opts.variants],
+            "consumer_rate": opts.consumer_rate, "prefetch": opts.prefetch,
+            "seconds": opts.seconds}
 
 
 def report(res: dict[str, Any]) -> None:
@@ -349,25 +395,26 @@ def report(res: dict[str, Any]) -> None:
     f = res["results"].get("fleet")
     if not f:
         return
-    print("(noise: CPU of everything else on the machine, sidecars and broker excluded)")
     print(f"one queue capped at 1 MiB, bare producers (1 KiB, no confirms, one per sidecar), "
-          f"consumer {f['consumer_rate']:g} msg/s, {f['seconds']:g} s per case")
-    print(f"  {'sidecars':>8}{'rate':>7}{'peak':>11}{'over cap':>11}{'mgmt peak':>11}"
-          f"{'sent':>9}{'delivered':>11}{'lost':>6}{'jain':>7}{'sidecar cores':>15}"
+          f"consumer {f['consumer_rate']:g} msg/s, {f['seconds']:g} s per case; noise: CPU "
+          "of everything else on the machine (sidecars and broker excluded)")
+    for v in f["variants"]:
+        print(f"  variant {v['name']}: {v['root'] or 'this checkout'} {' '.join(v['args'])}")
+    print(f"  {'variant':<8}{'round':>6}{'sidecars':>9}{'rate':>6}{'peak':>10}{'over cap':>11}"
+          f"{'sent':>8}{'delivered':>10}{'lost':>5}{'jain':>7}{'sidecar cores':>14}"
           f"{'noise':>7}")
-    i = f.get("idle")
-    if i:
-        print(f"  idle ({i['seconds']:g} s, {i['sidecars']} sidecars): "
-              f"{i['sidecar_cores_each']:.4f} cores per sidecar, broker "
-              f"{i['broker_cores']:.3f} cores, fleet exchange {i['fleet_in_per_s']:g} "
-              f"publishes/s in, {i['fleet_out_per_s']:g} deliveries/s out")
-    for r in f["runs"]:
-        mg = f"{r['mgmt_max_bytes'] / KIB:.0f} KiB" if r["mgmt_max_bytes"] else "-"
-        print(f"  {r['sidecars']:>8}{r['rate']!s:>7}{r['max_depth_bytes'] / KIB:>7.0f} KiB"
-              f"{r['overshoot_bytes'] / KIB:>+7.0f} KiB{mg:>11}{r['sent']:>9}"
-              f"{r['delivered']:>11}{r['lost']:>6}{r['jain']:>7.3f}"
-              f"{r['sidecar_cpu_cores']:>15.2f}{r['other_cores']:>7.2f}"
-              + (f"  errors: {r['errors']}" if r["errors"] else ""))
+    for p in f["passes"]:
+        i = p["idle"]
+        print(f"  {p['variant']:<8}{p['round']:>6}  idle: {i['sidecar_cores_each']:.4f} cores "
+              f"per sidecar ({i['sidecars']}), broker {i['broker_cores']:.3f} cores, fleet "
+              f"exchange {i['fleet_in_per_s']:g} publishes/s in, {i['fleet_out_per_s']:g} "
+              f"deliveries/s out, noise {i['other_cores']:.2f}")
+        for r in p["runs"]:
+            print(f"  {p['variant']:<8}{p['round']:>6}{r['sidecars']:>9}{r['rate']!s:>6}"
+                  f"{r['max_depth_bytes'] / KIB:>6.0f} KiB{r['overshoot_bytes'] / KIB:>+7.0f} KiB"
+                  f"{r['sent']:>8}{r['delivered']:>10}{r['lost']:>5}{r['jain']:>7.3f}"
+                  f"{r['sidecar_cpu_cores']:>14.2f}{r['other_cores']:>7.2f}"
+                  + (f"  errors: {r['errors']}" if r["errors"] else ""))
 
 
 def parse_case(text: str) -> tuple[int, float]:
@@ -385,12 +432,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drain-timeout", type=float, default=120.0)
     p.add_argument("--idle-seconds", type=float, default=20.0,
                    help="first, the sidecars' cost with no traffic, over this long")
-    p.add_argument("--root", type=Path, default=None,
-                   help="run the floodwall of this checkout (e.g. a git archive of main)")
-    p.add_argument("--floodwall-args", default="", help="more arguments for every sidecar")
+    p.add_argument("--variant", dest="variants", action="append", type=parse_variant,
+                   help="NAME:ROOT:ARGS, repeatable: a floodwall to run every case with (ROOT "
+                        "another checkout, e.g. a git archive of main; ARGS more arguments); "
+                        "default: this checkout as is")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="passes over the variants, alternated (default 1)")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     a.cases = [parse_case(c) for c in a.cases.split(",") if c]
+    a.variants = a.variants or [Variant("this")]
     return a
 
 
