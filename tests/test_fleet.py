@@ -21,6 +21,7 @@ from floodwall.control.fleet import (
     MemberJoined,
     MemberLeft,
     QueueReport,
+    SharedSample,
     decode,
     demand_of,
     encode,
@@ -30,6 +31,7 @@ from floodwall.control.fleet import (
     last_sample,
     max_min_shares,
     member_queue,
+    poller_of,
 )
 
 Q = ("/", "orders")
@@ -322,3 +324,44 @@ def test_deaf_on_one_vhost_is_deaf() -> None:
     t.expect(["/"])  # no longer announcing on v2
     assert not t.deaf(3.0)
     assert t.members(3.0) == []
+
+
+# -- one management poller per queue ------------------------------------------------------
+def test_a_management_sample_round_trips_on_the_clock_of_the_receiver() -> None:
+    sample = ManagementSample(10.0, 5, 2, 7000, 5000, 2000)
+    shared = SharedSample.of(sample, 10.25, sid=3)
+    a = Announcement("p", 1.0, 1, "/", {"orders": QueueReport(0.0, 0, 0.0, None, None,
+                                                              shared)})
+    got = decode(encode(a))
+    assert got is not None and got.queues["orders"].management == shared
+    assert shared.sample(100.0) == ManagementSample(99.75, 5, 2, 7000, 5000, 2000)
+
+
+def test_every_member_picks_the_same_poller_and_a_leaver_moves_only_its_own() -> None:
+    members = [f"pod-{i}" for i in range(8)]
+    keys = [("/", f"q{i}") for i in range(200)]
+    picks = {k: poller_of(k, members) for k in keys}
+    assert picks == {k: poller_of(k, list(reversed(members))) for k in keys}
+    assert len(set(picks.values())) == 8  # spread over the members
+    without = {k: poller_of(k, members[1:]) for k in keys}
+    moved = [k for k in keys if picks[k] != without[k]]
+    assert moved and all(picks[k] == "pod-0" for k in moved)
+
+
+def test_the_poller_is_among_those_that_police_the_queue_and_deaf_is_oneself() -> None:
+    t = _table()
+    t.heard(_ann("me", 1), 0.0)
+    t.heard(_ann("b", 1), 0.0)
+    t.heard(_ann("c", 1, queue="other"), 0.0)
+    assert t.poller(Q, 0.1) == poller_of(Q, ["me", "b"])
+    assert t.poller(Q, 10.0) == "me"  # deaf: poll it oneself
+
+
+def test_a_members_shared_sample_is_read_with_its_arrival() -> None:
+    t = _table()
+    shared = SharedSample(1, 0, 100, 100, 0, True, 0.5, 7)
+    t.heard(Announcement("b", 1.0, 1, "/", {"orders": QueueReport(0, 0, 0.0, None, None,
+                                                                  shared)}), 2.0)
+    assert t.shared_sample(Q, "b", 2.1) == (shared, 2.0)
+    assert t.shared_sample(Q, "c", 2.1) is None
+    assert t.shared_sample(("/", "other"), "b", 2.1) is None

@@ -13,6 +13,9 @@ Rules (docs/architecture.md, "A fleet of sidecars"):
   vhost it announces on (``expect``), it has not heard itself for ``timeout`` it is *deaf*:
   nobody expires, and it counts the fleet at the size it had when it last heard itself on
   every vhost (``size``): a sidecar that cannot hear the others never assumes they left.
+- One member polls each queue on the management API for the whole fleet (``poller_of``:
+  rendezvous hashing over the live members that police it) and announces its samples;
+  the others feed those instead of asking the API themselves, while they are fresh.
 - Shares of a queue's headroom are max-min fair on demand (``max_min_shares``): a member
   that needs less than an equal share gets what it needs, the rest is split evenly among
   the others; what nobody needs is split evenly too. A member with no measured demand yet
@@ -22,12 +25,13 @@ Rules (docs/architecture.md, "A fleet of sidecars"):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from floodwall.control.depth import QueueDepth
+from floodwall.control.depth import ManagementSample, QueueDepth
 
 QueueKey = tuple[str, str]  # (vhost, queue)
 
@@ -50,13 +54,44 @@ class FleetMessageError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class SharedSample:
+    """A management API sample of one queue, as the member that polls it for the fleet
+    announces it: the figures, how long before the announcement it was asked for
+    (``age``), and an id that changes with each new sample (``sid``)."""
+
+    messages_ready: int
+    messages_unacknowledged: int
+    message_bytes: int
+    message_bytes_ready: int
+    message_bytes_unacknowledged: int
+    bytes_known: bool
+    age: float
+    sid: int
+
+    @classmethod
+    def of(cls, sample: ManagementSample, now: float, sid: int) -> SharedSample:
+        return cls(sample.messages_ready, sample.messages_unacknowledged,
+                   sample.message_bytes, sample.message_bytes_ready,
+                   sample.message_bytes_unacknowledged, sample.bytes_known,
+                   max(0.0, now - sample.taken_at), sid)
+
+    def sample(self, received_at: float) -> ManagementSample:
+        """The sample on the receiver's clock: asked for ``age`` before it arrived."""
+        return ManagementSample(received_at - self.age, self.messages_ready,
+                                self.messages_unacknowledged, self.message_bytes,
+                                self.message_bytes_ready, self.message_bytes_unacknowledged,
+                                self.bytes_known)
+
+
+@dataclass(frozen=True, slots=True)
 class QueueReport:
     """What one member says about one queue it polices.
 
     ``ingress``: body bytes/s it forwarded lately; ``held``: body bytes it holds for the
     queue; ``demand``: bytes/s it would forward if let (None: not measured yet, a
     newcomer); ``depth``/``age``: its last depth sample (bytes) and how old it was when
-    announced (seconds), None when it has none.
+    announced (seconds), None when it has none; ``management``: its last management API
+    sample of the queue, when it is the queue's poller for the fleet (``poller_of``).
     """
 
     ingress: float
@@ -64,6 +99,7 @@ class QueueReport:
     demand: float | None
     depth: int | None = None
     age: float | None = None
+    management: SharedSample | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +136,25 @@ def _num(x: float | None, digits: int = 1) -> float | int | None:
     return int(r) if r == int(r) else r
 
 
+def _entry(name: str, r: QueueReport) -> list[object]:
+    entry: list[object] = [name, _num(r.ingress), r.held, _num(r.demand), r.depth,
+                           _num(r.age, 3)]
+    m = r.management
+    if m is not None:
+        entry.append([m.messages_ready, m.messages_unacknowledged, m.message_bytes,
+                      m.message_bytes_ready, m.message_bytes_unacknowledged,
+                      int(m.bytes_known), _num(m.age, 3), m.sid])
+    return entry
+
+
 def encode(a: Announcement) -> bytes:
     """Compact JSON: ``{"v","id","st","seq","vh","q":[[name, ingress, held, demand,
-    depth, age], ...]}`` (``"bye":1`` when leaving); ~60 bytes + ~40 per queue."""
+    depth, age(, management)], ...]}`` (``"bye":1`` when leaving); ~60 bytes + ~45 per
+    queue, ~40 more for a management sample ``[ready, unacked, bytes, bytes ready, bytes
+    unacked, bytes known (0/1), age, sid]``."""
     doc: dict[str, object] = {
         "v": FLEET_VERSION, "id": a.member, "st": round(a.started, 3), "seq": a.seq,
-        "vh": a.vhost,
-        "q": [[name, _num(r.ingress), r.held, _num(r.demand), r.depth, _num(r.age, 3)]
-              for name, r in sorted(a.queues.items())],
+        "vh": a.vhost, "q": [_entry(name, r) for name, r in sorted(a.queues.items())],
     }
     if a.leaving:
         doc["bye"] = 1
@@ -122,18 +169,32 @@ def _opt_num(x: object, what: str) -> float | None:
     return float(x)
 
 
+def _shared(item: object) -> SharedSample | None:
+    if item is None:
+        return None
+    if not isinstance(item, list) or len(item) != 8:
+        raise FleetMessageError(f"management sample {item!r}: not 8 fields")
+    nums = [_opt_num(x, "management") for x in item]
+    if any(x is None for x in nums):
+        raise FleetMessageError(f"management sample {item!r}: a field is null")
+    n = [x or 0.0 for x in nums]
+    return SharedSample(int(n[0]), int(n[1]), int(n[2]), int(n[3]), int(n[4]), bool(n[5]),
+                        n[6], int(n[7]))
+
+
 def _report(item: object) -> tuple[str, QueueReport]:
-    if not isinstance(item, list) or len(item) != 6 or not isinstance(item[0], str):
+    if not isinstance(item, list) or len(item) not in (6, 7) or not isinstance(item[0], str):
         raise FleetMessageError(f"queue entry {item!r}: not [name, ingress, held, demand, "
-                                "depth, age]")
-    name, ingress, held, demand, depth, age = item
+                                "depth, age(, management)]")
+    name, ingress, held, demand, depth, age = item[:6]
     ingress_ = _opt_num(ingress, "ingress")
     held_ = _opt_num(held, "held")
     depth_ = _opt_num(depth, "depth")
     if ingress_ is None or held_ is None:
         raise FleetMessageError(f"queue entry {item!r}: ingress and held are required")
     return name, QueueReport(ingress_, int(held_), _opt_num(demand, "demand"),
-                             None if depth_ is None else int(depth_), _opt_num(age, "age"))
+                             None if depth_ is None else int(depth_), _opt_num(age, "age"),
+                             _shared(item[6]) if len(item) == 7 else None)
 
 
 def decode(data: bytes) -> Announcement | None:
@@ -256,6 +317,18 @@ def max_min_shares(headroom: float, demands: Mapping[str, float | None]) -> dict
 def fallback_share(headroom: float, size: int) -> float:
     """A deaf member's share: the headroom split evenly over the last fleet size it knew."""
     return max(0.0, headroom) / max(1, size)
+
+
+# -- one management poller per queue ------------------------------------------------------
+def poller_of(key: QueueKey, members: Iterable[str]) -> str:
+    """Which member polls ``key`` on the management API for the fleet: rendezvous hashing
+    of the queue over the members (the highest hash wins), so every member that hears the
+    same members picks the same one, and a member leaving moves only its own queues."""
+    def weight(member: str) -> bytes:
+        return hashlib.blake2b(f"{member}\0{key[0]}\0{key[1]}".encode(),
+                               digest_size=8).digest()
+
+    return max(members, key=lambda m: (weight(m), m))
 
 
 # -- membership ---------------------------------------------------------------------------
@@ -397,6 +470,24 @@ class FleetTable:
             if h is not None and key[1] in h.queues:
                 out[member] = h.queues[key[1]]
         return out
+
+    def poller(self, key: QueueKey, now: float) -> str:
+        """The member that polls ``key`` on the management API for the fleet: among the live
+        members that police it and this one (``poller_of``); deaf, this one."""
+        if self.deaf(now):
+            return self.me
+        return poller_of(key, [self.me, *self.reports(key, now)])
+
+    def shared_sample(self, key: QueueKey, member: str, now: float
+                      ) -> tuple[SharedSample, float] | None:
+        """``member``'s last announced management sample of ``key`` and when its
+        announcement arrived (None: it announced none, or is not live)."""
+        self.expire(now)
+        h = self._heard.get(member, {}).get(key[0])
+        if h is None or key[1] not in h.queues:
+            return None
+        m = h.queues[key[1]].management
+        return None if m is None else (m, h.at)
 
     def last_heard(self, member: str) -> float | None:
         mine = self._heard.get(member)

@@ -13,6 +13,13 @@ announcing (gone after ``MEMBER_TIMEOUT``); its queue goes with its connection, 
 broker's topology events report at once (``member_queue_deleted``); one that stops cleanly
 says so (a ``leaving`` announcement). Membership and shares: ``floodwall.control.fleet``.
 
+One management poller per queue: the member ``poller_of`` picks (rendezvous hashing over
+the live members that police the queue) announces its management API samples of it; the
+others feed those (``feed_shared_management``) and skip the queue in their own management
+rounds while the poller's last sample is fresh (``covered``). Deaf, a sidecar polls
+everything itself. So the API is asked about each policed queue once per
+``management_interval`` per fleet, not once per sidecar.
+
 Broker load per sidecar: 1 publish per vhost per interval (10/s) and N deliveries of each
 (N members): 10 N deliveries/s per sidecar, 10 N^2 per fleet, each ~60 bytes + ~40 per
 policed queue.
@@ -29,10 +36,11 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from floodwall.control.controller import FlowController
+from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
 from floodwall.control.fleet import (
     ANNOUNCE_INTERVAL,
     EXCHANGE_PREFIX,
@@ -43,6 +51,8 @@ from floodwall.control.fleet import (
     IngressMeter,
     MemberJoined,
     MemberLeft,
+    QueueReport,
+    SharedSample,
     decode,
     encode,
     fleet_exchange,
@@ -82,6 +92,10 @@ class FleetSettings:
     interval: float = ANNOUNCE_INTERVAL
     timeout: float = MEMBER_TIMEOUT
     setup_timeout: float = 5.0
+    # A poller's management sample older than this no longer spares the others asking the
+    # API themselves (the supervisor: 2 intervals + the API's timeout, below the depth's
+    # unknown_after: 3 intervals + the timeout).
+    sample_stale_after: float = 10.0
 
 
 class FleetHost(Protocol):
@@ -91,6 +105,8 @@ class FleetHost(Protocol):
     enforcement: Enforcement
 
     async def client_for(self, vhost: str) -> AmqpClient: ...
+
+    def feed_shared_management(self, key: QueueKey, sample: ManagementSample) -> None: ...
 
 
 def _reason(exc: BaseException) -> str:
@@ -121,6 +137,11 @@ class FleetService:
         self._vhost_tasks: dict[str, asyncio.Task[None]] = {}
         self._live: dict[str, tuple[AmqpClient, int]] = {}  # vhost -> (client, channel)
         self._lost: dict[str, asyncio.Event] = {}  # vhost -> set when its channel broke
+        # The management API samples this sidecar took (offered to the fleet), with an id
+        # each; the ids of the fleet's samples already fed, by (member, queue).
+        self._polled: dict[QueueKey, tuple[ManagementSample, int]] = {}
+        self._sids = 0
+        self._fed: dict[tuple[str, QueueKey], int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -152,6 +173,45 @@ class FleetService:
             self.table.gone(queue[len(prefix):], self.clock())
             self._log_changes()
 
+    # -- one management poller per queue ------------------------------------------------
+    def own_sample(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management sample this sidecar took: announced while it polls ``key``."""
+        self._sids += 1
+        self._polled[key] = (sample, self._sids)
+
+    def covered(self, key: QueueKey) -> bool:
+        """Whether the fleet's poller of ``key`` is another member whose last sample is
+        fresh (``sample_stale_after``): this sidecar need not ask the API itself."""
+        now = self.clock()
+        poller = self.table.poller(key, now)
+        if poller == self.me:
+            return False
+        shared = self.table.shared_sample(key, poller, now)
+        return (shared is not None
+                and now - shared[1] + shared[0].age <= self.settings.sample_stale_after)
+
+    def _with_samples(self, mine: dict[QueueKey, QueueReport], now: float
+                      ) -> dict[QueueKey, QueueReport]:
+        """The reports, each with this sidecar's last sample of the queues it polls."""
+        for key in self._polled.keys() - mine.keys():
+            del self._polled[key]
+        out = dict(mine)
+        for key, (sample, sid) in self._polled.items():
+            if self.table.poller(key, now) == self.me:
+                out[key] = replace(out[key], management=SharedSample.of(sample, now, sid))
+        return out
+
+    def _feed_samples(self, a: Announcement, now: float) -> None:
+        """Feed the samples a member announced that this sidecar has not fed yet."""
+        for name, report in a.queues.items():
+            m, key = report.management, (a.vhost, name)
+            if m is None or key not in self.host.controller.queues \
+                    or self._fed.get((a.member, key)) == m.sid:
+                continue
+            self._fed[(a.member, key)] = m.sid
+            self.counters.shared_samples += 1
+            self.host.feed_shared_management(key, m.sample(now))
+
     # -- the tick: announce, expire, figures ---------------------------------------------
     async def _tick_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -172,7 +232,8 @@ class FleetService:
         vhosts = {k[0] for k in c.queues} | c.policies.vhosts
         self._reconcile(vhosts)
         self.table.expect(vhosts)
-        mine = my_reports(c, self.host.enforcement.counters, self.meter, now)
+        mine = self._with_samples(my_reports(c, self.host.enforcement.counters, self.meter,
+                                             now), now)
         self.seq += 1
         for vhost in sorted(vhosts):
             live = self._live.get(vhost)
@@ -191,6 +252,9 @@ class FleetService:
                       vhost=vhost, reason=_reason(exc))
         self.figures = fleet_figures(self.name, self.table, c, mine, now)
         self._log_changes()
+        heard = set(self.figures.members)
+        for fed in [f for f in self._fed if f[0] not in heard or f[1] not in c.queues]:
+            del self._fed[fed]
 
     def _announce(self, vhost: str, client: AmqpClient, channel: int,
                   leaving: bool = False) -> None:
@@ -218,7 +282,10 @@ class FleetService:
                       fleet=self.name, reason=str(exc))
             return
         if a is not None:
-            self.table.heard(a, self.clock())
+            now = self.clock()
+            self.table.heard(a, now)
+            if a.member != self.me:
+                self._feed_samples(a, now)
             self._log_changes()
 
     def _log_changes(self) -> None:

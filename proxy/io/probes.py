@@ -189,8 +189,9 @@ class DepthProbes:
                 await asyncio.wait_for(wake.wait(), self.settings.management_interval)
 
     async def sample_management(self) -> None:
-        """One management sample of every policed queue, then the unknown-depth rule."""
-        keys = sorted(self.controller.queues)
+        """One management sample of every policed queue (but those the fleet's poller
+        samples: ``shared_elsewhere``), then the unknown-depth rule."""
+        keys = sorted(k for k in self.controller.queues if not self.shared_elsewhere(k))
         limit = asyncio.Semaphore(self.settings.management_connections)
 
         async def one(key: QueueKey) -> ManagementSample | ManagementError | None:
@@ -217,6 +218,11 @@ class DepthProbes:
             event(log, "flow_ready", policed_queues=len(self.controller.queues),
                   management="ok" if self.stats.management.ok else
                   f"failing ({self.stats.management.kind})")
+
+    def shared_elsewhere(self, key: QueueKey) -> bool:
+        """Whether another sidecar of the fleet samples ``key`` for this one (see
+        ``FlowSupervisor``); alone, never."""
+        return False
 
     def depth_is_unknown(self, key: QueueKey, now: float | None = None) -> bool:
         return depth_is_unknown(key in self._asked, self._sampled_at.get(key),

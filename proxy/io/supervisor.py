@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
 from floodwall.control.fleet import is_fleet_queue
 from floodwall.control.policy import PolicySet, PolicyStore, ReloadResult
 from floodwall.control.routing import ChangeKind, Topology, TopologyChange
@@ -144,7 +145,9 @@ class FlowSupervisor(DepthProbes):
         self._wake_management: asyncio.Event | None = None
         self._running = False
         # The fleet through the broker (--fleet NAME; None: off, nothing of it runs).
-        self.fleet = (FleetService(FleetSettings(settings.fleet), self, clock)
+        self.fleet = (FleetService(FleetSettings(
+            settings.fleet, sample_stale_after=(2 * settings.management_interval
+                                                + settings.management_timeout)), self, clock)
                       if settings.fleet else None)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -215,6 +218,20 @@ class FlowSupervisor(DepthProbes):
             for key in [k for k in self.controller.queues if k[0] == c.name]:
                 self._gone(key, source)
         self.board.settle()
+
+    # -- the fleet's one management poller per queue ----------------------------------
+    def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management sample this sidecar asked for: fed, and offered to the fleet."""
+        super().feed_management(key, sample)
+        if self.fleet is not None and key in self.controller.queues:
+            self.fleet.own_sample(key, sample)
+
+    def feed_shared_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management sample the fleet's poller of ``key`` asked for."""
+        super().feed_management(key, sample)
+
+    def shared_elsewhere(self, key: QueueKey) -> bool:
+        return self.fleet is not None and self.fleet.covered(key)
 
     def _gone(self, key: QueueKey, source: ChangeSource) -> None:
         if key in self.controller.queues:

@@ -37,6 +37,7 @@ class FleetCounters:
     received_bytes: int = 0
     undecodable: int = 0
     channel_failures: int = 0
+    shared_samples: int = 0  # management samples fed from the fleet's pollers
 
 
 def my_reports(controller: FlowController, counters: GateCounters, meter: IngressMeter,
@@ -74,6 +75,7 @@ class QueueShares:
     headroom: float | None
     demands: dict[str, float | None]
     shares: dict[str, float]
+    poller: str = ""  # the member that samples it on the management API for the fleet
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def fleet_figures(name: str, table: FleetTable, controller: FlowController,
                                             for m, r in table.reports(key, now).items()}
         demands[table.me] = report.demand
         shares = table.shares(key, room, report, now) if room is not None else {}
-        queues[key] = QueueShares(room, demands, shares)
+        queues[key] = QueueShares(room, demands, shares, table.poller(key, now))
     return FleetFigures(name, table.me, table.size(now), table.deaf(now),
                         tuple(table.members(now)), queues)
 
@@ -127,6 +129,7 @@ def fleet_state(fig: FleetFigures, table: FleetTable, counters: FleetCounters,
         "members": members,
         "queues": [{
             "vhost": key[0], "queue": key[1], "headroom_bytes": _round(s.headroom),
+            "management_poller": s.poller,
             "members": {m: {"demand_bytes_per_second": _round(d),
                             "share_bytes": _round(s.shares.get(m))}
                         for m, d in sorted(s.demands.items())},
@@ -135,7 +138,8 @@ def fleet_state(fig: FleetFigures, table: FleetTable, counters: FleetCounters,
                           "received": counters.received,
                           "received_bytes": counters.received_bytes,
                           "undecodable": counters.undecodable, "ignored": table.ignored_total,
-                          "channel_failures": counters.channel_failures},
+                          "channel_failures": counters.channel_failures,
+                          "shared_samples_fed": counters.shared_samples},
     }
 
 
@@ -158,6 +162,9 @@ class FleetCollector(Collector):
         sent.add_metric(["received"], c.received)
         sent.add_metric(["undecodable"], c.undecodable)
         yield sent
+        yield CounterMetricFamily("floodwall_fleet_shared_samples",
+                                  "Management API samples fed from the fleet's poller of the "
+                                  "queue instead of asking the API", value=c.shared_samples)
         if fig is None:
             return
         yield GaugeMetricFamily("floodwall_fleet_members",

@@ -59,7 +59,13 @@ def policed(proc: ProxyProcess, queue: str) -> bool:
 def sidecar(start: Callable[..., ProxyProcess], broker: BrokerEndpoint, policies: Path,
             fleet: str) -> ProxyProcess:
     return start("--policies", str(policies), "--management", broker.management_url,
-                 "--fleet", fleet)
+                 "--fleet", fleet, "--management-interval", "1s", "--topology-interval", "1h")
+
+
+def queue_requests(proc: ProxyProcess) -> float:
+    """Management API requests about queues so far (samples; syncs are an hour apart)."""
+    return metric_sum(proc.get("/metrics").decode(),
+                      "floodwall_management_request_seconds_count", endpoint="queues")
 
 
 def test_sidecars_find_each_other_and_a_killed_one_drops_out(
@@ -95,6 +101,23 @@ def test_sidecars_find_each_other_and_a_killed_one_drops_out(
         metrics = first.get("/metrics").decode()
         assert metric_sum(metrics, "floodwall_fleet_share_bytes", queue=queue) == \
             pytest.approx(sum(shares), rel=0.05, abs=2048)
+
+        # One management poller for the queue: every member names the same one; the others
+        # feed its samples and do not ask the API about the queue themselves.
+        pollers = {queue_entry(p, queue)["management_poller"] for p in fleet}  # type: ignore[index]
+        assert len(pollers) == 1 and pollers <= set(ids), pollers
+        poller = fleet[ids.index(pollers.pop())]
+        others = [p for p in fleet if p is not poller]
+        for proc in others:
+            wait_for(lambda p=proc: metric_sum(p.get("/metrics").decode(),
+                                               "floodwall_fleet_shared_samples_total") >= 2,
+                     15, what="shared management samples fed")
+        before = [queue_requests(p) for p in others]
+        start = queue_requests(poller)
+        wait_for(lambda: queue_requests(poller) >= start + 5, 30,
+                 what="the poller to sample the queue five more times")
+        # (a request already in flight when the window opened may land in it)
+        assert all(queue_requests(p) - b <= 1 for p, b in zip(others, before, strict=True))
 
         # kill -9 one: the other two stop counting it within the issue's bound.
         victim, survivors = fleet[2], fleet[:2]
