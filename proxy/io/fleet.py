@@ -76,6 +76,9 @@ log = logging.getLogger("floodwall.fleet")
 
 #: How long a vhost whose fleet channel could not be set up waits before trying again.
 RETRY_SECONDS = 1.0
+#: Announcements past this many waiting in a member's queue are dropped, oldest first: a
+#: stalled sidecar must not grow the broker (only the newest of each member counts).
+MEMBER_QUEUE_MAX = 1000
 
 
 def member_id(identity: str | None = None) -> str:
@@ -346,7 +349,8 @@ class FleetService:
         t = self.settings.setup_timeout
         await client.declare_exchange(self.exchange, "fanout", timeout=t)
         queue = member_queue(self.name, self.me)
-        await client.declare_queue(queue, exclusive=True, auto_delete=True, timeout=t)
+        await client.declare_queue(queue, exclusive=True, auto_delete=True, timeout=t,
+                                   arguments={"x-max-length": MEMBER_QUEUE_MAX})
         await client.bind_queue(queue, self.exchange, "", timeout=t)
         await client.consume(queue, functools.partial(self._on_delivery, vhost), timeout=t)
         return await client.open_plain_channel(t)
