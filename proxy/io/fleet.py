@@ -1,8 +1,9 @@
 """The fleet channel through the broker (``FleetService``): sidecars that police queues on one
 broker find each other with nothing but the broker they already use.
 
-On each vhost with policed queues or a policy, on the flow supervisor's own connection to it
-(``client_for``): a fanout
+On each vhost with policed queues or a policy, on a connection of its own (``new_client``:
+not the depth probes' connection, because RabbitMQ stops reading a connection that publishes
+during a memory or disk alarm, and the probes must go on): a fanout
 exchange ``floodwall.fleet.<name>`` (not durable, not auto-delete), this sidecar's own
 exclusive, auto-delete queue ``floodwall.fleet.<name>.<member id>`` bound to it and consumed
 without acks, and a plain channel (no confirms) on which it announces every
@@ -107,7 +108,8 @@ class FleetHost(Protocol):
     controller: FlowController
     enforcement: Enforcement
 
-    async def client_for(self, vhost: str) -> AmqpClient: ...
+    def new_client(self, vhost: str) -> AmqpClient:
+        """A new (unconnected) own connection to ``vhost``, for the fleet alone."""
 
     def feed_shared_management(self, key: QueueKey, sample: ManagementSample) -> None: ...
 
@@ -310,40 +312,53 @@ class FleetService:
             self._live.pop(vhost, None)
 
     async def _channel_loop(self, vhost: str) -> None:
-        failing = False
+        """Keep the vhost's fleet connection and channel up (reconnecting with backoff)."""
+        failing, backoff = False, RETRY_SECONDS
         try:
             while True:
-                client = await self.host.client_for(vhost)
+                client = self.host.new_client(vhost)
                 try:
+                    await client.connect(self.settings.setup_timeout)
                     channel = await self._setup(client, vhost)
-                except (AmqpClientError, TimeoutError) as exc:
+                except (AmqpClientError, OSError, TimeoutError) as exc:
+                    with contextlib.suppress(Exception):
+                        await client.close()
                     self.counters.channel_failures += 1
-                    if not failing and client.connected:
+                    if not failing:
                         event(log, "fleet_channel_failed", logging.WARNING, fleet=self.name,
                               vhost=vhost, reason=_reason(exc),
-                              action=(f"retrying every {RETRY_SECONDS:g}s; until then this "
-                                      "sidecar cannot hear the fleet and takes the "
-                                      "fallback share"))
+                              action=("retrying with backoff; until then this sidecar "
+                                      "cannot hear the fleet and takes the fallback share"))
                     failing = True
-                    await asyncio.sleep(RETRY_SECONDS)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
                     continue
                 if failing:
                     event(log, "fleet_channel_up", fleet=self.name, vhost=vhost)
-                failing = False
-                self._live[vhost] = (client, channel)
-                lost = self._lost[vhost] = asyncio.Event()
-                waits = [asyncio.ensure_future(client.wait_closed()),
-                         asyncio.ensure_future(lost.wait())]
+                failing, backoff = False, RETRY_SECONDS
                 try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    await self._announce_on(vhost, client, channel)
                 finally:
-                    for w in waits:
-                        w.cancel()
-                    if self._live.get(vhost, (None, 0))[0] is client:
-                        del self._live[vhost]
+                    with contextlib.suppress(Exception):
+                        await client.close()
+                await asyncio.sleep(RETRY_SECONDS)
         finally:
             self._live.pop(vhost, None)
             self._lost.pop(vhost, None)
+
+    async def _announce_on(self, vhost: str, client: AmqpClient, channel: int) -> None:
+        """Until the connection or the channel is lost, the tick announces on it."""
+        self._live[vhost] = (client, channel)
+        lost = self._lost[vhost] = asyncio.Event()
+        waits = [asyncio.ensure_future(client.wait_closed()),
+                 asyncio.ensure_future(lost.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            if self._live.get(vhost, (None, 0))[0] is client:
+                del self._live[vhost]
 
     async def _setup(self, client: AmqpClient, vhost: str) -> int:
         t = self.settings.setup_timeout

@@ -219,7 +219,14 @@ class FlowSupervisor(DepthProbes):
                 self._gone(key, source)
         self.board.settle()
 
-    # -- the fleet's one management poller per queue ----------------------------------
+    # -- the fleet ---------------------------------------------------------------------
+    def new_client(self, vhost: str) -> AmqpClient:
+        """An own connection to ``vhost`` for the fleet (not the probes': it publishes,
+        and the broker stops reading a connection that publishes during an alarm)."""
+        s = self.settings
+        return AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
+                          s.amqp_credentials.password, vhost, tls=s.upstream_tls)
+
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
         """A management sample this sidecar asked for: fed, and offered to the fleet."""
         super().feed_management(key, sample)
