@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from floodwall.control.depth import ManagementSample, QueueDepth
 from floodwall.control.fleet import (
+    COLD_INTERVAL,
     FLEET_VERSION,
     MEMBER_TIMEOUT,
     Announcement,
@@ -22,6 +23,7 @@ from floodwall.control.fleet import (
     MemberLeft,
     QueueReport,
     SharedSample,
+    announce_due,
     decode,
     demand_of,
     encode,
@@ -365,3 +367,11 @@ def test_a_members_shared_sample_is_read_with_its_arrival() -> None:
     assert t.shared_sample(Q, "b", 2.1) == (shared, 2.0)
     assert t.shared_sample(Q, "c", 2.1) is None
     assert t.shared_sample(("/", "other"), "b", 2.1) is None
+
+
+def test_announcements_are_frequent_only_while_hot() -> None:
+    assert announce_due(None, 0.0, hot=False)
+    assert not announce_due(0.0, 0.5, hot=False) and announce_due(0.0, 1.0, hot=False)
+    assert announce_due(0.0, 0.1, hot=True) and not announce_due(0.0, 0.05, hot=True)
+    assert announce_due(0.0, 0.09, hot=True)  # a tick's jitter
+    assert MEMBER_TIMEOUT > 2 * COLD_INTERVAL  # one lost cold announcement is no departure

@@ -16,6 +16,7 @@ from floodwall.ops.fleet_view import (
     FleetCounters,
     fleet_figures,
     fleet_state,
+    hot_queues,
     my_reports,
 )
 from floodwall.ops.telemetry import Sampler
@@ -103,3 +104,12 @@ def test_figures_state_and_metrics_show_every_member() -> None:
 def test_without_a_fleet_the_records_have_no_fleet_fields() -> None:
     records = Sampler("me").snapshot(_controller(), GateCounters(), 1.0, 1.0)
     assert not any(k.startswith("fleet_") for r in records for k in r)
+
+
+def test_a_queue_is_hot_from_half_its_capacity_or_tripped_or_unknown() -> None:
+    fc = _controller()  # 1,000 of 10,000 bytes
+    assert hot_queues(fc) == set()
+    fc.forwarded("/", frozenset({"orders.a"}), 4000, 1.0)
+    assert hot_queues(fc) == {Q}  # 5,000: half
+    fc.queue_seen(("/", "orders.b"), 0.0)  # no figure yet: unknown
+    assert ("/", "orders.b") in hot_queues(fc)

@@ -40,8 +40,11 @@ FLEET_VERSION = 1
 #: The exchange a fleet announces on (one per vhost with policed queues), and the prefix of
 #: each member's own queue bound to it: neither is ever policed.
 EXCHANGE_PREFIX = "floodwall.fleet."
-#: How often a member announces, and how long one unheard counts as gone (seconds).
+#: How often a member announces while one of its queues on the vhost is hot (near capacity,
+#: tripped or holding publishers), and while none is; how long one unheard counts as gone
+#: (seconds: more than two cold intervals, so one lost announcement is not a departure).
 ANNOUNCE_INTERVAL = 0.1
+COLD_INTERVAL = 1.0
 MEMBER_TIMEOUT = 2.5
 #: Held bytes count as demand to be met within this many seconds.
 DEMAND_HORIZON = 1.0
@@ -221,6 +224,16 @@ def decode(data: bytes) -> Announcement | None:
         raise FleetMessageError("st and q are required")
     return Announcement(member, started_, seq, vhost, dict(_report(i) for i in queues),
                         leaving=bool(doc.get("bye")))
+
+
+def announce_due(last: float | None, now: float, hot: bool, interval: float = ANNOUNCE_INTERVAL,
+                 cold_interval: float = COLD_INTERVAL) -> bool:
+    """Whether a member announces on a vhost now: first, then every ``interval`` while a
+    queue of it is hot, every ``cold_interval`` otherwise (a tick's jitter tolerated)."""
+    if last is None:
+        return True
+    every = interval if hot else cold_interval
+    return now - last >= every - min(every * 0.25, 0.02)
 
 
 # -- demand and ingress -------------------------------------------------------------------

@@ -2,17 +2,18 @@
 broker find each other with nothing but the broker they already use.
 
 On each vhost with policed queues or a policy, on a connection of its own (``new_client``:
-not the depth probes' connection, because RabbitMQ stops reading a connection that publishes
-during a memory or disk alarm, and the probes must go on): a fanout
-exchange ``floodwall.fleet.<name>`` (not durable, not auto-delete), this sidecar's own
-exclusive, auto-delete queue ``floodwall.fleet.<name>.<member id>`` bound to it and consumed
-without acks, and a plain channel (no confirms) on which it announces every
-``ANNOUNCE_INTERVAL`` (100 ms) its reports of that vhost's policed queues
-(``floodwall.control.fleet.encode``). Every member hears every announcement, its own
-included (the echo says this sidecar can hear the fleet). A member that dies stops
-announcing (gone after ``MEMBER_TIMEOUT``); its queue goes with its connection, which the
-broker's topology events report at once (``member_queue_deleted``); one that stops cleanly
-says so (a ``leaving`` announcement). Membership and shares: ``floodwall.control.fleet``.
+not the depth probes' connection, because RabbitMQ stops reading a connection that
+publishes during a memory or disk alarm, and the probes must go on): a fanout exchange
+``floodwall.fleet.<name>`` (not durable, not auto-delete), this sidecar's own exclusive,
+auto-delete queue ``floodwall.fleet.<name>.<member id>`` bound to it and consumed without
+acks, and a plain channel (no confirms) on which it announces its reports of that vhost's
+policed queues (``floodwall.control.fleet.encode``): every ``interval`` (100 ms) while one
+of them is hot (``hot_queues``), every ``cold_interval`` (1 s) otherwise, and at once when
+a member joins. Every member hears every announcement, its own included (the echo says
+this sidecar can hear the fleet). A member that dies stops announcing (gone after
+``MEMBER_TIMEOUT``); its queue goes with its connection, which the broker's topology
+events report at once (``member_queue_deleted``); one that stops cleanly says so (a
+``leaving`` announcement). Membership and shares: ``floodwall.control.fleet``.
 
 One management poller per queue: the member ``poller_of`` picks (rendezvous hashing over
 the live members that police the queue) announces its management API samples of it; the
@@ -21,10 +22,9 @@ rounds while the poller's last sample is fresh (``covered``). Deaf, a sidecar po
 everything itself. So the API is asked about each policed queue once per
 ``management_interval`` per fleet, not once per sidecar.
 
-Broker load per sidecar: 1 publish per vhost per interval (10/s) and N deliveries of each
-(N members): 10 N deliveries/s per sidecar, 10 N^2 per fleet, each ~60 bytes + ~40 per
-policed queue.
-"""
+Broker load per sidecar and vhost: 1 publish per interval (10/s hot, 1/s cold), each
+delivered to the N members: 10 N (hot) or N (cold) deliveries/s received per sidecar,
+each ~60 bytes + ~45 per policed queue."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.depth import ManagementSample
 from floodwall.control.fleet import (
     ANNOUNCE_INTERVAL,
+    COLD_INTERVAL,
     EXCHANGE_PREFIX,
     MEMBER_TIMEOUT,
     Announcement,
@@ -54,6 +55,7 @@ from floodwall.control.fleet import (
     MemberLeft,
     QueueReport,
     SharedSample,
+    announce_due,
     decode,
     encode,
     fleet_exchange,
@@ -68,6 +70,7 @@ from floodwall.ops.fleet_view import (
     FleetFigures,
     fleet_figures,
     fleet_state,
+    hot_queues,
     my_reports,
 )
 from floodwall.ops.logs import event
@@ -93,7 +96,8 @@ def member_id(identity: str | None = None) -> str:
 class FleetSettings:
     name: str = "default"
     member: str = ""  # "": member_id()
-    interval: float = ANNOUNCE_INTERVAL
+    interval: float = ANNOUNCE_INTERVAL  # while a policed queue of the vhost is hot
+    cold_interval: float = COLD_INTERVAL  # while none is
     timeout: float = MEMBER_TIMEOUT
     setup_timeout: float = 5.0
     # A poller's management sample older than this no longer spares the others asking the
@@ -147,6 +151,7 @@ class FleetService:
         self._polled: dict[QueueKey, tuple[ManagementSample, int]] = {}
         self._sids = 0
         self._fed: dict[tuple[str, QueueKey], int] = {}
+        self._announced: dict[str, float] = {}  # vhost -> when this sidecar last announced
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -231,7 +236,8 @@ class FleetService:
             await asyncio.sleep(next_at - now)
 
     def tick(self) -> None:
-        """Announce on every vhost with policed queues; refresh the figures."""
+        """Announce on every vhost with policed queues that is due (``announce_due``);
+        refresh the figures."""
         c = self.host.controller
         now = self.clock()
         vhosts = {k[0] for k in c.queues} | c.policies.vhosts
@@ -239,15 +245,19 @@ class FleetService:
         self.table.expect(vhosts)
         mine = self._with_samples(my_reports(c, self.host.enforcement.counters, self.meter,
                                              now), now)
+        hot = {k[0] for k in hot_queues(c)}
         self.seq += 1
         for vhost in sorted(vhosts):
             live = self._live.get(vhost)
-            if live is None:
+            if live is None or not announce_due(self._announced.get(vhost), now,
+                                                vhost in hot, self.settings.interval,
+                                                self.settings.cold_interval):
                 continue
             queues = {k[1]: r for k, r in mine.items() if k[0] == vhost}
             try:
                 self._publish(live, Announcement(self.me, self.started, self.seq, vhost,
                                                  queues))
+                self._announced[vhost] = now
             except AmqpClientError as exc:
                 # The channel or connection is gone: the vhost's loop sets it up again.
                 self._live.pop(vhost, None)
@@ -296,6 +306,7 @@ class FleetService:
     def _log_changes(self) -> None:
         for ch in self.table.take_changes():
             if isinstance(ch, MemberJoined):
+                self._announced.pop(ch.vhost, None)  # the newcomer hears this one at once
                 event(log, "fleet_member_joined", fleet=self.name, member=ch.member,
                       vhost=ch.vhost, size=ch.size)
             elif isinstance(ch, MemberLeft):

@@ -58,6 +58,23 @@ def my_reports(controller: FlowController, counters: GateCounters, meter: Ingres
     return out
 
 
+#: A queue is hot, for the fleet, from this share of its capacity on.
+HOT_FRACTION = 0.5
+
+
+def hot_queues(controller: FlowController) -> set[QueueKey]:
+    """Policed queues the fleet should hear about often: tripped, holding publishers, or
+    with an estimate at ``HOT_FRACTION`` of a limit or more (or unknown)."""
+    hot = {k for b in controller.blocked_channels() for k in b.queues}
+    for key, q in controller.queues.items():
+        est, p = q.depth.estimate(), q.policy
+        if q.tripped or est is None or (
+                p.capacity > 0 and est.bytes >= HOT_FRACTION * p.capacity) or (
+                p.max_messages and est.messages >= HOT_FRACTION * p.max_messages):
+            hot.add(key)
+    return hot
+
+
 def headroom(q: PolicedQueue) -> float | None:
     """Bytes the queue may still take: capacity less the estimate (None: no byte capacity,
     or depth unknown)."""
