@@ -8,6 +8,7 @@ lazily, the PySpark pipeline (``floodwall_pipeline``). ``spool`` is ``floodwall 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,18 @@ def _units(parse: Callable[[object], float], example: str, zero_ok: bool = False
 
 
 _duration = _units(parse_duration, "200ms, 5s, 1m")
+
+
+def _fleet_name(ctx: click.Context, param: click.Parameter, value: object) -> str | None:
+    """--fleet: a name (letters, digits, ``_.-``, at most 64), or ``off`` (None)."""
+    text = str(value).strip()
+    if text.lower() == "off":
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
+        raise click.BadParameter(f"{text!r}: letters, digits, '_', '.', '-' (at most 64), "
+                                 "or off", ctx=ctx, param=param)
+    return text
+
 _duration_or_zero = _units(parse_duration, "200ms, 5s, 1m", zero_ok=True)
 _size = _units(parse_bytes, "16MiB, 512KiB")
 _size_or_zero = _units(parse_bytes, "16MiB, 512KiB", zero_ok=True)
@@ -182,6 +195,11 @@ def main() -> None:
               show_default=True, envvar="FLOODWALL_TOPOLOGY_EVENTS",
               help="Follow the broker's topology events (amq.rabbitmq.event, the "
                    "rabbitmq_event_exchange plugin) when it has them.")
+@click.option("--fleet", default="default", metavar="NAME|off", show_default=True,
+              envvar="FLOODWALL_FLEET", callback=_fleet_name,
+              help="Sidecars on the same broker with the same fleet name find each other "
+                   "through it (an exchange floodwall.fleet.NAME per policed vhost) and show "
+                   "each other's demand and shares; off: none of it runs.")
 @click.option("--alarm-interval", default="2s", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_ALARM_INTERVAL",
               help="How often the management API is asked for the broker's memory and disk "
@@ -244,23 +262,21 @@ def main() -> None:
 @click.option("--log-format", type=click.Choice(["logfmt", "json"]), default="logfmt",
               show_default=True, envvar="FLOODWALL_LOG_FORMAT")
 def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
-        listen_tls_key: str | None, listen_tls_client_ca: str | None,
-        listen_tls_min_version: str, upstream: str, upstream_tls_ca: str | None,
-        upstream_tls_cert: str | None, upstream_tls_key: str | None,
-        upstream_tls_server_name: str | None, upstream_tls_insecure: bool,
-        upstream_tls_min_version: str, upstream_tls_sasl_external: bool,
-        upstream_tls_relay_external: bool, admin: str, management: str | None,
-        management_tls_ca: str | None, management_tls_cert: str | None,
-        management_tls_key: str | None, policies: str | None, shadow: bool,
-        depth_interval: float, hot_interval: float, management_interval: float,
-        topology_interval: float, topology_events: str, alarm_interval: float,
-        management_timeout: float, management_connections: int, hold_budget: int,
-        memory_budget: str,
+        listen_tls_key: str | None, listen_tls_client_ca: str | None, listen_tls_min_version: str,
+        upstream: str, upstream_tls_ca: str | None, upstream_tls_cert: str | None,
+        upstream_tls_key: str | None, upstream_tls_server_name: str | None,
+        upstream_tls_insecure: bool, upstream_tls_min_version: str,
+        upstream_tls_sasl_external: bool, upstream_tls_relay_external: bool, admin: str,
+        management: str | None, management_tls_ca: str | None, management_tls_cert: str | None,
+        management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
+        hot_interval: float, management_interval: float, topology_interval: float,
+        topology_events: str, fleet: str | None, alarm_interval: float, management_timeout: float,
+        management_connections: int, hold_budget: int, memory_budget: str,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
-        telemetry_file_age: float, telemetry_max_total: int,
-        spool_dir: str | None, spool_total_max: int, spool_min_free: int,
-        connect_timeout: float, handshake_timeout: float, drain_timeout: float,
-        event_loop: str, log_level: str, log_format: str) -> None:
+        telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
+        spool_total_max: int, spool_min_free: int, connect_timeout: float,
+        handshake_timeout: float, drain_timeout: float, event_loop: str, log_level: str,
+        log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
@@ -282,17 +298,17 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
                                                                        "127.0.0.1")
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
-            listen=plain_listener, upstream=upstream_address, admin=admin_at,
+            listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
             management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
-            policies=Path(policies) if policies else None, shadow=shadow,
+            policies=Path(policies) if policies else None,
             depth_interval=depth_interval, hot_interval=hot_interval,
             management_interval=management_interval, topology_interval=topology_interval,
-            topology_events=topology_events == "on", alarm_interval=alarm_interval,
-            management_timeout=management_timeout,
-            management_connections=management_connections, hold_budget=hold_budget,
-            memory_budget=budget, memory_budget_source=budget_source,
+            topology_events=topology_events == "on", fleet=fleet, alarm_interval=alarm_interval,
+            management_timeout=management_timeout, hold_budget=hold_budget,
+            management_connections=management_connections, memory_budget=budget,
+            memory_budget_source=budget_source,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval, telemetry_file_bytes=telemetry_file_size,
             telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,

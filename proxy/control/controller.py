@@ -111,12 +111,9 @@ class FlowController:
         self._blocked = BlockTable()
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
         self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
-        # The latest ``now`` an entry point was given: a close (which carries no time) ends
-        # its hold at it, so a hold-time ends within one controller call of the truth.
-        self._now = 0.0
+        self._now = 0.0  # the latest time given: a close (which has none) ends its hold there
         self.alarm_reason: str | None = None
-        # What happened, for the I/O layer to take (``take_output``), in order.
-        self.outbox: list[ControlOutput] = []
+        self.outbox: list[ControlOutput] = []  # for the I/O layer (``take_output``), in order
 
     def take_output(self) -> list[ControlOutput]:
         """Everything that happened since the last call (events and freed channels), in

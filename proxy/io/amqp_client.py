@@ -131,6 +131,7 @@ _FRAME_END = b"\xce"
 _FRAME_HEAD = struct.Struct(">BHI")
 _PUBLISH_HEAD = struct.Struct(">HHH")  # class 60, method 40, reserved
 _BODY_SIZE_AT = 4  # content header payload: class id, weight, then body size (u64)
+_BARE_HEADER = struct.Struct(">HHQH")  # class 60, weight 0, body size, no property flags
 #: Unsent bytes past which publish() waits for the socket.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 
@@ -335,6 +336,7 @@ class AmqpClient(BatchedWrites):
         self._background: set[asyncio.Task[None]] = set()  # lanes being reopened
         self._publishers: dict[int, Publisher] = {}
         self._consumers: dict[int, Consumer] = {}
+        self._plain: set[int] = set()  # channels for publishes without confirms (the fleet)
         self._init_writes()
         self.closed_reason: str | None = None
         self._lost: asyncio.Event | None = None
@@ -444,6 +446,7 @@ class AmqpClient(BatchedWrites):
             return
         if isinstance(value, commands.Channel.Close):
             self._send(channel, commands.Channel.CloseOk())
+            self._plain.discard(channel)
         publisher = self._publishers.get(channel)
         if publisher is not None:
             publisher.on_frame(value)
@@ -495,7 +498,7 @@ class AmqpClient(BatchedWrites):
         channel = next(self._channel_ids)
         lanes = self._lanes.values()
         while (channel in self._waiters or channel in self._publishers
-               or channel in self._consumers or channel in lanes):
+               or channel in self._consumers or channel in lanes or channel in self._plain):
             channel = next(self._channel_ids)
         opened = await self._rpc(channel, commands.Channel.Open(), timeout)
         if not isinstance(opened, commands.Channel.OpenOk):
@@ -580,6 +583,32 @@ class AmqpClient(BatchedWrites):
         if not isinstance(reply, commands.Queue.DeclareOk):
             raise AmqpClientError(f"queue.declare {queue!r}: {_refusal(reply)}")
         return str(reply.queue)
+
+    async def declare_exchange(self, exchange: str, kind: str, *, durable: bool = False,
+                               auto_delete: bool = False, timeout: float = 5.0) -> None:
+        reply = await self._lane_rpc("setup", commands.Exchange.Declare(
+            exchange=exchange, exchange_type=kind, durable=durable, auto_delete=auto_delete),
+            timeout)
+        if not isinstance(reply, commands.Exchange.DeclareOk):
+            raise AmqpClientError(f"exchange.declare {exchange!r}: {_refusal(reply)}")
+
+    async def open_plain_channel(self, timeout: float = 5.0) -> int:
+        """A channel for publishes without confirms (``publish_plain``), open until the
+        broker closes it or the connection goes."""
+        if not self.connected:
+            raise AmqpClientError(self.closed_reason or "not connected")
+        channel = await self._open_channel(timeout)
+        self._plain.add(channel)
+        return channel
+
+    def publish_plain(self, channel: int, exchange: str, routing_key: str,
+                      body: bytes) -> None:
+        """One publish without properties on a plain channel; fire and forget."""
+        if channel not in self._plain or not self.connected:
+            raise AmqpClientError(self.closed_reason or f"channel {channel} is closed")
+        header_payload = _BARE_HEADER.pack(60, 0, len(body), 0)
+        self.write_buffered(encode_publish(channel, exchange, routing_key, header_payload,
+                                           body, self._frame_max))
 
     async def bind_queue(self, queue: str, exchange: str, routing_key: str,
                          timeout: float = 5.0) -> None:

@@ -38,6 +38,7 @@ from floodwall.control.controller import QueueKey
 from floodwall.control.memory import MemoryBudget
 from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
+from floodwall.io.fleet import FleetService
 from floodwall.io.memory import MemoryReturn
 from floodwall.io.readiness import UpstreamProbe
 from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
@@ -52,6 +53,7 @@ from floodwall.io.tls import (
     explain,
 )
 from floodwall.ops.config import ConfigError, ProxySettings
+from floodwall.ops.fleet_view import FleetFigures
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import (
     MemoryBudgetCollector,
@@ -93,6 +95,8 @@ class Proxy:
             self.memory = self.flow.board.memory = MemoryBudget(settings.memory_budget)
             collectors.append(self.flow.collector)
             collectors.append(MemoryBudgetCollector(self.memory))
+            if self.flow.fleet is not None:
+                collectors.append(self.flow.fleet.collector)
         if self.spool is not None:
             collectors.append(self.spool.collector)
         self.registry = make_registry(collectors)
@@ -431,7 +435,15 @@ def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
     return Telemetry(TelemetrySettings(settings.telemetry_dir, settings.telemetry_interval,
                                        rotation),
                      flow.board, depth_known=lambda: flow.stats.depth_known,
-                     spooled=spooled, sampling=lambda: flow.stats.sampling_interval)
+                     spooled=spooled, sampling=lambda: flow.stats.sampling_interval,
+                     fleet=fleet_figures(flow.fleet))
+
+
+def fleet_figures(fleet: FleetService | None) -> Callable[[], FleetFigures | None] | None:
+    """What the telemetry reads of the fleet (None: ``--fleet off``)."""
+    if fleet is None:
+        return None
+    return lambda: fleet.figures
 
 
 def make_tls(settings: ProxySettings) -> tuple[UpstreamTlsContext | None,

@@ -45,6 +45,9 @@ class FlowSettings:
     lookup_ttl: float = 1.0  # how long "absent" (or "failed, allowed") is remembered
     lookup_retry: float = 1.0  # a failed lookup a policy blocks on is asked again this often
     sync_grace: float = 2.0  # how long changes in flight may explain a sync's difference
+    # The fleet (proxy/io/fleet.py): sidecars on this broker share what they see under this
+    # name; None: off.
+    fleet: str | None = "default"
     upstream_tls: UpstreamTlsContext | None = None  # amqps for the depth probes
     management_tls: ManagementTlsContext | None = None  # https to the management API
     shadow: bool = False  # --shadow: every policy in shadow mode (nothing held)
@@ -79,6 +82,7 @@ class FlowSettings:
             management_timeout=s.management_timeout,
             management_connections=s.management_connections,
             connect_timeout=s.connect_timeout,
+            fleet=s.fleet,
             upstream_tls=upstream_tls,
             management_tls=management_tls,
             shadow=s.shadow,

@@ -41,11 +41,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
+from floodwall.control.fleet import is_fleet_queue
 from floodwall.control.policy import PolicySet, PolicyStore, ReloadResult
 from floodwall.control.routing import ChangeKind, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.amqp_client import AmqpClient
+from floodwall.io.fleet import FleetService, FleetSettings
 from floodwall.io.flow_settings import FlowSettings
 from floodwall.io.management import ManagementApi
 from floodwall.io.probes import DepthProbes
@@ -73,6 +76,7 @@ log = logging.getLogger("floodwall.flow")
 T = TypeVar("T")
 #: Most queue names one log line lists.
 LOG_LIST_LIMIT = 20
+_QUEUE_CHANGES = (ChangeKind.DECLARE_QUEUE, ChangeKind.DELETE_QUEUE, ChangeKind.BIND_QUEUE)
 
 
 def describe_policy_changes(old: PolicySet, new: PolicySet) -> dict[str, str]:
@@ -145,6 +149,11 @@ class FlowSupervisor(DepthProbes):
         self._blocked_alarm: dict[str, str] = {}  # vhost -> connection.blocked reason
         self._wake_management: asyncio.Event | None = None
         self._running = False
+        # The fleet through the broker (--fleet NAME; None: off, nothing of it runs).
+        self.fleet = (FleetService(FleetSettings(
+            settings.fleet, sample_stale_after=(2 * settings.management_interval
+                                                + settings.management_timeout)), self, clock)
+                      if settings.fleet else None)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -165,9 +174,13 @@ class FlowSupervisor(DepthProbes):
         self._spawn(self._policy_watch_loop(), "flow-policy-watch")
         self._spawn(self._holding_log_loop(), "flow-holding-log")
         self._reconcile_vhosts()  # queues policed before start (the topology adds more)
+        if self.fleet is not None:
+            self.fleet.start()
 
     async def stop(self) -> None:
         self._running = False
+        if self.fleet is not None:
+            await self.fleet.stop()
         await self.feed.stop()
         tasks = [*self._tasks]
         for task in tasks:
@@ -190,6 +203,10 @@ class FlowSupervisor(DepthProbes):
         """A change is in the routing model (``TopologyFeed.apply``): police what a policy
         matches from this moment, forget what is gone."""
         c, kind = change, change.kind
+        if kind in _QUEUE_CHANGES and is_fleet_queue(c.name):
+            if kind is ChangeKind.DELETE_QUEUE and self.fleet is not None:
+                self.fleet.member_queue_deleted(c.name)  # a member's connection died
+            return  # a fleet member's own queue is never policed
         if kind is ChangeKind.DECLARE_QUEUE:
             key = (c.vhost, c.name)
             self._queues_appeared([key], source)
@@ -207,6 +224,30 @@ class FlowSupervisor(DepthProbes):
             for key in [k for k in self.controller.queues if k[0] == c.name]:
                 self._gone(key, source)
         self.board.settle()
+
+    # -- the fleet ---------------------------------------------------------------------
+    def new_client(self, vhost: str) -> AmqpClient:
+        """An own connection to ``vhost`` for the fleet (not the probes': it publishes,
+        and the broker stops reading a connection that publishes during an alarm)."""
+        s = self.settings
+        return AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
+                          s.amqp_credentials.password, vhost, tls=s.upstream_tls)
+
+    def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management sample this sidecar asked for: fed, and offered to the fleet."""
+        super().feed_management(key, sample)
+        if self.fleet is not None and key in self.controller.queues:
+            self.fleet.own_sample(key, sample)
+
+    def feed_shared_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management sample the fleet's poller of ``key`` asked for: as good as one of
+        this sidecar's own (while they come, the depth is known)."""
+        if key in self.controller.queues:
+            self._had_figures.add(key)  # (a later "no statistics" is a restart, not a new queue)
+        super().feed_management(key, sample)
+
+    def shared_elsewhere(self, key: QueueKey) -> bool:
+        return self.fleet is not None and self.fleet.covered(key)
 
     def _gone(self, key: QueueKey, source: ChangeSource) -> None:
         if key in self.controller.queues:
@@ -229,7 +270,7 @@ class FlowSupervisor(DepthProbes):
     def _queues_appeared(self, keys: list[QueueKey],
                          source: ChangeSource = ChangeSource.SYNC) -> None:
         now = self.clock()
-        new = [k for k in keys if k not in self.controller.queues
+        new = [k for k in keys if k not in self.controller.queues and not is_fleet_queue(k[1])
                and self.controller.queue_seen(k, now) is not None]
         self.board.settle()
         if new:
@@ -275,7 +316,8 @@ class FlowSupervisor(DepthProbes):
 
     def known_queues(self) -> set[QueueKey]:
         """Every queue the topology knows, plus those policed now."""
-        known = {(v, q) for v in self.topology.vhosts() for q in self.topology.queues(v)}
+        known = {(v, q) for v in self.topology.vhosts() for q in self.topology.queues(v)
+                 if not is_fleet_queue(q)}
         return known | set(self.controller.queues)
 
     # -- policies ----------------------------------------------------------------------
@@ -357,5 +399,8 @@ class FlowSupervisor(DepthProbes):
             alarm=self.controller.alarm_reason))
 
     def state(self) -> dict[str, object]:
-        return flow_state(self.controller, self.enforcement.counters, self.stats, self.clock())
+        doc = flow_state(self.controller, self.enforcement.counters, self.stats, self.clock())
+        if self.fleet is not None:
+            doc["fleet"] = self.fleet.state()
+        return doc
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from floodwall.control.controller import FlowController, QueueKey
+from floodwall.ops.fleet_view import FleetFigures
 from floodwall.ops.logs import event
 from floodwall.ops.telemetry import (
     FILE_PREFIX,
@@ -172,9 +173,11 @@ class Telemetry:
                  depth_known: Callable[[], Mapping[QueueKey, bool]] | None = None,
                  wall: Callable[[], float] = time.time,
                  spooled: Callable[[], Mapping[QueueKey, int]] | None = None,
-                 sampling: Callable[[], Mapping[QueueKey, float]] | None = None) -> None:
+                 sampling: Callable[[], Mapping[QueueKey, float]] | None = None,
+                 fleet: Callable[[], FleetFigures | None] | None = None) -> None:
         self.settings = settings
         self.sampling = sampling  # each queue's depth sampling interval in force
+        self.fleet = fleet
         self.board = board
         self.controller: FlowController = board.controller
         self.depth_known = depth_known
@@ -227,9 +230,10 @@ class Telemetry:
         known = self.depth_known() if self.depth_known is not None else None
         spooled = self.spooled() if self.spooled is not None else None
         sampling = self.sampling() if self.sampling is not None else None
+        fleet = self.fleet() if self.fleet is not None else None
         records.extend(self.sampler.snapshot(self.controller, self.board.enforcement.counters,
                                              self.wall(), self.board.clock(), known, spooled,
-                                             sampling))
+                                             sampling, fleet))
         if self.writer.submit(records):
             self._dropping = False
             return

@@ -298,6 +298,7 @@ class ProxySettings:
     management_connections: int = 4  # pooled keep-alive connections to the management API
     topology_interval: float = 30.0  # management API exchanges/queues/bindings re-sync
     topology_events: bool = True  # consume the broker's topology events when it has them
+    fleet: str | None = "default"  # the fleet's name (proxy/io/fleet.py); None: off
     policy_poll_interval: float = 2.0  # has the policy file changed?
     holding_log_interval: float = 5.0  # repeat the "publishes held" lines this often
     # Telemetry (proxy/io/telemetry.py; needs ``policies``): None writes none.

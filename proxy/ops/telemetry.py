@@ -36,6 +36,7 @@ from floodwall.enforce.events import (
     Signalled,
     WouldHave,
 )
+from floodwall.ops.fleet_view import FleetFigures
 from floodwall.spool.events import ReplayEnded, SpoolFilling
 
 #: The version every record carries as ``v``; docs/telemetry.md describes each version.
@@ -149,10 +150,12 @@ class Sampler:
     def snapshot(self, c: FlowController, counters: GateCounters, ts: float, mono: float,
                  depth_known: Mapping[QueueKey, bool] | None = None,
                  spooled: Mapping[QueueKey, int] | None = None,
-                 sampling: Mapping[QueueKey, float] | None = None) -> list[Record]:
+                 sampling: Mapping[QueueKey, float] | None = None,
+                 fleet: FleetFigures | None = None) -> list[Record]:
         """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
         ``spooled``: bytes in each queue's spool not yet confirmed by the broker (none
-        without ``--spool-dir``); ``sampling``: each queue's depth sampling interval."""
+        without ``--spool-dir``); ``sampling``: each queue's depth sampling interval;
+        ``fleet``: the fleet as this sidecar sees it (None: off)."""
         spooled, sampling = spooled or {}, sampling or {}
         blocked = c.blocked_channels()
         per_queue = Counter(key for b in blocked for key in b.queues)
@@ -161,9 +164,7 @@ class Sampler:
         for key in sorted(c.queues):
             q = c.queues[key]
             d = q.depth
-            prev = self._previous.get(key)
-            if prev is None:
-                prev = _Previous(mono - self.interval, 0, 0, 0)
+            prev = self._previous.get(key) or _Previous(mono - self.interval, 0, 0, 0)
             est = d.estimate()
             broker = d.broker_depth()
             p = q.policy
@@ -194,6 +195,7 @@ class Sampler:
                 "held_messages": round(counters.held_messages * share),
                 "spooled_bytes": spooled.get(key, 0),
                 **_pace_fields(d, sampling.get(key)),
+                **_fleet_fields(fleet, key),
             })
             records.append(rec)
             self._previous[key] = _Previous(mono, d.forwarded_bytes_total,
@@ -201,11 +203,12 @@ class Sampler:
                                             d.delivered_messages_total)
         for gone in self._previous.keys() - c.queues.keys():
             del self._previous[gone]
-        records.append(self._sidecar(c, counters, ts, mono, all_blocked, spooled))
+        records.append(self._sidecar(c, counters, ts, mono, all_blocked, spooled, fleet))
         return records
 
     def _sidecar(self, c: FlowController, counters: GateCounters, ts: float, mono: float,
-                 all_blocked: int, spooled: Mapping[QueueKey, int]) -> Record:
+                 all_blocked: int, spooled: Mapping[QueueKey, int],
+                 fleet: FleetFigures | None = None) -> Record:
         """The ``sidecar`` record: the sidecar as a whole."""
         side = _base("sidecar", self.sidecar, "", "", ts, mono, self._next())
         side.update({
@@ -223,6 +226,8 @@ class Sampler:
             "deadline_expiries_total": counters.deadline_expiries,
             "dropped_records": self.dropped,
         })
+        if fleet is not None:
+            side["fleet_members"] = fleet.size
         return side
 
     def event(self, name: str, fields: Mapping[str, object], ts: float, mono: float
@@ -250,6 +255,19 @@ def _pace_fields(d: QueueDepth, sampling: float | None) -> dict[str, object]:
     drain = drain_bytes_rate(d)
     return {"sampling_interval": sampling,
             "drain_bytes_per_second": None if drain is None else round(drain, 1)}
+
+
+def _fleet_fields(fleet: FleetFigures | None, key: QueueKey) -> dict[str, object]:
+    """A sample's fleet fields: members, and this sidecar's demand and share (none when
+    the fleet is off)."""
+    if fleet is None:
+        return {}
+    q = fleet.queues.get(key)
+    share = q.shares.get(fleet.me) if q is not None else None
+    demand = q.demands.get(fleet.me) if q is not None else None
+    return {"fleet_members": fleet.size,
+            "fleet_share_bytes": None if share is None else round(share),
+            "fleet_demand_bytes_per_s": None if demand is None else round(demand, 1)}
 
 
 def _policy_fields(p: Policy) -> dict[str, object]:

@@ -1,0 +1,522 @@
+"""The fleet as this sidecar hears it: the sidecars policing the same queues on one broker,
+what each announces per queue, and the share of a queue's headroom each may forward.
+
+Pure: announcements are decoded from bytes (``decode``) and fed with ``now``
+(``FleetTable.heard``); nothing here reads a clock, a socket or a logger. Membership
+changes are handed back as values (``MemberJoined``, ``MemberLeft``; ``take_changes``).
+
+Rules (docs/architecture.md, "A fleet of sidecars"):
+
+- A member is live while its last announcement on some vhost's channel is younger than
+  ``timeout``; a ``leaving`` announcement (a clean stop) removes it at once.
+- This sidecar hears its own announcements too (the channel is a fanout): while, on some
+  vhost it announces on (``expect``), it has not heard itself for ``timeout`` it is *deaf*:
+  nobody expires, and it counts the fleet at the size it had when it last heard itself on
+  every vhost (``size``): a sidecar that cannot hear the others never assumes they left.
+- One member polls each queue on the management API for the whole fleet (``poller_of``:
+  rendezvous hashing over the live members that police it) and announces its samples;
+  the others feed those instead of asking the API themselves, while they are fresh.
+- Shares of a queue's headroom are max-min fair on demand (``max_min_shares``): a member
+  that needs less than an equal share gets what it needs, the rest is split evenly among
+  the others; what nobody needs is split evenly too. A member with no measured demand yet
+  (a newcomer) asks for exactly an equal share. The shares never sum to more than the
+  headroom. Deaf, a member's share is ``headroom / size`` (``fallback_share``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from floodwall.control.depth import ManagementSample, QueueDepth
+
+QueueKey = tuple[str, str]  # (vhost, queue)
+
+#: Announcements carry ``"v": FLEET_VERSION``; a member ignores versions it does not read.
+FLEET_VERSION = 1
+#: The exchange a fleet announces on (one per vhost with policed queues), and the prefix of
+#: each member's own queue bound to it: neither is ever policed.
+EXCHANGE_PREFIX = "floodwall.fleet."
+#: How often a member announces while one of its queues on the vhost is hot (near capacity,
+#: tripped or holding publishers), and while none is; how long one unheard counts as gone
+#: (seconds: more than two cold intervals, so one lost announcement is not a departure).
+ANNOUNCE_INTERVAL = 0.1
+COLD_INTERVAL = 1.0
+MEMBER_TIMEOUT = 2.5
+#: Held bytes count as demand to be met within this many seconds.
+DEMAND_HORIZON = 1.0
+#: Weight of the newest interval in a member's ingress rate.
+INGRESS_SMOOTHING = 0.3
+
+
+class FleetMessageError(ValueError):
+    """An announcement that is not one (bad JSON, a field missing or of the wrong type)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSample:
+    """A management API sample of one queue, as the member that polls it for the fleet
+    announces it: the figures, how long before the announcement it was asked for
+    (``age``), and an id that changes with each new sample (``sid``)."""
+
+    messages_ready: int
+    messages_unacknowledged: int
+    message_bytes: int
+    message_bytes_ready: int
+    message_bytes_unacknowledged: int
+    bytes_known: bool
+    age: float
+    sid: int
+
+    @classmethod
+    def of(cls, sample: ManagementSample, now: float, sid: int) -> SharedSample:
+        return cls(sample.messages_ready, sample.messages_unacknowledged,
+                   sample.message_bytes, sample.message_bytes_ready,
+                   sample.message_bytes_unacknowledged, sample.bytes_known,
+                   max(0.0, now - sample.taken_at), sid)
+
+    def sample(self, received_at: float) -> ManagementSample:
+        """The sample on the receiver's clock: asked for ``age`` before it arrived."""
+        return ManagementSample(received_at - self.age, self.messages_ready,
+                                self.messages_unacknowledged, self.message_bytes,
+                                self.message_bytes_ready, self.message_bytes_unacknowledged,
+                                self.bytes_known)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReport:
+    """What one member says about one queue it polices.
+
+    ``ingress``: body bytes/s it forwarded lately; ``held``: body bytes it holds for the
+    queue; ``demand``: bytes/s it would forward if let (None: not measured yet, a
+    newcomer); ``depth``/``age``: its last depth sample (bytes) and how old it was when
+    announced (seconds), None when it has none; ``management``: its last management API
+    sample of the queue, when it is the queue's poller for the fleet (``poller_of``).
+    """
+
+    ingress: float
+    held: int
+    demand: float | None
+    depth: int | None = None
+    age: float | None = None
+    management: SharedSample | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """One member's announcement on one vhost's channel."""
+
+    member: str
+    started: float  # the member's wall-clock start: a restart under the same id is new
+    seq: int
+    vhost: str
+    queues: Mapping[str, QueueReport] = field(default_factory=dict)
+    leaving: bool = False
+
+
+def fleet_exchange(name: str) -> str:
+    return EXCHANGE_PREFIX + name
+
+
+def member_queue(name: str, member: str) -> str:
+    """The member's own (exclusive, auto-delete) queue on the fleet's exchange."""
+    return f"{EXCHANGE_PREFIX}{name}.{member}"
+
+
+def is_fleet_queue(queue: str) -> bool:
+    """A fleet member's own queue: never policed (policies with ``*`` would match it)."""
+    return queue.startswith(EXCHANGE_PREFIX)
+
+
+# -- the wire format ----------------------------------------------------------------------
+def _num(x: float | None, digits: int = 1) -> float | int | None:
+    if x is None:
+        return None
+    r = round(x, digits)
+    return int(r) if r == int(r) else r
+
+
+def _entry(name: str, r: QueueReport) -> list[object]:
+    entry: list[object] = [name, _num(r.ingress), r.held, _num(r.demand), r.depth,
+                           _num(r.age, 3)]
+    m = r.management
+    if m is not None:
+        entry.append([m.messages_ready, m.messages_unacknowledged, m.message_bytes,
+                      m.message_bytes_ready, m.message_bytes_unacknowledged,
+                      int(m.bytes_known), _num(m.age, 3), m.sid])
+    return entry
+
+
+def encode(a: Announcement) -> bytes:
+    """Compact JSON: ``{"v","id","st","seq","vh","q":[[name, ingress, held, demand,
+    depth, age(, management)], ...]}`` (``"bye":1`` when leaving); ~60 bytes + ~45 per
+    queue, ~40 more for a management sample ``[ready, unacked, bytes, bytes ready, bytes
+    unacked, bytes known (0/1), age, sid]``."""
+    doc: dict[str, object] = {
+        "v": FLEET_VERSION, "id": a.member, "st": round(a.started, 3), "seq": a.seq,
+        "vh": a.vhost, "q": [_entry(name, r) for name, r in sorted(a.queues.items())],
+    }
+    if a.leaving:
+        doc["bye"] = 1
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _opt_num(x: object, what: str) -> float | None:
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
+        raise FleetMessageError(f"{what}: {x!r} is not a number >= 0")
+    return float(x)
+
+
+def _shared(item: object) -> SharedSample | None:
+    if item is None:
+        return None
+    if not isinstance(item, list) or len(item) != 8:
+        raise FleetMessageError(f"management sample {item!r}: not 8 fields")
+    nums = [_opt_num(x, "management") for x in item]
+    if any(x is None for x in nums):
+        raise FleetMessageError(f"management sample {item!r}: a field is null")
+    n = [x or 0.0 for x in nums]
+    return SharedSample(int(n[0]), int(n[1]), int(n[2]), int(n[3]), int(n[4]), bool(n[5]),
+                        n[6], int(n[7]))
+
+
+def _report(item: object) -> tuple[str, QueueReport]:
+    if not isinstance(item, list) or len(item) not in (6, 7) or not isinstance(item[0], str):
+        raise FleetMessageError(f"queue entry {item!r}: not [name, ingress, held, demand, "
+                                "depth, age(, management)]")
+    name, ingress, held, demand, depth, age = item[:6]
+    ingress_ = _opt_num(ingress, "ingress")
+    held_ = _opt_num(held, "held")
+    depth_ = _opt_num(depth, "depth")
+    if ingress_ is None or held_ is None:
+        raise FleetMessageError(f"queue entry {item!r}: ingress and held are required")
+    return name, QueueReport(ingress_, int(held_), _opt_num(demand, "demand"),
+                             None if depth_ is None else int(depth_), _opt_num(age, "age"),
+                             _shared(item[6]) if len(item) == 7 else None)
+
+
+def decode(data: bytes) -> Announcement | None:
+    """An announcement; None for a version this build does not read (a newer fleet member:
+    ignored, not an error). Raises ``FleetMessageError`` for anything malformed."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FleetMessageError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise FleetMessageError("not a JSON object")
+    if doc.get("v") != FLEET_VERSION:
+        if isinstance(doc.get("v"), int):
+            return None
+        raise FleetMessageError(f"version {doc.get('v')!r}")
+    member, vhost, seq, started = doc.get("id"), doc.get("vh"), doc.get("seq"), doc.get("st")
+    if not isinstance(member, str) or not member or not isinstance(vhost, str):
+        raise FleetMessageError("id and vh must be strings")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise FleetMessageError(f"seq {seq!r}")
+    started_ = _opt_num(started, "st")
+    queues = doc.get("q", [])
+    if started_ is None or not isinstance(queues, list):
+        raise FleetMessageError("st and q are required")
+    return Announcement(member, started_, seq, vhost, dict(_report(i) for i in queues),
+                        leaving=bool(doc.get("bye")))
+
+
+def announce_due(last: float | None, now: float, hot: bool, interval: float = ANNOUNCE_INTERVAL,
+                 cold_interval: float = COLD_INTERVAL) -> bool:
+    """Whether a member announces on a vhost now: first, then every ``interval`` while a
+    queue of it is hot, every ``cold_interval`` otherwise (a tick's jitter tolerated)."""
+    if last is None:
+        return True
+    every = interval if hot else cold_interval
+    return now - last >= every - min(every * 0.25, 0.02)
+
+
+# -- demand and ingress -------------------------------------------------------------------
+def demand_of(ingress: float, held: int, horizon: float = DEMAND_HORIZON) -> float:
+    """Bytes/s a member would forward if let: what it forwards, plus its held bytes spread
+    over ``horizon``."""
+    return ingress + held / horizon
+
+
+@dataclass
+class IngressMeter:
+    """Bytes/s forwarded into each queue, from the ledger's running totals
+    (``QueueDepth.forwarded_bytes_total``), smoothed over the calls."""
+
+    _last: dict[QueueKey, tuple[float, int]] = field(default_factory=dict)
+    rates: dict[QueueKey, float] = field(default_factory=dict)
+
+    def update(self, totals: Mapping[QueueKey, int], now: float) -> None:
+        for key in self._last.keys() - totals.keys():
+            del self._last[key]
+            self.rates.pop(key, None)
+        for key, total in totals.items():
+            last = self._last.get(key)
+            self._last[key] = (now, total)
+            if last is None or now <= last[0]:
+                continue
+            rate = max(0, total - last[1]) / (now - last[0])
+            old = self.rates.get(key)
+            a = INGRESS_SMOOTHING
+            self.rates[key] = rate if old is None else a * rate + (1 - a) * old
+
+
+def held_by_queue(blocked: Iterable[frozenset[QueueKey]], held_bytes: int
+                  ) -> dict[QueueKey, int]:
+    """The sidecar's held bytes shared out over the queues its blocked channels wait on, in
+    proportion to the channels (the gates count held bytes per connection, not per queue;
+    the telemetry shares them the same way)."""
+    per: dict[QueueKey, int] = {}
+    sets = list(blocked)
+    for queues in sets:
+        for key in queues:
+            per[key] = per.get(key, 0) + 1
+    if not sets:
+        return {}
+    return {k: held_bytes * n // len(sets) for k, n in per.items()}
+
+
+def last_sample(depth: QueueDepth, now: float) -> tuple[int, float] | None:
+    """(bytes, age) of the queue's last ready count, as the estimate took it: ready
+    messages times the mean body size, plus the management API's unacked bytes."""
+    if depth.ready_count is None or depth.ready_count_at is None:
+        return None
+    m = depth.management
+    unacked = m.message_bytes_unacknowledged if m is not None else 0
+    return (depth.ready_count * depth.average_body_bytes() + unacked,
+            max(0.0, now - depth.ready_count_at))
+
+
+# -- shares -------------------------------------------------------------------------------
+def max_min_shares(headroom: float, demands: Mapping[str, float | None]) -> dict[str, float]:
+    """Each member's share of ``headroom``: max-min fair on demand (water filling).
+
+    A member with demand None gets an equal share (``headroom / n``) as its demand. When
+    the demands sum to less than the headroom, each gets its demand plus an equal part of
+    the rest. The shares sum to ``headroom`` (none below 0; all 0 when it is not > 0).
+    """
+    n = len(demands)
+    if n == 0:
+        return {}
+    if headroom <= 0:
+        return dict.fromkeys(demands, 0.0)
+    equal = headroom / n
+    want = {m: (equal if d is None else max(0.0, d)) for m, d in demands.items()}
+    total = sum(want.values())
+    if total <= headroom:
+        extra = (headroom - total) / n
+        return {m: w + extra for m, w in want.items()}
+    shares: dict[str, float] = {}
+    left, pending = headroom, sorted(want, key=lambda m: (want[m], m))
+    while pending:
+        level = left / len(pending)
+        m = pending[0]
+        if want[m] > level:
+            break
+        shares[m] = want[m]
+        left -= want[m]
+        pending.pop(0)
+    level = left / len(pending) if pending else 0.0
+    for m in pending:
+        shares[m] = level
+    return shares
+
+
+def fallback_share(headroom: float, size: int) -> float:
+    """A deaf member's share: the headroom split evenly over the last fleet size it knew."""
+    return max(0.0, headroom) / max(1, size)
+
+
+# -- one management poller per queue ------------------------------------------------------
+def poller_of(key: QueueKey, members: Iterable[str]) -> str:
+    """Which member polls ``key`` on the management API for the fleet: rendezvous hashing
+    of the queue over the members (the highest hash wins), so every member that hears the
+    same members picks the same one, and a member leaving moves only its own queues."""
+    def weight(member: str) -> bytes:
+        return hashlib.blake2b(f"{member}\0{key[0]}\0{key[1]}".encode(),
+                               digest_size=8).digest()
+
+    return max(members, key=lambda m: (weight(m), m))
+
+
+# -- membership ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MemberJoined:
+    member: str
+    vhost: str
+    size: int  # members (this sidecar included) after it joined
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLeft:
+    member: str
+    reason: str  # "timeout" | "leaving" | "restarted" | "queue deleted"
+    silent_seconds: float
+    size: int
+
+
+FleetChange = MemberJoined | MemberLeft
+
+
+@dataclass
+class _Heard:
+    started: float
+    seq: int
+    at: float
+    queues: Mapping[str, QueueReport]
+
+
+@dataclass
+class FleetTable:
+    """The members this sidecar hears (``me`` not among them) and their reports."""
+
+    me: str
+    timeout: float = MEMBER_TIMEOUT
+    # member -> vhost -> its last announcement there
+    _heard: dict[str, dict[str, _Heard]] = field(default_factory=dict)
+    # vhost -> when this sidecar last heard its own announcement there (``expect`` says
+    # which vhosts it announces on)
+    _self_heard: dict[str, float | None] = field(default_factory=dict)
+    _size_when_heard: int = 1
+    heard_total: int = 0
+    ignored_total: int = 0  # stale (seq not newer), from an older start, or undecodable
+    changes: list[FleetChange] = field(default_factory=list)
+
+    def take_changes(self) -> list[FleetChange]:
+        out, self.changes = self.changes, []
+        return out
+
+    def heard(self, a: Announcement, now: float) -> None:
+        """An announcement arrived (this sidecar's own echo included)."""
+        self.heard_total += 1
+        if a.member == self.me:
+            if a.vhost in self._self_heard:
+                self.expire(now)
+                self._self_heard[a.vhost] = now
+                if not self.deaf(now):
+                    self._size_when_heard = 1 + len(self._heard)
+            return
+        mine = self._heard.get(a.member)
+        last = mine.get(a.vhost) if mine else None
+        if last is not None and (a.started < last.started
+                                 or (a.started == last.started and a.seq <= last.seq)):
+            self.ignored_total += 1
+            return
+        if a.leaving:
+            self._drop(a.member, "leaving", now)
+            return
+        if mine is not None and any(h.started < a.started for h in mine.values()):
+            self._drop(a.member, "restarted", now)
+            mine = None
+        if mine is None:
+            mine = self._heard[a.member] = {}
+            mine[a.vhost] = _Heard(a.started, a.seq, now, a.queues)
+            self.changes.append(MemberJoined(a.member, a.vhost, self.size(now)))
+            return
+        mine[a.vhost] = _Heard(a.started, a.seq, now, a.queues)
+
+    def ignored(self) -> None:
+        """An announcement that could not be read."""
+        self.ignored_total += 1
+
+    def gone(self, member: str, now: float, reason: str = "queue deleted") -> None:
+        """The broker says the member's queue is gone (its connection died)."""
+        if member in self._heard:
+            self._drop(member, reason, now)
+
+    def _drop(self, member: str, reason: str, now: float) -> None:
+        mine = self._heard.pop(member, None)
+        if mine is None:
+            return
+        silent = now - max(h.at for h in mine.values())
+        self.changes.append(MemberLeft(member, reason, round(silent, 3), self.size(now)))
+
+    def expect(self, vhosts: Iterable[str]) -> None:
+        """The vhosts this sidecar announces on now (those with policed queues)."""
+        wanted = set(vhosts)
+        for vhost in self._self_heard.keys() - wanted:
+            del self._self_heard[vhost]
+        for vhost in wanted - self._self_heard.keys():
+            self._self_heard[vhost] = None
+
+    def deaf(self, now: float) -> bool:
+        """On some vhost it announces on, it has not heard its own announcement for
+        ``timeout`` (or never); or it announces nowhere."""
+        if not self._self_heard:
+            return True
+        return any(at is None or now - at > self.timeout for at in self._self_heard.values())
+
+    def expire(self, now: float) -> None:
+        """Members silent for ``timeout`` leave, unless this sidecar is deaf itself (then
+        nobody's silence says anything)."""
+        if self.deaf(now):
+            return
+        for member, mine in list(self._heard.items()):
+            fresh = {v: h for v, h in mine.items() if now - h.at <= self.timeout}
+            if not fresh:
+                self._drop(member, "timeout", now)
+            elif len(fresh) < len(mine):
+                self._heard[member] = fresh
+
+    def members(self, now: float) -> list[str]:
+        """The others, live now, sorted."""
+        self.expire(now)
+        return sorted(self._heard)
+
+    def size(self, now: float) -> int:
+        """Members, this sidecar included; deaf: the size when it last heard itself."""
+        if self.deaf(now):
+            return max(self._size_when_heard, 1 + len(self._heard))
+        return 1 + len(self._heard)
+
+    def reports(self, key: QueueKey, now: float) -> dict[str, QueueReport]:
+        """What each live member (not this one) last said about ``key``."""
+        self.expire(now)
+        out: dict[str, QueueReport] = {}
+        for member, mine in self._heard.items():
+            h = mine.get(key[0])
+            if h is not None and key[1] in h.queues:
+                out[member] = h.queues[key[1]]
+        return out
+
+    def poller(self, key: QueueKey, now: float) -> str:
+        """The member that polls ``key`` on the management API for the fleet: among the live
+        members that police it and this one (``poller_of``); deaf, this one."""
+        if self.deaf(now):
+            return self.me
+        return poller_of(key, [self.me, *self.reports(key, now)])
+
+    def shared_sample(self, key: QueueKey, member: str, now: float
+                      ) -> tuple[SharedSample, float] | None:
+        """``member``'s last announced management sample of ``key`` and when its
+        announcement arrived (None: it announced none, or is not live)."""
+        self.expire(now)
+        h = self._heard.get(member, {}).get(key[0])
+        if h is None or key[1] not in h.queues:
+            return None
+        m = h.queues[key[1]].management
+        return None if m is None else (m, h.at)
+
+    def last_heard(self, member: str) -> float | None:
+        mine = self._heard.get(member)
+        return max(h.at for h in mine.values()) if mine else None
+
+    def shares(self, key: QueueKey, headroom: float, mine: QueueReport | None, now: float
+               ) -> dict[str, float]:
+        """Every member's share of ``key``'s ``headroom`` as this sidecar computes it
+        (``me`` included when ``mine`` is given). Deaf: ``fallback_share`` for this
+        sidecar, and the others as they were last heard."""
+        reports = self.reports(key, now)
+        demands: dict[str, float | None] = {m: r.demand for m, r in reports.items()}
+        if mine is not None:
+            demands[self.me] = mine.demand
+        shares = max_min_shares(headroom, demands)
+        if mine is not None and self.deaf(now):
+            shares[self.me] = min(shares.get(self.me, 0.0),
+                                  fallback_share(headroom, self.size(now)))
+        return shares

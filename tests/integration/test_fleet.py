@@ -1,0 +1,164 @@
+"""A fleet of real floodwall processes on one real broker finds itself (issue 15): every
+sidecar sees the others, /state and the metrics show members, demands and shares, and a
+sidecar killed with SIGKILL stops counting within 3 s; one stopped cleanly at once."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from floodwall.control.fleet import MEMBER_TIMEOUT, fleet_exchange
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
+from tests.conftest import wait_for
+from tests.integration.support import (
+    capped,
+    direct_params,
+    log_lines,
+    metric_sum,
+    policy_file,
+    unique,
+)
+
+#: The issue's bound for a dead sidecar to stop counting.
+GONE_WITHIN = 3.0
+
+
+def fleet_doc(proc: ProxyProcess) -> dict[str, Any]:
+    flow = proc.state()["flow"]
+    assert isinstance(flow, dict)
+    doc = flow.get("fleet")
+    assert isinstance(doc, dict)
+    return doc
+
+
+def member_ids(proc: ProxyProcess) -> set[str]:
+    return {m["id"] for m in fleet_doc(proc)["members"]}
+
+
+def queue_entry(proc: ProxyProcess, queue: str) -> dict[str, Any] | None:
+    for q in fleet_doc(proc)["queues"]:
+        if q["queue"] == queue:
+            return dict(q)
+    return None
+
+
+def policed(proc: ProxyProcess, queue: str) -> bool:
+    flow = proc.state()["flow"]
+    assert isinstance(flow, dict)
+    return any(q["queue"] == queue and q["depth"]["estimate"] is not None
+               for q in flow["queues"])
+
+
+def sidecar(start: Callable[..., ProxyProcess], broker: BrokerEndpoint, policies: Path,
+            fleet: str) -> ProxyProcess:
+    return start("--policies", str(policies), "--management", broker.management_url,
+                 "--fleet", fleet, "--management-interval", "1s", "--topology-interval", "1h")
+
+
+def queue_requests(proc: ProxyProcess) -> float:
+    """Management API requests about queues so far (samples; syncs are an hour apart)."""
+    return metric_sum(proc.get("/metrics").decode(),
+                      "floodwall_management_request_seconds_count", endpoint="queues")
+
+
+def test_sidecars_find_each_other_and_a_killed_one_drops_out(
+        broker: BrokerEndpoint, start_floodwall: Callable[..., ProxyProcess],
+        tmp_path: Path) -> None:
+    name, queue = unique("it"), unique("fleet-it")
+    policies = policy_file(tmp_path / "p.yaml",
+                           capped("fleet", "fw-it-fleet-it-*", "1MiB", "512KiB"))
+    conn = pika.BlockingConnection(direct_params(broker))
+    conn.channel().queue_declare(queue)
+    try:
+        fleet = [sidecar(start_floodwall, broker, policies, name) for _ in range(3)]
+        ids = [fleet_doc(p)["me"] for p in fleet]
+        assert len(set(ids)) == 3
+        for proc, me in zip(fleet, ids, strict=True):
+            others = set(ids) - {me}
+            # (figures are a tick old: hearing the others may come a tick before its echo)
+            wait_for(lambda p=proc, o=others: member_ids(p) == o and not fleet_doc(p)["deaf"],
+                     10, what=f"{me} to see {sorted(others)} and itself")
+            wait_for(lambda p=proc: policed(p, queue), 10, what=f"{queue} policed")
+            doc = fleet_doc(proc)
+            assert doc["size"] == 3, doc
+            assert metric_sum(proc.get("/metrics").decode(), "floodwall_fleet_members") == 3
+        # Every member reports the queue: its demand and share as each sidecar sees them.
+        first = fleet[0]
+        entry = wait_for(lambda: (e := queue_entry(first, queue)) is not None
+                         and set(e["members"]) == set(ids) and e, 10,
+                         what="the queue's fleet entry with every member")
+        assert isinstance(entry, dict)
+        shares = [m["share_bytes"] for m in entry["members"].values()]
+        assert all(s is not None and s >= 0 for s in shares)
+        assert sum(shares) <= entry["headroom_bytes"] + 1
+        metrics = first.get("/metrics").decode()
+        assert metric_sum(metrics, "floodwall_fleet_share_bytes", queue=queue) == \
+            pytest.approx(sum(shares), rel=0.05, abs=2048)
+
+        # One management poller for the queue: every member names the same one; the others
+        # feed its samples and do not ask the API about the queue themselves.
+        pollers = {queue_entry(p, queue)["management_poller"] for p in fleet}  # type: ignore[index]
+        assert len(pollers) == 1 and pollers <= set(ids), pollers
+        poller = fleet[ids.index(pollers.pop())]
+        others = [p for p in fleet if p is not poller]
+        for proc in others:
+            wait_for(lambda p=proc: metric_sum(p.get("/metrics").decode(),
+                                               "floodwall_fleet_shared_samples_total") >= 2,
+                     15, what="shared management samples fed")
+        before = [queue_requests(p) for p in others]
+        start = queue_requests(poller)
+        wait_for(lambda: queue_requests(poller) >= start + 5, 30,
+                 what="the poller to sample the queue five more times")
+        # (a request already in flight when the window opened may land in it)
+        assert all(queue_requests(p) - b <= 1 for p, b in zip(others, before, strict=True))
+
+        # kill -9 one: the other two stop counting it within the issue's bound.
+        victim, survivors = fleet[2], fleet[:2]
+        assert victim.process is not None
+        victim.process.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        victim.process.wait(10)
+        for proc in survivors:
+            wait_for(lambda p=proc: ids[2] not in member_ids(p), GONE_WITHIN + 0.5,
+                     what="the killed sidecar to drop out")
+        gone_after = time.monotonic() - killed_at
+        assert gone_after <= GONE_WITHIN + 0.5
+        for proc in survivors:
+            assert fleet_doc(proc)["size"] == 2
+            assert metric_sum(proc.get("/metrics").decode(), "floodwall_fleet_members") == 2
+            left = [ln for ln in log_lines(proc.logfile, "fleet_member_left") if ids[2] in ln]
+            assert left, proc.log_tail()
+
+        # A clean stop says goodbye: the last one sees it leave at once.
+        survivors[1].stop()
+        wait_for(lambda: member_ids(survivors[0]) == set(), MEMBER_TIMEOUT,
+                 what="the stopped sidecar to leave")
+        lines = [ln for ln in log_lines(survivors[0].logfile, "fleet_member_left")
+                 if ids[1] in ln]
+        assert lines and "leaving" in lines[-1], survivors[0].log_tail()
+    finally:
+        if conn.is_open:
+            conn.channel().queue_delete(queue)
+            conn.close()
+
+
+def test_fleet_off_runs_nothing_of_it(broker: BrokerEndpoint,
+                                      start_floodwall: Callable[..., ProxyProcess],
+                                      tmp_path: Path) -> None:
+    policies = policy_file(tmp_path / "p.yaml", capped("fleet", "fw-it-fleet-off-*"))
+    name = unique("on")
+    off = sidecar(start_floodwall, broker, policies, "off")
+    on = [sidecar(start_floodwall, broker, policies, name) for _ in range(2)]
+    wait_for(lambda: all(fleet_doc(p)["size"] == 2 for p in on), 10,
+             what="the two with a fleet to see each other")
+    flow = off.state()["flow"]
+    assert isinstance(flow, dict) and "fleet" not in flow
+    assert "floodwall_fleet_" not in off.get("/metrics").decode()
+    assert fleet_exchange(name).startswith("floodwall.fleet.")

@@ -1,0 +1,113 @@
+"""The fleet service's decisions without a broker (proxy/io/fleet.py): what it does with an
+announcement it hears, which queues the fleet's poller spares it, what it announces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
+from floodwall.control.fleet import Announcement, QueueReport, SharedSample, encode, poller_of
+from floodwall.control.policy import parse_policies
+from floodwall.enforce.shared import Enforcement
+from floodwall.io.amqp_client import AmqpClient, Delivery
+from floodwall.io.fleet import FleetService, FleetSettings, member_id
+from tests.fakes import Clock
+
+POLICIES = parse_policies("""
+version: 1
+policies:
+  - {name: orders, match: {vhost: "/", queue: "orders.*"}, capacity: 10000}
+""")
+
+
+class Router:
+    generation = 0
+
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: dict[str, object] | None = None) -> frozenset[str]:
+        return frozenset({routing_key})
+
+    def knows_exchange(self, vhost: str, name: str) -> bool:
+        return True
+
+
+class Host:
+    """What the fleet needs of the supervisor: the controller, and where shared samples go."""
+
+    def __init__(self) -> None:
+        self.controller = FlowController(Router(), POLICIES)
+        self.enforcement = Enforcement(self.controller)
+        self.fed: list[tuple[QueueKey, ManagementSample]] = []
+
+    def new_client(self, vhost: str) -> AmqpClient:
+        raise AssertionError("no connections in these tests")
+
+    def feed_shared_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        self.fed.append((key, sample))
+
+
+def _delivery(a: Announcement) -> Delivery:
+    return Delivery("floodwall.fleet.t", "", None, encode(a))
+
+
+def _service(me: str) -> tuple[FleetService, Host, Clock]:
+    host, clock = Host(), Clock(100.0)
+    svc = FleetService(FleetSettings("t", member=me, sample_stale_after=15.0), host, clock)
+    svc.table.expect(["/"])
+    return svc, host, clock
+
+
+def _keys_polled_by(member: str, members: list[str], n: int = 50) -> list[QueueKey]:
+    return [k for k in (("/", f"orders.{i}") for i in range(n))
+            if poller_of(k, members) == member]
+
+
+def test_member_ids_are_unique_and_safe_in_a_queue_name() -> None:
+    a, b = member_id("pod/\u00e9 1"), member_id("pod/\u00e9 1")
+    assert a != b and a.startswith("pod___1-")
+
+
+def test_a_pollers_sample_is_fed_once_and_spares_asking_while_fresh() -> None:
+    svc, host, clock = _service("me")
+    key = _keys_polled_by("b", ["me", "b"])[0]
+    host.controller.queue_seen(key, clock.t)
+    svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))  # hears itself
+    assert not svc.covered(key)  # b is not heard yet: poll it oneself
+    shared = SharedSample(3, 0, 300, 300, 0, True, 0.5, 7)
+    report: dict[str, Any] = {key[1]: QueueReport(0.0, 0, 0.0, None, None, shared)}
+    svc._on_message(_delivery(Announcement("b", 1.0, 1, "/", report)))
+    svc._on_message(_delivery(Announcement("b", 1.0, 2, "/", report)))  # same sample again
+    assert host.fed == [(key, ManagementSample(99.5, 3, 0, 300, 300, 0))]
+    assert svc.covered(key)
+    clock.t += 14.0
+    svc._on_message(_delivery(Announcement("me", 1.0, 2, "/", {})))
+    older = SharedSample(3, 0, 300, 300, 0, True, 14.5, 7)  # the same sample, re-announced
+    svc._on_message(_delivery(Announcement("b", 1.0, 3, "/", {
+        key[1]: QueueReport(0.0, 0, 0.0, None, None, older)})))
+    assert len(host.fed) == 1
+    clock.t += 1.0
+    assert not svc.covered(key)  # 15.5 s old: ask the API again
+
+
+def test_the_queues_this_sidecar_polls_carry_its_samples() -> None:
+    svc, host, clock = _service("me")
+    mine_key = _keys_polled_by("me", ["me", "b"])[0]
+    theirs = _keys_polled_by("b", ["me", "b"])[0]
+    for key in (mine_key, theirs):
+        host.controller.queue_seen(key, clock.t)
+        svc.own_sample(key, ManagementSample(clock.t - 1.0, 1, 0, 100, 100, 0))
+    svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+    both = {k[1]: QueueReport(0.0, 0, 0.0) for k in (mine_key, theirs)}
+    svc._on_message(_delivery(Announcement("b", 1.0, 1, "/", both)))
+    reports = {k: QueueReport(0.0, 0, None) for k in (mine_key, theirs)}
+    out = svc._with_samples(reports, clock.t)
+    m = out[mine_key].management
+    assert m is not None and m.age == 1.0 and m.messages_ready == 1
+    assert out[theirs].management is None
+
+
+def test_undecodable_announcements_are_counted_not_raised() -> None:
+    svc, _, _ = _service("me")
+    svc._on_message(Delivery("x", "", None, b"{not json"))
+    assert svc.counters.undecodable == 1 and svc.table.ignored_total == 1
