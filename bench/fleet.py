@@ -61,6 +61,7 @@ from bench.flow import (
     held,
     policed,
     policy_entry,
+    publish_paced,
     run_main,
     unique,
     until,
@@ -132,30 +133,10 @@ async def producer(port: int, queue: str, pid: int, rate: float, stop: asyncio.E
     batches as fast as the socket takes them; else paced on a 1 ms timer. Stays connected
     until ``gone`` (held publishes are released, not dropped)."""
     client = await amqp091.connect("127.0.0.1", port)
-    one = amqp091.publish_frames(queue, _ID.pack(pid) + b"\xab" * (SIZE - 2))
-    batch = one * relay.BATCH
     counts[pid] = 0
-    start = time.perf_counter()
     try:
-        while not stop.is_set() and not client.lost.done():
-            if client.paused:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(client.writable(), 0.1)
-                continue
-            if rate <= 0:
-                client.write(batch)
-                counts[pid] += relay.BATCH
-                await asyncio.sleep(0)
-                continue
-            due = int((time.perf_counter() - start) * rate) - counts[pid]
-            most = max(1, int(rate * 0.01))
-            if due > most:  # fell behind (a stall): shift the schedule, do not burst
-                start += (due - most) / rate
-                due = most
-            if due > 0:
-                client.write(one * due)
-                counts[pid] += due
-            await asyncio.sleep(0.001)
+        await publish_paced(client, amqp091.publish_frames(
+            queue, _ID.pack(pid) + b"\xab" * (SIZE - 2)), rate, stop, counts, pid)
         await gone.wait()
     finally:
         client.abort()

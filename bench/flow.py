@@ -427,31 +427,40 @@ async def raw_producer(host: str, port: int, queue: str, rate: float, size: int,
     """No confirms. rate 0: pre-encoded batches as fast as the socket takes them;
     otherwise paced on a 1 ms timer (never bursting more than 10 ms' worth to catch up)."""
     client = await amqp091.connect(host, port)
-    one = amqp091.publish_frames(queue, b"\xab" * size)
-    batch = one * relay.BATCH
-    start = time.perf_counter()
     try:
-        while not stop.is_set() and not client.lost.done():
-            if client.paused:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(client.writable(), 0.1)
-                continue
-            if rate <= 0:
-                client.write(batch)
-                counts["sent"] += relay.BATCH
-                await asyncio.sleep(0)
-                continue
-            due = int((time.perf_counter() - start) * rate) - counts["sent"]
-            most = max(1, int(rate * 0.01))
-            if due > most:  # fell behind (a stall): shift the schedule, do not burst
-                start += (due - most) / rate
-                due = most
-            if due > 0:
-                client.write(one * due)
-                counts["sent"] += due
-            await asyncio.sleep(0.001)
+        await publish_paced(client, amqp091.publish_frames(queue, b"\xab" * size), rate, stop,
+                            counts, "sent")
     finally:
         client.abort()
+
+
+async def publish_paced(client: Any, one: bytes, rate: float, stop: asyncio.Event,
+                        counts: dict[Any, int], key: Any) -> None:
+    """Write the publish ``one`` on ``client`` until ``stop`` (or the connection is lost),
+    counting in ``counts[key]``. rate 0: batches as fast as the socket takes them; else
+    paced on a 1 ms timer, never bursting more than 10 ms' worth to catch up."""
+    batch = one * relay.BATCH
+    counts.setdefault(key, 0)
+    start = time.perf_counter()
+    while not stop.is_set() and not client.lost.done():
+        if client.paused:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.writable(), 0.1)
+            continue
+        if rate <= 0:
+            client.write(batch)
+            counts[key] += relay.BATCH
+            await asyncio.sleep(0)
+            continue
+        due = int((time.perf_counter() - start) * rate) - counts[key]
+        most = max(1, int(rate * 0.01))
+        if due > most:  # fell behind (a stall): shift the schedule, do not burst
+            start += (due - most) / rate
+            due = most
+        if due > 0:
+            client.write(one * due)
+            counts[key] += due
+        await asyncio.sleep(0.001)
 
 
 def pika_producer(port: int, queue: str, rate: float, size: int, stop: threading.Event,
