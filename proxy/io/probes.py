@@ -11,27 +11,20 @@ import contextlib
 import functools
 import logging
 import zlib
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
-from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.controller import QueueKey
 from floodwall.control.events import QueueTripped
 from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.control.schedule import sampling_interval
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
-from floodwall.io.flow_settings import FlowSettings
 from floodwall.io.management import (
-    ManagementApi,
     ManagementError,
 )
 from floodwall.io.management_probes import ManagementProbes, error_text
-from floodwall.io.switchboard import Switchboard
 from floodwall.io.tasks import spawn
-from floodwall.io.topology import TopologyFeed
-from floodwall.ops.flow_metrics import (
-    FlowStats,
-)
 from floodwall.ops.logs import event
 from floodwall.ops.supervision import (
     broker_alarm,
@@ -48,29 +41,15 @@ class DepthProbes(ManagementProbes):
     """What feeds the controller depth and alarms, on timers; ``FlowSupervisor`` builds the
     parts (``__init__``) and adds policing, policies and the admin views."""
 
-    settings: FlowSettings
-    clock: Callable[[], float]
     topology: Topology
-    controller: FlowController
-    board: Switchboard
-    api: ManagementApi
-    stats: FlowStats
-    feed: TopologyFeed
     _tasks: set[asyncio.Task[Any]]
     _vhost_tasks: dict[str, asyncio.Task[None]]
     _clients: dict[str, AmqpClient]
     _client_up: dict[str, asyncio.Event]
     _vhost_kick: dict[str, asyncio.Event]
     _probe_wake: dict[str, asyncio.Event]
-    _sampled_at: dict[QueueKey, float]
-    _asked: set[QueueKey]
-    _probe_refused: dict[QueueKey, str]
-    _stale: dict[QueueKey, float]
-    _had_figures: set[QueueKey]
-    _warm: bool
     _management_alarm: str | None
     _blocked_alarm: dict[str, str]
-    _wake_management: asyncio.Event | None
     _running: bool
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
