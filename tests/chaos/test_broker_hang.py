@@ -60,3 +60,40 @@ def test_readyz_follows_a_frozen_broker(alive: LocalBroker, start_floodwall: Any
         conn.channel().queue_declare("", exclusive=True)
     lines = proc.logfile.read_text()
     assert "event=upstream_probe_failed" in lines and "event=upstream_reachable" in lines
+
+
+@pytest.mark.timeout(120)
+def test_a_publish_in_flight_to_a_frozen_broker_ends_by_the_clients_heartbeat(
+        alive: LocalBroker, start_floodwall: Any) -> None:
+    """A publish the broker has not answered stays unanswered through floodwall: the proxy
+    neither confirms it nor times it out (the broker may still take it when it wakes, so a
+    timeout would turn a delay into a duplicate), and it does not hide the hang either: the
+    broker's heartbeats stop reaching the client, whose own heartbeat check ends the
+    connection as it would without the proxy (pika: the negotiated timeout + 5 s)."""
+    ep = alive.endpoint
+    proc = start_floodwall(upstream=f"{ep.host}:{ep.amqp_port}")
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", proc.port, heartbeat=2, connection_attempts=1, socket_timeout=10,
+        blocked_connection_timeout=None))
+    ch = conn.channel()
+    queue = ch.queue_declare("", exclusive=True).method.queue
+    ch.confirm_delivery()
+    ch.basic_publish("", queue, b"before")  # confirmed
+    alive.freeze()
+    frozen_at = time.monotonic()
+    try:
+        with pytest.raises(pika.exceptions.AMQPError):
+            ch.basic_publish("", queue, b"during")  # waits for a confirm that cannot come
+        ended_after = time.monotonic() - frozen_at
+    finally:
+        alive.thaw()
+    # pika checks every timeout + 5 s: the connection ends within two checks of the freeze
+    assert ended_after <= 2 * (2 + 5) + 2, ended_after
+    assert not conn.is_open
+    # the proxy let the relayed connection go and serves the next client
+    wait_for(lambda: proc.metric("floodwall_connections", protocol="amqp091") == 0, 30,
+             what="the relayed connection closed")
+    with pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", proc.port, connection_attempts=1, socket_timeout=10)) as again:
+        again.channel().queue_declare("", exclusive=True)
+    print(f"the client's heartbeat ended the connection {ended_after:.1f}s after the freeze")
