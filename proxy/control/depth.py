@@ -259,9 +259,11 @@ class QueueDepth:
         return Depth(m.message_bytes, m.messages_ready + m.messages_unacknowledged)
 
     def average_body_bytes(self) -> int:
-        """Mean body size: from the broker's figures when it has messages, else our ledger."""
+        """Mean body size: from the broker's figures when it has ready messages and their
+        bytes, else our ledger (ready messages without bytes: counts the byte figures have
+        not caught up with; see ``sample_from_queue_doc``)."""
         m = self.management
-        if m is not None and m.messages_ready > 0 and m.bytes_known:
+        if m is not None and m.messages_ready > 0 and m.bytes_known and m.message_bytes_ready:
             return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
         if self.forwarded_messages_total:
             return -(-self.forwarded_bytes_total // self.forwarded_messages_total)
