@@ -207,6 +207,14 @@ def sidecar_series(samples: DataFrame, resolution: float) -> DataFrame:
                 # issue 14: forwarded while held (admitted), and the drain estimate x time
                 _sum0(F.when(F.col("tripped"), F.col("ingress_bytes"))).alias("admitted_bytes"),
                 _sum0(F.col("drain_bps") * iv).alias("drain_bms"),
+                # issue 15: the fleet as this sidecar saw it (null with --fleet off)
+                F.max("fleet_members").alias("fleet_members"),
+                F.sum(F.col("fleet_share") * iv).alias("share_bms"),
+                F.sum(F.when(F.col("fleet_share").isNotNull(), iv)).alias("share_ms"),
+                F.sum(F.round("fleet_demand_bps").cast("long") * iv).alias("demand_bms"),
+                F.sum(F.when(F.col("fleet_demand_bps").isNotNull(), iv)).alias("demand_ms"),
+                F.max(F.when(F.col("tripped"), F.col("blocked_publishers")))
+                .alias("blocked_tripped_max"),
                 F.max(_packed(offset, F.col("depth"))).alias("last_depth"),
                 F.max(_packed(offset, F.col("depth_msgs"))).alias("last_msgs"),
                 F.max("depth").alias("depth_max"),
@@ -297,6 +305,11 @@ def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame
         F.sum("held_bms").alias("_held_bms"),
         F.max("spooled_max").alias("spooled_bytes_max"),
         F.max("blocked_max").alias("blocked_publishers_max"),
+        _sum0(F.col("admitted_bytes")).alias("admitted_bytes"),
+        F.max("blocked_tripped_max").alias("_blocked_tripped"),
+        F.max("fleet_members").alias("fleet_members_max"),
+        F.sum("share_bms").alias("_share_bms"), F.sum("share_ms").alias("_share_ms"),
+        F.sum("demand_bms").alias("_demand_bms"), F.sum("demand_ms").alias("_demand_ms"),
         (F.min("_check_min") != F.max("_check_max")).alias("_clash"))
     pct = (samples.select("sq", quantized(F.col("depth")).alias("_qd")).groupBy("sq").agg(
         *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES]))
@@ -318,8 +331,18 @@ def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame
                    _ratio("_held_bms", "observed_ms").alias("held_bytes_mean"),
                    F.when(F.sum("ingress_bytes").over(fleet) > 0,
                           F.col("ingress_bytes") / F.sum("ingress_bytes").over(fleet))
-                   .alias("ingress_share"))
-           .drop("_first", "_last", "_key", "observed_ms", "tripped_ms", "_held_bms"))
+                   .alias("ingress_share"),
+                   F.when(F.sum("admitted_bytes").over(fleet) > 0,
+                          F.col("admitted_bytes") / F.sum("admitted_bytes").over(fleet))
+                   .alias("admitted_share"),
+                   # contended: it had publishers waiting while the queue was tripped, or
+                   # was admitted some then (the sidecars a fair release splits among)
+                   ((F.col("admitted_bytes") > 0) | (F.coalesce("_blocked_tripped", F.lit(0)) > 0))
+                   .alias("contended"),
+                   _ratio("_share_bms", "_share_ms").alias("fleet_share_bytes_mean"),
+                   _ratio("_demand_bms", "_demand_ms").alias("fleet_demand_rate_mean"))
+           .drop("_first", "_last", "_key", "observed_ms", "tripped_ms", "_held_bms",
+                 "_blocked_tripped", "_share_bms", "_share_ms", "_demand_bms", "_demand_ms"))
     return _fill_events(out).fillna(0, ["trips"])
 
 
@@ -344,6 +367,21 @@ def episodes(run_rows: DataFrame, names: DataFrame) -> DataFrame:
         "held_max", "held_messages_max")
 
 
+def _fairness() -> list[Column]:
+    """Jain's index of the bytes admitted while tripped, over the contended sidecars of a
+    queue (``per_sidecar_queue``'s ``contended``): ``(sum a)**2 / (n * sum a**2)``, 1 when
+    they got equal parts, 1/n when one got everything; null with none contended or nothing
+    admitted. All of them had publishers waiting, so each wanted more than it got: an equal
+    split is the max-min fair one."""
+    a = F.when(F.col("contended"), F.col("admitted_bytes").cast("decimal(38,0)"))
+    n = F.count(a)
+    total, squares = F.sum(a), F.sum(a * a)  # exact (integers): the order cannot change them
+    return [n.alias("contended_sidecars"),
+            F.when((n > 0) & (squares > 0),
+                   (total * total).cast("double") / (n * squares).cast("double"))
+            .alias("admitted_fairness")]
+
+
 def per_queue(samples: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFrame,
               events: DataFrame) -> DataFrame:
     """One row per (vhost, queue) over the fleet (docs/pipeline.md, "Per queue");
@@ -364,7 +402,10 @@ def per_queue(samples: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFr
         F.max("spooled_bytes_max").alias("spooled_bytes_max"),
         F.sum("ingress_bytes").alias("ingress_bytes"),
         F.sum("ingress_messages").alias("ingress_messages"),
-        F.max("trips").alias("trips"))
+        F.max("trips").alias("trips"),
+        F.max("fleet_members_max").alias("fleet_members_max"),
+        F.sum("admitted_bytes").alias("admitted_bytes"),
+        *_fairness())
     has_egress = F.col("egress_bytes").isNotNull()
     drain = has_egress & F.col("backlog")
     obs = F.col("observed_ms")

@@ -27,7 +27,8 @@ SAMPLE_COLUMNS = (
     "sq", "q", "sidecar", "vhost", "queue", "ts_ms", "seq", "iv_ms", "policy", "capacity", "resume",
     "max_messages", "resume_messages", "overflow", "deadline", "mode", "depth", "depth_msgs",
     "ingress_bytes", "ingress_messages", "tripped", "trips", "blocked_publishers",
-    "held_bytes", "held_messages", "spooled_bytes", "drain_bps")
+    "held_bytes", "held_messages", "spooled_bytes", "drain_bps", "fleet_members",
+    "fleet_share", "fleet_demand_bps")
 SIDECAR_COLUMNS = (
     "sidecar", "ts_ms", "iv_ms", "held_bytes", "held_messages", "blocked_channels",
     "spooled_bytes", "alarm", "dropped_records")
@@ -138,7 +139,9 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
                  F.coalesce("depth_messages", "broker_depth_messages").alias("depth_msgs"),
                  "ingress_bytes", "ingress_messages", "tripped", "trips",
                  "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
-                 F.col("drain_bytes_per_second").alias("drain_bps"), "blocked_channels",
+                 F.col("drain_bytes_per_second").alias("drain_bps"), "fleet_members",
+                 F.col("fleet_share_bytes").alias("fleet_share"),
+                 F.col("fleet_demand_bytes_per_s").alias("fleet_demand_bps"), "blocked_channels",
                  "alarm", "dropped_records", "event",
                  F.when(bad, F.input_file_name()).alias("_file"),
                  F.when(bad, line).alias("_line"))

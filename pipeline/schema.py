@@ -43,6 +43,9 @@ _FIELDS: list[tuple[str, DataType]] = [
     ("blocked_publishers", LongType()), ("held_bytes", LongType()),
     ("held_messages", LongType()), ("spooled_bytes", LongType()),
     ("sampling_interval", DoubleType()), ("drain_bytes_per_second", DoubleType()),
+    # sample: the fleet (issue 15; absent with --fleet off)
+    ("fleet_members", LongType()), ("fleet_share_bytes", LongType()),
+    ("fleet_demand_bytes_per_s", DoubleType()),
     # sidecar
     ("policed_queues", LongType()), ("tripped_queues", LongType()),
     ("blocked_channels", LongType()), ("alarm", StringType()),
@@ -71,7 +74,8 @@ READ_FIELDS = (
     "overflow", "deadline", "mode", "depth_bytes", "depth_messages", "broker_depth_bytes",
     "broker_depth_messages", "ingress_bytes", "ingress_messages", "tripped", "trips",
     "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
-    "drain_bytes_per_second", "blocked_channels", "alarm", "dropped_records", "event",
+    "drain_bytes_per_second", "fleet_members", "fleet_share_bytes", "fleet_demand_bytes_per_s",
+    "blocked_channels", "alarm", "dropped_records", "event",
 )
 READ_SCHEMA = StructType(
     [StructField(name, typ, True) for name, typ in _FIELDS if name in READ_FIELDS]

@@ -259,3 +259,71 @@ def test_figures_do_not_depend_on_how_the_samples_are_split(spark: SparkSession,
     t.unpersist()
     assert outputs[0] == outputs[1]
     assert any("'trips': 0" not in q for q in outputs[0][0])  # the queues did trip
+
+
+def fleet_sample(sidecar: str, ts: float, ingress: int, tripped: bool, blocked: int,
+                 share: int | None, demand: float | None, members: int = 3
+                 ) -> dict[str, object]:
+    rec = sample(sidecar, ts, 400 if tripped else 100, ingress, tripped, 1 if ts >= 2 else 0,
+                 capacity=320, resume=200)
+    rec.update(blocked_publishers=blocked, fleet_members=members, fleet_share_bytes=share,
+               fleet_demand_bytes_per_s=demand)
+    return rec
+
+
+@pytest.fixture(scope="module")
+def shared(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Telemetry:
+    """Three sidecars of one fleet on queue ``q``, tripped at ts 2 and 3 (samples 1 s apart):
+
+        ts                 1     2     3     4
+        tripped            .     T     T     .
+        ingress   s1     100   300   300   100    admitted (while tripped) 600
+                  s2     100   100   100   100    admitted 200
+                  s3       0     0     0    50    admitted 0, publishers waiting at ts 2, 3
+        share     s1/s2/s3: 100 at every sample (the fleet's equal split), s3 none at ts 1
+        demand    s1 1000 B/s, s2 200, s3 100 (s3 none at ts 1)
+
+    Contended: all three (s3 had publishers waiting). Jain's index of (600, 200, 0):
+    800**2 / (3 * (600**2 + 200**2)) = 640000 / 1200000 = 0.5333...
+    """
+    recs: list[dict[str, object]] = []
+    ingress = {"s1": [100, 300, 300, 100], "s2": [100, 100, 100, 100], "s3": [0, 0, 0, 50]}
+    demand = {"s1": 1000.0, "s2": 200.0, "s3": 100.0}
+    for i in range(4):
+        ts, tripped = float(i + 1), i in (1, 2)
+        for s in ("s1", "s2", "s3"):
+            first_of_s3 = s == "s3" and i == 0
+            recs.append(fleet_sample(s, ts, ingress[s][i], tripped,
+                                     1 if s == "s3" and tripped else 0,
+                                     None if first_of_s3 else 100,
+                                     None if first_of_s3 else demand[s]))
+    path = write_ndjson(tmp_path_factory.mktemp("shared") / "t.ndjson", recs)
+    return load(spark, [str(path)])
+
+
+def test_a_fleets_shares_demands_and_fairness(shared: Telemetry) -> None:
+    tb = tables(shared, 1.0)
+    s1, s2, s3 = (one(tb.psq, sidecar=s) for s in ("s1", "s2", "s3"))
+    assert [s["admitted_bytes"] for s in (s1, s2, s3)] == [600, 200, 0]
+    assert [s["admitted_share"] for s in (s1, s2, s3)] == [0.75, 0.25, 0.0]
+    assert [s["contended"] for s in (s1, s2, s3)] == [True, True, True]
+    assert [s["fleet_members_max"] for s in (s1, s2, s3)] == [3, 3, 3]
+    assert [s["fleet_share_bytes_mean"] for s in (s1, s2, s3)] == [100, 100, 100]
+    assert [s["fleet_demand_rate_mean"] for s in (s1, s2, s3)] == [1000, 200, 100]
+    q = one(tb.queues, queue="q")
+    assert (q["fleet_members_max"], q["admitted_bytes"], q["contended_sidecars"]) == (3, 800, 3)
+    assert q["admitted_fairness"] == pytest.approx(640000 / 1200000)
+
+
+def test_fairness_is_one_for_an_equal_split_and_null_without_a_fleet(
+        single: Telemetry, spark: SparkSession, tmp_path: Path) -> None:
+    recs = [fleet_sample(s, float(ts), 100, ts in (2, 3), 1 if ts in (2, 3) else 0, 150, 50.0)
+            for ts in range(1, 5) for s in ("a", "b")]
+    t = load(spark, [str(write_ndjson(tmp_path / "t.ndjson", recs))])
+    q = one(tables(t, 1.0).queues, queue="q")
+    assert (q["contended_sidecars"], q["admitted_fairness"]) == (2, 1.0)
+    # one sidecar, no fleet fields: nothing about a fleet is made up
+    r = one(tables(single).queues, queue="q")
+    assert r["fleet_members_max"] is None
+    s = one(tables(single).psq, queue="q")
+    assert s["fleet_share_bytes_mean"] is None and s["fleet_demand_rate_mean"] is None
