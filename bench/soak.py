@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 import urllib.request
@@ -78,6 +79,7 @@ class Soak:
         self.stop = False
         self.consumer: amqp091.Amqp091Client
         self.consumer_paused = False
+        self.acked_through = 0  # the highest delivery tag acked (multiple)
 
     def _confirmed(self, tag: int) -> None:
         now = time.perf_counter()
@@ -100,7 +102,15 @@ class Soak:
     def _delivered(self, tag: int) -> None:
         """The consumer acks every 100th delivery (multiple) while it reads."""
         if not self.consumer_paused and tag % 100 == 0:
+            self._ack(tag)
+
+    def _ack(self, tag: int) -> None:
+        """Ack through ``tag`` unless that is done: acking a tag twice is a channel error
+        (406 unknown delivery tag) that ends the consumer, and the soak with it (it did,
+        when a whole phase passed without a delivery)."""
+        if tag > self.acked_through:
             self.consumer.ack(tag, multiple=True)
+            self.acked_through = tag
 
     async def toggle(self) -> None:
         """Read for a phase, stop acking for a phase: with a prefetch of 500 the broker stops
@@ -110,8 +120,7 @@ class Soak:
             self.consumer_paused = True
             await asyncio.sleep(self.opts.phase)
             self.consumer_paused = False
-            if self.consumer.last_delivery_tag:
-                self.consumer.ack(self.consumer.last_delivery_tag, multiple=True)
+            self._ack(self.consumer.last_delivery_tag)
 
     def _get(self, path: str) -> Any:
         with urllib.request.urlopen(self.proxy.admin_url + path, timeout=60) as resp:
@@ -145,6 +154,8 @@ class Soak:
             "trips": self._metric(metrics, "floodwall_queue_trips_total"),
             "spool_bytes": (state.get("spool") or {}).get("bytes"),
             "admin_seconds": admin,  # how long /state and /metrics took to answer
+            "consumer_lost": str(consumer.lost.exception() or "closed")
+            if consumer.lost.done() else None,
         })
         print(json.dumps(self.samples[-1]), flush=True)
 
@@ -172,8 +183,7 @@ class Soak:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         self.consumer_paused = False
-        if consumer.last_delivery_tag:
-            consumer.ack(consumer.last_delivery_tag, multiple=True)
+        self._ack(consumer.last_delivery_tag)
         for _ in range(600):  # up to 120 s for the spool to replay and the queue to drain
             if producer.confirmed + producer.nacked >= self.sent \
                     and consumer.deliveries >= producer.confirmed:
@@ -247,6 +257,9 @@ def soak(ep: BrokerEndpoint, workdir: Path, opts: argparse.Namespace) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: the finally blocks stop the proxy and the broker
+    # (a killed soak left both running, one of them replaying a spool).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-soak-"))
     local: LocalBroker | None = None
     try:
