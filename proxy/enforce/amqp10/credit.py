@@ -355,7 +355,7 @@ class LinkCredit(Sessions):
             room = self._in_flight_window(link, window)
             if room < window:
                 link.squeezed = True
-                if not room:
+                if room * 2 < window:  # (the broker's next settlements make more room)
                     return
                 window = room
         if link.credit.wants_top_up(window):

@@ -358,6 +358,20 @@ class CreditFlow(LinkCredit):
             self._broker_settled(session, first, last, now)
         return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
 
+    def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
+                          now: float) -> bool:
+        """``on_server_disposition`` from a disposition's role, first and last alone
+        (``peek_disposition``): True when that is all it needs (nothing to renumber);
+        False, having done nothing, when the frame must be decoded and renumbered."""
+        session = self.by_server_channel.get(channel)
+        if session is None or not receiver:
+            return True
+        if session.ids.dropped:
+            return False
+        if session.in_flight:
+            self._broker_settled(session, first, last, now)
+        return True
+
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""
         capture = link.capture
