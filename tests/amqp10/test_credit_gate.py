@@ -40,8 +40,10 @@ from tests.amqp10.streams import (
     continuation,
     data_section,
     detach,
+    disposition,
     open_,
     performatives,
+    random_chunks,
     transfer,
     whole,
 )
@@ -277,6 +279,48 @@ def test_unsettled_deliveries_count_against_the_window_until_the_broker_settles(
     _, to_client = s.take()
     assert credit_seen(to_client, 7, sent) == window
     assert link.unsettled == 0 and not s.gate.sessions[0].in_flight  # type: ignore[union-attr]
+
+
+GATE_CHUNKERS = [*CHUNKERS, pytest.param(random_chunks(12, 40), id="random")]
+
+
+@pytest.mark.parametrize("chunker", GATE_CHUNKERS)
+def test_the_brokers_dispositions_are_read_among_its_other_frames(chunker: Chunker) -> None:
+    """The broker's dispositions are read by role, first and last alone (``peek_disposition``)
+    wherever they fall: between its transfers to a receiver and its flows, split across reads;
+    a transfer whose payload holds the bytes of a disposition frame settles nothing; every
+    frame reaches the client as the broker sent it."""
+    s = Setup(chunker=chunker)
+    s.server(broker_flow(7, 0, 10_000))
+    s.take()
+    sent = _send_while_credit(s, 100)
+    link = s.gate.sessions[0].links[CAPPED_H]
+    assert link.unsettled == sent  # type: ignore[union-attr]
+    lookalike = disposition(SERVER_CH, True, 0, sent - 1)  # would settle all of them
+    recv = SERVER_HANDLE[RECV_H]
+    stream = (transfer(SERVER_CH, recv, 0, data_section(lookalike) + lookalike)
+              + disposition(SERVER_CH, True, 0, 9)
+              + transfer(SERVER_CH, recv, 1, lookalike)
+              + broker_flow(7, sent, 10_000)
+              + disposition(SERVER_CH, False, 20, 21)  # the receiver's: not counted
+              + disposition(SERVER_CH, True, 10, 10) + disposition(SERVER_CH, True, 10, 10))
+    s.server(stream)
+    to_server, to_client = s.take()
+    assert link.unsettled == sent - 11  # type: ignore[union-attr]
+    assert sorted(s.gate.sessions[0].in_flight) == list(range(11, sent))
+    assert to_server == b""
+    # what the proxy wrote of its own (a flow for the capped link) comes after the broker's
+    # frames; those reached the client byte-exact, the capped link's flow rewritten
+    frames = []
+    pos = 0
+    while pos < len(to_client):
+        size = int.from_bytes(to_client[pos:pos + 4], "big")
+        frames.append(to_client[pos:pos + size])
+        pos += size
+    granted = [f for f in frames if flows(f, 7)]
+    assert len(granted) == 1 and credit_seen(granted[0], 7, sent) > 0
+    assert b"".join(f for f in frames if f not in granted) \
+        == stream.replace(broker_flow(7, sent, 10_000), b"")
 
 
 def test_deliveries_sent_settled_are_not_counted_in_flight() -> None:

@@ -247,7 +247,7 @@ def peek_disposition(buf: bytes, pos: int, end: int) -> tuple[bool, int, int] | 
     (or malformed) encoding: the caller then decodes the frame in full, which also explains
     what is wrong with it.
     """
-    if end - pos < 9 or buf[pos + 2] != 0x15:
+    if end - pos < 8 or buf[pos + 2] != 0x15:
         return None
     header = _list8(buf, pos, end)
     if header is None:
