@@ -238,7 +238,15 @@ class CreditFlow(LinkCredit):
             return
         shift = link.delivery.id_shift
         broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
-        session.in_flight[broker_id] = link
+        names = link.delivery.queues
+        if names != link.in_flight_names:
+            queues = self.controller.queues
+            link.in_flight_names = names
+            link.in_flight_queues = tuple(queues[k] for k in self._policed(link, names))
+        counted = link.in_flight_queues
+        for q in counted:
+            q.in_flight += 1
+        session.in_flight[broker_id] = (link, counted)
         link.delivery.tracked_id = broker_id
         link.unsettled += 1
         if not self.tracking:
@@ -246,8 +254,13 @@ class CreditFlow(LinkCredit):
             self.outbox.append(ReadEveryFrame(broker_only=True))
 
     def _untrack(self, session: SessionGate, link: SenderLink) -> None:
-        if session.in_flight.pop(link.delivery.tracked_id, None) is link:  # type: ignore[arg-type]
+        tracked = link.delivery.tracked_id
+        entry = session.in_flight.get(tracked) if tracked is not None else None
+        if entry is not None and entry[0] is link:
+            del session.in_flight[tracked]  # type: ignore[arg-type]
             link.unsettled -= 1
+            for q in entry[1]:
+                q.in_flight -= 1
         link.delivery.tracked_id = None
 
     def _broker_settled(self, session: SessionGate, first: int, last: int, now: float) -> None:
@@ -261,8 +274,11 @@ class CreditFlow(LinkCredit):
         else:
             ids = [i for i in in_flight if 0 <= serial_diff(i, first) < span]
         for broker_id in ids:
-            link = in_flight.pop(broker_id, None)
-            if link is not None:
+            entry = in_flight.pop(broker_id, None)
+            if entry is not None:
+                link, counted = entry
+                for q in counted:
+                    q.in_flight -= 1
                 link.unsettled -= 1
                 if link.delivery.tracked_id == broker_id:
                     link.delivery.tracked_id = None

@@ -64,6 +64,11 @@ class Sessions(ShadowWatch):
     def close(self) -> None:
         """The connection is gone: none of its links is blocked any more."""
         self.controller.connection_closed(self.conn_id)
+        for session in self.sessions.values():
+            for _, counted in session.in_flight.values():
+                for q in counted:
+                    q.in_flight -= 1
+            session.in_flight.clear()
         self.sessions.clear()
         self.by_server_channel.clear()
 
@@ -172,8 +177,9 @@ class Sessions(ShadowWatch):
         if session.attaching.get(link.name) is link:
             del session.attaching[link.name]
         if isinstance(link, SenderLink) and link.unsettled:
-            for broker_id in [i for i, lk in session.in_flight.items() if lk is link]:
-                del session.in_flight[broker_id]
+            for broker_id in [i for i, (lk, _) in session.in_flight.items() if lk is link]:
+                for q in session.in_flight.pop(broker_id)[1]:
+                    q.in_flight -= 1
             link.unsettled = 0
         self._link_gone(link)
 
