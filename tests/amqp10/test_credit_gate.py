@@ -42,6 +42,7 @@ from tests.amqp10.streams import (
     data_section,
     detach,
     disposition,
+    end,
     open_,
     performatives,
     random_chunks,
@@ -352,6 +353,17 @@ def test_far_from_capacity_the_unsettled_take_a_share_of_the_headroom(chunker: C
     assert q.in_flight == 10
     s.gate.close()
     assert q.in_flight == 0
+
+
+def test_an_ended_session_leaves_nothing_counted_in_flight() -> None:
+    s = Setup(capacity=1_000_000)
+    s.server(broker_flow(7, 0, 100_000))
+    s.take()
+    _send_while_credit(s, 100, most=10)
+    q = s.fc.queues[(VHOST, "capped")]
+    assert q.in_flight == 10
+    s.client(end(0))
+    assert q.in_flight == 0 and not s.gate.sessions
 
 
 def test_deliveries_sent_settled_are_not_counted_in_flight() -> None:

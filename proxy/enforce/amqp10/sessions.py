@@ -65,10 +65,7 @@ class Sessions(ShadowWatch):
         """The connection is gone: none of its links is blocked any more."""
         self.controller.connection_closed(self.conn_id)
         for session in self.sessions.values():
-            for _, counted in session.in_flight.values():
-                for q in counted:
-                    q.in_flight -= 1
-            session.in_flight.clear()
+            _uncount(session)
         self.sessions.clear()
         self.by_server_channel.clear()
 
@@ -98,6 +95,7 @@ class Sessions(ShadowWatch):
         session = self.sessions.pop(channel, None)
         if session is None:
             return
+        _uncount(session)
         for link in session.links.values():
             self._link_gone(link)
         if session.server_channel is not None:
@@ -243,3 +241,11 @@ class Sessions(ShadowWatch):
             link.move(LinkInput.PROXY_DETACHES_BROKER_SIDE)
         return frame(encode_performative(DETACH, handle=UInt(link.handle), closed=True,
                                          error=error), link.channel)
+
+
+def _uncount(session: SessionGate) -> None:
+    """The session is gone: its deliveries no longer count in flight on their queues."""
+    for _, counted in session.in_flight.values():
+        for q in counted:
+            q.in_flight -= 1
+    session.in_flight.clear()
