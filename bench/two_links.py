@@ -146,6 +146,7 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
                     f"{broker.amqp_port}")
         self.qcap, self.qfree, self.rate = qcap, qfree, rate
         self.got: dict[str, int] = collections.Counter()
+        self.errors: list[str] = []
         self.stop = threading.Event()
         self.budget = 0.0
         self.last = time.monotonic()
@@ -167,6 +168,9 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
             self.free.flow(1)
         else:
             self.budget -= 1
+
+    def on_link_error(self, event: Any) -> None:
+        self.errors.append(f"consumer link: {event.link.remote_condition}")
 
     def on_timer_task(self, event: Any) -> None:
         if self.stop.is_set():
@@ -201,6 +205,27 @@ def watch_depth(broker: BrokerEndpoint, queue: str, stop: threading.Event,
         out["max_ready"] = max(out.get("max_ready", 0), n)
         stop.wait(0.02)
     conn.close()
+
+
+def wait_declared(broker: BrokerEndpoint, queues: list[str], timeout: float) -> None:
+    """Until each of ``queues`` exists (a ``/queue/`` sender link declares its own): the
+    consumer attaches with ``/amq/queue/``, which a missing queue refuses, and a refused
+    receiver takes nothing for the rest of the run."""
+    params = pika.ConnectionParameters(broker.host, broker.amqp_port, credentials=(
+        pika.PlainCredentials(broker.username, broker.password)))
+    deadline = time.monotonic() + timeout
+    with pika.BlockingConnection(params) as conn:
+        ch = conn.channel()
+        for queue in queues:
+            while True:
+                try:
+                    ch.queue_declare(queue, passive=True)
+                    break
+                except pika.exceptions.ChannelClosedByBroker:  # not declared yet
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"queue {queue} not declared after {timeout}s") from None
+                    ch = conn.channel()
+                    time.sleep(0.01)
 
 
 def tripped(fw: Any, queue: str) -> bool:
@@ -238,7 +263,10 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str
     over0 = metric_sum(fw, "floodwall_queue_overshoot_messages_total")
     watcher.start()
     t_sender = thread(sender)
-    if both:  # the link declares its queue: the consumer attaches once it exists
+    # the links declare their queues: the consumer attaches once they exist (the capped
+    # one also once floodwall has a depth for it)
+    wait_declared(st.endpoint, ([qcap] if both else []) + [qfree], 30)
+    if both:
         deadline = time.monotonic() + 30
         while not policed(fw, qcap) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -264,7 +292,7 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str
         delete_queue(st.endpoint, qcap)
     acc = {a.split("/")[-1].split(".")[1]: len(t) for a, t in sender.accepted.items()}
     return {"both": both, "rate": rate, "accepted": acc, "consumed": dict(consumer.got),
-            "errors": sender.errors,
+            "errors": sender.errors + consumer.errors,
             "over_capacity_kib": max(0, depth.get("max_ready", 0) * KIB - CAPACITY) / KIB,
             "trips": trips, "overshoot_messages": over,
             "overshoot_per_trip": over / trips if trips else 0.0,

@@ -58,6 +58,9 @@ class PolicedQueue:
     # Publishes forwarded while the queue was tripped (1.0: sent on credit granted before).
     overshoot_messages: int = 0
     overshoot_bytes: int = 0
+    # 1.0 deliveries forwarded to it unsettled by windowed links, not yet settled by the
+    # broker (so maybe not in a count yet): the 1.0 gate's in-flight allowance reads it.
+    in_flight: int = 0
     # The publish path's shortcut (``FlowController.forwarded``): while the queue is not
     # tripped, its policy and its depth's base are those of the last evaluation
     # (``armed_*``) and the ledger totals are at most ``quiet_*``, an evaluation would

@@ -13,6 +13,7 @@ from floodwall.control.policy import parse_policies
 from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.enforce.amqp10.links import (
     ASSUMED_MESSAGE_BYTES,
+    IN_FLIGHT_HEADROOM_PARTS,
     IN_FLIGHT_WINDOWS,
     link_ref,
     message_routing,
@@ -40,8 +41,11 @@ from tests.amqp10.streams import (
     continuation,
     data_section,
     detach,
+    disposition,
+    end,
     open_,
     performatives,
+    random_chunks,
     transfer,
     whole,
 )
@@ -56,13 +60,13 @@ WINDOW = window_for(ASSUMED_MESSAGE_BYTES)
 Chunker = Callable[[bytes], Iterator[bytes]]
 
 
-def policies(overflow: str, extra: str = "") -> str:
+def policies(overflow: str, extra: str = "", capacity: int = CAPACITY) -> str:
     return f"""
 version: 1
 policies:
   - name: capped
     match: {{vhost: "/", queue: "capped*"}}
-    capacity: {CAPACITY}
+    capacity: {capacity}
     resume: 50000
     overflow: {overflow}
 {extra}"""
@@ -113,10 +117,12 @@ class Setup:
     next_id: int = 0
     spool: SpoolManager | None = None  # with a spool: the gate writes through DiskSpool
     policy_extra: str = ""  # more lines of the capped policy (indented 4)
+    capacity: int = CAPACITY
 
     def __post_init__(self) -> None:
         self.fc = FlowController(DefaultExchange(),
-                                 parse_policies(policies(self.overflow, self.policy_extra)))
+                                 parse_policies(policies(self.overflow, self.policy_extra,
+                                                               self.capacity)))
         self.board = Board(self.fc, self.clock, None if self.spool is None
                            else DiskSpool(self.spool, self.fc))
         self.counters = self.board.counters
@@ -277,6 +283,87 @@ def test_unsettled_deliveries_count_against_the_window_until_the_broker_settles(
     _, to_client = s.take()
     assert credit_seen(to_client, 7, sent) == window
     assert link.unsettled == 0 and not s.gate.sessions[0].in_flight  # type: ignore[union-attr]
+
+
+GATE_CHUNKERS = [*CHUNKERS, pytest.param(random_chunks(12, 40), id="random")]
+
+
+@pytest.mark.parametrize("chunker", GATE_CHUNKERS)
+def test_the_brokers_dispositions_are_read_among_its_other_frames(chunker: Chunker) -> None:
+    """The broker's dispositions are read by role, first and last alone (``peek_disposition``)
+    wherever they fall: between its transfers to a receiver and its flows, split across reads;
+    a transfer whose payload holds the bytes of a disposition frame settles nothing; every
+    frame reaches the client as the broker sent it."""
+    s = Setup(chunker=chunker)
+    s.server(broker_flow(7, 0, 10_000))
+    s.take()
+    sent = _send_while_credit(s, 100)
+    link = s.gate.sessions[0].links[CAPPED_H]
+    assert link.unsettled == sent  # type: ignore[union-attr]
+    lookalike = disposition(SERVER_CH, True, 0, sent - 1)  # would settle all of them
+    recv = SERVER_HANDLE[RECV_H]
+    stream = (transfer(SERVER_CH, recv, 0, data_section(lookalike) + lookalike)
+              + disposition(SERVER_CH, True, 0, 9)
+              + transfer(SERVER_CH, recv, 1, lookalike)
+              + broker_flow(7, sent, 10_000)
+              + disposition(SERVER_CH, False, 20, 21)  # the receiver's: not counted
+              + disposition(SERVER_CH, True, 10, 10) + disposition(SERVER_CH, True, 10, 10))
+    s.server(stream)
+    to_server, to_client = s.take()
+    assert link.unsettled == sent - 11  # type: ignore[union-attr]
+    assert sorted(s.gate.sessions[0].in_flight) == list(range(11, sent))
+    assert to_server == b""
+    # what the proxy wrote of its own (a flow for the capped link) comes after the broker's
+    # frames; those reached the client byte-exact, the capped link's flow rewritten
+    frames = []
+    pos = 0
+    while pos < len(to_client):
+        size = int.from_bytes(to_client[pos:pos + 4], "big")
+        frames.append(to_client[pos:pos + size])
+        pos += size
+    granted = [f for f in frames if flows(f, 7)]
+    assert len(granted) == 1 and credit_seen(granted[0], 7, sent) > 0
+    assert b"".join(f for f in frames if f not in granted) \
+        == stream.replace(broker_flow(7, sent, 10_000), b"")
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_far_from_capacity_the_unsettled_take_a_share_of_the_headroom(chunker: Chunker
+                                                                      ) -> None:
+    """A queue with room for far more than two windows in flight lets a fast link keep the
+    broker's pipe full: its unsettled deliveries (counted on the queue, all links) go beyond
+    IN_FLIGHT_WINDOWS windows up to 1 / IN_FLIGHT_HEADROOM_PARTS of the headroom, then the
+    link is squeezed; settling or closing returns the queue's count to 0."""
+    capacity = 1_000_000
+    s = Setup(chunker=chunker, capacity=capacity)
+    s.server(broker_flow(7, 0, 100_000))
+    s.take()
+    window, size = window_for(100 + 6), 106
+    sent = _send_while_credit(s, 100)
+    q = s.fc.queues[(VHOST, "capped")]
+    assert sent > 4 * IN_FLIGHT_WINDOWS * window
+    assert q.in_flight == sent and not s.fc.tripped
+    # stopped at the share (a top-up is at most a window past where it was last allowed)
+    assert sent * IN_FLIGHT_HEADROOM_PARTS * size <= capacity + 2 * window * size
+    assert (sent + 2 * window) * IN_FLIGHT_HEADROOM_PARTS * size > capacity - sent * size
+    s.server(disposition(SERVER_CH, True, 0, sent - 1))
+    s.take()
+    assert q.in_flight == 0
+    _send_while_credit(s, 100, most=10)
+    assert q.in_flight == 10
+    s.gate.close()
+    assert q.in_flight == 0
+
+
+def test_an_ended_session_leaves_nothing_counted_in_flight() -> None:
+    s = Setup(capacity=1_000_000)
+    s.server(broker_flow(7, 0, 100_000))
+    s.take()
+    _send_while_credit(s, 100, most=10)
+    q = s.fc.queues[(VHOST, "capped")]
+    assert q.in_flight == 10
+    s.client(end(0))
+    assert q.in_flight == 0 and not s.gate.sessions
 
 
 def test_deliveries_sent_settled_are_not_counted_in_flight() -> None:

@@ -208,3 +208,102 @@ def test_named_field_positions_come_from_the_layouts() -> None:
     assert MESSAGE_PROPERTIES_LAYOUT[MessageProperties.SUBJECT] == "subject"
     assert field_label(FLOW, FlowFields.HANDLE) == "flow.handle"
     assert field_label(TRANSFER, TransferFields.DELIVERY_ID) == "transfer.delivery-id"
+
+
+def test_peek_disposition_agrees_with_decode_composite_or_declines() -> None:
+    """Where the full decoder reads a disposition, the peek gives its role, first and last
+    (last = first when null or absent), or declines; never a value the bytes do not say."""
+    from floodwall.wire.amqp10.performatives import DISPOSITION, peek_disposition
+    from floodwall.wire.amqp10.types import Described, UByte, ULong, encode
+
+    rng = random.Random(12)
+    roles: list[object] = [True, False, None, UInt(1)]
+    numbers: list[object] = [UInt(0), UInt(5), UInt(300), UInt(2**32 - 1), None, UByte(1),
+                             ULong(3), b"x"]
+    tails: list[object] = [None, True, False, Described(ULong(0x24), []), "s"]
+    samples = []
+    for _ in range(3000):
+        fields = [rng.choice(roles), rng.choice(numbers), rng.choice(numbers),
+                  rng.choice(tails), rng.choice(tails), rng.choice(tails)]
+        raw = bytearray(encode(Described(ULong(DISPOSITION), fields[:rng.randrange(7)])))
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        if rng.random() < 0.2:
+            raw = raw[: rng.randrange(len(raw) + 1)]
+        samples.append(b"xx" + bytes(raw))
+    peeked = 0
+    for buf in _composite_samples() + samples:
+        fast = peek_disposition(buf, 2, len(buf))
+        try:
+            code, fields, _ = decode_composite(buf, 2, len(buf))
+        except DecodeError:
+            continue
+        if fast is None:
+            continue
+        peeked += 1
+        assert code == DISPOSITION
+        last = fields[2] if len(fields) > 2 and fields[2] is not None else fields[1]
+        assert fast == (fields[0], fields[1], last)
+        assert isinstance(fields[0], bool) and isinstance(fields[1], UInt)
+    assert peeked > 100
+
+
+@pytest.mark.parametrize("first,last", [(0, None), (0, 0), (5, 300), (300, 2**32 - 1)])
+@pytest.mark.parametrize("role", [True, False])
+def test_peek_disposition_reads_the_brokers_encodings(first: int, last: int | None,
+                                                      role: bool) -> None:
+    from floodwall.wire.amqp10.performatives import (
+        DISPOSITION,
+        encode_performative,
+        peek_disposition,
+    )
+    from floodwall.wire.amqp10.types import Described, UInt, ULong
+
+    accepted = Described(ULong(0x24), [])
+    expected = (role, first, first if last is None else last)
+    for body in (
+        encode_performative(DISPOSITION, role=role, first=UInt(first),
+                            last=None if last is None else UInt(last), settled=True,
+                            state=accepted),
+        encode_performative(DISPOSITION, role=role, first=UInt(first),
+                            last=None if last is None else UInt(last)),
+        encode_performative(DISPOSITION, role=role, first=UInt(first),
+                            last=None if last is None else UInt(last), settled=True,
+                            state=accepted, batchable=True),
+    ):
+        assert peek_disposition(body, 0, len(body)) == expected
+    # role as the 2-byte boolean form
+    body = encode_performative(DISPOSITION, role=role, first=UInt(first))
+    two_byte = body[:6] + (b"\x56\x01" if role else b"\x56\x00") + body[7:]
+    two_byte = two_byte[:4] + bytes((two_byte[4] + 1,)) + two_byte[5:]  # list8 size + 1
+    assert peek_disposition(two_byte, 0, len(two_byte)) == (role, first, first)
+    assert decode_composite(two_byte, 0, len(two_byte))[1][:2] == [role, UInt(first)]
+
+
+def test_peek_disposition_declines_what_it_does_not_read() -> None:
+    from floodwall.wire.amqp10.performatives import (
+        DISPOSITION,
+        FLOW,
+        encode_performative,
+        peek_disposition,
+    )
+    from floodwall.wire.amqp10.types import UInt
+
+    body = encode_performative(DISPOSITION, role=True, first=UInt(7), last=UInt(9),
+                               settled=True)
+    assert peek_disposition(body, 0, len(body)) == (True, 7, 9)
+    for cut in range(len(body)):  # cut short anywhere: declined, never misread
+        assert peek_disposition(body[:cut], 0, cut) is None
+    flow = encode_performative(FLOW, next_incoming_id=UInt(1), incoming_window=UInt(2),
+                               next_outgoing_id=UInt(3), outgoing_window=UInt(4))
+    assert peek_disposition(flow, 0, len(flow)) is None  # not a disposition
+    assert peek_disposition(b"\x00\x53\x15\x45", 0, 4) is None  # list0: no first
+    list32 = (b"\x00\x53\x15\xd0" + (1 + 4 + 5 + 1).to_bytes(4, "big") + (2).to_bytes(4, "big")
+              + b"\x41\x70\x00\x00\x00\x07")
+    assert peek_disposition(list32, 0, len(list32)) is None
+    ulong_code = b"\x00\x80" + DISPOSITION.to_bytes(8, "big") + body[3:]
+    assert peek_disposition(ulong_code, 0, len(ulong_code)) is None
+    wrong_role = body[:6] + b"\x43" + body[7:]  # a uint where the boolean goes
+    assert peek_disposition(wrong_role, 0, len(wrong_role)) is None
+    wrong_first = body[:7] + b"\xa1\x01x" + body[12:]
+    assert peek_disposition(wrong_first, 0, len(wrong_first)) is None

@@ -4,12 +4,15 @@ on release; links without credit past their deadline detached."""
 
 from __future__ import annotations
 
+import math
+
 from floodwall.control.controller import QueueKey
 from floodwall.enforce import events as ev
 from floodwall.enforce.amqp10.links import (
     _DETACHING,
     _NO_KEYS,
     ASSUMED_MESSAGE_BYTES,
+    IN_FLIGHT_HEADROOM_PARTS,
     IN_FLIGHT_WINDOWS,
     PACING_ROOM,
     PROTOCOL,
@@ -315,11 +318,37 @@ class LinkCredit(Sessions):
 
     def _in_flight_window(self, link: SenderLink, window: int) -> int:
         """The credit a windowed link may have: its window, less what it has unsettled at the
-        broker beyond ``IN_FLIGHT_WINDOWS - 1`` windows. Credit plus unsettled deliveries
-        stay within ``IN_FLIGHT_WINDOWS x window``, so a broker slow to enqueue cannot have
-        more than that of the link's messages out of the proxy's sight."""
+        broker beyond ``IN_FLIGHT_WINDOWS - 1`` windows, unless its queues have room for
+        more (``_in_flight_room``). Near capacity, credit plus unsettled deliveries stay
+        within ``IN_FLIGHT_WINDOWS x window``, so a broker slow to enqueue cannot have more
+        than that of the link's messages out of the proxy's sight."""
         room = IN_FLIGHT_WINDOWS * window - link.unsettled
-        return window if room >= window else max(room, 0)
+        if room >= window or self._in_flight_room(link, window):
+            return window
+        return max(room, 0)
+
+    def _in_flight_room(self, link: SenderLink, window: int) -> bool:
+        """Whether each queue ``link``'s deliveries are counted on could take another window
+        in flight within ``1 / IN_FLIGHT_HEADROOM_PARTS`` of its headroom (the bytes and
+        messages it may still take before an evaluation could trip it).
+
+        What the broker holds unseen is then at most that share of the headroom the
+        estimate shows; the estimate is short by at most that much, so (with 2 parts) the
+        unseen deliveries never exceed the true headroom: far from capacity a fast link
+        keeps the broker's pipe full, near it the ``IN_FLIGHT_WINDOWS`` bound holds."""
+        queues = link.in_flight_queues
+        if not queues:
+            return False
+        size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
+        for q in queues:
+            wanted = (q.in_flight + window) * IN_FLIGHT_HEADROOM_PARTS
+            depth = q.depth
+            room_bytes = q.quiet_bytes - depth.forwarded_bytes_total
+            room_messages = q.quiet_messages - depth.forwarded_messages_total
+            if not (wanted * size <= room_bytes and wanted <= room_messages
+                    and min(room_bytes, room_messages) < math.inf):  # (inf: depth unknown)
+                return False
+        return True
 
     def _after_transfer(self, link: SenderLink, now: float,
                         routed: frozenset[str] | None = None) -> None:
@@ -355,7 +384,7 @@ class LinkCredit(Sessions):
             room = self._in_flight_window(link, window)
             if room < window:
                 link.squeezed = True
-                if not room:
+                if room * 2 < window:  # (the broker's next settlements make more room)
                     return
                 window = room
         if link.credit.wants_top_up(window):

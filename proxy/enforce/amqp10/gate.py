@@ -24,8 +24,17 @@ off the socket but not yet put in the queue; RabbitMQ's internal flow control ca
 hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
 against its window until the broker settles them (``_track``, ``_broker_settled``): credit
 plus unsettled stay within ``IN_FLIGHT_WINDOWS`` windows, which bounds what a broker slow to
-enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x WINDOW_BYTES``. Deliveries
-sent settled get no disposition and are not counted.
+enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x WINDOW_BYTES``. Far from
+capacity that bound would starve a fast link of the broker's pipe (every round trip a few
+messages: half the rate, twice the relay CPU per message), so beyond it the unsettled
+deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take up to
+``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``_in_flight_room``): the estimate is
+then short by at most that share of the headroom it shows, which (2 parts) never exceeds the
+true headroom, and near capacity the windows' bound is what is left. A squeezed link is
+topped up once half a window is free again, not per disposition. The broker's dispositions
+are read by role, first and last alone (``on_server_settled``, ``peek_disposition``) unless
+the session's delivery-ids are renumbered. Deliveries sent settled get no disposition and
+are not counted.
 
 A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
 0-9-1 publisher gets: it is detached with ``amqp:resource-limit-exceeded`` and a description
@@ -238,7 +247,15 @@ class CreditFlow(LinkCredit):
             return
         shift = link.delivery.id_shift
         broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
-        session.in_flight[broker_id] = link
+        names = link.delivery.queues
+        if names != link.in_flight_names:
+            queues = self.controller.queues
+            link.in_flight_names = names
+            link.in_flight_queues = tuple(queues[k] for k in self._policed(link, names))
+        counted = link.in_flight_queues
+        for q in counted:
+            q.in_flight += 1
+        session.in_flight[broker_id] = (link, counted)
         link.delivery.tracked_id = broker_id
         link.unsettled += 1
         if not self.tracking:
@@ -246,8 +263,13 @@ class CreditFlow(LinkCredit):
             self.outbox.append(ReadEveryFrame(broker_only=True))
 
     def _untrack(self, session: SessionGate, link: SenderLink) -> None:
-        if session.in_flight.pop(link.delivery.tracked_id, None) is link:  # type: ignore[arg-type]
+        tracked = link.delivery.tracked_id
+        entry = session.in_flight.get(tracked) if tracked is not None else None
+        if entry is not None and entry[0] is link:
+            del session.in_flight[tracked]  # type: ignore[arg-type]
             link.unsettled -= 1
+            for q in entry[1]:
+                q.in_flight -= 1
         link.delivery.tracked_id = None
 
     def _broker_settled(self, session: SessionGate, first: int, last: int, now: float) -> None:
@@ -261,8 +283,11 @@ class CreditFlow(LinkCredit):
         else:
             ids = [i for i in in_flight if 0 <= serial_diff(i, first) < span]
         for broker_id in ids:
-            link = in_flight.pop(broker_id, None)
-            if link is not None:
+            entry = in_flight.pop(broker_id, None)
+            if entry is not None:
+                link, counted = entry
+                for q in counted:
+                    q.in_flight -= 1
                 link.unsettled -= 1
                 if link.delivery.tracked_id == broker_id:
                     link.delivery.tracked_id = None
@@ -357,6 +382,20 @@ class CreditFlow(LinkCredit):
             first, last = _range(fields)
             self._broker_settled(session, first, last, now)
         return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
+
+    def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
+                          now: float) -> bool:
+        """``on_server_disposition`` from a disposition's role, first and last alone
+        (``peek_disposition``): True when that is all it needs (nothing to renumber);
+        False, having done nothing, when the frame must be decoded and renumbered."""
+        session = self.by_server_channel.get(channel)
+        if session is None or not receiver:
+            return True
+        if session.ids.dropped:
+            return False
+        if session.in_flight:
+            self._broker_settled(session, first, last, now)
+        return True
 
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""

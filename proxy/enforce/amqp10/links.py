@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from floodwall.control.controller import QueueKey
+from floodwall.control.controller import PolicedQueue, QueueKey
 from floodwall.enforce import events as ev
 from floodwall.enforce.shadow import ShadowHold
 from floodwall.enforce.states import DETACHING_PHASES, LINK_PHASES, LinkInput, LinkPhase, step
@@ -52,7 +52,10 @@ MIN_WINDOW: Final = 2
 """Least credit a paced link gets while its queue is not tripped (the floor of pacing)."""
 IN_FLIGHT_WINDOWS: Final = 2
 """A windowed link's credit plus its deliveries the broker has not settled yet stay within
-this many windows (see ``_in_flight_window``)."""
+this many windows (see ``_in_flight_window``), near capacity."""
+IN_FLIGHT_HEADROOM_PARTS: Final = 2
+"""Beyond ``IN_FLIGHT_WINDOWS`` windows, the unsettled deliveries to a queue (all links) may
+take up at most 1 / this of the queue's headroom (see ``_in_flight_window``)."""
 PACING_ROOM: Final = 2
 """Windows of room below capacity under which a link's window is paced to the drain rate."""
 ASSUMED_MESSAGE_BYTES: Final = 4096
@@ -175,6 +178,10 @@ class SenderLink:
     # Deliveries forwarded unsettled while the link was windowed, not yet settled by the
     # broker (``SessionGate.in_flight``); the current one's broker id: ``delivery.tracked_id``.
     unsettled: int = 0
+    # The policed queues its unsettled deliveries are counted on (``PolicedQueue.in_flight``)
+    # and the queue names they were found for.
+    in_flight_names: frozenset[str] | None = None
+    in_flight_queues: tuple[PolicedQueue, ...] = ()
     squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
     not_spooled_reported: bool = False
@@ -228,6 +235,8 @@ class ReceiverLink:
 
 
 Link = SenderLink | ReceiverLink
+InFlight = tuple[SenderLink, tuple[PolicedQueue, ...]]
+"""An unsettled delivery counted in flight: its link, the queues it is counted on."""
 
 
 @dataclass(eq=False, slots=True)
@@ -250,8 +259,9 @@ class SessionGate:
     ids: DeliveryIds = field(default_factory=DeliveryIds)  # client vs broker delivery-ids
     # Spooled deliveries to settle once durable: (queue, spool seq, client delivery-id).
     spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
-    # Windowed links' deliveries the broker has not settled yet, by the broker's delivery-id.
-    in_flight: dict[int, SenderLink] = field(default_factory=dict)
+    # Windowed links' deliveries the broker has not settled yet, by the broker's delivery-id:
+    # the link and the queues it is counted on.
+    in_flight: dict[int, InFlight] = field(default_factory=dict)
 
 
 K = TypeVar("K")

@@ -64,6 +64,8 @@ class Sessions(ShadowWatch):
     def close(self) -> None:
         """The connection is gone: none of its links is blocked any more."""
         self.controller.connection_closed(self.conn_id)
+        for session in self.sessions.values():
+            _uncount(session)
         self.sessions.clear()
         self.by_server_channel.clear()
 
@@ -93,6 +95,7 @@ class Sessions(ShadowWatch):
         session = self.sessions.pop(channel, None)
         if session is None:
             return
+        _uncount(session)
         for link in session.links.values():
             self._link_gone(link)
         if session.server_channel is not None:
@@ -172,8 +175,9 @@ class Sessions(ShadowWatch):
         if session.attaching.get(link.name) is link:
             del session.attaching[link.name]
         if isinstance(link, SenderLink) and link.unsettled:
-            for broker_id in [i for i, lk in session.in_flight.items() if lk is link]:
-                del session.in_flight[broker_id]
+            for broker_id in [i for i, (lk, _) in session.in_flight.items() if lk is link]:
+                for q in session.in_flight.pop(broker_id)[1]:
+                    q.in_flight -= 1
             link.unsettled = 0
         self._link_gone(link)
 
@@ -237,3 +241,11 @@ class Sessions(ShadowWatch):
             link.move(LinkInput.PROXY_DETACHES_BROKER_SIDE)
         return frame(encode_performative(DETACH, handle=UInt(link.handle), closed=True,
                                          error=error), link.channel)
+
+
+def _uncount(session: SessionGate) -> None:
+    """The session is gone: its deliveries no longer count in flight on their queues."""
+    for _, counted in session.in_flight.values():
+        for q in counted:
+            q.in_flight -= 1
+    session.in_flight.clear()

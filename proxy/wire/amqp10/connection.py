@@ -51,6 +51,7 @@ from floodwall.wire.amqp10.performatives import (
     name_of,
     open_body,
     peek_composite,
+    peek_disposition,
 )
 from floodwall.wire.amqp10.types import UByte
 from floodwall.wire.relaycore import (
@@ -377,6 +378,14 @@ class Connection(CoreOutput):
             raise DecodeError(f"{name_of(code)} is not an AMQP performative")
         gate = self.gate
         if gate is not None and FLOW <= code <= DISPOSITION:
+            if code == DISPOSITION and stream.side is Side.SERVER:
+                # The broker settling the client's deliveries: role, first and last are
+                # enough unless the gate renumbers (then the whole frame is decoded).
+                settled = peek_disposition(buf, body, end)
+                if settled is not None and gate.on_server_settled(channel, *settled, self._now):
+                    if gate.outbox:
+                        self._take(gate)
+                    return False
             peeked = peek_composite(buf, body, end)
             if peeked is None:
                 _, fields, payload = decode_composite(buf, body, end)

@@ -68,3 +68,9 @@ class TransferHooks(Protocol):
 
     def on_server_disposition(self, channel: int, fields: list[object],
                               now: float) -> bytes | None: ...
+
+    def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
+                          now: float) -> bool:
+        """A broker disposition read by ``peek_disposition`` alone (its role, first and
+        last). True: the gate took it, the frame passes unchanged; False: the gate took
+        nothing, decode the frame and call ``on_server_disposition``."""

@@ -237,6 +237,63 @@ def peek_composite(buf: bytes, pos: int, end: int) -> tuple[list[object], int] |
     return fields, stop
 
 
+def peek_disposition(buf: bytes, pos: int, end: int) -> tuple[bool, int, int] | None:
+    """A disposition's role, first and last (``first`` when absent) from its usual encoding,
+    without decoding its other fields (settled, state, batchable).
+
+    ``buf[pos:end]`` is the frame body. Reads a smallulong descriptor 0x15 and a list8 whose
+    role is a boolean and whose first and last are uints (last may be null or absent); the
+    fields after them are only skipped over by the list's size. Returns None for any other
+    (or malformed) encoding: the caller then decodes the frame in full, which also explains
+    what is wrong with it.
+    """
+    if end - pos < 8 or buf[pos + 2] != 0x15:
+        return None
+    header = _list8(buf, pos, end)
+    if header is None:
+        return None
+    p, stop, count = header
+    if count < 2:  # list0 or no first: the full decoder's error
+        return None
+    c = buf[p]
+    if c == 0x41:
+        role, p = True, p + 1
+    elif c == 0x42:
+        role, p = False, p + 1
+    elif c == 0x56 and p + 1 < stop and buf[p + 1] <= 1:
+        role, p = buf[p + 1] == 1, p + 2
+    else:
+        return None
+    first = _peek_uint(buf, p, stop)
+    if first is None:
+        return None
+    value, p = first
+    last = value
+    if count > 2:
+        if p >= stop:
+            return None
+        if buf[p] != 0x40:  # null: last = first
+            found = _peek_uint(buf, p, stop)
+            if found is None:
+                return None
+            last = found[0]
+    return role, value, last
+
+
+def _peek_uint(buf: bytes, p: int, stop: int) -> tuple[int, int] | None:
+    """The uint at ``buf[p]`` (uint0, smalluint or uint) and where the next field starts."""
+    if p >= stop:
+        return None
+    c = buf[p]
+    if c == 0x43:
+        return 0, p + 1
+    if c == 0x52 and p + 2 <= stop:
+        return buf[p + 1], p + 2
+    if c == 0x70 and p + 5 <= stop:
+        return _UNPACK_U32(buf, p + 1)[0], p + 5
+    return None
+
+
 def _list8(buf: bytes, pos: int, end: int) -> tuple[int, int, int] | None:
     """A smallulong-described list0 or list8 at ``buf[pos:end]``: (where its first element
     starts, where the list ends, how many elements: -1 for list0), or None for anything
