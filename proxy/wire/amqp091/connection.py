@@ -12,17 +12,24 @@ from pamqp import commands
 from floodwall.wire.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
 from floodwall.wire.amqp091.framing import (
     FRAME_HEADER,
+    FRAME_END,
     FRAME_HEARTBEAT,
+    FRAME_METHOD,
     FRAME_MIN_SIZE,
     FRAME_OVERHEAD,
     HEADER_SIZE,
     NEED_DATA,
+    WATCHED,
     Buffer,
     count_frames,
     decode_method,
     encode_method,
     frame_at,
+    method_ids,
+    method_key,
+    payload_limit,
     scan,
+    scan_watching,
 )
 from floodwall.wire.amqp091.hooks import ClientInfo, ForgetChannel, PublishHooks
 from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyWatch
@@ -43,16 +50,6 @@ _C = commands.Connection
 _CH = commands.Channel
 _B = commands.Basic
 _CF = commands.Confirm
-
-
-class _EveryMethod:
-    """A stop set that holds every method key: the scanner stops at each method frame."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-
-_EVERY_METHOD: Final = _EveryMethod()
 
 
 class ChannelState(Enum):
@@ -127,6 +124,9 @@ class _Inbound:
         """Set the methods this direction stops at, and what reads each."""
         self.handlers = handlers
         self.stop_at = frozenset(handlers)
+
+
+_NO_CHANNELS: Final[frozenset[int]] = frozenset()
 
 
 def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> bytes:
@@ -266,8 +266,9 @@ class FrameRelay(CoreOutput):
         """Relay the complete frames of ``buf`` from ``pos``, reading those of interest.
 
         Returns where the first incomplete frame starts, or -1 after a failure. While the
-        publish gate must see every frame of the client's stream (a channel holds, or a
-        publish waits for its content), frames are taken one at a time.
+        publish gate must see every frame of some channels (a channel holds, or a publish
+        waits for its content: ``slow_channels``), the frames of those channels are taken
+        one at a time; the connection's other channels stay on the scan.
         """
         counts = inbound.counts
         start = pos
@@ -277,14 +278,19 @@ class FrameRelay(CoreOutput):
         gate = self.gate if inbound is self._client_in else None
         try:
             while True:
-                if gate is not None and gate.needs_every_frame:
-                    pos, start = self._relay_one(inbound, gate, buf, pos, start, base)
-                    if pos < 0:
-                        pos = -pos - 1
-                        break
-                    continue
-                pos, frames, key = scan(buf, pos, self._frame_limit, stop_at, base)
-                counts.frames += frames
+                slow = gate.slow_channels if gate is not None else _NO_CHANNELS
+                if slow:
+                    # Only the channels that must be read frame by frame leave the scan.
+                    assert gate is not None
+                    pos, frames, key = scan_watching(buf, pos, self._frame_limit, stop_at,
+                                                     slow, base)
+                    counts.frames += frames
+                    if key == WATCHED:
+                        pos, start = self._relay_one(inbound, gate, buf, pos, start, base)
+                        continue
+                else:
+                    pos, frames, key = scan(buf, pos, self._frame_limit, stop_at, base)
+                    counts.frames += frames
                 if key == NEED_DATA:
                     break
                 _, channel, size = frame_at(buf, pos)
@@ -314,20 +320,13 @@ class FrameRelay(CoreOutput):
 
     def _relay_one(self, inbound: _Inbound, gate: PublishHooks, buf: Buffer, pos: int,
                    start: int, base: int) -> tuple[int, int]:
-        """Take the one frame at ``pos`` through the gate; returns (next pos, next start).
-
-        A negative first value ``-p - 1`` means "stop: the frame at ``p`` is incomplete".
-        """
-        n = len(buf)
-        if pos + HEADER_SIZE > n:
-            return -pos - 1, start
+        """Take the complete, validated frame at ``pos`` (on a channel the gate must see
+        frame by frame) through the gate; returns (next pos, next start)."""
         ftype, channel, size = frame_at(buf, pos)
         end = pos + size + FRAME_OVERHEAD
-        if end > n:
-            scan(buf, pos, self._frame_limit, (), base)  # header checks now, then wait
-            return -pos - 1, start
-        view = buf if end == n else memoryview(buf)[:end]
-        _, _, key = scan(view, pos, self._frame_limit, _EVERY_METHOD, base)
+        key = NEED_DATA
+        if ftype == FRAME_METHOD:
+            key = method_key(*method_ids(buf, pos))
         _emit(inbound, buf, start, pos)
         inbound.counts.frames += 1
         took: int | None = None
@@ -538,12 +537,16 @@ class Connection(FrameRelay):
         assert gate is not None
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         header_end = None
-        if end + HEADER_SIZE <= len(buf):
+        n = len(buf)
+        if end + HEADER_SIZE <= n:
             ftype, hchannel, hsize = frame_at(buf, end)
             header_stop = end + hsize + FRAME_OVERHEAD
-            if ftype == FRAME_HEADER and hchannel == channel and header_stop <= len(buf):
-                # Validate it as the scanner would before the gate reads it.
-                scan(memoryview(buf)[:header_stop], end, self._frame_limit, (), base)
+            if ftype == FRAME_HEADER and hchannel == channel and header_stop <= n:
+                # Validate it as the scanner would before the gate reads it (the scanner
+                # says why when it is bad).
+                if not hchannel or buf[header_stop - 1] != FRAME_END \
+                        or hsize > payload_limit(self._frame_limit):
+                    scan(memoryview(buf)[:header_stop], end, self._frame_limit, (), base)
                 if hsize >= 14:
                     header_end = header_stop
         try:
