@@ -4,7 +4,8 @@ The ``amqp091.Connection`` core alone, no sockets, tuned as a real client tunes 
 (frame_max 131,072), fed realistic streams cut into socket-sized reads (``--read`` bytes,
 64 KiB by default, so that most reads end inside a frame as real ones do). Reports the
 microseconds of CPU per message spent in the core's calls (the thread's CPU time, so that
-other processes on a shared machine do not count; building the input is not counted), best of ``--repeat`` runs, for these set-ups:
+other processes on a shared machine do not count; building the input is not counted), best
+of ``--repeat`` runs, for these set-ups:
 
 - ``publish``: 1 KiB ``basic.publish`` + header + body on channel 1 to the default exchange,
   routing key ``bench.firehose``, gate off (the plain relay);

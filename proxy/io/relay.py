@@ -301,12 +301,13 @@ class RelayedConnection(asyncio.Protocol):
         events = core.events()
         if events:
             self._carry_out(events)
-        to_server = core.data_for_server()
+        # The pieces go out in one vectored write (writelines): no join, no copy.
+        to_server = core.chunks_for_server()
         if to_server and self.upstream is not None:
-            self.upstream.write(to_server)
-        to_client = core.data_for_client()
+            _write(self.upstream, to_server)
+        to_client = core.chunks_for_client()
         if to_client and self.client is not None:
-            self.client.write(to_client)
+            _write(self.client, to_client)
         board = self.settings.board
         if board is not None and board.pending:
             board.settle()
@@ -551,6 +552,13 @@ class TlsListener:
         await self._closed.wait()
         tasks = [t for t in (self._accepting, *self._handshakes) if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
+    if len(chunks) == 1:
+        transport.write(chunks[0])
+    else:
+        transport.writelines(chunks)
 
 
 class UpstreamSide(asyncio.Protocol):

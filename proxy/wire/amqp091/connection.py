@@ -11,8 +11,8 @@ from pamqp import commands
 
 from floodwall.wire.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
 from floodwall.wire.amqp091.framing import (
-    FRAME_HEADER,
     FRAME_END,
+    FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
