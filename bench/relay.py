@@ -48,7 +48,12 @@ FIREHOSE10_QUEUE = "bench.firehose10"
 # An exchange address: RabbitMQ's 1.0 plugin re-declares a /queue/NAME target without
 # arguments, which a queue with x-max-length refuses.
 FIREHOSE10_ADDRESS = f"/exchange/amq.direct/{FIREHOSE10_QUEUE}"
-BATCH = 64  # messages per write() in the firehose
+BATCH = 64  # messages per write() in the firehose (1 KiB bodies; fewer when larger)
+
+
+def batch_of(size: int) -> int:
+    """Messages per write(): 64 KiB of bodies or more, at least one message."""
+    return max(1, BATCH * 1024 // max(size, 1024))
 
 
 @dataclass
@@ -126,7 +131,8 @@ async def firehose091(rig: Rig, target: Target) -> dict[str, Any]:
     opts = rig.opts
     assert rig.control is not None
     await rig.control.purge(FIREHOSE_QUEUE)
-    batch = amqp091.publish_frames(FIREHOSE_QUEUE, b"\xab" * opts.size) * BATCH
+    per_write = batch_of(opts.size)
+    batch = amqp091.publish_frames(FIREHOSE_QUEUE, b"\xab" * opts.size) * per_write
     client = await amqp091.connect(target.host, target.port, ssl=target.ssl)
     await client.confirm_select()
     sent = 0
@@ -136,7 +142,7 @@ async def firehose091(rig: Rig, target: Target) -> dict[str, Any]:
         nonlocal sent
         while not stop and not client.lost.done():
             client.write(batch)
-            sent += BATCH
+            sent += per_write
             if client.paused:
                 await client.writable()
             else:
@@ -193,7 +199,7 @@ async def fill_queue(endpoint: BrokerEndpoint, queue: str, count: int, size: int
         one = amqp091.publish_frames(queue, b"\xcd" * size)
         sent = 0
         while sent < count:
-            n = min(BATCH, count - sent)
+            n = min(batch_of(size), count - sent)
             client.write(one * n)
             sent += n
             if client.paused:
