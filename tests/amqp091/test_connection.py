@@ -133,6 +133,27 @@ def test_a_chunk_of_complete_frames_is_forwarded_as_the_same_object() -> None:
     assert core.data_for_client() is HEARTBEAT
 
 
+@pytest.mark.parametrize("cut", [1, 7, 500])
+def test_a_read_that_completes_a_held_frame_leaves_as_pieces_of_the_reads(cut: int) -> None:
+    """``chunks_for_server`` hands the I/O layer the pieces for one vectored write: the held
+    frame, then the new read itself (a view of it, not a copy); joined, what
+    ``data_for_server`` would have returned."""
+    core = tuned()
+    frames = publish(1, b"z" * 1024) * 3
+    data = b"".join(frames)
+    split = len(frames[0]) + len(frames[1]) + cut  # inside the first body frame
+    boundary = len(frames[0]) + len(frames[1])
+    first, second = data[:split], data[split:]
+    core.receive_from_client(first, 0.0)
+    assert b"".join(core.chunks_for_server()) == data[:boundary]
+    core.receive_from_client(second, 0.0)
+    pieces = core.chunks_for_server()
+    assert len(pieces) == 2 and b"".join(pieces) == data[boundary:]
+    assert pieces[0] == frames[2]  # the held frame, completed
+    assert isinstance(pieces[1], memoryview) and pieces[1].obj is second
+    assert core.chunks_for_server() == [] and core.data_for_server() == b""
+
+
 def test_nothing_queued_gives_empty_bytes() -> None:
     core = Connection()
     assert core.data_for_server() == b""
