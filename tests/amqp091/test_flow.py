@@ -168,6 +168,23 @@ def test_held_and_free_channels_interleaved_are_the_same_however_the_bytes_arriv
     assert s.core.data_for_server() == b"".join(held)
 
 
+@pytest.mark.parametrize("read", [3_000, 65_536])
+def test_a_held_publishs_large_body_frames_are_read_by_the_gate(read: int) -> None:
+    """Body frames of a held 1 MiB publish, cut by the reads, still go to the gate (held,
+    then released whole), while a free channel's large bodies pass in between."""
+    s = Setup()
+    s.trip()
+    held = pub(1, "capped", 1 << 20, 1)
+    free = pub(2, "free", 300_000, 2)
+    stream = held + free
+    for i in range(0, len(stream), read):
+        s.core.receive_from_client(stream[i:i + read], s.clock.t)
+    assert s.core.data_for_server() == free
+    assert s.counters.held_messages == 1
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == held
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 333, None])
 def test_holding_is_the_same_however_the_bytes_arrive(chunk: int | None) -> None:
     s = Setup()

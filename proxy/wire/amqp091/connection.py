@@ -11,6 +11,7 @@ from pamqp import commands
 
 from floodwall.wire.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
 from floodwall.wire.amqp091.framing import (
+    FRAME_BODY,
     FRAME_END,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
@@ -42,6 +43,9 @@ from floodwall.wire.relaycore import (
 )
 
 INTERNAL_ERROR: Final = 541
+VIEWED_BODY_MIN: Final = 16 * 1024
+"""A content body frame at least this large that a read leaves incomplete is held as views
+of the reads, not copied (``FrameRelay._keep``)."""
 """Reply code the client gets when the upstream broker sent a malformed frame."""
 
 SHORTSTR_MAX: Final = 255
@@ -110,13 +114,18 @@ offset up to which the handler took frames out of the stream (held, absorbed, re
 class _Inbound:
     """One direction of the relay: its counters, held partial frame and output queue."""
 
-    __slots__ = ("counts", "handlers", "out", "side", "stop_at", "tail")
+    __slots__ = ("counts", "handlers", "need", "out", "parts", "parts_len", "side", "stop_at",
+                 "tail")
 
     def __init__(self, side: Side, counts: FrameCounts, out: list[Buffer]) -> None:
         self.side = side
         self.counts = counts
         self.out = out  # the queue of the *other* peer
         self.tail = bytearray()  # an incomplete frame, held until the rest arrives
+        # Or, for a large content body frame, views of the reads that hold it (no copy).
+        self.parts: list[Buffer] = []
+        self.parts_len = 0  # bytes in parts
+        self.need = 0  # the whole frame's length
         self.handlers: dict[int, Handler] = {}
         self.stop_at: frozenset[int] = frozenset()
 
@@ -217,12 +226,12 @@ class FrameRelay(CoreOutput):
     @property
     def pending_from_client(self) -> int:
         """Bytes of an incomplete client frame held back."""
-        return len(self._client_in.tail)
+        return len(self._client_in.tail) + self._client_in.parts_len
 
     @property
     def pending_from_server(self) -> int:
         """Bytes of an incomplete broker frame held back."""
-        return len(self._server_in.tail)
+        return len(self._server_in.tail) + self._server_in.parts_len
 
     # --- relay ------------------------------------------------------------------------
 
@@ -230,13 +239,54 @@ class FrameRelay(CoreOutput):
         if type(data) is not bytes:  # we keep views of it: it must not change under us
             data = bytes(data)
         pos = 0
-        if inbound.tail:
+        if inbound.parts:
+            pos = self._finish_parts(inbound, data)
+            if pos < 0:
+                return
+        elif inbound.tail:
             pos = self._finish_tail(inbound, data)
             if pos < 0:
                 return
         stop = self._relay(inbound, data, pos)
         if 0 <= stop < len(data):
-            inbound.tail = bytearray(memoryview(data)[stop:])
+            self._keep(inbound, data, stop)
+
+    def _keep(self, inbound: _Inbound, data: bytes, stop: int) -> None:
+        """Hold the incomplete frame at ``data[stop:]``, its header already checked: a large
+        content body frame as views of the reads (``_finish_parts``), anything else copied."""
+        if len(data) - stop >= HEADER_SIZE:
+            ftype, _, size = frame_at(data, stop)
+            if ftype == FRAME_BODY and size >= VIEWED_BODY_MIN:
+                inbound.parts = [memoryview(data)[stop:]]
+                inbound.parts_len = len(data) - stop
+                inbound.need = size + FRAME_OVERHEAD
+                return
+        inbound.tail = bytearray(memoryview(data)[stop:])
+
+    def _finish_parts(self, inbound: _Inbound, data: bytes) -> int:
+        """Complete the held body frame from ``data``; as ``_finish_tail``.
+
+        Whole and well-ended, on a channel the gate does not read frame by frame, it leaves
+        as the pieces of the reads it came in (the I/O layer writes them in one vectored
+        write); otherwise it is joined and relayed as any frame (the scanner says what is
+        wrong with it, the gate reads it)."""
+        missing = inbound.need - inbound.parts_len
+        parts = inbound.parts
+        if len(data) < missing:
+            parts.append(data)
+            inbound.parts_len += len(data)
+            return -1
+        parts.append(memoryview(data)[:missing])
+        inbound.parts, inbound.parts_len = [], 0
+        channel = frame_at(parts[0], 0)[1]
+        gate = self.gate if inbound is self._client_in else None
+        if data[missing - 1] != FRAME_END or (gate is not None
+                                               and channel in gate.slow_channels):
+            return missing if self._relay(inbound, b"".join(parts), 0) >= 0 else -1
+        inbound.out.extend(parts)
+        inbound.counts.bytes += inbound.need
+        inbound.counts.frames += 1
+        return missing
 
     def _finish_tail(self, inbound: _Inbound, data: bytes) -> int:
         """Complete the held frame from ``data`` and relay it.
@@ -349,8 +399,9 @@ class FrameRelay(CoreOutput):
 
     def _fail(self, side: Side, err: ProtocolError) -> None:
         self.failure = Failure(side, err.condition, err.reason, isinstance(err, AccessRefused))
-        self._client_in.tail = bytearray()
-        self._server_in.tail = bytearray()
+        for inbound in (self._client_in, self._server_in):
+            inbound.tail = bytearray()
+            inbound.parts, inbound.parts_len = [], 0
         if side is Side.CLIENT:
             self._to_client.append(
                 close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
