@@ -692,6 +692,8 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                    help="an amqps-only broker (certificates made with trustme): direct clients "
                         "speak TLS to it, floodwall and the pump speak plain to their clients "
                         "and TLS upstream")
+    p.add_argument("--max-length", type=int, default=20_000,
+                   help="x-max-length of the firehose queues (200 for 1 MiB bodies)")
     p.add_argument("--floodwall-args", default="",
                    help="extra arguments for `floodwall run` (space separated)")
     p.add_argument("--out", type=Path, default=None,
@@ -707,7 +709,8 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
             p.error(f"unknown target {t!r}")
     opts = Options(seconds=a.seconds, warmup=a.warmup, rounds=a.rounds, size=a.size,
                    drain_messages=a.drain_messages, latency_rate=a.latency_rate,
-                   idle_connections=a.idle_connections, scenarios=scenarios,
+                   max_length=a.max_length, idle_connections=a.idle_connections,
+                   scenarios=scenarios,
                    targets=tuple(t for t in TARGETS if t in targets))
     return opts, a
 
