@@ -43,10 +43,11 @@ from floodwall.wire.relaycore import (
 )
 
 INTERNAL_ERROR: Final = 541
+"""Reply code the client gets when the upstream broker sent a malformed frame."""
+
 VIEWED_BODY_MIN: Final = 16 * 1024
 """A content body frame at least this large that a read leaves incomplete is held as views
 of the reads, not copied (``FrameRelay._keep``)."""
-"""Reply code the client gets when the upstream broker sent a malformed frame."""
 
 SHORTSTR_MAX: Final = 255
 
