@@ -127,13 +127,13 @@ class RelayCore(Protocol):
     The I/O layer feeds what it reads from each socket, with the time (``now``: the
     caller's monotonic clock, seconds; the core reads no clock), into ``receive_from_client``
     / ``receive_from_server`` and writes what ``data_for_server`` / ``data_for_client`` hand
-    back (or the pieces of it, ``chunks_for_server`` / ``chunks_for_client``, for a vectored
-write); ``events`` hands back the typed values the core and its gate produced (topology
-    changes, gate events) for the I/O layer to act on. Frames the core does not change leave
-    exactly as they came, in order; a partial frame is kept until the rest arrives. After a
-    call, ``failure`` set means: flush, close. ``collect`` takes what the core's gate produced
-    outside a receive call (a release, an expiry, a spool acknowledgement) into the same
-    outgoing data and events.
+    back (or the pieces of it, ``chunks_for_server`` / ``chunks_for_client``, for a
+    vectored write); ``events`` hands back the typed values the core and its gate produced
+    (topology changes, gate events) for the I/O layer to act on. Frames the core does not
+    change leave exactly as they came, in order; a partial frame is kept until the rest
+    arrives. After a call, ``failure`` set means: flush, close. ``collect`` takes what the
+    core's gate produced outside a receive call (a release, an expiry, a spool
+    acknowledgement) into the same outgoing data and events.
     """
 
     failure: Failure | None
