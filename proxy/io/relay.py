@@ -301,7 +301,7 @@ class RelayedConnection(asyncio.Protocol):
         events = core.events()
         if events:
             self._carry_out(events)
-        # The pieces go out in one vectored write (writelines): no join, no copy.
+        # Large output goes as its pieces in one vectored write (writelines): no copy.
         to_server = core.chunks_for_server()
         if to_server and self.upstream is not None:
             _write(self.upstream, to_server)
@@ -554,11 +554,19 @@ class TlsListener:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+VECTORED_WRITE_MIN = 64 * 1024
+"""Output at least this large goes as the core's pieces in one vectored write (no copy of
+what are mostly the reads themselves); smaller output is joined into one ``bytes`` first, so
+that a view never keeps a whole read alive in a write buffer for a few bytes of it."""
+
+
 def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
-    if len(chunks) == 1:
+    if len(chunks) == 1 and type(chunks[0]) is bytes:
         transport.write(chunks[0])
-    else:
+    elif sum(len(c) for c in chunks) >= VECTORED_WRITE_MIN:
         transport.writelines(chunks)
+    else:
+        transport.write(b"".join(chunks))
 
 
 class UpstreamSide(asyncio.Protocol):
