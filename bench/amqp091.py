@@ -39,14 +39,21 @@ def encode(frame_value: Any, channel: int) -> bytes:
     return bytes(pframe.marshal(frame_value, channel))
 
 
+BODY_FRAME_MAX = 131_072
+"""The frame_max RabbitMQ proposes (and these clients accept): a body frame's size limit."""
+
+
 def publish_frames(routing_key: str, body: bytes, channel: int = 1, exchange: str = "",
                    properties: commands.Basic.Properties | None = None) -> bytes:
-    """Basic.Publish + ContentHeader + ContentBody, encoded once, for one message."""
+    """Basic.Publish + ContentHeader + ContentBody frames (as many as ``BODY_FRAME_MAX``
+    needs: one for a 1 KiB body, 9 for 1 MiB), encoded once, for one message."""
     props = properties or commands.Basic.Properties()
+    step = BODY_FRAME_MAX - 8
     return (
         encode(commands.Basic.Publish(exchange=exchange, routing_key=routing_key), channel)
         + encode(pheader.ContentHeader(body_size=len(body), properties=props), channel)
-        + encode(pbody.ContentBody(body), channel)
+        + b"".join(encode(pbody.ContentBody(body[i:i + step]), channel)
+                   for i in range(0, max(len(body), 1), step))
     )
 
 

@@ -48,7 +48,12 @@ FIREHOSE10_QUEUE = "bench.firehose10"
 # An exchange address: RabbitMQ's 1.0 plugin re-declares a /queue/NAME target without
 # arguments, which a queue with x-max-length refuses.
 FIREHOSE10_ADDRESS = f"/exchange/amq.direct/{FIREHOSE10_QUEUE}"
-BATCH = 64  # messages per write() in the firehose
+BATCH = 64  # messages per write() in the firehose (1 KiB bodies; fewer when larger)
+
+
+def batch_of(size: int) -> int:
+    """Messages per write(): 64 KiB of bodies or more, at least one message."""
+    return max(1, BATCH * 1024 // max(size, 1024))
 
 
 @dataclass
@@ -126,7 +131,8 @@ async def firehose091(rig: Rig, target: Target) -> dict[str, Any]:
     opts = rig.opts
     assert rig.control is not None
     await rig.control.purge(FIREHOSE_QUEUE)
-    batch = amqp091.publish_frames(FIREHOSE_QUEUE, b"\xab" * opts.size) * BATCH
+    per_write = batch_of(opts.size)
+    batch = amqp091.publish_frames(FIREHOSE_QUEUE, b"\xab" * opts.size) * per_write
     client = await amqp091.connect(target.host, target.port, ssl=target.ssl)
     await client.confirm_select()
     sent = 0
@@ -136,7 +142,7 @@ async def firehose091(rig: Rig, target: Target) -> dict[str, Any]:
         nonlocal sent
         while not stop and not client.lost.done():
             client.write(batch)
-            sent += BATCH
+            sent += per_write
             if client.paused:
                 await client.writable()
             else:
@@ -193,7 +199,7 @@ async def fill_queue(endpoint: BrokerEndpoint, queue: str, count: int, size: int
         one = amqp091.publish_frames(queue, b"\xcd" * size)
         sent = 0
         while sent < count:
-            n = min(BATCH, count - sent)
+            n = min(batch_of(size), count - sent)
             client.write(one * n)
             sent += n
             if client.paused:
@@ -686,6 +692,8 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                    help="an amqps-only broker (certificates made with trustme): direct clients "
                         "speak TLS to it, floodwall and the pump speak plain to their clients "
                         "and TLS upstream")
+    p.add_argument("--max-length", type=int, default=20_000,
+                   help="x-max-length of the firehose queues (200 for 1 MiB bodies)")
     p.add_argument("--floodwall-args", default="",
                    help="extra arguments for `floodwall run` (space separated)")
     p.add_argument("--out", type=Path, default=None,
@@ -701,7 +709,8 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
             p.error(f"unknown target {t!r}")
     opts = Options(seconds=a.seconds, warmup=a.warmup, rounds=a.rounds, size=a.size,
                    drain_messages=a.drain_messages, latency_rate=a.latency_rate,
-                   idle_connections=a.idle_connections, scenarios=scenarios,
+                   max_length=a.max_length, idle_connections=a.idle_connections,
+                   scenarios=scenarios,
                    targets=tuple(t for t in TARGETS if t in targets))
     return opts, a
 

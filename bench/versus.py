@@ -120,6 +120,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--size", type=int, default=1024,
+                   help="message body bytes (1048576: issue 19's 1 MiB target)")
+    p.add_argument("--drain-messages", type=int, default=50_000)
+    p.add_argument("--max-length", type=int, default=20_000,
+                   help="x-max-length of the firehose queues")
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -147,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             targets[name] = relay.Target(name, "127.0.0.1", proc.port,
                                          psutil.Process(proc.process.pid))
         opts = relay.Options(seconds=args.seconds, rounds=args.rounds, quiet_budget=60.0,
+                             size=args.size, drain_messages=args.drain_messages,
+                             max_length=args.max_length,
                              scenarios=tuple(s for s in args.scenarios.split(",") if s))
         rig = relay.Rig(endpoint, targets, CpuMeter(relay.beam_of(broker)), opts)
         import uvloop

@@ -301,12 +301,13 @@ class RelayedConnection(asyncio.Protocol):
         events = core.events()
         if events:
             self._carry_out(events)
-        to_server = core.data_for_server()
+        # Large output goes as its pieces in one vectored write (writelines): no copy.
+        to_server = core.chunks_for_server()
         if to_server and self.upstream is not None:
-            self.upstream.write(to_server)
-        to_client = core.data_for_client()
+            _write(self.upstream, to_server)
+        to_client = core.chunks_for_client()
         if to_client and self.client is not None:
-            self.client.write(to_client)
+            _write(self.client, to_client)
         board = self.settings.board
         if board is not None and board.pending:
             board.settle()
@@ -551,6 +552,21 @@ class TlsListener:
         await self._closed.wait()
         tasks = [t for t in (self._accepting, *self._handshakes) if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+VECTORED_WRITE_MIN = 64 * 1024
+"""Output at least this large goes as the core's pieces in one vectored write (no copy of
+what are mostly the reads themselves); smaller output is joined into one ``bytes`` first, so
+that a view never keeps a whole read alive in a write buffer for a few bytes of it."""
+
+
+def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
+    if len(chunks) == 1 and type(chunks[0]) is bytes:
+        transport.write(chunks[0])
+    elif sum(len(c) for c in chunks) >= VECTORED_WRITE_MIN:
+        transport.writelines(chunks)
+    else:
+        transport.write(b"".join(chunks))
 
 
 class UpstreamSide(asyncio.Protocol):

@@ -89,6 +89,15 @@ class CoreOutput:
         out, self._events = self._events, []
         return out
 
+    def chunks_for_server(self) -> list[Any]:
+        """What ``data_for_server`` would return, as the pieces it would join (bytes, or
+        views of bytes that never change), and forget it: for a vectored write, no copy."""
+        return _take_all(self._to_server)
+
+    def chunks_for_client(self) -> list[Any]:
+        """What ``data_for_client`` would return, as pieces (see ``chunks_for_server``)."""
+        return _take_all(self._to_client)
+
     def _take(self, gate: GateOutputHooks) -> None:
         """Move the gate's output into the queues, in order; keep its events."""
         for command in gate.take_output():
@@ -104,18 +113,27 @@ class CoreOutput:
         return False
 
 
+def _take_all(queue: list[Any]) -> list[Any]:
+    if not queue:
+        return []
+    out = queue[:]  # the queue itself stays: the core's directions hold it
+    queue.clear()
+    return out
+
+
 class RelayCore(Protocol):
     """One proxied connection's protocol state, both directions, no I/O.
 
     The I/O layer feeds what it reads from each socket, with the time (``now``: the
     caller's monotonic clock, seconds; the core reads no clock), into ``receive_from_client``
     / ``receive_from_server`` and writes what ``data_for_server`` / ``data_for_client`` hand
-    back; ``events`` hands back the typed values the core and its gate produced (topology
-    changes, gate events) for the I/O layer to act on. Frames the core does not change leave
-    exactly as they came, in order; a partial frame is kept until the rest arrives. After a
-    call, ``failure`` set means: flush, close. ``collect`` takes what the core's gate produced
-    outside a receive call (a release, an expiry, a spool acknowledgement) into the same
-    outgoing data and events.
+    back (or the pieces of it, ``chunks_for_server`` / ``chunks_for_client``, for a
+    vectored write); ``events`` hands back the typed values the core and its gate produced
+    (topology changes, gate events) for the I/O layer to act on. Frames the core does not
+    change leave exactly as they came, in order; a partial frame is kept until the rest
+    arrives. After a call, ``failure`` set means: flush, close. ``collect`` takes what the
+    core's gate produced outside a receive call (a release, an expiry, a spool
+    acknowledgement) into the same outgoing data and events.
     """
 
     failure: Failure | None
@@ -129,6 +147,10 @@ class RelayCore(Protocol):
     def data_for_server(self) -> bytes: ...
 
     def data_for_client(self) -> bytes: ...
+
+    def chunks_for_server(self) -> list[Any]: ...
+
+    def chunks_for_client(self) -> list[Any]: ...
 
     def events(self) -> Sequence[object]: ...
 

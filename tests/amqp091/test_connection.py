@@ -133,6 +133,63 @@ def test_a_chunk_of_complete_frames_is_forwarded_as_the_same_object() -> None:
     assert core.data_for_client() is HEARTBEAT
 
 
+@pytest.mark.parametrize("cut", [1, 7, 500])
+def test_a_read_that_completes_a_held_frame_leaves_as_pieces_of_the_reads(cut: int) -> None:
+    """``chunks_for_server`` hands the I/O layer the pieces for one vectored write: the held
+    frame, then the new read itself (a view of it, not a copy); joined, what
+    ``data_for_server`` would have returned."""
+    core = tuned()
+    frames = publish(1, b"z" * 1024) * 3
+    data = b"".join(frames)
+    split = len(frames[0]) + len(frames[1]) + cut  # inside the first body frame
+    boundary = len(frames[0]) + len(frames[1])
+    first, second = data[:split], data[split:]
+    core.receive_from_client(first, 0.0)
+    assert b"".join(core.chunks_for_server()) == data[:boundary]
+    core.receive_from_client(second, 0.0)
+    pieces = core.chunks_for_server()
+    assert len(pieces) == 2 and b"".join(pieces) == data[boundary:]
+    assert pieces[0] == frames[2]  # the held frame, completed
+    assert isinstance(pieces[1], memoryview) and pieces[1].obj is second
+    assert core.chunks_for_server() == [] and core.data_for_server() == b""
+
+
+@pytest.mark.parametrize("read", [1, 1000, 65_536, 100_000])
+def test_a_large_body_frame_cut_by_reads_leaves_as_views_of_them_byte_exact(read: int) -> None:
+    """A 1 MiB message (8 body frames of frame_max): every frame that a read leaves
+    incomplete is held as views of the reads (``pending_from_client`` counts them) and
+    leaves, once whole, as the very bytes that came, whatever the reads' sizes."""
+    core = tuned()
+    data = b"".join(publish(1, bytes(range(256)) * 4096)) + HEARTBEAT
+    out: list[bytes | memoryview] = []
+    for i in range(0, len(data), read):
+        core.receive_from_client(data[i:i + read], 0.0)
+        pieces = core.chunks_for_server()
+        out.extend(pieces)
+        assert core.pending_from_client == (i + len(data[i:i + read])
+                                            - sum(len(p) for p in out))
+    assert b"".join(out) == data
+    assert core.pending_from_client == 0 and core.failure is None
+    assert core.from_client.frames == 4 + 2 + 9 + 1
+    if read >= 65_536:  # some body frames left as more than one piece: no copy was made
+        assert any(isinstance(p, memoryview) and len(p) < 131_072 for p in out)
+
+
+def test_a_large_body_frame_with_a_bad_end_fails_as_any_frame_does() -> None:
+    body = raw_frame(3, 1, b"x" * 50_000, end=0x00)
+    cut = 20_000
+    whole = tuned()
+    whole.receive_from_client(body, 0.0)
+    split = tuned()
+    split.receive_from_client(body[:cut], 0.0)
+    assert split.pending_from_client == cut
+    split.receive_from_client(body[cut:], 0.0)
+    assert whole.failure is not None and split.failure == whole.failure
+    assert "frame end octet 0x00" in whole.failure.reason
+    assert split.data_for_server() == whole.data_for_server() == b""
+    assert split.pending_from_client == 0
+
+
 def test_nothing_queued_gives_empty_bytes() -> None:
     core = Connection()
     assert core.data_for_server() == b""

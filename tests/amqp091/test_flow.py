@@ -17,6 +17,7 @@ from floodwall.spool.manager import SpoolManager
 from floodwall.wire.amqp091.connection import Connection
 from tests.amqp091.wire import (
     CH,
+    HEARTBEAT,
     B,
     client_handshake,
     content,
@@ -124,6 +125,64 @@ def test_held_channel_keeps_order_while_other_channels_and_acks_flow() -> None:
     s.sample("capped", 0)  # drains to resume
     assert s.core.data_for_server() == held + commit
     assert s.counters.held_messages == 0 and s.counters.held_bytes == 0
+
+
+def test_while_a_channel_holds_the_other_channels_stay_on_the_scan() -> None:
+    """Frames on a free channel of a connection with a held channel pass in place: a chunk
+    of them leaves as the very same bytes object (the per-frame path would cut it up)."""
+    s = Setup()
+    s.trip()
+    s.core.receive_from_client(pub(1, "capped", tag=1), s.clock.t)
+    assert s.core.data_for_server() == b""
+    assert s.gate.slow_channels == frozenset({1})
+    free = b"".join(pub(2, "free", 100, i) for i in range(20)) + HEARTBEAT
+    s.core.receive_from_client(free, s.clock.t)
+    assert s.core.data_for_server() is free
+    ack = method(B.Ack(delivery_tag=3), 1)  # on the held channel: read, and it passes
+    s.core.receive_from_client(ack + free, s.clock.t)
+    assert s.core.data_for_server() == ack + free
+    booked = s.fc.queues.get(("/orders", "free"))
+    assert booked is None or booked.depth.forwarded_messages_total == 40
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == pub(1, "capped", tag=1)
+    assert s.gate.slow_channels == frozenset()
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 64, None])
+def test_held_and_free_channels_interleaved_are_the_same_however_the_bytes_arrive(
+        chunk: int | None) -> None:
+    s = Setup()
+    s.trip()
+    held = [pub(1, "capped", 50, i) for i in range(3)]
+    free = [pub(2, "free", 50, i) for i in range(3)]
+    stream = b"".join(h + f for h, f in zip(held, free, strict=True)) \
+        + method(B.Qos(prefetch_count=5), 1)
+    pos = 0
+    while pos < len(stream):
+        step = len(stream) if chunk is None else chunk
+        s.core.receive_from_client(stream[pos:pos + step], s.clock.t)
+        pos += step
+    assert s.core.data_for_server() == b"".join(free) + method(B.Qos(prefetch_count=5), 1)
+    assert s.counters.held_messages == 3
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == b"".join(held)
+
+
+@pytest.mark.parametrize("read", [3_000, 65_536])
+def test_a_held_publishs_large_body_frames_are_read_by_the_gate(read: int) -> None:
+    """Body frames of a held 1 MiB publish, cut by the reads, still go to the gate (held,
+    then released whole), while a free channel's large bodies pass in between."""
+    s = Setup()
+    s.trip()
+    held = pub(1, "capped", 1 << 20, 1)
+    free = pub(2, "free", 300_000, 2)
+    stream = held + free
+    for i in range(0, len(stream), read):
+        s.core.receive_from_client(stream[i:i + read], s.clock.t)
+    assert s.core.data_for_server() == free
+    assert s.counters.held_messages == 1
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == held
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 333, None])

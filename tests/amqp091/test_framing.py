@@ -15,6 +15,7 @@ from floodwall.wire.amqp091.errors import (
 from floodwall.wire.amqp091.framing import (
     FRAME_MIN_SIZE,
     NEED_DATA,
+    WATCHED,
     count_frames,
     decode_method,
     frame_at,
@@ -22,6 +23,7 @@ from floodwall.wire.amqp091.framing import (
     method_key,
     payload_limit,
     scan,
+    scan_watching,
 )
 from tests.amqp091.wire import CH, HEARTBEAT, C, conversation, method, publish, raw_frame
 
@@ -171,3 +173,86 @@ def test_scan_of_anything_returns_or_raises_a_protocol_error(data: bytes, frame_
         assert status == NEED_DATA
         assert count_frames(data, 0, stop) == frames
         assert len(data) - stop < 7 or stop + 8 + frame_at(data, stop)[2] > len(data)
+
+
+# -- scan_watching: a held channel's frames one by one, the others on the scan --------------
+
+
+def _walk_watching(data: bytes, stop_at: frozenset[int], watched: frozenset[int]
+                   ) -> list[tuple[int, int]]:
+    """Every stop ``scan_watching`` makes over ``data``, resuming after each: (offset, status)."""
+    stops, pos = [], 0
+    while True:
+        pos, _, status = scan_watching(data, pos, 0, stop_at, watched)
+        if status == NEED_DATA:
+            return stops
+        stops.append((pos, status))
+        pos += frame_at(data, pos)[2] + 8
+
+
+def test_scan_watching_stops_at_every_frame_of_a_watched_channel_only() -> None:
+    ch1 = publish(1, b"a" * 10)
+    ch2 = publish(2, b"b" * 10)
+    frames = [ch1[0], ch2[0], HEARTBEAT, ch2[1], ch1[1], ch2[2], ch1[2]]
+    data = b"".join(frames)
+    starts = [sum(len(f) for f in frames[:i]) for i in range(len(frames))]
+    stops = _walk_watching(data, NOTHING, frozenset({1}))
+    assert stops == [(starts[0], WATCHED), (starts[4], WATCHED), (starts[6], WATCHED)]
+    # a method of interest on another channel stops as scan would; on a watched one: WATCHED
+    key = ch2[0][7:11]
+    pub_key = int.from_bytes(key, "big")
+    stops = _walk_watching(data, frozenset({pub_key}), frozenset({1}))
+    assert stops == [(starts[0], WATCHED), (starts[1], pub_key), (starts[4], WATCHED),
+                     (starts[6], WATCHED)]
+    # nothing watched: the same stops as scan
+    assert _walk_watching(data, frozenset({pub_key}), NOTHING) == [(0, pub_key),
+                                                                    (starts[1], pub_key)]
+
+
+@pytest.mark.parametrize("cut", [1, 6, 7, 8, -1])
+def test_scan_watching_waits_for_an_incomplete_frame_even_when_watched(cut: int) -> None:
+    frames = publish(2, b"x" * 30) + publish(1, b"y" * 30)
+    whole = b"".join(frames)
+    at = sum(len(f) for f in frames[:3])
+    data = whole[:at + (cut if cut > 0 else len(frames[3]) + cut)]
+    assert scan_watching(data, 0, 0, NOTHING, frozenset({1})) == (at, 3, NEED_DATA)
+
+
+def test_scan_watching_is_the_same_fed_whole_or_one_byte_at_a_time() -> None:
+    frames = publish(1, b"a" * 40) + publish(2, b"b" * 40) + [HEARTBEAT] + publish(1, b"c")
+    data = b"".join(frames)
+    watched = frozenset({2})
+    whole = _walk_watching(data, NOTHING, watched)
+    # Byte at a time: what is complete of a growing prefix, resumed where it stopped.
+    seen: list[tuple[int, int]] = []
+    pos = 0
+    for n in range(1, len(data) + 1):
+        while True:
+            pos, _, status = scan_watching(data[:n], pos, 0, NOTHING, watched)
+            if status == NEED_DATA:
+                break
+            seen.append((pos, status))
+            pos += frame_at(data, pos)[2] + 8
+    assert seen == whole == [(sum(len(f) for f in frames[:i]), WATCHED) for i in (3, 4, 5)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300), frame_max=st.sampled_from([0, 4096, 20]),
+       watched=st.sampled_from([NOTHING, frozenset({0}), frozenset({1, 2})]))
+def test_scan_watching_raises_what_scan_raises(data: bytes, frame_max: int,
+                                              watched: frozenset[int]) -> None:
+    """Watching changes where the scan stops, never which frame is wrong or why."""
+    def outcome(fn: object) -> tuple[str, int, str] | None:
+        pos = 0
+        try:
+            while True:
+                if fn is scan:
+                    pos, _, status = scan(data, pos, frame_max, NOTHING)
+                else:
+                    pos, _, status = scan_watching(data, pos, frame_max, NOTHING, watched)
+                if status == NEED_DATA:
+                    return None
+                pos += frame_at(data, pos)[2] + 8
+        except ProtocolError as err:
+            return type(err).__name__, err.offset, err.reason
+    assert outcome(scan_watching) == outcome(scan)

@@ -25,7 +25,7 @@ _B = commands.Basic
 _CH = commands.Channel
 _SHORT = struct.Struct(">H")
 BODY_SIZE = struct.Struct(">HHQH")  # class id, weight, body size, property flags
-_HEADERS_FLAG: Final = 0x2000  # property flag bit of ``headers`` (third property)
+HEADERS_FLAG: Final = 0x2000  # property flag bit of ``headers`` (third property)
 DEFAULT_HOLD_BUDGET: Final = 8 * 1024 * 1024
 #: Held bytes past which a connection is not read while a channel of it waits for a lookup
 #: (proxy/lookups.py): a lookup takes a round trip, and a flood read meanwhile would only
@@ -158,6 +158,8 @@ class ChannelFlow:
     phase: ChannelPhase = ChannelPhase.OPEN  # see floodwall.enforce.states
     reopen: list[bytes] = field(default_factory=list)  # client frames after its close-ok
     shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
+    # The arguments of its last basic.publish as they came, and what they say (gate.py).
+    last_publish: tuple[bytes, Publish] | None = None
 
     @property
     def closing_by_proxy(self) -> bool:
@@ -178,7 +180,7 @@ class ChannelFlow:
 def headers_of(header_frame: Buffer) -> dict[str, object] | None:
     """The ``headers`` property of a content header frame, decoded only when present."""
     flags = BODY_SIZE.unpack_from(header_frame, HEADER_SIZE)[3]
-    if not flags & _HEADERS_FLAG:
+    if not flags & HEADERS_FLAG:
         return None
     try:
         _, _, value = pamqp_frame.unmarshal(bytes(header_frame))

@@ -22,6 +22,7 @@ from floodwall.enforce import events as ev
 from floodwall.enforce.amqp091.channels import (
     BODY_SIZE,
     DEFAULT_HOLD_BUDGET,
+    HEADERS_FLAG,
     LOOKUP_HOLD_BUDGET,
     PASS_WHILE_HELD,
     ChannelFlow,
@@ -69,7 +70,7 @@ class PublishFlow(Refusing):
         method alone while it waits for a header that is not there yet).
         """
         ch = self.channel(channel)
-        pub = parse_publish(buf, offset)
+        pub = _publish_of(ch, buf, offset, end)
         if ch.confirms is not None:
             ch.confirms.client_seq += 1
         if header_end is None or ch.closing_by_proxy:
@@ -87,15 +88,14 @@ class PublishFlow(Refusing):
         ``method_bytes`` is the method frame when it already left ``buf`` (it waited for its
         header), else None: the method frame is ``buf[offset:header_offset]``.
         """
-        header = buf[header_offset:header_end]
-        body_size = BODY_SIZE.unpack_from(header, HEADER_SIZE)[2]
+        _, _, body_size, flags = BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)
         if ch.closing_by_proxy:
             ch.discard_content = body_size
             self._maybe_slow = True
             return True
         controller = self.controller
-        queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key,
-                                         headers_of(header))
+        headers = headers_of(buf[header_offset:header_end]) if flags & HEADERS_FLAG else None
+        queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key, headers)
         blocking = controller.blocking(self.vhost, queues)
         # Routed somewhere the model knows (the common case): no lookup can be needed.
         lookup = None if (queues and (pub.exchange or pub.routing_key in queues)) else \
@@ -123,7 +123,8 @@ class PublishFlow(Refusing):
             self._not_spooled(ch, queues, decision.not_spooled)
         if method_bytes is None:
             method_bytes = bytes(buf[offset:header_offset])
-        item = HeldPublish(pub, [method_bytes, bytes(header)], body_size, 0, queues, now,
+        header = bytes(buf[header_offset:header_end])
+        item = HeldPublish(pub, [method_bytes, header], body_size, 0, queues, now,
                            ch.confirms.client_seq if ch.confirms is not None else 0,
                            decision.spool_to, controller.generation)
         if verdict is Verdict.SPOOL:
@@ -280,6 +281,21 @@ class PublishFlow(Refusing):
         self.channel(channel).transactional = True
 
 
+
+
+def _publish_of(ch: ChannelFlow, buf: Buffer, offset: int, end: int) -> Publish:
+    """The basic.publish frame ``buf[offset:end]`` read, or the channel's last one when its
+    arguments are the same bytes (a publisher sends the same exchange and key over and
+    over: one comparison instead of a parse)."""
+    args = buf[offset + HEADER_SIZE + 4 : end - 1]  # ticket, exchange, routing key, flags
+    if type(args) is not bytes:
+        args = bytes(args)
+    last = ch.last_publish
+    if last is not None and last[0] == args:
+        return last[1]
+    pub = parse_publish(buf, offset)
+    ch.last_publish = (args, pub)
+    return pub
 
 
 __all__ = ["DEFAULT_HOLD_BUDGET", "LOOKUP_HOLD_BUDGET", "PASS_WHILE_HELD", "ConfirmNumbers",

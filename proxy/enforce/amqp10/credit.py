@@ -166,12 +166,24 @@ class LinkCredit(Sessions):
         """The queues the link's messages land in (per-message links: those it hit lately)."""
         if link.per_message:
             return frozenset(link.hit)
-        return queues_for(self.controller, self.vhost, link.destination)
+        return self._fixed_queues(link)
+
+    def _fixed_queues(self, link: SenderLink) -> frozenset[str]:
+        """A fixed destination's queues, kept on the link until the routing model or the
+        policies change (``FlowController.generation``): the same answer, transfer after
+        transfer, without routing each one."""
+        generation = self.controller.generation
+        route = link.route
+        if route is not None and route[0] == generation:
+            return route[1]
+        queues = queues_for(self.controller, self.vhost, link.destination)
+        link.route = (generation, queues)
+        return queues
 
     def _route(self, link: SenderLink, payload: bytes, start: int, end: int,
                now: float) -> frozenset[str]:
         if not link.per_message:
-            return queues_for(self.controller, self.vhost, link.destination)
+            return self._fixed_queues(link)
         if not self.controller.queues and not self.controller.polices_vhost(self.vhost):
             return frozenset()
         found = message_routing(payload, start, end)

@@ -188,6 +188,9 @@ class SenderLink:
     shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
+    # A fixed destination's queues, and the routing model's generation they were read at
+    # (``credit.py``'s ``_fixed_queues``: read again when the model or the policies change).
+    route: tuple[int, frozenset[str]] | None = None
 
     def __post_init__(self) -> None:
         destination = self.destination

@@ -11,18 +11,26 @@ from pamqp import commands
 
 from floodwall.wire.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
 from floodwall.wire.amqp091.framing import (
+    FRAME_BODY,
+    FRAME_END,
     FRAME_HEADER,
     FRAME_HEARTBEAT,
+    FRAME_METHOD,
     FRAME_MIN_SIZE,
     FRAME_OVERHEAD,
     HEADER_SIZE,
     NEED_DATA,
+    WATCHED,
     Buffer,
     count_frames,
     decode_method,
     encode_method,
     frame_at,
+    method_ids,
+    method_key,
+    payload_limit,
     scan,
+    scan_watching,
 )
 from floodwall.wire.amqp091.hooks import ClientInfo, ForgetChannel, PublishHooks
 from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyWatch
@@ -37,22 +45,16 @@ from floodwall.wire.relaycore import (
 INTERNAL_ERROR: Final = 541
 """Reply code the client gets when the upstream broker sent a malformed frame."""
 
+VIEWED_BODY_MIN: Final = 16 * 1024
+"""A content body frame at least this large that a read leaves incomplete is held as views
+of the reads, not copied (``FrameRelay._keep``)."""
+
 SHORTSTR_MAX: Final = 255
 
 _C = commands.Connection
 _CH = commands.Channel
 _B = commands.Basic
 _CF = commands.Confirm
-
-
-class _EveryMethod:
-    """A stop set that holds every method key: the scanner stops at each method frame."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-
-_EVERY_METHOD: Final = _EveryMethod()
 
 
 class ChannelState(Enum):
@@ -113,13 +115,18 @@ offset up to which the handler took frames out of the stream (held, absorbed, re
 class _Inbound:
     """One direction of the relay: its counters, held partial frame and output queue."""
 
-    __slots__ = ("counts", "handlers", "out", "side", "stop_at", "tail")
+    __slots__ = ("counts", "handlers", "need", "out", "parts", "parts_len", "side", "stop_at",
+                 "tail")
 
     def __init__(self, side: Side, counts: FrameCounts, out: list[Buffer]) -> None:
         self.side = side
         self.counts = counts
         self.out = out  # the queue of the *other* peer
         self.tail = bytearray()  # an incomplete frame, held until the rest arrives
+        # Or, for a large content body frame, views of the reads that hold it (no copy).
+        self.parts: list[Buffer] = []
+        self.parts_len = 0  # bytes in parts
+        self.need = 0  # the whole frame's length
         self.handlers: dict[int, Handler] = {}
         self.stop_at: frozenset[int] = frozenset()
 
@@ -127,6 +134,9 @@ class _Inbound:
         """Set the methods this direction stops at, and what reads each."""
         self.handlers = handlers
         self.stop_at = frozenset(handlers)
+
+
+_NO_CHANNELS: Final[frozenset[int]] = frozenset()
 
 
 def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> bytes:
@@ -217,12 +227,12 @@ class FrameRelay(CoreOutput):
     @property
     def pending_from_client(self) -> int:
         """Bytes of an incomplete client frame held back."""
-        return len(self._client_in.tail)
+        return len(self._client_in.tail) + self._client_in.parts_len
 
     @property
     def pending_from_server(self) -> int:
         """Bytes of an incomplete broker frame held back."""
-        return len(self._server_in.tail)
+        return len(self._server_in.tail) + self._server_in.parts_len
 
     # --- relay ------------------------------------------------------------------------
 
@@ -230,13 +240,54 @@ class FrameRelay(CoreOutput):
         if type(data) is not bytes:  # we keep views of it: it must not change under us
             data = bytes(data)
         pos = 0
-        if inbound.tail:
+        if inbound.parts:
+            pos = self._finish_parts(inbound, data)
+            if pos < 0:
+                return
+        elif inbound.tail:
             pos = self._finish_tail(inbound, data)
             if pos < 0:
                 return
         stop = self._relay(inbound, data, pos)
         if 0 <= stop < len(data):
-            inbound.tail = bytearray(memoryview(data)[stop:])
+            self._keep(inbound, data, stop)
+
+    def _keep(self, inbound: _Inbound, data: bytes, stop: int) -> None:
+        """Hold the incomplete frame at ``data[stop:]``, its header already checked: a large
+        content body frame as views of the reads (``_finish_parts``), anything else copied."""
+        if len(data) - stop >= HEADER_SIZE:
+            ftype, _, size = frame_at(data, stop)
+            if ftype == FRAME_BODY and size >= VIEWED_BODY_MIN:
+                inbound.parts = [memoryview(data)[stop:]]
+                inbound.parts_len = len(data) - stop
+                inbound.need = size + FRAME_OVERHEAD
+                return
+        inbound.tail = bytearray(memoryview(data)[stop:])
+
+    def _finish_parts(self, inbound: _Inbound, data: bytes) -> int:
+        """Complete the held body frame from ``data``; as ``_finish_tail``.
+
+        Whole and well-ended, on a channel the gate does not read frame by frame, it leaves
+        as the pieces of the reads it came in (the I/O layer writes them in one vectored
+        write); otherwise it is joined and relayed as any frame (the scanner says what is
+        wrong with it, the gate reads it)."""
+        missing = inbound.need - inbound.parts_len
+        parts = inbound.parts
+        if len(data) < missing:
+            parts.append(data)
+            inbound.parts_len += len(data)
+            return -1
+        parts.append(memoryview(data)[:missing])
+        inbound.parts, inbound.parts_len = [], 0
+        channel = frame_at(parts[0], 0)[1]
+        gate = self.gate if inbound is self._client_in else None
+        if data[missing - 1] != FRAME_END or (gate is not None
+                                               and channel in gate.slow_channels):
+            return missing if self._relay(inbound, b"".join(parts), 0) >= 0 else -1
+        inbound.out.extend(parts)
+        inbound.counts.bytes += inbound.need
+        inbound.counts.frames += 1
+        return missing
 
     def _finish_tail(self, inbound: _Inbound, data: bytes) -> int:
         """Complete the held frame from ``data`` and relay it.
@@ -266,8 +317,9 @@ class FrameRelay(CoreOutput):
         """Relay the complete frames of ``buf`` from ``pos``, reading those of interest.
 
         Returns where the first incomplete frame starts, or -1 after a failure. While the
-        publish gate must see every frame of the client's stream (a channel holds, or a
-        publish waits for its content), frames are taken one at a time.
+        publish gate must see every frame of some channels (a channel holds, or a publish
+        waits for its content: ``slow_channels``), the frames of those channels are taken
+        one at a time; the connection's other channels stay on the scan.
         """
         counts = inbound.counts
         start = pos
@@ -277,14 +329,19 @@ class FrameRelay(CoreOutput):
         gate = self.gate if inbound is self._client_in else None
         try:
             while True:
-                if gate is not None and gate.needs_every_frame:
-                    pos, start = self._relay_one(inbound, gate, buf, pos, start, base)
-                    if pos < 0:
-                        pos = -pos - 1
-                        break
-                    continue
-                pos, frames, key = scan(buf, pos, self._frame_limit, stop_at, base)
-                counts.frames += frames
+                slow = gate.slow_channels if gate is not None else _NO_CHANNELS
+                if slow:
+                    # Only the channels that must be read frame by frame leave the scan.
+                    assert gate is not None
+                    pos, frames, key = scan_watching(buf, pos, self._frame_limit, stop_at,
+                                                     slow, base)
+                    counts.frames += frames
+                    if key == WATCHED:
+                        pos, start = self._relay_one(inbound, gate, buf, pos, start, base)
+                        continue
+                else:
+                    pos, frames, key = scan(buf, pos, self._frame_limit, stop_at, base)
+                    counts.frames += frames
                 if key == NEED_DATA:
                     break
                 _, channel, size = frame_at(buf, pos)
@@ -314,20 +371,13 @@ class FrameRelay(CoreOutput):
 
     def _relay_one(self, inbound: _Inbound, gate: PublishHooks, buf: Buffer, pos: int,
                    start: int, base: int) -> tuple[int, int]:
-        """Take the one frame at ``pos`` through the gate; returns (next pos, next start).
-
-        A negative first value ``-p - 1`` means "stop: the frame at ``p`` is incomplete".
-        """
-        n = len(buf)
-        if pos + HEADER_SIZE > n:
-            return -pos - 1, start
+        """Take the complete, validated frame at ``pos`` (on a channel the gate must see
+        frame by frame) through the gate; returns (next pos, next start)."""
         ftype, channel, size = frame_at(buf, pos)
         end = pos + size + FRAME_OVERHEAD
-        if end > n:
-            scan(buf, pos, self._frame_limit, (), base)  # header checks now, then wait
-            return -pos - 1, start
-        view = buf if end == n else memoryview(buf)[:end]
-        _, _, key = scan(view, pos, self._frame_limit, _EVERY_METHOD, base)
+        key = NEED_DATA
+        if ftype == FRAME_METHOD:
+            key = method_key(*method_ids(buf, pos))
         _emit(inbound, buf, start, pos)
         inbound.counts.frames += 1
         took: int | None = None
@@ -350,8 +400,9 @@ class FrameRelay(CoreOutput):
 
     def _fail(self, side: Side, err: ProtocolError) -> None:
         self.failure = Failure(side, err.condition, err.reason, isinstance(err, AccessRefused))
-        self._client_in.tail = bytearray()
-        self._server_in.tail = bytearray()
+        for inbound in (self._client_in, self._server_in):
+            inbound.tail = bytearray()
+            inbound.parts, inbound.parts_len = [], 0
         if side is Side.CLIENT:
             self._to_client.append(
                 close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
@@ -538,12 +589,16 @@ class Connection(FrameRelay):
         assert gate is not None
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         header_end = None
-        if end + HEADER_SIZE <= len(buf):
+        n = len(buf)
+        if end + HEADER_SIZE <= n:
             ftype, hchannel, hsize = frame_at(buf, end)
             header_stop = end + hsize + FRAME_OVERHEAD
-            if ftype == FRAME_HEADER and hchannel == channel and header_stop <= len(buf):
-                # Validate it as the scanner would before the gate reads it.
-                scan(memoryview(buf)[:header_stop], end, self._frame_limit, (), base)
+            if ftype == FRAME_HEADER and hchannel == channel and header_stop <= n:
+                # Validate it as the scanner would before the gate reads it (the scanner
+                # says why when it is bad).
+                if not hchannel or buf[header_stop - 1] != FRAME_END \
+                        or hsize > payload_limit(self._frame_limit):
+                    scan(memoryview(buf)[:header_stop], end, self._frame_limit, (), base)
                 if hsize >= 14:
                     header_end = header_stop
         try:

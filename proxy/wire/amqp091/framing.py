@@ -113,6 +113,60 @@ def scan(
     return offset, frames, NEED_DATA
 
 
+WATCHED: Final = -2
+"""``scan_watching`` status: the complete frame at the returned offset is on a watched channel."""
+
+
+def scan_watching(
+    buf: Buffer,
+    offset: int,
+    frame_max: int,
+    stop_at: Container[int],
+    watched: Container[int],
+    base_offset: int = 0,
+) -> tuple[int, int, int]:
+    """``scan``, that also stops at every complete frame on a channel in ``watched``.
+
+    Returns ``(stop, frames, status)`` as ``scan`` does, and status ``WATCHED`` when the
+    complete frame at ``stop`` (of any type, validated) is on a watched channel; a method
+    frame in ``stop_at`` on a watched channel is reported as ``WATCHED``. Raises as ``scan``
+    does, for the same frames. The held connection's other channels stay on this scan while
+    the watched ones are read frame by frame.
+    """
+    n = len(buf)
+    limit = payload_limit(frame_max)
+    unpack_header = _HEADER.unpack_from
+    unpack_key = _METHOD_KEY.unpack_from
+    frames = 0
+    while offset + 7 <= n:
+        ftype, channel, size = unpack_header(buf, offset)
+        end = offset + 7 + size
+        if size > limit or end >= n:
+            if size > limit or not _header_ok(ftype, channel, size):
+                raise _fault(buf, offset, frame_max, base_offset)
+            break
+        if buf[end] != 0xCE:
+            raise _fault(buf, offset, frame_max, base_offset)
+        if ftype == 1:
+            if size < 4:
+                raise _fault(buf, offset, frame_max, base_offset)
+            if channel in watched:
+                return offset, frames, WATCHED
+            key = unpack_key(buf, offset + 7)[0]
+            if key in stop_at:
+                return offset, frames, key
+        elif ftype == 3 or ftype == 2:
+            if not channel:
+                raise _fault(buf, offset, frame_max, base_offset)
+            if channel in watched:
+                return offset, frames, WATCHED
+        elif ftype != 8 or channel or size:
+            raise _fault(buf, offset, frame_max, base_offset)
+        offset = end + 1
+        frames += 1
+    return offset, frames, NEED_DATA
+
+
 def _header_ok(ftype: int, channel: int, size: int) -> bool:
     """What the 7-byte header alone can tell: the same rules as the loop in ``scan``."""
     if ftype == FRAME_METHOD:

@@ -62,9 +62,11 @@ class PublishHooks(Protocol):
     returning an offset (or True) took frames up to it (or the frame) out of the stream."""
 
     @property
-    def needs_every_frame(self) -> bool:
-        """True while the gate must see each client frame (a channel holds, a publish waits
-        for its content): the core leaves its fast scan."""
+    def slow_channels(self) -> frozenset[int]:
+        """The channels whose every client frame the gate must see now (a channel holds, a
+        publish waits for its content): the core reads their frames one at a time, and
+        the connection's other channels stay on its scan. Asked at every method frame the
+        core stops at; empty, and cheap, while no channel needs it."""
 
     @property
     def outbox(self) -> Sequence[object]:
