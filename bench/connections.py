@@ -38,6 +38,7 @@ import math
 import os
 import platform
 import resource
+import signal
 import struct
 import subprocess
 import sys
@@ -208,7 +209,7 @@ async def hold(host: str, port: int, n: int, concurrency: int) -> None:
         for line in sys.stdin:
             if line.strip() == "close":
                 break
-        loop.call_soon_threadsafe(lambda: stop.done() or stop.set_result(None))
+        loop.call_soon_threadsafe(_settle, stop)
 
     reader = loop.run_in_executor(None, read_stdin)
     period = HEARTBEAT // 2  # clients beat at half the timeout, as RabbitMQ does
@@ -225,6 +226,11 @@ async def hold(host: str, port: int, n: int, concurrency: int) -> None:
     await asyncio.sleep(0.2)
     await reader
     print(json.dumps({"closed": len(conns)}), flush=True)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Holder:
@@ -252,6 +258,74 @@ class Holder:
             self.proc.stdin.close()
         await asyncio.to_thread(self.proc.stdout.read)
         await asyncio.to_thread(self.proc.wait, 60)
+
+
+# -- the handshake responder: the broker's side of a handshake, pre-encoded ----------------------
+SERVER_START = _encode(commands.Connection.Start(
+    server_properties={"product": "floodwall-bench-responder", "capabilities": {}},
+    mechanisms="PLAIN", locales="en_US"), 0)
+SERVER_TUNE = _encode(commands.Connection.Tune(channel_max=2047, frame_max=131072,
+                                               heartbeat=HEARTBEAT), 0)
+OPEN_OK_FRAME = _encode(commands.Connection.OpenOk(), 0)
+CLOSE_OK_FRAME = _encode(commands.Connection.CloseOk(), 0)
+CHANNEL_OPEN_OK_FRAME = _encode(commands.Channel.OpenOk(), 1)
+_ANSWERS = {(10, 11): SERVER_TUNE, (10, 40): OPEN_OK_FRAME, (20, 10): CHANNEL_OPEN_OK_FRAME}
+
+
+class Responder(asyncio.Protocol):
+    """Answers a 0-9-1 client's handshake at once (start, tune, open-ok, channel.open-ok,
+    close-ok), so that what a relay adds to a handshake at 1,000 a second can be measured
+    on a machine whose broker cannot take that many (RabbitMQ needs about a millisecond of
+    CPU per connection): the relay's part of a handshake is the same whatever answers."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buf = b""
+        self._header = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        t = self.transport
+        assert t is not None
+        buf = self._buf + data
+        pos = 0
+        if not self._header:
+            if len(buf) < 8:
+                self._buf = buf
+                return
+            if buf[:8] != HEADER:
+                t.write(HEADER)
+                t.close()
+                return
+            self._header, pos = True, 8
+            t.write(SERVER_START)
+        size = len(buf)
+        while size - pos >= 8:
+            ftype, _channel, length = _HEAD.unpack_from(buf, pos)
+            end = pos + 7 + length
+            if end >= size:
+                break
+            if ftype == 1:
+                cm = _CM.unpack_from(buf, pos + 7)
+                if cm == CLOSE:
+                    t.write(CLOSE_OK_FRAME)
+                    t.close()
+                    return
+                answer = _ANSWERS.get(cm)
+                if answer is not None:
+                    t.write(answer)
+            pos = end + 1
+        self._buf = buf[pos:]
+
+
+async def respond(port: int) -> None:
+    """Serve handshakes on ``port`` until killed."""
+    server = await asyncio.get_running_loop().create_server(Responder, "127.0.0.1", port,
+                                                            backlog=4096)
+    print("listening", flush=True)
+    await server.serve_forever()
 
 
 # -- probes -------------------------------------------------------------------------------------
@@ -318,13 +392,29 @@ class Options:
     probe_seconds: float = 8.0
     probe_interval: float = 0.25
     rate: int = 1000
+    broker_rate: int = 200
     rate_seconds: float = 5.0
     targets: tuple[str, ...] = TARGETS
 
 
+async def settle(broker: psutil.Process | None, cores: float = 0.15,
+                 limit: float = 120.0) -> float:
+    """Wait until the broker is idle again (it takes a while to close thousands of
+    connections), at most ``limit`` seconds; returns the seconds waited."""
+    t0 = time.perf_counter()
+    if broker is None:
+        return 0.0
+    while time.perf_counter() - t0 < limit:
+        c0 = cpu_seconds(broker)
+        await asyncio.sleep(1.0)
+        if cpu_seconds(broker) - c0 < cores:
+            break
+    return time.perf_counter() - t0
+
+
 async def idle_round(t: Target, broker: psutil.Process | None, opts: Options,
                      progress: Callable[[str], None]) -> dict[str, Any]:
-    res: dict[str, Any] = {"target": t.name}
+    res: dict[str, Any] = {"target": t.name, "settle_s": await settle(broker)}
     res["served_at_0"] = await probe_for(t.host, t.port, opts.probe_seconds, opts.probe_interval)
     await asyncio.sleep(1.0)
     proc = t.process
@@ -356,10 +446,10 @@ async def idle_round(t: Target, broker: psutil.Process | None, opts: Options,
     return res
 
 
-async def rate_round(t: Target, opts: Options) -> dict[str, Any]:
-    """A new connection every 1/rate s for rate_seconds: handshake times, then close."""
+async def rate_round(t: Target, rate: int, seconds: float) -> dict[str, Any]:
+    """A new connection every 1/rate s for ``seconds``: handshake times, then close."""
     loop = asyncio.get_running_loop()
-    count = int(opts.rate * opts.rate_seconds)
+    count = int(rate * seconds)
     times: list[float] = []
     errors: list[str] = []
     late: list[float] = []
@@ -377,7 +467,7 @@ async def rate_round(t: Target, opts: Options) -> dict[str, Any]:
     start = time.perf_counter() + 0.05
     tasks: set[asyncio.Task[None]] = set()
     for i in range(count):
-        at = start + i / opts.rate
+        at = start + i / rate
         delay = at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -388,7 +478,8 @@ async def rate_round(t: Target, opts: Options) -> dict[str, Any]:
     await asyncio.gather(*list(tasks))
     cpu = cpu_seconds(t.process) - c0
     late.sort()
-    return {"target": t.name, "attempted": count, "opened": len(times), "errors": len(errors),
+    return {"target": t.name, "rate": rate, "attempted": count, "opened": len(times),
+            "errors": len(errors),
             "first_error": errors[0] if errors else None, "achieved_rate": count / wall,
             "handshake_ms": summary(times), "start_late_ms_p99": percentile(late, 99) * 1000,
             "relay_cpu_us_per_connection": cpu / count * 1e6 if t.process else math.nan}
@@ -402,9 +493,38 @@ def raise_fd_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-def start_pump(upstream: str, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_responders(opts: Options, workdir: Path, children: list[subprocess.Popen[bytes]],
+                     proxies: list[ProxyProcess]) -> dict[str, Target]:
+    """The handshake responder, and a floodwall and a pump in front of it."""
+    from bench.relay import wait_port
     port = free_port()
-    with open(workdir / "pump.log", "wb") as log:
+    proc = subprocess.Popen([sys.executable, "-m", "bench.connections", "--respond",
+                             str(port)], cwd=REPO, env=child_env({}, REPO),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    children.append(proc)
+    wait_port("127.0.0.1", port, proc)
+    out = {"responder": Target("responder", "127.0.0.1", port, None)}
+    upstream = f"127.0.0.1:{port}"
+    if "floodwall" in opts.targets:
+        fw = ProxyProcess(upstream=upstream, logfile=workdir / "floodwall-responder.log",
+                          extra_args=["--event-loop", "auto"], root=REPO)
+        proxies.append(fw)
+        fw.start(wait_ready=False)
+        assert fw.process is not None
+        out["floodwall>responder"] = Target("floodwall>responder", "127.0.0.1", fw.port,
+                                            psutil.Process(fw.process.pid))
+    if "pump" in opts.targets:
+        pump, pport = start_pump(upstream, workdir, "pump-responder.log")
+        children.append(pump)
+        out["pump>responder"] = Target("pump>responder", "127.0.0.1", pport,
+                                       psutil.Process(pump.pid))
+    return out
+
+
+def start_pump(upstream: str, workdir: Path, log_name: str = "pump.log"
+               ) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    with open(workdir / log_name, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "bench.pump", "--listen",
                                  f"127.0.0.1:{port}", "--upstream", upstream], cwd=REPO,
                                 env=child_env({}, REPO), stdin=subprocess.DEVNULL,
@@ -414,8 +534,9 @@ def start_pump(upstream: str, workdir: Path) -> tuple[subprocess.Popen[bytes], i
     return proc, port
 
 
-async def run(opts: Options, targets: dict[str, Target], broker: psutil.Process | None,
-              progress: Callable[[str], None]) -> dict[str, Any]:
+async def run(opts: Options, targets: dict[str, Target], responders: dict[str, Target],
+              broker: psutil.Process | None, progress: Callable[[str], None]
+              ) -> dict[str, Any]:
     names = [n for n in TARGETS if n in targets]
     idle: list[dict[str, Any]] = []
     rates: list[dict[str, Any]] = []
@@ -427,24 +548,30 @@ async def run(opts: Options, targets: dict[str, Target], broker: psutil.Process 
             res["round"], res["load_before"] = r, os.getloadavg()[0]
             idle.append(res)
             progress("   " + one_line_idle(res))
-    for r in range(opts.rounds * 2):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            res = await rate_round(targets[name], opts)
-            res["round"], res["load"] = r, os.getloadavg()[0]
-            rates.append(res)
-            h = res["handshake_ms"]
-            progress(f"== rate round {r + 1}: {name:<9} {res['achieved_rate']:.0f}/s, "
-                     f"handshake p50 {h['p50']:.2f} p90 {h['p90']:.2f} p99 {h['p99']:.2f} ms, "
-                     f"{res['errors']} errors, relay {res['relay_cpu_us_per_connection']:.0f} "
-                     f"us/conn, load {res['load']:.2f}")
-            await asyncio.sleep(1.0)
+    for group, rate in ((responders, opts.rate), (targets, opts.broker_rate)):
+        gnames = list(group)
+        for r in range(opts.rounds * 3):
+            for name in gnames[r % len(gnames):] + gnames[:r % len(gnames)]:
+                res = await rate_round(group[name], rate, opts.rate_seconds)
+                res["round"], res["load"] = r, os.getloadavg()[0]
+                rates.append(res)
+                h = res["handshake_ms"]
+                progress(f"== rate round {r + 1}: {name:<9} {res['achieved_rate']:.0f}/s, "
+                         f"handshake p50 {h['p50']:.3f} p90 {h['p90']:.3f} p99 {h['p99']:.3f} "
+                         f"ms, {res['errors']} errors, relay "
+                         f"{res['relay_cpu_us_per_connection']:.0f} us/conn, "
+                         f"load {res['load']:.2f}")
+                await asyncio.sleep(1.0)
     return {"idle": idle, "rate": rates}
 
 
 def one_line_idle(res: dict[str, Any]) -> str:
     z, n = res["served_at_0"], res["served_at_n"]
-    mem = (f"{res['bytes_per_connection'] / 1024:.2f} KiB/conn, "
-           if "bytes_per_connection" in res else "")
+    mem = f"settled {res['settle_s']:.0f}s, "
+    if "bytes_per_connection" in res:
+        mem += f"{res['bytes_per_connection'] / 1024:.2f} KiB/conn, "
+    if z["errors"]:
+        mem += f"{len(z['errors'])} probe errors at 0 ({z['errors'][0]}), "
     return (f"{res['target']}: {mem}served pika p50 {median(z['pika_ms']):.1f} -> "
             f"{median(n['pika_ms']):.1f} ms (max {max(n['pika_ms'], default=math.nan):.1f}), "
             f"raw {median(z['raw_ms']):.2f} -> {median(n['raw_ms']):.2f} ms "
@@ -466,17 +593,19 @@ def report(doc: dict[str, Any]) -> None:
               f"{median(z['raw_ms']):<6.2f}      {p['p50']:>6.1f} {p['p99']:>6.1f} "
               f"{p['max']:>6.1f}            {rw['p50']:.2f} {rw['p99']:.2f} {rw['max']:.2f}"
               f"      {res['relay_cores_while_held']:.3f}")
-    print(f"\nrate: a new connection every {1000 / doc['rate']:.2f} ms for "
-          f"{doc['rate_seconds']:g} s (handshake = connect() to open-ok)")
+    print(f"\nrate: a new connection every 1/rate s for {doc['rate_seconds']:g} s "
+          "(handshake = connect() to open-ok), medians of rounds; + = over the reference")
     by: dict[str, list[dict[str, Any]]] = {}
     for res in doc["results"]["rate"]:
         by.setdefault(res["target"], []).append(res)
-    direct = median([r["handshake_ms"]["p50"] for r in by.get("direct", [])])
-    direct99 = median([r["handshake_ms"]["p99"] for r in by.get("direct", [])])
     for name, runs in by.items():
+        ref = by["responder" if name.endswith("responder") else "direct"]
+        direct = median([r["handshake_ms"]["p50"] for r in ref])
+        direct99 = median([r["handshake_ms"]["p99"] for r in ref])
         p50 = median([r["handshake_ms"]["p50"] for r in runs])
         p99 = median([r["handshake_ms"]["p99"] for r in runs])
-        print(f"  {name:<10} p50 {p50:.3f} ms (+{p50 - direct:.3f})  p99 {p99:.3f} ms "
+        print(f"  {name:<20} {runs[0]['rate']:>5}/s p50 {p50:.3f} ms (+{p50 - direct:.3f})  "
+              f"p99 {p99:.3f} ms "
               f"(+{p99 - direct99:.3f})  errors {sum(r['errors'] for r in runs)}  relay "
               f"{median([r['relay_cpu_us_per_connection'] for r in runs]):.0f} us CPU/conn  "
               f"rate {median([r['achieved_rate'] for r in runs]):.0f}/s")
@@ -492,19 +621,24 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
     p.add_argument("--hold-seconds", type=float, default=40.0)
     p.add_argument("--probe-seconds", type=float, default=8.0)
     p.add_argument("--probe-interval", type=float, default=0.25)
-    p.add_argument("--rate", type=int, default=1000)
+    p.add_argument("--rate", type=int, default=1000,
+                   help="new connections a second through the handshake responder")
+    p.add_argument("--broker-rate", type=int, default=200,
+                   help="new connections a second to the real broker")
     p.add_argument("--rate-seconds", type=float, default=5.0)
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--floodwall-args", default="", help="more arguments for `floodwall run`")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--hold", default=None, help=argparse.SUPPRESS)  # the holder child
+    p.add_argument("--respond", type=int, default=None, help=argparse.SUPPRESS)  # responder
     a = p.parse_args(argv)
     targets = tuple(t for t in a.targets.split(",") if t)
     if "direct" not in targets:
         targets = ("direct", *targets)
     return Options(connections=a.connections, concurrency=a.concurrency, rounds=a.rounds,
                    hold_seconds=a.hold_seconds, probe_seconds=a.probe_seconds,
-                   probe_interval=a.probe_interval, rate=a.rate, rate_seconds=a.rate_seconds,
+                   probe_interval=a.probe_interval, rate=a.rate, broker_rate=a.broker_rate,
+                   rate_seconds=a.rate_seconds,
                    targets=targets), a
 
 
@@ -523,7 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         host, _, port = args.hold.rpartition(":")
         asyncio.run(hold(host, int(port), opts.connections, opts.concurrency))
         return 0
+    if args.respond:
+        asyncio.run(respond(args.respond))
+        return 0
     t_start = time.monotonic()
+    # SIGTERM stops the run as Ctrl-C does: the broker and the relays are stopped (finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     def progress(msg: str) -> None:
         print(f"[{time.monotonic() - t_start:6.1f}s] {msg}", flush=True)
@@ -542,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     broker = LocalBroker(workdir / "rabbit", config_extra=f"prometheus.tcp.port = {free_port()}\n")
     fw: ProxyProcess | None = None
     pump: subprocess.Popen[bytes] | None = None
+    children: list[subprocess.Popen[bytes]] = []
+    proxies: list[ProxyProcess] = []
     try:
         progress(f"starting RabbitMQ in {workdir}")
         ep = broker.start()
@@ -560,10 +701,16 @@ def main(argv: list[str] | None = None) -> int:
         if "pump" in opts.targets:
             pump, pport = start_pump(upstream, workdir)
             targets["pump"] = Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
+        responders = start_responders(opts, workdir, children, proxies)
         progress(f"targets: {', '.join(f'{k}:{v.port}' for k, v in targets.items())}; "
                  f"nofile {soft}/{hard}; load {os.getloadavg()}")
-        results = asyncio.run(run(opts, targets, beam, progress))
+        results = asyncio.run(run(opts, targets, responders, beam, progress))
     finally:
+        for p in proxies:
+            p.stop()
+        for c in children:
+            c.terminate()
+            c.wait(10)
         if fw is not None:
             fw.stop()
         if pump is not None:

@@ -126,7 +126,12 @@ class _Inbound:
     def read(self, handlers: dict[int, Handler]) -> None:
         """Set the methods this direction stops at, and what reads each."""
         self.handlers = handlers
-        self.stop_at = frozenset(handlers)
+        stop_at = frozenset(handlers)
+        # one set per distinct table, shared by every connection (600 bytes each, issue 19)
+        self.stop_at = _STOP_SETS.setdefault(stop_at, stop_at)
+
+
+_STOP_SETS: dict[frozenset[int], frozenset[int]] = {}
 
 
 def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> bytes:
