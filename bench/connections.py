@@ -58,7 +58,7 @@ from floodwall.dev.devbroker import LocalBroker, free_port
 from floodwall.dev.devproxy import ProxyProcess, child_env
 
 REPO = Path(__file__).resolve().parents[1]
-TARGETS = ("direct", "floodwall", "pump")
+TARGETS = ("direct", "floodwall", "base", "pump")  # base: another checkout (--base DIR)
 FD_RESERVE = 64  # descriptors a relay needs besides two per connection
 HEARTBEAT = 60  # seconds, negotiated by every client here
 
@@ -395,6 +395,7 @@ class Options:
     broker_rate: int = 200
     rate_seconds: float = 5.0
     targets: tuple[str, ...] = TARGETS
+    base: Path | None = None  # a checkout of an earlier floodwall, for "base"
 
 
 async def settle(broker: psutil.Process | None, cores: float = 0.15,
@@ -493,6 +494,17 @@ def raise_fd_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
+def start_floodwall(name: str, upstream: str, workdir: Path, root: Path,
+                    proxies: list[ProxyProcess], extra: list[str], ready: bool = True
+                    ) -> Target:
+    fw = ProxyProcess(upstream=upstream, logfile=workdir / f"{name}.log",
+                      extra_args=["--event-loop", "auto", *extra], root=root)
+    proxies.append(fw)
+    fw.start(wait_ready=ready)
+    assert fw.process is not None
+    return Target(name, "127.0.0.1", fw.port, psutil.Process(fw.process.pid))
+
+
 def start_responders(opts: Options, workdir: Path, children: list[subprocess.Popen[bytes]],
                      proxies: list[ProxyProcess]) -> dict[str, Target]:
     """The handshake responder, and a floodwall and a pump in front of it."""
@@ -505,14 +517,10 @@ def start_responders(opts: Options, workdir: Path, children: list[subprocess.Pop
     wait_port("127.0.0.1", port, proc)
     out = {"responder": Target("responder", "127.0.0.1", port, None)}
     upstream = f"127.0.0.1:{port}"
-    if "floodwall" in opts.targets:
-        fw = ProxyProcess(upstream=upstream, logfile=workdir / "floodwall-responder.log",
-                          extra_args=["--event-loop", "auto"], root=REPO)
-        proxies.append(fw)
-        fw.start(wait_ready=False)
-        assert fw.process is not None
-        out["floodwall>responder"] = Target("floodwall>responder", "127.0.0.1", fw.port,
-                                            psutil.Process(fw.process.pid))
+    for name, root in (("floodwall", REPO), ("base", opts.base)):
+        if name in opts.targets and root is not None:
+            out[f"{name}>responder"] = start_floodwall(f"{name}>responder", upstream, workdir,
+                                                       root, proxies, [], ready=False)
     if "pump" in opts.targets:
         pump, pport = start_pump(upstream, workdir, "pump-responder.log")
         children.append(pump)
@@ -627,6 +635,8 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                    help="new connections a second to the real broker")
     p.add_argument("--rate-seconds", type=float, default=5.0)
     p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--base", type=Path, default=None,
+                   help="a checkout of an earlier floodwall, run as the target \"base\"")
     p.add_argument("--floodwall-args", default="", help="more arguments for `floodwall run`")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--hold", default=None, help=argparse.SUPPRESS)  # the holder child
@@ -639,7 +649,7 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                    hold_seconds=a.hold_seconds, probe_seconds=a.probe_seconds,
                    probe_interval=a.probe_interval, rate=a.rate, broker_rate=a.broker_rate,
                    rate_seconds=a.rate_seconds,
-                   targets=targets), a
+                   targets=targets, base=a.base), a
 
 
 def _uvloop() -> None:
@@ -679,7 +689,6 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or REPO / "bench" / "out" / f"connections-{started:%Y%m%d-%H%M%S}.json"
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-conns-"))
     broker = LocalBroker(workdir / "rabbit", config_extra=f"prometheus.tcp.port = {free_port()}\n")
-    fw: ProxyProcess | None = None
     pump: subprocess.Popen[bytes] | None = None
     children: list[subprocess.Popen[bytes]] = []
     proxies: list[ProxyProcess] = []
@@ -690,14 +699,10 @@ def main(argv: list[str] | None = None) -> int:
         beam = beam_of(broker)
         upstream = f"{ep.host}:{ep.amqp_port}"
         targets = {"direct": Target("direct", ep.host, ep.amqp_port, None)}
-        if "floodwall" in opts.targets:
-            fw = ProxyProcess(upstream=upstream, logfile=workdir / "floodwall.log",
-                              extra_args=["--event-loop", "auto",
-                                          *args.floodwall_args.split()], root=REPO)
-            fw.start()
-            assert fw.process is not None
-            targets["floodwall"] = Target("floodwall", "127.0.0.1", fw.port,
-                                          psutil.Process(fw.process.pid))
+        for name, root in (("floodwall", REPO), ("base", opts.base)):
+            if name in opts.targets and root is not None:
+                targets[name] = start_floodwall(name, upstream, workdir, root, proxies,
+                                                args.floodwall_args.split())
         if "pump" in opts.targets:
             pump, pport = start_pump(upstream, workdir)
             targets["pump"] = Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
@@ -711,8 +716,6 @@ def main(argv: list[str] | None = None) -> int:
         for c in children:
             c.terminate()
             c.wait(10)
-        if fw is not None:
-            fw.stop()
         if pump is not None:
             pump.terminate()
             pump.wait(10)
@@ -720,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
         broker.remove()
     doc = {"started": started.isoformat(), "connections": opts.connections,
            "rate": opts.rate, "rate_seconds": opts.rate_seconds, "nofile": [soft, hard],
-           "notes": notes, "options": vars(opts) | {"targets": list(opts.targets)},
+           "notes": notes,
+           "options": vars(opts) | {"targets": list(opts.targets), "base": str(opts.base)},
            "machine": f"{platform.node()} {os.cpu_count()} cpus, Python "
                       f"{platform.python_version()}",
            "load_after": os.getloadavg(), "elapsed_s": time.monotonic() - t_start,

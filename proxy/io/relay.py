@@ -76,6 +76,34 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
     return Amqp10Connection(header, gate10, conn_id, refuse_external=refuse_external), gate10
 
 
+async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide]) -> None:
+    """Connect to the broker's addresses in the resolver's order, as create_connection does
+    with a name's (``UpstreamAddresses``: looked up once for many connections); a TLS
+    failure is not tried again on the next address."""
+    loop = asyncio.get_running_loop()
+    tls = s.upstream_tls
+    hosts = [s.upstream_host] if s.addresses is None else await s.addresses.resolve()
+    for n, host in enumerate(hosts):
+        try:
+            if tls is None:
+                await loop.create_connection(side, host, s.upstream_port)
+            else:
+                await loop.create_connection(
+                    side, host, s.upstream_port, ssl=tls.context,
+                    server_hostname=tls.server_name(s.upstream_host),
+                    ssl_handshake_timeout=s.connect_timeout)
+        except OSError as exc:
+            tls_failed = isinstance(exc, ssl.SSLError)
+            if n < len(hosts) - 1 and not tls_failed:
+                continue
+            if s.addresses is not None and not tls_failed:
+                s.addresses.failed()  # the next client looks the name up again
+            raise
+        if n and s.addresses is not None:
+            s.addresses.worked(host)  # tried first from now on
+        return
+
+
 class Paused(Flag):
     """Why a client's socket is not read now (any of them stops it)."""
 
@@ -93,10 +121,7 @@ class RelayedConnection(asyncio.Protocol):
 
     Reading stops on one side while the other side's write buffer is over its high-water
     mark (explicit backpressure, never unbounded buffering). Either side closing closes the
-    other once what was queued for it has been written.
-
-    Its footprint is per connection, so it has slots and allocates nothing an idle
-    connection does not use (issue 19: 10,000 connections in one sidecar).
+    other once what was queued for it has been written. Slots: one per connection (issue 19).
     """
 
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
@@ -189,31 +214,11 @@ class RelayedConnection(asyncio.Protocol):
 
     async def _connect_upstream(self) -> None:
         s = self.settings
-        loop = asyncio.get_running_loop()
         tls = s.upstream_tls
         try:
             # asyncio.timeout, not wait_for: no second task per connection (issue 19)
             async with asyncio.timeout(s.connect_timeout):
-                hosts = [s.upstream_host] if s.addresses is None else await s.addresses.resolve()
-                for n, host in enumerate(hosts):  # in the resolver's order, as
-                    try:                          # create_connection tries them
-                        if tls is None:
-                            await loop.create_connection(lambda: UpstreamSide(self), host,
-                                                         s.upstream_port)
-                        else:
-                            await loop.create_connection(
-                                lambda: UpstreamSide(self), host, s.upstream_port,
-                                ssl=tls.context, server_hostname=tls.server_name(s.upstream_host),
-                                ssl_handshake_timeout=s.connect_timeout)
-                    except OSError:
-                        if n < len(hosts) - 1:
-                            continue
-                        if s.addresses is not None:
-                            s.addresses.failed()  # the next client looks the name up again
-                        raise
-                    if n and s.addresses is not None:
-                        s.addresses.worked(host)  # tried first from now on
-                    break
+                await connect_to_broker(s, lambda: UpstreamSide(self))
         except ssl.SSLError as exc:
             assert tls is not None
             self.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
