@@ -1,10 +1,13 @@
 """Many connections through one sidecar: memory per idle connection, how long a new client
 waits with thousands open, and the handshake at a steady rate of new connections; direct,
-floodwall and the byte pump side by side, on one private broker.
+floodwall, an earlier checkout (``--base DIR``) and the byte pump side by side, on one
+private broker.
 
-``python -m bench.connections [--connections 10000] [--rate 1000] [--rate-seconds 5]``
+``python -m bench.connections [--connections 10000] [--rate 1000] [--rate-seconds 5]
+[--base DIR]``
 
-For each target in turn (direct, floodwall, pump; ``--rounds`` times, in rotating order):
+For each target in turn (direct, floodwall, base, pump; ``--rounds`` times, in rotating
+order), once the broker is idle again:
 1. *served at 0*: a new client's time to ``connection.open-ok`` with nothing else open, for
    ``--probe-seconds``: pika (``BlockingConnection``, heartbeat 60 s) and the raw client
    below, alternated, one every ``--probe-interval``;
@@ -15,10 +18,13 @@ For each target in turn (direct, floodwall, pump; ``--rounds`` times, in rotatin
 4. *served at N*: the same probes as 1 for ``--hold-seconds`` (longer than one heartbeat
    period, so every connection's heartbeats pass during it), and the relay's CPU meanwhile;
 5. the holder aborts them all; RSS after.
-Then the *rate* run, per target, alternated for ``--rounds``: a new raw connection every
-``1 / --rate`` seconds for ``--rate-seconds`` (header, start-ok, tune-ok + open, open-ok
-timed; then connection.close), with nothing else open: the handshake time, and what the
-relay adds to the direct one.
+Then the *rate* runs, alternated for 3 x ``--rounds``: a new raw connection every ``1 /
+rate`` seconds for ``--rate-seconds`` (header, start-ok, tune-ok + open, open-ok timed; then
+connection.close), with nothing else open: the handshake time, what the relay adds to the
+direct one, and the relay's CPU per connection. At ``--rate`` through a handshake
+responder (a child answering with pre-encoded frames: the broker's part costs nothing, so
+what a relay adds shows where RabbitMQ could not take the rate), and at ``--broker-rate``
+against the broker itself.
 
 The raw client is pre-encoded frames and a frame walker (no pamqp on its path), so that
 10,000 connections cost the bench little. File descriptors: the relay holds two per
