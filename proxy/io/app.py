@@ -38,6 +38,7 @@ from floodwall.control.controller import QueueKey
 from floodwall.control.memory import MemoryBudget
 from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
+from floodwall.io.fds import FD_RESERVE, FEW_CONNECTIONS, FdLimit, raise_fd_limit
 from floodwall.io.fleet import FleetService
 from floodwall.io.memory import MemoryReturn
 from floodwall.io.readiness import UpstreamProbe
@@ -52,6 +53,7 @@ from floodwall.io.tls import (
     UpstreamTlsContext,
     explain,
 )
+from floodwall.io.upstream_address import UpstreamAddresses
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.fleet_view import FleetFigures
 from floodwall.ops.logs import event
@@ -111,6 +113,7 @@ class Proxy:
             upstream_tls=self.upstream_tls,
             relay_external=(settings.upstream_tls is not None
                             and settings.upstream_tls.relay_external),
+            addresses=UpstreamAddresses(*settings.upstream),
         )
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server | TlsListener] = []
@@ -123,11 +126,13 @@ class Proxy:
         self.listen_port: int | None = None
         self.listen_tls_port: int | None = None
         self.admin_port: int | None = None
+        self.fd_limit = FdLimit(0, 0, 0)  # raised in start()
         self.probe = UpstreamProbe(settings, self.upstream_tls, self.stats, self.upstream_label)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.fd_limit = raise_fd_limit()  # two descriptors per connection (io/fds.py)
         if self.spool is not None:
             await self.spool.start()  # recovered before any client can publish
             await self._know_spooled_queues()
@@ -190,7 +195,14 @@ class Proxy:
                      else "off"), event_loop=event_loop,
               hold_budget=self.settings.hold_budget,
               memory_budget=self.settings.memory_budget if self.flow is not None else "off",
-              memory_budget_from=self.settings.memory_budget_source)
+              memory_budget_from=self.settings.memory_budget_source,
+              fd_limit=self.fd_limit.soft, max_connections=self.fd_limit.connections)
+        if self.fd_limit.connections < FEW_CONNECTIONS:
+            event(log, "fd_limit_low", logging.WARNING, fd_limit=self.fd_limit.soft,
+                  fd_hard_limit=self.fd_limit.hard, max_connections=self.fd_limit.connections,
+                  reason=f"each connection needs two file descriptors (+{FD_RESERVE}): "
+                         "raise the hard RLIMIT_NOFILE (ulimit -n, the container runtime's "
+                         "nofile) for more")
 
     @property
     def upstream_label(self) -> str:
@@ -312,6 +324,8 @@ class Proxy:
             server.close()
         for task in list(self._tasks):
             task.cancel()
+        if self.relay_settings.addresses is not None:
+            self.relay_settings.addresses.close()
         for conn in list(self.stats.live):
             if isinstance(conn, RelayedConnection):
                 conn.close()

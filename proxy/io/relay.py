@@ -8,6 +8,7 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
+from enum import Flag, auto
 from typing import TYPE_CHECKING, Any, cast
 
 from floodwall.control.controller import QueueKey
@@ -15,6 +16,7 @@ from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.enforce.shared import ConnectionGate
 from floodwall.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
+from floodwall.io.upstream_address import UpstreamAddresses
 from floodwall.ops.logs import event, event_limited
 from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
 from floodwall.wire.amqp091.connection import close_frame
@@ -51,6 +53,8 @@ class RelaySettings:
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
     upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
     relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
+    # the broker's addresses, looked up once for many connections; None: upstream_host as is
+    addresses: UpstreamAddresses | None = None
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
@@ -72,13 +76,58 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
     return Amqp10Connection(header, gate10, conn_id, refuse_external=refuse_external), gate10
 
 
+async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide]) -> None:
+    """Connect to the broker's addresses in the resolver's order, as create_connection does
+    with a name's (``UpstreamAddresses``: looked up once for many connections); a TLS
+    failure is not tried again on the next address."""
+    loop = asyncio.get_running_loop()
+    tls = s.upstream_tls
+    hosts = [s.upstream_host] if s.addresses is None else await s.addresses.resolve()
+    for n, host in enumerate(hosts):
+        try:
+            if tls is None:
+                await loop.create_connection(side, host, s.upstream_port)
+            else:
+                await loop.create_connection(
+                    side, host, s.upstream_port, ssl=tls.context,
+                    server_hostname=tls.server_name(s.upstream_host),
+                    ssl_handshake_timeout=s.connect_timeout)
+        except OSError as exc:
+            tls_failed = isinstance(exc, ssl.SSLError)
+            if n < len(hosts) - 1 and not tls_failed:
+                continue
+            if s.addresses is not None and not tls_failed:
+                s.addresses.failed()  # the next client looks the name up again
+            raise
+        if n and s.addresses is not None:
+            s.addresses.worked(host)  # tried first from now on
+        return
+
+
+class Paused(Flag):
+    """Why a client's socket is not read now (any of them stops it)."""
+
+    CONNECTING = auto()  # until the upstream is there
+    UPSTREAM_BACKPRESSURE = auto()  # the broker's side does not take more
+    HOLD_BUDGET = auto()  # this connection holds more than its budget
+    MEMORY_BUDGET = auto()  # the process' held bytes are at its memory budget
+
+
+NOT_PAUSED = Paused(0)
+
+
 class RelayedConnection(asyncio.Protocol):
     """A client's socket: detects the protocol, opens the upstream, relays through the core.
 
     Reading stops on one side while the other side's write buffer is over its high-water
     mark (explicit backpressure, never unbounded buffering). Either side closing closes the
-    other once what was queued for it has been written.
+    other once what was queued for it has been written. Slots: one per connection (issue 19).
     """
+
+    __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
+                 "_head", "_paused", "_pending", "_retire_timer", "_unreachable", "client",
+                 "conn_id", "core", "from_client", "from_server", "gate", "peer", "protocol",
+                 "settings", "stats", "upstream")
 
     def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
@@ -96,7 +145,7 @@ class RelayedConnection(asyncio.Protocol):
         self._connect_task: asyncio.Task[None] | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._closed = False
-        self._client_paused: set[str] = set()  # why the client's socket is not read
+        self._paused = NOT_PAUSED  # why the client's socket is not read
         self.gate: ConnectionGate | None = None
         self._client_gone = False
         self._retire_timer: asyncio.TimerHandle | None = None
@@ -160,23 +209,16 @@ class RelayedConnection(asyncio.Protocol):
         self.stats.accepted[self.protocol] += 1
         self.stats.live.add(self)
         self._pending += header + rest
-        self._pause_client("connecting")  # until the upstream is there
+        self._pause_client(Paused.CONNECTING)
         self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
 
     async def _connect_upstream(self) -> None:
         s = self.settings
-        loop = asyncio.get_running_loop()
         tls = s.upstream_tls
         try:
-            if tls is None:
-                connecting = loop.create_connection(lambda: UpstreamSide(self), s.upstream_host,
-                                                    s.upstream_port)
-            else:
-                connecting = loop.create_connection(
-                    lambda: UpstreamSide(self), s.upstream_host, s.upstream_port,
-                    ssl=tls.context, server_hostname=tls.server_name(s.upstream_host),
-                    ssl_handshake_timeout=s.connect_timeout)
-            await asyncio.wait_for(connecting, s.connect_timeout)
+            # asyncio.timeout, not wait_for: no second task per connection (issue 19)
+            async with asyncio.timeout(s.connect_timeout):
+                await connect_to_broker(s, lambda: UpstreamSide(self))
         except ssl.SSLError as exc:
             assert tls is not None
             self.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
@@ -208,7 +250,7 @@ class RelayedConnection(asyncio.Protocol):
         self._handshake_timer = asyncio.get_running_loop().call_later(
             self.settings.handshake_timeout, self._close_both)
         self._answer(pending)
-        self._resume_client("connecting")
+        self._resume_client(Paused.CONNECTING)
 
     def _answer(self, data: bytes) -> None:
         answer = self._unreachable
@@ -248,18 +290,18 @@ class RelayedConnection(asyncio.Protocol):
             self.core.receive_from_client(pending[HEADER_SIZE:], self._clock())
             self._flush(self.core)
         if not self._closed:
-            self._resume_client("connecting")
+            self._resume_client(Paused.CONNECTING)
 
-    def _pause_client(self, why: str) -> None:
-        if not self._client_paused and self.client is not None:
+    def _pause_client(self, why: Paused) -> None:
+        if not self._paused and self.client is not None:
             self.client.pause_reading()
-        self._client_paused.add(why)
+        self._paused |= why
 
-    def _resume_client(self, why: str) -> None:
-        if why not in self._client_paused:
+    def _resume_client(self, why: Paused) -> None:
+        if not self._paused & why:
             return
-        self._client_paused.discard(why)
-        if not self._client_paused and self.client is not None and not self._closed:
+        self._paused &= ~why
+        if not self._paused and self.client is not None and not self._closed:
             self.client.resume_reading()
 
     # -- the gate, outside a read (the switchboard, the expiry timer, the spool) ---------
@@ -333,22 +375,22 @@ class RelayedConnection(asyncio.Protocol):
         """Stop reading this connection past its hold budget, or while the process' memory
         budget is reached and it holds publishes; read it again when it is back under."""
         if flow.over_budget:
-            if "hold budget" not in self._client_paused \
+            if not self._paused & Paused.HOLD_BUDGET \
                     and flow.held_bytes > flow.hold_budget:
                 event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
                       peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
                       action="stopped reading this connection")
-            self._pause_client("hold budget")
-        elif "hold budget" in self._client_paused:
-            self._resume_client("hold budget")
+            self._pause_client(Paused.HOLD_BUDGET)
+        elif self._paused & Paused.HOLD_BUDGET:
+            self._resume_client(Paused.HOLD_BUDGET)
         board = self.settings.board
         if board is not None and board.memory is not None and not self._client_gone \
                 and board.memory_reached(self.conn_id, flow.held_bytes):
-            self._pause_client("memory budget")
+            self._pause_client(Paused.MEMORY_BUDGET)
 
     def memory_resumed(self) -> None:
         """The process' held bytes are back under the memory budget's resume level."""
-        self._resume_client("memory budget")
+        self._resume_client(Paused.MEMORY_BUDGET)
 
     def _retire_upstream(self, core: RelayCore) -> None:
         """A vanished client's held publishes are all written: end its broker connection as
@@ -413,9 +455,9 @@ class RelayedConnection(asyncio.Protocol):
 
     def upstream_paused(self, paused: bool) -> None:
         if paused:
-            self._pause_client("upstream backpressure")
+            self._pause_client(Paused.UPSTREAM_BACKPRESSURE)
         else:
-            self._resume_client("upstream backpressure")
+            self._resume_client(Paused.UPSTREAM_BACKPRESSURE)
 
     def upstream_lost(self, exc: Exception | None = None) -> None:
         tls = self.settings.upstream_tls
@@ -571,6 +613,8 @@ def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
 
 class UpstreamSide(asyncio.Protocol):
     """The proxy's socket to the broker for one client connection."""
+
+    __slots__ = ("owner",)
 
     def __init__(self, owner: RelayedConnection) -> None:
         self.owner = owner

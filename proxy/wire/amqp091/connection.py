@@ -133,7 +133,12 @@ class _Inbound:
     def read(self, handlers: dict[int, Handler]) -> None:
         """Set the methods this direction stops at, and what reads each."""
         self.handlers = handlers
-        self.stop_at = frozenset(handlers)
+        stop_at = frozenset(handlers)
+        # one set per distinct table, shared by every connection (600 bytes each, issue 19)
+        self.stop_at = _STOP_SETS.setdefault(stop_at, stop_at)
+
+
+_STOP_SETS: dict[frozenset[int], frozenset[int]] = {}
 
 
 _NO_CHANNELS: Final[frozenset[int]] = frozenset()
