@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from floodwall.control.admission import HOT_INTERVAL, allowance
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import HOT_MIN_MARGIN
+from floodwall.control.events import QueueTripped
 from floodwall.control.fleet import (
     MIN_WANT,
     QueueReport,
@@ -110,7 +111,7 @@ def test_a_member_trips_when_its_share_of_the_room_is_used() -> None:
     assert KEY not in fc.tripped
     fc.forwarded("/", NAMES, M, t)
     assert KEY in fc.tripped
-    tripped = [e for e in fc.take_output() if type(e).__name__ == "QueueTripped"]
+    tripped = [e for e in fc.take_output() if isinstance(e, QueueTripped)]
     assert tripped and tripped[0].share_limit_bytes == CAPACITY // 4
     # alone (no rule), the same member forwards the whole capacity
     alone = member(None)
