@@ -300,9 +300,15 @@ class QueueDepth:
         return Depth(m.message_bytes, m.messages_ready + m.messages_unacknowledged)
 
     def average_body_bytes(self) -> int:
-        """Mean body size: from the broker's figures when it has messages, else our ledger."""
+        """Mean body size: from the broker's figures when it has messages, else our ledger.
+
+        Figures with ready messages but no ready bytes (the API's counts and byte statistics
+        are collected apart: a fresh queue can show the one before the other) are not a mean
+        of 0: the ledger's is taken (a mean of 0 made every count read as an empty queue in
+        bytes, and a fleet member released on it: bench/RESULTS.md "Fleet")."""
         m = self.management
-        if m is not None and m.messages_ready > 0 and m.bytes_known:
+        if m is not None and m.messages_ready > 0 and m.bytes_known \
+                and m.message_bytes_ready > 0:
             return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
         if self.forwarded_messages_total:
             return -(-self.forwarded_bytes_total // self.forwarded_messages_total)
