@@ -254,3 +254,20 @@ def test_a_modest_member_gets_its_demand_and_the_greedy_one_the_rest() -> None:
                        demands_per_ms=[0.3, 20.0])
     assert sent[0] >= 0.95 * 0.3 * 3000  # all it asked for
     assert sent[1] >= 0.9 * (3000 * 2.0 - sent[0])
+
+
+def test_a_fresh_queue_counts_the_members_that_have_not_reported_it_yet() -> None:
+    """A queue declared for the whole fleet at once: each member polices it before it hears
+    the others report it. For ``QUEUE_GRACE`` the members of its vhost that have not
+    reported it count as newcomers (an equal share each), not as absent (the whole room:
+    N members each taking it was bench.fleet's first fill, 8 x 1 MiB)."""
+    from tests.test_fleet import _ann, _table
+    t = _table()
+    t.heard(_ann("me", 1), 0.0)
+    for m in ("b", "c", "d"):
+        t.heard(_ann(m, 1, queue="other"), 0.01)  # on the vhost, not (yet) reporting KEY
+    mine = QueueReport(0.0, 0, None)
+    assert t.rule(KEY, mine, 0.02) is None  # after the grace: they do not police it
+    fresh = t.rule(KEY, mine, 0.02, fresh=True)
+    assert fresh is not None
+    assert fresh.share(1000.0) == pytest.approx(250.0)

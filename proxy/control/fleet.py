@@ -51,6 +51,10 @@ EXCHANGE_PREFIX = "floodwall.fleet."
 ANNOUNCE_INTERVAL = 0.1
 COLD_INTERVAL = 1.0
 MEMBER_TIMEOUT = 2.5
+#: How long after this sidecar begins policing a queue the fleet's members that have not
+#: reported it yet count as its newcomers (``FleetTable.rule``): a cold interval and two
+#: hot ones, by when each has announced it (a new queue is announced at once).
+QUEUE_GRACE = COLD_INTERVAL + 2 * ANNOUNCE_INTERVAL
 #: Held bytes count as demand to be met within this many seconds.
 DEMAND_HORIZON = 1.0
 #: Weight of the newest interval in a member's ingress rate.
@@ -564,15 +568,26 @@ class FleetTable:
         mine = self._heard.get(member)
         return max(h.at for h in mine.values()) if mine else None
 
-    def rule(self, key: QueueKey, mine: QueueReport, now: float) -> ShareRule | None:
+    def rule(self, key: QueueKey, mine: QueueReport, now: float, fresh: bool = False
+             ) -> ShareRule | None:
         """How this sidecar sizes its share of ``key``'s headroom now (``ShareRule``), from
         ``mine`` (its report as announced) and the live members' reports; None when it is
-        alone on the queue and hears the fleet (the whole headroom is its own)."""
+        alone on the queue and hears the fleet (the whole headroom is its own).
+
+        ``fresh``: this sidecar began policing ``key`` lately (``QUEUE_GRACE``): the live
+        members of its vhost that do not report it yet may police it too, not having
+        announced since (a queue declared for the whole fleet at once): each counts as a
+        newcomer (an equal share) rather than as absent."""
         reports = self.reports(key, now)
         deaf = self.deaf(now)
-        if not reports and not deaf:
+        pending: list[str] = []
+        if fresh:
+            pending = [m for m, mine_ in self._heard.items()
+                       if m not in reports and key[0] in mine_]
+        if not reports and not pending and not deaf:
             return None
         demands = tuple(sorted([(m, r.demand) for m, r in reports.items()]
+                               + [(m, None) for m in pending]
                                + [(self.me, mine.demand)]))
         return ShareRule(self.me, demands, self.size(now) if deaf else 0,
                          sum(r.ingress for r in reports.values()))

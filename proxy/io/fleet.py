@@ -47,6 +47,7 @@ from floodwall.control.fleet import (
     COLD_INTERVAL,
     EXCHANGE_PREFIX,
     MEMBER_TIMEOUT,
+    QUEUE_GRACE,
     Announcement,
     FleetMessageError,
     FleetTable,
@@ -153,6 +154,7 @@ class FleetService:
         self._fed: dict[tuple[str, QueueKey], int] = {}
         self._announced: dict[str, float] = {}  # vhost -> when this sidecar last announced
         self._said: dict[QueueKey, QueueReport] = {}  # what it last announced of each queue
+        self._since: dict[QueueKey, float] = {}  # when it began policing each queue
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -247,6 +249,9 @@ class FleetService:
         mine = self._with_samples(my_reports(c, self.host.enforcement.counters, self.meter,
                                              now), now)
         hot = {k[0] for k in hot_queues(c)}
+        for key in mine.keys() - self._since.keys():  # newly policed: announced at once
+            self._since[key] = now
+            self._announced.pop(key[0], None)
         self.seq += 1
         for vhost in sorted(vhosts):
             live = self._live.get(vhost)
@@ -281,8 +286,12 @@ class FleetService:
         c = self.host.controller
         for key in self._said.keys() - mine.keys():
             del self._said[key]
+        for key in self._since.keys() - mine.keys():
+            del self._since[key]
         for key, report in mine.items():
-            c.set_share(key, self.table.rule(key, self._said.get(key, report), now), now)
+            fresh = now - self._since.get(key, now) < QUEUE_GRACE
+            c.set_share(key, self.table.rule(key, self._said.get(key, report), now, fresh),
+                        now)
 
     def _announce(self, vhost: str, client: AmqpClient, channel: int,
                   leaving: bool = False) -> None:

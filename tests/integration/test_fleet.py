@@ -133,6 +133,9 @@ def test_sidecars_find_each_other_and_a_killed_one_drops_out(
         assert gone_after <= GONE_WITHIN + 0.5
         for proc in survivors:
             assert fleet_doc(proc)["size"] == 2
+            # its share is the survivors' now: the queue's shares name the two of them
+            wait_for(lambda p=proc: set((queue_entry(p, queue) or {}).get("members", ()))
+                     == set(ids[:2]), 1.0, what="the queue shared between the two left")
             assert metric_sum(proc.get("/metrics").decode(), "floodwall_fleet_members") == 2
             left = [ln for ln in log_lines(proc.logfile, "fleet_member_left") if ids[2] in ln]
             assert left, proc.log_tail()
