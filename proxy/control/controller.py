@@ -177,7 +177,10 @@ class FlowController:
         if q is not None and q.share != share:
             q.share = share
             q.depth.others_rate = 0.0 if share is None else share.others_ingress
-            self._evaluate(q, now)
+            if q.tripped:  # its next count decides (a depth unknown stays as it was)
+                _arm(q)
+            else:
+                self._evaluate(q, now)
 
     def queue_deleted(self, key: QueueKey, now: float) -> None:
         if key in self.queues:
