@@ -198,3 +198,17 @@ def test_drain_rate_from_successive_ready_counts_and_the_ledger() -> None:
     assert d.drain_rate == pytest.approx(0.7 * 250.0)
     d.sampled_ready_count(10.6, 200, rtt=0.005)  # grew without publishes: never negative
     assert d.drain_rate == pytest.approx(0.49 * 250.0)
+
+
+def test_ready_messages_without_ready_bytes_are_not_a_mean_of_zero() -> None:
+    """The management API can give a fresh queue's counts before its byte statistics: 800
+    ready, 0 bytes. The mean body size then comes from the ledger, so a count of 800 reads as
+    800 x 1 KiB, not as an empty queue (a fleet member released on that and flooded it)."""
+    q = QueueDepth()
+    for i in range(10):
+        q.forwarded(1.0 + i * 0.01, 1024)
+    q.sampled_management(ManagementSample(2.0, 800, 0, 0, 0, 0))
+    assert q.average_body_bytes() == 1024
+    q.sampled_ready_count(3.0, 800, 0.001)
+    est = q.estimate()
+    assert est is not None and est.bytes >= 800 * 1024

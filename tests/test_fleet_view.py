@@ -76,27 +76,28 @@ def test_figures_state_and_metrics_show_every_member() -> None:
     table = FleetTable("me")
     table.expect(["/"])
     table.heard(Announcement("me", 1.0, 1, "/", {}), 1.0)
-    table.heard(Announcement("b", 1.0, 1, "/", {"orders.a": QueueReport(0, 0, 1000.0)}), 1.0)
+    table.heard(Announcement("b", 1.0, 1, "/", {"orders.a": QueueReport(0, 0, 3000.0)}), 1.0)
     mine = {Q: QueueReport(0.0, 0, 50_000.0)}
     fig = fleet_figures("default", table, fc, mine, 1.0)
     assert fig.size == 2 and not fig.deaf and fig.members == ("b",)
     q = fig.queues[Q]
     assert q.headroom == 9000.0  # 10,000 capacity - 1,000 deep
-    assert q.shares == pytest.approx({"b": 1000.0, "me": 8000.0})
-    assert fig.share(Q) == pytest.approx(8000.0)
+    # b needs 3,000 (more than half an equal share, MIN_WANT x 4,500), me the rest
+    assert q.shares == pytest.approx({"b": 3000.0, "me": 6000.0})
+    assert fig.share(Q) == pytest.approx(6000.0)
     doc = fleet_state(fig, table, FleetCounters(sent=3), 1.5)
     assert doc["members"] == [{"id": "b", "heard_seconds_ago": 0.5}]
     entry = doc["queues"][0]  # type: ignore[index]
-    assert entry["members"]["b"] == {"demand_bytes_per_second": 1000.0, "share_bytes": 1000.0}
+    assert entry["members"]["b"] == {"demand_bytes_per_second": 3000.0, "share_bytes": 3000.0}
     registry = CollectorRegistry()
     registry.register(FleetCollector(lambda: fig, FleetCounters(sent=3)))
     text = generate_latest(registry).decode()
     assert "floodwall_fleet_members 2.0" in text
-    assert 'floodwall_fleet_share_bytes{member="me",queue="orders.a",vhost="/"} 8000.0' in text
+    assert 'floodwall_fleet_share_bytes{member="me",queue="orders.a",vhost="/"} 6000.0' in text
     assert 'floodwall_fleet_announcements_total{direction="sent"} 3.0' in text
     records = Sampler("me").snapshot(fc, GateCounters(), 1.0, 1.0, fleet=fig)
     sample = next(r for r in records if r["type"] == "sample")
-    assert sample["fleet_members"] == 2 and sample["fleet_share_bytes"] == 8000
+    assert sample["fleet_members"] == 2 and sample["fleet_share_bytes"] == 6000
     side = next(r for r in records if r["type"] == "sidecar")
     assert side["fleet_members"] == 2
 

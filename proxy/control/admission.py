@@ -23,6 +23,11 @@ the count, the queue receives at most ``d x (h + r)`` plus one message beyond it
 before the next count (which shows no drain, and no headroom); ``h + r`` is capped at
 ``MAX_CREDIT_TIME``.
 
+In a fleet (``floodwall.control.fleet.ShareRule``) each sidecar admits only its share of
+that room: ``F(t - m) + share(capacity - B + d x min(now - t, h + r, 10 ms))``; the members'
+shares of one room sum to at most that room, and a share never shrinks as the room grows,
+so the fleet together admits at most the largest room any member's count showed.
+
 The margin ``m`` is ``max(2 x r, HOT_MIN_MARGIN, enqueue_lag)``: the lag the counts show
 (``QueueDepth.enqueue_lag``), which the controller raises to ``SETTLE`` at each trip (what
 went before the trip may be a flood still on its way into the queue, issue 11), so the first
@@ -39,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from floodwall.control.depth import HOT_MIN_MARGIN, QueueDepth
+from floodwall.control.depth import HOT_MIN_MARGIN, QueueDepth, RoomShare, shared
 from floodwall.control.events import ChannelAdmitted
 from floodwall.control.policy import Policy
 
@@ -59,6 +64,9 @@ class HeldQueue(Protocol):
     depth: QueueDepth
     policy: Policy
     tripped_since: float | None
+
+    @property
+    def share(self) -> RoomShare | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +93,19 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
     drain = depth.drain_rate or 0.0
     credit = drain * min(max(0.0, now - at), hot_interval + (rtt or 0.0), MAX_CREDIT_TIME)
     policy = q.policy
-    allowed_bytes = (math.inf if policy.capacity <= 0 else
-                     policy.capacity - base.bytes + before_bytes
-                     + credit * depth.average_body_bytes())
-    allowed_messages = (math.inf if policy.max_messages is None else
-                        policy.max_messages - base.messages + before_messages + credit)
-    return Allowance(allowed_bytes, allowed_messages, margin)
+    body = depth.average_body_bytes()
+    room_bytes = (None if policy.capacity <= 0
+                  else policy.capacity - base.bytes + credit * body)
+    room_messages = (None if policy.max_messages is None
+                     else policy.max_messages - base.messages + credit)
+    share = q.share
+    if share is not None:  # a fleet: this sidecar's part of the room (fleet.ShareRule)
+        f = share.fraction(room_bytes, room_messages, body)
+        room_bytes = None if room_bytes is None else shared(room_bytes, f)
+        room_messages = None if room_messages is None else shared(room_messages, f)
+    return Allowance(math.inf if room_bytes is None else before_bytes + room_bytes,
+                     math.inf if room_messages is None else before_messages + room_messages,
+                     margin)
 
 
 class Admission:

@@ -27,6 +27,7 @@ from floodwall.control.events import (
     QueueReleased,
     QueueTripped,
 )
+from floodwall.control.fleet import ShareRule
 from floodwall.control.histogram import HoldTimes
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
@@ -61,6 +62,8 @@ class PolicedQueue:
     # 1.0 deliveries forwarded to it unsettled by windowed links, not yet settled by the
     # broker (so maybe not in a count yet): the 1.0 gate's in-flight allowance reads it.
     in_flight: int = 0
+    # A fleet: this sidecar's part of the queue's headroom (``set_share``; None: all of it).
+    share: ShareRule | None = None
     # The publish path's shortcut (``FlowController.forwarded``): while the queue is not
     # tripped, its policy and its depth's base are those of the last evaluation
     # (``armed_*``) and the ledger totals are at most ``quiet_*``, an evaluation would
@@ -167,6 +170,20 @@ class FlowController:
         self.lookups.forget(lookup)
         self.lookups.start(lookup, now)
         return q
+
+    def set_share(self, key: QueueKey, share: ShareRule | None, now: float) -> None:
+        """This sidecar's part of policed queue ``key``'s headroom changed (the fleet's
+        tick; None: the whole headroom): it trips when what it forwarded since the last
+        count passes its share of the room that count left, and while held it admits its
+        share of the room each count shows (``floodwall.control.admission``)."""
+        q = self.queues.get(key)
+        if q is not None and q.share != share:
+            q.share = share
+            q.depth.others_rate = 0.0 if share is None else share.others_ingress
+            if q.tripped:  # its next count decides (a depth unknown stays as it was)
+                _arm(q)
+            else:
+                self._evaluate(q, now)
 
     def queue_deleted(self, key: QueueKey, now: float) -> None:
         if key in self.queues:
@@ -439,10 +456,13 @@ class FlowController:
         # A tripped queue is released on the settled estimate (proxy/depth.py: a ready
         # count taken while a burst is still reaching the queue must not release it).
         est = q.depth.estimate(settled=q.tripped)
+        if est is not None and q.tripped and q.share is not None:
+            est = _as_if_all_forwarded_alike(q, est)
         if est is None:
             self._apply(q, decide(q.policy, None, None, q.tripped), now)
         else:
-            self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped), now)
+            self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped)
+                        or (not q.tripped and _over_share(q)), now)
         _arm(q)
 
     def _apply(self, q: PolicedQueue, tripped: bool, now: float) -> None:
@@ -462,7 +482,8 @@ class FlowController:
             self.trips.trip(q.key, shadow)
             self.outbox.append(QueueTripped(
                 q.key, policy.name, est.bytes, est.messages, policy.capacity,
-                policy.max_messages, self._publishers_of(q.key), shadow))
+                policy.max_messages, self._publishers_of(q.key), shadow,
+                _share_limit(q)))
         else:
             if q.tripped_since is not None:
                 q.tripped_seconds += now - q.tripped_since
@@ -503,10 +524,53 @@ def _arm(q: PolicedQueue) -> None:
     limits = policy.limits
     depth = q.depth
     headroom = depth.headroom(limits.capacity if limits.capacity > 0 else None,
-                              limits.max_messages)
+                              limits.max_messages, q.share)
     if headroom is None:
         quiet = -1.0 if decide(limits, None, None, False) else math.inf
         headroom = (quiet, quiet)
     q.quiet_bytes, q.quiet_messages = headroom
     q.armed_rebases = depth.rebases
     q.armed_policy = policy
+
+
+def _over_share(q: PolicedQueue) -> bool:
+    """A fleet member forwarded more since its last count than its share of the room that
+    count left (``ShareRule``): it trips, though the queue may not be full yet."""
+    if q.share is None:
+        return False
+    limits = q.policy.limits
+    depth = q.depth
+    totals = depth.headroom(limits.capacity if limits.capacity > 0 else None,
+                            limits.max_messages, q.share)
+    return totals is not None and (depth.forwarded_bytes_total > totals[0]
+                                   or depth.forwarded_messages_total > totals[1])
+
+
+def _as_if_all_forwarded_alike(q: PolicedQueue, est: Depth) -> Depth:
+    """A fleet member's estimate for its release decision: the base, plus what it forwarded
+    since divided by its part of the room (were every member forwarding alike), so that a
+    member whose count is older than the others' does not release on its own small part."""
+    depth, policy = q.depth, q.policy
+    base = depth.base
+    if base is None or q.share is None:
+        return est
+    f = q.share.fraction(
+        None if policy.capacity <= 0 else float(policy.capacity - base.bytes),
+        None if policy.max_messages is None else float(policy.max_messages - base.messages),
+        depth.average_body_bytes())
+    if f >= 1.0:
+        return est
+    if f <= 0.0:
+        return Depth(max(est.bytes, policy.capacity + 1), est.messages)
+    return Depth(base.bytes + round(max(0, est.bytes - base.bytes) / f),
+                 base.messages + round(max(0, est.messages - base.messages) / f))
+
+
+def _share_limit(q: PolicedQueue) -> int | None:
+    """The depth (bytes) at which a fleet member's share of the room ran out: the base plus
+    its share (None: no fleet, no byte capacity, or no base)."""
+    base, capacity = q.depth.base, q.policy.capacity
+    if q.share is None or base is None or capacity <= 0:
+        return None
+    room = capacity - base.bytes
+    return base.bytes + int(room if room <= 0 else q.share.share(room))

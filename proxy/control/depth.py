@@ -34,6 +34,7 @@ import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 # A publish forwarded this long before a sample was requested may still not be in it.
 IN_FLIGHT_MARGIN = 0.25
@@ -54,6 +55,18 @@ DRAIN_SPAN = 0.05
 HOT_MIN_MARGIN = MIN_MARGIN
 # While the counts show no lag, the enqueue-lag estimate halves every this many seconds.
 LAG_HALF_LIFE = 1.0
+
+
+class RoomShare(Protocol):
+    """The part of a queue's room this sidecar may fill (a fleet's ``ShareRule``)."""
+
+    def fraction(self, room_bytes: float | None, room_messages: float | None,
+                 body_bytes: int) -> float: ...
+
+
+def shared(room: float, fraction: float) -> float:
+    """``fraction`` of a room (a room <= 0, already overfull, stays what it is)."""
+    return room * fraction if room > 0 else room
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +123,10 @@ class QueueDepth:
     # (``_watch_lag``); the controller raises it to SETTLE at each trip.
     enqueue_lag: float = 0.0
     _lag_since: float = -math.inf  # when ``expect_lag`` last raised it
+    # A fleet: body bytes/s the other members forward into the queue, as they announce it
+    # (``FlowController.set_share``): what the counts show of theirs is neither lag nor a
+    # lack of drain.
+    others_rate: float = 0.0
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int) -> None:
@@ -169,11 +186,14 @@ class QueueDepth:
         taking messages between the two counts hide a rise: the estimate errs low then, and
         ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
         (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
-        as lag at every count.)"""
+        as lag at every count.) In a fleet, what the other members forwarded between the
+        two counts, at their announced rate (``others_rate``), is no lag; and as a rise
+        beyond it may still be theirs (a burst, an announcement behind), a lag seen is
+        capped at ``SETTLE`` (what each trip assumes anyway) rather than ``MAX_MARGIN``."""
         fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
         earlier = self._totals_before(before_at - fast)[1]
         arrived = self._totals_before(at - fast)[1] - earlier
-        excess = ready - before - arrived
+        excess = ready - before - arrived - self._others_between(before_at, at)
         if excess < 1:
             since = max(before_at, self._lag_since)
             self.enqueue_lag *= 0.5 ** (max(0.0, at - since) / LAG_HALF_LIFE)
@@ -181,9 +201,10 @@ class QueueDepth:
         ledger = self._ledger
         target = earlier - excess  # the first missing publish was this one (cumulative)
         i = bisect_left(ledger, target, key=lambda e: e[2])
-        lag = (MAX_MARGIN if i == len(ledger) or target <= self._trimmed_messages
+        cap = MAX_MARGIN if self.others_rate <= 0 else SETTLE
+        lag = (cap if i == len(ledger) or target <= self._trimmed_messages
                else before_at - ledger[i][0])
-        self.enqueue_lag = min(MAX_MARGIN, max(self.enqueue_lag, lag))
+        self.enqueue_lag = min(cap, max(self.enqueue_lag, lag))
 
     def _drained(self, before: int, before_at: float, ready: int, at: float,
                  margin: float) -> None:
@@ -193,9 +214,16 @@ class QueueDepth:
         and over so short a span the in-flight margin's error would swamp the rate."""
         forwarded = self._totals_before(at - margin)[1] - self._totals_before(before_at - margin)[1]
         dt = at - before_at
-        rate = max(0, before + forwarded - ready) / dt
+        rate = max(0.0, before + forwarded + self._others_between(before_at, at) - ready) / dt
         a = DRAIN_SMOOTHING
         self.drain_rate = rate if self.drain_rate is None else a * rate + (1 - a) * self.drain_rate
+
+    def _others_between(self, before_at: float, at: float) -> float:
+        """Messages the fleet's other members forwarded between two counts, at their
+        announced rate (0 without a fleet)."""
+        if self.others_rate <= 0:
+            return 0.0
+        return self.others_rate * (at - before_at) / max(1, self.average_body_bytes())
 
     def sampled_management(self, sample: ManagementSample) -> None:
         if self.management is not None and sample.taken_at < self.management.taken_at:
@@ -220,8 +248,8 @@ class QueueDepth:
         return Depth(base.bytes + self.forwarded_bytes_total - self._base_bytes_mark,
                      base.messages + self.forwarded_messages_total - self._base_messages_mark)
 
-    def headroom(self, max_bytes: int | None, max_messages: int | None
-                 ) -> tuple[float, float] | None:
+    def headroom(self, max_bytes: int | None, max_messages: int | None,
+                 share: RoomShare | None = None) -> tuple[float, float] | None:
         """The ledger totals (bytes, messages) up to which the estimate stays within
         ``max_bytes`` / ``max_messages`` (None: no such limit, ``inf``), until the next
         rebase (``rebases``); None when the depth is unknown.
@@ -229,14 +257,27 @@ class QueueDepth:
         ``estimate().bytes <= max_bytes`` exactly when ``forwarded_bytes_total`` is at most
         the first figure, and the same for messages: a caller can compare the running totals
         with these instead of making an estimate per publish.
+
+        ``share`` (a fleet: ``floodwall.control.fleet.ShareRule``): only this sidecar's part
+        of the room the base leaves (a room <= 0 is not shared).
         """
         base = self._base
         if base is None:
             return None
-        return (math.inf if max_bytes is None
-                else max_bytes - base.bytes + self._base_bytes_mark,
-                math.inf if max_messages is None
-                else max_messages - base.messages + self._base_messages_mark)
+        room_bytes = None if max_bytes is None else float(max_bytes - base.bytes)
+        room_messages = None if max_messages is None else float(max_messages - base.messages)
+        if share is not None:
+            f = share.fraction(room_bytes, room_messages, self.average_body_bytes())
+            room_bytes = None if room_bytes is None else shared(room_bytes, f)
+            room_messages = None if room_messages is None else shared(room_messages, f)
+        return (math.inf if room_bytes is None else room_bytes + self._base_bytes_mark,
+                math.inf if room_messages is None
+                else room_messages + self._base_messages_mark)
+
+    @property
+    def base(self) -> Depth | None:
+        """The depth per the newest sample (ready count or management), ledger aside."""
+        return self._base
 
     @property
     def counted_base(self) -> Depth | None:
@@ -260,8 +301,11 @@ class QueueDepth:
 
     def average_body_bytes(self) -> int:
         """Mean body size: from the broker's figures when it has ready messages and their
-        bytes, else our ledger (ready messages without bytes: counts the byte figures have
-        not caught up with; see ``sample_from_queue_doc``)."""
+        bytes, else our ledger. Figures with ready messages but no ready bytes (the API's
+        counts and byte statistics are collected apart: a fresh queue can show the one
+        before the other; see ``sample_from_queue_doc``) are not a mean of 0: a mean of 0
+        made every count read as an empty queue in bytes, and a fleet member released on
+        it (bench/RESULTS.md "Fleet")."""
         m = self.management
         if m is not None and m.messages_ready > 0 and m.bytes_known and m.message_bytes_ready:
             return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high

@@ -44,6 +44,8 @@ class QueueTripped:
     max_messages: int | None
     publishers: str  # "conn/channel,..." already blocked on it
     shadow: bool = False  # its policy is in shadow mode: nothing is held
+    # A fleet member: the depth at which its share of the room ran out (None: no fleet).
+    share_limit_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

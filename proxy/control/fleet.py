@@ -19,8 +19,13 @@ Rules (docs/architecture.md, "A fleet of sidecars"):
 - Shares of a queue's headroom are max-min fair on demand (``max_min_shares``): a member
   that needs less than an equal share gets what it needs, the rest is split evenly among
   the others; what nobody needs is split evenly too. A member with no measured demand yet
-  (a newcomer) asks for exactly an equal share. The shares never sum to more than the
-  headroom. Deaf, a member's share is ``headroom / size`` (``fallback_share``).
+  (a newcomer) asks for exactly an equal share, and none asks for less than half of one
+  (``MIN_WANT``: ``fleet_shares``). The shares never sum to more than the headroom. Deaf,
+  a member's share is at most ``headroom / size`` (``fallback_share``).
+- The shares are enforced (``ShareRule``, handed to the controller at each tick): a member
+  trips when what it forwarded since its last count passes its share of the headroom that
+  count showed, and while a queue is held it admits its share of the room each count
+  shows (``floodwall.control.admission``).
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ EXCHANGE_PREFIX = "floodwall.fleet."
 ANNOUNCE_INTERVAL = 0.1
 COLD_INTERVAL = 1.0
 MEMBER_TIMEOUT = 2.5
+#: How long after this sidecar begins policing a queue the fleet's members that have not
+#: reported it yet count as its newcomers (``FleetTable.rule``): a cold interval and two
+#: hot ones, by when each has announced it (a new queue is announced at once).
+QUEUE_GRACE = COLD_INTERVAL + 2 * ANNOUNCE_INTERVAL
 #: Held bytes count as demand to be met within this many seconds.
 DEMAND_HORIZON = 1.0
 #: Weight of the newest interval in a member's ingress rate.
@@ -327,6 +336,59 @@ def max_min_shares(headroom: float, demands: Mapping[str, float | None]) -> dict
     return shares
 
 
+#: A member that polices a queue asks for at least this part of an equal share of its
+#: headroom, whatever its measured demand (an idle member can start publishing without
+#: tripping at once; what it leaves unused stays headroom for the next count).
+MIN_WANT = 0.5
+
+
+def fleet_shares(headroom: float, demands: Mapping[str, float | None]) -> dict[str, float]:
+    """The members' shares of ``headroom``: ``max_min_shares`` with each demand raised to
+    ``MIN_WANT`` of an equal share at least."""
+    floor = MIN_WANT * max(0.0, headroom) / max(1, len(demands))
+    return max_min_shares(headroom, {m: (None if d is None else max(d, floor))
+                                     for m, d in demands.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRule:
+    """How this sidecar sizes its part of one queue's headroom, from the fleet's demands as
+    announced (its own as it last announced it, so every member that heard the same
+    announcements computes the same shares: ``share``), until the next tick.
+
+    ``share(h)`` is max-min fair on the members' demands (``max_min_shares``), each asking
+    for at least ``MIN_WANT`` of an equal share: it is nondecreasing in ``h`` and the
+    members' shares of one ``h`` sum to at most ``h``, so members that sized their shares
+    on different headrooms forward together at most the largest of them (the bound in
+    docs/architecture.md, "A fleet of sidecars"). Deaf (``fallback_size`` > 0): at most
+    ``h / fallback_size``. ``others_ingress``: what the other members forward into the
+    queue (bytes/s, as announced), for the prediction that makes a queue hot."""
+
+    me: str
+    demands: tuple[tuple[str, float | None], ...]  # every member's, this one included
+    fallback_size: int = 0
+    others_ingress: float = 0.0
+
+    def share(self, headroom: float) -> float:
+        """This member's part of ``headroom`` bytes (a headroom <= 0 is left as it is)."""
+        if headroom <= 0:
+            return headroom
+        got = fleet_shares(headroom, dict(self.demands)).get(self.me, 0.0)
+        if self.fallback_size > 0:
+            got = min(got, fallback_share(headroom, self.fallback_size))
+        return got
+
+    def fraction(self, room_bytes: float | None, room_messages: float | None,
+                 body_bytes: int) -> float:
+        """This member's part (0..1) of a queue's room: of its bytes (a byte capacity), else
+        of its messages taken at ``body_bytes`` each; 1 when there is no room to share."""
+        h = room_bytes if room_bytes is not None else (
+            None if room_messages is None else room_messages * max(1, body_bytes))
+        if h is None or h <= 0 or not math.isfinite(h):
+            return 1.0
+        return min(1.0, self.share(h) / h)
+
+
 def fallback_share(headroom: float, size: int) -> float:
     """A deaf member's share: the headroom split evenly over the last fleet size it knew."""
     return max(0.0, headroom) / max(1, size)
@@ -506,6 +568,30 @@ class FleetTable:
         mine = self._heard.get(member)
         return max(h.at for h in mine.values()) if mine else None
 
+    def rule(self, key: QueueKey, mine: QueueReport, now: float, fresh: bool = False
+             ) -> ShareRule | None:
+        """How this sidecar sizes its share of ``key``'s headroom now (``ShareRule``), from
+        ``mine`` (its report as announced) and the live members' reports; None when it is
+        alone on the queue and hears the fleet (the whole headroom is its own).
+
+        ``fresh``: this sidecar began policing ``key`` lately (``QUEUE_GRACE``): the live
+        members of its vhost that do not report it yet may police it too, not having
+        announced since (a queue declared for the whole fleet at once): each counts as a
+        newcomer (an equal share) rather than as absent."""
+        reports = self.reports(key, now)
+        deaf = self.deaf(now)
+        pending: list[str] = []
+        if fresh:
+            pending = [m for m, mine_ in self._heard.items()
+                       if m not in reports and key[0] in mine_]
+        if not reports and not pending and not deaf:
+            return None
+        demands = tuple(sorted([(m, r.demand) for m, r in reports.items()]
+                               + [(m, None) for m in pending]
+                               + [(self.me, mine.demand)]))
+        return ShareRule(self.me, demands, self.size(now) if deaf else 0,
+                         sum(r.ingress for r in reports.values()))
+
     def shares(self, key: QueueKey, headroom: float, mine: QueueReport | None, now: float
                ) -> dict[str, float]:
         """Every member's share of ``key``'s ``headroom`` as this sidecar computes it
@@ -515,7 +601,7 @@ class FleetTable:
         demands: dict[str, float | None] = {m: r.demand for m, r in reports.items()}
         if mine is not None:
             demands[self.me] = mine.demand
-        shares = max_min_shares(headroom, demands)
+        shares = fleet_shares(headroom, demands)
         if mine is not None and self.deaf(now):
             shares[self.me] = min(shares.get(self.me, 0.0),
                                   fallback_share(headroom, self.size(now)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from floodwall.control.depth import QueueDepth
+from floodwall.control.fleet import ShareRule
 from floodwall.control.policy import Policy
 
 #: Seconds over which the ingress (and, while held, admitted) rate is measured.
@@ -52,23 +53,38 @@ def drain_bytes_rate(depth: QueueDepth) -> float | None:
     return None if rate is None else rate * depth.average_body_bytes()
 
 
-def predicted_full(depth: QueueDepth, policy: Policy, now: float, horizon: float) -> bool:
+def predicted_full(depth: QueueDepth, policy: Policy, now: float, horizon: float,
+                   share: ShareRule | None = None) -> bool:
     """Whether the queue reaches a limit within ``horizon`` seconds at its ingress rate
-    (an unknown depth is not predicted)."""
+    (an unknown depth is not predicted). In a fleet (``share``): at the fleet's ingress
+    (the others' as announced), or this sidecar's own share of the room at its own."""
     estimate = depth.estimate()
     if estimate is None:
         return False
     ingress = ingress_rate(depth, now)
-    if policy.capacity > 0 and estimate.bytes + ingress.bytes * horizon >= policy.capacity:
+    fleet = 1.0
+    if share is not None:
+        totals = depth.headroom(policy.capacity if policy.capacity > 0 else None,
+                                policy.max_messages, share)
+        if totals is not None and (
+                depth.forwarded_bytes_total + ingress.bytes * horizon >= totals[0]
+                or depth.forwarded_messages_total + ingress.messages * horizon >= totals[1]):
+            return True
+        if ingress.bytes > 0:
+            fleet = (ingress.bytes + share.others_ingress) / ingress.bytes
+        elif share.others_ingress > 0 and policy.capacity > 0:
+            return estimate.bytes + share.others_ingress * horizon >= policy.capacity
+    if policy.capacity > 0 \
+            and estimate.bytes + fleet * ingress.bytes * horizon >= policy.capacity:
         return True
     return policy.max_messages is not None \
-        and estimate.messages + ingress.messages * horizon >= policy.max_messages
+        and estimate.messages + fleet * ingress.messages * horizon >= policy.max_messages
 
 
 def sampling_interval(depth: QueueDepth, policy: Policy, tripped: bool, now: float,
-                      slow: float, hot: float) -> float:
+                      slow: float, hot: float, share: ShareRule | None = None) -> float:
     """The interval in force for a queue: ``hot`` while it is tripped or predicted to fill
-    before the next slow sample, else ``slow``."""
-    if tripped or predicted_full(depth, policy, now, slow):
+    before the next slow sample (``predicted_full``), else ``slow``."""
+    if tripped or predicted_full(depth, policy, now, slow, share):
         return hot
     return slow

@@ -47,6 +47,7 @@ from floodwall.control.fleet import (
     COLD_INTERVAL,
     EXCHANGE_PREFIX,
     MEMBER_TIMEOUT,
+    QUEUE_GRACE,
     Announcement,
     FleetMessageError,
     FleetTable,
@@ -152,6 +153,8 @@ class FleetService:
         self._sids = 0
         self._fed: dict[tuple[str, QueueKey], int] = {}
         self._announced: dict[str, float] = {}  # vhost -> when this sidecar last announced
+        self._said: dict[QueueKey, QueueReport] = {}  # what it last announced of each queue
+        self._since: dict[QueueKey, float] = {}  # when it began policing each queue
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -246,6 +249,9 @@ class FleetService:
         mine = self._with_samples(my_reports(c, self.host.enforcement.counters, self.meter,
                                              now), now)
         hot = {k[0] for k in hot_queues(c)}
+        for key in mine.keys() - self._since.keys():  # newly policed: announced at once
+            self._since[key] = now
+            self._announced.pop(key[0], None)
         self.seq += 1
         for vhost in sorted(vhosts):
             live = self._live.get(vhost)
@@ -258,6 +264,7 @@ class FleetService:
                 self._publish(live, Announcement(self.me, self.started, self.seq, vhost,
                                                  queues))
                 self._announced[vhost] = now
+                self._said.update({(vhost, q): r for q, r in queues.items()})
             except AmqpClientError as exc:
                 # The channel or connection is gone: the vhost's loop sets it up again.
                 self._live.pop(vhost, None)
@@ -265,11 +272,26 @@ class FleetService:
                     lost.set()
                 event(log, "fleet_channel_lost", logging.WARNING, fleet=self.name,
                       vhost=vhost, reason=_reason(exc))
+        self._share(mine, now)
         self.figures = fleet_figures(self.name, self.table, c, mine, now)
         self._log_changes()
         heard = set(self.figures.members)
         for fed in [f for f in self._fed if f[0] not in heard or f[1] not in c.queues]:
             del self._fed[fed]
+
+    def _share(self, mine: dict[QueueKey, QueueReport], now: float) -> None:
+        """Hand the controller this sidecar's share rule of each policed queue: from the
+        members' reports and its own as it last announced it (what the others compute
+        with; ``FleetTable.rule``)."""
+        c = self.host.controller
+        for key in self._said.keys() - mine.keys():
+            del self._said[key]
+        for key in self._since.keys() - mine.keys():
+            del self._since[key]
+        for key, report in mine.items():
+            fresh = now - self._since.get(key, now) < QUEUE_GRACE
+            c.set_share(key, self.table.rule(key, self._said.get(key, report), now, fresh),
+                        now)
 
     def _announce(self, vhost: str, client: AmqpClient, channel: int,
                   leaving: bool = False) -> None:

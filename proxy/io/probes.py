@@ -230,7 +230,7 @@ class DepthProbes(ManagementProbes):
             return False
         s = self.settings
         interval = sampling_interval(q.depth, q.policy, q.tripped, self.clock(),
-                                     s.depth_interval, s.hot_interval)
+                                     s.depth_interval, s.hot_interval, q.share)
         self.stats.sampling_interval[key] = interval
         return interval < s.depth_interval
 

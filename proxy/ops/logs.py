@@ -198,7 +198,9 @@ def log_event(ev: object) -> None:
             event(_control_log, "queue_tripped", logging.WARNING, vhost=vhost, queue=queue,
                   depth_bytes=ev.depth_bytes, depth_messages=ev.depth_messages,
                   capacity=ev.capacity, max_messages=ev.max_messages, policy=ev.policy,
-                  publishers=ev.publishers, **_mode(ev.shadow))
+                  publishers=ev.publishers, **_mode(ev.shadow),
+                  **({} if ev.share_limit_bytes is None
+                     else {"fleet_share_limit_bytes": ev.share_limit_bytes}))
         case QueueReleased(key=(vhost, queue)):
             event(_control_log, "queue_released", vhost=vhost, queue=queue,
                   depth_bytes=ev.depth_bytes, depth_messages=ev.depth_messages,
