@@ -91,7 +91,52 @@ class Router(Protocol):
         """Goes up on every change that can change a route."""
 
 
-class FlowController:
+class ChannelHolds:
+    """The held channels' side of ``FlowController``: which channels wait, on what, since
+    when (``BlockTable``), and where a hold ends (its time into ``holds``)."""
+
+    _blocked: BlockTable
+    holds: HoldTimes
+    _now: float  # the latest time given: a close (which has none) ends its hold there
+
+    def connection_closed(self, conn: int, now: float | None = None) -> None:
+        """Connection ``conn`` is gone: none of its channels is blocked any more.
+
+        ``now`` ends their holds (None: the latest time the controller was given)."""
+        for ref in self._blocked.of_connection(conn):
+            self._unblock(ref, "closed", self._now if now is None else now)
+
+    def _unblock(self, ref: tuple[int, int], outcome: str, now: float) -> None:
+        """Where a hold ends (a release, a close): ``ref`` is blocked no more, the hold's
+        time goes into ``holds``."""
+        since = self._blocked.remove(ref)
+        self.holds.ended(ref, None if since is None else now - since, outcome)
+
+    def is_blocked(self, conn: int, channel: int) -> bool:
+        return (conn, channel) in self._blocked
+
+    def blocked_on(self, conn: int, channel: int) -> frozenset[QueueKey]:
+        """The queues ``channel`` waits on (empty when it is not blocked)."""
+        return self._blocked.on((conn, channel))
+
+    @property
+    def blocked_count(self) -> int:
+        return len(self._blocked)
+
+    def starved(self, conn: int, channel: int, since: float) -> None:
+        """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
+        self._blocked.starved((conn, channel), since)
+
+    def channel_closed(self, conn: int, channel: int, now: float | None = None) -> None:
+        """``channel`` is gone (closed, refused, its link detached): its hold ends at ``now``
+        (None: the latest time the controller was given)."""
+        self._unblock((conn, channel), "closed", self._now if now is None else now)
+
+    def blocked_channels(self) -> list[Blocked]:
+        return self._blocked.views()
+
+
+class FlowController(ChannelHolds):
     """The shared state behind every gate decision."""
 
     def __init__(self, router: Router, policies: PolicySet = EMPTY_POLICIES) -> None:
@@ -337,13 +382,6 @@ class FlowController:
                     self._evaluate(q, now)
 
     # -- blocking ----------------------------------------------------------------------
-    def connection_closed(self, conn: int, now: float | None = None) -> None:
-        """Connection ``conn`` is gone: none of its channels is blocked any more.
-
-        ``now`` ends their holds (None: the latest time the controller was given)."""
-        for ref in self._blocked.of_connection(conn):
-            self._unblock(ref, "closed", self._now if now is None else now)
-
     def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float) -> bool:
         """Block ``channel`` on ``queues``; True if it was not blocked before.
 
@@ -361,40 +399,11 @@ class FlowController:
             | ({ALARM_LABEL} if ALARM in still else set())))
         return self._blocked.add(ref, still, now)
 
-    def _unblock(self, ref: tuple[int, int], outcome: str, now: float) -> None:
-        """Where a hold ends (a release, a close): ``ref`` is blocked no more, the hold's
-        time goes into ``holds``."""
-        since = self._blocked.remove(ref)
-        self.holds.ended(ref, None if since is None else now - since, outcome)
-
     def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
         with tokens (no alarm, lookup or spool backlog among them)."""
         return all(k in self.queues and k not in self._backlogged
                    and self.admission.admits(self.queues[k], now) for k in keys)
-
-    def is_blocked(self, conn: int, channel: int) -> bool:
-        return (conn, channel) in self._blocked
-
-    def blocked_on(self, conn: int, channel: int) -> frozenset[QueueKey]:
-        """The queues ``channel`` waits on (empty when it is not blocked)."""
-        return self._blocked.on((conn, channel))
-
-    @property
-    def blocked_count(self) -> int:
-        return len(self._blocked)
-
-    def starved(self, conn: int, channel: int, since: float) -> None:
-        """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
-        self._blocked.starved((conn, channel), since)
-
-    def channel_closed(self, conn: int, channel: int, now: float | None = None) -> None:
-        """``channel`` is gone (closed, refused, its link detached): its hold ends at ``now``
-        (None: the latest time the controller was given)."""
-        self._unblock((conn, channel), "closed", self._now if now is None else now)
-
-    def blocked_channels(self) -> list[Blocked]:
-        return self._blocked.views()
 
     # -- depth and alarms --------------------------------------------------------------
     def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,

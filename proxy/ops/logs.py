@@ -194,6 +194,13 @@ def log_event(ev: object) -> None:
             event(_gate_log, "shadow_" + ev.action.value, conn=at.conn, channel=at.channel,
                   **_link_fields(at), vhost=at.vhost, queues=_names(ev.queues),
                   **_protocol(at))
+        case _:
+            _log_control_event(ev)
+
+
+def _log_control_event(ev: object) -> None:
+    """Log one typed event of the flow controller (anything else: nothing)."""
+    match ev:
         case QueueTripped(key=(vhost, queue)):
             event(_control_log, "queue_tripped", logging.WARNING, vhost=vhost, queue=queue,
                   depth_bytes=ev.depth_bytes, depth_messages=ev.depth_messages,
