@@ -515,6 +515,11 @@ class FlowController(ChannelHolds):
 
     # -- views -------------------------------------------------------------------------
     @property
+    def any_tripped(self) -> bool:
+        """Whether any queue is tripped (``tripped`` without making the set: per message)."""
+        return bool(self._tripped)
+
+    @property
     def tripped(self) -> frozenset[QueueKey]:
         """The tripped queues publishes wait on (enforce mode; ALARM while it holds)."""
         return frozenset(self._tripped)

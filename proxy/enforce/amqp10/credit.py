@@ -233,7 +233,7 @@ class LinkCredit(Sessions):
         if not size:
             size = max((queues[k].depth.average_body_bytes() for k in policed),
                        default=0) or ASSUMED_MESSAGE_BYTES
-        window = ceiling = window_for(size)
+        window = ceiling = link.ceiling = window_for(size)
         room = PACING_ROOM * ceiling * size
         for key in policed:
             q = queues[key]
@@ -388,10 +388,18 @@ class LinkCredit(Sessions):
                 and verdict is not Verdict.SPOOL:
             self._block(link, blocking, now)  # no flow: the limit the client has stands
             return
+        controller = self.controller
+        if link.windowed and not link.squeezed \
+                and link.window_generation == controller.generation \
+                and link.credit.has_over_half(link.ceiling):
+            # The client has more than half the largest window it could get: no window
+            # makes a top-up now (``wants_top_up``), so the window is not worked out.
+            return
         window = self._window(link, fixed)
         link.windowed = window is not None
         if window is None:
             return
+        link.window_generation = controller.generation
         if link.unsettled:
             room = self._in_flight_window(link, window)
             if room < window:

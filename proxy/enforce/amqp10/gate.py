@@ -229,7 +229,7 @@ class CreditFlow(LinkCredit):
             link.deliveries += 1
             link.payload_bytes += delivery.bytes
             controller = self.controller
-            if controller.tripped:  # sent on credit granted before a trip
+            if controller.any_tripped:  # sent on credit granted before a trip
                 self._overshoot(delivery.queues, delivery.bytes)
             controller.forwarded(self.vhost, delivery.queues, delivery.bytes, now)
             if link.per_message and controller.queues:
@@ -248,14 +248,18 @@ class CreditFlow(LinkCredit):
         shift = link.delivery.id_shift
         broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
         names = link.delivery.queues
-        if names != link.in_flight_names:
-            queues = self.controller.queues
+        controller = self.controller
+        if names != link.in_flight_names \
+                or link.in_flight_generation != controller.generation:
+            queues = controller.queues
             link.in_flight_names = names
+            link.in_flight_generation = controller.generation
             link.in_flight_queues = tuple(queues[k] for k in self._policed(link, names))
-        counted = link.in_flight_queues
-        for q in counted:
+            link.in_flight_entry = (link, link.in_flight_queues)
+        entry = link.in_flight_entry
+        for q in entry[1]:
             q.in_flight += 1
-        session.in_flight[broker_id] = (link, counted)
+        session.in_flight[broker_id] = entry
         link.delivery.tracked_id = broker_id
         link.unsettled += 1
         if not self.tracking:

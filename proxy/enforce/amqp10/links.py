@@ -66,6 +66,7 @@ ACCEPTED: Final = 0x24
 REJECTED: Final = 0x25
 TRANSACTIONAL_STATE: Final = 0x34
 _NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
+_DETACHING_PHASES: Final = tuple(DETACHING_PHASES)
 PROPERTIES: Final = MESSAGE_PROPERTIES
 FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
 
@@ -182,8 +183,16 @@ class SenderLink:
     # and the queue names they were found for.
     in_flight_names: frozenset[str] | None = None
     in_flight_queues: tuple[PolicedQueue, ...] = ()
+    in_flight_generation: int = -1  # the routing model's generation they were found at
+    # (link, in_flight_queues): the entry each of its unsettled deliveries is kept under.
+    in_flight_entry: tuple[SenderLink, tuple[PolicedQueue, ...]] | None = None
     squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
+    # The largest window ``_window`` last allowed it (its size's ``window_for``), and the
+    # routing model's generation it was worked out at: while the client has more than half
+    # of it, a transfer needs no window (``_after_transfer``).
+    ceiling: int = 0
+    window_generation: int = -1
     not_spooled_reported: bool = False
     shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
     # Every message says where it goes: fixed by the attach (read on every transfer).
@@ -218,7 +227,7 @@ class SenderLink:
     @property
     def detaching(self) -> bool:
         """The proxy detached it: its frames are dropped, both peers' detaches absorbed."""
-        return self.phase in DETACHING_PHASES
+        return self.phase in _DETACHING_PHASES  # (a tuple: an Enum's hash is a Python call)
 
     def move(self, event: LinkInput) -> None:
         """Take ``event`` (``enforce.states.LINK_PHASES``); one its phase does not take

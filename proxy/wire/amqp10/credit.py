@@ -167,6 +167,15 @@ class SenderCredit:
         d = (limit - count) & MASK
         return d <= HALF and d > left
 
+    def has_over_half(self, window: int) -> bool:
+        """True when the client has more than half ``window`` left of the proxy's grant:
+        ``wants_top_up`` is False for that window and every smaller one."""
+        granted = self.granted
+        if granted is None:
+            return False
+        d = (granted - self.delivery_count) & MASK
+        return d <= HALF and d * 2 > window
+
     # -- what the client does -----------------------------------------------------------------
     def transfer(self) -> bool:
         """The first frame of a delivery from the client: count it.
