@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
@@ -730,3 +732,54 @@ def test_a_release_before_the_deadline_restarts_the_wait() -> None:
     s.sample("capped", 500_000)
     assert gate.expire(t0 + 10) == 0  # blocked again but not out of credit
     assert s.counters.deadline_expiries == 0
+
+
+# -- the top-up shortcut -------------------------------------------------------------------
+# ``_after_transfer`` skips working out a window while the client has over half its
+# ceiling left: no window could top it up then. Whatever happens, the bytes both peers get
+# must be the ones the gate gives when it works the window out after every transfer.
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("send"), st.sampled_from([CAPPED_H, FREE_H]),
+              st.sampled_from([10, 900, 1500, 5000, 20_000]), st.integers(1, 40)),
+    st.tuples(st.just("settle"), st.integers(0, 3)),
+    st.tuples(st.just("sample"), st.sampled_from([0, 40_000, 80_000, 99_000, 120_000])),
+    st.tuples(st.just("grant"), st.integers(0, 3)),
+), max_size=25)
+
+
+def _run_steps(steps: list[tuple[object, ...]]) -> list[tuple[bytes, bytes]]:
+    s = Setup()
+    s.server(broker_flow(7, 0, 5000) + broker_flow(8, 0, 5000))
+    out = [s.take()]
+    settled = 0
+    for step in steps:
+        if step[0] == "send":
+            _, handle, size, n = step
+            for _ in range(int(n)):  # type: ignore[call-overload]
+                link = s.gate.sessions[0].links[int(handle)]  # type: ignore[call-overload]
+                if link.credit.client_credit == 0:  # type: ignore[union-attr]
+                    break
+                s.send(int(handle), int(size))  # type: ignore[call-overload]
+        elif step[0] == "settle" and s.next_id > settled:
+            s.server(disposition(SERVER_CH, True, settled, s.next_id - 1))
+            settled = s.next_id
+        elif step[0] == "sample":
+            s.sample("capped", int(step[1]))  # type: ignore[call-overload]
+        elif step[0] == "grant":
+            s.server(broker_flow(7, None, 5000))
+        out.append(s.take())
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=_STEPS)
+def test_the_top_up_shortcut_changes_no_byte(steps: list[tuple[object, ...]]) -> None:
+    from floodwall.wire.amqp10.credit import SenderCredit
+    with_shortcut = _run_steps(steps)
+    original = SenderCredit.has_over_half
+    SenderCredit.has_over_half = lambda self, window: False  # type: ignore[method-assign]
+    try:
+        without = _run_steps(steps)
+    finally:
+        SenderCredit.has_over_half = original  # type: ignore[method-assign]
+    assert with_shortcut == without

@@ -183,6 +183,8 @@ class LinkCredit(Sessions):
     def _route(self, link: SenderLink, payload: bytes, start: int, end: int,
                now: float) -> frozenset[str]:
         if not link.per_message:
+            if (route := link.route) is not None and route[0] == self.controller.generation:
+                return route[1]  # (``_fixed_queues``' answer inline: per transfer)
             return self._fixed_queues(link)
         if not self.controller.queues and not self.controller.polices_vhost(self.vhost):
             return frozenset()
@@ -233,7 +235,7 @@ class LinkCredit(Sessions):
         if not size:
             size = max((queues[k].depth.average_body_bytes() for k in policed),
                        default=0) or ASSUMED_MESSAGE_BYTES
-        window = ceiling = link.ceiling = window_for(size)
+        window = ceiling = window_for(size)
         room = PACING_ROOM * ceiling * size
         for key in policed:
             q = queues[key]
@@ -389,12 +391,11 @@ class LinkCredit(Sessions):
             self._block(link, blocking, now)  # no flow: the limit the client has stands
             return
         controller = self.controller
-        if link.windowed and not link.squeezed \
-                and link.window_generation == controller.generation \
-                and link.credit.has_over_half(link.ceiling):
-            # The client has more than half the largest window it could get: no window
-            # makes a top-up now (``wants_top_up``), so the window is not worked out.
-            return
+        deliveries = link.deliveries
+        if deliveries and link.windowed and not link.squeezed and link.window_generation \
+                == controller.generation and link.credit.has_over_half(
+                    window_for(-(-link.payload_bytes // deliveries))):
+            return  # over half its ceiling left: no window ``_window`` gives tops it up
         window = self._window(link, fixed)
         link.windowed = window is not None
         if window is None:

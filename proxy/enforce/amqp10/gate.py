@@ -157,7 +157,9 @@ class CreditFlow(LinkCredit):
         session = self.sessions.get(channel)
         if session is None:
             return None
-        handle = _uint(fields, T.HANDLE, TRANSFER)
+        handle = fields[T.HANDLE] if fields else None  # (an uint: the common case inline)
+        if type(handle) is not UInt:
+            handle = _uint(fields, T.HANDLE, TRANSFER)
         link = session.links.get(handle) if handle is not None else None
         if not isinstance(link, SenderLink):  # a transaction coordinator's, say
             return self._renumbered(session.ids.dropped, fields, payload, start, end, channel)
@@ -166,29 +168,28 @@ class CreditFlow(LinkCredit):
         count = len(fields)  # most transfers end before more (5) and aborted (9)
         more = count > T.MORE and _flag(fields, T.MORE, TRANSFER)
         aborted = count > T.ABORTED and _flag(fields, T.ABORTED, TRANSFER)
-        first = not link.delivery.in_progress
+        delivery = link.delivery
+        first = not delivery.in_progress
         replacement: bytes | None = None
         if first:
             if not link.credit.transfer():
                 session.dropped_frames += 1
                 self._drop_delivery(session, fields)
                 return self._transfer_limit_exceeded(session, link)
-            link.delivery.bytes = 0
-            link.delivery.dropping = False
-            queues = link.delivery.queues = self._route(link, payload, start, end, now)
+            delivery.bytes = 0
+            delivery.dropping = False
+            queues = delivery.queues = self._route(link, payload, start, end, now)
             if link.shadow.on or self.controller.trips.shadow:
                 self._shadow_transfer(link, queues)
             if link.per_message or self.spool is not None:
                 blocking = self.controller.blocking(self.vhost, queues)
                 if blocking:
                     self._consume(session, link, fields, blocking)
-            # The broker numbers this delivery by the drops before it, also if one happens
-            # on another link between its frames (a continuation may repeat its id).
-            link.delivery.id_shift = session.ids.dropped
-        link.delivery.in_progress = more and not aborted
-        if link.delivery.dropping:
-            session.dropped_frames += 1
-            replacement = b""
+            # The broker numbers it by the drops before it (also on other links meanwhile).
+            delivery.id_shift = session.ids.dropped
+        in_progress = delivery.in_progress = more and not aborted
+        if delivery.dropping:
+            session.dropped_frames, replacement = session.dropped_frames + 1, b""
             if link.capture is not None:
                 if aborted:  # the client gave up on it: nothing to store or settle
                     link.capture = None
@@ -197,20 +198,19 @@ class CreditFlow(LinkCredit):
                     if not more:
                         self._spool(session, link)
         else:
-            link.delivery.bytes += end - start
-            if link.delivery.id_shift:
-                replacement = self._renumbered(link.delivery.id_shift, fields, payload, start, end,
+            delivery.bytes += end - start
+            if delivery.id_shift:
+                replacement = self._renumbered(delivery.id_shift, fields, payload, start, end,
                                                channel)
             if first and link.windowed and not (count > T.SETTLED
                                                  and _flag(fields, T.SETTLED, TRANSFER)):
                 self._track(session, link, fields)
-            elif aborted and link.delivery.tracked_id is not None:  # the broker will not settle
+            elif aborted and delivery.tracked_id is not None:  # the broker will not settle
                 self._untrack(session, link)
-        if not link.delivery.in_progress:
+        if not in_progress:
             self._delivered(link, aborted, now)
-        if first or not link.delivery.in_progress:
-            # A fixed destination's queues were routed just now for a first frame: the same.
-            self._after_transfer(link, now, link.delivery.queues if first else None)
+        if first or not in_progress:  # (a first frame's queues were routed just now)
+            self._after_transfer(link, now, delivery.queues if first else None)
         return replacement
 
     def _dropped_frame(self, session: SessionGate, link: SenderLink,
@@ -249,14 +249,14 @@ class CreditFlow(LinkCredit):
         broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
         names = link.delivery.queues
         controller = self.controller
-        if names != link.in_flight_names \
+        entry = link.in_flight_entry
+        if entry is None or names != link.in_flight_names \
                 or link.in_flight_generation != controller.generation:
             queues = controller.queues
             link.in_flight_names = names
             link.in_flight_generation = controller.generation
             link.in_flight_queues = tuple(queues[k] for k in self._policed(link, names))
-            link.in_flight_entry = (link, link.in_flight_queues)
-        entry = link.in_flight_entry
+            entry = link.in_flight_entry = (link, link.in_flight_queues)
         for q in entry[1]:
             q.in_flight += 1
         session.in_flight[broker_id] = entry

@@ -188,10 +188,8 @@ class SenderLink:
     in_flight_entry: tuple[SenderLink, tuple[PolicedQueue, ...]] | None = None
     squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
-    # The largest window ``_window`` last allowed it (its size's ``window_for``), and the
-    # routing model's generation it was worked out at: while the client has more than half
-    # of it, a transfer needs no window (``_after_transfer``).
-    ceiling: int = 0
+    # The routing model's generation its window was last worked out at (``_after_transfer``
+    # skips the window while the client has over half its ceiling and this still holds).
     window_generation: int = -1
     not_spooled_reported: bool = False
     shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
