@@ -251,6 +251,32 @@ async def drain(rig: Rig, target: Target) -> dict[str, Any]:
             "fill_s": t_fill, **cpu, **_per_msg(cpu, client.deliveries)}
 
 
+async def drain10(rig: Rig, target: Target) -> dict[str, Any]:
+    """A 1.0 receiver through the target drains a pre-filled queue: ``--prefetch`` link
+    credit, settled and granted again every ``ack_every`` deliveries (``drain``'s 1.0 twin)."""
+    from bench import amqp10
+
+    opts = rig.opts
+    assert rig.control is not None
+    await rig.control.purge(DRAIN_QUEUE)
+    t_fill = time.perf_counter()
+    await fill_queue(rig.endpoint, DRAIN_QUEUE, opts.drain_messages, opts.size,
+                     rig.targets["direct"].ssl)
+    t_fill = time.perf_counter() - t_fill
+    have = await rig.control.declare(DRAIN_QUEUE, passive=True)
+    if have != opts.drain_messages:
+        raise RuntimeError(f"drain10: queue holds {have}, wanted {opts.drain_messages}")
+    marks: list[Any] = []
+    res = await amqp10.drain(target.host, target.port, f"/amq/queue/{DRAIN_QUEUE}",
+                             opts.drain_messages, opts.prefetch, opts.ack_every,
+                             lambda: marks.append(rig.cpu.snapshot(target.process)),
+                             ssl=target.ssl)
+    cpu = rig.cpu.delta(marks[0], marks[1])
+    msgs = int(res["msgs"])
+    return {"msgs": msgs, "msgs_per_s": msgs / cpu["wall_s"], "fill_s": t_fill, **cpu,
+            **_per_msg(cpu, msgs)}
+
+
 # -- scenario: latency probe ------------------------------------------------------------------
 _TS = struct.Struct(">Q")
 
@@ -368,6 +394,7 @@ SCENARIOS: dict[str, tuple[str, Scenario, bool]] = {
     "idle": ("memory per idle 0-9-1 connection", idle_connections, False),
     "firehose": ("0-9-1 firehose publisher, confirms counted", firehose091, True),
     "drain": ("0-9-1 consumer drain of a pre-filled queue", drain, True),
+    "drain10": ("AMQP 1.0 receiver drain of a pre-filled queue", drain10, True),
     "latency": ("0-9-1 round-trip latency at a fixed rate", latency, True),
     "firehose10": ("AMQP 1.0 firehose sender, accepted dispositions counted", firehose10,
                    True),

@@ -32,12 +32,13 @@ from floodwall.dev.devbroker import LocalBroker, free_port
 from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIOS = ("firehose", "drain", "firehose10", "latency")
+SCENARIOS = ("firehose", "drain", "firehose10", "drain10", "latency")
 TARGETS = ("direct", "old", "new", "old-policed", "new-policed")
 PAIRS = (("new", "old"), ("new-policed", "old-policed"))
 FIGURES = {"firehose": ("msgs_per_s", "relay_cpu_us_per_msg"),
            "drain": ("msgs_per_s", "relay_cpu_us_per_msg"),
            "firehose10": ("msgs_per_s", "relay_cpu_us_per_msg"),
+           "drain10": ("msgs_per_s", "relay_cpu_us_per_msg"),
            "latency": ("p50_us", "p99_us", "relay_cpu_us_per_msg")}
 
 
