@@ -381,16 +381,16 @@ class LinkCredit(Sessions):
         else:
             queues = fixed = routed if routed is not None else self._queues(link)
             lookups = _NO_KEYS
-        blocking = self.controller.blocking(self.vhost, queues)
+        controller = self.controller
+        blocking = controller.blocking(self.vhost, queues)
         if lookups:
             blocking |= lookups
-        verdict = self._spooling(link, queues, blocking, lookups).verdict if blocking \
-            else Verdict.PASS
-        if blocking and not (link.per_message and verdict is Verdict.REJECT and not lookups) \
-                and verdict is not Verdict.SPOOL:
-            self._block(link, blocking, now)  # no flow: the limit the client has stands
-            return
-        controller = self.controller
+        if blocking:
+            verdict = self._spooling(link, queues, blocking, lookups).verdict
+            if not (link.per_message and verdict is Verdict.REJECT and not lookups) \
+                    and verdict is not Verdict.SPOOL:
+                self._block(link, blocking, now)  # no flow: the limit the client has stands
+                return
         deliveries = link.deliveries
         if deliveries and link.windowed and not link.squeezed and link.window_generation \
                 == controller.generation and link.credit.has_over_half(
