@@ -48,6 +48,8 @@ KIB, MIB = 1024, 1024 * 1024
 TICK = 0.01
 RSS_GROWTH_LIMIT = 0.05
 FD_ALLOWANCE = 2
+DRAIN_STALL = 60.0
+"""Seconds without a delivery after which the final drain gives up (what is left is lost)."""
 TASK_ALLOWANCE = 2
 
 
@@ -184,13 +186,21 @@ class Soak:
             await asyncio.gather(*tasks, return_exceptions=True)
         self.consumer_paused = False
         self._ack(consumer.last_delivery_tag)
-        for _ in range(600):  # up to 120 s for the spool to replay and the queue to drain
-            if producer.confirmed + producer.nacked >= self.sent \
-                    and consumer.deliveries >= producer.confirmed:
+        # The spool replays and the queue drains: as long as deliveries go on (a backlog an
+        # hour's run built up can take minutes), until DRAIN_STALL without one.
+        drain_started = time.monotonic()
+        seen, moved = consumer.deliveries, drain_started
+        while not (producer.confirmed + producer.nacked >= self.sent
+                   and consumer.deliveries >= producer.confirmed):
+            now = time.monotonic()
+            if consumer.deliveries != seen:
+                seen, moved = consumer.deliveries, now
+            elif now - moved > DRAIN_STALL:
                 break
             await asyncio.sleep(0.2)
         end = {"sent": self.sent, "confirmed": producer.confirmed, "nacked": producer.nacked,
-               "delivered": consumer.deliveries, "producer_lost": producer.lost.done()}
+               "delivered": consumer.deliveries, "producer_lost": producer.lost.done(),
+               "drain_seconds": round(time.monotonic() - drain_started, 1)}
         for client in (producer, consumer):
             await client.close()
         await control.delete(self.queue)
