@@ -61,9 +61,11 @@ def test_tokens_are_the_headroom_the_count_shows() -> None:
     a = allowance(q, t + 0.2, HOT_INTERVAL)
     assert a is not None
     depth = q.depth
-    # capacity - count x mean size + everything forwarded before the count (11000); no drain
-    # credited yet (now is the count's time)
-    assert a.bytes == pytest.approx(10000 - 6000 + 11000)
+    assert depth.drain_rate is not None and depth.drain_rate > 0  # 5 taken in 0.2 s
+    # capacity - count x mean size + everything forwarded before the count (11000) + the
+    # drain until the next count (one hot interval and round trip)
+    credit = depth.drain_rate * (HOT_INTERVAL + RTT) * 1000
+    assert a.bytes == pytest.approx(10000 - 6000 + 11000 + credit)
     for _ in range(4):
         assert fc.admits(frozenset({KEY}), t + 0.2)
         fc.queues[KEY].depth.forwarded(t + 0.2, 1000)
@@ -79,15 +81,48 @@ def test_a_consumer_that_stops_dead_is_credited_for_one_hot_interval_and_round_t
     q.depth.drain_rate = 5000.0  # messages/s, as the counts said before the stop
     at = q.depth.ready_count_at
     assert at is not None
-    soon = allowance(q, at, HOT_INTERVAL)
-    late = allowance(q, at + 5.0, HOT_INTERVAL)  # no count for 5 s
-    assert soon is not None and late is not None
+    without = allowance(q, at, HOT_INTERVAL)
+    assert without is not None
+    q.depth.drain_rate = 0.0
+    no_drain = allowance(q, at, HOT_INTERVAL)
+    q.depth.drain_rate = 5000.0
+    late = allowance(q, at + 5.0, HOT_INTERVAL)  # no count for 5 s: it does not grow
+    assert no_drain is not None and late is not None
     cap = min(HOT_INTERVAL + RTT, MAX_CREDIT_TIME)
-    assert late.bytes - soon.bytes == pytest.approx(5000.0 * cap * 1000)
+    # the drain until the next count, credited at the count (admission happens at counts)
+    assert without.bytes - no_drain.bytes == pytest.approx(5000.0 * cap * 1000)
+    assert late.bytes == without.bytes
     # overshoot bound: capacity + drain x min(hot interval + rtt, MAX_CREDIT_TIME) + 1 message
     est = q.depth.estimate()
     assert est is not None
     assert late.bytes - q.depth.forwarded_bytes_total + est.bytes <= 10000 + 5000 * cap * 1000
+
+
+def test_a_stale_drain_does_not_add_up_over_counts_after_consumers_stop() -> None:
+    """The consumers stop dead; the drain estimate stays high (as it does for a while),
+    the producer uses every token, its publishes land 15 ms after they were forwarded
+    (within the margin): at every count what is in the queue or on its way to it is at
+    most capacity + d x min(h + r, 10 ms) + one message, however many counts come."""
+    fc, t = held_queue()
+    assert fc.block(1, 1, frozenset({KEY}), t)  # a publisher waits: the queue stays held
+    depth = fc.queues[KEY].depth
+    lag, gap = 0.015, HOT_INTERVAL + RTT
+    count(fc, t, 0)  # consumers took everything; they stop now
+    consumed = depth.forwarded_messages_total
+    credit = 5000 * min(HOT_INTERVAL + RTT, MAX_CREDIT_TIME) * 1000
+    admitted = 0
+    for i in range(1, 300):
+        now = t + i * gap
+        depth.drain_rate = 5000.0  # stale: nobody consumes any more
+        while fc.admits(frozenset({KEY}), now):
+            depth.forwarded(now, 1000)
+            admitted += 1
+        ready = depth.totals_before(now - lag)[1] - consumed  # landed, none taken
+        in_flight = depth.forwarded_messages_total - consumed - ready
+        assert (ready + in_flight) * 1000 <= 10000 + credit + 1000
+        count(fc, now + RTT, ready)
+    assert admitted >= 10  # the room the first count showed was used
+    assert KEY in fc.tripped
 
 
 def test_nothing_is_admitted_on_a_management_figure_alone() -> None:
@@ -118,20 +153,36 @@ def test_a_count_that_missed_a_burst_shows_the_lag() -> None:
     assert d.enqueue_lag == pytest.approx(0.05 * 0.5 ** (0.002 / LAG_HALF_LIFE))
 
 
-def test_a_trip_assumes_a_flood_on_its_way_until_the_counts_say_otherwise() -> None:
-    fc, t = held_queue()
+def test_a_trip_assumes_a_flood_on_its_way_for_the_counts_within_settle_of_it() -> None:
+    fc, t = held_queue()  # tripped at t - 0.5
+    trip = t - 0.5
     depth = fc.queues[KEY].depth
-    assert depth.enqueue_lag == SETTLE
-    count(fc, t, 11)
-    # the fast margin would trust a count 2 ms after the burst; the lag does not
-    a = allowance(fc.queues[KEY], t, HOT_INTERVAL)
-    # (the trip was 0.5 s before this count, which shows no lag: half a half-life)
-    assert a is not None and a.margin == pytest.approx(SETTLE * 0.5 ** (0.5 / LAG_HALF_LIFE))
-    for i in range(1, 101):  # 3 s more of counts that show no lag
-        count(fc, t + i * 0.03, 11)
-    assert depth.enqueue_lag == pytest.approx(SETTLE * 0.5 ** (3.5 / LAG_HALF_LIFE))
-    a = allowance(fc.queues[KEY], t + 3.0, HOT_INTERVAL)
-    assert a is not None and a.margin == pytest.approx(HOT_MIN_MARGIN)  # the floor
+    assert depth.lag_at(trip) == SETTLE and depth.enqueue_lag == 0.0
+    count(fc, trip + 0.05, 11)  # 50 ms after the trip: the flood may not all be in it
+    a = allowance(fc.queues[KEY], trip + 0.05, HOT_INTERVAL)
+    assert a is not None and a.margin == SETTLE
+    # the count is trusted with nothing forwarded in the 100 ms before it: the flood
+    # (11 x 1000, forwarded at the trip) is counted on top of its 11 ready
+    assert a.bytes == pytest.approx(10000 - 11000 + 0)
+    count(fc, trip + SETTLE, 11)  # SETTLE after the trip: it holds the flood
+    a = allowance(fc.queues[KEY], trip + SETTLE, HOT_INTERVAL)
+    assert a is not None and a.margin == pytest.approx(HOT_MIN_MARGIN)  # the floor at once
+    assert depth.lag_at(trip + SETTLE) == 0.0
+
+
+def test_a_trip_keeps_a_longer_lag_the_counts_show() -> None:
+    """A flood that takes longer than SETTLE to land shows as a rise beyond the ledger: the
+    margin follows what the counts show (halving each second), not the assumed step."""
+    fc, t = held_queue()  # 11 x 1000 forwarded at t - 0.5: the trip
+    trip = t - 0.5
+    depth = fc.queues[KEY].depth
+    count(fc, trip + 0.05, 0)  # none of the flood in yet
+    count(fc, trip + 0.15, 0)  # nor 150 ms after it
+    count(fc, trip + 0.16, 11)  # now all of it: the counts before it missed it
+    assert depth.enqueue_lag > SETTLE
+    assert depth.lag_at(trip + 1.0) == depth.enqueue_lag  # past the step: what they show
+    a = allowance(fc.queues[KEY], trip + 0.16, HOT_INTERVAL)
+    assert a is not None and a.margin == depth.enqueue_lag
 
 
 # -- the schedule ---------------------------------------------------------------------------

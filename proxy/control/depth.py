@@ -23,7 +23,8 @@ the *release* decision uses the settled estimate (``estimate(settled=True)``): a
 count covers only what was forwarded ``SETTLE`` (100 ms) before it was asked for. The trip
 decision keeps the fast one. While a queue is tripped its held publishes are admitted
 (``floodwall.control.admission``) on a margin that follows the lag the counts show
-(``enqueue_lag``, raised to ``SETTLE`` at each trip). Consumption since the sample
+(``enqueue_lag``; ``SETTLE`` for the counts asked for within ``SETTLE`` of a trip:
+``lag_at``). Consumption since the sample
 is not subtracted: the estimate errs high, so a queue trips early rather than late, and the
 next sample brings it back down. All times are the caller's monotonic clock, in seconds.
 """
@@ -71,7 +72,11 @@ def shared(room: float, fraction: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Depth:
-    """A queue's depth: message-body bytes and messages, ready plus unacknowledged."""
+    """A queue's depth: message-body bytes and messages *ready* in it (waiting for a
+    consumer). Delivered but unacknowledged messages are not counted: they are bounded by
+    the consumers' prefetch, not by the producers, and no real-time count shows them (a
+    passive declare counts ready messages only; the management API's unacknowledged
+    figure is seconds old). docs/architecture.md, "What capacity counts"."""
 
     bytes: int
     messages: int
@@ -90,6 +95,15 @@ class ManagementSample:
     # False when the broker gave counts but no byte figures (a stream): the bytes are then
     # the messages times the mean body size the proxy saw.
     bytes_known: bool = True
+
+
+def ready_depth(m: ManagementSample, body_bytes: int) -> Depth:
+    """The ready part of a management sample (what a capacity counts: ``Depth``); its
+    bytes are the ready messages times ``body_bytes`` when the sample has no ready bytes
+    for them (no byte figures, or a fresh queue's byte statistics not collected yet)."""
+    known = m.bytes_known and (m.message_bytes_ready > 0 or m.messages_ready == 0)
+    return Depth(m.message_bytes_ready if known else m.messages_ready * body_bytes,
+                 m.messages_ready)
 
 
 @dataclass
@@ -120,9 +134,12 @@ class QueueDepth:
     sample_interval: float | None = None
     _drain_anchor: tuple[int, float] | None = None  # (ready, at): where the drain span starts
     # How long a forwarded publish may take to show in a ready count, as the counts show it
-    # (``_watch_lag``); the controller raises it to SETTLE at each trip.
+    # (``_watch_lag``). ``lag_at`` adds what the controller assumes at each trip.
     enqueue_lag: float = 0.0
-    _lag_since: float = -math.inf  # when ``expect_lag`` last raised it
+    # A lag assumed (``expect_lag``: SETTLE at a trip) for the counts asked for before
+    # ``_assumed_until``: what was forwarded before the trip may be a flood on its way.
+    _assumed_lag: float = 0.0
+    _assumed_until: float = -math.inf
     # A fleet: body bytes/s the other members forward into the queue, as they announce it
     # (``FlowController.set_share``): what the counts show of theirs is neither lag nor a
     # lack of drain.
@@ -164,7 +181,7 @@ class QueueDepth:
         anchor = self._drain_anchor
         if anchor is not None and requested_at - anchor[1] >= DRAIN_SPAN:
             self._drained(anchor[0], anchor[1], ready, requested_at,
-                          max(margin, self.enqueue_lag))
+                          max(margin, self.lag_at(anchor[1])))
         if anchor is None or requested_at - anchor[1] >= DRAIN_SPAN:
             self._drain_anchor = (ready, requested_at)
         self.ready_count, self.ready_count_at = ready, requested_at
@@ -172,10 +189,22 @@ class QueueDepth:
         self._rebase()
 
     def expect_lag(self, lag: float, now: float) -> None:
-        """Assume publishes may take ``lag`` to show in a count from ``now`` on, until the
-        counts show otherwise (a trip: what went before it may be a flood on its way)."""
-        if lag > self.enqueue_lag:
-            self.enqueue_lag, self._lag_since = lag, now
+        """Assume what was forwarded until ``now`` may take ``lag`` to show in a count (a
+        trip: what went before it may be a flood on its way): counts asked for before
+        ``now + lag`` are trusted with what was forwarded ``lag`` before them at most
+        (``lag_at``); a count asked for later holds all of it, and its margin is the lag
+        the counts show (``enqueue_lag``). (It used to halve every second from the trip
+        on instead: 100 ms, 50 ms a second later, so a held queue admitted at most about
+        ``capacity / 70 ms`` over the first second after a trip: docs/architecture.md.)"""
+        if now + lag > self._assumed_until:
+            self._assumed_lag, self._assumed_until = lag, now + lag
+
+    def lag_at(self, requested_at: float) -> float:
+        """The lag a count asked for at ``requested_at`` is trusted with: the lag the counts
+        show, or the one assumed at a trip while that count may not hold its flood."""
+        if requested_at < self._assumed_until:
+            return max(self.enqueue_lag, self._assumed_lag)
+        return self.enqueue_lag
 
     def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
                    rtt: float | None) -> None:
@@ -195,8 +224,7 @@ class QueueDepth:
         arrived = self._totals_before(at - fast)[1] - earlier
         excess = ready - before - arrived - self._others_between(before_at, at)
         if excess < 1:
-            since = max(before_at, self._lag_since)
-            self.enqueue_lag *= 0.5 ** (max(0.0, at - since) / LAG_HALF_LIFE)
+            self.enqueue_lag *= 0.5 ** (max(0.0, at - before_at) / LAG_HALF_LIFE)
             return
         ledger = self._ledger
         target = earlier - excess  # the first missing publish was this one (cumulative)
@@ -295,9 +323,7 @@ class QueueDepth:
     def broker_depth(self) -> Depth | None:
         """The broker's own last word (management API), unadjusted."""
         m = self.management
-        if m is None:
-            return None
-        return Depth(m.message_bytes, m.messages_ready + m.messages_unacknowledged)
+        return None if m is None else ready_depth(m, self.average_body_bytes())
 
     def average_body_bytes(self) -> int:
         """Mean body size: from the broker's figures when it has ready messages and their
@@ -322,15 +348,10 @@ class QueueDepth:
         ):
             since = self.ready_count_at - self.ready_margin
             settled = self.ready_count_at - max(self.ready_margin, SETTLE)
-            unacked_msgs = mgmt.messages_unacknowledged if mgmt else 0
-            unacked_bytes = mgmt.message_bytes_unacknowledged if mgmt else 0
-            self._base = Depth(self.ready_count * self.average_body_bytes() + unacked_bytes,
-                               self.ready_count + unacked_msgs)
+            self._base = Depth(self.ready_count * self.average_body_bytes(), self.ready_count)
         elif mgmt is not None:
             since = settled = mgmt.taken_at - IN_FLIGHT_MARGIN
-            messages = mgmt.messages_ready + mgmt.messages_unacknowledged
-            self._base = Depth(mgmt.message_bytes if mgmt.bytes_known
-                               else messages * self.average_body_bytes(), messages)
+            self._base = ready_depth(mgmt, self.average_body_bytes())
         else:
             return
         self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)
