@@ -3,6 +3,8 @@ bucket, its cap when the consumers stop dead, the round robin) and the release i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from floodwall.control.admission import (
@@ -10,6 +12,7 @@ from floodwall.control.admission import (
     MAX_CREDIT_TIME,
     Admission,
     allowance,
+    paced,
 )
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import HOT_MIN_MARGIN, LAG_HALF_LIFE, SETTLE, QueueDepth
@@ -136,7 +139,7 @@ def test_nothing_is_admitted_on_a_management_figure_alone() -> None:
         tripped_since: float | None = 1.0
 
     assert allowance(Q(), 2.0, HOT_INTERVAL) is None
-    assert not admission.admits(Q(), 2.0)
+    assert not admission.admits(KEY, Q(), 2.0)
 
 
 # -- the enqueue lag ------------------------------------------------------------------------
@@ -183,6 +186,61 @@ def test_a_trip_keeps_a_longer_lag_the_counts_show() -> None:
     assert depth.lag_at(trip + 1.0) == depth.enqueue_lag  # past the step: what they show
     a = allowance(fc.queues[KEY], trip + 0.16, HOT_INTERVAL)
     assert a is not None and a.margin == depth.enqueue_lag
+
+
+def test_publishes_that_land_faster_than_the_margin_are_no_lag() -> None:
+    """Admission ramps up after a trip: each count finds in the queue what was forwarded
+    just before it (a 2 ms lag, well inside the 20 ms margin). No lag may be read from
+    that (it was read as one until the pace work: up to MAX_MARGIN, and admission crawled)."""
+    d = QueueDepth()
+    d.sampled_ready_count(0.0, 0, RTT)
+    landed, t = 0, 0.0
+    for i in range(1, 60):  # counts every 6 ms, each after a bigger burst than the last
+        t = i * 0.006
+        for _ in range(i):
+            d.forwarded(t - 0.004, 1000)
+        landed += i  # all in by the count (2 ms later); no consumer
+        d.sampled_ready_count(t, landed, RTT)
+    assert d.enqueue_lag == 0.0
+
+
+def test_a_count_that_missed_publishes_forwarded_well_before_it_shows_the_lag() -> None:
+    d = QueueDepth()
+    d.sampled_ready_count(0.0, 0, RTT)
+    for _ in range(50):
+        d.forwarded(0.01, 1000)
+    d.sampled_ready_count(0.05, 10, RTT)  # 40 ms after: 40 of the 50 still on their way
+    d.sampled_ready_count(0.056, 50, RTT)  # all in: the count before missed 40 of them
+    assert d.enqueue_lag == pytest.approx(0.05 - 0.01)
+
+
+# -- pacing: what one count offers -------------------------------------------------------------
+def test_a_count_offers_the_drain_and_part_of_the_room_not_all_of_it() -> None:
+    """A count showing the whole room free offers the drain until the next count and
+    2c / (m + r) of the rest: taking all of it at once left nothing for the next few
+    counts (capacity-sized bursts every m); never more than the allowance."""
+    fc, t = held_queue()
+    assert fc.block(1, 1, frozenset({KEY}), t)
+    count(fc, t, 11)
+    count(fc, t + 0.2, 0)  # drained: 10000 bytes of room
+    q = fc.queues[KEY]
+    depth = q.depth
+    a = allowance(q, t + 0.2, HOT_INTERVAL)
+    assert a is not None
+    p = paced(a, depth, HOT_INTERVAL)
+    c = min(HOT_INTERVAL + RTT, MAX_CREDIT_TIME)
+    drain = (depth.drain_rate or 0.0) * c * 1000
+    room = a.bytes - depth.forwarded_bytes_total
+    part = 2 * c / (a.margin + RTT)
+    assert 0 < part < 1
+    assert p.bytes == pytest.approx(depth.forwarded_bytes_total + drain + (room - drain) * part)
+    assert p.bytes < a.bytes
+    sent = 0
+    while fc.admits(frozenset({KEY}), t + 0.2 + RTT):
+        depth.forwarded(t + 0.2 + RTT, 1000)
+        sent += 1
+    assert sent == math.ceil((p.bytes - 11000) / 1000)  # what the tick offered, not the room
+    assert sent < 10
 
 
 # -- the schedule ---------------------------------------------------------------------------

@@ -208,10 +208,19 @@ class QueueDepth:
 
     def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
                    rtt: float | None) -> None:
-        """Update ``enqueue_lag`` from two successive counts: a rise beyond what the ledger
-        forwarded between them (each shifted by the fast margin) means the earlier count
-        missed publishes forwarded before it; how far back the ledger must go to hold that
-        many is a lag seen. No rise beyond: the estimate halves per ``LAG_HALF_LIFE``. Consumers
+        """Update ``enqueue_lag`` from two successive counts: a rise beyond everything the
+        ledger forwarded since the earlier count was asked for (up to now: any of it may be
+        in the later count) means the earlier count missed publishes forwarded before it;
+        how far back the ledger must go to hold that many is a lag seen. (Shifting both ends
+        by the fast margin instead, as until issue 14's pace work, read a lag wherever
+        publishes landed faster than that margin while the forwarding rate rose: a held
+        queue's first admissions after a trip read as a lag of 1 s, ``MAX_MARGIN``, and
+        its admission crawled in a simulation; ``bench/RESULTS.md``, "Pace".) A fleet
+        member (``others_rate`` > 0) still reads it so: each member's count rises by the
+        others' publishes, its lags sit near ``SETTLE`` either way, and the new reading
+        left 8 members' shares of a drain less even (Jain 0.976 against >= 0.99,
+        tests/test_fleet_budget.py); issue 15's to revisit. No rise beyond: the estimate
+        halves per ``LAG_HALF_LIFE``. Consumers
         taking messages between the two counts hide a rise: the estimate errs low then, and
         ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
         (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
@@ -219,9 +228,13 @@ class QueueDepth:
         two counts, at their announced rate (``others_rate``), is no lag; and as a rise
         beyond it may still be theirs (a burst, an announcement behind), a lag seen is
         capped at ``SETTLE`` (what each trip assumes anyway) rather than ``MAX_MARGIN``."""
-        fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
-        earlier = self._totals_before(before_at - fast)[1]
-        arrived = self._totals_before(at - fast)[1] - earlier
+        if self.others_rate <= 0:
+            earlier = self._totals_before(before_at)[1]
+            arrived = self.forwarded_messages_total - earlier
+        else:  # a fleet: as before issue 14's pace work (see above)
+            fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
+            earlier = self._totals_before(before_at - fast)[1]
+            arrived = self._totals_before(at - fast)[1] - earlier
         excess = ready - before - arrived - self._others_between(before_at, at)
         if excess < 1:
             self.enqueue_lag *= 0.5 ** (max(0.0, at - before_at) / LAG_HALF_LIFE)
