@@ -132,7 +132,7 @@ async def produce(host: str, port: int, queue: str, count: int) -> float:
     the writes took (the proxy stops reading while it holds its budget)."""
     client = await amqp091.connect(host, port)
     one = amqp091.publish_frames(queue, b"\xab" * SIZE)
-    start, sent = time.monotonic(), 0
+    start, sent, cancelled = time.monotonic(), 0, False
     try:
         while sent < count and not client.lost.done():
             if client.paused:
@@ -144,15 +144,20 @@ async def produce(host: str, port: int, queue: str, count: int) -> float:
             sent += n
             await asyncio.sleep(0)
         return time.monotonic() - start
+    except asyncio.CancelledError:
+        client.abort()  # (stopped: what the proxy holds is never meant to go)
+        cancelled = True
+        raise
     finally:
         # what the socket has not taken yet would be lost by the abort: wait for it
-        for _ in range(2400):  # 120 s at most
+        for _ in range(0 if cancelled else 2400):  # 120 s at most
             if client.transport is None or client.lost.done() \
                     or not client.transport.get_write_buffer_size():
                 break
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        client.abort()
+        if not cancelled:
+            await asyncio.sleep(0.5)
+            client.abort()
 
 
 def declare(st: Stack, queue: str, delete: bool = False) -> None:

@@ -214,6 +214,23 @@ def test_a_count_that_missed_publishes_forwarded_well_before_it_shows_the_lag() 
     assert d.enqueue_lag == pytest.approx(0.05 - 0.01)
 
 
+def test_a_slow_round_trip_widens_the_margin_for_a_while() -> None:
+    """One count that took 60 ms to answer (a broker stalling) sets the margin to twice
+    that, and it halves each LAG_HALF_LIFE after; the newest round trip alone would have let the
+    next fast count shrink it back to 20 ms at once."""
+    fc, t = held_queue()
+    q = fc.queues[KEY]
+    fc.sampled_ready_count(KEY, t, 11, 0.06, t + 0.06)
+    fc.sampled_ready_count(KEY, t + 0.07, 11, RTT, t + 0.07 + RTT)
+    a = allowance(q, t + 0.07, HOT_INTERVAL)
+    assert a is not None
+    assert a.margin == pytest.approx(2 * 0.06 * 0.5 ** (0.07 / LAG_HALF_LIFE))
+    for i in range(1, 1001):  # 20 s (4 half-lives) of fast counts
+        count(fc, t + 0.07 + 0.02 * i, 11)
+    a = allowance(q, t + 20.07, HOT_INTERVAL)
+    assert a is not None and a.margin == pytest.approx(HOT_MIN_MARGIN)
+
+
 # -- pacing: what one count offers -------------------------------------------------------------
 def test_a_count_offers_the_drain_and_part_of_the_room_not_all_of_it() -> None:
     """A count showing the whole room free offers the drain until the next count and

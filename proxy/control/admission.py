@@ -34,10 +34,12 @@ that room: ``F(t - m) + share(capacity - B + d x min(h + r, 10 ms))``; the membe
 one room sum to at most that room, and a share never shrinks as the room grows, so the fleet
 together admits at most the largest room any member's count showed.
 
-The margin ``m`` is ``max(2 x r, HOT_MIN_MARGIN, lag)``: the lag the counts show
-(``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked for within ``SETTLE`` of a
-trip (``QueueDepth.lag_at``: what went before the trip may be a flood still on its way into
-the queue, issue 11), so the first admissions wait until the counts can hold it.
+The margin ``m`` is ``max(2 x r_high, HOT_MIN_MARGIN, lag)``: ``r_high`` the longest round
+trip of the recent counts (``QueueDepth.rtt_high``, halving per ``LAG_HALF_LIFE``), ``lag``
+the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked
+for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
+flood still on its way into the queue, issue 11), so the first admissions wait until the
+counts can hold it.
 
 Pure: every entry point takes ``now``; nothing here reads a clock.
 """
@@ -94,8 +96,8 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
     if base is None or at is None:
         return None
     rtt = depth.ready_rtt
-    margin = max(depth.ready_margin if rtt is None else max(2 * rtt, HOT_MIN_MARGIN),
-                 depth.lag_at(at))
+    margin = max(depth.ready_margin if rtt is None
+                 else max(2 * max(rtt, depth.rtt_high), HOT_MIN_MARGIN), depth.lag_at(at))
     before_bytes, before_messages = depth.totals_before(at - margin)
     credit = (depth.drain_rate or 0.0) * credit_time(hot_interval, rtt)
     policy = q.policy

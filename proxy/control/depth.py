@@ -54,8 +54,9 @@ DRAIN_SPAN = 0.05
 # The in-flight margin of a count for admission while held, at least (seconds): bench/pace.py
 # on a loaded machine over-admitted by megabytes with a 2 ms floor (docs/architecture.md).
 HOT_MIN_MARGIN = MIN_MARGIN
-# While the counts show no lag, the enqueue-lag estimate halves every this many seconds.
-LAG_HALF_LIFE = 1.0
+# While the counts show no lag, the enqueue-lag estimate halves every this many seconds
+# (1 s until issue 14's pace work: see docs/architecture.md, "Enqueue lag").
+LAG_HALF_LIFE = 5.0
 
 
 class RoomShare(Protocol):
@@ -122,6 +123,10 @@ class QueueDepth:
     acked_messages_total: int = 0
     ready_margin: float = IN_FLIGHT_MARGIN
     ready_rtt: float | None = None  # the round trip of the newest ready count (None: unknown)
+    # The longest round trip of the recent counts: the newest's, or the longest before it
+    # halved per LAG_HALF_LIFE since (admission's margin: a broker slow to answer is slow to
+    # enqueue, and a stall shows in one count's round trip before it shows as a lag).
+    rtt_high: float = 0.0
     _base: Depth | None = None  # depth per the newest sample ...
     _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
     _base_messages_mark: int = 0
@@ -184,6 +189,9 @@ class QueueDepth:
                           max(margin, self.lag_at(anchor[1])))
         if anchor is None or requested_at - anchor[1] >= DRAIN_SPAN:
             self._drain_anchor = (ready, requested_at)
+        if rtt is not None:
+            since = 0.0 if self.ready_count_at is None else requested_at - self.ready_count_at
+            self.rtt_high = max(rtt, self.rtt_high * 0.5 ** (since / LAG_HALF_LIFE))
         self.ready_count, self.ready_count_at = ready, requested_at
         self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
