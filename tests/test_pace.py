@@ -15,7 +15,13 @@ from floodwall.control.admission import (
     paced,
 )
 from floodwall.control.controller import FlowController
-from floodwall.control.depth import HOT_MIN_MARGIN, LAG_HALF_LIFE, SETTLE, QueueDepth
+from floodwall.control.depth import (
+    HOT_MIN_MARGIN,
+    LAG_HALF_LIFE,
+    RTT_HALF_LIFE,
+    SETTLE,
+    QueueDepth,
+)
 from floodwall.control.events import ChannelAdmitted
 from floodwall.control.policy import parse_policies
 from floodwall.control.schedule import ingress_rate, predicted_full, sampling_interval
@@ -216,7 +222,7 @@ def test_a_count_that_missed_publishes_forwarded_well_before_it_shows_the_lag() 
 
 def test_a_slow_round_trip_widens_the_margin_for_a_while() -> None:
     """One count that took 60 ms to answer (a broker stalling) sets the margin to twice
-    that, and it halves each LAG_HALF_LIFE after; the newest round trip alone would have let the
+    that, and it halves each RTT_HALF_LIFE after; the newest round trip alone would have let the
     next fast count shrink it back to 20 ms at once."""
     fc, t = held_queue()
     q = fc.queues[KEY]
@@ -224,7 +230,7 @@ def test_a_slow_round_trip_widens_the_margin_for_a_while() -> None:
     fc.sampled_ready_count(KEY, t + 0.07, 11, RTT, t + 0.07 + RTT)
     a = allowance(q, t + 0.07, HOT_INTERVAL)
     assert a is not None
-    assert a.margin == pytest.approx(2 * 0.06 * 0.5 ** (0.07 / LAG_HALF_LIFE))
+    assert a.margin == pytest.approx(2 * 0.06 * 0.5 ** (0.07 / RTT_HALF_LIFE))
     for i in range(1, 1001):  # 20 s (4 half-lives) of fast counts
         count(fc, t + 0.07 + 0.02 * i, 11)
     a = allowance(q, t + 20.07, HOT_INTERVAL)

@@ -35,7 +35,7 @@ one room sum to at most that room, and a share never shrinks as the room grows, 
 together admits at most the largest room any member's count showed.
 
 The margin ``m`` is ``max(2 x r_high, HOT_MIN_MARGIN, lag)``: ``r_high`` the longest round
-trip of the recent counts (``QueueDepth.rtt_high``, halving per ``LAG_HALF_LIFE``), ``lag``
+trip of the recent counts (``QueueDepth.rtt_high``, halving per second), ``lag``
 the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked
 for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
 flood still on its way into the queue, issue 11), so the first admissions wait until the

@@ -57,6 +57,10 @@ HOT_MIN_MARGIN = MIN_MARGIN
 # While the counts show no lag, the enqueue-lag estimate halves every this many seconds
 # (1 s until issue 14's pace work: see docs/architecture.md, "Enqueue lag").
 LAG_HALF_LIFE = 5.0
+# The longest recent round trip of the counts (``rtt_high``) halves every this many seconds:
+# a round trip is seen at every count, so a slow broker keeps it up, and one slow answer
+# (the proxy's own loop descheduled as well) does not narrow admission for long.
+RTT_HALF_LIFE = 1.0
 
 
 class RoomShare(Protocol):
@@ -124,7 +128,7 @@ class QueueDepth:
     ready_margin: float = IN_FLIGHT_MARGIN
     ready_rtt: float | None = None  # the round trip of the newest ready count (None: unknown)
     # The longest round trip of the recent counts: the newest's, or the longest before it
-    # halved per LAG_HALF_LIFE since (admission's margin: a broker slow to answer is slow to
+    # halved per RTT_HALF_LIFE since (admission's margin: a broker slow to answer is slow to
     # enqueue, and a stall shows in one count's round trip before it shows as a lag).
     rtt_high: float = 0.0
     _base: Depth | None = None  # depth per the newest sample ...
@@ -191,7 +195,7 @@ class QueueDepth:
             self._drain_anchor = (ready, requested_at)
         if rtt is not None:
             since = 0.0 if self.ready_count_at is None else requested_at - self.ready_count_at
-            self.rtt_high = max(rtt, self.rtt_high * 0.5 ** (since / LAG_HALF_LIFE))
+            self.rtt_high = max(rtt, self.rtt_high * 0.5 ** (since / RTT_HALF_LIFE))
         self.ready_count, self.ready_count_at = ready, requested_at
         self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
