@@ -9,12 +9,14 @@ One private RabbitMQ, one ``floodwall run`` with three policies, then:
   an ack per message, in a process of its own), against queues whose policies say capacity
   1 GiB (never trips), 1 MiB and 256 KiB; the three side by side, ``--rounds`` times in turn.
   Reports the consumed rate (first to last delivery), its ratio to the 1 GiB run of the same
-  round, and the broker-side depth (a passive declare on a direct connection every ~5 ms:
-  ready messages; plus the consumer's unacknowledged ones, at most the prefetch) above the
-  capacity.
+  round, the broker-side depth (a passive declare on a direct connection every ~5 ms: ready
+  messages, what a capacity counts) above the capacity, how often the queue was found empty
+  while the consumer consumed (the held queue not keeping its consumer busy), the proxy's
+  view while held (/state every 250 ms: sampling interval, drain, admitted rate, enqueue
+  lag) and the CPU seconds the broker and the proxy spent over the run.
 - **stopped**: the same at 256 KiB, but the consumer stops dead (no more acks) after 5,000
-  messages while the producer goes on at full speed; the broker-side depth above capacity
-  after the stop (ready + the 200 unacknowledged).
+  messages while the producer goes on at full speed; the ready messages above capacity
+  after the stop (the 200 unacknowledged are the consumer's, on top).
 - ``--base DIR``: the pace and stopped runs also through ``floodwall run`` from the checkout
   DIR (main before issue 14), alternated with this one's, capacity by capacity.
 - **cpu**: the broker's CPU with one queue held (no consumer, the producer held behind it)
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import psutil
 
 from bench import amqp091
 from bench.flow import (
@@ -113,13 +116,23 @@ class BrokerDepth(threading.Thread):
     def max_ready(self, since: float = 0.0) -> int:
         return max((n for t, n in self.samples if t >= since), default=0)
 
+    def ready_between(self, start: float, end: float) -> dict[str, Any]:
+        """How full the queue was while the consumer consumed: the share of counts that
+        found it empty (nothing ready: the consumer can only take what it already has)
+        and the median ready count."""
+        ns = sorted(n for t, n in self.samples if start <= t <= end)
+        if not ns:
+            return {"counts": 0}
+        return {"counts": len(ns), "empty": round(sum(1 for n in ns if n == 0) / len(ns), 3),
+                "median_ready": ns[len(ns) // 2]}
+
 
 async def produce(host: str, port: int, queue: str, count: int) -> float:
     """``count`` publishes through the proxy as fast as the socket takes them; the seconds
     the writes took (the proxy stops reading while it holds its budget)."""
     client = await amqp091.connect(host, port)
     one = amqp091.publish_frames(queue, b"\xab" * SIZE)
-    start, sent = time.monotonic(), 0
+    start, sent, cancelled = time.monotonic(), 0, False
     try:
         while sent < count and not client.lost.done():
             if client.paused:
@@ -131,15 +144,20 @@ async def produce(host: str, port: int, queue: str, count: int) -> float:
             sent += n
             await asyncio.sleep(0)
         return time.monotonic() - start
+    except asyncio.CancelledError:
+        client.abort()  # (stopped: what the proxy holds is never meant to go)
+        cancelled = True
+        raise
     finally:
         # what the socket has not taken yet would be lost by the abort: wait for it
-        for _ in range(2400):  # 120 s at most
+        for _ in range(0 if cancelled else 2400):  # 120 s at most
             if client.transport is None or client.lost.done() \
                     or not client.transport.get_write_buffer_size():
                 break
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        client.abort()
+        if not cancelled:
+            await asyncio.sleep(0.5)
+            client.abort()
 
 
 def declare(st: Stack, queue: str, delete: bool = False) -> None:
@@ -183,6 +201,7 @@ def held_pace(seen: list[dict[str, Any]]) -> dict[str, Any]:
             "sampling_interval": med("sampling_interval"),
             "drain_rate_bytes": med("drain_rate_bytes"),
             "admitted_rate_bytes": med("admitted_rate_bytes"),
+            "enqueue_lag": med("enqueue_lag"),
             "trips": seen[-1]["trips"] if seen else None}
 
 
@@ -198,6 +217,8 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
     consumer.start()
     watch = BrokerDepth(ep.host, ep.amqp_port, queue)
     watch.start()
+    beam, proxy = beam_of(st.broker), fw.process and psutil.Process(fw.process.pid)
+    cpu0 = cpu_seconds(beam), cpu_seconds(proxy)
     await asyncio.sleep(0.3)  # the consumer is up
     producer = asyncio.ensure_future(produce("127.0.0.1", fw.port, queue, messages))
     seen: list[dict[str, Any]] = []
@@ -212,18 +233,21 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
             result.update(stopped_after=doc["got"],
                           max_ready_after_stop=watch.max_ready(stopped),
                           tripped=bool(state and state["tripped"]),
-                          over_capacity_bytes=(watch.max_ready(stopped) + PREFETCH) * SIZE
-                          - capacity)
+                          over_capacity_bytes=watch.max_ready(stopped) * SIZE - capacity)
         else:
             doc = await asyncio.to_thread(mine.recv)
             await producer
             secs = doc["last"] - doc["first"]
+            cpu1 = cpu_seconds(beam), cpu_seconds(proxy)
             ready = watch.max_ready()
             result.update(consumed=doc["got"], seconds=round(secs, 3),
                           rate=round((doc["got"] - 1) / secs, 1) if secs > 0 else None,
                           max_ready=ready,
-                          over_capacity_bytes=(ready + PREFETCH) * SIZE - capacity,
-                          held=held_pace(seen))
+                          ready=watch.ready_between(doc["first"], doc["last"]),
+                          over_capacity_bytes=ready * SIZE - capacity,
+                          held=held_pace(seen),
+                          cpu_seconds={"broker": round(cpu1[0] - cpu0[0], 2),
+                                       "proxy": round(cpu1[1] - cpu0[1], 2)})
     finally:
         watch.halt.set()
         poller.cancel()
@@ -328,16 +352,26 @@ SCENARIOS = {"pace": pace, "cpu": cpu}
 def report(doc: dict[str, Any]) -> None:
     res = doc["results"]
     if "pace" in res:
-        print("\n| round | capacity | consumed msg/s | ratio to 1 GiB | max ready | "
-              "depth over capacity (ready + 200 unacked) |")
-        print("|---|---|---|---|---|---|")
+        print("\n| round | capacity | consumed msg/s | ratio to 1 GiB | max ready "
+              "(over capacity) | found empty | median ready | held: admitted / drain MB/s, "
+              "lag ms | CPU s broker / proxy |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for i, row in enumerate(res["pace"]["rounds"]):
             for label, r in row.items():
+                ready, held, cpu = r.get("ready", {}), r.get("held", {}), r.get("cpu_seconds", {})
+                over = r.get("over_capacity_bytes", 0) / KIB
+                pace = "-"
+                if held.get("admitted_rate_bytes") is not None:
+                    pace = (f"{held['admitted_rate_bytes'] / 1e6:.2f} / "
+                            f"{(held.get('drain_rate_bytes') or 0) / 1e6:.2f}, "
+                            f"{(held.get('enqueue_lag') or 0) * 1000:.0f}")
                 print(f"| {i} | {label} | {r.get('rate')} | {r.get('ratio')} | "
-                      f"{r.get('max_ready')} | {r.get('over_capacity_bytes', 0) / KIB:.0f} KiB |")
+                      f"{r.get('max_ready')} ({over:.0f} KiB) | {ready.get('empty')} | "
+                      f"{ready.get('median_ready')} | {pace} | "
+                      f"{cpu.get('broker')} / {cpu.get('proxy')} |")
         for variant, s in res["pace"]["stopped"].items():
             print(f"\nstopped consumer (256 KiB, {variant}): max ready after the stop "
-                  f"{s.get('max_ready_after_stop')}, over capacity "
+                  f"{s.get('max_ready_after_stop')}, ready over capacity "
                   f"{s.get('over_capacity_bytes', 0) / KIB:.0f} KiB, still tripped "
                   f"{s.get('tripped')}")
     if "cpu" in res:

@@ -39,9 +39,32 @@ def test_ready_count_is_fresher_than_management_and_uses_its_sizes() -> None:
     q = QueueDepth()
     q.sampled_management(_mgmt(10.0, ready=50, unacked=2, body=200))
     q.sampled_ready_count(12.0, ready=10)
-    assert q.estimate() == Depth(10 * 200 + 2 * 200, 12)
+    assert q.estimate() == Depth(10 * 200, 10)  # ready only: the 2 unacked are not counted
     q.forwarded(12.5, 200)
-    assert q.estimate() == Depth(12 * 200 + 200, 13)
+    assert q.estimate() == Depth(11 * 200, 11)
+
+
+def test_capacity_counts_ready_messages_not_the_consumers_unacknowledged() -> None:
+    """A consumer's prefetch (delivered, not yet acknowledged) is not depth: 200 unacked
+    x 1 KiB must not eat 200 KiB of a 256 KiB capacity (issue 14). From the management
+    API alone the estimate takes its ready figures; the broker's word is the same."""
+    q = QueueDepth()
+    q.sampled_management(_mgmt(10.0, ready=5, unacked=200, body=1024))
+    assert q.estimate() == Depth(5 * 1024, 5)
+    assert q.broker_depth() == Depth(5 * 1024, 5)
+    q.sampled_ready_count(10.5, ready=7)
+    assert q.estimate() == Depth(7 * 1024, 7)
+
+
+def test_ready_messages_without_ready_bytes_take_the_mean_size() -> None:
+    """Counts without byte statistics (a fresh queue, a stream) are not a depth of 0 bytes."""
+    q = QueueDepth()
+    for t in range(3):
+        q.forwarded(float(t), 300)
+    q.sampled_management(ManagementSample(10.0, 4, 1, 0, 0, 0, bytes_known=False))
+    assert q.estimate() == Depth(4 * 300, 4)
+    q.sampled_management(ManagementSample(11.0, 4, 0, 0, 0, 0))  # counts before bytes
+    assert q.estimate() == Depth(4 * 300, 4)
 
 
 def test_an_older_answer_never_replaces_a_newer_one() -> None:

@@ -403,7 +403,7 @@ class FlowController(ChannelHolds):
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
         with tokens (no alarm, lookup or spool backlog among them)."""
         return all(k in self.queues and k not in self._backlogged
-                   and self.admission.admits(self.queues[k], now) for k in keys)
+                   and self.admission.admits(k, self.queues[k], now) for k in keys)
 
     # -- depth and alarms --------------------------------------------------------------
     def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,

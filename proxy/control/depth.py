@@ -23,7 +23,8 @@ the *release* decision uses the settled estimate (``estimate(settled=True)``): a
 count covers only what was forwarded ``SETTLE`` (100 ms) before it was asked for. The trip
 decision keeps the fast one. While a queue is tripped its held publishes are admitted
 (``floodwall.control.admission``) on a margin that follows the lag the counts show
-(``enqueue_lag``, raised to ``SETTLE`` at each trip). Consumption since the sample
+(``enqueue_lag``; ``SETTLE`` for the counts asked for within ``SETTLE`` of a trip:
+``lag_at``). Consumption since the sample
 is not subtracted: the estimate errs high, so a queue trips early rather than late, and the
 next sample brings it back down. All times are the caller's monotonic clock, in seconds.
 """
@@ -53,8 +54,13 @@ DRAIN_SPAN = 0.05
 # The in-flight margin of a count for admission while held, at least (seconds): bench/pace.py
 # on a loaded machine over-admitted by megabytes with a 2 ms floor (docs/architecture.md).
 HOT_MIN_MARGIN = MIN_MARGIN
-# While the counts show no lag, the enqueue-lag estimate halves every this many seconds.
-LAG_HALF_LIFE = 1.0
+# While the counts show no lag, the enqueue-lag estimate halves every this many seconds
+# (1 s until issue 14's pace work: see docs/architecture.md, "Enqueue lag").
+LAG_HALF_LIFE = 5.0
+# The longest recent round trip of the counts (``rtt_high``) halves every this many seconds:
+# a round trip is seen at every count, so a slow broker keeps it up, and one slow answer
+# (the proxy's own loop descheduled as well) does not narrow admission for long.
+RTT_HALF_LIFE = 1.0
 
 
 class RoomShare(Protocol):
@@ -71,7 +77,11 @@ def shared(room: float, fraction: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Depth:
-    """A queue's depth: message-body bytes and messages, ready plus unacknowledged."""
+    """A queue's depth: message-body bytes and messages *ready* in it (waiting for a
+    consumer). Delivered but unacknowledged messages are not counted: they are bounded by
+    the consumers' prefetch, not by the producers, and no real-time count shows them (a
+    passive declare counts ready messages only; the management API's unacknowledged
+    figure is seconds old). docs/architecture.md, "What capacity counts"."""
 
     bytes: int
     messages: int
@@ -92,6 +102,15 @@ class ManagementSample:
     bytes_known: bool = True
 
 
+def ready_depth(m: ManagementSample, body_bytes: int) -> Depth:
+    """The ready part of a management sample (what a capacity counts: ``Depth``); its
+    bytes are the ready messages times ``body_bytes`` when the sample has no ready bytes
+    for them (no byte figures, or a fresh queue's byte statistics not collected yet)."""
+    known = m.bytes_known and (m.message_bytes_ready > 0 or m.messages_ready == 0)
+    return Depth(m.message_bytes_ready if known else m.messages_ready * body_bytes,
+                 m.messages_ready)
+
+
 @dataclass
 class QueueDepth:
     """Depth estimate of one queue; O(1) per publish, O(log n) per sample."""
@@ -108,6 +127,10 @@ class QueueDepth:
     acked_messages_total: int = 0
     ready_margin: float = IN_FLIGHT_MARGIN
     ready_rtt: float | None = None  # the round trip of the newest ready count (None: unknown)
+    # The longest round trip of the recent counts: the newest's, or the longest before it
+    # halved per RTT_HALF_LIFE since (admission's margin: a broker slow to answer is slow to
+    # enqueue, and a stall shows in one count's round trip before it shows as a lag).
+    rtt_high: float = 0.0
     _base: Depth | None = None  # depth per the newest sample ...
     _base_bytes_mark: int = 0  # ... and the ledger totals it already includes
     _base_messages_mark: int = 0
@@ -120,9 +143,12 @@ class QueueDepth:
     sample_interval: float | None = None
     _drain_anchor: tuple[int, float] | None = None  # (ready, at): where the drain span starts
     # How long a forwarded publish may take to show in a ready count, as the counts show it
-    # (``_watch_lag``); the controller raises it to SETTLE at each trip.
+    # (``_watch_lag``). ``lag_at`` adds what the controller assumes at each trip.
     enqueue_lag: float = 0.0
-    _lag_since: float = -math.inf  # when ``expect_lag`` last raised it
+    # A lag assumed (``expect_lag``: SETTLE at a trip) for the counts asked for before
+    # ``_assumed_until``: what was forwarded before the trip may be a flood on its way.
+    _assumed_lag: float = 0.0
+    _assumed_until: float = -math.inf
     # A fleet: body bytes/s the other members forward into the queue, as they announce it
     # (``FlowController.set_share``): what the counts show of theirs is neither lag nor a
     # lack of drain.
@@ -164,25 +190,49 @@ class QueueDepth:
         anchor = self._drain_anchor
         if anchor is not None and requested_at - anchor[1] >= DRAIN_SPAN:
             self._drained(anchor[0], anchor[1], ready, requested_at,
-                          max(margin, self.enqueue_lag))
+                          max(margin, self.lag_at(anchor[1])))
         if anchor is None or requested_at - anchor[1] >= DRAIN_SPAN:
             self._drain_anchor = (ready, requested_at)
+        if rtt is not None:
+            since = 0.0 if self.ready_count_at is None else requested_at - self.ready_count_at
+            self.rtt_high = max(rtt, self.rtt_high * 0.5 ** (since / RTT_HALF_LIFE))
         self.ready_count, self.ready_count_at = ready, requested_at
         self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
 
     def expect_lag(self, lag: float, now: float) -> None:
-        """Assume publishes may take ``lag`` to show in a count from ``now`` on, until the
-        counts show otherwise (a trip: what went before it may be a flood on its way)."""
-        if lag > self.enqueue_lag:
-            self.enqueue_lag, self._lag_since = lag, now
+        """Assume what was forwarded until ``now`` may take ``lag`` to show in a count (a
+        trip: what went before it may be a flood on its way): counts asked for before
+        ``now + lag`` are trusted with what was forwarded ``lag`` before them at most
+        (``lag_at``); a count asked for later holds all of it, and its margin is the lag
+        the counts show (``enqueue_lag``). (It used to halve every second from the trip
+        on instead: 100 ms, 50 ms a second later, so a held queue admitted at most about
+        ``capacity / 70 ms`` over the first second after a trip: docs/architecture.md.)"""
+        if now + lag > self._assumed_until:
+            self._assumed_lag, self._assumed_until = lag, now + lag
+
+    def lag_at(self, requested_at: float) -> float:
+        """The lag a count asked for at ``requested_at`` is trusted with: the lag the counts
+        show, or the one assumed at a trip while that count may not hold its flood."""
+        if requested_at < self._assumed_until:
+            return max(self.enqueue_lag, self._assumed_lag)
+        return self.enqueue_lag
 
     def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
                    rtt: float | None) -> None:
-        """Update ``enqueue_lag`` from two successive counts: a rise beyond what the ledger
-        forwarded between them (each shifted by the fast margin) means the earlier count
-        missed publishes forwarded before it; how far back the ledger must go to hold that
-        many is a lag seen. No rise beyond: the estimate halves per ``LAG_HALF_LIFE``. Consumers
+        """Update ``enqueue_lag`` from two successive counts: a rise beyond everything the
+        ledger forwarded since the earlier count was asked for (up to now: any of it may be
+        in the later count) means the earlier count missed publishes forwarded before it;
+        how far back the ledger must go to hold that many is a lag seen. (Shifting both ends
+        by the fast margin instead, as until issue 14's pace work, read a lag wherever
+        publishes landed faster than that margin while the forwarding rate rose: a held
+        queue's first admissions after a trip read as a lag of 1 s, ``MAX_MARGIN``, and
+        its admission crawled in a simulation; ``bench/RESULTS.md``, "Pace".) A fleet
+        member (``others_rate`` > 0) still reads it so: each member's count rises by the
+        others' publishes, its lags sit near ``SETTLE`` either way, and the new reading
+        left 8 members' shares of a drain less even (Jain 0.976 against >= 0.99,
+        tests/test_fleet_budget.py); issue 15's to revisit. No rise beyond: the estimate
+        halves per ``LAG_HALF_LIFE``. Consumers
         taking messages between the two counts hide a rise: the estimate errs low then, and
         ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
         (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
@@ -190,13 +240,16 @@ class QueueDepth:
         two counts, at their announced rate (``others_rate``), is no lag; and as a rise
         beyond it may still be theirs (a burst, an announcement behind), a lag seen is
         capped at ``SETTLE`` (what each trip assumes anyway) rather than ``MAX_MARGIN``."""
-        fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
-        earlier = self._totals_before(before_at - fast)[1]
-        arrived = self._totals_before(at - fast)[1] - earlier
+        if self.others_rate <= 0:
+            earlier = self._totals_before(before_at)[1]
+            arrived = self.forwarded_messages_total - earlier
+        else:  # a fleet: as before issue 14's pace work (see above)
+            fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
+            earlier = self._totals_before(before_at - fast)[1]
+            arrived = self._totals_before(at - fast)[1] - earlier
         excess = ready - before - arrived - self._others_between(before_at, at)
         if excess < 1:
-            since = max(before_at, self._lag_since)
-            self.enqueue_lag *= 0.5 ** (max(0.0, at - since) / LAG_HALF_LIFE)
+            self.enqueue_lag *= 0.5 ** (max(0.0, at - before_at) / LAG_HALF_LIFE)
             return
         ledger = self._ledger
         target = earlier - excess  # the first missing publish was this one (cumulative)
@@ -295,9 +348,7 @@ class QueueDepth:
     def broker_depth(self) -> Depth | None:
         """The broker's own last word (management API), unadjusted."""
         m = self.management
-        if m is None:
-            return None
-        return Depth(m.message_bytes, m.messages_ready + m.messages_unacknowledged)
+        return None if m is None else ready_depth(m, self.average_body_bytes())
 
     def average_body_bytes(self) -> int:
         """Mean body size: from the broker's figures when it has ready messages and their
@@ -322,15 +373,10 @@ class QueueDepth:
         ):
             since = self.ready_count_at - self.ready_margin
             settled = self.ready_count_at - max(self.ready_margin, SETTLE)
-            unacked_msgs = mgmt.messages_unacknowledged if mgmt else 0
-            unacked_bytes = mgmt.message_bytes_unacknowledged if mgmt else 0
-            self._base = Depth(self.ready_count * self.average_body_bytes() + unacked_bytes,
-                               self.ready_count + unacked_msgs)
+            self._base = Depth(self.ready_count * self.average_body_bytes(), self.ready_count)
         elif mgmt is not None:
             since = settled = mgmt.taken_at - IN_FLIGHT_MARGIN
-            messages = mgmt.messages_ready + mgmt.messages_unacknowledged
-            self._base = Depth(mgmt.message_bytes if mgmt.bytes_known
-                               else messages * self.average_body_bytes(), messages)
+            self._base = ready_depth(mgmt, self.average_body_bytes())
         else:
             return
         self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)

@@ -292,12 +292,10 @@ def held_by_queue(blocked: Iterable[frozenset[QueueKey]], held_bytes: int
 
 def last_sample(depth: QueueDepth, now: float) -> tuple[int, float] | None:
     """(bytes, age) of the queue's last ready count, as the estimate took it: ready
-    messages times the mean body size, plus the management API's unacked bytes."""
+    messages times the mean body size (a capacity counts ready messages only)."""
     if depth.ready_count is None or depth.ready_count_at is None:
         return None
-    m = depth.management
-    unacked = m.message_bytes_unacknowledged if m is not None else 0
-    return (depth.ready_count * depth.average_body_bytes() + unacked,
+    return (depth.ready_count * depth.average_body_bytes(),
             max(0.0, now - depth.ready_count_at))
 
 

@@ -149,7 +149,7 @@ class FlowCollector(Collector):
             labels=[*QUEUE_LABELS, "source"])
         depth_messages = GaugeMetricFamily(
             "floodwall_queue_depth_messages",
-            "Messages (ready + unacknowledged) in a policed queue, by source",
+            "Messages ready in a policed queue (what a capacity counts), by source",
             labels=[*QUEUE_LABELS, "source"])
         capacity = GaugeMetricFamily(
             "floodwall_queue_capacity_bytes", "Trip above this depth (0: no byte limit)",
@@ -396,7 +396,7 @@ def pace_of(controller: FlowController, stats: FlowStats, key: QueueKey, now: fl
     depth = controller.queues[key].depth
     drain = drain_bytes_rate(depth)
     return {"sampling_interval": stats.sampling_interval.get(key),
-            "enqueue_lag": round(depth.enqueue_lag, 4),
+            "enqueue_lag": round(depth.lag_at(now), 4),
             "drain_rate_bytes": None if drain is None else round(drain, 1),
             "admitted_rate_bytes": round(ingress_rate(depth, now).bytes, 1)}
 

@@ -43,17 +43,19 @@ def test_held_publishes_leave_as_the_counts_give_tokens_round_robin() -> None:
 
     count(s, 21)  # full: no tokens
     assert s.core.data_for_server() == b""
-    count(s, 16)  # consumers took 5: 2000 - 1600 = 400 bytes of room, 4 publishes leave
+    count(s, 16)  # consumers took 5: 2000 - 1600 = 400 bytes of room; the count offers the
+    # drain until the next count (a few bytes) and 2c / (m + r) = 12 / 21 of the room
+    # beyond it (admission.paced): 3 publishes leave, not 4 or 5
     out = tags(s.core.data_for_server())
-    assert len(out) == 4
+    assert len(out) == 3
     # in channel order within each channel; the rotation decides who goes first
-    assert out in ([30, 31, 32, 33], [40, 41, 42, 43])
-    count(s, 16)  # 4 more taken (the 4 admitted are in the count): the other channel first
+    assert out in ([30, 31, 32], [40, 41, 42])
+    count(s, 16)  # 3 more taken (the 3 admitted are in the count): the other channel first
     out2 = tags(s.core.data_for_server())
-    assert len(out2) == 4 and {out[0], out2[0]} == {30, 40}
+    assert len(out2) == 3 and {out[0], out2[0]} == {30, 40}
     assert s.core.data_for_client() == b""  # no Channel.Flow while held
     assert s.fc.is_blocked(1, 1) and s.fc.is_blocked(1, 2)
-    assert s.counters.held_messages == 2
+    assert s.counters.held_messages == 4
 
 
 def test_a_held_queue_whose_publishers_leave_tokens_unused_releases_at_resume() -> None:

@@ -496,8 +496,9 @@ def test_collector_output_and_state_shape() -> None:
     stats.reloads["ok"] = 1
     text = generate_latest(make_registry([FlowCollector(c, g, stats, lambda: now[0])])).decode()
     q = {"vhost": "/", "queue": "orders.eu", "policy": "orders"}
-    assert metric_in(text, "floodwall_queue_depth_bytes", source="broker", **q) == 2 * 1024**2
-    assert metric_in(text, "floodwall_queue_depth_messages", source="estimate", **q) == 4
+    # what a capacity counts: the ready messages (1.5 MiB, 3), not the unacknowledged one
+    assert metric_in(text, "floodwall_queue_depth_bytes", source="broker", **q) == 1536 * 1024
+    assert metric_in(text, "floodwall_queue_depth_messages", source="estimate", **q) == 3
     assert metric_in(text, "floodwall_queue_capacity_bytes", **q) == 1024**2
     assert metric_in(text, "floodwall_queue_resume_bytes", **q) == 512 * 1024
     assert metric_in(text, "floodwall_queue_tripped", **q) == 1
@@ -536,14 +537,14 @@ def test_collector_output_and_state_shape() -> None:
         "vhost": "/", "queue": "orders.eu", "policy": "orders", "mode": "enforce",
         "capacity": 1024**2,
         "resume": 512 * 1024, "max_messages": None, "resume_messages": None,
-        "depth": {"estimate": {"bytes": 2 * 1024**2, "messages": 4},
-                  "broker": {"bytes": 2 * 1024**2, "messages": 4},
+        "depth": {"estimate": {"bytes": 1536 * 1024, "messages": 3},
+                  "broker": {"bytes": 1536 * 1024, "messages": 3},
                   "ready_count": None, "known": True},
         "tripped": True, "tripped_seconds": 4.5, "trips": 1,
         "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None,
-        # issue 14's pace: not counted by the probes here; tripped, so a flood may be on
-        # its way (the lag is SETTLE); nothing forwarded over the last second
-        "sampling_interval": None, "enqueue_lag": 0.1, "drain_rate_bytes": None,
+        # issue 14's pace: not counted by the probes here; tripped 4.5 s ago, so the lag
+        # assumed at the trip (SETTLE) is over; nothing forwarded over the last second
+        "sampling_interval": None, "enqueue_lag": 0.0, "drain_rate_bytes": None,
         "admitted_rate_bytes": 0.0}
     assert state["blocked_channels"] == [
         {"conn": 5, "channel": 1, "queues": [{"vhost": "/", "queue": "orders.eu"}],
