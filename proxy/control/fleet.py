@@ -62,10 +62,6 @@ MEMBER_TIMEOUT = 2.5
 #: counting before it is dropped anyway: longer than the broker takes to close a dead
 #: peer's connection (two 30 s heartbeats), which deletes its queue.
 SILENT_LIMIT = 120.0
-#: How long after this sidecar begins policing a queue the fleet's members that have not
-#: reported it yet count as its newcomers (``FleetTable.rule``): a cold interval and two
-#: hot ones, by when each has announced it (a new queue is announced at once).
-QUEUE_GRACE = COLD_INTERVAL + 2 * ANNOUNCE_INTERVAL
 #: Held bytes count as demand to be met within this many seconds.
 DEMAND_HORIZON = 1.0
 #: Weight of the newest interval in a member's ingress rate.
@@ -643,22 +639,20 @@ class FleetTable:
     def is_silent(self, member: str) -> bool:
         return member in self._silent
 
-    def rule(self, key: QueueKey, mine: QueueReport, now: float, fresh: bool = False
-             ) -> ShareRule | None:
+    def rule(self, key: QueueKey, mine: QueueReport, now: float,
+             since: float | None = None) -> ShareRule | None:
         """How this sidecar sizes its share of ``key``'s headroom now (``ShareRule``), from
-        ``mine`` (its report as announced) and the live members' reports; None when it is
-        alone on the queue and hears the fleet (the whole headroom is its own).
+        ``mine`` (its report as announced) and the members' reports; None when it is alone
+        on the queue and hears the fleet (the whole headroom is its own).
 
-        ``fresh``: this sidecar began policing ``key`` lately (``QUEUE_GRACE``): the live
-        members of its vhost that do not report it yet may police it too, not having
-        announced since (a queue declared for the whole fleet at once): each counts as a
-        newcomer (an equal share) rather than as absent."""
+        ``since``: when this sidecar began policing ``key``. The members of its vhost that
+        do not report ``key`` and have not announced since then may police it too (a queue
+        declared for the whole fleet at once, their announcement of it not here yet): each
+        counts as a newcomer (an equal share) rather than as absent, until it announces
+        (``_pending``)."""
         reports = self.reports(key, now)
         deaf = self.deaf(now)
-        pending: list[str] = []
-        if fresh:
-            pending = [m for m, mine_ in self._heard.items()
-                       if m not in reports and key[0] in mine_]
+        pending = [] if since is None else self._pending(key, reports, since)
         if not reports and not pending and not deaf:
             return None
         demands = tuple(sorted([(m, r.demand) for m, r in reports.items()]
@@ -666,6 +660,14 @@ class FleetTable:
                                + [(self.me, mine.demand)]))
         return ShareRule(self.me, demands, self.size(now) if deaf else 0,
                          sum(r.ingress for r in reports.values()))
+
+    def _pending(self, key: QueueKey, reports: Mapping[str, QueueReport], since: float
+                 ) -> list[str]:
+        """The members of ``key``'s vhost that do not report it and were last heard there
+        before this sidecar began policing it (at ``since``): their next announcement says
+        whether they police it (a member announces a queue at once when it begins to)."""
+        return [m for m, mine in self._heard.items()
+                if m not in reports and key[0] in mine and mine[key[0]].at <= since]
 
     def shares(self, key: QueueKey, headroom: float, mine: QueueReport | None, now: float
                ) -> dict[str, float]:

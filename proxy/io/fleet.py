@@ -48,7 +48,6 @@ from floodwall.control.fleet import (
     COLD_INTERVAL,
     EXCHANGE_PREFIX,
     MEMBER_TIMEOUT,
-    QUEUE_GRACE,
     Announcement,
     FleetMessageError,
     FleetTable,
@@ -308,9 +307,8 @@ class FleetService:
         for key in self._since.keys() - mine.keys():
             del self._since[key]
         for key, report in mine.items():
-            fresh = now - self._since.get(key, now) < QUEUE_GRACE
-            c.set_share(key, self.table.rule(key, self._said.get(key, report), now, fresh),
-                        now)
+            c.set_share(key, self.table.rule(key, self._said.get(key, report), now,
+                                             self._since.get(key)), now)
 
     # -- silent members: ask the broker whether their queue is still there ----------------
     def _check_silent(self, now: float) -> None:
