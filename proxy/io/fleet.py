@@ -83,9 +83,9 @@ log = logging.getLogger("floodwall.fleet")
 
 #: How long a vhost whose fleet channel could not be set up waits before trying again.
 RETRY_SECONDS = 1.0
-#: An echo of its own announcement this late, or an announcement timer firing this late (a
-#: fifth of the timeout), is
-#: logged (``fleet_echo_late``, ``fleet_tick_late``): what makes members silent to others.
+#: An echo of its own announcement this late, or its announcement timer firing this late (a
+#: fifth of the timeout), is logged (``fleet_echo_late``, ``fleet_tick_late``): what makes
+#: members silent to the others.
 LATE_SECONDS = 0.5
 #: Announcements past this many waiting in a member's queue are dropped, oldest first: a
 #: stalled sidecar must not grow the broker (only the newest of each member counts).
