@@ -40,7 +40,10 @@ import asyncio
 import contextlib
 import functools
 import math
+import re
 import shlex
+import shutil
+import signal
 import struct
 import sys
 import time
@@ -155,6 +158,10 @@ class Trace:
     samples: int = 0
     mgmt_max_bytes: int = 0
     mgmt_samples: int = 0
+    series: list[tuple[float, int]] = field(default_factory=list)  # (s since t0, bytes)
+
+    def max_after(self, t: float) -> int:
+        return max((d for at, d in self.series if at >= t), default=0)
 
 
 async def sample_depth(st: Stack, queue: str, consumer: Consumer, trace: Trace,
@@ -165,8 +172,10 @@ async def sample_depth(st: Stack, queue: str, consumer: Consumer, trace: Trace,
             ready = await sampler.declare(queue, passive=True)
             depth = (ready + consumer.unacked) * SIZE
             trace.samples += 1
+            at = time.perf_counter() - t0
+            trace.series.append((at, depth))
             if depth > trace.max_bytes:
-                trace.max_bytes, trace.max_at = depth, time.perf_counter() - t0
+                trace.max_bytes, trace.max_at = depth, at
             await asyncio.sleep(0.02)
     finally:
         await sampler.close()
@@ -183,7 +192,119 @@ async def sample_management(st: Stack, queue: str, trace: Trace, stop: asyncio.E
         await asyncio.sleep(0.25)
 
 
-async def run_case(st: Stack, sidecars: list[ProxyProcess], rate: float,
+def fleet_events(sidecars: list[ProxyProcess], offsets: list[int]) -> dict[str, int]:
+    """The fleet's membership log lines the sidecars wrote since ``offsets``: joins, leaves
+    by reason (a live member timed out and joined again is a flap), silent and back; and its
+    announcement timer's lateness past 0.5 s (``fleet_tick_late``: count, largest)."""
+    counts: dict[str, int] = {}
+    for fw, offset in zip(sidecars, offsets, strict=True):
+        with contextlib.suppress(OSError), open(fw.logfile, "rb") as f:
+            f.seek(offset)
+            for line in f:
+                if b"fleet_member_joined" in line:
+                    key = "joined"
+                elif b"fleet_member_left" in line:
+                    m = re.search(rb'"reason": ?"([^"]+)"', line)
+                    key = "left " + (m.group(1).decode() if m else "?")
+                elif b"fleet_member_silent" in line:
+                    key = "silent"
+                elif b"fleet_member_back" in line:
+                    key = "back"
+                elif b"fleet_tick_late" in line:
+                    key = "tick late"
+                    m = re.search(rb'"late_seconds": ?([0-9.]+)', line)
+                    late = float(m.group(1)) if m else 0.0
+                    counts["tick late max ms"] = max(counts.get("tick late max ms", 0),
+                                                     int(late * 1000))
+                else:
+                    continue
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def log_sizes(sidecars: list[ProxyProcess]) -> list[int]:
+    sizes = []
+    for fw in sidecars:
+        try:
+            sizes.append(fw.logfile.stat().st_size)
+        except OSError:
+            sizes.append(0)
+    return sizes
+
+
+def fleet_doc(fw: ProxyProcess) -> dict[str, Any]:
+    flow = fw.state().get("flow") or {}
+    assert isinstance(flow, dict)
+    doc = flow.get("fleet") or {}
+    assert isinstance(doc, dict)
+    return doc
+
+
+def counts_member(fw: ProxyProcess, queue: str, member: str) -> bool:
+    """Whether ``fw`` still counts ``member`` in ``queue``'s shares (or among its members)."""
+    doc = fleet_doc(fw)
+    if member in {m["id"] for m in doc.get("members", [])}:
+        return True
+    return any(q["queue"] == queue and member in q.get("members", {})
+               for q in doc.get("queues", []))
+
+
+async def kill_one(victim: ProxyProcess, survivors: list[ProxyProcess], queue: str,
+                   t0: float) -> dict[str, Any]:
+    """SIGKILL ``victim``; how long until every survivor stopped counting it in the queue's
+    shares (the issue's takeover: within 3 s), polled on /state every 20 ms."""
+    member = str(fleet_doc(victim)["me"])
+    assert victim.process is not None
+    victim.process.send_signal(signal.SIGKILL)
+    killed = time.perf_counter()
+    await asyncio.to_thread(victim.process.wait, 10)
+    pending = list(survivors)
+    takeover: list[float] = []
+    while pending and time.perf_counter() - killed < 30:
+        for fw in list(pending):
+            if not await asyncio.to_thread(counts_member, fw, queue, member):
+                takeover.append(time.perf_counter() - killed)
+                pending.remove(fw)
+        await asyncio.sleep(0.02)
+    return {"killed_at_s": round(killed - t0, 2),
+            "takeover_s": round(max(takeover), 3) if not pending else math.inf,
+            "takeover_each_s": [round(x, 3) for x in takeover]}
+
+
+@dataclass
+class CaseRun:
+    """One case's producers, consumer and samplers, started together."""
+
+    st: Stack
+    sidecars: list[ProxyProcess]
+    case: Case
+    queue: str
+    consumer: Consumer
+    trace: Trace = field(default_factory=Trace)
+    sent: dict[int, int] = field(default_factory=dict)
+    stop_producing: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_sampling: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    producers: list[asyncio.Task[Any]] = field(default_factory=list)
+    owner: list[int] = field(default_factory=list)  # producer -> sidecar index
+
+    def start(self, t0: float) -> None:
+        self.tasks = [
+            asyncio.create_task(sample_depth(self.st, self.queue, self.consumer, self.trace,
+                                             self.stop_sampling, t0)),
+            asyncio.create_task(sample_management(self.st, self.queue, self.trace,
+                                                  self.stop_sampling))]
+        for i, fw in enumerate(self.sidecars):
+            for rate in self.case.rates:
+                pid = len(self.owner)
+                self.owner.append(i)
+                self.producers.append(asyncio.create_task(producer(
+                    fw.port, self.queue, pid, rate, self.stop_producing, self.sent,
+                    self.gone)))
+
+
+async def run_case(st: Stack, sidecars: list[ProxyProcess], case: Case,
                    opts: argparse.Namespace, cpu: CpuMeter) -> dict[str, Any]:
     ep, n = st.endpoint, len(sidecars)
     queue = unique("fleet")
@@ -196,65 +317,126 @@ async def run_case(st: Stack, sidecars: list[ProxyProcess], rate: float,
     await consumer_client.qos(opts.prefetch)
     consumer = Consumer(consumer_client, opts.consumer_rate)
     await consumer_client.consume(queue, no_ack=False)
-    stop_producing, stop_sampling, gone = asyncio.Event(), asyncio.Event(), asyncio.Event()
     stop_consuming = asyncio.Event()
-    sent: dict[int, int] = {}
-    trace = Trace()
+    run = CaseRun(st, sidecars, case, queue, consumer)
+    offsets = log_sizes(sidecars)
     t0 = time.perf_counter()
     consuming = asyncio.create_task(consumer.run(stop_consuming))
-    samplers = [asyncio.create_task(sample_depth(st, queue, consumer, trace, stop_sampling, t0)),
-                asyncio.create_task(sample_management(st, queue, trace, stop_sampling))]
-    producers = [asyncio.create_task(producer(fw.port, queue, i, rate, stop_producing, sent,
-                                              gone)) for i, fw in enumerate(sidecars)]
+    run.start(t0)
     procs = [psutil.Process(fw.process.pid) for fw in sidecars if fw.process]
     s0 = cpu.snapshot(None)
-    side0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
-    await asyncio.sleep(opts.seconds / 2)
+    side0 = {p.pid: p.cpu_times().user + p.cpu_times().system for p in procs}
+    killed: dict[str, Any] = {}
+    if case.kill:  # kill the last a third of the way; fairness over the last third
+        await asyncio.sleep(opts.seconds / 3)
+        killed = await kill_one(sidecars[-1], sidecars[:-1], queue, t0)
+        await asyncio.sleep(max(0.0, t0 + 2 * opts.seconds / 3 - time.perf_counter()))
+        window_s = opts.seconds / 3
+    else:
+        await asyncio.sleep(opts.seconds / 2)
+        window_s = opts.seconds / 2
     consumer.mark()
-    await asyncio.sleep(opts.seconds / 2)
-    stop_producing.set()
+    sent_mark = dict(run.sent)
+    await asyncio.sleep(window_s)
+    if case.kill:
+        killed["peak_after_kill_bytes"] = run.trace.max_after(killed["killed_at_s"])
+    run.stop_producing.set()
     window = {pid: consumer.per_producer.get(pid, 0) - consumer.marks.get(pid, 0)
-              for pid in range(n)}
+              for pid in range(len(run.owner))}
+    offered = [(run.sent.get(pid, 0) - sent_mark.get(pid, 0)) / window_s
+               for pid in range(len(run.owner))]
     s1 = cpu.snapshot(None)
-    side1 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
-    total_sent = sum(sent.values())
+    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    side_d = sum(p.cpu_times().user + p.cpu_times().system - side0[p.pid] for p in alive)
+    res = await finish_case(run, consumer, consuming, stop_consuming, opts)
+    cpu_d = CpuMeter.delta(s0, s1)
+    live = [pid for pid in range(len(run.owner)) if not (case.kill and run.owner[pid] == n - 1)]
+    rates = [window[pid] / window_s for pid in range(len(run.owner))]
+    res.update({
+        "sidecars": n, "case": case.label,
+        "rate": "/".join("max" if r <= 0 else f"{r:g}" for r in case.rates),
+        "max_at_s": round(run.trace.max_at, 2),
+        "delivered_rates_second_half": [round(r, 1) for r in rates],
+        "jain": jain([rates[pid] for pid in live]),
+        "pace": sum(rates[pid] for pid in live) / opts.consumer_rate,
+        "fleet_events": fleet_events(sidecars, offsets),
+        "sidecar_cpu_cores": side_d / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
+        "other_cores": (max(0.0, cpu_d["other_cpu_s"] - side_d) / cpu_d["wall_s"]
+                        if cpu_d["wall_s"] else math.nan),
+        "depth_kib_per_second": depth_profile(run.trace)})
+    if killed:
+        res["kill"] = killed
+    if len(case.rates) > 1:  # greedy and modest: the modest one's part of the drain
+        res["modest"] = modest_figures(case, rates, offered, opts.consumer_rate)
+    return res
+
+
+def depth_profile(trace: Trace) -> list[list[int]]:
+    """The broker-side depth, per second of the case: [min, max] KiB."""
+    out: dict[int, list[int]] = {}
+    for at, d in trace.series:
+        lo_hi = out.setdefault(int(at), [d, d])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], d), max(lo_hi[1], d)
+    return [[lo // KIB, hi // KIB] for _, (lo, hi) in sorted(out.items())]
+
+
+def modest_figures(case: Case, rates: list[float], offered: list[float], drain: float
+                   ) -> dict[str, Any]:
+    """For each sidecar's least paced producer: its delivered rate while held against the
+    issue's target, min(its demand, half the drain), its demand being what it wrote in the
+    window (the bench's loop may fall behind its pace on a busy machine)."""
+    per = len(case.rates)
+    slowest = min((r for r in case.rates if r > 0), default=0.0)
+    j = case.rates.index(slowest) if slowest else 0
+    got = [rates[i * per + j] for i in range(case.sidecars)]
+    demand = [offered[i * per + j] for i in range(case.sidecars)]
+    target = [min(d, drain / 2 / case.sidecars) for d in demand]
+    return {"demand": [round(d, 1) for d in demand], "target": [round(t, 1) for t in target],
+            "delivered": [round(g, 1) for g in got],
+            "met": all(g >= 0.95 * t for g, t in zip(got, target, strict=True))}
+
+
+async def finish_case(run: CaseRun, consumer: Consumer, consuming: asyncio.Task[None],
+                      stop_consuming: asyncio.Event, opts: argparse.Namespace
+                      ) -> dict[str, Any]:
+    """Drain: every message the live sidecars' producers sent is delivered (a killed
+    sidecar's held messages are gone with it: counted apart)."""
+    ep, n = run.st.endpoint, len(run.sidecars)
+    dead = {i for i, fw in enumerate(run.sidecars) if fw.process and fw.process.poll() is not None}
+    live = [pid for pid in range(len(run.owner)) if run.owner[pid] not in dead]
+    total_sent = sum(run.sent.values())
     consumer.fast()
     drained = True
     try:
-        await until(lambda: consumer.delivered >= sum(sent.values()), opts.drain_timeout,
+        await until(lambda: all(consumer.per_producer.get(p, 0) >= run.sent.get(p, 0)
+                                for p in live), opts.drain_timeout,
                     "every message delivered", interval=0.1)
     except TimeoutError:
         drained = False
-    stop_sampling.set()
-    await asyncio.gather(*samplers, return_exceptions=True)
-    gone.set()
-    errors = [repr(r) for r in await asyncio.gather(*producers, return_exceptions=True)
+    await asyncio.sleep(0.5)  # the dead sidecar's last forwarded ones, if any
+    run.stop_sampling.set()
+    await asyncio.gather(*run.tasks, return_exceptions=True)
+    run.gone.set()
+    errors = [repr(r) for r in await asyncio.gather(*run.producers, return_exceptions=True)
               if isinstance(r, BaseException)]
     stop_consuming.set()
     await consuming
-    await consumer_client.close()
-    still_held = [held(fw)["messages"] for fw in sidecars]
+    await consumer.client.close()
+    still_held = [held(fw)["messages"] for i, fw in enumerate(run.sidecars) if i not in dead]
     direct = await amqp091.connect(ep.host, ep.amqp_port)
-    await direct.delete(queue)
+    await direct.delete(run.queue)
     await direct.close()
-    cpu_d = CpuMeter.delta(s0, s1)
-    rates = [window[i] / (opts.seconds / 2) for i in range(n)]
-    return {
-        "sidecars": n, "rate": int(rate) if rate else "max", "queue": queue,
-        "capacity": CAPACITY,
-        "max_depth_bytes": trace.max_bytes, "max_at_s": round(trace.max_at, 2),
-        "overshoot_bytes": trace.max_bytes - CAPACITY,
-        "mgmt_max_bytes": trace.mgmt_max_bytes, "samples": trace.samples,
-        "sent": total_sent, "delivered": consumer.delivered,
-        "lost": total_sent - consumer.delivered, "drained": drained,
-        "held_after": still_held,
-        "delivered_rates_second_half": [round(r, 1) for r in rates],
-        "jain": jain(rates),
-        "sidecar_cpu_cores": (side1 - side0) / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
-        "other_cores": (max(0.0, cpu_d["other_cpu_s"] - (side1 - side0)) / cpu_d["wall_s"]
-                        if cpu_d["wall_s"] else math.nan),
-        "errors": errors,
-    }
+    lost = sum(run.sent.get(p, 0) - consumer.per_producer.get(p, 0) for p in live)
+    dead_pids = [p for p in range(len(run.owner)) if run.owner[p] in dead]
+    return {"queue": run.queue, "capacity": CAPACITY,
+            "max_depth_bytes": run.trace.max_bytes,
+            "overshoot_bytes": run.trace.max_bytes - CAPACITY,
+            "mgmt_max_bytes": run.trace.mgmt_max_bytes, "samples": run.trace.samples,
+            "sent": total_sent, "delivered": consumer.delivered, "lost": lost,
+            "dead_sidecar_unforwarded": sum(run.sent.get(p, 0) - consumer.per_producer.get(p, 0)
+                                            for p in dead_pids),
+            "drained": drained, "held_after": still_held, "errors": errors,
+            "sidecars_alive": n - len(dead)}
 
 
 def _exchange_counts(st: Stack) -> tuple[int, int]:
@@ -309,14 +491,14 @@ def parse_variant(text: str) -> Variant:
     return Variant(name, Path(root) if root else None, tuple(shlex.split(args)))
 
 
-async def start_sidecars(st: Stack, variant: Variant, n: int, policies: Path
-                         ) -> list[ProxyProcess]:
+async def start_sidecars(st: Stack, variant: Variant, n: int, policies: Path,
+                         tag: str = "") -> list[ProxyProcess]:
     sidecars: list[ProxyProcess] = []
     for i in range(n):
         args = ["--event-loop", "auto", "--log-format", "json", "--policies", str(policies),
                 "--management", st.endpoint.management_url, *variant.args]
         proc = ProxyProcess(upstream=st.upstream,
-                            logfile=st.workdir / f"{variant.name}-sidecar-{i}.log",
+                            logfile=st.workdir / f"{variant.name}-sidecar-{tag or i}.log",
                             extra_args=args, root=variant.root)
         st.proxies.append(proc)
         sidecars.append(proc)
@@ -324,10 +506,25 @@ async def start_sidecars(st: Stack, variant: Variant, n: int, policies: Path
     return sidecars
 
 
+def case_line(variant: str, res: dict[str, Any]) -> str:
+    line = (f"   {variant} {res['case']:<12} peak {res['max_depth_bytes'] / KIB:7.0f} KiB "
+            f"({res['overshoot_bytes'] / KIB:+.0f}), sent {res['sent']}, delivered "
+            f"{res['delivered']}, lost {res['lost']}, jain {res['jain']:.3f}, pace "
+            f"{res['pace']:.2f}, noise {res['other_cores']:.2f}, fleet {res['fleet_events']}")
+    if "kill" in res:
+        k = res["kill"]
+        line += (f"; killed at {k['killed_at_s']} s: taken over in {k['takeover_s']} s, peak "
+                 f"after {k['peak_after_kill_bytes'] / KIB:.0f} KiB")
+    if "modest" in res:
+        m = res["modest"]
+        line += f"; modest got {m['delivered']} msg/s, target {m['target']}"
+    return line + (f" ERRORS {res['errors']}" if res["errors"] else "")
+
+
 async def one_pass(st: Stack, variant: Variant, policies: Path, opts: argparse.Namespace,
                    progress: Progress, cpu: CpuMeter) -> dict[str, Any]:
     """Start the variant's sidecars, measure the idle cost and every case, stop them."""
-    most = max(n for n, _ in opts.cases)
+    most = max(c.sidecars for c in opts.cases)
     sidecars = await start_sidecars(st, variant, most, policies)
     try:
         progress(f"== {variant.name}: {most} sidecars up")
@@ -336,20 +533,24 @@ async def one_pass(st: Stack, variant: Variant, policies: Path, opts: argparse.N
                  f"sidecar, broker {idle['broker_cores']:.3f} cores, fleet exchange "
                  f"{idle['fleet_in_per_s']} in/s, {idle['fleet_out_per_s']} out/s")
         runs = []
-        for n, rate in opts.cases:
-            res = await run_case(st, sidecars[:n], rate, opts, cpu)
+        for case in opts.cases:
+            res = await run_case(st, sidecars[:case.sidecars], case, opts, cpu)
             res["variant"] = variant.name
             runs.append(res)
-            progress(f"   {variant.name} {n} x {res['rate']!s:>5} msg/s: peak "
-                     f"{res['max_depth_bytes'] / KIB:7.0f} KiB "
-                     f"({res['overshoot_bytes'] / KIB:+.0f}), sent {res['sent']}, delivered "
-                     f"{res['delivered']}, jain {res['jain']:.3f}, noise "
-                     f"{res['other_cores']:.2f}"
-                     + (f" ERRORS {res['errors']}" if res["errors"] else ""))
+            progress(case_line(variant.name, res))
+            if case.kill:  # a fresh sidecar in the killed one's place
+                dead = sidecars[case.sidecars - 1]
+                st.proxies.remove(dead)
+                sidecars[case.sidecars - 1] = (await start_sidecars(
+                    st, variant, 1, policies, f"{case.sidecars - 1}-after-kill"))[0]
         return {"idle": idle, "runs": runs}
     finally:
         for proc in sidecars:
             await asyncio.to_thread(st.stop_proxy, proc)
+        if opts.logs is not None:
+            opts.logs.mkdir(parents=True, exist_ok=True)
+            for log in st.workdir.glob(f"{variant.name}-sidecar-*.log"):
+                shutil.copy(log, opts.logs / log.name)
 
 
 async def fleet(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -381,9 +582,9 @@ def report(res: dict[str, Any]) -> None:
           "of everything else on the machine (sidecars and broker excluded)")
     for v in f["variants"]:
         print(f"  variant {v['name']}: {v['root'] or 'this checkout'} {' '.join(v['args'])}")
-    print(f"  {'variant':<8}{'round':>6}{'sidecars':>9}{'rate':>6}{'peak':>10}{'over cap':>11}"
-          f"{'sent':>8}{'delivered':>10}{'lost':>5}{'jain':>7}{'sidecar cores':>14}"
-          f"{'noise':>7}")
+    print(f"  {'variant':<8}{'round':>6} {'case':<14}{'peak':>10}{'over cap':>11}"
+          f"{'sent':>8}{'delivered':>10}{'lost':>5}{'jain':>7}{'pace':>6}{'sidecar cores':>14}"
+          f"{'noise':>7}  fleet log / kill / modest")
     for p in f["passes"]:
         i = p["idle"]
         print(f"  {p['variant']:<8}{p['round']:>6}  idle: {i['sidecar_cores_each']:.4f} cores "
@@ -391,16 +592,46 @@ def report(res: dict[str, Any]) -> None:
               f"exchange {i['fleet_in_per_s']:g} publishes/s in, {i['fleet_out_per_s']:g} "
               f"deliveries/s out, noise {i['other_cores']:.2f}")
         for r in p["runs"]:
-            print(f"  {p['variant']:<8}{p['round']:>6}{r['sidecars']:>9}{r['rate']!s:>6}"
+            extra = [str(r.get("fleet_events") or "")]
+            if "kill" in r:
+                k = r["kill"]
+                extra.append(f"taken over in {k['takeover_s']} s, peak after the kill "
+                             f"{k['peak_after_kill_bytes'] / KIB:.0f} KiB")
+            if "modest" in r:
+                m = r["modest"]
+                extra.append(f"modest {m['delivered']} msg/s (target {m['target']}, "
+                             f"{'met' if m['met'] else 'NOT met'})")
+            print(f"  {p['variant']:<8}{p['round']:>6} {r['case']:<14}"
                   f"{r['max_depth_bytes'] / KIB:>6.0f} KiB{r['overshoot_bytes'] / KIB:>+7.0f} KiB"
                   f"{r['sent']:>8}{r['delivered']:>10}{r['lost']:>5}{r['jain']:>7.3f}"
-                  f"{r['sidecar_cpu_cores']:>14.2f}{r['other_cores']:>7.2f}"
+                  f"{r['pace']:>6.2f}{r['sidecar_cpu_cores']:>14.2f}{r['other_cores']:>7.2f}  "
+                  + " / ".join(e for e in extra if e)
                   + (f"  errors: {r['errors']}" if r["errors"] else ""))
 
 
-def parse_case(text: str) -> tuple[int, float]:
-    n, _, rate = text.partition(":")
-    return int(n), 0.0 if rate in ("", "max") else float(rate)
+@dataclass(frozen=True)
+class Case:
+    """``N:RATE[/RATE...][:kill]``: N sidecars, on each one producer per RATE (msg/s; max:
+    unpaced), e.g. ``4:max``, ``1:max/100`` (a greedy and a modest producer on one
+    sidecar), ``4:max:kill`` (the last sidecar killed with SIGKILL a third of the way)."""
+
+    sidecars: int
+    rates: tuple[float, ...]
+    kill: bool = False
+
+    @property
+    def label(self) -> str:
+        rates = "/".join("max" if r <= 0 else f"{r:g}" for r in self.rates)
+        return f"{self.sidecars}:{rates}" + (":kill" if self.kill else "")
+
+
+def parse_case(text: str) -> Case:
+    n, _, rest = text.partition(":")
+    rates, _, flag = rest.partition(":")
+    if flag not in ("", "kill"):
+        raise ValueError(f"case {text!r}: {flag!r} is not kill")
+    return Case(int(n), tuple(0.0 if r in ("", "max") else float(r)
+                              for r in (rates or "max").split("/")), flag == "kill")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -420,6 +651,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over the variants, alternated (default 1)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--logs", type=Path, default=None,
+                   help="copy the sidecars' logs here after each pass (the run's own "
+                        "directory is removed at the end)")
     a = p.parse_args(argv)
     a.cases = [parse_case(c) for c in a.cases.split(",") if c]
     a.variants = a.variants or [Variant("this")]

@@ -19,8 +19,10 @@ from floodwall.control.fleet import (
     FleetMessageError,
     FleetTable,
     IngressMeter,
+    MemberBack,
     MemberJoined,
     MemberLeft,
+    MemberSilent,
     QueueReport,
     SharedSample,
     announce_due,
@@ -113,19 +115,46 @@ def test_a_member_joins_at_its_first_announcement() -> None:
     assert t.take_changes() == []
 
 
-def test_a_silent_member_leaves_after_the_timeout_and_not_before() -> None:
+def test_a_silent_member_turns_silent_after_the_timeout_and_still_counts() -> None:
     t = _table(2.5)
+    t.heard(_ann("me", 0), 0.0)
     t.heard(_ann("b", 1), 0.0)
     t.take_changes()
     for i in range(1, 26):  # this sidecar keeps hearing itself every 100 ms
         t.heard(_ann("me", i), i * 0.1)
-    assert t.members(2.5) == ["b"]
+    assert t.members(2.5) == ["b"] and t.silent_members(2.5) == {}
     t.heard(_ann("me", 26), 2.6)
-    assert t.members(2.6) == []
-    left = t.take_changes()
-    assert len(left) == 1 and isinstance(left[0], MemberLeft)
-    assert left[0].reason == "timeout" and left[0].silent_seconds == pytest.approx(2.6)
-    assert t.size(2.6) == 1
+    # Unheard for the timeout: silent, not gone: it counts, asking for an equal share (its
+    # last demand is stale), so its part of the queue is not handed to the others.
+    assert t.members(2.6) == ["b"] and t.size(2.6) == 2
+    assert t.silent_members(2.6) == {"b": 0.0}
+    assert t.take_changes() == [MemberSilent("b", 2.6, 2)]
+    assert t.reports(Q, 2.6)["b"].demand is None
+    assert t.shares(Q, 1000.0, QueueReport(0.0, 0, 5000.0), 2.6) == \
+        pytest.approx({"b": 500.0, "me": 500.0})
+    # It speaks again: back, without a leave and a join (no flap).
+    t.heard(_ann("b", 2, demand=10.0), 3.0)
+    assert t.take_changes() == [MemberBack("b", 3.0, 2)]
+    assert t.silent_members(3.0) == {} and t.reports(Q, 3.0)["b"].demand == 10.0
+
+
+def test_a_silent_member_leaves_when_its_queue_is_gone_or_after_the_limit() -> None:
+    t = FleetTable("me", timeout=2.5, silent_limit=20.0)
+    t.expect(["/"])
+    t.heard(_ann("me", 0), 0.0)
+    t.heard(_ann("b", 1), 0.0)
+    t.heard(_ann("c", 1), 0.0)
+    for i in range(1, 31):
+        t.heard(_ann("me", i), i * 0.1)
+    assert set(t.silent_members(3.0)) == {"b", "c"}
+    t.gone("b", 3.0)  # the broker: its queue is gone (its connection died)
+    assert t.members(3.0) == ["c"]
+    for i in range(31, 201):
+        t.heard(_ann("me", i), i * 0.1)
+    assert t.members(20.0) == ["c"]
+    assert t.members(20.2) == []  # silent past the limit
+    left = [c for c in t.take_changes() if isinstance(c, MemberLeft)]
+    assert [(c.member, c.reason) for c in left] == [("b", "queue deleted"), ("c", "timeout")]
 
 
 def test_a_deaf_sidecar_keeps_the_fleet_it_last_heard() -> None:
@@ -138,9 +167,16 @@ def test_a_deaf_sidecar_keeps_the_fleet_it_last_heard() -> None:
     assert t.deaf(10.0)
     assert t.members(10.0) == ["b", "c"]
     assert t.size(10.0) == 3
-    # Hearing itself again, the others' silence counts.
+    # Hearing itself again: what it missed while deaf says nothing about the others (a
+    # starved event loop reads its own echo first): their silence counts from now.
     t.heard(_ann("me", 2), 10.1)
-    assert t.members(10.1) == []
+    assert t.members(10.1) == ["b", "c"] and t.silent_members(12.5) == {}
+    t.heard(_ann("b", 2), 10.2)  # b was in the same backlog
+    for i, at in enumerate([11.0, 12.0, 12.7]):
+        t.heard(_ann("me", 3 + i), at)
+    assert t.silent_members(12.7) == {"c": 0.0}  # c is still unheard 2.6 s on
+    assert [type(c).__name__ for c in t.take_changes()] == \
+        ["MemberJoined", "MemberJoined", "MemberSilent"]  # nobody left
 
 
 def test_never_having_heard_itself_is_deaf() -> None:
@@ -186,14 +222,15 @@ def test_a_restart_under_the_same_id_is_a_new_member() -> None:
 
 def test_reports_are_per_vhost_channel() -> None:
     t = _table(2.5, ("/", "v2"))
-    t.heard(_ann("me", 1), 0.0)
     t.heard(_ann("b", 1, vhost="/"), 0.0)
+    for i in range(4):  # this sidecar hears itself on both, every second
+        t.heard(_ann("me", i + 1), float(i))
+        t.heard(_ann("me", i + 1, vhost="v2"), float(i))
     t.heard(_ann("b", 1, vhost="v2"), 2.0)
-    t.heard(_ann("me", 2), 3.0)
-    t.heard(_ann("me", 2, vhost="v2"), 3.0)
     assert t.members(3.0) == ["b"]  # heard on v2 lately
-    assert t.reports(("/", "orders"), 3.0) == {}  # its / reports are stale
-    assert "b" in t.reports(("v2", "orders"), 3.0)
+    # its / reports are stale: it still counts there, asking for an equal share
+    assert t.reports(("/", "orders"), 3.0)["b"].demand is None
+    assert t.reports(("v2", "orders"), 3.0)["b"].demand == 1000.0
 
 
 # -- shares -------------------------------------------------------------------------------
@@ -326,7 +363,7 @@ def test_deaf_on_one_vhost_is_deaf() -> None:
     assert t.deaf(3.0) and t.members(3.0) == ["b"] and t.size(3.0) == 2
     t.expect(["/"])  # no longer announcing on v2
     assert not t.deaf(3.0)
-    assert t.members(3.0) == []
+    assert t.members(3.0) == ["b"] and t.silent_members(3.0) == {"b": 0.0}
 
 
 # -- one management poller per queue ------------------------------------------------------

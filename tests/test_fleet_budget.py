@@ -258,16 +258,24 @@ def test_a_modest_member_gets_its_demand_and_the_greedy_one_the_rest() -> None:
 
 def test_a_fresh_queue_counts_the_members_that_have_not_reported_it_yet() -> None:
     """A queue declared for the whole fleet at once: each member polices it before it hears
-    the others report it. For ``QUEUE_GRACE`` the members of its vhost that have not
-    reported it count as newcomers (an equal share each), not as absent (the whole room:
-    N members each taking it was bench.fleet's first fill, 8 x 1 MiB)."""
+    the others report it. Until they announce after it began policing the queue, the
+    members of its vhost that have not reported it count as newcomers (an equal share
+    each), not as absent (the whole room: N members each taking it was bench.fleet's first
+    fill, 8 x 1 MiB; with a fixed 1.2 s grace, 4 x 1 MiB where announcements took longer on
+    a loaded machine)."""
     from tests.test_fleet import _ann, _table
     t = _table()
     t.heard(_ann("me", 1), 0.0)
     for m in ("b", "c", "d"):
         t.heard(_ann(m, 1, queue="other"), 0.01)  # on the vhost, not (yet) reporting KEY
     mine = QueueReport(0.0, 0, None)
-    assert t.rule(KEY, mine, 0.02) is None  # after the grace: they do not police it
-    fresh = t.rule(KEY, mine, 0.02, fresh=True)
+    assert t.rule(KEY, mine, 0.02) is None  # policed for long: they do not police it
+    fresh = t.rule(KEY, mine, 2.0, since=0.02)  # however long their next one takes
     assert fresh is not None
     assert fresh.share(1000.0) == pytest.approx(250.0)
+    # b announces since, still without it: it does not police it; c now reports it.
+    t.heard(_ann("b", 2, queue="other"), 2.1)
+    t.heard(_ann("c", 2, demand=None), 2.1)
+    later = t.rule(KEY, mine, 2.2, since=0.02)
+    assert later is not None
+    assert dict(later.demands) == {"c": None, "d": None, "me": None}

@@ -86,7 +86,7 @@ def test_figures_state_and_metrics_show_every_member() -> None:
     assert q.shares == pytest.approx({"b": 3000.0, "me": 6000.0})
     assert fig.share(Q) == pytest.approx(6000.0)
     doc = fleet_state(fig, table, FleetCounters(sent=3), 1.5)
-    assert doc["members"] == [{"id": "b", "heard_seconds_ago": 0.5}]
+    assert doc["members"] == [{"id": "b", "heard_seconds_ago": 0.5, "silent": False}]
     entry = doc["queues"][0]  # type: ignore[index]
     assert entry["members"]["b"] == {"demand_bytes_per_second": 3000.0, "share_bytes": 3000.0}
     registry = CollectorRegistry()

@@ -8,11 +8,18 @@ changes are handed back as values (``MemberJoined``, ``MemberLeft``; ``take_chan
 Rules (docs/architecture.md, "A fleet of sidecars"):
 
 - A member is live while its last announcement on some vhost's channel is younger than
-  ``timeout``; a ``leaving`` announcement (a clean stop) removes it at once.
+  ``timeout``; after that it is *silent*: it still counts, at an equal share (its demand
+  unknown), until the broker says its own queue is gone (``gone``: the topology events, or
+  the service's passive check of the queue), it speaks again (``MemberBack``), or it stays
+  silent for ``silent_limit``. A ``leaving`` announcement (a clean stop) removes it at once.
+  So a member that is alive but cannot be heard (its event loop or its connection starved)
+  never has its part of a queue handed to the others (over-admission), and does not flap.
 - This sidecar hears its own announcements too (the channel is a fanout): while, on some
   vhost it announces on (``expect``), it has not heard itself for ``timeout`` it is *deaf*:
   nobody expires, and it counts the fleet at the size it had when it last heard itself on
   every vhost (``size``): a sidecar that cannot hear the others never assumes they left.
+  When it hears itself again, the others' silence is counted from then (``_hearing_since``):
+  what it missed while deaf says nothing about them.
 - One member polls each queue on the management API for the whole fleet (``poller_of``:
   rendezvous hashing over the live members that police it) and announces its samples;
   the others feed those instead of asking the API themselves, while they are fresh.
@@ -51,10 +58,10 @@ EXCHANGE_PREFIX = "floodwall.fleet."
 ANNOUNCE_INTERVAL = 0.1
 COLD_INTERVAL = 1.0
 MEMBER_TIMEOUT = 2.5
-#: How long after this sidecar begins policing a queue the fleet's members that have not
-#: reported it yet count as its newcomers (``FleetTable.rule``): a cold interval and two
-#: hot ones, by when each has announced it (a new queue is announced at once).
-QUEUE_GRACE = COLD_INTERVAL + 2 * ANNOUNCE_INTERVAL
+#: How long a silent member (unheard for ``MEMBER_TIMEOUT``, its queue still there) keeps
+#: counting before it is dropped anyway: longer than the broker takes to close a dead
+#: peer's connection (two 30 s heartbeats), which deletes its queue.
+SILENT_LIMIT = 120.0
 #: Held bytes count as demand to be met within this many seconds.
 DEMAND_HORIZON = 1.0
 #: Weight of the newest interval in a member's ingress rate.
@@ -420,7 +427,26 @@ class MemberLeft:
     size: int
 
 
-FleetChange = MemberJoined | MemberLeft
+@dataclass(frozen=True, slots=True)
+class MemberSilent:
+    """Unheard for the timeout: still counted (an equal share) until the broker says its
+    queue is gone (``FleetTable.gone``), it speaks again, or ``silent_limit``."""
+
+    member: str
+    silent_seconds: float
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberBack:
+    """A silent member heard again (it never stopped counting)."""
+
+    member: str
+    silent_seconds: float
+    size: int
+
+
+FleetChange = MemberJoined | MemberLeft | MemberSilent | MemberBack
 
 
 @dataclass
@@ -437,12 +463,18 @@ class FleetTable:
 
     me: str
     timeout: float = MEMBER_TIMEOUT
+    silent_limit: float = SILENT_LIMIT
     # member -> vhost -> its last announcement there
     _heard: dict[str, dict[str, _Heard]] = field(default_factory=dict)
     # vhost -> when this sidecar last heard its own announcement there (``expect`` says
     # which vhosts it announces on)
     _self_heard: dict[str, float | None] = field(default_factory=dict)
     _size_when_heard: int = 1
+    # When this sidecar last began hearing itself on every vhost after being deaf: the
+    # others' silence counts from then.
+    _hearing_since: float = -math.inf
+    # The silent members (unheard for ``timeout``, still counted) and when each was last heard.
+    _silent: dict[str, float] = field(default_factory=dict)
     heard_total: int = 0
     ignored_total: int = 0  # stale (seq not newer), from an older start, or undecodable
     changes: list[FleetChange] = field(default_factory=list)
@@ -456,9 +488,12 @@ class FleetTable:
         self.heard_total += 1
         if a.member == self.me:
             if a.vhost in self._self_heard:
+                was_deaf = self.deaf(now)
                 self.expire(now)
                 self._self_heard[a.vhost] = now
                 if not self.deaf(now):
+                    if was_deaf:
+                        self._hearing_since = now
                     self._size_when_heard = 1 + len(self._heard)
             return
         mine = self._heard.get(a.member)
@@ -479,6 +514,9 @@ class FleetTable:
             self.changes.append(MemberJoined(a.member, a.vhost, self.size(now)))
             return
         mine[a.vhost] = _Heard(a.started, a.seq, now, a.queues)
+        was = self._silent.pop(a.member, None)
+        if was is not None:
+            self.changes.append(MemberBack(a.member, round(now - was, 3), self.size(now)))
 
     def ignored(self) -> None:
         """An announcement that could not be read."""
@@ -491,6 +529,7 @@ class FleetTable:
 
     def _drop(self, member: str, reason: str, now: float) -> None:
         mine = self._heard.pop(member, None)
+        self._silent.pop(member, None)
         if mine is None:
             return
         silent = now - max(h.at for h in mine.values())
@@ -511,22 +550,42 @@ class FleetTable:
             return True
         return any(at is None or now - at > self.timeout for at in self._self_heard.values())
 
+    def _quiet(self, at: float, now: float) -> float:
+        """How long a member heard at ``at`` has been silent, as far as this sidecar could
+        have heard it (not while it was deaf itself)."""
+        return now - max(at, self._hearing_since)
+
     def expire(self, now: float) -> None:
-        """Members silent for ``timeout`` leave, unless this sidecar is deaf itself (then
-        nobody's silence says anything)."""
+        """Members unheard for ``timeout`` turn silent (``MemberSilent``: still counted);
+        silent ones are dropped after ``silent_limit``. Nothing while this sidecar is deaf
+        (then nobody's silence says anything)."""
         if self.deaf(now):
             return
         for member, mine in list(self._heard.items()):
-            fresh = {v: h for v, h in mine.items() if now - h.at <= self.timeout}
-            if not fresh:
-                self._drop(member, "timeout", now)
-            elif len(fresh) < len(mine):
-                self._heard[member] = fresh
+            last = max(h.at for h in mine.values())
+            quiet = self._quiet(last, now)
+            if member in self._silent:
+                if quiet > self.silent_limit:
+                    self._drop(member, "timeout", now)
+            elif quiet > self.timeout:
+                self._silent[member] = last
+                self.changes.append(MemberSilent(member, round(now - last, 3),
+                                                 self.size(now)))
 
     def members(self, now: float) -> list[str]:
-        """The others, live now, sorted."""
+        """The others that count now (silent ones included), sorted."""
         self.expire(now)
         return sorted(self._heard)
+
+    def silent_members(self, now: float) -> dict[str, float]:
+        """The silent members and when each was last heard."""
+        self.expire(now)
+        return dict(self._silent)
+
+    def vhost_of(self, member: str) -> str | None:
+        """The vhost ``member`` was last heard on."""
+        mine = self._heard.get(member)
+        return max(mine.items(), key=lambda kv: kv[1].at)[0] if mine else None
 
     def size(self, now: float) -> int:
         """Members, this sidecar included; deaf: the size when it last heard itself."""
@@ -535,21 +594,30 @@ class FleetTable:
         return 1 + len(self._heard)
 
     def reports(self, key: QueueKey, now: float) -> dict[str, QueueReport]:
-        """What each live member (not this one) last said about ``key``."""
+        """What each member (not this one) last said about ``key``; a member silent (or
+        unheard on ``key``'s vhost for ``timeout``) with its demand unknown (None: it asks
+        for an equal share, whatever it said last)."""
         self.expire(now)
+        deaf = self.deaf(now)
         out: dict[str, QueueReport] = {}
         for member, mine in self._heard.items():
             h = mine.get(key[0])
-            if h is not None and key[1] in h.queues:
-                out[member] = h.queues[key[1]]
+            if h is None or key[1] not in h.queues:
+                continue
+            r = h.queues[key[1]]
+            if member in self._silent or (not deaf and self._quiet(h.at, now) > self.timeout):
+                r = QueueReport(r.ingress, r.held, None, r.depth, r.age)
+            out[member] = r
         return out
 
     def poller(self, key: QueueKey, now: float) -> str:
-        """The member that polls ``key`` on the management API for the fleet: among the live
-        members that police it and this one (``poller_of``); deaf, this one."""
+        """The member that polls ``key`` on the management API for the fleet: among the
+        members that police it and speak (not silent), and this one (``poller_of``); deaf,
+        this one."""
         if self.deaf(now):
             return self.me
-        return poller_of(key, [self.me, *self.reports(key, now)])
+        return poller_of(key, [self.me, *(m for m in self.reports(key, now)
+                                          if m not in self._silent)])
 
     def shared_sample(self, key: QueueKey, member: str, now: float
                       ) -> tuple[SharedSample, float] | None:
@@ -557,7 +625,7 @@ class FleetTable:
         announcement arrived (None: it announced none, or is not live)."""
         self.expire(now)
         h = self._heard.get(member, {}).get(key[0])
-        if h is None or key[1] not in h.queues:
+        if h is None or key[1] not in h.queues or member in self._silent:
             return None
         m = h.queues[key[1]].management
         return None if m is None else (m, h.at)
@@ -566,22 +634,23 @@ class FleetTable:
         mine = self._heard.get(member)
         return max(h.at for h in mine.values()) if mine else None
 
-    def rule(self, key: QueueKey, mine: QueueReport, now: float, fresh: bool = False
-             ) -> ShareRule | None:
-        """How this sidecar sizes its share of ``key``'s headroom now (``ShareRule``), from
-        ``mine`` (its report as announced) and the live members' reports; None when it is
-        alone on the queue and hears the fleet (the whole headroom is its own).
+    def is_silent(self, member: str) -> bool:
+        return member in self._silent
 
-        ``fresh``: this sidecar began policing ``key`` lately (``QUEUE_GRACE``): the live
-        members of its vhost that do not report it yet may police it too, not having
-        announced since (a queue declared for the whole fleet at once): each counts as a
-        newcomer (an equal share) rather than as absent."""
+    def rule(self, key: QueueKey, mine: QueueReport, now: float,
+             since: float | None = None) -> ShareRule | None:
+        """How this sidecar sizes its share of ``key``'s headroom now (``ShareRule``), from
+        ``mine`` (its report as announced) and the members' reports; None when it is alone
+        on the queue and hears the fleet (the whole headroom is its own).
+
+        ``since``: when this sidecar began policing ``key``. The members of its vhost that
+        do not report ``key`` and have not announced since then may police it too (a queue
+        declared for the whole fleet at once, their announcement of it not here yet): each
+        counts as a newcomer (an equal share) rather than as absent, until it announces
+        (``_pending``)."""
         reports = self.reports(key, now)
         deaf = self.deaf(now)
-        pending: list[str] = []
-        if fresh:
-            pending = [m for m, mine_ in self._heard.items()
-                       if m not in reports and key[0] in mine_]
+        pending = [] if since is None else self._pending(key, reports, since)
         if not reports and not pending and not deaf:
             return None
         demands = tuple(sorted([(m, r.demand) for m, r in reports.items()]
@@ -589,6 +658,14 @@ class FleetTable:
                                + [(self.me, mine.demand)]))
         return ShareRule(self.me, demands, self.size(now) if deaf else 0,
                          sum(r.ingress for r in reports.values()))
+
+    def _pending(self, key: QueueKey, reports: Mapping[str, QueueReport], since: float
+                 ) -> list[str]:
+        """The members of ``key``'s vhost that do not report it and were last heard there
+        before this sidecar began policing it (at ``since``): their next announcement says
+        whether they police it (a member announces a queue at once when it begins to)."""
+        return [m for m, mine in self._heard.items()
+                if m not in reports and key[0] in mine and mine[key[0]].at <= since]
 
     def shares(self, key: QueueKey, headroom: float, mine: QueueReport | None, now: float
                ) -> dict[str, float]:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import re
 import secrets
@@ -47,13 +48,14 @@ from floodwall.control.fleet import (
     COLD_INTERVAL,
     EXCHANGE_PREFIX,
     MEMBER_TIMEOUT,
-    QUEUE_GRACE,
     Announcement,
     FleetMessageError,
     FleetTable,
     IngressMeter,
+    MemberBack,
     MemberJoined,
     MemberLeft,
+    MemberSilent,
     QueueReport,
     SharedSample,
     announce_due,
@@ -63,7 +65,7 @@ from floodwall.control.fleet import (
     member_queue,
 )
 from floodwall.enforce.shared import Enforcement
-from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery
+from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
 from floodwall.io.tasks import spawn
 from floodwall.ops.fleet_view import (
     FleetCollector,
@@ -81,6 +83,10 @@ log = logging.getLogger("floodwall.fleet")
 
 #: How long a vhost whose fleet channel could not be set up waits before trying again.
 RETRY_SECONDS = 1.0
+#: An echo of its own announcement this late, or its announcement timer firing this late (a
+#: fifth of the timeout), is logged (``fleet_echo_late``, ``fleet_tick_late``): what makes
+#: members silent to the others.
+LATE_SECONDS = 0.5
 #: Announcements past this many waiting in a member's queue are dropped, oldest first: a
 #: stalled sidecar must not grow the broker (only the newest of each member counts).
 MEMBER_QUEUE_MAX = 1000
@@ -155,6 +161,10 @@ class FleetService:
         self._announced: dict[str, float] = {}  # vhost -> when this sidecar last announced
         self._said: dict[QueueKey, QueueReport] = {}  # what it last announced of each queue
         self._since: dict[QueueKey, float] = {}  # when it began policing each queue
+        # Silent members: when their queue was last checked, and those being checked now.
+        self._checked: dict[str, float] = {}
+        self._checking: set[str] = set()
+        self._published: dict[int, float] = {}  # seq -> when, for the echo's delay
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -231,6 +241,13 @@ class FleetService:
         interval = self.settings.interval
         next_at = loop.time()
         while True:
+            late = loop.time() - next_at
+            if late > self.counters.tick_late_max:
+                self.counters.tick_late_max = late
+            if late > LATE_SECONDS:
+                event(log, "fleet_tick_late", logging.WARNING, fleet=self.name,
+                      late_seconds=round(late, 3),
+                      reason="the event loop ran late: announcements were late as much")
             self.tick()
             next_at += interval
             now = loop.time()
@@ -273,6 +290,7 @@ class FleetService:
                 event(log, "fleet_channel_lost", logging.WARNING, fleet=self.name,
                       vhost=vhost, reason=_reason(exc))
         self._share(mine, now)
+        self._check_silent(now)
         self.figures = fleet_figures(self.name, self.table, c, mine, now)
         self._log_changes()
         heard = set(self.figures.members)
@@ -289,9 +307,44 @@ class FleetService:
         for key in self._since.keys() - mine.keys():
             del self._since[key]
         for key, report in mine.items():
-            fresh = now - self._since.get(key, now) < QUEUE_GRACE
-            c.set_share(key, self.table.rule(key, self._said.get(key, report), now, fresh),
-                        now)
+            c.set_share(key, self.table.rule(key, self._said.get(key, report), now,
+                                             self._since.get(key)), now)
+
+    # -- silent members: ask the broker whether their queue is still there ----------------
+    def _check_silent(self, now: float) -> None:
+        """For each silent member (unheard for the timeout, still counted), once per
+        timeout: a passive declare of its own queue on the fleet connection of the vhost it
+        was last heard on. Gone (404): its connection died, it leaves (``queue deleted``);
+        there (405, another connection's exclusive queue): it is still connected, it keeps
+        counting; no answer: nothing changes."""
+        silent = self.table.silent_members(now)
+        for member in self._checked.keys() - silent.keys():
+            del self._checked[member]
+        for member in silent:
+            if member in self._checking or \
+                    now - self._checked.get(member, -math.inf) < self.settings.timeout:
+                continue
+            vhost = self.table.vhost_of(member)
+            live = self._live.get(vhost) if vhost is not None else None
+            if live is None:
+                continue
+            self._checked[member] = now
+            self._checking.add(member)
+            self._spawn(self._check(member, live[0]), f"fleet-check-{member}")
+
+    async def _check(self, member: str, client: AmqpClient) -> None:
+        try:
+            counts = await client.queue_counts(member_queue(self.name, member),
+                                               self.settings.setup_timeout, lane="fleet-check")
+        except QueueLocked:
+            return  # its exclusive queue is there: its connection is up
+        except (AmqpClientError, OSError, TimeoutError):
+            return  # no answer says nothing
+        finally:
+            self._checking.discard(member)
+        if counts is None:
+            self.table.gone(member, self.clock())
+            self._log_changes()
 
     def _announce(self, vhost: str, client: AmqpClient, channel: int,
                   leaving: bool = False) -> None:
@@ -303,6 +356,10 @@ class FleetService:
         data = encode(a)
         client, channel = live
         client.publish_plain(channel, self.exchange, "", data)
+        self._published[a.seq] = self.clock()
+        if len(self._published) > 200:
+            for seq in sorted(self._published)[:100]:
+                del self._published[seq]
         self.counters.sent += 1
         self.counters.sent_bytes += len(data)
 
@@ -320,10 +377,25 @@ class FleetService:
             return
         if a is not None:
             now = self.clock()
+            if a.member == self.me:
+                self._echoed(a.seq, now)
             self.table.heard(a, now)
             if a.member != self.me:
                 self._feed_samples(a, now)
             self._log_changes()
+
+    def _echoed(self, seq: int, now: float) -> None:
+        at = self._published.pop(seq, None)
+        if at is None:
+            return
+        delay = now - at
+        c = self.counters
+        c.echo_delay_last = delay
+        c.echo_delay_max = max(c.echo_delay_max, delay)
+        if delay > LATE_SECONDS:
+            event(log, "fleet_echo_late", logging.WARNING, fleet=self.name, seq=seq,
+                  delay_seconds=round(delay, 3),
+                  reason="its own announcement came back this late through the broker")
 
     def _log_changes(self) -> None:
         for ch in self.table.take_changes():
@@ -334,6 +406,14 @@ class FleetService:
             elif isinstance(ch, MemberLeft):
                 event(log, "fleet_member_left", fleet=self.name, member=ch.member,
                       reason=ch.reason, silent_seconds=ch.silent_seconds, size=ch.size)
+            elif isinstance(ch, MemberSilent):
+                event(log, "fleet_member_silent", logging.WARNING, fleet=self.name,
+                      member=ch.member, silent_seconds=ch.silent_seconds, size=ch.size,
+                      action=("still counted at an equal share until heard again or its "
+                              "queue is gone; checking its queue on the broker"))
+            elif isinstance(ch, MemberBack):
+                event(log, "fleet_member_back", fleet=self.name, member=ch.member,
+                      silent_seconds=ch.silent_seconds, size=ch.size)
 
     # -- one channel per vhost -----------------------------------------------------------
     def _reconcile(self, vhosts: set[str]) -> None:

@@ -111,9 +111,31 @@ class Paused(Flag):
     UPSTREAM_BACKPRESSURE = auto()  # the broker's side does not take more
     HOLD_BUDGET = auto()  # this connection holds more than its budget
     MEMORY_BUDGET = auto()  # the process' held bytes are at its memory budget
+    TURN = auto()  # it had its READ_TURN_BYTES in this turn of the event loop
 
 
 NOT_PAUSED = Paused(0)
+#: Client bytes one connection relays in one turn of the event loop. libuv (uvloop) reads a
+#: socket up to 32 times per wake-up while it fills the read buffer, so a full-speed
+#: producer's 8 MiB (a hold budget) went through in one turn, and nothing else ran for it:
+#: on a starved machine, 2-5 s without timers (the fleet's announcements: members fell
+#: silent to each other; the depth probes). Past it the connection stops reading until the
+#: loop's next turn (``take_turn``): a pause and a resume per 256 KiB.
+READ_TURN_BYTES = 256 * 1024
+
+
+def take_turn(conn: RelayedConnection, n: int) -> None:
+    """``conn`` relayed ``n`` more client bytes: past ``READ_TURN_BYTES`` since its last
+    turn, its socket waits for the loop's next turn (timers and other sockets go first)."""
+    conn.turn_bytes += n
+    if conn.turn_bytes >= READ_TURN_BYTES and not conn._paused & Paused.TURN:
+        conn._pause_client(Paused.TURN)
+        asyncio.get_running_loop().call_soon(_next_turn, conn)
+
+
+def _next_turn(conn: RelayedConnection) -> None:
+    conn.turn_bytes = 0
+    conn._resume_client(Paused.TURN)
 
 
 class RelayedConnection(asyncio.Protocol):
@@ -127,25 +149,24 @@ class RelayedConnection(asyncio.Protocol):
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
                  "_head", "_paused", "_pending", "_retire_timer", "_unreachable", "client",
                  "conn_id", "core", "from_client", "from_server", "gate", "peer", "protocol",
-                 "settings", "stats", "upstream")
+                 "settings", "stats", "turn_bytes", "upstream")
 
     def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
         self.stats = stats
         self.conn_id = conn_id
-        self.protocol = "unknown"
-        self.peer = "?"
+        self.protocol, self.peer = "unknown", "?"
         self.client: asyncio.Transport | None = None
         self.upstream: asyncio.Transport | None = None
         self.core: RelayCore | None = None
-        self.from_client = _NO_COUNTS
-        self.from_server = _NO_COUNTS
+        self.from_client = self.from_server = _NO_COUNTS
         self._head = b""
         self._pending = bytearray()  # client bytes read before the upstream was connected
         self._connect_task: asyncio.Task[None] | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._closed = False
         self._paused = NOT_PAUSED  # why the client's socket is not read
+        self.turn_bytes = 0  # client bytes relayed since its last turn (``take_turn``)
         self.gate: ConnectionGate | None = None
         self._client_gone = False
         self._retire_timer: asyncio.TimerHandle | None = None
@@ -176,6 +197,7 @@ class RelayedConnection(asyncio.Protocol):
         if core is not None and self.upstream is not None:
             core.receive_from_client(data, self._clock())
             self._flush(core)
+            take_turn(self, len(data))
             return
         if core is None:
             self._detect(data)

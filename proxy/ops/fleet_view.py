@@ -38,6 +38,12 @@ class FleetCounters:
     undecodable: int = 0
     channel_failures: int = 0
     shared_samples: int = 0  # management samples fed from the fleet's pollers
+    # How late this sidecar heard its own announcements (published -> echo, seconds) and how
+    # late its announcement timer fired (its event loop's lag): the largest of each, and
+    # the last echo's. A member the others call silent shows which it was here.
+    echo_delay_max: float = 0.0
+    echo_delay_last: float | None = None
+    tick_late_max: float = 0.0
 
 
 def my_reports(controller: FlowController, counters: GateCounters, meter: IngressMeter,
@@ -103,7 +109,7 @@ class FleetFigures:
     me: str
     size: int
     deaf: bool
-    members: tuple[str, ...]  # the others, live
+    members: tuple[str, ...]  # the others that count (silent ones included)
     queues: dict[QueueKey, QueueShares] = field(default_factory=dict)
 
     def share(self, key: QueueKey) -> float | None:
@@ -136,7 +142,8 @@ def fleet_state(fig: FleetFigures, table: FleetTable, counters: FleetCounters,
     members = []
     for m in fig.members:
         at = table.last_heard(m)
-        members.append({"id": m, "heard_seconds_ago": None if at is None else round(now - at, 3)})
+        members.append({"id": m, "heard_seconds_ago": None if at is None else round(now - at, 3),
+                        "silent": table.is_silent(m)})
     return {
         "name": fig.name,
         "me": fig.me,
@@ -156,7 +163,11 @@ def fleet_state(fig: FleetFigures, table: FleetTable, counters: FleetCounters,
                           "received_bytes": counters.received_bytes,
                           "undecodable": counters.undecodable, "ignored": table.ignored_total,
                           "channel_failures": counters.channel_failures,
-                          "shared_samples_fed": counters.shared_samples},
+                          "shared_samples_fed": counters.shared_samples,
+                          "echo_delay_max_seconds": round(counters.echo_delay_max, 3),
+                          "echo_delay_last_seconds": (None if counters.echo_delay_last is None
+                                                      else round(counters.echo_delay_last, 3)),
+                          "tick_late_max_seconds": round(counters.tick_late_max, 3)},
     }
 
 

@@ -3,14 +3,25 @@ announcement it hears, which queues the fleet's poller spares it, what it announ
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+from typing import Any, cast
+
+import pytest
 
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.depth import ManagementSample
-from floodwall.control.fleet import Announcement, QueueReport, SharedSample, encode, poller_of
+from floodwall.control.fleet import (
+    Announcement,
+    QueueReport,
+    SharedSample,
+    encode,
+    member_queue,
+    poller_of,
+)
 from floodwall.control.policy import parse_policies
 from floodwall.enforce.shared import Enforcement
-from floodwall.io.amqp_client import AmqpClient, Delivery
+from floodwall.io.amqp_client import AmqpClient, Delivery, QueueCounts, QueueLocked
 from floodwall.io.fleet import FleetService, FleetSettings, member_id
 from tests.fakes import Clock
 
@@ -111,3 +122,65 @@ def test_undecodable_announcements_are_counted_not_raised() -> None:
     svc, _, _ = _service("me")
     svc._on_message(Delivery("x", "", None, b"{not json"))
     assert svc.counters.undecodable == 1 and svc.table.ignored_total == 1
+
+
+class CheckClient:
+    """The fleet connection's passive declare of a silent member's queue: it is there
+    (another connection's exclusive queue: 405) or gone (404: None)."""
+
+    def __init__(self, there: bool) -> None:
+        self.there = there
+        self.asked: list[str] = []
+
+    async def queue_counts(self, queue: str, timeout: float = 5.0,
+                           lane: str = "probe") -> QueueCounts | None:
+        self.asked.append(queue)
+        if self.there:
+            raise QueueLocked(f"queue.declare {queue!r}: 405 RESOURCE_LOCKED")
+        return None
+
+
+def _silent_b(there: bool) -> tuple[FleetService, CheckClient]:
+    """b heard once, then unheard for 3 s while this sidecar hears itself: b is silent; the
+    service checks its queue on the broker."""
+    async def run() -> tuple[FleetService, CheckClient]:
+        svc, _, clock = _service("me")
+        client = CheckClient(there)
+        svc._live["/"] = (cast(AmqpClient, client), 1)
+        svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+        svc._on_message(_delivery(Announcement("b", 1.0, 1, "/", {})))
+        for seq, dt in enumerate([1.0, 1.0, 1.0], start=2):
+            clock.t += dt
+            svc._on_message(_delivery(Announcement("me", 1.0, seq, "/", {})))
+        assert svc.table.silent_members(clock.t) == {"b": 100.0}
+        svc._check_silent(clock.t)
+        svc._check_silent(clock.t)  # once per timeout, not per tick
+        await asyncio.gather(*svc._tasks)
+        return svc, client
+
+    return asyncio.run(run())
+
+
+def test_a_silent_member_whose_queue_is_there_keeps_counting() -> None:
+    svc, client = _silent_b(there=True)
+    assert client.asked == [member_queue("t", "b")]
+    assert svc.table.members(svc.clock()) == ["b"] and svc.table.is_silent("b")
+
+
+def test_a_silent_member_whose_queue_is_gone_leaves(caplog: pytest.LogCaptureFixture
+                                                     ) -> None:
+    caplog.set_level(logging.INFO, "floodwall.fleet")
+    svc, client = _silent_b(there=False)
+    assert client.asked == [member_queue("t", "b")]
+    assert svc.table.members(svc.clock()) == []
+    left = [(r.__dict__["member"], r.__dict__["reason"]) for r in caplog.records
+            if r.getMessage() == "fleet_member_left"]
+    assert left == [("b", "queue deleted")]
+
+
+def test_its_own_echo_measures_the_broker_round_trip() -> None:
+    svc, _, clock = _service("me")
+    svc._published[7] = clock.t
+    clock.t += 0.25
+    svc._on_message(_delivery(Announcement("me", 1.0, 7, "/", {})))
+    assert svc.counters.echo_delay_last == 0.25 == svc.counters.echo_delay_max
