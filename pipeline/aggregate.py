@@ -16,15 +16,19 @@ Fast: the samples are grouped and sorted by two 64-bit ids (``sq``: sidecar, vho
 queue; ``q``: vhost and queue; pipeline/load.py) rather than by their strings, and every
 aggregation over the samples keeps fixed-width buffers (packed longs, not structs), so
 Spark aggregates them in hash maps instead of sorting every row. The names come back by
-joining the small per-(sidecar, queue) table. Each pass over the samples is one of four:
+joining the small per-(sidecar, queue) table. Each pass over the samples is one of four,
+each kept as a local checkpoint (``Tables.of``: later plans start from their rows):
 
 - ``runs``: the one ordered pass (per sidecar and queue, by time): trips and their extent.
 - ``sidecar_series``: each sidecar's view of each queue in time buckets.
-- ``per_sidecar_queue``: one row per (sidecar, vhost, queue), with its depth percentiles.
-- ``per_queue``: one row per (vhost, queue) over the fleet; its depth percentiles are the
-  fourth pass, the rest comes from the small tables: ``queue_series`` (the fleet's buckets:
-  ingress summed over sidecars, the latest depth, egress derived from the two) and
-  ``episodes`` (each trip: peak, release, time to drain).
+- ``depth_histogram``: how many samples of each (sidecar, queue) had each (quantized)
+  depth: the depth percentiles of ``per_sidecar_queue`` and ``per_queue``
+  (``hist_percentiles``), without holding every sample's value per group.
+- ``per_sidecar_queue``: one row per (sidecar, vhost, queue), from the three above and
+  the names and policy of each one's latest sample (the fourth pass, a join).
+- ``per_queue``: one row per (vhost, queue) over the fleet, from the small tables:
+  ``queue_series`` (the fleet's buckets: ingress summed over sidecars, the latest depth,
+  egress derived from the two) and ``episodes`` (each trip: peak, release, time to drain).
 - ``per_sidecar``: one row per sidecar, from its own records.
 """
 
@@ -304,14 +308,14 @@ def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame
                       hist: DataFrame, events: DataFrame) -> DataFrame:
     """One row per (sidecar, vhost, queue) (docs/pipeline.md, "Per sidecar and queue"), with
     its ids ``sq`` and ``q``: ``runs``, ``sidecar_series`` (the recommendations'
-    resolution) and ``event_counts`` are the other inputs. ``ingress_share``: the sidecar's
-    part of the fleet's ingress to the queue. ``_clash``: true if two names share an id (a
-    second, independent hash of the names differs within one id).
+    resolution), ``depth_histogram`` and ``event_counts`` are the other inputs.
+    ``ingress_share``: the sidecar's part of the fleet's ingress to the queue. ``_clash``:
+    true if two names share an id (a second, independent hash of the names differs within
+    one id).
 
-    Sums and extremes come from ``sidecar_series`` (one row per bucket, not per sample);
-    the samples are read twice more: for the depth percentiles (Spark's percentile keeps a
-    map per group, which only its slower object aggregation can hold) and to fetch the
-    names and the policy from each one's latest sample.
+    Sums and extremes come from ``sidecar_series`` (one row per bucket, not per sample),
+    the depth percentiles from ``depth_histogram`` (``hist``); the samples are read once
+    more, to fetch the names and the policy from each one's latest sample.
     """
     rated = level1.select("*", _per_second("ingress_bytes", "observed_ms").alias("_rate"))
     totals = rated.groupBy("sq").agg(
