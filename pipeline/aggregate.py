@@ -16,15 +16,19 @@ Fast: the samples are grouped and sorted by two 64-bit ids (``sq``: sidecar, vho
 queue; ``q``: vhost and queue; pipeline/load.py) rather than by their strings, and every
 aggregation over the samples keeps fixed-width buffers (packed longs, not structs), so
 Spark aggregates them in hash maps instead of sorting every row. The names come back by
-joining the small per-(sidecar, queue) table. Each pass over the samples is one of four:
+joining the small per-(sidecar, queue) table. Each pass over the samples is one of four,
+each kept as a local checkpoint (``Tables.of``: later plans start from their rows):
 
 - ``runs``: the one ordered pass (per sidecar and queue, by time): trips and their extent.
 - ``sidecar_series``: each sidecar's view of each queue in time buckets.
-- ``per_sidecar_queue``: one row per (sidecar, vhost, queue), with its depth percentiles.
-- ``per_queue``: one row per (vhost, queue) over the fleet; its depth percentiles are the
-  fourth pass, the rest comes from the small tables: ``queue_series`` (the fleet's buckets:
-  ingress summed over sidecars, the latest depth, egress derived from the two) and
-  ``episodes`` (each trip: peak, release, time to drain).
+- ``depth_histogram``: how many samples of each (sidecar, queue) had each (quantized)
+  depth: the depth percentiles of ``per_sidecar_queue`` and ``per_queue``
+  (``hist_percentiles``), without holding every sample's value per group.
+- ``per_sidecar_queue``: one row per (sidecar, vhost, queue), from the three above and
+  the names and policy of each one's latest sample (the fourth pass, a join).
+- ``per_queue``: one row per (vhost, queue) over the fleet, from the small tables:
+  ``queue_series`` (the fleet's buckets: ingress summed over sidecars, the latest depth,
+  egress derived from the two) and ``episodes`` (each trip: peak, release, time to drain).
 - ``per_sidecar``: one row per sidecar, from its own records.
 """
 
@@ -176,6 +180,31 @@ def runs(samples: DataFrame) -> DataFrame:
         F.max(F.when(t, F.col("held_messages"))).alias("held_messages_max"))
 
 
+def depth_histogram(samples: DataFrame) -> DataFrame:
+    """One row per (``sq``, ``q``, quantized depth ``_qd``) with its count of samples ``n``:
+    the depth percentiles of a sidecar's queue and of the fleet's come from it
+    (``hist_percentiles``). A hash aggregation of fixed-width rows (at most 1,024 values
+    per doubling of the depth per group: ``quantized``), where a percentile over the samples
+    would keep every value of a group in an object buffer."""
+    return (samples.select("sq", "q", quantized(F.col("depth")).alias("_qd"))
+            .where(F.col("_qd").isNotNull())
+            .groupBy("sq", "q", "_qd").agg(F.count(F.lit(1)).alias("n")))
+
+
+def hist_percentiles(hist: DataFrame, key: str) -> DataFrame:
+    """``depth_p50``, ``depth_p90``, ``depth_p99`` per ``key`` (``sq`` or ``q``) from
+    ``depth_histogram``: nearest-rank, the smallest value whose share of the values at or
+    below it is at least p (the same as ``percentile_disc`` over the samples: checked in
+    tests/pipeline/test_aggregate.py). Exact: counts are integers; one division each."""
+    h = hist if key == "sq" else hist.groupBy(key, "_qd").agg(F.sum("n").alias("n"))
+    ordered = Window.partitionBy(key).orderBy("_qd").rowsBetween(Window.unboundedPreceding,
+                                                                  Window.currentRow)
+    h = h.select(key, "_qd", (F.sum("n").over(ordered)
+                              / F.sum("n").over(Window.partitionBy(key))).alias("_cume"))
+    return h.groupBy(key).agg(*[F.min(F.when(F.col("_cume") >= F.lit(p), F.col("_qd")))
+                                .alias(f"depth_p{round(p * 100)}") for p in PERCENTILES])
+
+
 def _resolution_ms(resolution: float) -> int:
     res_ms = round(float(resolution) * 1000)
     if not 0 < res_ms <= MAX_RESOLUTION_MS:
@@ -276,17 +305,17 @@ def queue_series(level1: DataFrame, names: DataFrame, resolution: float) -> Data
 
 
 def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame,
-                      events: DataFrame) -> DataFrame:
+                      hist: DataFrame, events: DataFrame) -> DataFrame:
     """One row per (sidecar, vhost, queue) (docs/pipeline.md, "Per sidecar and queue"), with
     its ids ``sq`` and ``q``: ``runs``, ``sidecar_series`` (the recommendations'
-    resolution) and ``event_counts`` are the other inputs. ``ingress_share``: the sidecar's
-    part of the fleet's ingress to the queue. ``_clash``: true if two names share an id (a
-    second, independent hash of the names differs within one id).
+    resolution), ``depth_histogram`` and ``event_counts`` are the other inputs.
+    ``ingress_share``: the sidecar's part of the fleet's ingress to the queue. ``_clash``:
+    true if two names share an id (a second, independent hash of the names differs within
+    one id).
 
-    Sums and extremes come from ``sidecar_series`` (one row per bucket, not per sample);
-    the samples are read twice more: for the depth percentiles (Spark's percentile keeps a
-    map per group, which only its slower object aggregation can hold) and to fetch the
-    names and the policy from each one's latest sample.
+    Sums and extremes come from ``sidecar_series`` (one row per bucket, not per sample),
+    the depth percentiles from ``depth_histogram`` (``hist``); the samples are read once
+    more, to fetch the names and the policy from each one's latest sample.
     """
     rated = level1.select("*", _per_second("ingress_bytes", "observed_ms").alias("_rate"))
     totals = rated.groupBy("sq").agg(
@@ -311,8 +340,7 @@ def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame
         F.sum("share_bms").alias("_share_bms"), F.sum("share_ms").alias("_share_ms"),
         F.sum("demand_bms").alias("_demand_bms"), F.sum("demand_ms").alias("_demand_ms"),
         (F.min("_check_min") != F.max("_check_max")).alias("_clash"))
-    pct = (samples.select("sq", quantized(F.col("depth")).alias("_qd")).groupBy("sq").agg(
-        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES]))
+    pct = hist_percentiles(hist, "sq")
     latest = (samples.select("sq", _key().alias("_key"), *SQ, *POLICY_FIELDS)
               .join(F.broadcast(totals.select("sq", "_key")), ["sq", "_key"])
               # one row per sq (two would be one sample written twice: take the greatest)
@@ -382,12 +410,11 @@ def _fairness() -> list[Column]:
             .alias("admitted_fairness")]
 
 
-def per_queue(samples: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFrame,
+def per_queue(hist: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFrame,
               events: DataFrame) -> DataFrame:
     """One row per (vhost, queue) over the fleet (docs/pipeline.md, "Per queue");
     ``series`` at the recommendations' resolution, ``events`` is ``event_counts``."""
-    from_samples = samples.select("q", quantized(F.col("depth")).alias("_qd")).groupBy("q").agg(
-        *[_pct("_qd", p).cast("long").alias(f"depth_p{round(p * 100)}") for p in PERCENTILES])
+    from_samples = hist_percentiles(hist, "q")
     # From the sidecars' rows: sums and extremes, the most trips of any, and the policy of
     # the sidecar that sampled last (the greatest name on a tie).
     latest = F.struct("last_ts", "sidecar")
@@ -499,15 +526,32 @@ def per_sidecar(sidecars: DataFrame, psq: DataFrame, events: DataFrame) -> DataF
     return _fill_events(out).fillna(0, ["queues", "trips", "tripped_queue_seconds"])
 
 
+def keep(df: DataFrame, eager: bool = False) -> DataFrame:
+    """``df`` as a local checkpoint (its rows kept by the executors, MEMORY_AND_DISK): now
+    (``eager``), else by the first job that computes it. ``release`` drops them."""
+    return df.localCheckpoint(eager=eager)
+
+
+def release(df: DataFrame) -> None:
+    """Drop the rows of a ``keep``'s (or ``localCheckpoint``'s) table now, rather than when
+    the JVM collects them; anything else is unpersisted."""
+    plan = df._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
+    else:
+        df.unpersist()
+
+
 @dataclass
 class Tables:
     """The job's tables over samples and events, at the recommendations' ``resolution``:
-    the intermediate ones cached (``unpersist()`` when done)."""
+    the intermediate ones kept as local checkpoints (``unpersist()`` when done)."""
 
     resolution: float
     events: DataFrame
     level1: DataFrame
     runs: DataFrame
+    hist: DataFrame
     psq: DataFrame
     episodes: DataFrame
     series: DataFrame
@@ -515,20 +559,25 @@ class Tables:
 
     @classmethod
     def of(cls, samples: DataFrame, events: DataFrame, resolution: float) -> Tables:
-        ev = event_counts(events).cache()
-        level1 = sidecar_series(samples, resolution).cache()
-        run_rows = runs(samples).cache()
-        psq = per_sidecar_queue(samples, run_rows, level1, ev).cache()
+        # The intermediate tables are local checkpoints, not cached plans: each later plan
+        # then starts from their rows instead of carrying (and re-optimizing, and matching
+        # against the cache) every plan below them. Lazy ones are kept by the first job that
+        # computes them: psq's.
+        ev = keep(event_counts(events))
+        level1 = keep(sidecar_series(samples, resolution))
+        run_rows = keep(runs(samples))
+        hist = keep(depth_histogram(samples))
+        psq = keep(per_sidecar_queue(samples, run_rows, level1, hist, ev), eager=True)
         clashes = psq.filter(F.col("_clash")).select(*SQ).limit(3).collect()
         if clashes:
             raise FleetError("two (sidecar, vhost, queue) share a 64-bit id (about one "
                              f"chance in 10**10 per pair), among {[tuple(r) for r in clashes]}: "
                              "the job stops rather than mix them")
         eps = episodes(run_rows, psq)
-        series = queue_series(level1, psq, resolution).cache()
-        queues = per_queue(samples, series, eps, psq, ev)
-        return cls(resolution, ev, level1, run_rows, psq, eps, series, queues)
+        series = keep(queue_series(level1, psq, resolution))
+        queues = per_queue(hist, series, eps, psq, ev)
+        return cls(resolution, ev, level1, run_rows, hist, psq, eps, series, queues)
 
     def unpersist(self) -> None:
-        for df in (self.events, self.level1, self.runs, self.psq, self.series):
-            df.unpersist()
+        for df in (self.events, self.level1, self.runs, self.hist, self.psq, self.series):
+            release(df)

@@ -116,8 +116,8 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
     b = (SparkSession.builder.master(master).appName(app)
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.ui.showConsoleProgress", "false")
-         # The intermediate tables are cached for seconds: uncompressed batches are
-         # cheaper to build.
+         # A table cached (by a caller: the job keeps local checkpoints) is kept for
+         # seconds: uncompressed batches are cheaper to build.
          .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
          # The job generates a few hundred classes: with Spark's default cache of 100
          # they evict each other and a warm session compiles them all again.

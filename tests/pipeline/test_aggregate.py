@@ -16,6 +16,7 @@ ceil(p * n)-th value): p50 = 5th = 300, p90 = 9th = 1200, p99 = 10th = 1500.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,28 @@ def test_quantized_is_exact_below_2_kib_and_within_a_thousandth_above(
     for v, q in zip(values, got, strict=True):
         assert q <= v and v - q < max(v / 1024, 1), (v, q)
     assert len({q for v, q in zip(values, got, strict=True) if 4096 <= v < 8192}) == 1
+
+
+def test_percentiles_from_the_histogram_are_percentile_disc_over_the_samples(
+        spark: SparkSession) -> None:
+    # Groups of 1 to 120 samples and a few large ones, many ties (small values) and few
+    # (large ones): hist_percentiles must pick what percentile_disc over every sample picks.
+    rnd = random.Random(20)
+    rows = []
+    sizes = [*range(1, 121), 997, 1000, 1001]
+    for g, n in enumerate(sizes):
+        rows += [(g, g % 3, rnd.choice((rnd.randrange(40), rnd.randrange(1 << 30))))
+                 for _ in range(n)]
+    rows += [(0, 0, None)] * 3  # no depth: left out, as percentile_disc leaves out nulls
+    samples = spark.createDataFrame(rows, "sq long, q long, depth long")
+    hist = aggregate.depth_histogram(samples)
+    for key in ("sq", "q"):
+        qd = samples.select(key, aggregate.quantized(F.col("depth")).alias("_qd"))
+        want = {r[key]: tuple(r)[1:] for r in qd.groupBy(key).agg(
+            *[aggregate._pct("_qd", p).cast("long") for p in aggregate.PERCENTILES]).collect()}
+        got = {r[key]: tuple(r)[1:] for r in aggregate.hist_percentiles(hist, key).collect()}
+        assert got == want
+        assert len(got) == (len(sizes) if key == "sq" else 3)
 
 
 def test_figures_do_not_depend_on_how_the_samples_are_split(spark: SparkSession,
