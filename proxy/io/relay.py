@@ -609,7 +609,7 @@ def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
         # complete frames of a small read joined to the frame held before it: issue 19),
         # which keeps at most as many bytes alive as it writes.
         if type(chunk) is bytes or (type(chunk) is memoryview
-                                    and 2 * chunk.nbytes >= len(chunk.obj)):
+                                    and 2 * chunk.nbytes >= len(cast(bytes, chunk.obj))):
             transport.write(chunk)
             return
     if sum(len(c) for c in chunks) >= VECTORED_WRITE_MIN:
