@@ -232,16 +232,23 @@ def test_publishes_still_held_at_the_deadline_are_counted_in_the_last_line(
         held = flow.held()
         flow.proc.signal(signal.SIGTERM)
         rc, took = wait_exit(flow.proc, 15)
+        assert rc == 0 and 1.8 <= took < 8, (rc, took, flow.proc.log_tail())
+        f = fields(last_line(flow.proc))
+        left = int(f["held_messages_left"])
+        # Held publishes may still be admitted at the queue's pace until the proxy stops
+        # (issue 14's admission): the last line counts what was held then, which with
+        # what reached the queue is every publish.
+        wait_for(lambda: ready_count(broker, queue) + left == 100, 10,
+                 what=f"{left} left held and the rest in the queue")
     finally:
         if conn.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 conn.close()
         delete_queue(broker, queue)
-    assert rc == 0 and 1.8 <= took < 8, (rc, took, flow.proc.log_tail())
-    f = fields(last_line(flow.proc))
     assert (f["event"], f["drained"], f["connections_left"]) == ("stopped", "False", "1")
-    assert int(f["held_messages_left"]) == held["messages"] > 0, (f, held)
-    assert int(f["held_bytes_left"]) == held["bytes"] > 0, (f, held)
+    assert 0 < left <= held["messages"], (f, held)
+    per_message = held["bytes"] // held["messages"]  # (the 100 bodies are one size)
+    assert int(f["held_bytes_left"]) == left * per_message, (f, held)
 
 
 def test_sighup_reloads_policies_and_keeps_the_connection(
