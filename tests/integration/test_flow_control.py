@@ -271,9 +271,11 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
             conn.process_data_events(0.2)
             print(f"B: {before_b:.0f}/s (control {before_control:.0f}/s) before A was held, "
                   f"{held_b:.0f}/s (control {held_control:.0f}/s) while A held")
-            # A was held throughout; B's publishes all landed; C kept consuming
-            assert flow.held()["messages"] == held_before > 0
+            # A was held throughout (a few of its publishes may be admitted as the count
+            # shows room below capacity, issue 14); B's publishes all landed; C kept consuming
+            assert 0 < flow.held()["messages"] <= held_before
             assert flow.tripped(qa)
+            assert [b["channel"] for b in flow.blocked_channels()] == [ch_a.channel_number]
             assert ready_count(broker, qb) == seq
             published = 2 * rounds * n_b
             delivered = len(consumed) - consumed_before
