@@ -108,10 +108,14 @@ class Amqp10Client(asyncio.Protocol):
                 break
             start = pos + doff * 4
             if length > doff * 4:
-                self._performative(bytes(buf[start:pos + length]))
+                self._frame(buf, start, pos + length)
             pos += length
         if pos:
             del buf[:pos]
+
+    def _frame(self, buf: bytearray, start: int, end: int) -> None:
+        """A frame with a body (``buf[start:end]``)."""
+        self._performative(bytes(buf[start:end]))
 
     def _performative(self, raw: bytes) -> None:
         data = Data()
@@ -164,7 +168,8 @@ class Amqp10Client(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    async def open_sender(self, address: str, timeout: float = 10.0) -> None:
+    async def begin(self, timeout: float) -> Any:
+        """SASL PLAIN, open and begin (channel 0); the broker's begin fields."""
         self.write(SASL_HEADER)
         await self.expect(0, timeout)
         await self.expect(SASL_MECHANISMS, timeout)
@@ -177,7 +182,10 @@ class Amqp10Client(asyncio.Protocol):
         self.write(frame(OPEN, ["floodwall-bench", "localhost", uint(131072), ushort(255)]))
         await self.expect(OPEN, timeout)
         self.write(frame(BEGIN, [None, uint(0), uint(1 << 20), uint(1 << 20)]))
-        await self.expect(BEGIN, timeout)
+        return await self.expect(BEGIN, timeout)
+
+    async def open_sender(self, address: str, timeout: float = 10.0) -> None:
+        await self.begin(timeout)
         source = Described(ulong(0x28), ["bench-source"])
         target = Described(ulong(0x29), [address])
         self.write(frame(ATTACH, ["bench-sender", uint(0), False, None, None, source, target,
@@ -301,29 +309,13 @@ class Amqp10Receiver(Amqp10Client):
         self.incoming_next = 0  # the broker's first transfer-id (its begin)
         self.initial_count = 0  # the broker's initial delivery-count (its attach)
 
-    def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        pos, size = 0, len(buf)
-        while size - pos >= 8:
-            if buf[pos:pos + 4] == b"AMQP":
-                self._frames.put_nowait((0, bytes(buf[pos:pos + 8])))
-                pos += 8
-                continue
-            length, doff, _ftype, _ch = _FRAME.unpack_from(buf, pos)
-            if size - pos < length:
-                break
-            start = pos + doff * 4
-            if length > doff * 4:
-                if buf[start + 2] == TRANSFER and self.first_id is not None:
-                    self.deliveries += 1
-                    if self.on_delivery is not None:
-                        self.on_delivery(self.deliveries)
-                else:
-                    self._performative(bytes(buf[start:pos + length]))
-            pos += length
-        if pos:
-            del buf[:pos]
+    def _frame(self, buf: bytearray, start: int, end: int) -> None:
+        if buf[start + 2] == TRANSFER and self.first_id is not None:
+            self.deliveries += 1
+            if self.on_delivery is not None:
+                self.on_delivery(self.deliveries)
+        else:
+            self._performative(bytes(buf[start:end]))
 
     def _performative(self, raw: bytes) -> None:
         if raw[2] == TRANSFER:  # the first: its delivery-id numbers the rest
@@ -340,19 +332,7 @@ class Amqp10Receiver(Amqp10Client):
         super()._performative(raw)
 
     async def open_receiver(self, address: str, credit: int, timeout: float = 10.0) -> None:
-        self.write(SASL_HEADER)
-        await self.expect(0, timeout)
-        await self.expect(SASL_MECHANISMS, timeout)
-        self.write(frame(0x41, [symbol("PLAIN"), b"\x00guest\x00guest"], sasl=True))
-        outcome = await self.expect(SASL_OUTCOME, timeout)
-        if outcome[0] != 0:
-            raise Amqp10Error(f"SASL outcome {outcome[0]}")
-        self.write(AMQP_HEADER)
-        await self.expect(0, timeout)
-        self.write(frame(OPEN, ["floodwall-bench", "localhost", uint(131072), ushort(255)]))
-        await self.expect(OPEN, timeout)
-        self.write(frame(BEGIN, [None, uint(0), uint(1 << 20), uint(1 << 20)]))
-        begun = await self.expect(BEGIN, timeout)
+        begun = await self.begin(timeout)
         source = Described(ulong(0x28), [address])
         target = Described(ulong(0x29), ["bench-target"])
         self.write(frame(ATTACH, ["bench-receiver", uint(0), True, None, None, source, target]))

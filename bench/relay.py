@@ -210,8 +210,9 @@ async def fill_queue(endpoint: BrokerEndpoint, queue: str, count: int, size: int
         await client.close()
 
 
-async def drain(rig: Rig, target: Target) -> dict[str, Any]:
-    """A consumer through the target drains a pre-filled queue: prefetch, multiple acks."""
+async def refill_drain_queue(rig: Rig) -> float:
+    """Empty the drain queue and fill it with ``--drain-messages`` straight at the broker;
+    the seconds that took."""
     opts = rig.opts
     assert rig.control is not None
     await rig.control.purge(DRAIN_QUEUE)
@@ -222,6 +223,13 @@ async def drain(rig: Rig, target: Target) -> dict[str, Any]:
     have = await rig.control.declare(DRAIN_QUEUE, passive=True)
     if have != opts.drain_messages:
         raise RuntimeError(f"drain: queue holds {have}, wanted {opts.drain_messages}")
+    return t_fill
+
+
+async def drain(rig: Rig, target: Target) -> dict[str, Any]:
+    """A consumer through the target drains a pre-filled queue: prefetch, multiple acks."""
+    opts = rig.opts
+    t_fill = await refill_drain_queue(rig)
     client = await amqp091.connect(target.host, target.port, ssl=target.ssl)
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     total, every = opts.drain_messages, opts.ack_every
@@ -257,15 +265,7 @@ async def drain10(rig: Rig, target: Target) -> dict[str, Any]:
     from bench import amqp10
 
     opts = rig.opts
-    assert rig.control is not None
-    await rig.control.purge(DRAIN_QUEUE)
-    t_fill = time.perf_counter()
-    await fill_queue(rig.endpoint, DRAIN_QUEUE, opts.drain_messages, opts.size,
-                     rig.targets["direct"].ssl)
-    t_fill = time.perf_counter() - t_fill
-    have = await rig.control.declare(DRAIN_QUEUE, passive=True)
-    if have != opts.drain_messages:
-        raise RuntimeError(f"drain10: queue holds {have}, wanted {opts.drain_messages}")
+    t_fill = await refill_drain_queue(rig)
     marks: list[Any] = []
     res = await amqp10.drain(target.host, target.port, f"/amq/queue/{DRAIN_QUEUE}",
                              opts.drain_messages, opts.prefetch, opts.ack_every,

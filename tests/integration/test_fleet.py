@@ -245,15 +245,7 @@ def test_three_sidecars_hold_one_queue_at_its_capacity_and_share_it_fairly(
     the three are admitted evenly (Jain's index of the messages delivered from each, while
     all three have a backlog, >= 0.9); after a full drain every message arrived, in each
     producer's order."""
-    name, queue = unique("share"), unique("fleet-share")
-    policies = policy_file(tmp_path / "p.yaml",
-                           capped("fleet", "fw-it-fleet-share-*", "256KiB", "128KiB"))
-    conn = pika.BlockingConnection(direct_params(broker))
-    conn.channel().queue_declare(queue)
-    fleet = [sidecar(start_floodwall, broker, policies, name) for _ in range(3)]
-    for proc in fleet:
-        wait_for(lambda p=proc: fleet_doc(p)["size"] == 3 and not fleet_doc(p)["deaf"]
-                 and policed(p, queue), 15, what="three members, the queue policed")
+    queue, conn, fleet = _fleet_of(start_floodwall, broker, tmp_path, "share", 3, 15)
     watch = QueueWatch(broker, queue)
     watch.start()
     done = threading.Event()
@@ -287,14 +279,7 @@ def test_three_sidecars_hold_one_queue_at_its_capacity_and_share_it_fairly(
                 break
         ch.cancel()
     finally:
-        done.set()
-        for t in producers:
-            t.join(10)
-        watch.done.set()
-        watch.join(10)
-        if conn.is_open:
-            conn.channel().queue_delete(queue)
-            conn.close()
+        _wind_down(done, producers, watch, conn, queue)
     assert watch.error is None
     peak = watch.max_ready * KIB
     print(f"fleet share: peak {peak // KIB} KiB (capacity {SHARED_CAPACITY // KIB}), "
@@ -363,15 +348,7 @@ def test_four_sidecars_one_killed_while_held_the_others_take_over_its_share(
     shares (its part is theirs: the shares they show sum to the room, split in three), the
     broker-side peak stays within 64 KiB of the capacity all along, and every message of the
     survivors' producers arrives, in order."""
-    name, queue = unique("kill"), unique("fleet-kill")
-    policies = policy_file(tmp_path / "p.yaml",
-                           capped("fleet", "fw-it-fleet-kill-*", "256KiB", "128KiB"))
-    conn = pika.BlockingConnection(direct_params(broker))
-    conn.channel().queue_declare(queue)
-    fleet = [sidecar(start_floodwall, broker, policies, name) for _ in range(4)]
-    for proc in fleet:
-        wait_for(lambda p=proc: fleet_doc(p)["size"] == 4 and not fleet_doc(p)["deaf"]
-                 and policed(p, queue), 20, what="four members, the queue policed")
+    queue, conn, fleet = _fleet_of(start_floodwall, broker, tmp_path, "kill", 4, 20)
     ids = [fleet_doc(p)["me"] for p in fleet]
     victim, survivors = fleet[3], fleet[:3]
     watch = QueueWatch(broker, queue)
@@ -406,14 +383,7 @@ def test_four_sidecars_one_killed_while_held_the_others_take_over_its_share(
         if not survivors_done():
             consume_until(conn, queue, got, survivors_done, pause=0.0)
     finally:
-        done.set()
-        for t in producers:
-            t.join(10)
-        watch.done.set()
-        watch.join(10)
-        if conn.is_open:
-            conn.channel().queue_delete(queue)
-            conn.close()
+        _wind_down(done, producers, watch, conn, queue)
     assert watch.error is None
     peak = watch.max_ready * KIB
     print(f"fleet kill: taken over in {taken_over:.2f} s, peak {peak // KIB} KiB "
@@ -485,3 +455,31 @@ def test_a_greedy_producer_does_not_starve_a_modest_one_on_the_same_sidecar(
     for producer, count in ((0, GREEDY), (1, MODEST)):
         seqs = [int(b[2:10]) for b in got if int(b[:2]) == producer]
         assert seqs == list(range(count)), f"producer {producer}: lost or reordered"
+
+
+def _wind_down(done: Any, producers: list[Any], watch: Any, conn: Any, queue: str) -> None:
+    """Stop the producers and the depth watch, delete the queue, close the connection."""
+    done.set()
+    for t in producers:
+        t.join(10)
+    watch.done.set()
+    watch.join(10)
+    if conn.is_open:
+        conn.channel().queue_delete(queue)
+        conn.close()
+
+
+def _fleet_of(start_floodwall: Any, broker: BrokerEndpoint, tmp_path: Path, kind: str, n: int,
+              within: float) -> tuple[str, Any, list[ProxyProcess]]:
+    """A queue ``fw-it-fleet-KIND-*`` capped at 256 KiB and ``n`` sidecars of one fleet that
+    all see each other and police it: (queue, a direct connection, the sidecars)."""
+    name, queue = unique(kind), unique(f"fleet-{kind}")
+    policies = policy_file(tmp_path / "p.yaml",
+                           capped("fleet", f"fw-it-fleet-{kind}-*", "256KiB", "128KiB"))
+    conn = pika.BlockingConnection(direct_params(broker))
+    conn.channel().queue_declare(queue)
+    fleet = [sidecar(start_floodwall, broker, policies, name) for _ in range(n)]
+    for proc in fleet:
+        wait_for(lambda p=proc: fleet_doc(p)["size"] == n and not fleet_doc(p)["deaf"]
+                 and policed(p, queue), within, what=f"{n} members, the queue policed")
+    return queue, conn, fleet
