@@ -155,10 +155,11 @@ class QueueDepth:
     others_rate: float = 0.0
 
     # -- inputs --------------------------------------------------------------------------
-    def forwarded(self, now: float, body_bytes: int) -> None:
-        """The proxy forwarded one publish to this queue."""
+    def forwarded(self, now: float, body_bytes: int, messages: int = 1) -> None:
+        """The proxy forwarded one publish (or ``messages``, ``body_bytes`` in all, at once)
+        to this queue."""
         total_bytes = self.forwarded_bytes_total = self.forwarded_bytes_total + body_bytes
-        total_messages = self.forwarded_messages_total = self.forwarded_messages_total + 1
+        total_messages = self.forwarded_messages_total = self.forwarded_messages_total + messages
         ledger = self._ledger
         if ledger and now - (last := ledger[-1][0]) < LEDGER_BUCKET:
             ledger[-1] = (last, total_bytes, total_messages)

@@ -97,7 +97,6 @@ from typing import Final
 from floodwall.control.controller import QueueKey
 from floodwall.control.policy import Fsync
 from floodwall.enforce import events as ev
-from floodwall.enforce.amqp10.credit import LinkCredit
 from floodwall.enforce.amqp10.links import (
     _ACCEPTED,
     TRANSACTIONAL_STATE,
@@ -112,6 +111,7 @@ from floodwall.enforce.amqp10.links import (
     _uint,
     encode_performative_fields,
 )
+from floodwall.enforce.amqp10.runs import TransferRuns
 from floodwall.enforce.commands import ReadEveryFrame
 from floodwall.enforce.decision import Verdict, decide
 from floodwall.enforce.ports import SpoolRefused
@@ -134,7 +134,7 @@ from floodwall.wire.amqp10.performatives import (
 from floodwall.wire.amqp10.types import Described, UInt
 
 
-class CreditFlow(LinkCredit):
+class CreditFlow(TransferRuns):
     """The credit gate of one AMQP 1.0 connection; asked by its ``amqp10.Connection``
     (``floodwall.wire.amqp10.hooks.TransferHooks``), released and expired by the I/O layer.
 
@@ -247,16 +247,7 @@ class CreditFlow(LinkCredit):
             return
         shift = link.delivery.id_shift
         broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
-        names = link.delivery.queues
-        controller = self.controller
-        entry = link.in_flight_entry
-        if entry is None or names != link.in_flight_names \
-                or link.in_flight_generation != controller.generation:
-            queues = controller.queues
-            link.in_flight_names = names
-            link.in_flight_generation = controller.generation
-            link.in_flight_queues = tuple(queues[k] for k in self._policed(link, names))
-            entry = link.in_flight_entry = (link, link.in_flight_queues)
+        entry = self._in_flight_entry(link)
         for q in entry[1]:
             q.in_flight += 1
         session.in_flight[broker_id] = entry

@@ -53,7 +53,8 @@ from floodwall.wire.amqp10.performatives import (
     peek_composite,
     peek_disposition,
 )
-from floodwall.wire.amqp10.types import UByte
+from floodwall.wire.amqp10.runs import scan_transfer_run
+from floodwall.wire.amqp10.types import UByte, UInt
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
     CoreOutput,
@@ -112,6 +113,7 @@ class _Stream:
         "peer",
         "phase",
         "queue",
+        "run",
         "sasl_refused",
         "side",
         "skip",
@@ -131,6 +133,9 @@ class _Stream:
         self.need = 0  # bytes the tail must reach before it is worth scanning again
         self.mark = 0  # where the bytes of the buffer being read not yet queued start
         self.skip = HOT_PERFORMATIVES  # performative codes the scanner passes by size
+        # A run of one link's whole deliveries to read next (``runs``): channel, handle, the
+        # next delivery-id, at most how many and how many payload bytes.
+        self.run: tuple[int, int, int, int, float] | None = None
         self.open_relayed = False
         self.close_relayed = False
         self.sasl_refused = False  # a sasl-outcome other than ok: no AMQP layer will follow
@@ -272,12 +277,16 @@ class Connection(CoreOutput):
 
     def _advance(self, stream: _Stream, buf: bytes) -> tuple[int, int]:
         """Walk ``buf`` through headers and frames; return (end of what is complete, need)."""
+        stream.run = None  # (a run is read within the buffer that announced it, or not at all)
         pos = 0
         size = len(buf)
         try:
             while pos < size:
                 phase = stream.phase
                 if phase is Phase.AMQP:
+                    if stream.run is not None:
+                        pos = self._transfer_run(stream, buf, pos)
+                        continue
                     pos, frames, need = scan_frames(
                         buf, pos, stream.limit, AMQP_FRAME, stream.on_amqp, stream.skip
                     )
@@ -391,10 +400,10 @@ class Connection(CoreOutput):
                 _, fields, payload = decode_composite(buf, body, end)
             else:
                 fields, payload = peeked
-            self._gate_frame(gate, stream, code, channel, fields, buf, start, payload, end)
+            run = self._gate_frame(gate, stream, code, channel, fields, buf, start, payload, end)
             if gate.outbox:
                 self._take(gate)
-            return False
+            return run
         _, fields, _ = decode_composite(buf, body, end)
         replacement = self._lifecycle(stream, other, code, channel, fields)
         if gate is not None and gate.outbox:
@@ -448,26 +457,53 @@ class Connection(CoreOutput):
 
     def _gate_frame(self, gate: TransferHooks, stream: _Stream, code: int, channel: int,
                     fields: list[object], buf: bytes, start: int, payload: int,
-                    end: int) -> None:
-        """A flow or transfer frame, while the credit gate is on."""
+                    end: int) -> bool:
+        """A flow, transfer or disposition frame, while the credit gate is on; True when a
+        run of the same link's deliveries is to be read next (``stream.run``)."""
         replacement: bytes | None
         if stream.side is Side.CLIENT:
             if code == TRANSFER:
                 replacement = gate.on_client_transfer(channel, fields, buf, payload, end,
                                                       self._now)
+                if replacement is None and len(fields) > 1 \
+                        and type(handle := fields[0]) is UInt \
+                        and type(delivery_id := fields[1]) is UInt:
+                    allowed = gate.transfer_run(channel, handle)
+                    if allowed is not None:
+                        stream.run = (channel, handle, (delivery_id + 1) & 0xFFFFFFFF,
+                                      *allowed)
+                        return True
             elif code == FLOW:
                 replacement = gate.on_client_flow(channel, fields)
             else:
                 replacement = gate.on_client_disposition(channel, fields)
         elif code == TRANSFER:
             gate.on_server_transfer(channel, fields)
-            return
+            return False
         elif code == FLOW:
             replacement = gate.on_server_flow(channel, fields, self._now)
         else:
             replacement = gate.on_server_disposition(channel, fields, self._now)
         if replacement is not None:
             _replace(stream, buf, start, end, replacement)
+        return False
+
+    def _transfer_run(self, stream: _Stream, buf: bytes, pos: int) -> int:
+        """Read the run ``stream.run`` announced from ``buf[pos]``; return where it ends."""
+        assert stream.run is not None and self.gate is not None
+        channel, handle, next_id, most, most_bytes = stream.run
+        stream.run = None
+        unsettled: list[int] = []
+        end, count, payload_bytes = scan_transfer_run(
+            buf, pos, stream.limit, channel, handle, next_id, most, most_bytes,
+            unsettled)
+        if count:
+            stream.counts.frames += count
+            gate = self.gate
+            gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, self._now)
+            if gate.outbox:
+                self._take(gate)
+        return end
 
     def _read_dispositions(self) -> None:
         """The gate consumed a delivery: both peers' dispositions are renumbered from now."""

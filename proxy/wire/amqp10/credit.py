@@ -190,6 +190,19 @@ class SenderCredit:
         self.delivery_count = (count + 1) & MASK
         return within
 
+    def room(self) -> int:
+        """How many more deliveries ``transfer`` would count as within a limit the proxy
+        granted (0 when none, or before any grant)."""
+        high_water = self.high_water
+        if high_water is None:
+            return 0
+        d = (high_water - self.delivery_count) & MASK
+        return d if d <= HALF else 0
+
+    def transferred(self, count: int) -> None:
+        """``count`` deliveries ``transfer`` would each have found within ``room``: count them."""
+        self.delivery_count = (self.delivery_count + count) & MASK
+
     def dropped(self) -> None:
         """The proxy consumed (settled itself, never forwarded) the delivery just counted."""
         self.offset = serial_add(self.offset, -1)

@@ -58,6 +58,17 @@ class TransferHooks(Protocol):
     def on_client_transfer(self, channel: int, fields: list[object], payload: bytes,
                            start: int, end: int, now: float) -> bytes | None: ...
 
+    def transfer_run(self, channel: int, handle: int) -> tuple[int, float] | None:
+        """After ``on_client_transfer`` took a whole delivery of ``handle`` unchanged: how
+        many more whole deliveries of that link, and payload bytes, the gate would book as
+        ``on_transfer_run`` does (``floodwall.wire.amqp10.runs``); None: read the next one
+        the usual way."""
+
+    def on_transfer_run(self, channel: int, handle: int, count: int, payload_bytes: int,
+                        unsettled: list[int], now: float) -> None:
+        """A run of ``count`` whole deliveries within what ``transfer_run`` allowed, relayed
+        unchanged; ``unsettled``: the delivery-ids of those sent unsettled."""
+
     def on_client_flow(self, channel: int, fields: list[object]) -> bytes | None: ...
 
     def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None: ...

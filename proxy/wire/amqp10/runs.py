@@ -1,0 +1,162 @@
+"""Runs of whole deliveries on one sender link, read in one pass (issue 12's per-transfer cost).
+
+A sender at full speed puts tens of transfers of one link into every read: the same channel,
+the same handle, delivery-ids one after another, each a whole message (``more`` false) in
+the usual encoding. While the credit gate can book such a delivery without deciding anything
+about it (``TransferHooks.transfer_run``), the core reads the run with ``scan_transfer_run``
+and hands the gate the run's totals (``on_transfer_run``) instead of each transfer's fields.
+The bytes are relayed unchanged either way; what the run saves is the per-frame calls.
+
+The scan is strict and silent: the first frame that is anything else (another channel or
+link, a gap in the delivery-ids, a multi-frame delivery, a state, an unusual encoding, a
+malformed or incomplete frame) ends the run, and the core reads that frame the usual way,
+which also reports what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from floodwall.wire.amqp10.performatives import TRANSFER
+
+_USUAL_START = struct.Struct(">IBBHBBB")  # size, doff, type, channel, 0x00 0x53 code
+_U32 = struct.Struct(">I")
+_MASK: Final = 0xFFFFFFFF
+
+
+def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: int,
+                      next_id: int, max_count: int, max_bytes: float,
+                      unsettled: list[int]) -> tuple[int, int, int]:
+    """From ``buf[pos]``, the complete transfer frames of a run; returns ``(end, count,
+    payload_bytes)``: where the run ends, its deliveries, their payload bytes.
+
+    A frame belongs to the run when it is an AMQP frame (doff 2, at most ``limit`` bytes) on
+    ``channel`` with a smallulong transfer descriptor and a list8 or list32 of fields:
+    ``handle``; delivery-id ``next_id`` (then the next one, modulo 2^32); a binary
+    delivery-tag; an uint or null message-format; settled as a boolean or null; and after
+    them only ``more`` false or null, rcv-settle-mode, no state, resume and aborted false or
+    null, batchable. At most ``max_count`` deliveries and ``max_bytes`` of payload.
+    The delivery-ids of unsettled ones are appended to ``unsettled``.
+    """
+    unpack = _USUAL_START.unpack_from
+    u32 = _U32.unpack_from
+    size_of_buf = len(buf)
+    count = total = 0
+    try:
+        while count < max_count and size_of_buf - pos >= 14:
+            size, doff, ftype, ch, d0, d1, code = unpack(buf, pos)
+            end = pos + size
+            if not (code == TRANSFER and ch == channel and doff == 2 and ftype == 0 and d0 == 0
+                    and d1 == 0x53 and size <= limit and end <= size_of_buf):
+                break
+            p = pos + 11
+            c = buf[p]
+            if c == 0xC0:
+                stop, fields, p = p + 2 + buf[p + 1], buf[p + 2], p + 3
+            elif c == 0xD0:
+                stop, fields, p = p + 5 + u32(buf, p + 1)[0], u32(buf, p + 5)[0], p + 9
+            else:
+                break
+            if fields < 3 or fields > 11 or stop > end:
+                break
+            # handle
+            c = buf[p]
+            if c == 0x52:
+                value, p = buf[p + 1], p + 2
+            elif c == 0x43:
+                value, p = 0, p + 1
+            elif c == 0x70:
+                value, p = u32(buf, p + 1)[0], p + 5
+            else:
+                break
+            if value != handle:
+                break
+            # delivery-id
+            c = buf[p]
+            if c == 0x52:
+                value, p = buf[p + 1], p + 2
+            elif c == 0x70:
+                value, p = u32(buf, p + 1)[0], p + 5
+            elif c == 0x43:
+                value, p = 0, p + 1
+            else:
+                break
+            if value != next_id:
+                break
+            # delivery-tag
+            c = buf[p]
+            if c == 0xA0:
+                p += 2 + buf[p + 1]
+            elif c == 0xB0:
+                p += 5 + u32(buf, p + 1)[0]
+            else:
+                break
+            settled = False
+            if fields > 3:
+                p = _format(buf, p)
+                if p < 0:
+                    break
+                if fields > 4:
+                    c = buf[p]
+                    if c == 0x42 or c == 0x40:
+                        p += 1
+                    elif c == 0x41:
+                        settled, p = True, p + 1
+                    elif c == 0x56 and buf[p + 1] <= 1:
+                        settled, p = buf[p + 1] == 1, p + 2
+                    else:
+                        break
+                    if fields > 5:
+                        p = _tail(buf, p, fields)
+                        if p < 0:
+                            break
+            if p != stop:
+                break
+            payload = end - stop
+            if total + payload > max_bytes:
+                break
+            total += payload
+            count += 1
+            if not settled:
+                unsettled.append(value)
+            next_id = (value + 1) & _MASK
+            pos = end
+    except (IndexError, struct.error):  # a frame cut short inside its fields: not a run frame
+        pass
+    return pos, count, total
+
+
+def _format(buf: bytes, p: int) -> int:
+    """Past a message-format (uint0, smalluint, uint or null); -1 for anything else."""
+    c = buf[p]
+    if c == 0x43 or c == 0x40:
+        return p + 1
+    if c == 0x52:
+        return p + 2
+    if c == 0x70:
+        return p + 5
+    return -1
+
+
+def _tail(buf: bytes, p: int, fields: int) -> int:
+    """Past fields 5 to ``fields - 1`` of a transfer, when they change nothing the gate
+    books: more false or null (5), rcv-settle-mode (6), no state (7), resume and aborted
+    false or null (8, 9), batchable (10); -1 for anything else."""
+    for index in range(5, fields):
+        c = buf[p]
+        if c == 0x40:
+            p += 1
+        elif index == 6:
+            if c != 0x50:
+                return -1
+            p += 2
+        elif index == 7:
+            return -1
+        elif c == 0x42 or (c == 0x41 and index == 10):
+            p += 1
+        elif c == 0x56 and (buf[p + 1] == 0 or (buf[p + 1] == 1 and index == 10)):
+            p += 2
+        else:
+            return -1
+    return p

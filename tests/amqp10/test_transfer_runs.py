@@ -1,0 +1,350 @@
+"""Runs of one link's whole deliveries, read in one pass (issue 12's per-transfer cost).
+
+The scanner (``floodwall.wire.amqp10.runs``) against the full decoder, and the gate with runs
+against the gate a transfer at a time: the broker gets the same bytes, the ledgers, counts,
+credit and in-flight deliveries are the same after every read, and the client is never left
+without credit the transfer-at-a-time gate would have given it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.amqp10.links import SenderLink
+from floodwall.wire.amqp10.performatives import TRANSFER, TransferFields, decode_composite
+from floodwall.wire.amqp10.runs import scan_transfer_run
+from floodwall.wire.amqp10.types import Described, UByte, UInt, ULong, encode
+from tests.amqp10.streams import amqp, continuation, random_chunks, whole
+from tests.amqp10.test_credit_gate import (
+    CAPPED_H,
+    FREE_H,
+    SERVER_CH,
+    Chunker,
+    Setup,
+    broker_flow,
+    disposition,
+    message,
+)
+from tests.amqp10.test_spool_gate import records, spooling
+
+LIMIT = 1 << 20
+ACCEPTED = Described(ULong(0x24), [])
+
+
+def xfer(handle: int, delivery: int, payload: bytes = b"\x00Sw\xa1\x02hi", channel: int = 0,
+         **fields: Any) -> bytes:
+    """A transfer frame; ``fields`` override or add to handle, id, tag, format 0."""
+    base: dict[str, Any] = {"handle": UInt(handle), "delivery_id": UInt(delivery),
+                            "delivery_tag": delivery.to_bytes(4, "big"),
+                            "message_format": UInt(0)}
+    base.update(fields)
+    return amqp(TRANSFER, channel, payload, **base)
+
+
+def scan(buf: bytes, handle: int = 0, next_id: int = 0, most: int = 1000,
+         most_bytes: float = float("inf"), channel: int = 0) -> tuple[int, int, int, list[int]]:
+    unsettled: list[int] = []
+    end, count, total = scan_transfer_run(buf, 0, LIMIT, channel, handle, next_id, most,
+                                          most_bytes, unsettled)
+    return end, count, total, unsettled
+
+
+# -- the scanner ---------------------------------------------------------------------------
+
+def test_a_run_is_read_to_its_end_with_its_payload_and_unsettled_ids() -> None:
+    frames = [xfer(0, i, b"x" * (i + 1), settled=(i % 3 == 0) or None) for i in range(10)]
+    end, count, total, unsettled = scan(b"".join(frames))
+    assert (end, count, total) == (sum(map(len, frames)), 10, sum(range(1, 11)))
+    assert unsettled == [i for i in range(10) if i % 3]
+
+
+@pytest.mark.parametrize(("stopper", "why"), [
+    (xfer(1, 3), "another link"),
+    (xfer(0, 3, channel=1), "another session"),
+    (xfer(0, 4), "a gap in the delivery-ids"),
+    (xfer(0, 3, more=True), "the first frame of a multi-frame delivery"),
+    (continuation(0, 0, b"x", False), "a frame without a delivery-id"),
+    (xfer(0, 3, state=ACCEPTED), "a state"),
+    (xfer(0, 3, aborted=True), "aborted"),
+    (xfer(0, 3, resume=True), "resume"),
+    (amqp(0x13, 0, handle=UInt(0)), "another performative"),
+    (b"\x00\x00\x00\x08\x02\x00\x00\x00", "a heartbeat"),
+])
+def test_the_run_ends_at_the_first_frame_that_is_not_one_of_it(stopper: bytes, why: str) -> None:
+    head = b"".join(xfer(0, i) for i in range(3))
+    end, count, _, _ = scan(head + stopper + xfer(0, 3))
+    assert (end, count) == (len(head), 3), why
+
+
+def test_the_run_stops_at_its_count_and_byte_limits_and_at_a_cut_frame() -> None:
+    frames = [xfer(0, i, b"y" * 100) for i in range(1, 6)]  # (ids of one size)
+    data = b"".join(frames)
+    assert scan(data, next_id=1, most=2)[:2] == (len(frames[0]) * 2, 2)
+    assert scan(data, next_id=1, most_bytes=250)[:3] == (len(frames[0]) * 2, 2, 200)
+    for cut in range(len(data) + 1):  # every prefix: the complete frames, no error
+        end, count, _, _ = scan(data[:cut], next_id=1)
+        assert count == cut // len(frames[0]) and end == count * len(frames[0])
+
+
+def test_ids_and_handles_in_every_uint_encoding_and_wrap_around() -> None:
+    data = xfer(300, 0xFFFFFFFF) + xfer(300, 0) + xfer(300, 1)
+    assert scan(data, handle=300, next_id=0xFFFFFFFF)[1:] == (3, 21, [0xFFFFFFFF, 0, 1])
+    assert scan(xfer(5, 200), handle=5, next_id=200)[1] == 1
+
+
+def test_a_list32_transfer_is_read_too() -> None:
+    body = (encode(UInt(0)) + encode(UInt(7)) + b"\xa0\x01t" + encode(UInt(0)))
+    fields = b"\xd0" + (len(body) + 4).to_bytes(4, "big") + (4).to_bytes(4, "big") + body
+    performative = b"\x00\x53\x14" + fields
+    frame = (8 + len(performative) + 2).to_bytes(4, "big") + b"\x02\x00\x00\x00" \
+        + performative + b"ab"
+    assert scan(frame, next_id=7)[1:] == (1, 2, [7])
+
+
+_FIELD = st.fixed_dictionaries({}, optional={
+    "settled": st.sampled_from([True, False, None]),
+    "more": st.sampled_from([True, False, None]),
+    "rcv_settle_mode": st.sampled_from([UByte(0), UByte(1), None]),
+    "state": st.sampled_from([ACCEPTED, None]),
+    "resume": st.sampled_from([True, False, None]),
+    "aborted": st.sampled_from([True, False, None]),
+    "batchable": st.sampled_from([True, False, None]),
+    "message_format": st.sampled_from([UInt(0), UInt(7), UInt(1 << 20), None]),
+    "delivery_tag": st.binary(max_size=40),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(extra=st.lists(_FIELD, min_size=1, max_size=6),
+       handle=st.sampled_from([0, 1, 255, 256, 70000]), first=st.integers(0, 0xFFFFFFFF),
+       payload=st.binary(max_size=30))
+def test_what_the_scanner_takes_is_what_the_decoder_reads(
+        extra: list[dict[str, Any]], handle: int, first: int, payload: bytes) -> None:
+    """Whatever the scanner takes into a run, the full decoder reads as a whole delivery of
+    the link with the next delivery-id, and its payload where the scanner says; and it takes
+    every frame of that kind in the encodings the encoder makes."""
+    frames = [xfer(handle, (first + i) & 0xFFFFFFFF, payload, **f) for i, f in enumerate(extra)]
+    data = b"".join(frames)
+    end, count, total, unsettled = scan(data, handle=handle, next_id=first)
+    expected_ids, expected_total, taken = [], 0, 0
+    for i, f in enumerate(frames):
+        _, fields, start = decode_composite(f, 8, len(f))
+        fields += [None] * (11 - len(fields))
+        whole_delivery = not fields[TransferFields.MORE] and fields[TransferFields.STATE] is None \
+            and not fields[8] and not fields[TransferFields.ABORTED]  # 8: resume
+        if not whole_delivery:
+            break
+        assert fields[TransferFields.HANDLE] == handle
+        assert fields[TransferFields.DELIVERY_ID] == (first + i) & 0xFFFFFFFF
+        taken += 1
+        expected_total += len(f) - start
+        if not fields[TransferFields.SETTLED]:
+            expected_ids.append((first + i) & 0xFFFFFFFF)
+    assert count == taken and end == sum(map(len, frames[:taken]))
+    assert total == expected_total and unsettled == expected_ids
+
+
+# -- the gate: with runs and a transfer at a time -------------------------------------------
+
+def batch(s: Setup, sends: list[tuple[int, int, bool]]) -> bytes:
+    """Transfers (handle, size, settled) as one client write, numbered on from ``s.next_id``."""
+    out = []
+    for handle, size, settled in sends:
+        out.append(amqp(TRANSFER, 0, message(size), handle=UInt(handle),
+                        delivery_id=UInt(s.next_id), delivery_tag=s.next_id.to_bytes(4, "big"),
+                        message_format=UInt(0), settled=settled or None))
+        s.next_id += 1
+    return b"".join(out)
+
+
+def multi_frame(s: Setup, handle: int, size: int) -> bytes:
+    body = message(size)
+    half = len(body) // 2
+    first = amqp(TRANSFER, 0, body[:half], handle=UInt(handle), delivery_id=UInt(s.next_id),
+                 delivery_tag=s.next_id.to_bytes(4, "big"), message_format=UInt(0), more=True)
+    s.next_id += 1
+    return first + continuation(0, handle, body[half:], False)
+
+
+_SEGMENT = st.tuples(st.sampled_from([CAPPED_H, FREE_H]), st.sampled_from([10, 900, 1500, 5000]),
+                    st.booleans(), st.integers(1, 24))
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("send"), st.lists(_SEGMENT, min_size=1, max_size=4)),
+    st.tuples(st.just("multi"), st.sampled_from([CAPPED_H, FREE_H]), st.sampled_from([50, 3000])),
+    st.tuples(st.just("settle"), st.integers(0, 3)),
+    st.tuples(st.just("sample"), st.sampled_from([0, 40_000, 80_000, 99_000, 120_000])),
+    st.tuples(st.just("grant"), st.integers(0, 3)),
+), max_size=20)
+
+
+def _left(s: Setup, handle: int) -> int:
+    link = s.gate.sessions[0].links[handle]
+    assert isinstance(link, SenderLink)
+    return link.credit.client_credit
+
+
+def _state(s: Setup) -> tuple[object, ...]:
+    links = []
+    for handle in (CAPPED_H, FREE_H):
+        link = s.gate.sessions[0].links[handle]
+        assert isinstance(link, SenderLink)
+        links.append((link.credit.delivery_count, link.deliveries, link.payload_bytes,
+                      link.unsettled, link.blocked, link.detaching))
+    queues = [(key, q.depth.forwarded_bytes_total, q.depth.forwarded_messages_total, q.tripped,
+               q.overshoot_messages, q.overshoot_bytes, q.in_flight)
+              for key, q in sorted(s.fc.queues.items())]
+    return tuple(links), tuple(queues), tuple(sorted(s.gate.sessions[0].in_flight))
+
+
+def _setup(chunker: Chunker, runs: bool) -> tuple[Setup, list[int]]:
+    """A gated connection with runs on (counting them) or off; the broker's first grants."""
+    s = Setup(chunker=chunker)
+    read_runs = [0]
+    if runs:
+        took = s.gate.on_transfer_run
+
+        def counted(*args: Any) -> None:
+            read_runs[0] += 1
+            took(*args)
+        s.gate.on_transfer_run = counted  # type: ignore[method-assign]
+    else:
+        s.gate.transfer_run = lambda channel, handle: None  # type: ignore[method-assign]
+    s.server(broker_flow(7, 0, 5000) + broker_flow(8, 0, 5000))
+    return s, read_runs
+
+
+def _step(s: Setup, step: tuple[Any, ...], data: bytes | None, settled: int) -> None:
+    if step[0] in ("send", "multi"):
+        if data:
+            s.client(data)
+    elif step[0] == "settle" and s.next_id > settled:
+        s.server(disposition(SERVER_CH, True, settled, s.next_id - 1))
+    elif step[0] == "sample":
+        s.sample("capped", step[1])
+    elif step[0] == "grant":
+        s.server(broker_flow(7, None, 5000) + broker_flow(8, None, 5000))
+
+
+def _lockstep(steps: list[tuple[Any, ...]], chunker: Chunker) -> int:
+    """Both gates fed the same bytes (what the client may send is what both let it); after
+    every step the broker got the same bytes and the books agree. Returns the runs read."""
+    a, runs = _setup(chunker, runs=True)
+    b, _ = _setup(chunker, runs=False)
+    assert a.take()[0] == b.take()[0]
+    settled = 0
+    for step in steps:
+        data: bytes | None = None
+        if step[0] == "send":
+            credit = {h: min(_left(a, h), _left(b, h)) for h in (CAPPED_H, FREE_H)}
+            sends = []
+            for handle, size, is_settled, n in step[1]:
+                for i in range(n):
+                    if credit[handle] > 0:  # what the client may send, as it last heard
+                        credit[handle] -= 1
+                        sends.append((handle, size, is_settled and i % 2 == 0))
+            data = batch(a, sends) if sends else None
+        elif step[0] == "multi" and min(_left(a, step[1]), _left(b, step[1])) > 0:
+            data = multi_frame(a, step[1], step[2])
+        b.next_id = a.next_id
+        _step(a, step, data, settled)
+        _step(b, step, data, settled)
+        if step[0] == "settle":
+            settled = a.next_id
+        assert a.take()[0] == b.take()[0]  # the broker gets the same bytes
+        assert _state(a) == _state(b)  # the same counts, ledgers, credit used, in flight
+        _no_stall(a, b)
+    if a.next_id > settled:  # the broker settles everything: every squeezed link topped up
+        for s in (a, b):
+            s.server(disposition(SERVER_CH, True, settled, a.next_id - 1))
+        assert a.take()[0] == b.take()[0]
+        _no_stall(a, b, settled=True)
+    return runs[0]
+
+
+def _no_stall(a: Setup, b: Setup, settled: bool = False) -> None:
+    """Where the gate a transfer at a time leaves the client credit, the gate with runs does
+    too, or its link waits for a release (blocked: the other gate's credit left is overshoot
+    it granted before the trip) or for the broker to settle deliveries in flight (squeezed:
+    the settlement tops it up, ``_broker_settled``; not once all are settled)."""
+    for handle in (CAPPED_H, FREE_H):
+        link = a.gate.sessions[0].links[handle]
+        assert isinstance(link, SenderLink)
+        waits = link.blocked or (link.squeezed and link.unsettled > 0 and not settled)
+        assert _left(a, handle) > 0 or _left(b, handle) == 0 or waits, \
+            "a run left the client without credit"
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=_STEPS, seed=st.integers(0, 3))
+def test_runs_book_what_a_transfer_at_a_time_books(steps: list[tuple[Any, ...]],
+                                                   seed: int) -> None:
+    _lockstep(steps, whole if seed == 0 else random_chunks(seed, 700))
+
+
+def test_a_burst_of_one_link_is_read_as_a_run() -> None:
+    """The run is taken at all (else the equivalence above says nothing): 30 transfers in
+    one read go to the gate as one transfer and one run of 29; a burst of a link with a
+    window, read after read, a run each time."""
+    assert _lockstep([("send", [(FREE_H, 900, False, 30)])], whole) == 1
+    assert _lockstep([("send", [(CAPPED_H, 900, False, 60)])] * 3, whole) >= 3
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_a_run_stops_where_a_delivery_trips_the_queue(runs: bool) -> None:
+    """Room for four of ten 5,000-byte messages: the queue trips at the fifth whether the
+    link is read in runs or not, and the rest are counted as overshoot."""
+    s, _ = _setup(whole, runs)
+    s.take()
+    s.sample("capped", 80_000)
+    s.client(batch(s, [(CAPPED_H, 5000, False)] * 10))
+    q = s.fc.queues[("/", "capped")]
+    assert q.tripped and q.depth.forwarded_messages_total == 10
+    assert q.overshoot_messages == 6
+
+
+def test_no_run_while_the_queue_is_near_its_capacity() -> None:
+    """Near capacity every delivery may change a decision: the capped link is read a
+    transfer at a time there (the quiet room is below one message)."""
+    s = Setup()
+    s.server(broker_flow(7, 0, 5000))
+    s.take()
+    s.sample("capped", 99_500)
+    gate: CreditFlow = s.gate
+    calls: list[object] = []
+    gate.on_transfer_run = lambda *a: calls.append(a)  # type: ignore[method-assign]
+    s.client(batch(s, [(CAPPED_H, 900, False)] * 3))
+    assert calls == [] and s.fc.queues[("/", "capped")].tripped
+
+
+def test_a_transfer_beyond_the_credit_ends_the_run_and_detaches_the_link() -> None:
+    """One transfer more than the credit the client was given, in the same read: the run
+    takes those within the credit, the one beyond is read the usual way and detaches the
+    link with transfer-limit-exceeded. (The link keeps the broker's grant: no top-up while
+    reading raises the limit, as a window's would, which then counts as granted.)"""
+    handle = FREE_H
+    s, runs = _setup(whole, runs=True)
+    s.take()
+    left = _left(s, handle)
+    s.client(batch(s, [(handle, 900, False)] * (left + 1)))
+    _, to_client = s.take()
+    link = s.gate.sessions[0].links[handle]
+    assert isinstance(link, SenderLink) and link.detaching and runs[0] == 1
+    assert link.deliveries == left
+    assert b"amqp:link:transfer-limit-exceeded" in to_client
+
+
+def test_a_link_that_spools_is_never_read_as_a_run(tmp_path: Path) -> None:
+    """Under ``overflow: spool`` a link to a tripped queue keeps its credit and each delivery
+    goes to the spool (``_consume``): a burst in one read is all spooled, none forwarded."""
+    s = spooling(tmp_path)
+    s.gate.on_transfer_run = lambda *a: pytest.fail("a spooling link read as a run")  # type: ignore[method-assign]
+    sent = batch(s, [(CAPPED_H, 300, False)] * 12)
+    s.client(sent)
+    to_server, _ = s.take()
+    assert to_server == b"" and len(records(s)) == 12
