@@ -12,7 +12,7 @@ appended to ``outbox`` as values (``floodwall.control.events``); the I/O layer t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -381,34 +381,6 @@ class FlowController(ChannelHolds):
                                       or q.policy is not q.armed_policy):
                     self._evaluate(q, now)
 
-    def quiet_room(self, vhost: str, queues: frozenset[str]) -> tuple[float, float] | None:
-        """The body bytes and publishes ``forwarded`` can book on ``queues`` before it would
-        evaluate any of them (``PolicedQueue.quiet_*``); None when the next publish would
-        (a tripped queue, a depth or policy changed since its last evaluation)."""
-        room_bytes = room_messages = math.inf
-        policed = self.queues
-        for name in queues:
-            q = policed.get((vhost, name))
-            if q is not None:
-                depth = q.depth
-                if q.tripped or depth.rebases != q.armed_rebases \
-                        or q.policy is not q.armed_policy:
-                    return None
-                room_bytes = min(room_bytes, q.quiet_bytes - depth.forwarded_bytes_total)
-                room_messages = min(room_messages,
-                                    q.quiet_messages - depth.forwarded_messages_total)
-        return room_bytes, room_messages
-
-    def forwarded_run(self, vhost: str, queues: frozenset[str], body_bytes: int, messages: int,
-                      now: float) -> None:
-        """``messages`` publishes to ``queues``, ``body_bytes`` in all, within ``quiet_room``:
-        booked as ``forwarded`` books them one by one (none of them evaluates a queue)."""
-        policed = self.queues
-        for name in queues:
-            q = policed.get((vhost, name))
-            if q is not None:
-                q.depth.forwarded(now, body_bytes, messages)
-
     # -- blocking ----------------------------------------------------------------------
     def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float) -> bool:
         """Block ``channel`` on ``queues``; True if it was not blocked before.
@@ -616,3 +588,30 @@ def _share_limit(q: PolicedQueue) -> int | None:
         return None
     room = capacity - base.bytes
     return base.bytes + int(room if room <= 0 else q.share.share(room))
+
+
+def quiet_room(policed: Mapping[QueueKey, PolicedQueue], vhost: str,
+               queues: frozenset[str]) -> tuple[float, float] | None:
+    """The body bytes and publishes ``FlowController.forwarded`` can book on ``queues``
+    before it would evaluate any of them (``PolicedQueue.quiet_*``); None when the next
+    publish would (a tripped queue, a depth or policy changed since its last evaluation)."""
+    room_bytes = room_messages = math.inf
+    for name in queues:
+        q = policed.get((vhost, name))
+        if q is not None:
+            depth = q.depth
+            if q.tripped or depth.rebases != q.armed_rebases or q.policy is not q.armed_policy:
+                return None
+            room_bytes = min(room_bytes, q.quiet_bytes - depth.forwarded_bytes_total)
+            room_messages = min(room_messages, q.quiet_messages - depth.forwarded_messages_total)
+    return room_bytes, room_messages
+
+
+def forwarded_run(policed: Mapping[QueueKey, PolicedQueue], vhost: str, queues: frozenset[str],
+                  body_bytes: int, messages: int, now: float) -> None:
+    """``messages`` publishes to ``queues``, ``body_bytes`` in all, within ``quiet_room``:
+    booked as ``FlowController.forwarded`` books them one by one (none evaluates a queue)."""
+    for name in queues:
+        q = policed.get((vhost, name))
+        if q is not None:
+            q.depth.forwarded(now, body_bytes, messages)

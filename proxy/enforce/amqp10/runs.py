@@ -15,9 +15,9 @@ delivery of its session was consumed (no renumbering); none of its queues is blo
 trip, a backlog, an alarm, a lookup); and the run stays within the client's credit (the
 highest limit granted: one more is a transfer-limit violation, read the usual way) and below
 the ledger totals at which the controller would evaluate any of its queues again
-(``FlowController.quiet_room``). Within those bounds ``on_transfer_run`` books exactly what
-``on_client_transfer`` would, delivery by delivery: the credit's delivery-count, the link's
-counts, the queues' ledgers, each unsettled delivery in flight. The one difference is the
+(``floodwall.control.controller.quiet_room``). Within those bounds ``on_transfer_run`` books
+exactly what ``on_client_transfer`` would, delivery by delivery: the credit's delivery-count,
+the link's counts, the queues' ledgers, each unsettled delivery in flight. The one difference is the
 window: it is worked out once after the run instead of after each delivery, so the client
 gets at most one top-up flow per run (a flow states the credit absolutely: the later one
 grants what the earlier ones would have, and the window bounds it as before).
@@ -25,6 +25,7 @@ grants what the earlier ones would have, and the window bounds it as before).
 
 from __future__ import annotations
 
+from floodwall.control.controller import forwarded_run, quiet_room
 from floodwall.enforce.amqp10.credit import LinkCredit
 from floodwall.enforce.amqp10.links import InFlight, SenderLink, SessionGate
 from floodwall.enforce.commands import ReadEveryFrame
@@ -54,7 +55,7 @@ class TransferRuns(LinkCredit):
         count = link.credit.room()
         if count <= 0:
             return None
-        room = controller.quiet_room(self.vhost, delivery.queues)
+        room = quiet_room(controller.queues, self.vhost, delivery.queues)
         if room is None:
             return None
         room_bytes, room_messages = room
@@ -75,7 +76,7 @@ class TransferRuns(LinkCredit):
         link.deliveries += count
         link.payload_bytes += payload_bytes
         queues = link.delivery.queues
-        self.controller.forwarded_run(self.vhost, queues, payload_bytes, count, now)
+        forwarded_run(self.controller.queues, self.vhost, queues, payload_bytes, count, now)
         if unsettled and link.windowed:
             self._track_run(session, link, unsettled)
         self._after_transfer(link, now, queues)

@@ -284,8 +284,10 @@ class Connection(CoreOutput):
             while pos < size:
                 phase = stream.phase
                 if phase is Phase.AMQP:
-                    if stream.run is not None:
-                        pos = self._transfer_run(stream, buf, pos)
+                    if stream.run is not None and self.gate is not None:
+                        pos = _read_run(stream, self.gate, buf, pos, self._now)
+                        if self.gate.outbox:
+                            self._take(self.gate)
                         continue
                     pos, frames, need = scan_frames(
                         buf, pos, stream.limit, AMQP_FRAME, stream.on_amqp, stream.skip
@@ -458,8 +460,7 @@ class Connection(CoreOutput):
     def _gate_frame(self, gate: TransferHooks, stream: _Stream, code: int, channel: int,
                     fields: list[object], buf: bytes, start: int, payload: int,
                     end: int) -> bool:
-        """A flow, transfer or disposition frame, while the credit gate is on; True when a
-        run of the same link's deliveries is to be read next (``stream.run``)."""
+        """A flow, transfer or disposition frame, gated; True: a run follows (``runs``)."""
         replacement: bytes | None
         if stream.side is Side.CLIENT:
             if code == TRANSFER:
@@ -487,23 +488,6 @@ class Connection(CoreOutput):
         if replacement is not None:
             _replace(stream, buf, start, end, replacement)
         return False
-
-    def _transfer_run(self, stream: _Stream, buf: bytes, pos: int) -> int:
-        """Read the run ``stream.run`` announced from ``buf[pos]``; return where it ends."""
-        assert stream.run is not None and self.gate is not None
-        channel, handle, next_id, most, most_bytes = stream.run
-        stream.run = None
-        unsettled: list[int] = []
-        end, count, payload_bytes = scan_transfer_run(
-            buf, pos, stream.limit, channel, handle, next_id, most, most_bytes,
-            unsettled)
-        if count:
-            stream.counts.frames += count
-            gate = self.gate
-            gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, self._now)
-            if gate.outbox:
-                self._take(gate)
-        return end
 
     def _read_dispositions(self) -> None:
         """The gate consumed a delivery: both peers' dispositions are renumbered from now."""
@@ -563,6 +547,20 @@ def _sasl_fields(
     if code not in allowed:
         raise DecodeError(f"{name_of(code)} is not a SASL frame the {side.value} may send")
     return fields
+
+
+def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: float) -> int:
+    """Read the run ``stream.run`` announced from ``buf[pos]`` (``runs``); where it ends."""
+    assert stream.run is not None
+    channel, handle, next_id, most, most_bytes = stream.run
+    stream.run = None
+    unsettled: list[int] = []
+    end, count, payload_bytes = scan_transfer_run(
+        buf, pos, stream.limit, channel, handle, next_id, most, most_bytes, unsettled)
+    if count:
+        stream.counts.frames += count
+        gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, now)
+    return end
 
 
 def _relay(stream: _Stream, buf: bytes, stop: int) -> None:

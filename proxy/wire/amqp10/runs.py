@@ -60,71 +60,59 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
                 break
             if fields < 3 or fields > 11 or stop > end:
                 break
-            # handle
-            c = buf[p]
-            if c == 0x52:
-                value, p = buf[p + 1], p + 2
-            elif c == 0x43:
-                value, p = 0, p + 1
-            elif c == 0x70:
-                value, p = u32(buf, p + 1)[0], p + 5
-            else:
+            p, settled = _fields(buf, p, fields, handle, next_id)
+            if p != stop or total + end - stop > max_bytes:
                 break
-            if value != handle:
-                break
-            # delivery-id
-            c = buf[p]
-            if c == 0x52:
-                value, p = buf[p + 1], p + 2
-            elif c == 0x70:
-                value, p = u32(buf, p + 1)[0], p + 5
-            elif c == 0x43:
-                value, p = 0, p + 1
-            else:
-                break
-            if value != next_id:
-                break
-            # delivery-tag
-            c = buf[p]
-            if c == 0xA0:
-                p += 2 + buf[p + 1]
-            elif c == 0xB0:
-                p += 5 + u32(buf, p + 1)[0]
-            else:
-                break
-            settled = False
-            if fields > 3:
-                p = _format(buf, p)
-                if p < 0:
-                    break
-                if fields > 4:
-                    c = buf[p]
-                    if c == 0x42 or c == 0x40:
-                        p += 1
-                    elif c == 0x41:
-                        settled, p = True, p + 1
-                    elif c == 0x56 and buf[p + 1] <= 1:
-                        settled, p = buf[p + 1] == 1, p + 2
-                    else:
-                        break
-                    if fields > 5:
-                        p = _tail(buf, p, fields)
-                        if p < 0:
-                            break
-            if p != stop:
-                break
-            payload = end - stop
-            if total + payload > max_bytes:
-                break
-            total += payload
+            total += end - stop
             count += 1
             if not settled:
-                unsettled.append(value)
-            next_id = (value + 1) & _MASK
+                unsettled.append(next_id)
+            next_id = (next_id + 1) & _MASK
             pos = end
     except (IndexError, struct.error):  # a frame cut short inside its fields: not a run frame
         pass
     return pos, count, total
+
+
+def _fields(buf: bytes, p: int, fields: int, handle: int, delivery_id: int) -> tuple[int, bool]:
+    """Past the ``fields`` fields of a transfer at ``buf[p]`` that is a whole delivery of
+    ``handle`` with ``delivery_id``, and whether it was sent settled; (-1, False) for any
+    other transfer (or encoding)."""
+    for expected in (handle, delivery_id):
+        c = buf[p]
+        if c == 0x52:
+            value, p = buf[p + 1], p + 2
+        elif c == 0x43:
+            value, p = 0, p + 1
+        elif c == 0x70:
+            value, p = _U32.unpack_from(buf, p + 1)[0], p + 5
+        else:
+            return -1, False
+        if value != expected:
+            return -1, False
+    c = buf[p]  # delivery-tag
+    if c == 0xA0:
+        p += 2 + buf[p + 1]
+    elif c == 0xB0:
+        p += 5 + _U32.unpack_from(buf, p + 1)[0]
+    else:
+        return -1, False
+    settled = False
+    if fields > 3:
+        p = _format(buf, p)
+        if fields > 4 and p >= 0:
+            c = buf[p]
+            if c == 0x42 or c == 0x40:
+                p += 1
+            elif c == 0x41:
+                settled, p = True, p + 1
+            elif c == 0x56 and buf[p + 1] <= 1:
+                settled, p = buf[p + 1] == 1, p + 2
+            else:
+                return -1, False
+            if fields > 5:
+                p = _tail(buf, p, fields)
+    return p, settled
 
 
 def _format(buf: bytes, p: int) -> int:
