@@ -348,3 +348,40 @@ def test_a_link_that_spools_is_never_read_as_a_run(tmp_path: Path) -> None:
     s.client(sent)
     to_server, _ = s.take()
     assert to_server == b"" and len(records(s)) == 12
+
+
+@settings(max_examples=150, deadline=None)
+@given(sends=st.lists(st.tuples(st.sampled_from([CAPPED_H, FREE_H]), st.booleans()),
+                      min_size=1, max_size=40),
+       ranges=st.lists(st.tuples(st.integers(0, 45), st.integers(0, 8)), max_size=8),
+       start=st.sampled_from([0, 0xFFFFFFF0]))
+def test_the_brokers_settlements_free_exactly_the_deliveries_they_name(
+        sends: list[tuple[int, bool]], ranges: list[tuple[int, int]], start: int) -> None:
+    """Model: the in-flight deliveries are the unsettled ones sent, less every id range the
+    broker settled (wrapping around 2^32 too); each link's count and each queue's count
+    follow them, and what a link tracks is forgotten once settled."""
+    s = Setup(initial=start)
+    s.next_id = start
+    s.server(broker_flow(7, start, 5000) + broker_flow(8, start, 5000))
+    s.take()
+    s.client(batch(s, [(h, 900, settled) for h, settled in sends]))
+    live = {(start + i) & 0xFFFFFFFF: h for i, (h, settled) in enumerate(sends) if not settled}
+    session = s.gate.sessions[0]
+    tracked_before = {h: session.links[h].delivery.tracked_id for h in (CAPPED_H, FREE_H)}
+    live = {i: h for i, h in live.items() if i in session.in_flight}  # (windowed links only)
+    for offset, length in ranges:
+        first = (start + offset) & 0xFFFFFFFF
+        last = (first + length) & 0xFFFFFFFF
+        s.server(disposition(SERVER_CH, True, first, last))
+        for k in range(length + 1):
+            live.pop((first + k) & 0xFFFFFFFF, None)
+        assert set(session.in_flight) == set(live)
+        for h in (CAPPED_H, FREE_H):
+            link = session.links[h]
+            assert isinstance(link, SenderLink)
+            assert link.unsettled == sum(1 for x in live.values() if x == h)
+            tracked = link.delivery.tracked_id
+            assert tracked is None or tracked in live
+            assert tracked is None or tracked == tracked_before[h]
+        q = s.fc.queues[("/", "capped")]
+        assert q.in_flight == sum(1 for x in live.values() if x == CAPPED_H)

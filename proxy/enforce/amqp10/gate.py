@@ -92,6 +92,7 @@ every entry point that needs the time takes ``now``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from floodwall.control.controller import QueueKey
@@ -100,6 +101,7 @@ from floodwall.enforce import events as ev
 from floodwall.enforce.amqp10.links import (
     _ACCEPTED,
     TRANSACTIONAL_STATE,
+    InFlight,
     ReceiverLink,
     SenderLink,
     SessionGate,
@@ -117,6 +119,7 @@ from floodwall.enforce.decision import Verdict, decide
 from floodwall.enforce.ports import SpoolRefused
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp10.credit import (
+    MODULUS,
     serial_add,
     serial_diff,
 )
@@ -272,23 +275,41 @@ class CreditFlow(TransferRuns):
         have room again."""
         in_flight = session.in_flight
         span = serial_diff(last, first) + 1
-        settled: list[SenderLink] = []
-        if span <= 2 * len(in_flight):
-            ids = [serial_add(first, i) for i in range(span)]
-        else:
+        ids: Iterable[int]
+        if span > 2 * len(in_flight):
             ids = [i for i in in_flight if 0 <= serial_diff(i, first) < span]
+        elif first + span <= MODULUS:
+            ids = range(first, first + span)
+        else:
+            ids = [serial_add(first, i) for i in range(span)]
+        pop = in_flight.pop
+        runs: list[tuple[InFlight, int]] = []  # consecutive ids of one link share an entry
+        entry: InFlight | None = None
+        n = 0
         for broker_id in ids:
-            entry = in_flight.pop(broker_id, None)
-            if entry is not None:
-                link, counted = entry
-                for q in counted:
-                    q.in_flight -= 1
-                link.unsettled -= 1
-                if link.delivery.tracked_id == broker_id:
-                    link.delivery.tracked_id = None
-                if link.squeezed:  # (else its own transfers top it up, as they do)
-                    settled.append(link)
-        for link in set(settled):
+            found = pop(broker_id, None)
+            if found is None:
+                continue
+            if found is not entry:
+                if entry is not None:
+                    runs.append((entry, n))
+                entry, n = found, 0
+            n += 1
+        if entry is None:
+            return
+        runs.append((entry, n))
+        links: dict[int, SenderLink] = {}
+        for (link, counted), n in runs:
+            for q in counted:
+                q.in_flight -= n
+            link.unsettled -= n
+            tracked = link.delivery.tracked_id
+            if tracked is not None and 0 <= serial_diff(tracked, first) < span \
+                    and tracked not in in_flight:
+                link.delivery.tracked_id = None
+            if link.squeezed:  # (else its own transfers top it up, as they do)
+                links[id(link)] = link
+        for link in links.values():
             if not link.detaching and not link.delivery.in_progress:
                 link.squeezed = False
                 self._after_transfer(link, now)
