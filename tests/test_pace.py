@@ -272,6 +272,12 @@ def test_a_count_is_trusted_with_what_went_before_m_lo_up_to_the_budget() -> Non
     assert trust_budget(q.policy)[0] == 500  # a smaller budget caps the trust: F(t - m) + S
     small = allowance(q, t, HOT_INTERVAL)
     assert small is not None and small.bytes == pytest.approx(2000 - 12000 + 11000 + 500)
+    # a messages limit has its own budget, a quarter of it: 2 of 8 here, so the publish
+    # 15 ms before the count (11 -> 12 messages) is trusted
+    q.policy = dataclasses.replace(q.policy, max_messages=8, resume_messages=8)
+    assert trust_budget(q.policy)[1] == 2
+    by_count = allowance(q, t, HOT_INTERVAL)
+    assert by_count is not None and by_count.messages == pytest.approx(8 - 12 + 12)
     assert TRUST_BYTES == 64 * 1024 and TRUST_FLOOR >= 0.01
 
 
