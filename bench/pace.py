@@ -14,6 +14,9 @@ One private RabbitMQ, one ``floodwall run`` with three policies, then:
   while the consumer consumed (the held queue not keeping its consumer busy), the proxy's
   view while held (/state every 250 ms: sampling interval, drain, admitted rate, enqueue
   lag) and the CPU seconds the broker and the proxy spent over the run.
+- ``--capacities 1GiB,32KiB``: other capacities (the first the unpoliced reference, the last
+  the stopped run's): a small one shows the admission's ceiling with a consumer far below the
+  issue's 18,000 msg/s (a loaded machine's).
 - **stopped**: the same at 256 KiB, but the consumer stops dead (no more acks) after 5,000
   messages while the producer goes on at full speed; the ready messages above capacity
   after the stop (the 200 unacknowledged are the consumer's, on top).
@@ -67,6 +70,14 @@ REPO = Path(__file__).resolve().parents[1]
 PREFETCH = 200
 SIZE = 1024
 CAPACITIES = {"1GiB": 1024 * MIB, "1MiB": MIB, "256KiB": 256 * KIB}
+
+
+def size_of(label: str) -> int:
+    """Bytes of a capacity label (``32KiB``, ``1MiB``, ``1GiB``)."""
+    for unit, size in (("GiB", 1024 * MIB), ("MiB", MIB), ("KiB", KIB)):
+        if label.endswith(unit):
+            return int(label[:-len(unit)]) * size
+    return int(label)
 
 
 def consume(host: str, port: int, queue: str, total: int, stop_after: int,
@@ -202,6 +213,7 @@ def held_pace(seen: list[dict[str, Any]]) -> dict[str, Any]:
             "drain_rate_bytes": med("drain_rate_bytes"),
             "admitted_rate_bytes": med("admitted_rate_bytes"),
             "enqueue_lag": med("enqueue_lag"),
+            "rtt_high": med("rtt_high"),
             "trips": seen[-1]["trips"] if seen else None}
 
 
@@ -261,9 +273,10 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
 
 
 async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
-    names = {label: f"pace-{label}-{uuid.uuid4().hex[:6]}" for label in CAPACITIES}
+    capacities = {label: size_of(label) for label in opts.capacities}
+    names = {label: f"pace-{label}-{uuid.uuid4().hex[:6]}" for label in capacities}
     entries = [policy_entry(f"p{label}", f"{names[label]}-*", label, label)
-               for label in CAPACITIES]
+               for label in capacities]
     policies = write_policies(st.workdir / "pace.yaml", *entries)
     proxies = {"new": st.floodwall("pace", policies)}
     if opts.base is not None:  # the same scenario through another checkout, side by side
@@ -271,22 +284,24 @@ async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, 
     rounds: list[dict[str, Any]] = []
     for r in range(opts.rounds):
         row: dict[str, Any] = {}
-        for label, cap in CAPACITIES.items():
+        for label, cap in capacities.items():
             for variant, fw in proxies.items():
                 q = f"{names[label]}-{variant}{r}"
                 row[f"{variant} {label}"] = res = await one_run(st, fw, q, cap, opts.messages)
                 progress(f"round {r} {variant} {label}: {res}")
+        reference = opts.capacities[0]  # the unpoliced run (1 GiB never trips)
         for variant in proxies:
-            base = row[f"{variant} 1GiB"].get("rate")
-            for label in CAPACITIES:
+            base = row[f"{variant} {reference}"].get("rate")
+            for label in capacities:
                 rate = row[f"{variant} {label}"].get("rate")
                 row[f"{variant} {label}"]["ratio"] = (round(rate / base, 3)
                                                       if rate and base else None)
         rounds.append(row)
     stopped = {}
     for variant, fw in proxies.items():
-        stopped[variant] = await one_run(st, fw, f"{names['256KiB']}-stop{variant}",
-                                         256 * KIB, opts.messages, stop_after=5000)
+        last = opts.capacities[-1]  # 256 KiB by default
+        stopped[variant] = await one_run(st, fw, f"{names[last]}-stop{variant}",
+                                         capacities[last], opts.messages, stop_after=5000)
         progress(f"stopped {variant}: {stopped[variant]}")
     for fw in proxies.values():
         st.stop_proxy(fw)
@@ -352,9 +367,9 @@ SCENARIOS = {"pace": pace, "cpu": cpu}
 def report(doc: dict[str, Any]) -> None:
     res = doc["results"]
     if "pace" in res:
-        print("\n| round | capacity | consumed msg/s | ratio to 1 GiB | max ready "
+        print("\n| round | capacity | consumed msg/s | ratio to the first | max ready "
               "(over capacity) | found empty | median ready | held: admitted / drain MB/s, "
-              "lag ms | CPU s broker / proxy |")
+              "lag ms, rtt_high ms | CPU s broker / proxy |")
         print("|---|---|---|---|---|---|---|---|---|")
         for i, row in enumerate(res["pace"]["rounds"]):
             for label, r in row.items():
@@ -364,13 +379,15 @@ def report(doc: dict[str, Any]) -> None:
                 if held.get("admitted_rate_bytes") is not None:
                     pace = (f"{held['admitted_rate_bytes'] / 1e6:.2f} / "
                             f"{(held.get('drain_rate_bytes') or 0) / 1e6:.2f}, "
-                            f"{(held.get('enqueue_lag') or 0) * 1000:.0f}")
+                            f"{(held.get('enqueue_lag') or 0) * 1000:.0f}, "
+                            f"{(held.get('rtt_high') or 0) * 1000:.0f}")
                 print(f"| {i} | {label} | {r.get('rate')} | {r.get('ratio')} | "
                       f"{r.get('max_ready')} ({over:.0f} KiB) | {ready.get('empty')} | "
                       f"{ready.get('median_ready')} | {pace} | "
                       f"{cpu.get('broker')} / {cpu.get('proxy')} |")
         for variant, s in res["pace"]["stopped"].items():
-            print(f"\nstopped consumer (256 KiB, {variant}): max ready after the stop "
+            print(f"\nstopped consumer ({s.get('capacity', 0) // KIB} KiB, {variant}): max ready "
+                  "after the stop "
                   f"{s.get('max_ready_after_stop')}, ready over capacity "
                   f"{s.get('over_capacity_bytes', 0) / KIB:.0f} KiB, still tripped "
                   f"{s.get('tripped')}")
@@ -389,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=20000)
     p.add_argument("--cpu-seconds", type=float, default=3.0)
     p.add_argument("--scenarios", type=lambda s: s.split(","), default=["pace", "cpu"])
+    p.add_argument("--capacities", type=lambda s: s.split(","), default=list(CAPACITIES),
+                   help="policy capacities, comma-separated: the first is the unpoliced "
+                        "reference, the last the stopped consumer's (default 1GiB,1MiB,256KiB)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--base", type=Path, default=None,
                    help="another checkout (e.g. main before issue 14) run side by side")

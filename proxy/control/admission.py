@@ -22,16 +22,36 @@ counted on top of it, as the trip estimate does) plus what the consumers take un
 count (``credit_time``: credited at once, as publishes are admitted only at counts): if the
 consumers stop dead at the count, the queue receives at most ``d x min(h + r, 10 ms)`` plus
 one message beyond its capacity before the next count (which shows no drain, and no
-headroom). Each count's allowance stands on its own (it is not added to the last one's), so
+headroom), plus ``min(S, A x (L - m_lo))`` for a true lag ``L`` beyond ``m_lo`` (the trust
+budget below). Each count's allowance stands on its own (it is not added to the last one's), so
 a drain estimate that lags behind a stop does not add up: the bound holds at every count.
 
-Steady state, admitting ``A`` = ``d``: ``A x (m + r) <= capacity - B + d x (h + r)``, so the
-admitted rate can keep up with consumers while ``d x (m - h) <= capacity - B``: 17 MB/s for
-256 KiB with ``m`` = 20 ms and ``h`` = 5 ms; counts being discrete (what one admits is
-counted by whole intervals), 12.8 MB/s in tests/test_pace.py's simulation.
+The trust budget (one sidecar; issue 14's third pass). What was forwarded within ``m`` of a
+count is counted on top of it even when it is in it, and that double count, not the drain,
+capped a held queue's admitted rate at about ``capacity / (m + r)`` (0.69 of an 18,000 msg/s
+consumer at 256 KiB). So a count is trusted with part of it: with ``m_lo = max(2 x r_high,
+lag, TRUST_FLOOR)`` (``trusted_margin``: the lag the counts show, ``SETTLE`` within
+``SETTLE`` of a trip, 10 ms at least) and ``S`` = a quarter of the limit, at most 64 KiB
+(``trust_budget``), ``F(t - m)`` above becomes
+
+    min(F(t - m_lo), F(t - m) + S)
+
+that is, of what was forwarded between ``m_lo`` and ``m`` before the count, at most ``S`` is
+taken to be in it. If the true lag ``L`` is within ``m_lo`` that is exact; if it is not (a lag
+the counts cannot see: consumers hide it), the count holds ``S`` less than it is credited
+with, so the overshoot bound grows by ``min(S, A x (L - m_lo))`` and no more, however long
+the lag. (A lower margin floor alone, 2 ms in the first pass, over-admitted by megabytes on
+a loaded machine: the budget is what bounds the cost of trusting the counts.)
+
+Steady state, admitting ``A`` = ``d``: ``A x (m + r) <= capacity + S - B + d x (h + r)``,
+so the admitted rate can keep up with consumers while ``d x (m - h) <= capacity + S - B``:
+21 MB/s for 256 KiB with ``m`` = 20 ms and ``h`` = 5 ms (17 MB/s without the budget);
+counts being discrete (what one admits is counted by whole intervals), 0.87 of an
+18,000 msg/s consumer in tests/test_pace.py's simulation (0.69 without).
 
 In a fleet (``floodwall.control.fleet.ShareRule``) each sidecar admits only its share of
-that room: ``F(t - m) + share(capacity - B + d x min(h + r, 10 ms))``; the members' shares of
+that room, with no trust budget (each member's would add up): ``F(t - m) + share(capacity -
+B + d x min(h + r, 10 ms))``; the members' shares of
 one room sum to at most that room, and a share never shrinks as the room grows, so the fleet
 together admits at most the largest room any member's count showed.
 
@@ -52,7 +72,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from floodwall.control.depth import HOT_MIN_MARGIN, QueueDepth, RoomShare, shared
+from floodwall.control.depth import (
+    HOT_MIN_MARGIN,
+    LEDGER_BUCKET,
+    QueueDepth,
+    RoomShare,
+    shared,
+)
 from floodwall.control.events import ChannelAdmitted
 from floodwall.control.policy import Policy
 
@@ -61,6 +87,14 @@ from floodwall.control.policy import Policy
 HOT_INTERVAL = 0.005
 #: Longest the drain is credited after a count (seconds): the bound below holds with it.
 MAX_CREDIT_TIME = 0.01
+#: The trust budget ``S`` (module docstring): a quarter of the limit, at most 64 KiB (the
+#: issue's overshoot goal), of what was forwarded between ``m_lo`` and ``m`` before a count.
+TRUST_PART = 0.25
+TRUST_BYTES = 64 * 1024
+#: ``m_lo`` is at least this (seconds): publishes within ``LEDGER_BUCKET`` (5 ms) of each
+#: other share one ledger entry, stamped with the first, so ``F(x)`` may hold publishes
+#: forwarded up to 5 ms after ``x``.
+TRUST_FLOOR = 2 * LEDGER_BUCKET
 
 Ref = tuple[int, int]  # (connection id, channel)
 QueueKey = tuple[str, str]  # (vhost, queue)
@@ -99,9 +133,12 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
     rtt = depth.ready_rtt
     margin = max(depth.ready_margin if rtt is None
                  else max(2 * max(rtt, depth.rtt_high), HOT_MIN_MARGIN), depth.lag_at(at))
-    before_bytes, before_messages = depth.totals_before(at - margin)
-    credit = (depth.drain_rate or 0.0) * credit_time(hot_interval, rtt)
     policy = q.policy
+    before: tuple[float, float] = depth.totals_before(at - margin)
+    if rtt is not None and q.share is None:  # one sidecar: the trust budget
+        before = _trusted(depth, policy, at, rtt, before)
+    before_bytes, before_messages = before
+    credit = (depth.drain_rate or 0.0) * credit_time(hot_interval, rtt)
     body = depth.average_body_bytes()
     room_bytes = (None if policy.capacity <= 0
                   else policy.capacity - base.bytes + credit * body)
@@ -115,6 +152,34 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
     return Allowance(math.inf if room_bytes is None else before_bytes + room_bytes,
                      math.inf if room_messages is None else before_messages + room_messages,
                      margin, at)
+
+
+def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:
+    """``m_lo``: how long before a count asked for at ``at`` a publish is trusted to be in
+    it, as far as the trust budget goes: twice the longest recent round trip, the lag the
+    counts show (``SETTLE`` for the counts within ``SETTLE`` of a trip) and ``TRUST_FLOOR``
+    at least."""
+    return max(2 * max(rtt, depth.rtt_high), depth.lag_at(at), TRUST_FLOOR)
+
+
+def trust_budget(policy: Policy) -> tuple[float, float]:
+    """``S`` (bytes, messages): what one count may be trusted with of what was forwarded
+    between ``m`` and ``m_lo`` before it: a quarter of the limit, at most ``TRUST_BYTES``
+    (``inf`` for a limit the policy does not set)."""
+    return (math.inf if policy.capacity <= 0
+            else min(policy.capacity * TRUST_PART, TRUST_BYTES),
+            math.inf if policy.max_messages is None else policy.max_messages * TRUST_PART)
+
+
+def _trusted(depth: QueueDepth, policy: Policy, at: float, rtt: float,
+             before: tuple[float, float]) -> tuple[float, float]:
+    """The ledger totals a count at ``at`` is trusted to hold: ``min(F(at - m_lo),
+    F(at - m) + S)`` (module docstring, "The trust budget")."""
+    low = trusted_margin(depth, at, rtt)
+    near_bytes, near_messages = depth.totals_before(at - low)
+    budget_bytes, budget_messages = trust_budget(policy)
+    return (min(near_bytes, before[0] + budget_bytes),
+            min(near_messages, before[1] + budget_messages))
 
 
 def paced(a: Allowance, depth: QueueDepth, hot_interval: float) -> Allowance:
