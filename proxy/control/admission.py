@@ -33,7 +33,9 @@ counted by whole intervals), 12.8 MB/s in tests/test_pace.py's simulation.
 In a fleet (``floodwall.control.fleet.ShareRule``) each sidecar admits only its share of
 that room: ``F(t - m) + share(capacity - B + d x min(h + r, 10 ms))``; the members' shares of
 one room sum to at most that room, and a share never shrinks as the room grows, so the fleet
-together admits at most the largest room any member's count showed.
+together admits at most the largest room any member's count showed; and no more than its
+rate share (``floodwall.control.fleet_rate``: a token bucket fed at its share of the drain),
+so members are admitted equal bytes per second, not equal parts of each count's room.
 
 The margin ``m`` is ``max(2 x r_high, HOT_MIN_MARGIN, lag)``: ``r_high`` the longest round
 trip of the recent counts (``QueueDepth.rtt_high``, halving per second), ``lag``
@@ -52,8 +54,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from floodwall.control.depth import HOT_MIN_MARGIN, QueueDepth, RoomShare, shared
+from floodwall.control.depth import HOT_MIN_MARGIN, QueueDepth, shared
 from floodwall.control.events import ChannelAdmitted
+from floodwall.control.fleet_rate import RateRule, RateShares
 from floodwall.control.policy import Policy
 
 #: Default least seconds between two ready counts of one hot queue (a passive declare each):
@@ -74,7 +77,7 @@ class HeldQueue(Protocol):
     tripped_since: float | None
 
     @property
-    def share(self) -> RoomShare | None: ...
+    def share(self) -> RateRule | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,8 @@ class Admission:
         # What each held queue's last tick offered (``paced``), while channels waited on it:
         # what its held publishes may take until the next count.
         self._offered: dict[QueueKey, Allowance] = {}
+        # A fleet: each held queue's rate share (``floodwall.control.fleet_rate``).
+        self._rates = RateShares()
 
     def busy(self, key: QueueKey, depth: QueueDepth) -> bool:
         """Whether the publishers waiting on held queue ``key`` used up what its last tick
@@ -175,6 +180,17 @@ class Admission:
 
     def forget(self, key: QueueKey) -> None:
         self._offered.pop(key, None)
+        self._rates.forget(key)
+
+    def _allowance(self, key: QueueKey, q: HeldQueue, now: float) -> Allowance | None:
+        """``allowance``, and in a fleet at most this member's rate share
+        (``floodwall.control.fleet_rate``: equal bytes per second, not per count)."""
+        a = allowance(q, now, self.hot_interval)
+        if a is None or q.share is None:
+            return a
+        top_bytes, top_messages = self._rates.ceiling(key, q, q.share, now)
+        return Allowance(min(a.bytes, top_bytes), min(a.messages, top_messages),
+                         a.margin, a.count_at)
 
     def admits(self, key: QueueKey, q: HeldQueue, now: float) -> bool:
         """Whether one more publish may go to held queue ``q`` now (it has tokens left):
@@ -183,7 +199,7 @@ class Admission:
         depth = q.depth
         a = self._offered.get(key)
         if a is None or a.count_at != depth.ready_count_at or depth.counted_base is None:
-            a = allowance(q, now, self.hot_interval)
+            a = self._allowance(key, q, now)
         return a is not None and depth.forwarded_bytes_total < a.bytes \
             and depth.forwarded_messages_total < a.messages
 
@@ -193,7 +209,7 @@ class Admission:
         tokens in turn (round robin: the first served moves on by one each tick); none
         when it has no tokens."""
         refs = list(waiting)
-        a = allowance(q, now, self.hot_interval) if refs else None
+        a = self._allowance(key, q, now) if refs else None
         if a is None:
             self._offered.pop(key, None)
             return []
