@@ -53,7 +53,9 @@ In a fleet (``floodwall.control.fleet.ShareRule``) each sidecar admits only its 
 that room, with no trust budget (each member's would add up): ``F(t - m) + share(capacity -
 B + d x min(h + r, 10 ms))``; the members' shares of
 one room sum to at most that room, and a share never shrinks as the room grows, so the fleet
-together admits at most the largest room any member's count showed.
+together admits at most the largest room any member's count showed; and no more than its
+rate share (``floodwall.control.fleet_rate``: a token bucket fed at its share of the drain),
+so members are admitted equal bytes per second, not equal parts of each count's room.
 
 The margin ``m`` is ``max(2 x r_high, HOT_MIN_MARGIN, lag)``: ``r_high`` the longest round
 trip of the recent counts (``QueueDepth.rtt_high``, halving per second), ``lag``
@@ -76,10 +78,10 @@ from floodwall.control.depth import (
     HOT_MIN_MARGIN,
     LEDGER_BUCKET,
     QueueDepth,
-    RoomShare,
     shared,
 )
 from floodwall.control.events import ChannelAdmitted
+from floodwall.control.fleet_rate import RateRule, RateShares
 from floodwall.control.policy import Policy
 
 #: Default least seconds between two ready counts of one hot queue (a passive declare each):
@@ -108,7 +110,7 @@ class HeldQueue(Protocol):
     tripped_since: float | None
 
     @property
-    def share(self) -> RoomShare | None: ...
+    def share(self) -> RateRule | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +228,8 @@ class Admission:
         # What each held queue's last tick offered (``paced``), while channels waited on it:
         # what its held publishes may take until the next count.
         self._offered: dict[QueueKey, Allowance] = {}
+        # A fleet: each held queue's rate share (``floodwall.control.fleet_rate``).
+        self._rates = RateShares()
 
     def busy(self, key: QueueKey, depth: QueueDepth) -> bool:
         """Whether the publishers waiting on held queue ``key`` used up what its last tick
@@ -240,6 +244,17 @@ class Admission:
 
     def forget(self, key: QueueKey) -> None:
         self._offered.pop(key, None)
+        self._rates.forget(key)
+
+    def _allowance(self, key: QueueKey, q: HeldQueue, now: float) -> Allowance | None:
+        """``allowance``, and in a fleet at most this member's rate share
+        (``floodwall.control.fleet_rate``: equal bytes per second, not per count)."""
+        a = allowance(q, now, self.hot_interval)
+        if a is None or q.share is None:
+            return a
+        top_bytes, top_messages = self._rates.ceiling(key, q, q.share, now)
+        return Allowance(min(a.bytes, top_bytes), min(a.messages, top_messages),
+                         a.margin, a.count_at)
 
     def admits(self, key: QueueKey, q: HeldQueue, now: float) -> bool:
         """Whether one more publish may go to held queue ``q`` now (it has tokens left):
@@ -248,7 +263,7 @@ class Admission:
         depth = q.depth
         a = self._offered.get(key)
         if a is None or a.count_at != depth.ready_count_at or depth.counted_base is None:
-            a = allowance(q, now, self.hot_interval)
+            a = self._allowance(key, q, now)
         return a is not None and depth.forwarded_bytes_total < a.bytes \
             and depth.forwarded_messages_total < a.messages
 
@@ -258,7 +273,7 @@ class Admission:
         tokens in turn (round robin: the first served moves on by one each tick); none
         when it has no tokens."""
         refs = list(waiting)
-        a = allowance(q, now, self.hot_interval) if refs else None
+        a = self._allowance(key, q, now) if refs else None
         if a is None:
             self._offered.pop(key, None)
             return []

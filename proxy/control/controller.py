@@ -28,6 +28,7 @@ from floodwall.control.events import (
     QueueTripped,
 )
 from floodwall.control.fleet import ShareRule
+from floodwall.control.fleet_rate import trip_share
 from floodwall.control.histogram import HoldTimes
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
@@ -225,6 +226,7 @@ class FlowController(ChannelHolds):
         if q is not None and q.share != share:
             q.share = share
             q.depth.others_rate = 0.0 if share is None else share.others_ingress
+            q.depth.in_fleet = share is not None
             if q.tripped:  # its next count decides (a depth unknown stays as it was)
                 _arm(q)
             else:
@@ -538,7 +540,7 @@ def _arm(q: PolicedQueue) -> None:
     limits = policy.limits
     depth = q.depth
     headroom = depth.headroom(limits.capacity if limits.capacity > 0 else None,
-                              limits.max_messages, q.share)
+                              limits.max_messages, trip_share(q, q.share))
     if headroom is None:
         quiet = -1.0 if decide(limits, None, None, False) else math.inf
         headroom = (quiet, quiet)
@@ -555,7 +557,7 @@ def _over_share(q: PolicedQueue) -> bool:
     limits = q.policy.limits
     depth = q.depth
     totals = depth.headroom(limits.capacity if limits.capacity > 0 else None,
-                            limits.max_messages, q.share)
+                            limits.max_messages, trip_share(q, q.share))
     return totals is not None and (depth.forwarded_bytes_total > totals[0]
                                    or depth.forwarded_messages_total > totals[1])
 

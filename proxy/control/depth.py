@@ -153,6 +153,9 @@ class QueueDepth:
     # (``FlowController.set_share``): what the counts show of theirs is neither lag nor a
     # lack of drain.
     others_rate: float = 0.0
+    # A fleet member (a share rule set): a lag seen is capped at SETTLE (``_watch_lag``),
+    # also while the others' ingress is not announced yet (a fresh queue's first fill).
+    in_fleet: bool = False
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int, messages: int = 1) -> None:
@@ -229,25 +232,21 @@ class QueueDepth:
         publishes landed faster than that margin while the forwarding rate rose: a held
         queue's first admissions after a trip read as a lag of 1 s, ``MAX_MARGIN``, and
         its admission crawled in a simulation; ``bench/RESULTS.md``, "Pace".) A fleet
-        member (``others_rate`` > 0) still reads it so: each member's count rises by the
-        others' publishes, its lags sit near ``SETTLE`` either way, and the new reading
-        left 8 members' shares of a drain less even (Jain 0.976 against >= 0.99,
-        tests/test_fleet_budget.py); issue 15's to revisit. No rise beyond: the estimate
+        member reads it the same way (until issue 15's rate shares it kept the shifted
+        reading: the new one left 8 members' shares of a drain less even, as each was
+        admitted its share of the room per margin; ``floodwall.control.fleet_rate`` makes
+        them even per second whatever their margins). No rise beyond: the estimate
         halves per ``LAG_HALF_LIFE``. Consumers
         taking messages between the two counts hide a rise: the estimate errs low then, and
         ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
         (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
         as lag at every count.) In a fleet, what the other members forwarded between the
         two counts, at their announced rate (``others_rate``), is no lag; and as a rise
-        beyond it may still be theirs (a burst, an announcement behind), a lag seen is
-        capped at ``SETTLE`` (what each trip assumes anyway) rather than ``MAX_MARGIN``."""
-        if self.others_rate <= 0:
-            earlier = self._totals_before(before_at)[1]
-            arrived = self.forwarded_messages_total - earlier
-        else:  # a fleet: as before issue 14's pace work (see above)
-            fast = max(2 * (rtt or 0.0), HOT_MIN_MARGIN)
-            earlier = self._totals_before(before_at - fast)[1]
-            arrived = self._totals_before(at - fast)[1] - earlier
+        beyond it may still be theirs (a burst, an announcement behind or not made yet),
+        a lag seen is capped at ``SETTLE`` (what each trip assumes anyway) rather than
+        ``MAX_MARGIN`` (``in_fleet``)."""
+        earlier = self._totals_before(before_at)[1]
+        arrived = self.forwarded_messages_total - earlier
         excess = ready - before - arrived - self._others_between(before_at, at)
         if excess < 1:
             self.enqueue_lag *= 0.5 ** (max(0.0, at - before_at) / LAG_HALF_LIFE)
@@ -255,7 +254,7 @@ class QueueDepth:
         ledger = self._ledger
         target = earlier - excess  # the first missing publish was this one (cumulative)
         i = bisect_left(ledger, target, key=lambda e: e[2])
-        cap = MAX_MARGIN if self.others_rate <= 0 else SETTLE
+        cap = SETTLE if self.in_fleet else MAX_MARGIN
         lag = (cap if i == len(ledger) or target <= self._trimmed_messages
                else before_at - ledger[i][0])
         self.enqueue_lag = min(cap, max(self.enqueue_lag, lag))

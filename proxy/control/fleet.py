@@ -32,7 +32,8 @@ Rules (docs/architecture.md, "A fleet of sidecars"):
 - The shares are enforced (``ShareRule``, handed to the controller at each tick): a member
   trips when what it forwarded since its last count passes its share of the headroom that
   count showed, and while a queue is held it admits its share of the room each count
-  shows (``floodwall.control.admission``).
+  shows (``floodwall.control.admission``), at most its share of the queue's drain per
+  second (``ShareRule.rate_share``, ``floodwall.control.fleet_rate``).
 """
 
 from __future__ import annotations
@@ -381,6 +382,19 @@ class ShareRule:
         got = fleet_shares(headroom, dict(self.demands)).get(self.me, 0.0)
         if self.fallback_size > 0:
             got = min(got, fallback_share(headroom, self.fallback_size))
+        return got
+
+    def rate_share(self, rate: float) -> float:
+        """This member's part of a rate (bytes/s: a held queue's feed,
+        ``floodwall.control.fleet_rate``): max-min fair on the announced demands, which
+        are rates too, without ``MIN_WANT`` (an idle member's unused part of a rate is lost
+        for good, where its unused part of a room is room again at the next count); deaf,
+        at most ``rate / fallback_size``."""
+        if rate <= 0:
+            return 0.0
+        got = max_min_shares(rate, dict(self.demands)).get(self.me, 0.0)
+        if self.fallback_size > 0:
+            got = min(got, fallback_share(rate, self.fallback_size))
         return got
 
     def fraction(self, room_bytes: float | None, room_messages: float | None,
