@@ -159,7 +159,7 @@ def batch(s: Setup, sends: list[tuple[int, int, bool]]) -> bytes:
         out.append(amqp(TRANSFER, 0, message(size), handle=UInt(handle),
                         delivery_id=UInt(s.next_id), delivery_tag=s.next_id.to_bytes(4, "big"),
                         message_format=UInt(0), settled=settled or None))
-        s.next_id += 1
+        s.next_id = (s.next_id + 1) & 0xFFFFFFFF
     return b"".join(out)
 
 
