@@ -112,8 +112,8 @@ def test_a_burst_inside_the_margin_is_counted_twice_at_most(rtt: float) -> None:
     """The trip estimate errs high by what was forwarded inside a count's margin and is
     already in the count: at most once more. So a queue a count showed empty, fed by one
     fast sender with no consumer, trips again past half its capacity of real messages, not
-    past all of it (tests/integration/test_amqp10_flow.py's released 1.0 link: 50-65 of the
-    64 KiB queue's 1,040-byte messages before its second trip, 50 under load; the bound is 32)."""
+    past all of it (tests/integration/test_amqp10_flow.py's released 1.0 link: 38-66 of its
+    1,040-byte messages before the 64 KiB queue's second trip; never fewer than 32)."""
     capacity, size = 64 * 1024, 1040
     q = QueueDepth()
     q.forwarded(5.0, size)  # before the queue was emptied: long out of every margin

@@ -373,8 +373,9 @@ def test_free_link_delivers_while_its_neighbour_is_held(
         # again. How many go before that is not a fixed number: a count taken inside A's
         # burst holds part of it, and the trip estimate counts what was forwarded within the
         # count's margin (2 x its round trip, at least 20 ms) once more, so the queue trips
-        # anywhere past half its capacity of real messages (tests/test_depth.py; 51-66 of
-        # 63 went here on a quiet machine, 48 and 50 under load: bench/RESULTS.md, issue 19).
+        # anywhere past half its capacity of real messages (tests/test_depth.py). 64 KiB is
+        # 63 of these 1,040-byte messages: 51-66 went before the second trip in most runs,
+        # 38-50 when the counts' round trips were long (bench/RESULTS.md, issue 19).
         depth = flow.queue_state(qcap)
         assert depth is not None
         trips, estimate = depth["trips"], depth["depth"]["estimate"]
