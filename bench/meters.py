@@ -29,6 +29,18 @@ def machine_busy_seconds() -> float:
     return float(t.user + t.nice + t.system + t.irq + t.softirq + t.steal)
 
 
+def syscalls(proc: psutil.Process | None) -> tuple[int, int]:
+    """Read and write system calls of one process so far (Linux ``syscr``/``syscw``: libuv
+    reads a socket with read() and writes it with write()/writev(); (0, 0) if unknown)."""
+    if proc is None:
+        return 0, 0
+    try:
+        io = proc.io_counters()
+    except (psutil.Error, AttributeError):
+        return 0, 0
+    return int(io.read_count), int(io.write_count)
+
+
 @dataclass(frozen=True)
 class CpuSnapshot:
     wall: float
@@ -36,6 +48,8 @@ class CpuSnapshot:
     broker: float
     client: float  # this process
     machine: float
+    relay_reads: int = 0  # the relay's read() calls (socket reads)
+    relay_writes: int = 0  # the relay's write()/writev() calls
 
 
 class CpuMeter:
@@ -46,8 +60,9 @@ class CpuMeter:
         self.me = psutil.Process(os.getpid())
 
     def snapshot(self, relay: psutil.Process | None) -> CpuSnapshot:
+        reads, writes = syscalls(relay)
         return CpuSnapshot(time.perf_counter(), cpu_seconds(relay), cpu_seconds(self.broker),
-                           cpu_seconds(self.me), machine_busy_seconds())
+                           cpu_seconds(self.me), machine_busy_seconds(), reads, writes)
 
     @staticmethod
     def delta(a: CpuSnapshot, b: CpuSnapshot) -> dict[str, float]:
@@ -62,6 +77,8 @@ class CpuMeter:
             "client_cpu_s": client,
             "machine_cpu_s": machine,
             "other_cpu_s": max(0.0, machine - relay - broker - client),
+            "relay_reads": b.relay_reads - a.relay_reads,
+            "relay_writes": b.relay_writes - a.relay_writes,
         }
 
 

@@ -185,6 +185,8 @@ def _per_msg(cpu: dict[str, float], msgs: int) -> dict[str, float]:
     if msgs <= 0:
         return {}
     return {"relay_cpu_us_per_msg": cpu["relay_cpu_s"] / msgs * 1e6,
+            "relay_reads_per_msg": cpu.get("relay_reads", 0) / msgs,
+            "relay_writes_per_msg": cpu.get("relay_writes", 0) / msgs,
             "broker_cpu_us_per_msg": cpu["broker_cpu_s"] / msgs * 1e6,
             "client_cpu_us_per_msg": cpu["client_cpu_s"] / msgs * 1e6}
 
@@ -498,6 +500,8 @@ def _one_line(scenario: str, res: dict[str, Any]) -> str:
     cpu = res.get("relay_cpu_us_per_msg")
     return (f"{res['msgs_per_s']:>9,.0f} msg/s"
             + (f", relay {cpu:.1f} us/msg" if cpu else "")
+            + (f" ({res['relay_reads_per_msg']:.2f} reads/msg)"
+               if res.get("relay_reads_per_msg") else "")
             + f", other cpu {res['other_cpu_s']:.2f}s")
 
 

@@ -35,11 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ("firehose", "drain", "firehose10", "drain10", "latency")
 TARGETS = ("direct", "old", "new", "old-policed", "new-policed")
 PAIRS = (("new", "old"), ("new-policed", "old-policed"))
-FIGURES = {"firehose": ("msgs_per_s", "relay_cpu_us_per_msg"),
-           "drain": ("msgs_per_s", "relay_cpu_us_per_msg"),
-           "firehose10": ("msgs_per_s", "relay_cpu_us_per_msg"),
-           "drain10": ("msgs_per_s", "relay_cpu_us_per_msg"),
-           "latency": ("p50_us", "p99_us", "relay_cpu_us_per_msg")}
+FIGURES = {"firehose": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
+           "drain": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
+           "firehose10": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
+           "drain10": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
+           "latency": ("p50_us", "p99_us", "p999_us", "relay_cpu_us_per_msg")}
 
 
 def module_of(root: Path) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import signal
@@ -258,6 +259,7 @@ class Proxy:
                 loop.add_signal_handler(sig, self.request_stop, sig.name)
         with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
             loop.add_signal_handler(signal.SIGHUP, self.reload_policies, "SIGHUP")
+        freeze_start_up()
         await self._stopping.wait()
         await self.drain()
         await self.stop()
@@ -438,6 +440,17 @@ class Proxy:
                 "largest_paused": [{"conn": c, "held_bytes": b}
                                    for c, b in self.memory.largest()]}
         return doc
+
+
+def freeze_start_up() -> int:
+    """Move every object alive once the proxy has started (modules, policies, the routing
+    model, listeners) out of the cyclic collector's generations, so that a full collection
+    walks only what connections made since (issue 19, latency: the ~47,500 objects of the
+    imported modules alone took a full collection 95-170 ms on the loaded 2-core test
+    machine, frozen under 0.1 ms; the p99.9 budget is 1 ms). Returns how many are frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,

@@ -403,7 +403,7 @@ class RelayedConnection(asyncio.Protocol):
                       peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
                       action="stopped reading this connection")
             self._pause_client(Paused.HOLD_BUDGET)
-        elif self._paused & Paused.HOLD_BUDGET:
+        elif self._paused and self._paused & Paused.HOLD_BUDGET:  # Flag's & is costly
             self._resume_client(Paused.HOLD_BUDGET)
         board = self.settings.board
         if board is not None and board.memory is not None and not self._client_gone \
@@ -625,9 +625,16 @@ that a view never keeps a whole read alive in a write buffer for a few bytes of 
 
 
 def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
-    if len(chunks) == 1 and type(chunks[0]) is bytes:
-        transport.write(chunks[0])
-    elif sum(len(c) for c in chunks) >= VECTORED_WRITE_MIN:
+    if len(chunks) == 1:
+        chunk = chunks[0]
+        # One piece goes as it is: a read's bytes, or a view of at least half of one (the
+        # complete frames of a small read joined to the frame held before it: issue 19),
+        # which keeps at most as many bytes alive as it writes.
+        if type(chunk) is bytes or (type(chunk) is memoryview
+                                    and 2 * chunk.nbytes >= len(cast(bytes, chunk.obj))):
+            transport.write(chunk)
+            return
+    if sum(len(c) for c in chunks) >= VECTORED_WRITE_MIN:
         transport.writelines(chunks)
     else:
         transport.write(b"".join(chunks))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from floodwall.wire.amqp091.connection import (
+    JOINED_READ_MAX,
     ChannelState,
     ClientInfo,
     CloseReply,
@@ -137,9 +138,10 @@ def test_a_chunk_of_complete_frames_is_forwarded_as_the_same_object() -> None:
 def test_a_read_that_completes_a_held_frame_leaves_as_pieces_of_the_reads(cut: int) -> None:
     """``chunks_for_server`` hands the I/O layer the pieces for one vectored write: the held
     frame, then the new read itself (a view of it, not a copy); joined, what
-    ``data_for_server`` would have returned."""
+    ``data_for_server`` would have returned. (The new read is larger than
+    ``JOINED_READ_MAX``; a smaller one is joined to the held frame: the next test.)"""
     core = tuned()
-    frames = publish(1, b"z" * 1024) * 3
+    frames = publish(1, b"z" * 1024) * 3 + publish(1, b"y" * JOINED_READ_MAX)
     data = b"".join(frames)
     split = len(frames[0]) + len(frames[1]) + cut  # inside the first body frame
     boundary = len(frames[0]) + len(frames[1])
@@ -152,6 +154,36 @@ def test_a_read_that_completes_a_held_frame_leaves_as_pieces_of_the_reads(cut: i
     assert pieces[0] == frames[2]  # the held frame, completed
     assert isinstance(pieces[1], memoryview) and pieces[1].obj is second
     assert core.chunks_for_server() == [] and core.data_for_server() == b""
+
+
+@pytest.mark.parametrize("cut", [1, 7, 8, 500, 1031])
+@pytest.mark.parametrize("tail", [0, 3, 9])
+def test_a_small_read_that_completes_a_held_frame_is_joined_to_it(cut: int, tail: int) -> None:
+    """A read of at most ``JOINED_READ_MAX`` bytes that completes the held frame is relayed
+    with it in one pass: one piece, the held frame and the read's complete frames, byte for
+    byte; a frame the read leaves incomplete (``tail`` bytes of the next) is held again.
+    Fed whole and one byte at a time elsewhere (``test_any_chunking_relays_the_same_bytes``)."""
+    core = tuned()
+    before = core.from_client.bytes
+    frames = publish(1, b"z" * 1024) * 3
+    boundary = len(frames[0]) + len(frames[1])
+    nxt = b"".join(publish(1, b"n" * 10))
+    data = b"".join(frames) + nxt[:tail]
+    first, second = data[:boundary + cut], data[boundary + cut:]
+    core.receive_from_client(first, 0.0)
+    assert b"".join(core.chunks_for_server()) == data[:boundary]
+    assert core.pending_from_client == cut
+    core.receive_from_client(second, 0.0)
+    pieces = core.chunks_for_server()
+    assert b"".join(pieces) == b"".join(frames[2:])
+    # Joined when the held frame's header was in (a held header's few bytes: as before).
+    assert len(pieces) == (1 if cut >= 7 else 2)
+    assert core.pending_from_client == tail
+    assert core.from_client.frames == 4 + 9
+    core.receive_from_client(nxt[tail:], 0.0)
+    assert core.data_for_server() == nxt and core.pending_from_client == 0
+    assert core.from_client.frames == 4 + 12
+    assert core.from_client.bytes - before == len(b"".join(frames)) + len(nxt)
 
 
 @pytest.mark.parametrize("read", [1, 1000, 65_536, 100_000])

@@ -34,6 +34,8 @@ from floodwall.enforce.amqp091.channels import (
 )
 from floodwall.enforce.amqp091.refusals import Refusing
 from floodwall.enforce.decision import (
+    PASS,
+    Decision,
     Unspoolable,
     Verdict,
     decide,
@@ -103,10 +105,8 @@ class PublishFlow(Refusing):
         if lookup is not None:  # the model does not know where it lands: ask first
             blocking = blocking | {lookup}
         would = self._shadow_wait(ch, queues)
-        decision = decide(self.vhost, queues, blocking, controller.queues, self.spool,
-                          lookup=lookup is not None, transactional=ch.transactional,
-                          mandatory=pub.mandatory, behind=ch.holding, shadow=would)
-        self._shadowed(ch, decision.shadow, would)  # shadow mode: recorded, never acted on
+        decision = PASS if not blocking and not would and self.spool is None \
+            and not ch.holding else self._verdict(ch, pub, queues, blocking, lookup, would)
         verdict = decision.verdict
         if verdict is Verdict.PASS:
             controller.forwarded(self.vhost, queues, body_size, now)
@@ -138,6 +138,17 @@ class PublishFlow(Refusing):
         if blocking:
             self._block(ch, blocking, now)
         return True
+
+    def _verdict(self, ch: ChannelFlow, pub: Publish, queues: frozenset[str],
+                 blocking: frozenset[QueueKey], lookup: QueueKey | None,
+                 would: frozenset[QueueKey]) -> Decision:
+        """``decide`` for a publish that does not pass at once (``_decide`` takes the common
+        case, ``decide``'s own first test, without the call); shadow mode recorded."""
+        decision = decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
+                          lookup=lookup is not None, transactional=ch.transactional,
+                          mandatory=pub.mandatory, behind=ch.holding, shadow=would)
+        self._shadowed(ch, decision.shadow, would)  # shadow mode: recorded, never acted on
+        return decision
 
     def on_content(self, channel: int, buf: Buffer, offset: int, end: int, now: float) -> bool:
         """A content header or body frame (slow path); True if the gate took it."""
