@@ -12,7 +12,7 @@ appended to ``outbox`` as values (``floodwall.control.events``); the I/O layer t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -163,6 +163,9 @@ class FlowController(ChannelHolds):
         self._blocked = BlockTable()
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
         self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
+        # A fleet: a newly policed queue's share rule at once (``FleetService``), not at the
+        # next fleet tick: its first figure may come first (issue 15, the first fill).
+        self.share_source: Callable[[QueueKey, float], ShareRule | None] | None = None
         self._now = 0.0  # the latest time given: a close (which has none) ends its hold there
         self.alarm_reason: str | None = None
         self.outbox: list[ControlOutput] = []  # for the I/O layer (``take_output``), in order
@@ -208,6 +211,8 @@ class FlowController(ChannelHolds):
             return None
         q = self.queues[key] = PolicedQueue(key, policy)
         self._policed_among.clear()
+        if self.share_source is not None:
+            self.set_share(key, self.share_source(key, now), now)
         if not policy.enforced:
             return q  # watched only: nothing waits for its first figure
         # Until the broker gives a first figure, publishes to it wait (a queue lookup).

@@ -58,6 +58,7 @@ from floodwall.control.fleet import (
     MemberSilent,
     QueueReport,
     SharedSample,
+    ShareRule,
     announce_due,
     decode,
     encode,
@@ -165,6 +166,16 @@ class FleetService:
         self._checked: dict[str, float] = {}
         self._checking: set[str] = set()
         self._published: dict[int, float] = {}  # seq -> when, for the echo's delay
+        host.controller.share_source = self._first_rule
+
+    def _first_rule(self, key: QueueKey, _now: float) -> ShareRule | None:
+        """A queue this sidecar begins to police: its share rule at once, before the queue's
+        first figure lets publishes go, with the members of its vhost counted as newcomers
+        until they announce (``FleetTable.rule``'s pending ones); the next tick refines it.
+        (At the next tick alone, the first figure could come first, and each member forward
+        the whole room: 0.4-1.6 MiB over a 1 MiB capacity with 4 members.)"""
+        now = self.clock()  # (the fleet's clock; the tick marks it newly policed)
+        return self.table.rule(key, QueueReport(0.0, 0, None), now, self._since.get(key, now))
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:

@@ -184,3 +184,21 @@ def test_its_own_echo_measures_the_broker_round_trip() -> None:
     clock.t += 0.25
     svc._on_message(_delivery(Announcement("me", 1.0, 7, "/", {})))
     assert svc.counters.echo_delay_last == 0.25 == svc.counters.echo_delay_max
+
+
+def test_a_newly_policed_queue_has_its_share_before_its_first_figure() -> None:
+    """Issue 15's first fill: a queue the whole fleet begins to police at once gets its
+    share rule when it is first seen, the vhost's other members counted as newcomers, not at
+    the next fleet tick: its first figure (which lets publishes go) can come before that
+    tick, and each member would forward the whole room."""
+    svc, host, clock = _service("me")
+    for member in ("me", "b", "c", "d"):
+        svc._on_message(_delivery(Announcement(member, 1.0, 1, "/", {})))
+    clock.t += 0.05
+    q = host.controller.queue_seen(("/", "orders.new"), clock.t)
+    assert q is not None and q.share is not None
+    assert q.share.fraction(10_000, None, 100) == pytest.approx(0.25)
+    alone, alone_host, alone_clock = _service("me")
+    alone._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+    q = alone_host.controller.queue_seen(("/", "orders.new"), alone_clock.t)
+    assert q is not None and q.share is None  # alone and hearing the fleet: all of it
