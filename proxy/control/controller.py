@@ -211,8 +211,8 @@ class FlowController(ChannelHolds):
             return None
         q = self.queues[key] = PolicedQueue(key, policy)
         self._policed_among.clear()
-        if self.share_source is not None:
-            self.set_share(key, self.share_source(key, now), now)
+        if self.share_source is not None:  # (no figure yet: nothing to evaluate)
+            _take_share(q, self.share_source(key, now))
         if not policy.enforced:
             return q  # watched only: nothing waits for its first figure
         # Until the broker gives a first figure, publishes to it wait (a queue lookup).
@@ -229,9 +229,7 @@ class FlowController(ChannelHolds):
         share of the room each count shows (``floodwall.control.admission``)."""
         q = self.queues.get(key)
         if q is not None and q.share != share:
-            q.share = share
-            q.depth.others_rate = 0.0 if share is None else share.others_ingress
-            q.depth.in_fleet = share is not None
+            _take_share(q, share)
             if q.tripped:  # its next count decides (a depth unknown stays as it was)
                 _arm(q)
             else:
@@ -595,6 +593,13 @@ def _share_limit(q: PolicedQueue) -> int | None:
         return None
     room = capacity - base.bytes
     return base.bytes + int(room if room <= 0 else q.share.share(room))
+
+
+def _take_share(q: PolicedQueue, share: ShareRule | None) -> None:
+    """``q``'s part of its headroom, and the others' announced ingress its depth reads."""
+    q.share = share
+    q.depth.others_rate = 0.0 if share is None else share.others_ingress
+    q.depth.in_fleet = share is not None
 
 
 def quiet_room(policed: Mapping[QueueKey, PolicedQueue], vhost: str,
