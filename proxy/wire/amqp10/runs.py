@@ -43,8 +43,31 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     u32 = _U32.unpack_from
     size_of_buf = len(buf)
     count = total = 0
+    # The previous transfer's shape: its bytes from after the frame size to its delivery-id
+    # (frame header, descriptor, list header, handle), where its fields end, and its bytes
+    # after the delivery-tag. A sender encodes its deliveries alike, so the next one is
+    # compared with them (its delivery-id and tag read) before it is parsed field by field.
+    prefix = tail = b""
+    span = 0
+    was_settled = False
     try:
         while count < max_count and size_of_buf - pos >= 14:
+            if prefix and buf.startswith(prefix, pos + 4):
+                size = u32(buf, pos)[0]
+                end = pos + size
+                stop = pos + span
+                if stop <= end <= size_of_buf and size <= limit and _after_tag(
+                        buf, pos + 4 + len(prefix), next_id) + len(tail) == stop \
+                        and buf.startswith(tail, stop - len(tail)):
+                    if total + end - stop > max_bytes:
+                        break
+                    total += end - stop
+                    count += 1
+                    if not was_settled:
+                        unsettled.append(next_id)
+                    next_id = (next_id + 1) & _MASK
+                    pos = end
+                    continue
             size, doff, ftype, ch, d0, d1, code = unpack(buf, pos)
             end = pos + size
             if not (code == TRANSFER and ch == channel and doff == 2 and ftype == 0 and d0 == 0
@@ -60,9 +83,12 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
                 break
             if fields < 3 or fields > 11 or stop > end:
                 break
-            p, settled = _fields(buf, p, fields, handle, next_id)
+            first = p
+            p, settled, tag_end = _fields(buf, p, fields, handle, next_id)
             if p != stop or total + end - stop > max_bytes:
                 break
+            prefix, span = buf[pos + 4:_past_uint(buf, first)], stop - pos
+            tail, was_settled = buf[tag_end:stop], settled
             total += end - stop
             count += 1
             if not settled:
@@ -74,10 +100,41 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     return pos, count, total
 
 
-def _fields(buf: bytes, p: int, fields: int, handle: int, delivery_id: int) -> tuple[int, bool]:
+def _past_uint(buf: bytes, p: int) -> int:
+    """Past the uint at ``buf[p]`` (uint0, smalluint or uint: ``_fields`` checked it)."""
+    c = buf[p]
+    return p + 1 if c == 0x43 else p + 2 if c == 0x52 else p + 5
+
+
+def _after_tag(buf: bytes, p: int, delivery_id: int) -> int:
+    """Past a delivery-id equal to ``delivery_id`` and a binary delivery-tag at ``buf[p]``;
+    -1 for anything else."""
+    c = buf[p]
+    if c == 0x52:
+        if buf[p + 1] != delivery_id:
+            return -1
+        p += 2
+    elif c == 0x70:
+        if _U32.unpack_from(buf, p + 1)[0] != delivery_id:
+            return -1
+        p += 5
+    elif c == 0x43 and delivery_id == 0:
+        p += 1
+    else:
+        return -1
+    c = buf[p]
+    if c == 0xA0:
+        return p + 2 + buf[p + 1]
+    if c == 0xB0:
+        return p + 5 + _U32.unpack_from(buf, p + 1)[0]
+    return -1
+
+
+def _fields(buf: bytes, p: int, fields: int, handle: int,
+            delivery_id: int) -> tuple[int, bool, int]:
     """Past the ``fields`` fields of a transfer at ``buf[p]`` that is a whole delivery of
-    ``handle`` with ``delivery_id``, and whether it was sent settled; (-1, False) for any
-    other transfer (or encoding)."""
+    ``handle`` with ``delivery_id``, whether it was sent settled, and where its delivery-tag
+    ends; (-1, False, -1) for any other transfer (or encoding)."""
     for expected in (handle, delivery_id):
         c = buf[p]
         if c == 0x52:
@@ -87,16 +144,17 @@ def _fields(buf: bytes, p: int, fields: int, handle: int, delivery_id: int) -> t
         elif c == 0x70:
             value, p = _U32.unpack_from(buf, p + 1)[0], p + 5
         else:
-            return -1, False
+            return -1, False, -1
         if value != expected:
-            return -1, False
+            return -1, False, -1
     c = buf[p]  # delivery-tag
     if c == 0xA0:
         p += 2 + buf[p + 1]
     elif c == 0xB0:
         p += 5 + _U32.unpack_from(buf, p + 1)[0]
     else:
-        return -1, False
+        return -1, False, -1
+    tag_end = p
     settled = False
     if fields > 3:
         p = _format(buf, p)
@@ -109,10 +167,10 @@ def _fields(buf: bytes, p: int, fields: int, handle: int, delivery_id: int) -> t
             elif c == 0x56 and buf[p + 1] <= 1:
                 settled, p = buf[p + 1] == 1, p + 2
             else:
-                return -1, False
+                return -1, False, -1
             if fields > 5:
                 p = _tail(buf, p, fields)
-    return p, settled
+    return p, settled, tag_end
 
 
 def _format(buf: bytes, p: int) -> int:
