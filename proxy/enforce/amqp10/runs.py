@@ -87,9 +87,7 @@ class TransferRuns(LinkCredit):
         n = len(ids)
         for q in entry[1]:
             q.in_flight += n
-        in_flight = session.in_flight
-        for broker_id in ids:
-            in_flight[broker_id] = entry
+        session.in_flight.update(dict.fromkeys(ids, entry))
         link.delivery.tracked_id = ids[-1]
         link.unsettled += n
         if not self.tracking:
