@@ -126,7 +126,7 @@ def _after_tag(buf: bytes, p: int, delivery_id: int) -> int:
     if c == 0xA0:
         return p + 2 + buf[p + 1]
     if c == 0xB0:
-        return p + 5 + _U32.unpack_from(buf, p + 1)[0]
+        return p + 5 + int(_U32.unpack_from(buf, p + 1)[0])
     return -1
 
 
