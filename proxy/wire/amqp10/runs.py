@@ -39,7 +39,6 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     null, batchable. At most ``max_count`` deliveries and ``max_bytes`` of payload.
     The delivery-ids of unsettled ones are appended to ``unsettled``.
     """
-    unpack = _USUAL_START.unpack_from
     u32 = _U32.unpack_from
     size_of_buf = len(buf)
     count = total = 0
@@ -49,46 +48,25 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     # compared with them (its delivery-id and tag read) before it is parsed field by field.
     prefix = tail = b""
     span = 0
-    was_settled = False
+    settled = False
     try:
         while count < max_count and size_of_buf - pos >= 14:
+            end = -1
             if prefix and buf.startswith(prefix, pos + 4):
                 size = u32(buf, pos)[0]
-                end = pos + size
-                stop = pos + span
-                if stop <= end <= size_of_buf and size <= limit and _after_tag(
-                        buf, pos + 4 + len(prefix), next_id) + len(tail) == stop \
-                        and buf.startswith(tail, stop - len(tail)):
-                    if total + end - stop > max_bytes:
-                        break
-                    total += end - stop
-                    count += 1
-                    if not was_settled:
-                        unsettled.append(next_id)
-                    next_id = (next_id + 1) & _MASK
-                    pos = end
-                    continue
-            size, doff, ftype, ch, d0, d1, code = unpack(buf, pos)
-            end = pos + size
-            if not (code == TRANSFER and ch == channel and doff == 2 and ftype == 0 and d0 == 0
-                    and d1 == 0x53 and size <= limit and end <= size_of_buf):
+                end, stop = pos + size, pos + span
+                if not (stop <= end <= size_of_buf and size <= limit and _after_tag(
+                        buf, pos + 4 + len(prefix), next_id) + len(tail) == stop
+                        and buf.startswith(tail, stop - len(tail))):
+                    end = -1
+            if end < 0:
+                shape = _shape(buf, pos, limit, channel, handle, next_id)
+                if shape is None:
+                    break
+                end, stop, prefix, tail, settled = shape
+                span = stop - pos
+            if total + end - stop > max_bytes:
                 break
-            p = pos + 11
-            c = buf[p]
-            if c == 0xC0:
-                stop, fields, p = p + 2 + buf[p + 1], buf[p + 2], p + 3
-            elif c == 0xD0:
-                stop, fields, p = p + 5 + u32(buf, p + 1)[0], u32(buf, p + 5)[0], p + 9
-            else:
-                break
-            if fields < 3 or fields > 11 or stop > end:
-                break
-            first = p
-            p, settled, tag_end = _fields(buf, p, fields, handle, next_id)
-            if p != stop or total + end - stop > max_bytes:
-                break
-            prefix, span = buf[pos + 4:_past_uint(buf, first)], stop - pos
-            tail, was_settled = buf[tag_end:stop], settled
             total += end - stop
             count += 1
             if not settled:
@@ -98,6 +76,33 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     except (IndexError, struct.error):  # a frame cut short inside its fields: not a run frame
         pass
     return pos, count, total
+
+
+def _shape(buf: bytes, pos: int, limit: int, channel: int, handle: int,
+           delivery_id: int) -> tuple[int, int, bytes, bytes, bool] | None:
+    """The transfer at ``buf[pos]`` read field by field, when it is one of the run: where it
+    ends, where its fields end, its bytes from after the frame size to its delivery-id and
+    after its delivery-tag, and whether it was sent settled; None when it is not."""
+    size, doff, ftype, ch, d0, d1, code = _USUAL_START.unpack_from(buf, pos)
+    end = pos + size
+    if not (code == TRANSFER and ch == channel and doff == 2 and ftype == 0 and d0 == 0
+            and d1 == 0x53 and size <= limit and end <= len(buf)):
+        return None
+    p = pos + 11
+    c = buf[p]
+    if c == 0xC0:
+        stop, fields, p = p + 2 + buf[p + 1], buf[p + 2], p + 3
+    elif c == 0xD0:
+        stop, fields, p = (p + 5 + _U32.unpack_from(buf, p + 1)[0],
+                           _U32.unpack_from(buf, p + 5)[0], p + 9)
+    else:
+        return None
+    if fields < 3 or fields > 11 or stop > end:
+        return None
+    past, settled, tag_end = _fields(buf, p, fields, handle, delivery_id)
+    if past != stop:
+        return None
+    return end, stop, buf[pos + 4:_past_uint(buf, p)], buf[tag_end:stop], settled
 
 
 def _past_uint(buf: bytes, p: int) -> int:
