@@ -16,15 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from floodwall.enforce.amqp10.gate import CreditFlow
-from floodwall.enforce.amqp10.links import SenderLink
+from floodwall.enforce.amqp10.links import ReceiverLink, SenderLink
 from floodwall.wire.amqp10.performatives import TRANSFER, TransferFields, decode_composite
 from floodwall.wire.amqp10.runs import scan_transfer_run
 from floodwall.wire.amqp10.types import Described, UByte, UInt, ULong, encode
-from tests.amqp10.streams import amqp, continuation, random_chunks, whole
+from tests.amqp10.streams import amqp, bytewise, continuation, random_chunks, whole
 from tests.amqp10.test_credit_gate import (
     CAPPED_H,
     FREE_H,
+    RECV_H,
     SERVER_CH,
+    SERVER_HANDLE,
+    VHOST,
     Chunker,
     Setup,
     broker_flow,
@@ -431,3 +434,93 @@ def test_the_brokers_settlements_free_exactly_the_deliveries_they_name(
             assert tracked is None or tracked == tracked_before[h]
         q = s.fc.queues[("/", "capped")]
         assert q.in_flight == sum(1 for x in live.values() if x == CAPPED_H)
+
+
+# -- the broker's deliveries to a receiver: with runs and a transfer at a time -----------------
+
+_DELIVERY = st.one_of(
+    st.tuples(st.just("one"), st.sampled_from([10, 900, 3000]), st.booleans(), st.integers(1, 30)),
+    st.tuples(st.just("multi"), st.sampled_from([50, 3000]), st.booleans(), st.just(1)),
+    st.tuples(st.just("flow"), st.just(0), st.just(False), st.just(0)),
+    st.tuples(st.just("settle"), st.just(0), st.just(False), st.just(0)))
+
+
+def _deliveries(steps: list[tuple[str, int, bool, int]], first: int) -> bytes:
+    """The broker's frames to the client's receiver (``RECV_H``): whole deliveries, settled or
+    not, multi-frame ones, and a flow or a settlement of the client's deliveries between them;
+    delivery-ids on from ``first``."""
+    handle, out, next_id = UInt(SERVER_HANDLE[RECV_H]), [], first
+    for kind, size, settled, n in steps:
+        if kind == "flow":
+            out.append(broker_flow(7, None, 5000))
+        elif kind == "settle":
+            out.append(disposition(SERVER_CH, True, 0, 0))
+        for _ in range(n):
+            body = message(size)
+            fields: dict[str, Any] = {"handle": handle, "delivery_id": UInt(next_id),
+                                      "delivery_tag": next_id.to_bytes(4, "big"),
+                                      "message_format": UInt(0), "settled": settled or None}
+            if kind == "multi":
+                half = len(body) // 2
+                out.append(amqp(TRANSFER, SERVER_CH, body[:half], more=True, **fields)
+                           + continuation(SERVER_CH, handle, body[half:], False))
+            else:
+                out.append(amqp(TRANSFER, SERVER_CH, body, **fields))
+            next_id = (next_id + 1) & 0xFFFFFFFF
+    return b"".join(out)
+
+
+def _receiver_state(s: Setup) -> tuple[object, ...]:
+    session = s.gate.sessions[0]
+    link = session.links[RECV_H]
+    assert isinstance(link, ReceiverLink)
+    return (session.next_outgoing, link.in_delivery,
+            s.fc.queues[(VHOST, "capped")].depth.delivered_messages_total)
+
+
+@settings(max_examples=150, deadline=None)
+@given(reads=st.lists(st.lists(_DELIVERY, min_size=1, max_size=5), min_size=1, max_size=6),
+       first=st.sampled_from([0, 250, 0xFFFFFFF0]), seed=st.integers(0, 3))
+def test_the_brokers_deliveries_as_runs_book_what_one_at_a_time_books(
+        reads: list[list[tuple[str, int, bool, int]]], first: int, seed: int) -> None:
+    """The broker's deliveries to a receiver read as runs and one at a time, in lockstep,
+    whole reads, random cuts and one byte at a time: the client gets the same bytes, and the
+    session's transfer count, the link's state and the queue's delivered count agree after
+    every read."""
+    chunker = (whole, bytewise, random_chunks(seed, 700), random_chunks(seed, 40))[seed]
+    a, b = Setup(chunker=chunker), Setup(chunker=chunker)
+    b.gate.server_transfer_run = lambda channel, handle: False  # type: ignore[method-assign]
+    taken = [0]
+    took = a.gate.on_server_transfer_run
+
+    def counted(channel: int, handle: int, count: int) -> None:
+        taken[0] += count
+        took(channel, handle, count)
+    a.gate.on_server_transfer_run = counted  # type: ignore[method-assign]
+    a.server(broker_flow(7, 0, 5000))
+    b.server(broker_flow(7, 0, 5000))
+    assert a.take() == b.take()
+    for steps in reads:
+        data = _deliveries(steps, first)
+        first = (first + sum(n for _, _, _, n in steps)) & 0xFFFFFFFF
+        a.server(data)
+        b.server(data)
+        assert a.take() == b.take()
+        assert _receiver_state(a) == _receiver_state(b)
+    if seed == 0 and any(k == "one" and n > 1 for r in reads for k, _, _, n in r):
+        assert taken[0] > 0  # whole reads of bursts: runs were read
+
+
+def test_a_burst_from_the_broker_is_read_as_a_run_and_counted() -> None:
+    s = Setup()
+    runs: list[int] = []
+    took = s.gate.on_server_transfer_run
+
+    def counted(channel: int, handle: int, count: int) -> None:
+        runs.append(count)
+        took(channel, handle, count)
+    s.gate.on_server_transfer_run = counted  # type: ignore[method-assign]
+    data = _deliveries([("one", 900, False, 40)], 5)
+    s.server(data)
+    assert s.take()[1] == data and runs == [39]
+    assert _receiver_state(s) == (40, False, 40)

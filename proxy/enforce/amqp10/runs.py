@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from floodwall.control.controller import forwarded_run, quiet_room
 from floodwall.enforce.amqp10.credit import LinkCredit
-from floodwall.enforce.amqp10.links import InFlight, SenderLink, SessionGate
+from floodwall.enforce.amqp10.links import InFlight, ReceiverLink, SenderLink, SessionGate
 from floodwall.enforce.commands import ReadEveryFrame
 
 
@@ -80,6 +80,29 @@ class TransferRuns(LinkCredit):
         if unsettled and link.windowed:
             self._track_run(session, link, unsettled)
         self._after_transfer(link, now, queues)
+
+    # -- the broker's deliveries to the client ---------------------------------------------
+    def server_transfer_run(self, channel: int, handle: int) -> bool:
+        """After ``on_server_transfer`` took a whole delivery of the broker's ``handle``:
+        whether the following whole deliveries of that link are booked as a run (nothing is
+        decided about them: the session's transfer count and the queue's delivered count)."""
+        session = self.by_server_channel.get(channel)
+        if session is None:
+            return False
+        link = session.by_server_handle.get(handle)
+        return type(link) is ReceiverLink and not link.in_delivery
+
+    def on_server_transfer_run(self, channel: int, handle: int, count: int) -> None:
+        """``count`` whole deliveries of the broker's ``handle``, relayed unchanged: what
+        ``on_server_transfer`` books for each."""
+        session = self.by_server_channel[channel]
+        session.next_outgoing = (session.next_outgoing + count) & 0xFFFFFFFF
+        link = session.by_server_handle[handle]
+        assert type(link) is ReceiverLink
+        if link.queue is not None:
+            q = self.controller.queues.get((self.vhost, link.queue))
+            if q is not None:
+                q.depth.delivered(count)
 
     def _track_run(self, session: SessionGate, link: SenderLink, ids: list[int]) -> None:
         """``_track`` for each of ``ids`` (the broker's ids: nothing was renumbered)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Final
 
@@ -63,6 +64,8 @@ from floodwall.wire.relaycore import (
     Side,
 )
 
+RUN_MOST: Final = 1 << 31
+"""Most deliveries of a run from the broker (nothing bounds them but the read)."""
 CONTAINER_ID: Final = "floodwall"
 """container-id of the Open the proxy sends when it must close a peer that has seen none."""
 
@@ -480,6 +483,12 @@ class Connection(CoreOutput):
                 replacement = gate.on_client_disposition(channel, fields)
         elif code == TRANSFER:
             gate.on_server_transfer(channel, fields)
+            if len(fields) > 1 and type(handle := fields[0]) is UInt \
+                    and type(delivery_id := fields[1]) is UInt \
+                    and gate.server_transfer_run(channel, handle):
+                stream.run = (channel, handle, (delivery_id + 1) & 0xFFFFFFFF, RUN_MOST,
+                              math.inf)
+                return True
             return False
         elif code == FLOW:
             replacement = gate.on_server_flow(channel, fields, self._now)
@@ -559,7 +568,10 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
         buf, pos, stream.limit, channel, handle, next_id, most, most_bytes, unsettled)
     if count:
         stream.counts.frames += count
-        gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, now)
+        if stream.side is Side.CLIENT:
+            gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, now)
+        else:
+            gate.on_server_transfer_run(channel, handle, count)
     return end
 
 

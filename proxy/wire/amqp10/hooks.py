@@ -69,6 +69,15 @@ class TransferHooks(Protocol):
         """A run of ``count`` whole deliveries within what ``transfer_run`` allowed, relayed
         unchanged; ``unsettled``: the delivery-ids of those sent unsettled."""
 
+    def server_transfer_run(self, channel: int, handle: int) -> bool:
+        """After ``on_server_transfer`` took a whole delivery of the broker's ``handle``:
+        whether the following whole deliveries of that link are read as a run and booked
+        with ``on_server_transfer_run``."""
+
+    def on_server_transfer_run(self, channel: int, handle: int, count: int) -> None:
+        """A run of ``count`` whole deliveries from the broker on ``handle``, relayed
+        unchanged."""
+
     def on_client_flow(self, channel: int, fields: list[object]) -> bytes | None: ...
 
     def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None: ...
