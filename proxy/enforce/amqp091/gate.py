@@ -32,7 +32,7 @@ from floodwall.enforce.amqp091.channels import (
     headers_of,
     parse_publish,
 )
-from floodwall.enforce.amqp091.refusals import Refusing
+from floodwall.enforce.amqp091.runs import PublishRuns
 from floodwall.enforce.decision import (
     PASS,
     Decision,
@@ -52,7 +52,7 @@ _B = commands.Basic
 _CH = commands.Channel
 
 
-class PublishFlow(Refusing):
+class PublishFlow(PublishRuns):
     """The gate for one connection's publishes; asked by its ``amqp091.Connection``
     (``floodwall.wire.amqp091.hooks.PublishHooks``), released and expired by the I/O layer.
 
