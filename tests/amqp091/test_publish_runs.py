@@ -118,7 +118,7 @@ def test_a_malformed_frame_ends_the_run_silently(bad: Any) -> None:
     head = b"".join(publish_frames())
     frames = publish_frames()
     for i in range(len(frames)):
-        broken = frames[:i] + [bad(frames[i])] + frames[i + 1:]
+        broken = [*frames[:i], bad(frames[i]), *frames[i + 1:]]
         assert scan(head + b"".join(broken))[:2] == (len(head), 1)
 
 
