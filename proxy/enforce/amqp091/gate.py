@@ -7,6 +7,10 @@ frame that must stay behind it on that channel) or refuses it as the policy says
 frames leave, in channel order, when the controller releases the channel; each held
 publish is checked again as it leaves, so a queue that trips again stops the release.
 
+After a publish passed untouched, the publishes of its channel that follow it in the read
+with the same arguments are booked at once while none of them could change a decision
+(``floodwall.enforce.amqp091.runs``).
+
 Output is a value: frames the proxy sends (a Channel.Flow, a nack, held frames released)
 and typed events (``floodwall.enforce.events``) go to ``outbox`` in order; every entry point
 that needs the time takes ``now``. The core moves the outbox into its outgoing data.
