@@ -254,36 +254,44 @@ def _setup(runs: bool, policies: str | None = None, overflow: str = "hold"
     return s, read_runs
 
 
-def _feed(s: Setup, data: bytes, chunker: random.Random | None, one_byte: bool) -> None:
+def _cuts(n: int, chunker: random.Random | None, one_byte: bool) -> list[int]:
+    """Where the reads of ``n`` bytes end: one read, random cuts, or one byte each."""
     if one_byte:
-        for i in range(len(data)):
-            s.core.receive_from_client(data[i:i + 1], s.clock.t)
-        return
-    pos = 0
-    while pos < len(data):
-        n = len(data) - pos if chunker is None else chunker.randint(1, 700)
-        s.core.receive_from_client(data[pos:pos + n], s.clock.t)
-        pos += n
+        return list(range(1, n + 1))
+    ends, pos = [], 0
+    while pos < n:
+        pos = min(n, pos + (n if chunker is None else chunker.randint(1, 700)))
+        ends.append(pos)
+    return ends
+
+
+def _agree(a: Setup, b: Setup) -> None:
+    assert a.core.data_for_server() == b.core.data_for_server()  # the broker: the same bytes
+    assert a.core.data_for_client() == b.core.data_for_client()
+    assert _state(a) == _state(b)  # the same ledgers, counts, held publishes, confirm numbers
 
 
 def _lockstep(steps: list[tuple[Any, ...]], seed: int, one_byte: bool = False,
               overflow: str = "hold") -> int:
-    """Both gates fed the same bytes, cut the same way; after every step the broker and the
+    """Both gates fed the same bytes, cut the same way; after every read the broker and the
     client got the same bytes and the books agree. Returns the runs read. (``reject`` in
     confirm mode nacks publishes: the broker's numbers fall behind the client's, and the
     runs after it book both.)"""
     a, runs = _setup(runs=True, overflow=overflow)
     b, _ = _setup(runs=False, overflow=overflow)
-    cut_a = None if seed == 0 else random.Random(seed)
-    cut_b = None if seed == 0 else random.Random(seed)
+    chunker = None if seed == 0 else random.Random(seed)
     for step in steps:
         if step[0] == "send":
             data = b"".join(f for channel, queue, size, n, props in step[1] for _ in range(n)
                             for f in publish_frames(channel, queue, size, 0 if size < 90 else 40,
                                                     B.Properties(headers={"h": 1})
                                                     if props == "headers" else None))
-            _feed(a, data, cut_a, one_byte)
-            _feed(b, data, cut_b, one_byte)
+            start = 0
+            for end in _cuts(len(data), chunker, one_byte):  # the books agree after each read
+                for s in (a, b):
+                    s.core.receive_from_client(data[start:end], s.clock.t)
+                _agree(a, b)
+                start = end
         elif step[0] == "ack":
             for s in (a, b):
                 s.core.receive_from_server(method(B.Ack(delivery_tag=1, multiple=True),
@@ -294,9 +302,7 @@ def _lockstep(steps: list[tuple[Any, ...]], seed: int, one_byte: bool = False,
         else:
             for s in (a, b):
                 s.sample(step[1], step[2])
-        assert a.core.data_for_server() == b.core.data_for_server()
-        assert a.core.data_for_client() == b.core.data_for_client()
-        assert _state(a) == _state(b)
+        _agree(a, b)
     return runs[0]
 
 
