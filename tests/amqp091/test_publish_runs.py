@@ -19,7 +19,7 @@ from pamqp import body, commands, frame, header
 from floodwall.wire.amqp091.framing import FRAME_MIN_SIZE, payload_limit
 from floodwall.wire.amqp091.runs import scan_publish_run
 from tests.amqp091.test_flow import Setup
-from tests.amqp091.wire import HEARTBEAT, B, method
+from tests.amqp091.wire import HEARTBEAT, B, C, method
 
 CF = commands.Confirm
 LIMIT = payload_limit(FRAME_MIN_SIZE)
@@ -213,6 +213,7 @@ def _state(s: Setup) -> tuple[object, ...]:
                     tuple(q.depth._ledger), q.tripped)
                    for key, q in sorted(s.fc.queues.items()))
     channels = tuple((n, len(ch.held), ch.held_bytes, ch.filling is not None,
+                      ch.flow_replies, ch.signalled_off,
                       None if ch.confirms is None else (
                           ch.confirms.client_seq, ch.confirms.broker_seq, ch.confirms.ahead,
                           tuple(ch.confirms.offsets)))
@@ -238,9 +239,9 @@ policies:
 """
 
 
-def _setup(runs: bool, policies: str | None = None, overflow: str = "hold"
-           ) -> tuple[Setup, list[int]]:
-    s = Setup(overflow=overflow, policies=policies)
+def _setup(runs: bool, policies: str | None = None, overflow: str = "hold",
+           product: str = "pytest-client") -> tuple[Setup, list[int]]:
+    s = Setup(overflow=overflow, policies=policies, product=product)
     read_runs = [0]
     if runs:
         took = s.gate.on_publish_run
@@ -349,15 +350,16 @@ def test_a_run_stops_where_a_publish_trips_the_queue(runs: bool) -> None:
         publish_frames(1, "capped", 300, 40)))]
 
 
-@pytest.mark.parametrize("condition", ["shadow", "held elsewhere", "headers", "confirm nack"])
+@pytest.mark.parametrize("condition", ["shadow", "close kept back", "headers", "confirm nack"])
 def test_no_run_while_something_could_change_a_decision(condition: str) -> None:
     """Each of these sends the publishes of a read a publish at a time."""
     s, runs = _setup(runs=True, policies=SHADOWED if condition == "shadow" else None)
     data = b"".join(f for _ in range(5) for f in publish_frames(1, "free", 10))
-    if condition == "held elsewhere":
+    if condition == "close kept back":  # channel 2 holds, the client's close waits behind
         s.trip()
-        s.core.receive_from_client(b"".join(publish_frames(2, "capped", 10)), s.clock.t)
-        assert s.gate.held_bytes
+        s.core.receive_from_client(b"".join(publish_frames(2, "capped", 10))
+                                   + method(C.Close(200, "bye", 0, 0)), s.clock.t)
+        assert s.gate.held_bytes and s.gate._connection_close is not None
     elif condition == "headers":
         data = b"".join(f for _ in range(5) for f in publish_frames(
             1, "free", 10, props=B.Properties(headers={"a": 1})))
@@ -369,3 +371,104 @@ def test_no_run_while_something_could_change_a_decision(condition: str) -> None:
     s.core.receive_from_client(data, s.clock.t)
     assert runs[0] == 0
     assert s.core.data_for_server().endswith(data)
+
+
+# -- one channel holds, another publishes (issue 19: the held connection's free channels) --
+
+TX = commands.Tx
+CH = commands.Channel
+_HELD_STEPS = st.lists(st.one_of(
+    # a read: channel 1's bursts (runs) and channel 2's publishes (held), interleaved
+    st.tuples(st.just("send"), st.lists(st.tuples(
+        st.sampled_from([1, 1, 2]), st.sampled_from(["capped", "capped2", "free"]),
+        st.sampled_from([0, 10, 90, 300]), st.integers(1, 12),
+        st.sampled_from(["plain", "plain", "headers"])), min_size=1, max_size=5)),
+    st.tuples(st.just("method"), st.sampled_from([1, 2]),
+              st.sampled_from(["commit", "ack", "flow-ok"])),
+    st.tuples(st.just("broker-ack"), st.sampled_from([1, 2])),
+    st.tuples(st.just("sample"), st.sampled_from(["capped", "capped2"]),
+              st.sampled_from([0, 1500, 5000])),
+    st.tuples(st.just("close")),
+), max_size=10)
+_METHODS = {"commit": TX.Commit(), "ack": B.Ack(delivery_tag=1), "flow-ok": CH.FlowOk(active=False)}
+
+
+def _held_lockstep(steps: list[tuple[Any, ...]], seed: int, overflow: str, confirm: bool,
+                   one_byte: bool = False) -> int:
+    """Channel 2 holds (its queue tripped, a publish of it held; a client that is sent
+    Channel.Flow), channel 1 is free; then whatever the steps say, both gates fed the same
+    bytes cut the same way. After every read: the same bytes to both peers, the same books
+    (ledgers, held publishes, confirm numbers, Channel.Flow replies owed). Returns the runs
+    read on the gate with runs."""
+    gates = [_setup(runs=r, overflow=overflow, product="RabbitMQ") for r in (True, False)]
+    (a, runs), (b, _) = gates
+    chunker = None if seed == 0 else random.Random(seed)
+
+    def feed(data: bytes) -> None:
+        start = 0
+        for end in _cuts(len(data), chunker, one_byte):
+            for s in (a, b):
+                s.core.receive_from_client(data[start:end], s.clock.t)
+            _agree(a, b)
+            start = end
+
+    prelude = method(CF.Select(), 1) + method(CF.Select(), 2) if confirm else b""
+    feed(prelude)
+    for s in (a, b):
+        s.trip()
+    feed(b"".join(publish_frames(2, "capped", 10)))
+    assert a.gate.channels[2].holding or overflow == "reject"
+    for step in steps:
+        if step[0] == "send":
+            feed(b"".join(f for channel, queue, size, n, props in step[1] for _ in range(n)
+                          for f in publish_frames(channel, queue, size, 0 if size < 90 else 40,
+                                                  B.Properties(headers={"h": 1})
+                                                  if props == "headers" else None)))
+        elif step[0] == "method":
+            feed(method(_METHODS[step[2]], step[1]))
+        elif step[0] == "close":
+            feed(method(C.Close(200, "bye", 0, 0)))
+        elif step[0] == "broker-ack":
+            for s in (a, b):
+                s.core.receive_from_server(method(B.Ack(delivery_tag=1, multiple=True),
+                                                  step[1]), s.clock.t)
+        else:
+            for s in (a, b):
+                s.sample(step[1], step[2])
+        _agree(a, b)
+    return runs[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=_HELD_STEPS, seed=st.integers(0, 3), overflow=st.sampled_from(["hold", "reject"]),
+       confirm=st.booleans())
+def test_a_free_channel_runs_while_another_holds_as_a_publish_at_a_time(
+        steps: list[tuple[Any, ...]], seed: int, overflow: str, confirm: bool) -> None:
+    _held_lockstep(steps, seed, overflow, confirm)
+
+
+@settings(max_examples=10, deadline=None)
+@given(steps=_HELD_STEPS, confirm=st.booleans())
+def test_a_free_channel_runs_while_another_holds_one_byte_at_a_time(
+        steps: list[tuple[Any, ...]], confirm: bool) -> None:
+    _held_lockstep(steps, 0, "hold", confirm, one_byte=True)
+
+
+def test_the_free_channels_burst_is_a_run_and_passes_around_the_held_frames() -> None:
+    """Channel 2 holds and owes a flow-ok; a read of channel 1's burst with channel 2's
+    publishes and a commit in the middle: channel 1's 30 publishes go to the broker (two runs,
+    one each side of channel 2's frames), channel 2's stay behind, in order, and leave after
+    them when the queue drains."""
+    s, runs = _setup(runs=True, product="RabbitMQ")
+    s.trip()
+    held = b"".join(publish_frames(2, "capped", 10))
+    s.core.receive_from_client(held, s.clock.t)
+    assert s.gate.channels[2].signalled_off and s.gate.channels[2].flow_replies == 1
+    burst = b"".join(f for _ in range(15) for f in publish_frames(1, "capped2", 20))
+    more = b"".join(publish_frames(2, "free", 10)) + method(TX.Commit(), 2)
+    s.core.receive_from_client(burst + more + burst, s.clock.t)
+    assert runs[0] == 2
+    assert s.core.data_for_server() == burst + burst
+    assert s.fc.queues[("/orders", "capped2")].depth.forwarded_messages_total == 30
+    s.sample("capped", 0)
+    assert s.core.data_for_server() == held + more

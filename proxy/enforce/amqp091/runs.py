@@ -14,17 +14,18 @@ A run is allowed only while nothing it books can change a decision (the conditio
 ``PublishFlow._decide`` and ``on_publish`` test, each listed in docs/architecture.md, "With
 policies: the gate"): the channel holds nothing, fills nothing, awaits no content header,
 discards no content, is not being closed by the proxy and has no Channel.Flow of ours
-outstanding; the connection holds nothing and keeps no connection.close back; no spool is
-configured; no shadow policy has a trip and the channel has no shadow hold; the first
-publish's content header carries no ``headers`` property (the route is then the one for
-``None`` headers, for every publish of the run: the scan ends at a header that carries
-them); the route needs no lookup and none of its queues is blocking (a trip, a backlog, a
-first figure awaited, the alarm); and the run stays below the ledger totals at which the
-controller would evaluate any of its queues again (``floodwall.control.controller.
-quiet_room``). Within those bounds ``on_publish_run`` books exactly what ``on_publish``
-would, publish by publish: the confirm sequence numbers on both sides, and the body sizes
-and messages on each policed queue's ledger (at the same ``now``, so into the same ledger
-bucket).
+outstanding; the connection keeps no client connection.close back (other channels may hold:
+nothing ``_decide`` asks about one channel depends on another's held frames, and a run
+passes in place exactly as its publishes would one by one); no spool is configured; no
+shadow policy has a trip and the channel has no shadow hold; the first publish's content
+header carries no ``headers`` property (the route is then the one for ``None`` headers, for
+every publish of the run: the scan ends at a header that carries them); the route needs no
+lookup and none of its queues is blocking (a trip, a backlog, a first figure awaited, the
+alarm); and the run stays below the ledger totals at which the controller would evaluate
+any of its queues again (``floodwall.control.controller.quiet_room``). Within those bounds
+``on_publish_run`` books exactly what ``on_publish`` would, publish by publish: the confirm
+sequence numbers on both sides, and the body sizes and messages on each policed queue's
+ledger (at the same ``now``, so into the same ledger bucket).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class PublishRuns(Refusing):
         method frame (at most), and how many body bytes, the gate books with
         ``on_publish_run`` as it would one at a time; None when it would decide something
         about the next one."""
-        if self.held_bytes or self._connection_close is not None or self.spool is not None:
+        # Another channel's held frames change nothing here (issue 19: the held connection's
+        # free channels): only this channel's state, the route's queues and the connection's
+        # kept-back close are asked, as ``_decide`` asks them.
+        if self._connection_close is not None or self.spool is not None:
             return None
         ch = self.channels.get(channel)
         if ch is None or ch.needs_every_frame or ch.flow_replies or ch.signalled_off \
