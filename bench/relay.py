@@ -746,6 +746,21 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
     return opts, a
 
 
+def start_pump(upstream: str, workdir: Path, tls_args: list[str] | None = None
+               ) -> tuple[subprocess.Popen[bytes], int]:
+    """A ``bench.pump`` child relaying to ``upstream``, listening; (process, port)."""
+    pport = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    with open(workdir / "pump.log", "wb") as log:
+        pump = subprocess.Popen(
+            [sys.executable, "-m", "bench.pump", "--listen", f"127.0.0.1:{pport}",
+             "--upstream", upstream, *(tls_args or [])], cwd=REPO, env=env,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    wait_port("127.0.0.1", pport, pump)
+    return pump, pport
+
+
 def main(argv: list[str] | None = None) -> int:
     opts, args = parse_args(argv)
     started = dt.datetime.now(dt.UTC)
@@ -786,16 +801,7 @@ def main(argv: list[str] | None = None) -> int:
                                           psutil.Process(fw.process.pid))
             progress(f"floodwall pid {fw.process.pid} on {fw.port}")
         if "pump" in opts.targets:
-            pport = free_port()
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-            with open(workdir / "pump.log", "wb") as log:
-                pump = subprocess.Popen(
-                    [sys.executable, "-m", "bench.pump", "--listen", f"127.0.0.1:{pport}",
-                     "--upstream", upstream, *tls_args], cwd=REPO, env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT)
-            wait_port("127.0.0.1", pport, pump)
+            pump, pport = start_pump(upstream, workdir, tls_args)
             targets["pump"] = Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
             progress(f"pump pid {pump.pid} on {pport}")
         rig = Rig(endpoint, targets, CpuMeter(beam_of(broker)), opts)

@@ -1,6 +1,6 @@
 """Old vs new floodwall in one run: ``bench.relay``'s scenarios through two checkouts.
 
-``python -m bench.versus --base DIR [--rounds R] [--seconds N] [--out FILE.json]``
+``python -m bench.versus --base DIR [--rounds R] [--seconds N] [--pump] [--out FILE.json]``
 
 One private RabbitMQ; ``floodwall run`` from ``DIR`` (another checkout, e.g. a worktree of
 main before a change: its module is ``proxy`` or ``floodwall``, found from what the checkout
@@ -8,7 +8,9 @@ holds) and from this checkout, each twice: plain (``bench.relay``'s floodwall ta
 with policies that police the firehose queues, nothing tripped (``bench.flow``'s
 ``policed`` target). The relay scenarios run over all of them and direct, alternated round
 by round as ``bench.relay`` does, so that noise on a shared machine falls on both versions
-alike. The report is each figure side by side and new / old, paired by round.
+alike. The report is each figure side by side and new / old, paired by round. ``--pump``
+adds ``bench.pump`` (the byte pump, the floor a relay is measured against) as one more
+target in the same rounds.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         if scn not in results:
             continue
         med = results[scn]["median"]
-        out[scn] = {"median": {t: {k: med.get(t, {}).get(k) for k in keys} for t in TARGETS},
+        out[scn] = {"median": {t: {k: med.get(t, {}).get(k) for k in keys}
+                               for t in (*TARGETS, "pump") if t != "pump" or t in med},
                     "new_over_old_paired": {f"{n}/{o}": {k: paired(results[scn], n, o, k)
                                                          for k in keys} for n, o in PAIRS}}
     return out
@@ -105,8 +108,7 @@ def report(doc: dict[str, Any]) -> None:
         keys = FIGURES[scn]
         print(f"\n{scn}: {relay.SCENARIOS[scn][0]}")
         print(f"  {'target':<13}" + "".join(f"{k:>22}" for k in keys))
-        for t in TARGETS:
-            m = s["median"][t]
+        for t, m in s["median"].items():
             print(f"  {t:<13}" + "".join(f"{flow.fmt(m.get(k), ',.2f'):>22}" for k in keys))
         for pair, ratios in s["new_over_old_paired"].items():
             print(f"  {pair:<13}" + "".join(f"{flow.fmt(ratios[k], '.3f'):>21}x"
@@ -127,6 +129,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=20_000,
                    help="x-max-length of the firehose queues")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--pump", action="store_true",
+                   help="the byte pump (bench.pump) as one more target, alternated with the rest")
     return p.parse_args(argv)
 
 
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = LocalBroker(workdir / "rabbit", config_extra=f"prometheus.tcp.port = {free_port()}\n")
     procs: dict[str, ProxyProcess] = {}
+    pump = None
     try:
         progress(f"starting RabbitMQ in {workdir}")
         endpoint = broker.start()
@@ -152,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             assert proc.process is not None
             targets[name] = relay.Target(name, "127.0.0.1", proc.port,
                                          psutil.Process(proc.process.pid))
+        if args.pump:
+            pump, pport = relay.start_pump(f"{endpoint.host}:{endpoint.amqp_port}", workdir)
+            targets["pump"] = relay.Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
         opts = relay.Options(seconds=args.seconds, rounds=args.rounds, quiet_budget=60.0,
                              size=args.size, drain_messages=args.drain_messages,
                              max_length=args.max_length,
@@ -175,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in procs.values():
             proc.stop()
+        if pump is not None:
+            pump.terminate()
+            pump.wait()
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -115,6 +115,12 @@ class ConfirmNumbers:
         if self.ahead and (not self.offsets or self.offsets[-1][1] != self.ahead):
             self.offsets.append((self.broker_seq, self.ahead))
 
+    def forwarded_run(self, count: int) -> None:
+        """``forwarded`` ``count`` times (a run of publishes, ``enforce.amqp091.runs``)."""
+        if self.ahead and (not self.offsets or self.offsets[-1][1] != self.ahead):
+            self.offsets.append((self.broker_seq + 1, self.ahead))
+        self.broker_seq += count
+
     def answered_by_proxy(self) -> None:
         self.ahead += 1
 

@@ -7,6 +7,10 @@ frame that must stay behind it on that channel) or refuses it as the policy says
 frames leave, in channel order, when the controller releases the channel; each held
 publish is checked again as it leaves, so a queue that trips again stops the release.
 
+After a publish passed untouched, the publishes of its channel that follow it in the read
+with the same arguments are booked at once while none of them could change a decision
+(``floodwall.enforce.amqp091.runs``).
+
 Output is a value: frames the proxy sends (a Channel.Flow, a nack, held frames released)
 and typed events (``floodwall.enforce.events``) go to ``outbox`` in order; every entry point
 that needs the time takes ``now``. The core moves the outbox into its outgoing data.
@@ -32,7 +36,7 @@ from floodwall.enforce.amqp091.channels import (
     headers_of,
     parse_publish,
 )
-from floodwall.enforce.amqp091.refusals import Refusing
+from floodwall.enforce.amqp091.runs import PublishRuns
 from floodwall.enforce.decision import (
     PASS,
     Decision,
@@ -52,7 +56,7 @@ _B = commands.Basic
 _CH = commands.Channel
 
 
-class PublishFlow(Refusing):
+class PublishFlow(PublishRuns):
     """The gate for one connection's publishes; asked by its ``amqp091.Connection``
     (``floodwall.wire.amqp091.hooks.PublishHooks``), released and expired by the I/O layer.
 

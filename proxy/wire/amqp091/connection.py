@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -33,6 +34,7 @@ from floodwall.wire.amqp091.framing import (
     scan_watching,
 )
 from floodwall.wire.amqp091.hooks import ClientInfo, ForgetChannel, PublishHooks
+from floodwall.wire.amqp091.runs import scan_publish_run
 from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyWatch
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
@@ -59,6 +61,9 @@ pieces for its write anyway). A larger read completes the held frame by itself
 only when this read completes it, so copying stays linear however the stream is cut."""
 
 SHORTSTR_MAX: Final = 255
+
+_BODY_SIZE = struct.Struct(">Q")  # a content header's body size, after class id and weight
+_CONTENT_FRAME_MIN: Final = 22  # a content header frame: 7 + 14 + frame end
 
 _C = commands.Connection
 _CH = commands.Channel
@@ -197,6 +202,7 @@ class FrameRelay(CoreOutput):
         self._to_client: list[Buffer] = []
         self._events: list[object] = []  # topology changes, the gate's events
         self._now = 0.0  # the time the current receive call was given
+        self._passed = 0  # where a run of publishes that passes in place ended (runs.py)
         self._client_in = _Inbound(Side.CLIENT, self.from_client, self._to_server)
         self._server_in = _Inbound(Side.SERVER, self.from_server, self._to_client)
         self.gate = gate
@@ -370,7 +376,10 @@ class FrameRelay(CoreOutput):
                 took = handlers[key](channel, buf, pos, base)
                 counts.frames += 1
                 if took is None and len(inbound.out) == queued:
-                    pos += size + FRAME_OVERHEAD  # passes in place: the common case
+                    if self._passed:  # a run of publishes passes in place with it (runs)
+                        pos, self._passed = self._passed, 0
+                    else:
+                        pos += size + FRAME_OVERHEAD  # passes in place: the common case
                     continue
                 # The handler queued frames of its own, or took frames out of the stream:
                 # what came before the frame goes first.
@@ -415,6 +424,8 @@ class FrameRelay(CoreOutput):
         if gate.outbox:
             self._take(gate)
         if took is None:
+            if self._passed:  # a run of publishes passes in place with it (runs)
+                end, self._passed = self._passed, 0
             return end, pos
         inbound.counts.bytes += took - pos
         return took, took
@@ -629,7 +640,27 @@ class Connection(FrameRelay):
                                     offset, 60, 40) from None
         if gate.outbox:
             self._take(gate)
+        elif took is None and header_end is not None:
+            body_size = _BODY_SIZE.unpack_from(buf, end + HEADER_SIZE + 4)[0]
+            if n - header_end > body_size + (end - offset) + _CONTENT_FRAME_MIN:
+                self._read_run(gate, channel, buf, offset, end, header_end, body_size)
         return took
+
+    def _read_run(self, gate: PublishHooks, channel: int, buf: Buffer, offset: int,
+                  end: int, header_end: int, body_size: int) -> None:
+        """After the publish at ``buf[offset:end]`` passed untouched with its content header
+        (up to ``header_end``): the run of whole publishes that follows, as far as the gate
+        allows (``runs``); ``_relay`` goes on from where it ends (``_passed``)."""
+        allowed = gate.publish_run(channel, buf, end, self._now)
+        if allowed is None:
+            return
+        stop, count, body_bytes, frames = scan_publish_run(
+            buf, header_end, payload_limit(self._frame_limit), channel,
+            bytes(buf[offset:end]), body_size, *allowed)
+        if count:
+            gate.on_publish_run(channel, count, body_bytes, self._now)
+        self.from_client.frames += frames + 1  # its content header too
+        self._passed = stop
 
     def _on_confirm_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         assert self.gate is not None

@@ -81,6 +81,18 @@ class PublishHooks(Protocol):
     def on_publish(self, channel: int, buf: Buffer, offset: int, end: int,
                    header_end: int | None, now: float) -> int | None: ...
 
+    def publish_run(self, channel: int, buf: Buffer, header_offset: int, now: float
+                    ) -> tuple[float, float] | None:
+        """After a publish whose content header is at ``buf[header_offset]`` passed
+        ``on_publish`` untouched: at most how many more whole publishes of the channel with
+        the same method frame, and how many body bytes, the gate books at once with
+        ``on_publish_run`` as it would one at a time (``floodwall.wire.amqp091.runs``); None:
+        read the next one the usual way."""
+
+    def on_publish_run(self, channel: int, count: int, body_bytes: int, now: float) -> None:
+        """A run of ``count`` whole publishes within what ``publish_run`` allowed, relayed
+        untouched; ``body_bytes``: the body sizes their content headers give, in all."""
+
     def on_content(self, channel: int, buf: Buffer, offset: int, end: int,
                    now: float) -> bool: ...
 
