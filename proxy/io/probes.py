@@ -292,7 +292,8 @@ class DepthProbes(ManagementProbes):
 
     async def _alarm_loop(self) -> None:
         while True:
-            await self.poll_alarms()
+            if not self.alarms_shared_elsewhere():
+                await self.poll_alarms()
             await asyncio.sleep(self.settings.alarm_interval)
 
     async def poll_alarms(self) -> None:
@@ -301,5 +302,14 @@ class DepthProbes(ManagementProbes):
             alarms = await self._ask(self.api.alarms)
         except ManagementError:
             return
-        self._management_alarm = management_alarm(alarms.memory, alarms.disk)
+        self.node_alarms(alarms.memory, alarms.disk)
+
+    def node_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
+        """The nodes in a memory and in a disk alarm, as the management API said."""
+        self._management_alarm = management_alarm(memory, disk)
         self._update_alarm()
+
+    def alarms_shared_elsewhere(self) -> bool:
+        """Whether another sidecar of the fleet polls the node alarms for this one (see
+        ``FlowSupervisor``); alone, never."""
+        return False
