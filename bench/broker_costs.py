@@ -67,7 +67,10 @@ async def declares(ep: BrokerEndpoint, meter: CpuMeter, count: int, ready: int,
             if i % 500 == 0:
                 await c.drain()
         await c.drain()
-        while (counts := await c.queue_counts(queue)) is not None and counts.messages < ready:
+        for _ in range(200):  # until the broker has enqueued them all (at most 10 s)
+            counts = await c.queue_counts(queue)
+            if counts is None or counts.messages >= ready:
+                break
             await asyncio.sleep(0.05)
     a = meter.snapshot(None)
     for _ in range(count):
