@@ -20,7 +20,9 @@ the live members that police the queue) announces its management API samples of 
 others feed those (``feed_shared_management``) and skip the queue in their own management
 rounds while the poller's last sample is fresh (``covered``). Deaf, a sidecar polls
 everything itself. So the API is asked about each policed queue once per
-``management_interval`` per fleet, not once per sidecar.
+``management_interval`` per fleet, not once per sidecar. Likewise one member polls the
+node alarms and one per vhost syncs the topology for the fleet (``FleetPolls``,
+``floodwall.io.fleet_polls``).
 
 Broker load per sidecar and vhost: 1 publish per interval (10/s hot, 1/s cold), each
 delivered to the N members: 10 N (hot) or N (cold) deliveries/s received per sidecar,

@@ -435,6 +435,14 @@ def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric
     yield from (interval, drain, admitted, counts)
 
 
+def management_requests(stats: FlowStats) -> dict[str, int]:
+    """The load this sidecar puts on the management API: requests so far by endpoint,
+    answered or failed, and their total (a fleet's pollers spare the others:
+    docs/architecture.md, "A fleet of sidecars")."""
+    return {"total": stats.management_requests,
+            **{endpoint: h.count for endpoint, h in sorted(stats.management_seconds.items())}}
+
+
 def flow_state(controller: FlowController, counters: GateCounters, stats: FlowStats,
                now: float) -> dict[str, object]:
     """The ``flow`` section of ``GET /state`` (JSON-ready)."""
@@ -444,9 +452,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
         q = c.queues[key]
         p = q.policy
         queues.append({
-            "vhost": key[0],
-            "queue": key[1],
-            "policy": p.name,
+            "vhost": key[0], "queue": key[1], "policy": p.name,
             "mode": p.mode.value,
             "capacity": p.capacity,
             "resume": p.resume,
@@ -488,10 +494,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "last_reload_error": stats.last_reload_error,
         },
         "management": stats.management.as_dict(now),
-        # The load this sidecar puts on the management API: requests by endpoint, answered
-        # or failed (the fleet's pollers spare the others: docs/architecture.md).
-        "management_requests": {"total": stats.management_requests, **{
-            endpoint: h.count for endpoint, h in sorted(stats.management_seconds.items())}},
+        "management_requests": management_requests(stats),
         "own_connections": dict(stats.own_connections),
         "topology": topology_state(c, stats, now),
         "alarm": c.alarm_reason,
