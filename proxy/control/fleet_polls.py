@@ -17,7 +17,8 @@ broker's node alarms and a vhost's topology.
   other member keeps its model by the broker's topology events (and lookups) as before,
   compares its own digest with the poller's, and skips its periodic sync while they agree
   (``DigestWatch``). A digest that differs for longer than ``grace`` (changes in flight on
-  one side) asks for one sync at once, once per difference; one that still differs after
+  one side) asks for one sync at once, once per difference and at most one per sync
+  interval (``sync_spacing``); one that still differs after
   it, or a poller that is silent, stale or unheard, leaves the member to its own periodic
   syncs. Digests, not listings, travel: a listing is as big as the broker's topology and
   would be delivered to all N members; a digest is 16 characters.
@@ -115,6 +116,13 @@ class DigestWatch:
         self._asked.add(vhost)
         self.differences += 1
         return DigestVerdict(False, True)
+
+    def later(self, vhost: str) -> None:
+        """The sync ``compare`` asked for could not be run now (too soon after the last):
+        ask again at a later comparison."""
+        if vhost in self._asked:
+            self._asked.discard(vhost)
+            self.differences -= 1
 
     def forget(self, vhosts: Iterable[str]) -> None:
         """Keep only ``vhosts``."""

@@ -121,6 +121,7 @@ class FleetSettings:
     alarm_stale_after: float = 9.0
     topology_stale_after: float = 65.0
     sync_grace: float = 2.0
+    sync_spacing: float = 30.0  # the topology interval: digest-asked syncs at most this often
 
 
 class FleetHost(PollsHost, Protocol):
@@ -179,7 +180,8 @@ class FleetService:
         self.polls = FleetPolls(self.table, host, clock,
                                 alarm_stale_after=settings.alarm_stale_after,
                                 topology_stale_after=settings.topology_stale_after,
-                                sync_grace=settings.sync_grace)
+                                sync_grace=settings.sync_grace,
+                                sync_spacing=settings.sync_spacing)
 
     def _first_rule(self, key: QueueKey, _now: float) -> ShareRule | None:
         """A queue this sidecar begins to police: its share rule at once, before the queue's

@@ -42,12 +42,13 @@ class FleetPolls:
 
     def __init__(self, table: FleetTable, host: PollsHost, clock: Callable[[], float], *,
                  alarm_stale_after: float, topology_stale_after: float,
-                 sync_grace: float) -> None:
+                 sync_grace: float, sync_spacing: float) -> None:
         self.table = table
         self.host = host
         self.clock = clock
         self.alarm_stale_after = alarm_stale_after
         self.topology_stale_after = topology_stale_after
+        self.sync_spacing = sync_spacing  # a digest asks a sync at most once per this
         self.digests = TopologyDigests(host.topology)
         self.watch = DigestWatch(sync_grace)
         self._alarms: tuple[tuple[str, ...], tuple[str, ...], float] | None = None
@@ -121,7 +122,10 @@ class FleetPolls:
             mine = self.digests.of(vhost) if theirs is not None else ""
             verdict = self.watch.compare(vhost, mine, theirs, now)
             self._covered[vhost] = verdict.covered
-            if verdict.sync_now:
+            age = self.host.topology_sync_age()
+            if verdict.sync_now and age is not None and age < self.sync_spacing:
+                self.watch.later(vhost)  # its own last sync is recent: not again yet
+            elif verdict.sync_now:
                 self.syncs_asked += 1
                 self.host.request_topology_sync(
                     f"the routing model of vhost {vhost} differs from the fleet's topology "

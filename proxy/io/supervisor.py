@@ -155,7 +155,8 @@ class FlowSupervisor(DepthProbes):
                                                 + settings.management_timeout),
             alarm_stale_after=2 * settings.alarm_interval + settings.management_timeout,
             topology_stale_after=2 * settings.topology_interval + settings.management_timeout,
-            sync_grace=settings.sync_grace), self, clock)
+            sync_grace=settings.sync_grace, sync_spacing=settings.topology_interval),
+            self, clock)
                       if settings.fleet else None)
 
     # -- lifecycle ---------------------------------------------------------------------

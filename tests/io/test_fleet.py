@@ -85,7 +85,7 @@ def _service(me: str) -> tuple[FleetService, Host, Clock]:
     host, clock = Host(), Clock(100.0)
     svc = FleetService(FleetSettings("t", member=me, sample_stale_after=15.0,
                                      alarm_stale_after=9.0, topology_stale_after=65.0,
-                                     sync_grace=2.0), host, clock)
+                                     sync_grace=2.0, sync_spacing=30.0), host, clock)
     svc.table.expect(["/"])
     return svc, host, clock
 
@@ -303,6 +303,7 @@ def test_a_topology_pollers_equal_digest_spares_the_periodic_sync() -> None:
 
 def test_a_digest_that_differs_past_the_grace_asks_one_sync() -> None:
     svc, host, clock, b, _ = _topology_service()
+    host.sync_age = 40.0  # its own last sync: more than a topology interval (30 s) ago
     other = SharedTopology("0123456789abcdef", 1.0)
     for seq, dt in enumerate([0.0, 1.0, 1.5, 0.5], start=1):
         clock.t += dt
@@ -328,3 +329,18 @@ def test_the_topology_poller_announces_its_digest_and_sync_age() -> None:
     assert t == SharedTopology(topology_digests(host.topology.items())["/"], 3.0)
     svc.polls.check_topology(["/"], clock.t)
     assert not svc.polls.topology_covered()  # it syncs for the fleet: never skips
+
+
+def test_a_digest_asks_no_sync_within_a_topology_interval_of_the_last() -> None:
+    svc, host, clock, b, _ = _topology_service()
+    host.sync_age = 10.0
+    other = SharedTopology("0123456789abcdef", 1.0)
+    for seq in range(1, 6):
+        clock.t += 1.0
+        svc._on_message(_delivery(Announcement("me", 1.0, seq + 1, "/", {})))
+        svc._on_message(_delivery(Announcement(b, 1.0, seq, "/", {}, topology=other)))
+        svc.polls.check_topology(["/"], clock.t)
+    assert host.syncs_asked == [] and not svc.polls.topology_covered()
+    host.sync_age = 30.0  # now it may
+    svc.polls.check_topology(["/"], clock.t)
+    assert len(host.syncs_asked) == 1 and svc.polls.watch.differences == 1
