@@ -571,5 +571,10 @@ def test_one_member_polls_node_alarms_and_syncs_the_topology_for_the_fleet(
         if proc is not syncs_by:
             assert a.get("bindings", 0) - b.get("bindings", 0) <= 1, (b, a)
             assert a.get("exchanges", 0) - b.get("exchanges", 0) <= 1, (b, a)
-        if proc not in (alarms_by, syncs_by):  # nothing policed: it asks for nothing
-            assert a["total"] - b["total"] <= 2, (b, a)
+        if proc not in (alarms_by, syncs_by):  # nothing policed: at most one sync (4
+            # listings, one in flight or asked by a digest that differed past the grace)
+            # and one alarm poll in flight, where the pollers made 22 requests or more
+            assert a["total"] - b["total"] <= 5, (b, a, polls(proc))
+    print("fleet polls: requests in the window",
+          [{k: a[k] - b.get(k, 0) for k in a} for b, a in zip(before, after, strict=True)],
+          "digest differences", [polls(p)["topology_digest_differences"] for p in fleet])
