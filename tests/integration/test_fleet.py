@@ -533,7 +533,8 @@ def test_one_member_polls_node_alarms_and_syncs_the_topology_for_the_fleet(
     """Three sidecars: every one names the same alarm poller and the same topology poller of
     the vhost; while the poller asks the API for node alarms every 0.5 s and lists the
     topology every 2 s, the other two ask for neither (they feed the poller's alarms, and
-    their digest of the routing model equals the poller's, so its syncs stand for theirs)."""
+    their digest of the routing model equals the poller's, so its syncs stand for theirs).
+    The alarm poller killed with SIGKILL, a survivor takes its place and asks the API."""
     name = unique("polls")
     policies = policy_file(tmp_path / "p.yaml", capped("fleet", "fw-it-fleet-polls-*"))
     fleet = [start_floodwall("--policies", str(policies), "--management",
@@ -578,3 +579,16 @@ def test_one_member_polls_node_alarms_and_syncs_the_topology_for_the_fleet(
     print("fleet polls: requests in the window",
           [{k: a[k] - b.get(k, 0) for k in a} for b, a in zip(before, after, strict=True)],
           "digest differences", [polls(p)["topology_digest_differences"] for p in fleet])
+    # The alarm poller killed: the survivors name a new one among them, which asks the API.
+    victim = alarms_by.process
+    assert victim is not None
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    survivors = [p for p in fleet if p is not alarms_by]
+    new = wait_for(lambda: (ps := {polls(p)["alarm_poller"] for p in survivors}) and len(ps) == 1
+                   and ps <= {fleet_doc(p)["me"] for p in survivors} and ps.pop(), 15,
+                   what="a new alarm poller among the survivors")
+    polling = survivors[[fleet_doc(p)["me"] for p in survivors].index(new)]
+    start = api_requests(polling).get("nodes", 0)
+    wait_for(lambda: api_requests(polling).get("nodes", 0) >= start + 3, 15,
+             what="the new alarm poller to ask the API")
