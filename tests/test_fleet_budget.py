@@ -254,9 +254,15 @@ def test_members_counting_every_n_hot_intervals_stay_within_the_bound(n: int) ->
     m (20 ms) for N = 8: the formula allows R x (W + L - m) more; observed within 3 N
     messages of the capacity with an enqueue lag of up to 2 ms."""
     names = [f"m{i}" for i in range(n)]
-    every = fleet_count_interval(HOT_INTERVAL, rule("m0", dict.fromkeys(names)))
+    every = fleet_count_interval(HOT_INTERVAL, rule("m0", dict.fromkeys(names)), 0.2)
     assert every == pytest.approx(n * HOT_INTERVAL)
-    assert fleet_count_interval(HOT_INTERVAL, None) == HOT_INTERVAL
+    assert fleet_count_interval(HOT_INTERVAL, None, 0.2) == HOT_INTERVAL
+    # only the active members share the count rate; an idle one counts at the slow interval
+    busy = {m: (1e6 if i < 2 else 0.0) for i, m in enumerate(names)}
+    assert fleet_count_interval(HOT_INTERVAL, rule("m0", busy), 0.2) == \
+        pytest.approx(2 * HOT_INTERVAL)
+    if n > 2:
+        assert fleet_count_interval(HOT_INTERVAL, rule("m2", busy), 0.2) == 0.2
     cap = CAPACITY // M
     for lag in (0, 2):
         peak, _ = simulate(n, shared=True, seconds=0.3, lag_ms=lag, speed_per_ms=20,

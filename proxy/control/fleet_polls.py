@@ -4,10 +4,10 @@ broker's node alarms and a vhost's topology.
 - *Node alarms*: the fleet's alarm poller (``FleetTable.alarm_poller``) asks the management
   API every ``alarm_interval`` and announces the answer (``SharedAlarms``); the others take
   it while it is fresh (``alarms_fresh``) and ask the API themselves otherwise.
-- *Depth counts* (item 2): each member counts a hot queue itself, every ``N x h`` rather
-  than every ``h`` (``fleet_count_interval``, ``N`` the members that police it), so the
-  fleet passive-declares a hot queue at most ``1 / h`` times a second whatever its size,
-  as one sidecar does. Shared through the fanout instead, each count would cost the broker
+- *Depth counts* (item 2): each active member counts a hot queue itself, every ``A x h``
+  rather than every ``h`` (``fleet_count_interval``, ``A`` the members that police it with
+  a demand), an idle one at the slow interval, so the fleet passive-declares a hot queue
+  about ``1 / h`` times a second whatever its size, as one sidecar does. Shared through the fanout instead, each count would cost the broker
   one publish and N deliveries (measured: a passive declare ~120 us of broker CPU, a
   publish ~17 us, a delivery ~19 us: bench/broker_costs.py), N x 19 us more per count as
   the fleet grows, and reach the others a delivery late.
@@ -132,10 +132,18 @@ class DigestWatch:
         self._asked &= keep
 
 
-def fleet_count_interval(hot: float, share: ShareRule | None) -> float:
+def fleet_count_interval(hot: float, share: ShareRule | None, slow: float) -> float:
     """How often this member counts a hot queue itself: ``hot`` alone (no share rule, or
-    the only member), ``N x hot`` with ``N`` members policing it (the rule's demands), so
-    the fleet counts it about once per ``hot`` together (docs/architecture.md, "A fleet of
-    sidecars": the bound with the stagger ``W`` up to ``N x hot``)."""
-    n = 1 if share is None else len(share.demands)
-    return hot * max(1, n)
+    the only member); ``A x hot`` with ``A`` active members (the rule's demands: those with
+    a demand, or none measured yet), so the active ones count it about once per ``hot``
+    together (docs/architecture.md, "A fleet of sidecars": the bound with the stagger ``W``
+    up to ``A x hot``); ``slow`` for a member that forwards and holds nothing for it (demand
+    0: its counts are of no use until it publishes, and then its demand makes it active at
+    the next fleet tick)."""
+    if share is None:
+        return hot
+    demands = dict(share.demands)
+    if demands.get(share.me, None) == 0:
+        return max(hot, slow)
+    active = sum(1 for d in demands.values() if d is None or d > 0)
+    return hot * max(1, active)

@@ -213,9 +213,9 @@ class DepthProbes(ManagementProbes):
 
     async def _probe_hot(self, client: AmqpClient, key: QueueKey) -> None:
         """Count hot queue ``key`` back to back, one passive declare in flight, at most one
-        every ``hot_interval`` (in a fleet of N members policing it, every N x
-        ``hot_interval``: ``fleet_count_interval``), until it is cold again (the slow loop
-        takes it back)."""
+        every ``hot_interval`` (in a fleet with A active members on it, every A x
+        ``hot_interval``; idle, every depth interval: ``fleet_count_interval``), until it is
+        cold again (the slow loop takes it back)."""
         loop = asyncio.get_running_loop()
         # A channel of the lane's own; at most HOT_LANES of them (hot queues beyond share)
         lane = f"hot:{zlib.crc32(key[1].encode()) % HOT_LANES}"
@@ -225,7 +225,8 @@ class DepthProbes(ManagementProbes):
                 return
             q = self.controller.queues.get(key)
             every = fleet_count_interval(self.settings.hot_interval,
-                                         None if q is None else q.share)
+                                         None if q is None else q.share,
+                                         self.settings.depth_interval)
             await asyncio.sleep(max(0.0, every - (loop.time() - started)))
 
     def _is_hot(self, key: QueueKey) -> bool:
@@ -238,8 +239,8 @@ class DepthProbes(ManagementProbes):
         interval = sampling_interval(q.depth, q.policy, q.tripped, self.clock(),
                                      s.depth_interval, s.hot_interval, q.share)
         hot = interval < s.depth_interval
-        self.stats.sampling_interval[key] = (fleet_count_interval(interval, q.share) if hot
-                                             else interval)
+        self.stats.sampling_interval[key] = (
+            fleet_count_interval(interval, q.share, s.depth_interval) if hot else interval)
         return hot
 
     def _on_flow_event(self, item: object) -> None:
