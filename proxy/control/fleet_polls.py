@@ -3,14 +3,15 @@ broker's node alarms and a vhost's topology.
 
 - *Node alarms*: the fleet's alarm poller (``FleetTable.alarm_poller``) asks the management
   API every ``alarm_interval`` and announces the answer (``SharedAlarms``); the others take
-  it while it is fresh (``alarms_fresh``) and ask the API themselves otherwise.
+  it while it is fresh (``fresh``) and ask the API themselves otherwise.
 - *Depth counts* (item 2): each active member counts a hot queue itself, every ``A x h``
   rather than every ``h`` (``fleet_count_interval``, ``A`` the members that police it with
   a demand), an idle one at the slow interval, so the fleet passive-declares a hot queue
-  about ``1 / h`` times a second whatever its size, as one sidecar does. Shared through the fanout instead, each count would cost the broker
-  one publish and N deliveries (measured: a passive declare ~120 us of broker CPU, a
-  publish ~17 us, a delivery ~19 us: bench/broker_costs.py), N x 19 us more per count as
-  the fleet grows, and reach the others a delivery late.
+  about ``1 / h`` times a second whatever its size, as one sidecar does. Shared through the
+  fanout instead, each count would cost the broker one publish and N deliveries
+  (measured: a passive declare ~120 us of broker CPU, a publish ~17 us, a delivery
+  ~19 us: bench/broker_costs.py), N x 19 us more per count as the fleet grows, and reach
+  the others a delivery late.
 - *Topology*: a vhost's topology poller (``FleetTable.topology_poller``) runs its full syncs
   as one sidecar does and announces a digest of its routing model of the vhost
   (``topology_digests``) with the age of its last good sync (``SharedTopology``). Every
