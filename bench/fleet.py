@@ -324,6 +324,8 @@ async def run_case(st: Stack, sidecars: list[ProxyProcess], case: Case,
     consuming = asyncio.create_task(consumer.run(stop_consuming))
     run.start(t0)
     procs = [psutil.Process(fw.process.pid) for fw in sidecars if fw.process]
+    api0 = [await asyncio.to_thread(api_requests, fw) for fw in sidecars]
+    counts0 = [await asyncio.to_thread(depth_counts, fw, queue) for fw in sidecars]
     s0 = cpu.snapshot(None)
     side0 = {p.pid: p.cpu_times().user + p.cpu_times().system for p in procs}
     killed: dict[str, Any] = {}
@@ -346,6 +348,8 @@ async def run_case(st: Stack, sidecars: list[ProxyProcess], case: Case,
     offered = [(run.sent.get(pid, 0) - sent_mark.get(pid, 0)) / window_s
                for pid in range(len(run.owner))]
     s1 = cpu.snapshot(None)
+    api1 = [await asyncio.to_thread(api_requests, fw) for fw in sidecars]
+    counts1 = [await asyncio.to_thread(depth_counts, fw, queue) for fw in sidecars]
     alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     side_d = sum(p.cpu_times().user + p.cpu_times().system - side0[p.pid] for p in alive)
     res = await finish_case(run, consumer, consuming, stop_consuming, opts)
@@ -363,7 +367,12 @@ async def run_case(st: Stack, sidecars: list[ProxyProcess], case: Case,
         "sidecar_cpu_cores": side_d / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
         "other_cores": (max(0.0, cpu_d["other_cpu_s"] - side_d) / cpu_d["wall_s"]
                         if cpu_d["wall_s"] else math.nan),
-        "depth_kib_per_second": depth_profile(run.trace)})
+        "depth_kib_per_second": depth_profile(run.trace),
+        # the load on the broker and its API: passive declares of the case's queue per
+        # second (each live sidecar, and the fleet), management API requests per second
+        "counts_per_s": [round((b - a) / cpu_d["wall_s"], 1)
+                         for a, b in zip(counts0, counts1, strict=True) if b == b],
+        "api_per_s": api_rates(api0, api1, cpu_d["wall_s"])})
     if killed:
         res["kill"] = killed
     if len(case.rates) > 1:  # greedy and modest: the modest one's part of the drain
@@ -439,6 +448,46 @@ async def finish_case(run: CaseRun, consumer: Consumer, consuming: asyncio.Task[
             "sidecars_alive": n - len(dead)}
 
 
+_API = re.compile(r'^floodwall_management_request_seconds_count\{endpoint="([a-z]+)"\} (\S+)$',
+                  re.M)
+_COUNTS = re.compile(r'^floodwall_queue_depth_samples_total\{[^}]*queue="([^"]+)"[^}]*\} (\S+)$',
+                     re.M)
+
+
+def api_requests(fw: ProxyProcess) -> dict[str, float]:
+    """The sidecar's management API requests so far, by endpoint (its metrics; {} when it
+    cannot be read: killed)."""
+    try:
+        text = fw.get("/metrics", 2.0).decode()
+    except Exception:
+        return {}
+    return {m[1]: float(m[2]) for m in _API.finditer(text)}
+
+
+def depth_counts(fw: ProxyProcess, queue: str) -> float:
+    """The ready counts (passive declares) the sidecar took of ``queue`` so far."""
+    try:
+        text = fw.get("/metrics", 2.0).decode()
+    except Exception:
+        return math.nan
+    return sum(float(m[2]) for m in _COUNTS.finditer(text) if m[1] == queue)
+
+
+def api_rates(before: list[dict[str, float]], after: list[dict[str, float]], seconds: float
+              ) -> dict[str, Any]:
+    """Management API requests per second by endpoint: per sidecar (mean, max) and for the
+    fleet (their sum)."""
+    per = [{k: (a.get(k, 0.0) - b.get(k, 0.0)) / seconds for k in a.keys() | b.keys()}
+           for b, a in zip(before, after, strict=True) if a and b]
+    totals = [sum(d.values()) for d in per]
+    endpoints = sorted({k for d in per for k in d})
+    return {"per_sidecar_mean": round(sum(totals) / max(1, len(totals)), 3),
+            "per_sidecar_max": round(max(totals, default=0.0), 3),
+            "fleet": round(sum(totals), 3),
+            "fleet_by_endpoint": {k: round(sum(d.get(k, 0.0) for d in per), 3)
+                                  for k in endpoints}}
+
+
 def _exchange_counts(st: Stack) -> tuple[int, int]:
     """(published in, routed out) of the default fleet's exchange on /, from the
     management API's message_stats (0, 0 when it does not exist: --fleet off)."""
@@ -458,11 +507,13 @@ async def idle_cost(st: Stack, sidecars: list[ProxyProcess], seconds: float,
     procs = [psutil.Process(fw.process.pid) for fw in sidecars if fw.process]
     await asyncio.sleep(6.0)  # let the API's figures catch up with the start-up
     in0, out0 = await asyncio.to_thread(_exchange_counts, st)
+    api0 = [await asyncio.to_thread(api_requests, fw) for fw in sidecars]
     s0 = cpu.snapshot(None)
     c0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
     await asyncio.sleep(seconds)
     s1 = cpu.snapshot(None)
     c1 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    api1 = [await asyncio.to_thread(api_requests, fw) for fw in sidecars]
     in1, out1 = await asyncio.to_thread(_exchange_counts, st)
     d = CpuMeter.delta(s0, s1)
     wall = d["wall_s"]
@@ -471,7 +522,8 @@ async def idle_cost(st: Stack, sidecars: list[ProxyProcess], seconds: float,
             "broker_cores": d.get("broker_cpu_s", math.nan) / wall,
             "other_cores": max(0.0, d["other_cpu_s"] - (c1 - c0)) / wall,
             "fleet_in_per_s": round((in1 - in0) / wall, 1),
-            "fleet_out_per_s": round((out1 - out0) / wall, 1)}
+            "fleet_out_per_s": round((out1 - out0) / wall, 1),
+            "api_per_s": api_rates(api0, api1, wall)}
 
 
 @dataclass(frozen=True)
@@ -531,7 +583,8 @@ async def one_pass(st: Stack, variant: Variant, policies: Path, opts: argparse.N
         idle = await idle_cost(st, sidecars, opts.idle_seconds, cpu)
         progress(f"   idle {idle['seconds']:g} s: {idle['sidecar_cores_each']:.4f} cores per "
                  f"sidecar, broker {idle['broker_cores']:.3f} cores, fleet exchange "
-                 f"{idle['fleet_in_per_s']} in/s, {idle['fleet_out_per_s']} out/s")
+                 f"{idle['fleet_in_per_s']} in/s, {idle['fleet_out_per_s']} out/s, "
+                 f"management API {idle['api_per_s']}")
         runs = []
         for case in opts.cases:
             res = await run_case(st, sidecars[:case.sidecars], case, opts, cpu)
@@ -591,6 +644,11 @@ def report(res: dict[str, Any]) -> None:
               f"per sidecar ({i['sidecars']}), broker {i['broker_cores']:.3f} cores, fleet "
               f"exchange {i['fleet_in_per_s']:g} publishes/s in, {i['fleet_out_per_s']:g} "
               f"deliveries/s out, noise {i['other_cores']:.2f}")
+        if "api_per_s" in i:
+            a = i["api_per_s"]
+            print(f"  {'':<14}  idle management API requests/s: {a['per_sidecar_mean']:g} per "
+                  f"sidecar (max {a['per_sidecar_max']:g}), {a['fleet']:g} for the fleet "
+                  f"{a['fleet_by_endpoint']}")
         for r in p["runs"]:
             extra = [str(r.get("fleet_events") or "")]
             if "kill" in r:
@@ -607,6 +665,10 @@ def report(res: dict[str, Any]) -> None:
                   f"{r['pace']:>6.2f}{r['sidecar_cpu_cores']:>14.2f}{r['other_cores']:>7.2f}  "
                   + " / ".join(e for e in extra if e)
                   + (f"  errors: {r['errors']}" if r["errors"] else ""))
+            if "counts_per_s" in r:
+                c, a = r["counts_per_s"], r["api_per_s"]
+                print(f"  {'':<14}  passive declares/s {sum(c):.0f} (each {c}); management "
+                      f"API {a['fleet']:g}/s, per sidecar {a['per_sidecar_mean']:g}")
 
 
 @dataclass(frozen=True)

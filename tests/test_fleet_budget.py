@@ -26,6 +26,7 @@ from floodwall.control.fleet import (
     ShareRule,
     fleet_shares,
 )
+from floodwall.control.fleet_polls import fleet_count_interval
 from floodwall.control.fleet_rate import CATCH_UP, RateShares
 from floodwall.control.policy import parse_policies
 from floodwall.control.schedule import predicted_full
@@ -243,6 +244,43 @@ def test_n_members_stay_within_the_bound_where_alone_each_lets_a_capacity_throug
         peak, _ = simulate(n, shared=True, seconds=1.0, lag_ms=lag, drain_per_ms=2.0,
                            speed_per_ms=fast)
         assert peak <= cap + n + 20
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_members_counting_every_n_hot_intervals_stay_within_the_bound(n: int) -> None:
+    """Item 2: in a fleet each member counts a hot queue every N x h
+    (``fleet_count_interval``), the fleet about once per h together (the broker's passive
+    declares per hot queue flat in N). The stagger W reaches (N - 1) x h, past the margin
+    m (20 ms) for N = 8: the formula allows R x (W + L - m) more; observed within 3 N
+    messages of the capacity with an enqueue lag of up to 2 ms."""
+    names = [f"m{i}" for i in range(n)]
+    every = fleet_count_interval(HOT_INTERVAL, rule("m0", dict.fromkeys(names)), 0.2)
+    assert every == pytest.approx(n * HOT_INTERVAL)
+    assert fleet_count_interval(HOT_INTERVAL, None, 0.2) == HOT_INTERVAL
+    # only the active members share the count rate; an idle one counts at the slow interval
+    busy = {m: (1e6 if i < 2 else 0.0) for i, m in enumerate(names)}
+    assert fleet_count_interval(HOT_INTERVAL, rule("m0", busy), 0.2) == \
+        pytest.approx(2 * HOT_INTERVAL)
+    if n > 2:
+        assert fleet_count_interval(HOT_INTERVAL, rule("m2", busy), 0.2) == 0.2
+    cap = CAPACITY // M
+    for lag in (0, 2):
+        peak, _ = simulate(n, shared=True, seconds=0.3, lag_ms=lag, speed_per_ms=20,
+                           hot=every)
+        assert peak <= cap + 3 * n
+        peak, _ = simulate(n, shared=True, seconds=1.0, lag_ms=lag, drain_per_ms=2.0,
+                           speed_per_ms=20, hot=every)
+        assert peak <= cap + 3 * n + 20
+    # a 5 ms lag: over the formula's N x M in both ways of counting (capped: up to 20
+    # messages with 4 or 8 members; every member every h: up to 29 with 8)
+    capped, _ = simulate(n, shared=True, seconds=0.3, lag_ms=5, speed_per_ms=20, hot=every)
+    each, _ = simulate(n, shared=True, seconds=0.3, lag_ms=5, speed_per_ms=20)
+    assert capped <= cap + 6 * n and each <= cap + 6 * n
+    # held, equal demands: as even, and as much admitted, as counting every h
+    peak, sent = simulate(n, shared=True, seconds=3.0, drain_per_ms=2.0, hot=every)
+    assert peak <= cap + 3 * n + 20
+    assert sum(sent) ** 2 / (n * sum(x * x for x in sent)) >= 0.99
+    assert sum(sent) >= 0.95 * (3000 * 2.0 + 0.85 * cap)
 
 
 def test_members_with_equal_demand_share_the_drain_evenly() -> None:

@@ -104,6 +104,28 @@ class SharedSample:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedAlarms:
+    """The broker's node alarms as the fleet's alarm poller (``FleetTable.alarm_poller``)
+    last read them on the management API: the nodes in a memory and in a disk alarm, how
+    long before the announcement it asked (``age``), and an id per answer (``sid``)."""
+
+    memory: tuple[str, ...]
+    disk: tuple[str, ...]
+    age: float
+    sid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SharedTopology:
+    """What a vhost's topology poller (``FleetTable.topology_poller``) says of its routing
+    model of the vhost: a digest of it (``floodwall.control.fleet_polls.topology_digests``)
+    and how long ago its last full sync succeeded (None: none yet)."""
+
+    digest: str
+    sync_age: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueReport:
     """What one member says about one queue it polices.
 
@@ -132,6 +154,8 @@ class Announcement:
     vhost: str
     queues: Mapping[str, QueueReport] = field(default_factory=dict)
     leaving: bool = False
+    alarms: SharedAlarms | None = None  # from the fleet's alarm poller only
+    topology: SharedTopology | None = None  # from the vhost's topology poller only
 
 
 def fleet_exchange(name: str) -> str:
@@ -171,11 +195,18 @@ def encode(a: Announcement) -> bytes:
     """Compact JSON: ``{"v","id","st","seq","vh","q":[[name, ingress, held, demand,
     depth, age(, management)], ...]}`` (``"bye":1`` when leaving); ~60 bytes + ~45 per
     queue, ~40 more for a management sample ``[ready, unacked, bytes, bytes ready, bytes
-    unacked, bytes known (0/1), age, sid]``."""
+    unacked, bytes known (0/1), age, sid]``; from the fleet's alarm poller ``"al":[[memory
+    alarm nodes], [disk alarm nodes], age, sid]`` (~40 bytes), from a vhost's topology
+    poller ``"tp":[digest, sync age]`` (~30 bytes)."""
     doc: dict[str, object] = {
         "v": FLEET_VERSION, "id": a.member, "st": round(a.started, 3), "seq": a.seq,
         "vh": a.vhost, "q": [_entry(name, r) for name, r in sorted(a.queues.items())],
     }
+    if a.alarms is not None:
+        al = a.alarms
+        doc["al"] = [list(al.memory), list(al.disk), _num(al.age, 3), al.sid]
+    if a.topology is not None:
+        doc["tp"] = [a.topology.digest, _num(a.topology.sync_age, 3)]
     if a.leaving:
         doc["bye"] = 1
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -200,6 +231,32 @@ def _shared(item: object) -> SharedSample | None:
     n = [x or 0.0 for x in nums]
     return SharedSample(int(n[0]), int(n[1]), int(n[2]), int(n[3]), int(n[4]), bool(n[5]),
                         n[6], int(n[7]))
+
+
+def _names(x: object, what: str) -> tuple[str, ...]:
+    if not isinstance(x, list) or not all(isinstance(n, str) for n in x):
+        raise FleetMessageError(f"{what}: {x!r} is not a list of names")
+    return tuple(x)
+
+
+def _alarms(item: object) -> SharedAlarms | None:
+    if item is None:
+        return None
+    if not isinstance(item, list) or len(item) != 4:
+        raise FleetMessageError(f"alarms {item!r}: not [memory, disk, age, sid]")
+    age, sid = _opt_num(item[2], "alarms age"), _opt_num(item[3], "alarms sid")
+    if age is None or sid is None:
+        raise FleetMessageError(f"alarms {item!r}: age and sid are required")
+    return SharedAlarms(_names(item[0], "memory alarms"), _names(item[1], "disk alarms"),
+                        age, int(sid))
+
+
+def _topology(item: object) -> SharedTopology | None:
+    if item is None:
+        return None
+    if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str):
+        raise FleetMessageError(f"topology {item!r}: not [digest, sync age]")
+    return SharedTopology(item[0], _opt_num(item[1], "topology sync age"))
 
 
 def _report(item: object) -> tuple[str, QueueReport]:
@@ -240,7 +297,8 @@ def decode(data: bytes) -> Announcement | None:
     if started_ is None or not isinstance(queues, list):
         raise FleetMessageError("st and q are required")
     return Announcement(member, started_, seq, vhost, dict(_report(i) for i in queues),
-                        leaving=bool(doc.get("bye")))
+                        leaving=bool(doc.get("bye")), alarms=_alarms(doc.get("al")),
+                        topology=_topology(doc.get("tp")))
 
 
 def announce_due(last: float | None, now: float, hot: bool, interval: float = ANNOUNCE_INTERVAL,
@@ -414,6 +472,12 @@ def fallback_share(headroom: float, size: int) -> float:
 
 
 # -- one management poller per queue ------------------------------------------------------
+#: The pseudo-keys the node alarms' and a vhost's topology poller are picked with
+#: (``poller_of``): no queue has these names (a NUL is not allowed in one).
+ALARMS_KEY: QueueKey = ("", "\0alarms")
+TOPOLOGY_QUEUE = "\0topology"
+
+
 def poller_of(key: QueueKey, members: Iterable[str]) -> str:
     """Which member polls ``key`` on the management API for the fleet: rendezvous hashing
     of the queue over the members (the highest hash wins), so every member that hears the
@@ -469,6 +533,8 @@ class _Heard:
     seq: int
     at: float
     queues: Mapping[str, QueueReport]
+    alarms: SharedAlarms | None = None
+    topology: SharedTopology | None = None
 
 
 @dataclass
@@ -524,10 +590,10 @@ class FleetTable:
             mine = None
         if mine is None:
             mine = self._heard[a.member] = {}
-            mine[a.vhost] = _Heard(a.started, a.seq, now, a.queues)
+            mine[a.vhost] = _Heard(a.started, a.seq, now, a.queues, a.alarms, a.topology)
             self.changes.append(MemberJoined(a.member, a.vhost, self.size(now)))
             return
-        mine[a.vhost] = _Heard(a.started, a.seq, now, a.queues)
+        mine[a.vhost] = _Heard(a.started, a.seq, now, a.queues, a.alarms, a.topology)
         was = self._silent.pop(a.member, None)
         if was is not None:
             self.changes.append(MemberBack(a.member, round(now - was, 3), self.size(now)))
@@ -643,6 +709,44 @@ class FleetTable:
             return None
         m = h.queues[key[1]].management
         return None if m is None else (m, h.at)
+
+    def alarm_poller(self, now: float) -> str:
+        """The member that asks the management API for node alarms for the fleet (they are
+        the broker's, not a vhost's): rendezvous hashing over every member that speaks,
+        this one included; deaf, this one."""
+        if self.deaf(now):
+            return self.me
+        live = [m for m in self.members(now) if m not in self._silent]
+        return poller_of(ALARMS_KEY, [self.me, *live])
+
+    def topology_poller(self, vhost: str, now: float) -> str:
+        """The member whose full syncs of the topology stand for the fleet's on ``vhost``:
+        rendezvous hashing over the members that speak on it, this one included; deaf,
+        this one."""
+        if self.deaf(now):
+            return self.me
+        live = [m for m, mine in self._heard.items() if m not in self._silent
+                and vhost in mine and self._quiet(mine[vhost].at, now) <= self.timeout]
+        return poller_of((vhost, TOPOLOGY_QUEUE), [self.me, *live])
+
+    def shared_alarms(self, member: str, now: float) -> tuple[SharedAlarms, float] | None:
+        """``member``'s newest announced node alarms and when that announcement arrived
+        (None: it announced none, or is silent)."""
+        self.expire(now)
+        if member in self._silent:
+            return None
+        heard = [(h.alarms, h.at) for h in self._heard.get(member, {}).values()
+                 if h.alarms is not None]
+        return max(heard, key=lambda x: x[1]) if heard else None
+
+    def shared_topology(self, vhost: str, member: str, now: float
+                        ) -> tuple[SharedTopology, float] | None:
+        """What ``member`` last said of its model of ``vhost`` and when it arrived."""
+        self.expire(now)
+        h = self._heard.get(member, {}).get(vhost)
+        if h is None or h.topology is None or member in self._silent:
+            return None
+        return h.topology, h.at
 
     def last_heard(self, member: str) -> float | None:
         mine = self._heard.get(member)

@@ -20,7 +20,9 @@ the live members that police the queue) announces its management API samples of 
 others feed those (``feed_shared_management``) and skip the queue in their own management
 rounds while the poller's last sample is fresh (``covered``). Deaf, a sidecar polls
 everything itself. So the API is asked about each policed queue once per
-``management_interval`` per fleet, not once per sidecar.
+``management_interval`` per fleet, not once per sidecar. Likewise one member polls the
+node alarms and one per vhost syncs the topology for the fleet (``FleetPolls``,
+``floodwall.io.fleet_polls``).
 
 Broker load per sidecar and vhost: 1 publish per interval (10/s hot, 1/s cold), each
 delivered to the N members: 10 N (hot) or N (cold) deliveries/s received per sidecar,
@@ -67,6 +69,7 @@ from floodwall.control.fleet import (
 )
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Delivery, QueueLocked
+from floodwall.io.fleet_polls import FleetPolls, PollsHost
 from floodwall.io.tasks import spawn
 from floodwall.ops.fleet_view import (
     FleetCollector,
@@ -112,9 +115,16 @@ class FleetSettings:
     # API themselves (the supervisor: 2 intervals + the API's timeout, below the depth's
     # unknown_after: 3 intervals + the timeout).
     sample_stale_after: float = 10.0
+    # Likewise for the alarm poller's node alarms (2 alarm intervals + the API's timeout),
+    # and the topology poller's last sync (2 topology intervals + the API's timeout); how
+    # long two digests may differ for changes in flight (the topology's sync grace).
+    alarm_stale_after: float = 9.0
+    topology_stale_after: float = 65.0
+    sync_grace: float = 2.0
+    sync_spacing: float = 30.0  # the topology interval: digest-asked syncs at most this often
 
 
-class FleetHost(Protocol):
+class FleetHost(PollsHost, Protocol):
     """What the fleet needs of the flow supervisor."""
 
     controller: FlowController
@@ -167,6 +177,11 @@ class FleetService:
         self._checking: set[str] = set()
         self._published: dict[int, float] = {}  # seq -> when, for the echo's delay
         host.controller.share_source = self._first_rule
+        self.polls = FleetPolls(self.table, host, clock,
+                                alarm_stale_after=settings.alarm_stale_after,
+                                topology_stale_after=settings.topology_stale_after,
+                                sync_grace=settings.sync_grace,
+                                sync_spacing=settings.sync_spacing)
 
     def _first_rule(self, key: QueueKey, _now: float) -> ShareRule | None:
         """A queue this sidecar begins to police: its share rule at once, before the queue's
@@ -212,6 +227,12 @@ class FleetService:
         """A management sample this sidecar took: announced while it polls ``key``."""
         self._sids += 1
         self._polled[key] = (sample, self._sids)
+
+    def own_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
+        """Node alarms this sidecar read on the API: announced while it polls them for
+        the fleet, at once on every vhost when they changed."""
+        if self.polls.own_alarms(memory, disk, self.clock()):
+            self._announced.clear()
 
     def covered(self, key: QueueKey) -> bool:
         """Whether the fleet's poller of ``key`` is another member whose last sample is
@@ -289,8 +310,10 @@ class FleetService:
                 continue
             queues = {k[1]: r for k, r in mine.items() if k[0] == vhost}
             try:
-                self._publish(live, Announcement(self.me, self.started, self.seq, vhost,
-                                                 queues))
+                self._publish(live, Announcement(
+                    self.me, self.started, self.seq, vhost, queues,
+                    alarms=self.polls.announced_alarms(now),
+                    topology=self.polls.announced_topology(vhost, now)))
                 self._announced[vhost] = now
                 self._said.update({(vhost, q): r for q, r in queues.items()})
             except AmqpClientError as exc:
@@ -301,6 +324,7 @@ class FleetService:
                 event(log, "fleet_channel_lost", logging.WARNING, fleet=self.name,
                       vhost=vhost, reason=_reason(exc))
         self._share(mine, now)
+        self.polls.check_topology(vhosts, now)
         self._check_silent(now)
         self.figures = fleet_figures(self.name, self.table, c, mine, now)
         self._log_changes()
@@ -393,6 +417,7 @@ class FleetService:
             self.table.heard(a, now)
             if a.member != self.me:
                 self._feed_samples(a, now)
+                self.polls.feed(a, now)
             self._log_changes()
 
     def _echoed(self, seq: int, now: float) -> None:
@@ -502,4 +527,5 @@ class FleetService:
         now = self.clock()
         fig = self.figures or fleet_figures(self.name, self.table, self.host.controller, {},
                                             now)
-        return fleet_state(fig, self.table, self.counters, now)
+        return {**fleet_state(fig, self.table, self.counters, now),
+                "polls": self.polls.state(now, self._vhost_tasks)}

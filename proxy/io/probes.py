@@ -16,6 +16,7 @@ from typing import Any
 
 from floodwall.control.controller import QueueKey
 from floodwall.control.events import QueueTripped
+from floodwall.control.fleet_polls import fleet_count_interval
 from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.control.schedule import sampling_interval
@@ -212,7 +213,9 @@ class DepthProbes(ManagementProbes):
 
     async def _probe_hot(self, client: AmqpClient, key: QueueKey) -> None:
         """Count hot queue ``key`` back to back, one passive declare in flight, at most one
-        every ``hot_interval``, until it is cold again (the slow loop takes it back)."""
+        every ``hot_interval`` (in a fleet with A active members on it, every A x
+        ``hot_interval``; idle, every depth interval: ``fleet_count_interval``), until it is
+        cold again (the slow loop takes it back)."""
         loop = asyncio.get_running_loop()
         # A channel of the lane's own; at most HOT_LANES of them (hot queues beyond share)
         lane = f"hot:{zlib.crc32(key[1].encode()) % HOT_LANES}"
@@ -220,7 +223,11 @@ class DepthProbes(ManagementProbes):
             started = loop.time()
             if not await self._probe_once(client, key, lane):
                 return
-            await asyncio.sleep(max(0.0, self.settings.hot_interval - (loop.time() - started)))
+            q = self.controller.queues.get(key)
+            every = fleet_count_interval(self.settings.hot_interval,
+                                         None if q is None else q.share,
+                                         self.settings.depth_interval)
+            await asyncio.sleep(max(0.0, every - (loop.time() - started)))
 
     def _is_hot(self, key: QueueKey) -> bool:
         """Whether ``key`` is counted at the hot interval now (and note the interval in force
@@ -231,8 +238,10 @@ class DepthProbes(ManagementProbes):
         s = self.settings
         interval = sampling_interval(q.depth, q.policy, q.tripped, self.clock(),
                                      s.depth_interval, s.hot_interval, q.share)
-        self.stats.sampling_interval[key] = interval
-        return interval < s.depth_interval
+        hot = interval < s.depth_interval
+        self.stats.sampling_interval[key] = (
+            fleet_count_interval(interval, q.share, s.depth_interval) if hot else interval)
+        return hot
 
     def _on_flow_event(self, item: object) -> None:
         """A queue tripped between two slow rounds: its loop makes it hot at once."""
@@ -292,7 +301,8 @@ class DepthProbes(ManagementProbes):
 
     async def _alarm_loop(self) -> None:
         while True:
-            await self.poll_alarms()
+            if not self.alarms_shared_elsewhere():
+                await self.poll_alarms()
             await asyncio.sleep(self.settings.alarm_interval)
 
     async def poll_alarms(self) -> None:
@@ -301,5 +311,14 @@ class DepthProbes(ManagementProbes):
             alarms = await self._ask(self.api.alarms)
         except ManagementError:
             return
-        self._management_alarm = management_alarm(alarms.memory, alarms.disk)
+        self.node_alarms(alarms.memory, alarms.disk)
+
+    def node_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
+        """The nodes in a memory and in a disk alarm, as the management API said."""
+        self._management_alarm = management_alarm(memory, disk)
         self._update_alarm()
+
+    def alarms_shared_elsewhere(self) -> bool:
+        """Whether another sidecar of the fleet polls the node alarms for this one (see
+        ``FlowSupervisor``); alone, never."""
+        return False

@@ -152,7 +152,11 @@ class FlowSupervisor(DepthProbes):
         # The fleet through the broker (--fleet NAME; None: off, nothing of it runs).
         self.fleet = (FleetService(FleetSettings(
             settings.fleet, sample_stale_after=(2 * settings.management_interval
-                                                + settings.management_timeout)), self, clock)
+                                                + settings.management_timeout),
+            alarm_stale_after=2 * settings.alarm_interval + settings.management_timeout,
+            topology_stale_after=2 * settings.topology_interval + settings.management_timeout,
+            sync_grace=settings.sync_grace, sync_spacing=settings.topology_interval),
+            self, clock)
                       if settings.fleet else None)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -248,6 +252,31 @@ class FlowSupervisor(DepthProbes):
 
     def shared_elsewhere(self, key: QueueKey) -> bool:
         return self.fleet is not None and self.fleet.covered(key)
+
+    def node_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
+        """Node alarms this sidecar read on the API: applied, and offered to the fleet."""
+        super().node_alarms(memory, disk)
+        if self.fleet is not None:
+            self.fleet.own_alarms(memory, disk)
+
+    def feed_shared_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
+        """The node alarms the fleet's alarm poller read: as good as this sidecar's own."""
+        super().node_alarms(memory, disk)
+
+    def alarms_shared_elsewhere(self) -> bool:
+        return self.fleet is not None and self.fleet.polls.alarms_covered()
+
+    def topology_covered(self) -> bool:
+        """Whether the fleet's topology pollers' syncs stand for this sidecar's periodic
+        one (``floodwall.io.fleet_polls``)."""
+        return self.fleet is not None and self.fleet.polls.topology_covered()
+
+    def topology_sync_age(self) -> float | None:
+        at = self.stats.last_sync_at
+        return None if at is None else max(0.0, self.clock() - at)
+
+    def request_topology_sync(self, why: str) -> None:
+        self.feed.request_sync(why)
 
     def _gone(self, key: QueueKey, source: ChangeSource) -> None:
         if key in self.controller.queues:

@@ -111,6 +111,10 @@ class Policing(Protocol):
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
         """One counted management API call."""
 
+    def topology_covered(self) -> bool:
+        """Whether another sidecar's syncs stand for this one's periodic sync now (a
+        fleet's topology poller, ``floodwall.io.fleet_polls``)."""
+
 
 def _reason(exc: BaseException) -> str:
     text = str(exc)
@@ -376,8 +380,12 @@ class TopologyFeed(FeedLookups):
 
     async def _sync_loop(self) -> None:
         while True:
+            asked = self._sync_wake.is_set()
             self._sync_wake.clear()
-            await self.sync()
+            if asked or not self.loaded or not self.policing.topology_covered():
+                await self.sync()
+            else:  # the fleet's topology poller synced for this sidecar
+                self.stats.syncs["covered"] += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._sync_wake.wait(), self.settings.topology_interval)
             await asyncio.sleep(SYNC_MIN_SPACING if self._sync_wake.is_set() else 0)

@@ -92,7 +92,7 @@ class FlowStats:
     event_lag_seconds: float | None = None  # broker's event stamp to its arrival, last one
     lookups: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, result)
     lookup_seconds: Histogram = field(default_factory=lambda: Histogram(LOOKUP_BUCKETS))
-    syncs: Counter[str] = field(default_factory=Counter)  # ok | error
+    syncs: Counter[str] = field(default_factory=Counter)  # ok | error | covered (skipped)
     last_sync_at: float | None = None
     sync_differences: int = 0  # syncs that found changes the events had not brought
     out_of_step_seconds: float | None = None  # the last such: out of step for at most this
@@ -357,7 +357,7 @@ class FlowCollector(Collector):
         syncs = CounterMetricFamily("floodwall_topology_syncs",
                                     "Full listings of the topology, by result",
                                     labels=["result"])
-        for result in ("ok", "error"):
+        for result in ("ok", "error", "covered"):  # covered: the fleet's poller synced
             syncs.add_metric([result], s.syncs[result])
         yield syncs
         yield CounterMetricFamily(
@@ -435,6 +435,14 @@ def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric
     yield from (interval, drain, admitted, counts)
 
 
+def management_requests(stats: FlowStats) -> dict[str, int]:
+    """The load this sidecar puts on the management API: requests so far by endpoint,
+    answered or failed, and their total (a fleet's pollers spare the others:
+    docs/architecture.md, "A fleet of sidecars")."""
+    return {"total": stats.management_requests,
+            **{endpoint: h.count for endpoint, h in sorted(stats.management_seconds.items())}}
+
+
 def flow_state(controller: FlowController, counters: GateCounters, stats: FlowStats,
                now: float) -> dict[str, object]:
     """The ``flow`` section of ``GET /state`` (JSON-ready)."""
@@ -444,9 +452,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
         q = c.queues[key]
         p = q.policy
         queues.append({
-            "vhost": key[0],
-            "queue": key[1],
-            "policy": p.name,
+            "vhost": key[0], "queue": key[1], "policy": p.name,
             "mode": p.mode.value,
             "capacity": p.capacity,
             "resume": p.resume,
@@ -488,6 +494,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "last_reload_error": stats.last_reload_error,
         },
         "management": stats.management.as_dict(now),
+        "management_requests": management_requests(stats),
         "own_connections": dict(stats.own_connections),
         "topology": topology_state(c, stats, now),
         "alarm": c.alarm_reason,

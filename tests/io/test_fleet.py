@@ -12,14 +12,20 @@ import pytest
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.depth import ManagementSample
 from floodwall.control.fleet import (
+    ALARMS_KEY,
+    TOPOLOGY_QUEUE,
     Announcement,
     QueueReport,
+    SharedAlarms,
     SharedSample,
+    SharedTopology,
     encode,
     member_queue,
     poller_of,
 )
+from floodwall.control.fleet_polls import topology_digests
 from floodwall.control.policy import parse_policies
+from floodwall.control.routing import Topology
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.amqp_client import AmqpClient, Delivery, QueueCounts, QueueLocked
 from floodwall.io.fleet import FleetService, FleetSettings, member_id
@@ -50,12 +56,25 @@ class Host:
         self.controller = FlowController(Router(), POLICIES)
         self.enforcement = Enforcement(self.controller)
         self.fed: list[tuple[QueueKey, ManagementSample]] = []
+        self.topology = Topology()
+        self.alarms: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+        self.sync_age: float | None = 3.0
+        self.syncs_asked: list[str] = []
 
     def new_client(self, vhost: str) -> AmqpClient:
         raise AssertionError("no connections in these tests")
 
     def feed_shared_management(self, key: QueueKey, sample: ManagementSample) -> None:
         self.fed.append((key, sample))
+
+    def feed_shared_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
+        self.alarms.append((memory, disk))
+
+    def topology_sync_age(self) -> float | None:
+        return self.sync_age
+
+    def request_topology_sync(self, why: str) -> None:
+        self.syncs_asked.append(why)
 
 
 def _delivery(a: Announcement) -> Delivery:
@@ -64,7 +83,9 @@ def _delivery(a: Announcement) -> Delivery:
 
 def _service(me: str) -> tuple[FleetService, Host, Clock]:
     host, clock = Host(), Clock(100.0)
-    svc = FleetService(FleetSettings("t", member=me, sample_stale_after=15.0), host, clock)
+    svc = FleetService(FleetSettings("t", member=me, sample_stale_after=15.0,
+                                     alarm_stale_after=9.0, topology_stale_after=65.0,
+                                     sync_grace=2.0, sync_spacing=30.0), host, clock)
     svc.table.expect(["/"])
     return svc, host, clock
 
@@ -202,3 +223,124 @@ def test_a_newly_policed_queue_has_its_share_before_its_first_figure() -> None:
     alone._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
     q = alone_host.controller.queue_seen(("/", "orders.new"), alone_clock.t)
     assert q is not None and q.share is None  # alone and hearing the fleet: all of it
+
+
+def _other_polls(key: QueueKey) -> str:
+    """A member name that wins ``key``'s rendezvous over "me"."""
+    return next(m for m in (f"b{i}" for i in range(100)) if poller_of(key, ["me", m]) == m)
+
+
+def test_the_alarm_pollers_answer_is_fed_and_spares_asking_while_fresh() -> None:
+    """Item 4: one member asks the API for node alarms for the fleet; the others feed its
+    answer (once per answer) and ask themselves only when it is stale or gone."""
+    svc, host, clock = _service("me")
+    b = _other_polls(ALARMS_KEY)
+    svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+    assert not svc.polls.alarms_covered()  # b not heard: ask oneself
+    svc.own_alarms((), ())
+    assert svc.polls.announced_alarms(clock.t) is not None  # the poller, alone
+    alarm = SharedAlarms(("rabbit@a",), (), 0.4, 5)
+    for seq in (1, 2):  # the same answer twice: fed once
+        svc._on_message(_delivery(Announcement(b, 1.0, seq, "/", {}, alarms=alarm)))
+    assert host.alarms == [(("rabbit@a",), ())]
+    assert svc.polls.alarms_covered()
+    assert svc.polls.announced_alarms(clock.t) is None  # b polls them now, not this one
+    clock.t += 8.0  # 8.4 s old: still fresh (9 s)
+    svc._on_message(_delivery(Announcement("me", 1.0, 2, "/", {})))
+    assert svc.polls.alarms_covered()
+    clock.t += 1.0
+    assert not svc.polls.alarms_covered()  # stale: ask the API again
+
+
+def test_an_alarm_poller_announces_a_changed_answer_at_once() -> None:
+    svc, _, clock = _service("me")
+    svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+    svc._announced["/"] = clock.t
+    svc.own_alarms((), ())
+    assert "/" not in svc._announced  # the first answer
+    svc._announced["/"] = clock.t
+    svc.own_alarms((), ())
+    assert "/" in svc._announced  # unchanged: the usual cadence
+    svc.own_alarms(("rabbit@a",), ())
+    assert "/" not in svc._announced  # changed: announced at the next tick
+
+
+def test_an_alarm_from_a_member_that_is_not_the_poller_is_not_fed() -> None:
+    svc, host, _ = _service("me")
+    other = next(m for m in (f"c{i}" for i in range(100))
+                 if poller_of(ALARMS_KEY, ["me", m]) == "me")
+    svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+    svc._on_message(_delivery(Announcement(other, 1.0, 1, "/", {},
+                                           alarms=SharedAlarms((), ("x",), 0.0, 1))))
+    assert host.alarms == [] and not svc.polls.alarms_covered()
+
+
+def _topology_service() -> tuple[FleetService, Host, Clock, str, str]:
+    svc, host, clock = _service("me")
+    b = _other_polls(("/", TOPOLOGY_QUEUE))
+    host.topology.declare_queue("/", "orders.1")
+    mine = topology_digests(host.topology.items())["/"]
+    svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+    return svc, host, clock, b, mine
+
+
+def test_a_topology_pollers_equal_digest_spares_the_periodic_sync() -> None:
+    svc, host, clock, b, mine = _topology_service()
+    svc.polls.check_topology(["/"], clock.t)
+    assert not svc.polls.topology_covered()  # b not heard
+    svc._on_message(_delivery(Announcement(b, 1.0, 1, "/", {},
+                                           topology=SharedTopology(mine, 2.0))))
+    svc.polls.check_topology(["/"], clock.t)
+    assert svc.polls.topology_covered()
+    assert svc.polls.announced_topology("/", clock.t) is None  # b announces it, not me
+    svc._on_message(_delivery(Announcement(b, 1.0, 2, "/", {},
+                                           topology=SharedTopology(mine, 64.0))))
+    clock.t += 1.5  # its last sync 65.5 s old: stale
+    svc._on_message(_delivery(Announcement("me", 1.0, 2, "/", {})))
+    svc.polls.check_topology(["/"], clock.t)
+    assert not svc.polls.topology_covered() and host.syncs_asked == []
+
+
+def test_a_digest_that_differs_past_the_grace_asks_one_sync() -> None:
+    svc, host, clock, b, _ = _topology_service()
+    host.sync_age = 40.0  # its own last sync: more than a topology interval (30 s) ago
+    other = SharedTopology("0123456789abcdef", 1.0)
+    for seq, dt in enumerate([0.0, 1.0, 1.5, 0.5], start=1):
+        clock.t += dt
+        svc._on_message(_delivery(Announcement("me", 1.0, seq + 1, "/", {})))
+        svc._on_message(_delivery(Announcement(b, 1.0, seq, "/", {}, topology=other)))
+        svc.polls.check_topology(["/"], clock.t)
+        if seq <= 2:  # within the grace (changes in flight): still covered
+            assert svc.polls.topology_covered() and host.syncs_asked == []
+    assert not svc.polls.topology_covered()
+    assert len(host.syncs_asked) == 1  # once per difference, then its own periodic syncs
+    host.topology.declare_queue("/", "orders.2")  # its model moves to the poller's...
+    same = SharedTopology(topology_digests(host.topology.items())["/"], 1.0)
+    svc._on_message(_delivery(Announcement(b, 1.0, 9, "/", {}, topology=same)))
+    svc.polls.check_topology(["/"], clock.t)
+    assert svc.polls.topology_covered()  # ...covered again
+
+
+def test_the_topology_poller_announces_its_digest_and_sync_age() -> None:
+    svc, host, clock = _service("me")
+    host.topology.declare_queue("/", "orders.1")
+    svc._on_message(_delivery(Announcement("me", 1.0, 1, "/", {})))
+    t = svc.polls.announced_topology("/", clock.t)
+    assert t == SharedTopology(topology_digests(host.topology.items())["/"], 3.0)
+    svc.polls.check_topology(["/"], clock.t)
+    assert not svc.polls.topology_covered()  # it syncs for the fleet: never skips
+
+
+def test_a_digest_asks_no_sync_within_a_topology_interval_of_the_last() -> None:
+    svc, host, clock, b, _ = _topology_service()
+    host.sync_age = 10.0
+    other = SharedTopology("0123456789abcdef", 1.0)
+    for seq in range(1, 6):
+        clock.t += 1.0
+        svc._on_message(_delivery(Announcement("me", 1.0, seq + 1, "/", {})))
+        svc._on_message(_delivery(Announcement(b, 1.0, seq, "/", {}, topology=other)))
+        svc.polls.check_topology(["/"], clock.t)
+    assert host.syncs_asked == [] and not svc.polls.topology_covered()
+    host.sync_age = 30.0  # now it may
+    svc.polls.check_topology(["/"], clock.t)
+    assert len(host.syncs_asked) == 1 and svc.polls.watch.differences == 1

@@ -136,6 +136,9 @@ class Policing:
     async def queues_listed(self, listed: set[QueueKey]) -> None:
         self.listed.append(listed)
 
+    def topology_covered(self) -> bool:
+        return False  # no fleet: every periodic sync is its own
+
     async def client_for(self, vhost: str) -> Any:
         return Client(self.broker)
 
