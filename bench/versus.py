@@ -50,8 +50,10 @@ def module_of(root: Path) -> str:
 
 
 def start_relays(procs: dict[str, ProxyProcess], upstream: str, base: Path, workdir: Path,
-                 management: str) -> None:
-    """Into ``procs``, as each starts (so that the caller stops those that did)."""
+                 management: str, old_args: tuple[str, ...] = (),
+                 new_args: tuple[str, ...] = ()) -> None:
+    """Into ``procs``, as each starts (so that the caller stops those that did);
+    ``old_args`` / ``new_args``: more arguments of the old / new ``floodwall run``."""
     policies = flow.write_policies(
         workdir / "policies.yaml",
         flow.policy_entry("firehose", "bench.firehose*", "256MiB", "192MiB"),
@@ -61,7 +63,8 @@ def start_relays(procs: dict[str, ProxyProcess], upstream: str, base: Path, work
         root = base if name.startswith("old") else None
         proc = ProxyProcess(upstream=upstream, logfile=workdir / f"{name}.log",
                             extra_args=["--event-loop", "auto", "--log-format", "json",
-                                        *(policed if name.endswith("policed") else [])],
+                                        *(policed if name.endswith("policed") else []),
+                                        *(old_args if root else new_args)],
                             root=root, module=module_of(root) if root else "floodwall")
         procs[name] = proc
         proc.start()
@@ -129,6 +132,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=20_000,
                    help="x-max-length of the firehose queues")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--old-args", default="",
+                   help="more arguments for the old `floodwall run` (with --base the same "
+                   "checkout: one setting against another, e.g. '--fleet off')")
+    p.add_argument("--new-args", default="", help="more arguments for the new `floodwall run`")
     p.add_argument("--pump", action="store_true",
                    help="the byte pump (bench.pump) as one more target, alternated with the rest")
     return p.parse_args(argv)
@@ -151,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"starting RabbitMQ in {workdir}")
         endpoint = broker.start()
         start_relays(procs, f"{endpoint.host}:{endpoint.amqp_port}", args.base.resolve(),
-                             workdir, endpoint.management_url)
+                             workdir, endpoint.management_url, tuple(args.old_args.split()),
+                     tuple(args.new_args.split()))
         targets = {"direct": relay.Target("direct", endpoint.host, endpoint.amqp_port)}
         for name, proc in procs.items():
             assert proc.process is not None
