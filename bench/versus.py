@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"starting RabbitMQ in {workdir}")
         endpoint = broker.start()
         start_relays(procs, f"{endpoint.host}:{endpoint.amqp_port}", args.base.resolve(),
-                             workdir, endpoint.management_url, tuple(args.old_args.split()),
+                     workdir, endpoint.management_url, tuple(args.old_args.split()),
                      tuple(args.new_args.split()))
         targets = {"direct": relay.Target("direct", endpoint.host, endpoint.amqp_port)}
         for name, proc in procs.items():
