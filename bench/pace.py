@@ -113,16 +113,29 @@ class BrokerDepth(threading.Thread):
         super().__init__(daemon=True)
         self.host, self.port, self.queue = host, port, queue
         self.samples: list[tuple[float, int]] = []
+        self.rtts: list[tuple[float, float]] = []  # (asked at, round trip): the control
         self.halt = threading.Event()
 
     def run(self) -> None:
         conn = pika.BlockingConnection(pika.ConnectionParameters(self.host, self.port))
         ch = conn.channel()
         while not self.halt.is_set():
+            asked = time.monotonic()
             ok = ch.queue_declare(self.queue, passive=True)
-            self.samples.append((time.monotonic(), int(ok.method.message_count)))
+            now = time.monotonic()
+            self.samples.append((now, int(ok.method.message_count)))
+            self.rtts.append((asked, now - asked))
             time.sleep(0.005)
         conn.close()
+
+    def round_trips(self, start: float, end: float) -> dict[str, float | None]:
+        """This connection's passive declares between ``start`` and ``end``: median, 90th and
+        99th percentile round trip (seconds), the control for the proxy's counts (the same
+        declare of the same queue, from another process, at the same time)."""
+        rs = sorted(r for t, r in self.rtts if start <= t <= end)
+        def at(p: float) -> float | None:
+            return round(rs[min(len(rs) - 1, int(len(rs) * p))], 5) if rs else None
+        return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
     def max_ready(self, since: float = 0.0) -> int:
         return max((n for t, n in self.samples if t >= since), default=0)
@@ -214,6 +227,7 @@ def held_pace(seen: list[dict[str, Any]]) -> dict[str, Any]:
             "admitted_rate_bytes": med("admitted_rate_bytes"),
             "enqueue_lag": med("enqueue_lag"),
             "rtt_high": med("rtt_high"),
+            "count_rtt": med("count_rtt"),
             "trips": seen[-1]["trips"] if seen else None}
 
 
@@ -256,6 +270,7 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
                           rate=round((doc["got"] - 1) / secs, 1) if secs > 0 else None,
                           max_ready=ready,
                           ready=watch.ready_between(doc["first"], doc["last"]),
+                          control_rtt=watch.round_trips(doc["first"], doc["last"]),
                           over_capacity_bytes=ready * SIZE - capacity,
                           held=held_pace(seen),
                           cpu_seconds={"broker": round(cpu1[0] - cpu0[0], 2),
@@ -364,13 +379,18 @@ async def cpu(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, A
 SCENARIOS = {"pace": pace, "cpu": cpu}
 
 
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
 def report(doc: dict[str, Any]) -> None:
     res = doc["results"]
     if "pace" in res:
         print("\n| round | capacity | consumed msg/s | ratio to the first | max ready "
               "(over capacity) | found empty | median ready | held: admitted / drain MB/s, "
-              "lag ms, rtt_high ms | CPU s broker / proxy |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "lag ms, rtt_high ms | count rtt ms: proxy median / control p50, p99 "
+              "| CPU s broker / proxy |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for i, row in enumerate(res["pace"]["rounds"]):
             for label, r in row.items():
                 ready, held, cpu = r.get("ready", {}), r.get("held", {}), r.get("cpu_seconds", {})
@@ -381,9 +401,12 @@ def report(doc: dict[str, Any]) -> None:
                             f"{(held.get('drain_rate_bytes') or 0) / 1e6:.2f}, "
                             f"{(held.get('enqueue_lag') or 0) * 1000:.0f}, "
                             f"{(held.get('rtt_high') or 0) * 1000:.0f}")
+                ctl, own = r.get("control_rtt") or {}, held.get("count_rtt")
+                rtts = (f"{'-' if own is None else f'{own * 1000:.1f}'} / "
+                        f"{ms(ctl.get('p50'))}, {ms(ctl.get('p99'))}")
                 print(f"| {i} | {label} | {r.get('rate')} | {r.get('ratio')} | "
                       f"{r.get('max_ready')} ({over:.0f} KiB) | {ready.get('empty')} | "
-                      f"{ready.get('median_ready')} | {pace} | "
+                      f"{ready.get('median_ready')} | {pace} | {rtts} | "
                       f"{cpu.get('broker')} / {cpu.get('proxy')} |")
         for variant, s in res["pace"]["stopped"].items():
             print(f"\nstopped consumer ({s.get('capacity', 0) // KIB} KiB, {variant}): max ready "

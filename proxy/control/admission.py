@@ -29,7 +29,7 @@ a drain estimate that lags behind a stop does not add up: the bound holds at eve
 The trust budget (one sidecar; issue 14's third pass). What was forwarded within ``m`` of a
 count is counted on top of it even when it is in it, and that double count, not the drain,
 capped a held queue's admitted rate at about ``capacity / (m + r)`` (0.69 of an 18,000 msg/s
-consumer at 256 KiB). So a count is trusted with part of it: with ``m_lo = max(2 x r_high,
+consumer at 256 KiB). So a count is trusted with part of it: with ``m_lo = max(2 x r,
 lag, TRUST_FLOOR)`` (``trusted_margin``: the lag the counts show, ``SETTLE`` within
 ``SETTLE`` of a trip, 10 ms at least) and ``S`` = a quarter of the limit, at most 64 KiB
 (``trust_budget``), ``F(t - m)`` above becomes
@@ -58,7 +58,7 @@ rate share (``floodwall.control.fleet_rate``: a token bucket fed at its share of
 so members are admitted equal bytes per second, not equal parts of each count's room.
 
 The margin ``m`` is ``max(2 x r_high, HOT_MIN_MARGIN, lag)``: ``r_high`` the longest round
-trip of the recent counts (``QueueDepth.rtt_high``, halving per second), ``lag``
+trip of the recent counts (``QueueDepth.rtt_high``, halving every 0.1 s, ``RTT_HALF_LIFE``), ``lag``
 the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked
 for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
 flood still on its way into the queue, issue 11), so the first admissions wait until the
@@ -158,10 +158,15 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
 
 def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:
     """``m_lo``: how long before a count asked for at ``at`` a publish is trusted to be in
-    it, as far as the trust budget goes: twice the longest recent round trip, the lag the
-    counts show (``SETTLE`` for the counts within ``SETTLE`` of a trip) and ``TRUST_FLOOR``
-    at least."""
-    return max(2 * max(rtt, depth.rtt_high), depth.lag_at(at), TRUST_FLOOR)
+    it, as far as the trust budget goes: twice this count's round trip, the lag the counts
+    show (``SETTLE`` for the counts within ``SETTLE`` of a trip) and ``TRUST_FLOOR`` at
+    least. This count's round trip, not the longest recent one (``rtt_high``, which the
+    margin ``m`` keeps): ``rtt_high`` is a decaying maximum over some 200 counts a second,
+    so one count delayed by the proxy's own loop or the OS (bench/RESULTS.md, issue 14's
+    fourth pass: median 0.55 ms, but a 30-130 ms outlier every second or so on a 2-core
+    machine) held ``m_lo`` at ``m`` and the budget never engaged; what trusting a fast
+    count too much can cost is the budget ``S`` whatever ``m_lo`` is."""
+    return max(2 * rtt, depth.lag_at(at), TRUST_FLOOR)
 
 
 def trust_budget(policy: Policy) -> tuple[float, float]:

@@ -58,9 +58,14 @@ HOT_MIN_MARGIN = MIN_MARGIN
 # (1 s until issue 14's pace work: see docs/architecture.md, "Enqueue lag").
 LAG_HALF_LIFE = 5.0
 # The longest recent round trip of the counts (``rtt_high``) halves every this many seconds:
-# a round trip is seen at every count, so a slow broker keeps it up, and one slow answer
-# (the proxy's own loop descheduled as well) does not narrow admission for long.
-RTT_HALF_LIFE = 1.0
+# a round trip is seen at every count, so a slow broker keeps it up (a hot queue is counted
+# some 150-200 times a second), and one slow answer (the proxy's own loop or the OS: on the
+# 2-core test machine a 30-130 ms outlier every second or so while the median was 0.55 ms)
+# does not narrow admission for long. 1 s until issue 14's fourth pass: the margin then
+# stood on the worst outlier of the last seconds (11-19 ms median rtt_high, so m >= 22 ms
+# and m_lo >= m), and a 40 ms outlier a second held a simulated 256 KiB queue at 0.43 of
+# its consumer's rate (0.77 with 0.1 s; tests/test_pace.py, bench/RESULTS.md).
+RTT_HALF_LIFE = 0.1
 
 
 class RoomShare(Protocol):

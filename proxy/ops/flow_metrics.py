@@ -391,15 +391,17 @@ def topology_state(controller: FlowController, stats: FlowStats, now: float
 def pace_of(controller: FlowController, stats: FlowStats, key: QueueKey, now: float
             ) -> dict[str, float | None]:
     """A policed queue's pace (issue 14): the sampling interval in force, the lag in force,
-    the longest recent count round trip (``rtt_high``: with the lag, what the admission
-    margins stand on), the drain rate (body bytes/s, from its ready counts and the ledger)
-    and what the proxy forwarded to it over the last second (bytes/s; while it is held, the
-    rate held publishes were admitted)."""
+    the longest recent count round trip (``rtt_high``: with the lag, what the margin ``m``
+    stands on), the newest count's (``count_rtt``: what ``m_lo`` stands on), the drain
+    rate (body bytes/s, from its ready counts and the ledger) and what the proxy forwarded
+    to it over the last second (bytes/s; while it is held, the rate held publishes were
+    admitted)."""
     depth = controller.queues[key].depth
     drain = drain_bytes_rate(depth)
     return {"sampling_interval": stats.sampling_interval.get(key),
             "enqueue_lag": round(depth.lag_at(now), 4),
             "rtt_high": round(depth.rtt_high, 4),
+            "count_rtt": None if depth.ready_rtt is None else round(depth.ready_rtt, 4),
             "drain_rate_bytes": None if drain is None else round(drain, 1),
             "admitted_rate_bytes": round(ingress_rate(depth, now).bytes, 1)}
 
