@@ -36,6 +36,19 @@ def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: f
         time.sleep(interval)
 
 
+def record_calls(obj: Any, name: str) -> list[tuple[Any, ...]]:
+    """Replace method ``name`` of ``obj`` with one that records each call's arguments in the
+    list returned, then does what it did (so a test can see that a path was taken)."""
+    calls: list[tuple[Any, ...]] = []
+    method = getattr(obj, name)
+
+    def recorded(*args: Any) -> Any:
+        calls.append(args)
+        return method(*args)
+    setattr(obj, name, recorded)
+    return calls
+
+
 async def eventually(condition: Callable[[], object], timeout: float, what: str) -> object:
     """``wait_for`` on the event loop: poll ``condition`` until truthy, fail at the deadline."""
     deadline = time.monotonic() + timeout

@@ -35,6 +35,7 @@ from tests.amqp10.test_credit_gate import (
     message,
 )
 from tests.amqp10.test_spool_gate import records, spooling
+from tests.conftest import record_calls
 
 LIMIT = 1 << 20
 ACCEPTED = Described(ULong(0x24), [])
@@ -251,17 +252,12 @@ def _state(s: Setup) -> tuple[object, ...]:
     return tuple(links), tuple(queues), tuple(sorted(s.gate.sessions[0].in_flight))
 
 
-def _setup(chunker: Chunker, runs: bool) -> tuple[Setup, list[int]]:
-    """A gated connection with runs on (counting them) or off; the broker's first grants."""
+def _setup(chunker: Chunker, runs: bool) -> tuple[Setup, list[tuple[Any, ...]]]:
+    """A gated connection with runs on (recording them) or off; the broker's first grants."""
     s = Setup(chunker=chunker)
-    read_runs = [0]
+    read_runs: list[tuple[Any, ...]] = []
     if runs:
-        took = s.gate.on_transfer_run
-
-        def counted(*args: Any) -> None:
-            read_runs[0] += 1
-            took(*args)
-        s.gate.on_transfer_run = counted  # type: ignore[method-assign]
+        read_runs = record_calls(s.gate, "on_transfer_run")
     else:
         s.gate.transfer_run = lambda channel, handle: None  # type: ignore[method-assign]
     s.server(broker_flow(7, 0, 5000) + broker_flow(8, 0, 5000))
@@ -313,7 +309,7 @@ def _lockstep(steps: list[tuple[Any, ...]], chunker: Chunker) -> int:
             s.server(disposition(SERVER_CH, True, settled, a.next_id - 1))
         assert a.take()[0] == b.take()[0]
         _no_stall(a, b, settled=True)
-    return runs[0]
+    return len(runs)
 
 
 def _no_stall(a: Setup, b: Setup, settled: bool = False) -> None:
@@ -383,7 +379,7 @@ def test_a_transfer_beyond_the_credit_ends_the_run_and_detaches_the_link() -> No
     s.client(batch(s, [(handle, 900, False)] * (left + 1)))
     _, to_client = s.take()
     link = s.gate.sessions[0].links[handle]
-    assert isinstance(link, SenderLink) and link.detaching and runs[0] == 1
+    assert isinstance(link, SenderLink) and link.detaching and len(runs) == 1
     assert link.deliveries == left
     assert b"amqp:link:transfer-limit-exceeded" in to_client
 
@@ -490,13 +486,7 @@ def test_the_brokers_deliveries_as_runs_book_what_one_at_a_time_books(
     chunker = (whole, bytewise, random_chunks(seed, 700), random_chunks(seed, 40))[seed]
     a, b = Setup(chunker=chunker), Setup(chunker=chunker)
     b.gate.server_transfer_run = lambda channel, handle: False  # type: ignore[method-assign]
-    taken = [0]
-    took = a.gate.on_server_transfer_run
-
-    def counted(channel: int, handle: int, count: int) -> None:
-        taken[0] += count
-        took(channel, handle, count)
-    a.gate.on_server_transfer_run = counted  # type: ignore[method-assign]
+    taken = record_calls(a.gate, "on_server_transfer_run")
     a.server(broker_flow(7, 0, 5000))
     b.server(broker_flow(7, 0, 5000))
     assert a.take() == b.take()
@@ -508,19 +498,13 @@ def test_the_brokers_deliveries_as_runs_book_what_one_at_a_time_books(
         assert a.take() == b.take()
         assert _receiver_state(a) == _receiver_state(b)
     if seed == 0 and any(k == "one" and n > 1 for r in reads for k, _, _, n in r):
-        assert taken[0] > 0  # whole reads of bursts: runs were read
+        assert taken  # whole reads of bursts: runs were read
 
 
 def test_a_burst_from_the_broker_is_read_as_a_run_and_counted() -> None:
     s = Setup()
-    runs: list[int] = []
-    took = s.gate.on_server_transfer_run
-
-    def counted(channel: int, handle: int, count: int) -> None:
-        runs.append(count)
-        took(channel, handle, count)
-    s.gate.on_server_transfer_run = counted  # type: ignore[method-assign]
+    runs = record_calls(s.gate, "on_server_transfer_run")
     data = _deliveries([("one", 900, False, 40)], 5)
     s.server(data)
-    assert s.take()[1] == data and runs == [39]
+    assert s.take()[1] == data and [count for _, _, count in runs] == [39]
     assert _receiver_state(s) == (40, False, 40)
