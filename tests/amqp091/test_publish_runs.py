@@ -278,28 +278,39 @@ def _lockstep(steps: list[tuple[Any, ...]], seed: int, one_byte: bool = False,
     chunker = None if seed == 0 else random.Random(seed)
     for step in steps:
         if step[0] == "send":
-            data = b"".join(f for channel, queue, size, n, props in step[1] for _ in range(n)
-                            for f in publish_frames(channel, queue, size, 0 if size < 90 else 40,
-                                                    B.Properties(headers={"h": 1})
-                                                    if props == "headers" else None))
+            data = _sent(step)
             start = 0
             for end in _cuts(len(data), chunker, one_byte):  # the books agree after each read
                 for s in (a, b):
                     s.core.receive_from_client(data[start:end], s.clock.t)
                 _agree(a, b)
                 start = end
-        elif step[0] == "ack":
-            for s in (a, b):
-                s.core.receive_from_server(method(B.Ack(delivery_tag=1, multiple=True),
-                                                  step[1]), s.clock.t)
         elif step[0] == "confirm":
             for s in (a, b):
                 s.core.receive_from_client(method(CF.Select(), step[1]), s.clock.t)
         else:
-            for s in (a, b):
-                s.sample(step[1], step[2])
+            _from_the_broker(a, b, step)
         _agree(a, b)
     return len(runs)
+
+
+def _sent(step: tuple[Any, ...]) -> bytes:
+    """A ``send`` step's publishes: (channel, queue, body size, how many, properties)."""
+    return b"".join(f for channel, queue, size, n, props in step[1] for _ in range(n)
+                    for f in publish_frames(channel, queue, size, 0 if size < 90 else 40,
+                                            B.Properties(headers={"h": 1})
+                                            if props == "headers" else None))
+
+
+def _from_the_broker(a: Setup, b: Setup, step: tuple[Any, ...]) -> None:
+    """An ``ack`` step (the broker confirms everything on a channel) or a depth sample."""
+    if step[0] in ("ack", "broker-ack"):
+        for s in (a, b):
+            s.core.receive_from_server(method(B.Ack(delivery_tag=1, multiple=True), step[1]),
+                                       s.clock.t)
+    else:
+        for s in (a, b):
+            s.sample(step[1], step[2])
 
 
 @settings(max_examples=150, deadline=None)
@@ -415,21 +426,13 @@ def _held_lockstep(steps: list[tuple[Any, ...]], seed: int, overflow: str, confi
     assert a.gate.channels[2].holding or overflow == "reject"
     for step in steps:
         if step[0] == "send":
-            feed(b"".join(f for channel, queue, size, n, props in step[1] for _ in range(n)
-                          for f in publish_frames(channel, queue, size, 0 if size < 90 else 40,
-                                                  B.Properties(headers={"h": 1})
-                                                  if props == "headers" else None)))
+            feed(_sent(step))
         elif step[0] == "method":
             feed(method(_METHODS[step[2]], step[1]))
         elif step[0] == "close":
             feed(method(C.Close(200, "bye", 0, 0)))
-        elif step[0] == "broker-ack":
-            for s in (a, b):
-                s.core.receive_from_server(method(B.Ack(delivery_tag=1, multiple=True),
-                                                  step[1]), s.clock.t)
         else:
-            for s in (a, b):
-                s.sample(step[1], step[2])
+            _from_the_broker(a, b, step)
         _agree(a, b)
     return len(runs)
 
