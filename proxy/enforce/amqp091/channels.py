@@ -19,13 +19,13 @@ from floodwall.enforce.states import (
     ChannelPhase,
 )
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, frame_at
+from floodwall.wire.amqp091.runs import HEADERS_FLAG
 
 PROTOCOL: Final = ev.ProtocolName.AMQP091
 _B = commands.Basic
 _CH = commands.Channel
 _SHORT = struct.Struct(">H")
 BODY_SIZE = struct.Struct(">HHQH")  # class id, weight, body size, property flags
-HEADERS_FLAG: Final = 0x2000  # property flag bit of ``headers`` (third property)
 DEFAULT_HOLD_BUDGET: Final = 8 * 1024 * 1024
 #: Held bytes past which a connection is not read while a channel of it waits for a lookup
 #: (proxy/lookups.py): a lookup takes a round trip, and a flood read meanwhile would only
@@ -110,13 +110,8 @@ class ConfirmNumbers:
     ahead: int = 0  # client_seq - broker_seq for the next forwarded publish
     offsets: deque[tuple[int, int]] = field(default_factory=deque)  # (first broker seq, ahead)
 
-    def forwarded(self) -> None:
-        self.broker_seq += 1
-        if self.ahead and (not self.offsets or self.offsets[-1][1] != self.ahead):
-            self.offsets.append((self.broker_seq, self.ahead))
-
-    def forwarded_run(self, count: int) -> None:
-        """``forwarded`` ``count`` times (a run of publishes, ``enforce.amqp091.runs``)."""
+    def forwarded(self, count: int = 1) -> None:
+        """``count`` publishes forwarded (more than one: a run, ``enforce.amqp091.runs``)."""
         if self.ahead and (not self.offsets or self.offsets[-1][1] != self.ahead):
             self.offsets.append((self.broker_seq + 1, self.ahead))
         self.broker_seq += count

@@ -26,7 +26,6 @@ from floodwall.enforce import events as ev
 from floodwall.enforce.amqp091.channels import (
     BODY_SIZE,
     DEFAULT_HOLD_BUDGET,
-    HEADERS_FLAG,
     LOOKUP_HOLD_BUDGET,
     PASS_WHILE_HELD,
     ChannelFlow,
@@ -51,6 +50,7 @@ from floodwall.enforce.states import (
 )
 from floodwall.spool.records import SpoolRecord
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
+from floodwall.wire.amqp091.runs import HEADERS_FLAG
 
 _B = commands.Basic
 _CH = commands.Channel

@@ -31,9 +31,10 @@ ledger (at the same ``now``, so into the same ledger bucket).
 from __future__ import annotations
 
 from floodwall.control.controller import forwarded_run, quiet_room
-from floodwall.enforce.amqp091.channels import BODY_SIZE, HEADERS_FLAG
+from floodwall.enforce.amqp091.channels import BODY_SIZE
 from floodwall.enforce.amqp091.refusals import Refusing
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer
+from floodwall.wire.amqp091.runs import HEADERS_FLAG
 
 _NO_QUEUES: frozenset[str] = frozenset()
 
@@ -87,6 +88,6 @@ class PublishRuns(Refusing):
         confirms = self.channels[channel].confirms
         if confirms is not None:
             confirms.client_seq += count
-            confirms.forwarded_run(count)
+            confirms.forwarded(count)
         forwarded_run(self.controller.queues, self.vhost, self._run_queues, body_bytes, count,
                       now)
