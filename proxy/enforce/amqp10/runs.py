@@ -29,6 +29,7 @@ from floodwall.control.controller import forwarded_run, quiet_room
 from floodwall.enforce.amqp10.credit import LinkCredit
 from floodwall.enforce.amqp10.links import InFlight, ReceiverLink, SenderLink, SessionGate
 from floodwall.enforce.commands import ReadEveryFrame
+from floodwall.wire.amqp10.credit import serial_add
 
 
 class TransferRuns(LinkCredit):
@@ -96,7 +97,7 @@ class TransferRuns(LinkCredit):
         """``count`` whole deliveries of the broker's ``handle``, relayed unchanged: what
         ``on_server_transfer`` books for each."""
         session = self.by_server_channel[channel]
-        session.next_outgoing = (session.next_outgoing + count) & 0xFFFFFFFF
+        session.next_outgoing = serial_add(session.next_outgoing, count)
         link = session.by_server_handle[handle]
         assert type(link) is ReceiverLink
         if link.queue is not None:
