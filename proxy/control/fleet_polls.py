@@ -143,8 +143,10 @@ def fleet_count_interval(hot: float, share: ShareRule | None, slow: float) -> fl
     the next fleet tick)."""
     if share is None:
         return hot
-    demands = dict(share.demands)
-    if demands.get(share.me, None) == 0:
-        return max(hot, slow)
-    active = sum(1 for d in demands.values() if d is None or d > 0)
+    active = 0
+    for member, demand in share.demands:
+        if demand is None or demand > 0:
+            active += 1
+        elif member == share.me:
+            return max(hot, slow)
     return hot * max(1, active)
