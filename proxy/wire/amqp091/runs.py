@@ -41,8 +41,18 @@ def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: by
     well ended, 14 to ``limit`` bytes, without ``headers``), then all its body frames, adding
     up to the header's body size; at most ``max_count`` publishes, ``max_bytes`` of body."""
     n = len(buf)
+    unpack = _HEADER.unpack_from
+    frames = 0
     # the rest of the current publish's content: each whole body frame passes as the scan would
-    pos, body_left, frames = _body_frames(buf, pos, limit, channel, body_left)
+    while body_left > 0 and pos + 7 <= n:
+        ftype, ch, size = unpack(buf, pos)
+        end = pos + 7 + size
+        if ftype != 3 or ch != channel or size > limit or size > body_left or end >= n \
+                or buf[end] != 0xCE:
+            return pos, 0, 0, frames
+        body_left -= size
+        pos = end + 1
+        frames += 1
     if body_left > 0:
         return pos, 0, 0, frames
     m = len(method)
@@ -57,34 +67,25 @@ def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: by
         if ftype != 2 or ch != channel or size < CONTENT_MIN or size > limit or p >= n \
                 or buf[p] != 0xCE or flags & HEADERS_FLAG or total + body_size > max_bytes:
             break
-        p, left, parts = _body_frames(buf, p + 1, limit, channel, body_size)
+        p += 1
+        parts = 2
+        left = body_size
+        while left > 0 and p + 7 <= n:
+            ftype, ch, size = unpack(buf, p)
+            end = p + 7 + size
+            if ftype != 3 or ch != channel or size > limit or size > left or end >= n \
+                    or buf[end] != 0xCE:
+                break
+            left -= size
+            p = end + 1
+            parts += 1
         if left > 0:
             break
         pos = p
-        frames += parts + 2
+        frames += parts
         count += 1
         total += body_size
     return pos, count, total, frames
-
-
-def _body_frames(buf: Buffer, pos: int, limit: int, channel: int, left: int
-                 ) -> tuple[int, int, int]:
-    """From ``buf[pos]``, the whole body frames on ``channel`` (each at most ``limit`` and
-    within the ``left`` body bytes its publish owes); returns where they end, what the
-    publish still owes after them, and how many there were."""
-    n = len(buf)
-    unpack = _HEADER.unpack_from
-    frames = 0
-    while left > 0 and pos + 7 <= n:
-        ftype, ch, size = unpack(buf, pos)
-        end = pos + 7 + size
-        if ftype != 3 or ch != channel or size > limit or size > left or end >= n \
-                or buf[end] != 0xCE:
-            break
-        left -= size
-        pos = end + 1
-        frames += 1
-    return pos, left, frames
 
 
 __all__ = ["CONTENT_MIN", "HEADERS_FLAG", "scan_publish_run"]
