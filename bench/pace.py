@@ -290,12 +290,11 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
 async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
     capacities = {label: size_of(label) for label in opts.capacities}
     names = {label: f"pace-{label}-{uuid.uuid4().hex[:6]}" for label in capacities}
-    entries = [policy_entry(f"p{label}", f"{names[label]}-*", label, label)
-               for label in capacities]
-    policies = write_policies(st.workdir / "pace.yaml", *entries)
-    proxies = {"new": st.floodwall("pace", policies)}
+    proxies = {"new": st.floodwall("pace", variant_policies(st, names, capacities, "new"),
+                                   extra=("--fleet", "off"))}
     if opts.base is not None:  # the same scenario through another checkout, side by side
-        proxies["base"] = base_floodwall(st, opts.base, policies)
+        proxies["base"] = base_floodwall(st, opts.base,
+                                         variant_policies(st, names, capacities, "base"))
     rounds: list[dict[str, Any]] = []
     for r in range(opts.rounds):
         row: dict[str, Any] = {}
@@ -315,7 +314,7 @@ async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, 
     stopped = {}
     for variant, fw in proxies.items():
         last = opts.capacities[-1]  # 256 KiB by default
-        stopped[variant] = await one_run(st, fw, f"{names[last]}-stop{variant}",
+        stopped[variant] = await one_run(st, fw, f"{names[last]}-{variant}stop",
                                          capacities[last], opts.messages, stop_after=5000)
         progress(f"stopped {variant}: {stopped[variant]}")
     for fw in proxies.values():
@@ -323,10 +322,22 @@ async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, 
     return {"rounds": rounds, "stopped": stopped}
 
 
+def variant_policies(st: Stack, names: dict[str, str], capacities: dict[str, int],
+                     variant: str) -> Path:
+    """The policies of one proxy of a side-by-side run: its own queues only
+    (``NAME-VARIANT*``). Each proxy is a sidecar of its own (``--fleet off``): two sidecars
+    policing the same queues on one broker would otherwise form a fleet and share each
+    queue's room, the idle one counting the other's queue too."""
+    entries = [policy_entry(f"p{label}", f"{names[label]}-{variant}*", label, label)
+               for label in capacities]
+    return write_policies(st.workdir / f"pace-{variant}.yaml", *entries)
+
+
 def base_floodwall(st: Stack, root: Path, policies: Path) -> ProxyProcess:
     """``floodwall run`` from another checkout (``--base``: main before issue 14)."""
     proc = ProxyProcess(upstream=st.upstream, logfile=st.workdir / "base.log",
                         extra_args=["--event-loop", "auto", "--log-format", "json",
+                                    "--fleet", "off",
                                     "--policies", str(policies),
                                     "--management", st.endpoint.management_url],
                         root=root.resolve())

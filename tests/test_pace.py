@@ -13,6 +13,7 @@ from floodwall.control.admission import (
     MAX_CREDIT_TIME,
     TRUST_BYTES,
     TRUST_FLOOR,
+    TRUST_PART,
     Admission,
     allowance,
     paced,
@@ -259,27 +260,27 @@ def trusted_queue() -> tuple[FlowController, float]:
 
 def test_a_count_is_trusted_with_what_went_before_m_lo_up_to_the_budget() -> None:
     """allowance = capacity - B + min(F(t - m_lo), F(t - m) + S) + d x c: of what was
-    forwarded between m_lo (10 ms) and m (20 ms) before the count, at most S (a quarter of
-    the capacity here: 2,500 bytes) is taken to be in it; what went within m_lo never is."""
+    forwarded between m_lo (10 ms) and m (20 ms) before the count, at most S (half the
+    capacity here: 5,000 bytes) is taken to be in it; what went within m_lo never is."""
     fc, t = trusted_queue()
     q = fc.queues[KEY]
     a = allowance(q, t, HOT_INTERVAL)
     assert a is not None and a.margin == pytest.approx(HOT_MIN_MARGIN)
-    assert trust_budget(q.policy) == (2500, math.inf)  # no max_messages: no message budget
+    assert trust_budget(q.policy) == (5000, math.inf)  # no max_messages: no message budget
     # B = 12000; F(t - m) = 11000; F(t - m_lo) = 12000 (the publish 15 ms before: within S);
     # without the budget it would be 10000 - 12000 + 11000
     assert a.bytes == pytest.approx(10000 - 12000 + 12000)
-    q.policy = dataclasses.replace(q.policy, capacity=2000, resume=2000)
+    q.policy = dataclasses.replace(q.policy, capacity=1000, resume=1000)
     assert trust_budget(q.policy)[0] == 500  # a smaller budget caps the trust: F(t - m) + S
     small = allowance(q, t, HOT_INTERVAL)
-    assert small is not None and small.bytes == pytest.approx(2000 - 12000 + 11000 + 500)
-    # a messages limit has its own budget, a quarter of it: 2 of 8 here, so the publish
+    assert small is not None and small.bytes == pytest.approx(1000 - 12000 + 11000 + 500)
+    # a messages limit has its own budget, half of it: 4 of 8 here, so the publish
     # 15 ms before the count (11 -> 12 messages) is trusted
     q.policy = dataclasses.replace(q.policy, max_messages=8, resume_messages=8)
-    assert trust_budget(q.policy)[1] == 2
+    assert trust_budget(q.policy)[1] == 4
     by_count = allowance(q, t, HOT_INTERVAL)
     assert by_count is not None and by_count.messages == pytest.approx(8 - 12 + 12)
-    assert TRUST_BYTES == 64 * 1024 and TRUST_FLOOR >= 0.01
+    assert TRUST_BYTES == 128 * 1024 and TRUST_FLOOR >= 0.01
 
 
 def test_no_trust_where_the_counts_show_a_lag_or_a_trip_assumes_one() -> None:
@@ -336,7 +337,7 @@ def test_late_counts_keep_a_stopped_consumers_queue_within_256_kib(lag: float) -
     d = 18000 * 1024
     _, peak, _ = simulate_held(256, lag, 18000.0, 3.0, stop_at=1.5, slow_every=150)
     c = min(HOT_INTERVAL + RTT, MAX_CREDIT_TIME)
-    bound = (d * c + min(64 * 1024, d * max(0.0, lag - TRUST_FLOOR))
+    bound = (d * c + min(256 * 1024 * TRUST_PART, d * max(0.0, lag - TRUST_FLOOR))
              + d * max(0.0, lag - HOT_MIN_MARGIN) + 1024)
     over = peak * 1024 - 256 * 1024
     assert over <= min(bound, 256 * 1024)
@@ -533,7 +534,7 @@ def test_a_consumer_that_stops_dead_leaves_the_queue_within_256_kib(capacity_kib
     rate, peak, _ = simulate_held(capacity_kib, lag, 18000.0, 3.0, stop_at=1.5)
     assert rate > 0
     c = min(HOT_INTERVAL + RTT, MAX_CREDIT_TIME)
-    budget = min(capacity_kib * 1024 / 4, TRUST_BYTES)
+    budget = min(capacity_kib * 1024 * TRUST_PART, TRUST_BYTES)
     bound = (d * c + min(budget, d * max(0.0, lag - TRUST_FLOOR))
              + d * max(0.0, lag - HOT_MIN_MARGIN) + 1024)
     over = peak * 1024 - capacity_kib * 1024

@@ -49,6 +49,12 @@ LEDGER_HORIZON = 5.0
 LEDGER_BUCKET = 0.005
 # Weight of the newest interval in the drain-rate and sample-interval averages.
 DRAIN_SMOOTHING = 0.3
+# ... of a drain rate above the average measured up to a count that found the queue empty:
+# its consumers took all there was, so the rate is a floor of what they can take, not an
+# estimate of it. A held queue's drain estimate starts from nothing at the trip; with 0.3
+# throughout it took some 400 ms to reach a 20,000 msg/s consumer's rate while the queue sat
+# empty (bench.pace's admission trace, issue 14's fifth pass), admitting half of it meanwhile.
+DRAIN_RISE = 0.7
 # The drain rate is measured between ready counts at least this far apart (seconds).
 DRAIN_SPAN = 0.05
 # The in-flight margin of a count for admission while held, at least (seconds): bench/pace.py
@@ -273,7 +279,7 @@ class QueueDepth:
         forwarded = self._totals_before(at - margin)[1] - self._totals_before(before_at - margin)[1]
         dt = at - before_at
         rate = max(0.0, before + forwarded + self._others_between(before_at, at) - ready) / dt
-        a = DRAIN_SMOOTHING
+        a = DRAIN_RISE if ready == 0 and rate > (self.drain_rate or 0.0) else DRAIN_SMOOTHING
         self.drain_rate = rate if self.drain_rate is None else a * rate + (1 - a) * self.drain_rate
 
     def _others_between(self, before_at: float, at: float) -> float:
