@@ -14,6 +14,11 @@ of ``--repeat`` runs, for these set-ups:
 - ``publish-unpoliced``: policies loaded, but none matches the queue;
 - ``publish-held-free``: policed, another channel (3) of the connection holds (its queue is
   tripped and it sent one publish, held); measured: publishes on channel 1, which is free;
+- ``publish-held``: the publisher's own queue (capacity 256 KiB) is tripped and admits at its
+  consumers' pace (issue 14): every publish is held, then let go by the admission. The relay
+  is emulated on a clock of its own: a read while the gate is within its hold budget, else a
+  ready count (every 5.3 ms of that clock, the queue found empty: a fast consumer) and the
+  ``ChannelAdmitted`` it hands out, carried out as the I/O layer does;
 - ``deliver`` / ``deliver-policed``: the broker's ``basic.deliver`` + header + body to a
   consumer, one ``multiple`` ``basic.ack`` from the client per 250 deliveries (the drain
   scenario of ``bench.relay``), gate off and with the gate.
@@ -45,6 +50,7 @@ from pamqp import body, commands, frame, header
 from bench.gate10 import POLICIES
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
+from floodwall.control.events import ChannelAdmitted, ChannelFreed
 from floodwall.control.policy import parse_policies
 from floodwall.control.routing import Topology
 from floodwall.enforce.amqp091.gate import PublishFlow
@@ -55,8 +61,13 @@ QUEUE = "bench.firehose"
 TRIPPED = "bench.firehose.tripped"
 FRAME_MAX = 131_072
 SAMPLE_EVERY = 4096
-SETUPS = ("publish", "publish-policed", "publish-unpoliced", "publish-held-free", "deliver",
-          "deliver-policed")
+SETUPS = ("publish", "publish-policed", "publish-unpoliced", "publish-held-free",
+          "publish-held", "deliver", "deliver-policed")
+HELD = "bench.held"
+HELD_POLICY = """
+  - {name: held, match: {vhost: "/", queue: "bench.held"}, capacity: 256KiB, resume: 256KiB,
+     deadline: 120s}
+"""
 
 _C = commands.Connection
 _CH = commands.Channel
@@ -84,18 +95,19 @@ def deliver(tag: int, payload: bytes) -> bytes:
                              routing_key="bench.drain"), 1) + content(1, payload)
 
 
-def make_core(gated: bool, policed: bool = True
+def make_core(gated: bool, policed: bool = True, held: bool = False
               ) -> tuple[Connection, FlowController | None]:
     """A core past the handshake with channels 1-3 open (channel 1 in confirm mode)."""
     topology = Topology()
-    for q in (QUEUE, TRIPPED, "bench.drain"):
+    for q in (QUEUE, TRIPPED, "bench.drain", HELD):
         topology.declare_queue("/", q)
     controller: FlowController | None = None
     if gated:
         policies = POLICIES if policed else POLICIES.replace("bench.firehose*", "nothing.*")
-        controller = FlowController(topology, parse_policies(policies))
+        controller = FlowController(topology, parse_policies(
+            policies + HELD_POLICY if held else policies))
         now = time.monotonic()
-        for q in (QUEUE, TRIPPED):
+        for q in (QUEUE, TRIPPED, *((HELD,) if held else ())):
             controller.queue_seen(("/", q), now)
         for key in list(controller.queues):
             controller.sampled_management(key, ManagementSample(now, 0, 0, 0, 0, 0), now)
@@ -137,9 +149,13 @@ def cut(data: bytes, read: int) -> list[bytes]:
 def runner(setup: str, messages: int, size: int, read: int) -> Callable[[], float]:
     """A function that relays ``messages`` messages and returns the seconds spent in the
     core; it checks that the bytes left unchanged."""
-    gated = setup.endswith(("-policed", "-unpoliced", "-held-free"))
-    core, controller = make_core(gated, policed=not setup.endswith("-unpoliced"))
+    gated = setup.endswith(("-policed", "-unpoliced", "-held-free", "-held"))
+    core, controller = make_core(gated, policed=not setup.endswith("-unpoliced"),
+                                 held=setup == "publish-held")
     payload = b"\xab" * size
+    if setup == "publish-held":
+        assert controller is not None
+        return held_runner(core, controller, messages, payload, read)
     if setup == "publish-held-free":
         assert controller is not None
         key = ("/", TRIPPED)
@@ -200,6 +216,57 @@ def runner(setup: str, messages: int, size: int, read: int) -> Callable[[], floa
             raise RuntimeError(f"{setup}: the relayed bytes differ from the input")
         if controller is not None and any(k[1] != TRIPPED for k in controller.tripped):
             raise RuntimeError(f"{setup}: {sorted(controller.tripped)} tripped")
+        return spent
+
+    return run
+
+
+def held_runner(core: Connection, controller: FlowController, messages: int, payload: bytes,
+                read: int) -> Callable[[], float]:
+    """``publish-held`` (module docstring): returns the CPU seconds the core, the gate and
+    the controller spent; checks that every byte left, unchanged and in order."""
+    gate = core.gate
+    assert isinstance(gate, PublishFlow)
+    key = ("/", HELD)
+    reads = cut(publish(2, HELD, payload) * messages, read)
+    expect = b"".join(reads)
+    take = _taker(core, "server")
+    clock = time.thread_time
+    state = {"now": time.monotonic()}
+
+    def tick(out: list[Any]) -> None:
+        """A ready count of the held queue (empty: a fast consumer) and what it admits."""
+        now = state["now"] = state["now"] + 0.0053
+        controller.sampled_ready_count(key, now - 0.0003, 0, 0.0003, now)
+        for event in controller.take_output():
+            if isinstance(event, ChannelAdmitted):
+                gate.channel_admitted(event.channel, now)
+                core.collect()
+            elif isinstance(event, ChannelFreed):
+                gate.channel_released(event.channel, now)
+                core.collect()
+        out.extend(take())
+
+    def run() -> float:
+        out: list[Any] = []
+        now = state["now"]
+        controller.sampled_management(key, ManagementSample(now, 1 << 20, 0, 1 << 40, 1 << 40,
+                                                            0), now)
+        t0 = clock()
+        pending = list(reversed(reads))
+        ticks = 0
+        while pending or gate.held_bytes:
+            if pending and not gate.over_budget:
+                core.receive_from_client(pending.pop(), state["now"])
+                out.extend(take())
+            else:
+                tick(out)
+                ticks += 1
+                if ticks > 100 * messages:
+                    raise RuntimeError("publish-held: the held publishes never all left")
+        spent = clock() - t0
+        if b"".join(out) != expect:
+            raise RuntimeError("publish-held: the relayed bytes differ from the input")
         return spent
 
     return run

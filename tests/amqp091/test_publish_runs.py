@@ -242,11 +242,12 @@ policies:
 
 def _setup(runs: bool, policies: str | None = None, overflow: str = "hold",
            product: str = "pytest-client") -> tuple[Setup, list[tuple[Any, ...]]]:
-    """A gate with runs (the runs it books recorded) or without."""
+    """A gate with runs, passed and held (the passed runs it books recorded), or without."""
     s = Setup(overflow=overflow, policies=policies, product=product)
     if runs:
         return s, record_calls(s.gate, "on_publish_run")
     s.gate.publish_run = lambda *a: None  # type: ignore[method-assign]
+    s.gate.hold_run = lambda *a: None  # type: ignore[method-assign]
     return s, []
 
 
@@ -470,3 +471,56 @@ def test_the_free_channels_burst_is_a_run_and_passes_around_the_held_frames() ->
     assert s.fc.queues[("/orders", "capped2")].depth.forwarded_messages_total == 30
     s.sample("capped", 0)
     assert s.core.data_for_server() == held + more
+
+
+# -- held runs (issue 14: a producer held at its consumers' pace) ----------------------------
+
+def test_a_held_channels_burst_is_held_as_a_run_and_leaves_in_order() -> None:
+    """The queue is tripped: 30 publishes of channel 1 in a read are held as one publish
+    and one run of 29 (each its own held publish, with its confirm number), and leave when
+    the queue drains as far as it admits them, the same bytes in the same order as a publish
+    at a time; the books agree after every step, the read whole or one byte at a time."""
+    burst = ("send", [(1, "capped", 90, 30, "plain")])
+    steps = [("confirm", 1), ("sample", "capped", 5000), burst, burst, ("sample", "capped", 0),
+             ("ack", 1)]
+    a, _ = _setup(runs=True)
+    held_runs = record_calls(a.gate, "on_hold_run")
+    b, _ = _setup(runs=False)
+    for i, step in enumerate(steps):
+        if step[0] == "send":
+            for s in (a, b):
+                s.core.receive_from_client(_sent(step), s.clock.t)
+            assert len(a.gate.channels[1].held) == 30 * (i - 1)
+        elif step[0] == "confirm":
+            for s in (a, b):
+                s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
+        else:
+            _from_the_broker(a, b, step)
+        _agree(a, b)
+    assert [len(call[4]) for call in held_runs] == [29, 29]
+    # the drain lets some go (the ledger trips the 2,000-byte queue again), in order
+    went = a.fc.queues[("/orders", "capped")].depth.forwarded_messages_total
+    assert 0 < went < 60 and len(a.gate.channels[1].held) == 60 - went
+    for one_byte in (False, True):
+        _lockstep(steps, 0, one_byte=one_byte)
+
+
+@pytest.mark.parametrize("condition", ["headers", "reject", "shadow", "budget"])
+def test_no_held_run_where_a_publish_could_be_decided_otherwise(condition: str) -> None:
+    """A headers property (the route may differ), a reject policy (each publish is refused),
+    a shadow policy's trip (each publish is recorded) and a full hold budget (the relay
+    stops reading) send the held channel's publishes a publish at a time."""
+    s, _ = _setup(runs=True, overflow="reject" if condition == "reject" else "hold",
+                  policies=SHADOWED if condition == "shadow" else None)
+    held_runs = record_calls(s.gate, "on_hold_run")
+    s.trip()
+    props = "headers" if condition == "headers" else "plain"
+    if condition == "shadow":
+        s.sample("capped2", 5000)
+        assert s.fc.trips.shadow
+    if condition == "budget":
+        s.gate.hold_budget = 50
+    s.core.receive_from_client(_sent(("send", [(1, "capped", 90, 10, props)])), s.clock.t)
+    assert not any(ends for *_, ends, _ in held_runs)  # (the first one's body: at most)
+    if condition != "reject":
+        assert len(s.gate.channels[1].held) == 10

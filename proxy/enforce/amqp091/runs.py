@@ -26,13 +26,32 @@ any of its queues again (``floodwall.control.controller.quiet_room``). Within th
 ``on_publish_run`` books exactly what ``on_publish`` would, publish by publish: the confirm
 sequence numbers on both sides, and the body sizes and messages on each policed queue's
 ledger (at the same ``now``, so into the same ledger bucket).
+
+Held runs (issue 14: a producer held at its consumers' pace has every publish held, then let
+go by the admission, and one at a time that cost ~10 us of the proxy's CPU per publish to
+hold). After ``on_publish`` held a publish with its content header, the core asks
+``hold_run`` how many body bytes of the channel's next whole publishes with the same method
+frame the gate holds at once, reads them (``scan_publish_run`` with their ends) and hands
+them to ``on_hold_run``. Allowed while each of them would be held exactly as that publish
+was: it is held (not spooled, refused or left waiting for its content) and is the newest
+thing the channel holds; its content header carries no ``headers``; its route needs no
+lookup and no blocking queue's policy says ``reject`` (then ``decide`` holds every publish
+behind a held one); no shadow policy has a trip and the channel has no shadow hold; the
+connection keeps no client ``connection.close`` back; and the hold budget is not passed (the
+relay stops reading past it, as it would after the same publishes one at a time). Each
+publish of the run is held as its own ``HeldPublish`` (its method frame, shared, and its
+content header and body frames as one piece of bytes), with its confirm sequence number, so
+that its release, its deadline and its channel's close see what they would have seen.
 """
 
 from __future__ import annotations
 
-from floodwall.control.controller import forwarded_run, quiet_room
-from floodwall.enforce.amqp091.channels import BODY_SIZE
+from floodwall.control.controller import ALARM, forwarded_run, quiet_room
+from floodwall.control.lookups import is_pseudo
+from floodwall.control.policy import Overflow
+from floodwall.enforce.amqp091.channels import BODY_SIZE, HeldPublish
 from floodwall.enforce.amqp091.refusals import Refusing
+from floodwall.enforce.decision import strictest_overflow
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer
 from floodwall.wire.amqp091.runs import HEADERS_FLAG
 
@@ -91,3 +110,62 @@ class PublishRuns(Refusing):
             confirms.forwarded(count)
         forwarded_run(self.controller.queues, self.vhost, self._run_queues, body_bytes, count,
                       now)
+
+    def hold_run(self, channel: int, buf: Buffer, header_offset: int, now: float
+                 ) -> float | None:
+        """After ``on_publish`` held the publish whose content header is at
+        ``buf[header_offset]``: at most how many body bytes of the channel's next whole
+        publishes with the same method frame ``on_hold_run`` holds at once, as they would be
+        held one at a time (module docstring); None when one of them could be decided
+        otherwise."""
+        if self._connection_close is not None:
+            return None
+        ch = self.channels.get(channel)
+        item = None if ch is None else ch.filling
+        if ch is None or item is None or item.spool_to is not None or item.received \
+                or not ch.held or ch.held[-1] is not item or ch.closing_by_proxy \
+                or ch.shadow.on:
+            return None
+        controller = self.controller
+        if controller.trips.shadow or item.generation != controller.generation:
+            return None
+        if BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)[3] & HEADERS_FLAG:
+            return None
+        blocking = controller.blocking(self.vhost, item.queues)
+        if any(is_pseudo(k) and k != ALARM for k in blocking) \
+                or strictest_overflow(controller.queues, blocking) is Overflow.REJECT:
+            return None
+        room = self.hold_budget - self.held_bytes
+        return room if room > 0 else None
+
+    def on_hold_run(self, channel: int, buf: Buffer, body_offset: int, body_end: int,
+                    ends: list[int], now: float) -> None:
+        """The held publish's body ``buf[body_offset:body_end]``, then the publishes ending
+        at ``ends`` (module docstring): held as ``on_content`` and ``on_publish`` hold them."""
+        ch = self.channels[channel]
+        item = ch.filling
+        assert item is not None
+        first = bytes(buf[body_offset:body_end])
+        item.frames.append(first)
+        item.received = item.body_size
+        ch.filling = None
+        method = item.frames[0]
+        m = len(method)
+        pub, queues, generation = item.publish, item.queues, item.generation
+        confirms = ch.confirms
+        seq = confirms.client_seq if confirms is not None else 0
+        held, unpack = ch.held, BODY_SIZE.unpack_from
+        nbytes, start = len(first), body_end
+        for stop in ends:
+            rest = bytes(buf[start + m:stop])
+            if confirms is not None:
+                seq += 1
+            body = unpack(rest, HEADER_SIZE)[2]
+            held.append(HeldPublish(pub, [method, rest], body, body, queues, now, seq,
+                                    None, generation))
+            nbytes += stop - start
+            start = stop
+        if confirms is not None:
+            confirms.client_seq = seq
+        self._grow(ch, nbytes)
+        self._account(0, len(ends))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -203,6 +204,7 @@ class FrameRelay(CoreOutput):
         self._events: list[object] = []  # topology changes, the gate's events
         self._now = 0.0  # the time the current receive call was given
         self._passed = 0  # where a run of publishes that passes in place ended (runs.py)
+        self._held_frames = 0  # frames a held run took after its publish's method (runs.py)
         self._client_in = _Inbound(Side.CLIENT, self.from_client, self._to_server)
         self._server_in = _Inbound(Side.SERVER, self.from_server, self._to_client)
         self.gate = gate
@@ -388,7 +390,9 @@ class FrameRelay(CoreOutput):
                     start = pos
                     pos += size + FRAME_OVERHEAD
                 else:
-                    counts.frames += count_frames(buf, pos + size + FRAME_OVERHEAD, took)
+                    counts.frames += self._held_frames or count_frames(
+                        buf, pos + size + FRAME_OVERHEAD, took)
+                    self._held_frames = 0
                     counts.bytes += took - pos
                     start = pos = took
         except ProtocolError as err:
@@ -428,6 +432,9 @@ class FrameRelay(CoreOutput):
                 end, self._passed = self._passed, 0
             return end, pos
         inbound.counts.bytes += took - pos
+        if took > end:  # a content header taken with its publish, or a held run (runs)
+            inbound.counts.frames += self._held_frames or count_frames(buf, end, took)
+            self._held_frames = 0
         return took, took
 
     def _fail(self, side: Side, err: ProtocolError) -> None:
@@ -644,6 +651,11 @@ class Connection(FrameRelay):
             body_size = _BODY_SIZE.unpack_from(buf, end + HEADER_SIZE + 4)[0]
             if n - header_end > body_size + (end - offset) + _CONTENT_FRAME_MIN:
                 self._read_run(gate, channel, buf, offset, end, header_end, body_size)
+            return None
+        if took is not None and took == header_end:
+            body_size = _BODY_SIZE.unpack_from(buf, end + HEADER_SIZE + 4)[0]
+            if n - header_end > body_size + (end - offset) + _CONTENT_FRAME_MIN:
+                took = self._hold_run(gate, channel, buf, offset, end, header_end, body_size)
         return took
 
     def _read_run(self, gate: PublishHooks, channel: int, buf: Buffer, offset: int,
@@ -661,6 +673,28 @@ class Connection(FrameRelay):
             gate.on_publish_run(channel, count, body_bytes, self._now)
         self.from_client.frames += frames + 1  # its content header too
         self._passed = stop
+
+    def _hold_run(self, gate: PublishHooks, channel: int, buf: Buffer, offset: int, end: int,
+                  header_end: int, body_size: int) -> int:
+        """After the publish at ``buf[offset:end]`` was held with its content header (up to
+        ``header_end``): its body and the run of whole publishes that follows, held at once
+        as far as the gate allows (``runs``; issue 14: a held producer at its consumers'
+        pace). Returns where the frames the gate took end."""
+        allowed = gate.hold_run(channel, buf, end, self._now)
+        if allowed is None:
+            return header_end
+        limit = payload_limit(self._frame_limit)
+        method = bytes(buf[offset:end])
+        body_end, _, _, body_frames = scan_publish_run(buf, header_end, limit, channel, method,
+                                                       body_size, 0, 0)
+        if body_end - header_end - body_frames * FRAME_OVERHEAD != body_size:
+            return header_end  # its body is not all here: frame by frame, as before
+        ends: list[int] = []
+        stop, _, _, frames = scan_publish_run(buf, body_end, limit, channel, method, 0,
+                                              math.inf, allowed, ends)
+        gate.on_hold_run(channel, buf, header_end, body_end, ends, self._now)
+        self._held_frames = 1 + body_frames + frames  # its content header too
+        return stop
 
     def _on_confirm_select(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         assert self.gate is not None

@@ -28,8 +28,8 @@ CONTENT_MIN: Final = 14  # class id, weight, body size, property flags
 
 
 def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: bytes,
-                     body_left: int, max_count: float, max_bytes: float
-                     ) -> tuple[int, int, int, int]:
+                     body_left: int, max_count: float, max_bytes: float,
+                     ends: list[int] | None = None) -> tuple[int, int, int, int]:
     """From ``buf[pos]``, where the body frames of a publish still owed ``body_left`` body
     bytes begin: those body frames, then the whole publishes of a run. Returns ``(end, count,
     body_bytes, frames)``: where the scan stopped (a frame boundary), the run's publishes, the
@@ -39,7 +39,9 @@ def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: by
     well ended and within what its publish owes. A publish is in the run when its method
     frame is the very bytes ``method``, its content header follows on ``channel`` (complete,
     well ended, 14 to ``limit`` bytes, without ``headers``), then all its body frames, adding
-    up to the header's body size; at most ``max_count`` publishes, ``max_bytes`` of body."""
+    up to the header's body size; at most ``max_count`` publishes, ``max_bytes`` of body.
+    ``ends``, when given, gets where each publish of the run ends (a held run is kept as its
+    publishes: ``PublishHooks.on_hold_run``)."""
     n = len(buf)
     unpack = _HEADER.unpack_from
     frames = 0
@@ -85,6 +87,8 @@ def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: by
         frames += parts
         count += 1
         total += body_size
+        if ends is not None:
+            ends.append(p)
     return pos, count, total, frames
 
 
