@@ -33,15 +33,14 @@ def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: by
     """From ``buf[pos]``, where the body frames of a publish still owed ``body_left`` body
     bytes begin: those body frames, then the whole publishes of a run. Returns ``(end, count,
     body_bytes, frames)``: where the scan stopped (a frame boundary), the run's publishes, the
-    body sizes their content headers give, and the frames from ``pos`` to ``end``.
+    body sizes their content headers give, and the frames from ``pos`` to ``end``; ``ends``,
+    when given, gets where each publish of the run ends (a held run: ``on_hold_run``).
 
     A body frame is taken when complete, on ``channel``, at most ``limit`` bytes of payload,
     well ended and within what its publish owes. A publish is in the run when its method
     frame is the very bytes ``method``, its content header follows on ``channel`` (complete,
     well ended, 14 to ``limit`` bytes, without ``headers``), then all its body frames, adding
-    up to the header's body size; at most ``max_count`` publishes, ``max_bytes`` of body.
-    ``ends``, when given, gets where each publish of the run ends (a held run is kept as its
-    publishes: ``PublishHooks.on_hold_run``)."""
+    up to the header's body size; at most ``max_count`` publishes, ``max_bytes`` of body."""
     n = len(buf)
     unpack = _HEADER.unpack_from
     frames = 0
