@@ -32,11 +32,9 @@ def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: by
                      ends: list[int] | None = None) -> tuple[int, int, int, int]:
     """From ``buf[pos]``, where the body frames of a publish still owed ``body_left`` body
     bytes begin: those body frames, then the whole publishes of a run. Returns ``(end, count,
-    body_bytes, frames)``: where the scan stopped (a frame boundary), the run's publishes, the
-    body sizes their content headers give, and the frames from ``pos`` to ``end``; ``ends``,
-    when given, gets where each publish of the run ends (a held run: ``on_hold_run``).
-
-    A body frame is taken when complete, on ``channel``, at most ``limit`` bytes of payload,
+    body_bytes, frames)``: where it stopped (a frame boundary), the run's publishes, their
+    headers' body sizes, the frames from ``pos`` to ``end``; ``ends`` (a held run) gets where
+    each publish of the run ends. A body frame is taken when complete, on ``channel``, at most ``limit`` bytes of payload,
     well ended and within what its publish owes. A publish is in the run when its method
     frame is the very bytes ``method``, its content header follows on ``channel`` (complete,
     well ended, 14 to ``limit`` bytes, without ``headers``), then all its body frames, adding
