@@ -160,6 +160,11 @@ class FlowController(ChannelHolds):
         self._tripped = self.trips.enforced
         # Queues with spooled backlog: what cannot join the spool waits behind it (FIFO).
         self._backlogged: set[QueueKey] = set()
+        # blocking(): its answer for a set of queue names, until a trip, a release, a backlog
+        # or a first figure awaited changes (the stamp: ``Trips.version``, ``_waits_version``).
+        self._blocking_among: dict[tuple[str, frozenset[str]], frozenset[QueueKey]] = {}
+        self._blocking_stamp = (-1, -1)
+        self._waits_version = 0
         self._blocked = BlockTable()
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
         self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
@@ -218,6 +223,7 @@ class FlowController(ChannelHolds):
         # Until the broker gives a first figure, publishes to it wait (a queue lookup).
         lookup = Lookup(key[0], LookupKind.QUEUE, key[1])
         self._awaiting[key] = lookup
+        self._waits_version += 1
         self.lookups.forget(lookup)
         self.lookups.start(lookup, now)
         return q
@@ -313,6 +319,7 @@ class FlowController(ChannelHolds):
     def _first_figure(self, key: QueueKey, now: float) -> None:
         """``key`` no longer waits for its first figure (it came, or it never will)."""
         lookup = self._awaiting.pop(key, None)
+        self._waits_version += 1
         if lookup is not None and self.lookups.answered(lookup, False, now) is not None:
             self._released(lookup.key, now)
 
@@ -351,6 +358,14 @@ class FlowController(ChannelHolds):
         tripped, backlogged, awaiting = self._tripped, self._backlogged, self._awaiting
         if not tripped and not backlogged and not awaiting:
             return _NOTHING
+        known = self._blocking_among
+        stamp = (self.trips.version, self._waits_version)
+        if stamp != self._blocking_stamp:  # something it depends on changed: forget all
+            known.clear()
+            self._blocking_stamp = stamp
+        answer = known.get((vhost, queues))
+        if answer is not None:
+            return answer
         found = {(vhost, q) for q in queues
                  if (vhost, q) in tripped or (vhost, q) in backlogged}
         if awaiting:
@@ -358,7 +373,10 @@ class FlowController(ChannelHolds):
                          if (lookup := awaiting.get((vhost, q))) is not None)
         if ALARM in tripped:
             found.add(ALARM)
-        return frozenset(found)
+        if len(known) >= POLICED_CACHE_SIZE:
+            known.clear()
+        answer = known[(vhost, queues)] = frozenset(found)
+        return answer
 
     def shadow_blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
         """What ``blocking`` would add were every shadow policy enforced (``Trips``)."""
@@ -443,6 +461,7 @@ class FlowController(ChannelHolds):
         While it has, publishes to the queue that cannot join the spool are held, as if it
         were tripped, so none overtakes the backlog; the drain releases them.
         """
+        self._waits_version += 1
         if backlogged:
             self._backlogged.add(key)
         elif key in self._backlogged:

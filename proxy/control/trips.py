@@ -18,17 +18,21 @@ class Trips:
     def __init__(self) -> None:
         self.enforced: set[QueueKey] = set()
         self.shadow: set[QueueKey] = set()
+        self.version = 0  # changes with every trip, release and filing (a cache's stamp)
 
     def trip(self, key: QueueKey, shadow: bool) -> None:
         (self.shadow if shadow else self.enforced).add(key)
+        self.version += 1
 
     def release(self, key: QueueKey) -> None:
         self.enforced.discard(key)
         self.shadow.discard(key)
+        self.version += 1
 
     def file(self, key: QueueKey, shadow: bool) -> bool:
         """A tripped ``key``'s mode is now ``shadow`` (or not): move it. True when it left the
         enforced trips (what waited on it may go)."""
+        self.version += 1
         if shadow:
             left = key in self.enforced
             self.enforced.discard(key)

@@ -227,7 +227,7 @@ class HeldChannels(ShadowWatch):
                         return
                     continue  # released in the same breath: look again
                 held.popleft()
-                nbytes = sum(len(f) for f in item.frames)
+                nbytes = sum(map(len, item.frames))
                 for f in item.frames:
                     self._to_server(f)
                 ch.held_bytes -= nbytes
