@@ -33,7 +33,7 @@ from floodwall.control.histogram import HoldTimes
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
 from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
 from floodwall.control.routing.model import REPLY_TO_PREFIX
-from floodwall.control.trips import Trips
+from floodwall.control.trips import StampedAnswers, Trips
 
 QueueKey = tuple[str, str]  # (vhost, queue)
 #: The pseudo-queue every publish is blocked on while the broker has a resource alarm.
@@ -160,11 +160,8 @@ class FlowController(ChannelHolds):
         self._tripped = self.trips.enforced
         # Queues with spooled backlog: what cannot join the spool waits behind it (FIFO).
         self._backlogged: set[QueueKey] = set()
-        # blocking(): its answer for a set of queue names, until a trip, a release, a backlog
-        # or a first figure awaited changes (the stamp: ``Trips.version``, ``_waits_version``).
-        self._blocking_among: dict[tuple[str, frozenset[str]], frozenset[QueueKey]] = {}
-        self._blocking_stamp = (-1, -1)
-        self._waits_version = 0
+        self._blocking_among = StampedAnswers(POLICED_CACHE_SIZE)  # blocking()'s, stamped
+        self._waits_version = 0  # a backlog or an awaited first figure changed
         self._blocked = BlockTable()
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
         self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
@@ -359,11 +356,7 @@ class FlowController(ChannelHolds):
         if not tripped and not backlogged and not awaiting:
             return _NOTHING
         known = self._blocking_among
-        stamp = (self.trips.version, self._waits_version)
-        if stamp != self._blocking_stamp:  # something it depends on changed: forget all
-            known.clear()
-            self._blocking_stamp = stamp
-        answer = known.get((vhost, queues))
+        answer = known.get((self.trips.version, self._waits_version), (vhost, queues))
         if answer is not None:
             return answer
         found = {(vhost, q) for q in queues
@@ -373,10 +366,7 @@ class FlowController(ChannelHolds):
                          if (lookup := awaiting.get((vhost, q))) is not None)
         if ALARM in tripped:
             found.add(ALARM)
-        if len(known) >= POLICED_CACHE_SIZE:
-            known.clear()
-        answer = known[(vhost, queues)] = frozenset(found)
-        return answer
+        return known.put((vhost, queues), frozenset(found))
 
     def shadow_blocking(self, vhost: str, queues: frozenset[str]) -> frozenset[QueueKey]:
         """What ``blocking`` would add were every shadow policy enforced (``Trips``)."""

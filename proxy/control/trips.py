@@ -12,6 +12,29 @@ QueueKey = tuple[str, str]  # (vhost, queue)
 _NOTHING: frozenset[QueueKey] = frozenset()
 
 
+class StampedAnswers:
+    """Answers kept per key until their stamp changes (``FlowController.blocking``: per set of
+    queue names, until a trip, release, backlog or awaited first figure changes)."""
+
+    def __init__(self, limit: int) -> None:
+        self._known: dict[tuple[str, frozenset[str]], frozenset[QueueKey]] = {}
+        self._stamp: object = None
+        self._limit = limit
+
+    def get(self, stamp: object, key: tuple[str, frozenset[str]]) -> frozenset[QueueKey] | None:
+        if stamp != self._stamp:  # something they depend on changed: forget them all
+            self._known.clear()
+            self._stamp = stamp
+        return self._known.get(key)
+
+    def put(self, key: tuple[str, frozenset[str]], answer: frozenset[QueueKey]
+            ) -> frozenset[QueueKey]:
+        if len(self._known) >= self._limit:
+            self._known.clear()
+        self._known[key] = answer
+        return answer
+
+
 class Trips:
     """The tripped queues: ``enforced`` and ``shadow`` (disjoint sets of keys)."""
 

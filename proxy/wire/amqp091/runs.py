@@ -37,9 +37,8 @@ def scan_publish_run(buf: Buffer, pos: int, limit: int, channel: int, method: by
     each publish of the run ends. A body frame is taken when complete, on ``channel``, at
     most ``limit`` bytes of payload, well ended and within what its publish owes. A publish
     is in the run when its method frame is the very bytes ``method``, its content header
-    follows on ``channel`` (complete, well ended, 14 to ``limit`` bytes, without
-    ``headers``), then all its body frames, adding up to the header's body size; at most
-    ``max_count`` publishes, ``max_bytes`` of body."""
+    follows on ``channel`` (complete, well ended, 14 to ``limit`` bytes, no ``headers``), then
+    its body frames, adding up to its body size; ``max_count`` of them, ``max_bytes``."""
     n = len(buf)
     unpack = _HEADER.unpack_from
     frames = 0
