@@ -22,9 +22,10 @@ counted on top of it, as the trip estimate does) plus what the consumers take un
 count (``credit_time``: credited at once, as publishes are admitted only at counts): if the
 consumers stop dead at the count, the queue receives at most ``d x min(h + r, 10 ms)`` plus
 one message beyond its capacity before the next count (which shows no drain, and no
-headroom), plus ``min(S, A x (L - m_lo))`` for a true lag ``L`` beyond ``m_lo`` (the trust
-budget below). Each count's allowance stands on its own (it is not added to the last one's), so
-a drain estimate that lags behind a stop does not add up: the bound holds at every count.
+headroom), plus ``min(S, A x (h + r) x ceil((L - m_lo) / (h + r)))`` for a true lag ``L``
+beyond ``m_lo`` (the trust budget below: held publishes leave in one offer per count). Each
+count's allowance stands on its own (it is not added to the last one's), so a drain
+estimate that lags behind a stop does not add up: the bound holds at every count.
 
 The trust budget (one sidecar; issue 14's third pass). What was forwarded within ``m`` of a
 count is counted on top of it even when it is in it, and that double count, not the drain,
@@ -39,9 +40,10 @@ lag, TRUST_FLOOR)`` (``trusted_margin``: the lag the counts show, ``SETTLE`` wit
 that is, of what was forwarded between ``m_lo`` and ``m`` before the count, at most ``S`` is
 taken to be in it. If the true lag ``L`` is within ``m_lo`` that is exact; if it is not (a lag
 the counts cannot see: consumers hide it), the count holds ``S`` less than it is credited
-with, so the overshoot bound grows by ``min(S, A x (L - m_lo))`` and no more, however long
-the lag. (A lower margin floor alone, 2 ms in the first pass, over-admitted by megabytes on
-a loaded machine: the budget is what bounds the cost of trusting the counts.)
+with, so the overshoot bound grows by at most ``S`` (and by no more than the offers of the
+counts within ``L - m_lo``), however long the lag. (A lower margin floor alone, 2 ms in the
+first pass, over-admitted by megabytes on a loaded machine: the budget is what bounds the
+cost of trusting the counts.)
 
 Steady state, admitting ``A`` = ``d``: ``A x (m + r) <= capacity + S - B + d x (h + r)``,
 so the admitted rate can keep up with consumers while ``d x (m - h) <= capacity + S - B``:
