@@ -270,12 +270,19 @@ class Admission:
         """Whether one more publish may go to held queue ``q`` now (it has tokens left):
         within what its newest count's tick offered, or without one (no tick yet, nobody
         waited then), within the count's allowance."""
+        room = self.room(key, q, now)
+        return room is not None and room[0] > 0 and room[1] > 0
+
+    def room(self, key: QueueKey, q: HeldQueue, now: float) -> tuple[float, float] | None:
+        """The tokens ``admits`` reads, as room on the ledger: the body bytes and publishes
+        below them (publishes go while both are above 0); None: none at all."""
         depth = q.depth
         a = self._offered.get(key)
         if a is None or a.count_at != depth.ready_count_at or depth.counted_base is None:
             a = self._allowance(key, q, now)
-        return a is not None and depth.forwarded_bytes_total < a.bytes \
-            and depth.forwarded_messages_total < a.messages
+        if a is None:
+            return None
+        return a.bytes - depth.forwarded_bytes_total, a.messages - depth.forwarded_messages_total
 
     def tick(self, key: QueueKey, q: HeldQueue, waiting: Iterable[Ref], now: float
              ) -> list[ChannelAdmitted]:

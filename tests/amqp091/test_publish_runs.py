@@ -206,6 +206,8 @@ _STEPS = st.lists(st.one_of(
     st.tuples(st.just("confirm"), st.sampled_from([1, 2])),
     st.tuples(st.just("sample"), st.sampled_from(["capped", "capped2"]),
               st.sampled_from([0, 500, 1500, 1900, 5000])),
+    st.tuples(st.just("count"), st.sampled_from(["capped", "capped2"]),
+              st.sampled_from([0, 5, 15, 30])),
 ), max_size=14)
 
 
@@ -248,6 +250,7 @@ def _setup(runs: bool, policies: str | None = None, overflow: str = "hold",
         return s, record_calls(s.gate, "on_publish_run")
     s.gate.publish_run = lambda *a: None  # type: ignore[method-assign]
     s.gate.hold_run = lambda *a: None  # type: ignore[method-assign]
+    s.gate._release_run = lambda *a: False  # type: ignore[method-assign]
     return s, []
 
 
@@ -304,11 +307,18 @@ def _sent(step: tuple[Any, ...]) -> bytes:
 
 
 def _from_the_broker(a: Setup, b: Setup, step: tuple[Any, ...]) -> None:
-    """An ``ack`` step (the broker confirms everything on a channel) or a depth sample."""
+    """An ``ack`` step (the broker confirms everything on a channel), a depth sample, or a
+    ready count 10 ms on (``count``: a held queue's tokens, issue 14's admission)."""
     if step[0] in ("ack", "broker-ack"):
         for s in (a, b):
             s.core.receive_from_server(method(B.Ack(delivery_tag=1, multiple=True), step[1]),
                                        s.clock.t)
+    elif step[0] == "count":
+        for s in (a, b):
+            s.clock.t += 0.01
+            s.fc.sampled_ready_count(("/orders", step[1]), s.clock.t, step[2], 0.001,
+                                     s.clock.t)
+            s.board.settle()
     else:
         for s in (a, b):
             s.sample(step[1], step[2])
@@ -395,6 +405,8 @@ _HELD_STEPS = st.lists(st.one_of(
     st.tuples(st.just("broker-ack"), st.sampled_from([1, 2])),
     st.tuples(st.just("sample"), st.sampled_from(["capped", "capped2"]),
               st.sampled_from([0, 1500, 5000])),
+    st.tuples(st.just("count"), st.sampled_from(["capped", "capped2"]),
+              st.sampled_from([0, 5, 15, 30])),
     st.tuples(st.just("close")),
 ), max_size=10)
 _METHODS = {"commit": TX.Commit(), "ack": B.Ack(delivery_tag=1), "flow-ok": CH.FlowOk(active=False)}
@@ -524,3 +536,37 @@ def test_no_held_run_where_a_publish_could_be_decided_otherwise(condition: str) 
     assert not any(ends for *_, ends, _ in held_runs)  # (the first one's body: at most)
     if condition != "reject":
         assert len(s.gate.channels[1].held) == 10
+
+
+def test_held_publishes_leave_in_runs_as_far_as_they_would_one_at_a_time() -> None:
+    """Held publishes let go by a count's tokens (and by the queue's release) leave as runs,
+    the publishes one at a time would let go and no more: the same bytes and books after
+    every count, in confirm mode."""
+    steps: list[tuple[Any, ...]] = [
+        ("confirm", 1), ("sample", "capped", 5000),
+        ("send", [(1, "capped", 90, 30, "plain")]),
+        ("count", "capped", 30), ("count", "capped", 5), ("count", "capped", 0),
+        ("count", "capped", 0), ("sample", "capped", 0), ("ack", 1)]
+    a, _ = _setup(runs=True)
+    released = [0]
+    run = a.gate._release_run
+
+    def counted(*args: Any) -> bool:
+        went: bool = run(*args)
+        released[0] += went
+        return went
+    a.gate._release_run = counted  # type: ignore[method-assign]
+    b, _ = _setup(runs=False)
+    for step in steps:
+        if step[0] == "send":
+            for s in (a, b):
+                s.core.receive_from_client(_sent(step), s.clock.t)
+        elif step[0] == "confirm":
+            for s in (a, b):
+                s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
+        else:
+            _from_the_broker(a, b, step)
+        _agree(a, b)
+    assert released[0] >= 2  # the counts' tokens let runs go, not a publish at a time
+    went = a.fc.queues[("/orders", "capped")].depth.forwarded_messages_total
+    assert 0 < went <= 30
