@@ -25,6 +25,7 @@ FILE_GLOB = "*.ndjson*"
 EXAMPLES = 5
 REQUIRED = ("type", "ts", "sidecar", "vhost", "queue")
 
+
 class Kind(enum.IntEnum):
     """What a line of the kept table is: a record used (its type), or why it is left out.
     One int, not the type and status as strings: every later pass filters on it."""
@@ -80,7 +81,7 @@ class Telemetry:
     events: DataFrame
     quality: InputQuality
     files: list[str]  # the files read
-    kept: list[DataFrame]  # the parsed lines and the others than samples: ``unpersist()``
+    kept: list[DataFrame]  # the parsed lines, and those other than samples: ``unpersist()``
     interval: float = 0.0  # the longest telemetry interval of any sidecar (its records)
 
     def unpersist(self) -> None:
@@ -171,9 +172,9 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
              # Parsed once, kept as rows for the job (Spark's columnar cache measured the
              # same here, 27 CPU seconds a job either way on the bench's input).
              .localCheckpoint(eager=True))
-    # One pass over the kept lines counts every kind (an observation: no job of its own)
-    # and keeps the others than samples (about a fifth) apart, so that the passes over
-    # sidecar records, events and bad lines read them, not every sample again.
+    # One pass over the kept lines counts every kind (an observation of the pass: no job of
+    # its own) and keeps the lines other than samples (about a fifth) apart, so that the
+    # passes over sidecar records, events and bad lines read them, not every sample again.
     seen = Observation()
     rest = keep(table.observe(
         seen, *[F.count(F.when(F.col("kind") == _k(k), 1)).alias(k.name) for k in Kind],
