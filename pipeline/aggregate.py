@@ -34,7 +34,9 @@ each kept as a local checkpoint (``Tables.of``: later plans start from their row
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -542,6 +544,16 @@ def release(df: DataFrame) -> None:
         df.unpersist()
 
 
+def check_ids(psq_rows: Sequence[Mapping[str, Any]]) -> None:
+    """Stop (``FleetError``) if ``per_sidecar_queue``'s rows, as collected, say that two
+    (sidecar, vhost, queue) share a 64-bit id (``_clash``), rather than mix them."""
+    clashes = [(r["sidecar"], r["vhost"], r["queue"]) for r in psq_rows if r["_clash"]]
+    if clashes:
+        raise FleetError("two (sidecar, vhost, queue) share a 64-bit id (about one "
+                         f"chance in 10**10 per pair), among {clashes[:3]}: "
+                         "the job stops rather than mix them")
+
+
 @dataclass
 class Tables:
     """The job's tables over samples and events, at the recommendations' ``resolution``:
@@ -568,11 +580,6 @@ class Tables:
         run_rows = keep(runs(samples))
         hist = keep(depth_histogram(samples))
         psq = keep(per_sidecar_queue(samples, run_rows, level1, hist, ev), eager=True)
-        clashes = psq.filter(F.col("_clash")).select(*SQ).limit(3).collect()
-        if clashes:
-            raise FleetError("two (sidecar, vhost, queue) share a 64-bit id (about one "
-                             f"chance in 10**10 per pair), among {[tuple(r) for r in clashes]}: "
-                             "the job stops rather than mix them")
         eps = episodes(run_rows, psq)
         series = keep(queue_series(level1, psq, resolution))
         queues = per_queue(hist, series, eps, psq, ev)

@@ -213,15 +213,16 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         with stages.stage("reading telemetry"):
             t = load(spark, list(paths), rng)
             # how Spark split the work (timings.json): the figures do not depend on it
-            split = {"input_partitions": t.table.rdd.getNumPartitions(),
+            split = {"input_partitions": t.kept[0].rdd.getNumPartitions(),
                      "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")
                                                or 0)}
         with stages.stage("aggregating per queue and sidecar"):
             advice = advice_resolution(t.interval)
             tables = aggregate.Tables.of(t.samples, t.events, advice)
+            psq_rows = _rows(tables.psq.drop("sq", "q"), ["sidecar", "vhost", "queue"])
+            aggregate.check_ids(psq_rows)
+            sidecar_queues = [{k: v for k, v in r.items() if k != "_clash"} for r in psq_rows]
             queues = _rows(tables.queues, ["vhost", "queue"])
-            sidecar_queues = _rows(tables.psq.drop("sq", "q", "_clash"),
-                                   ["sidecar", "vhost", "queue"])
             sidecars = _rows(aggregate.per_sidecar(t.sidecars, tables.psq, tables.events),
                              ["sidecar"])
         with stages.stage("recommending policies"):

@@ -3,16 +3,19 @@
 One pass over the files parses each line once into a narrow typed table, kept for the
 aggregations (a local checkpoint): times in integer milliseconds (``ts_ms``, ``iv_ms``), so
 that every sum the job makes is exact and the same whatever the partitioning
-(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by.
+(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by. A
+second pass counts each ``Kind`` of line and keeps the lines other than samples apart.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from floodwall_pipeline.aggregate import keep, release
 from floodwall_pipeline.files import TimeRange, list_files, select
 from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
 
@@ -21,6 +24,20 @@ from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
 FILE_GLOB = "*.ndjson*"
 EXAMPLES = 5
 REQUIRED = ("type", "ts", "sidecar", "vhost", "queue")
+
+
+class Kind(enum.IntEnum):
+    """What a line of the kept table is: a record used (its type), or why it is left out.
+    One int, not the type and status as strings: every later pass filters on it."""
+
+    SAMPLE = 0
+    SIDECAR = 1
+    EVENT = 2
+    OUTSIDE = 3  # well-formed, outside --since/--until (counted apart, not bad)
+    CORRUPT = 4  # from here on: bad lines, their file and text kept
+    UNSUPPORTED_VERSION = 5
+    INCOMPLETE = 6
+
 
 #: The columns of the cached table, per record type (null where a type has no such field).
 SAMPLE_COLUMNS = (
@@ -33,6 +50,8 @@ SIDECAR_COLUMNS = (
     "sidecar", "ts_ms", "iv_ms", "held_bytes", "held_messages", "blocked_channels",
     "spooled_bytes", "alarm", "dropped_records")
 EVENT_COLUMNS = ("sidecar", "vhost", "queue", "ts_ms", "event", "mode")
+#: The columns kept apart for the lines that are not samples.
+REST_COLUMNS = tuple(dict.fromkeys(("kind", *SIDECAR_COLUMNS, *EVENT_COLUMNS, "_file", "_line")))
 
 
 @dataclass(frozen=True)
@@ -62,14 +81,17 @@ class Telemetry:
     events: DataFrame
     quality: InputQuality
     files: list[str]  # the files read
-    table: DataFrame  # the parsed lines, checkpointed: ``unpersist()`` when done
+    kept: list[DataFrame]  # the parsed lines, and those other than samples: ``unpersist()``
     interval: float = 0.0  # the longest telemetry interval of any sidecar (its records)
 
     def unpersist(self) -> None:
-        """Drop the parsed lines now, rather than when the JVM collects them."""
-        plan = self.table._jdf.queryExecution().analyzed()
-        if plan.getClass().getSimpleName() == "LogicalRDD":
-            plan.rdd().unpersist(False)
+        """Drop the kept lines now, rather than when the JVM collects them."""
+        for df in self.kept:
+            release(df)
+
+
+def _k(kind: Kind) -> Column:
+    return F.lit(int(kind))
 
 
 def _ms(c: Column) -> Column:
@@ -117,18 +139,20 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
         inside = inside & (ts_ms >= F.lit(round(rng.since * 1000)))
     if rng.until is not None:
         inside = inside & (ts_ms < F.lit(round(rng.until * 1000)))
-    status = (F.when(F.col(CORRUPT).isNotNull(), "corrupt")
-              .when(F.col("v").isNull() | ~F.col("v").isin(*SUPPORTED_VERSIONS),
-                    "unsupported_version")
-              .when(~(has_required & known_type & sample_ok), "incomplete")
-              .when(~inside, "outside")
-              .otherwise("ok"))
-    bad = ~F.col("_status").isin("ok", "outside")
-    is_sample = (F.col("_status") == "ok") & (F.col("type") == "sample")
+    kind = (F.when(F.col(CORRUPT).isNotNull(), _k(Kind.CORRUPT))
+            .when(F.col("v").isNull() | ~F.col("v").isin(*SUPPORTED_VERSIONS),
+                  _k(Kind.UNSUPPORTED_VERSION))
+            .when(~(has_required & known_type & sample_ok), _k(Kind.INCOMPLETE))
+            .when(~inside, _k(Kind.OUTSIDE))
+            .when(F.col("type") == "sample", _k(Kind.SAMPLE))
+            .when(F.col("type") == "sidecar", _k(Kind.SIDECAR))
+            .otherwise(_k(Kind.EVENT)))
+    bad = F.col("kind") >= _k(Kind.CORRUPT)
+    is_sample = F.col("kind") == _k(Kind.SAMPLE)
     line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct("v", *REQUIRED)))
-    table = (raw.withColumn("_status", status)
+    table = (raw.withColumn("kind", kind)
              .select(
-                 "_status", "type", "sidecar", "vhost", "queue", ts_ms.alias("ts_ms"), "seq",
+                 "kind", "sidecar", "vhost", "queue", ts_ms.alias("ts_ms"), "seq",
                  # 64-bit ids of (sidecar, vhost, queue) and (vhost, queue): the samples
                  # are grouped and sorted by these longs, not by three strings
                  F.when(is_sample, F.xxhash64("sidecar", "vhost", "queue")).alias("sq"),
@@ -148,25 +172,33 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
              # Parsed once, kept as rows for the job (Spark's columnar cache measured the
              # same here, 27 CPU seconds a job either way on the bench's input).
              .localCheckpoint(eager=True))
-    counted = table.groupBy("_status").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.max(F.when(F.col("type") == "sidecar", F.col("iv_ms"))).alias("iv")).collect()
-    counts = {r["_status"]: int(r["n"]) for r in counted}
-    longest = max((int(r["iv"]) for r in counted if r["_status"] == "ok" and r["iv"] is not None),
-                  default=0)
+    # One pass over the kept lines counts every kind (an observation of the pass: no job of
+    # its own) and keeps the lines other than samples (about a fifth) apart, so that the
+    # passes over sidecar records, events and bad lines read them, not every sample again.
+    seen = Observation()
+    rest = keep(table.observe(
+        seen, *[F.count(F.when(F.col("kind") == _k(k), 1)).alias(k.name) for k in Kind],
+        F.max(F.when(F.col("kind") == _k(Kind.SIDECAR), F.col("iv_ms"))).alias("iv"))
+        .filter(F.col("kind") != _k(Kind.SAMPLE)).select(*REST_COLUMNS), eager=True)
+    got = seen.get
+    counts = {k: int(got[k.name]) for k in Kind}
     examples: list[tuple[str, str]] = []
-    if any(k not in ("ok", "outside") for k in counts):
-        rows = (table.filter(F.col("_file").isNotNull()).select("_file", "_line")
+    if any(counts[k] for k in Kind if k >= Kind.CORRUPT):
+        rows = (rest.filter(F.col("_file").isNotNull()).select("_file", "_line")
                 .orderBy("_file", "_line").limit(EXAMPLES).collect())
         examples = [(str(r["_file"]).rsplit("/", 1)[-1], str(r["_line"])[:200].rstrip("\n"))
                     for r in rows]
     quality = InputQuality(
-        lines=sum(counts.values()), corrupt=counts.get("corrupt", 0),
-        unsupported_version=counts.get("unsupported_version", 0),
-        incomplete=counts.get("incomplete", 0), used=counts.get("ok", 0), files=len(read),
-        examples=examples, outside=counts.get("outside", 0))
-    ok = table.filter(F.col("_status") == "ok")
-    samples = ok.filter(F.col("type") == "sample").select(*SAMPLE_COLUMNS)
-    sidecars = ok.filter(F.col("type") == "sidecar").select(*SIDECAR_COLUMNS)
-    events = ok.filter(F.col("type") == "event").select(*EVENT_COLUMNS)
-    return Telemetry(samples, sidecars, events, quality, read, table, longest / 1000.0)
+        lines=sum(counts.values()), corrupt=counts[Kind.CORRUPT],
+        unsupported_version=counts[Kind.UNSUPPORTED_VERSION], incomplete=counts[Kind.INCOMPLETE],
+        used=counts[Kind.SAMPLE] + counts[Kind.SIDECAR] + counts[Kind.EVENT],
+        files=len(read), examples=examples, outside=counts[Kind.OUTSIDE])
+
+    def of(df: DataFrame, kind: Kind) -> DataFrame:
+        return df.filter(F.col("kind") == _k(kind))
+
+    samples = of(table, Kind.SAMPLE).select(*SAMPLE_COLUMNS)
+    sidecars = of(rest, Kind.SIDECAR).select(*SIDECAR_COLUMNS)
+    events = of(rest, Kind.EVENT).select(*EVENT_COLUMNS)
+    return Telemetry(samples, sidecars, events, quality, read, [table, rest],
+                     int(got["iv"] or 0) / 1000.0)
