@@ -487,6 +487,20 @@ def test_the_free_channels_burst_is_a_run_and_passes_around_the_held_frames() ->
 
 # -- held runs (issue 14: a producer held at its consumers' pace) ----------------------------
 
+def _both(a: Setup, b: Setup, step: tuple[Any, ...]) -> None:
+    """One step (a whole read, confirm.select on channel 1, or the broker's) to both gates;
+    then the books agree."""
+    if step[0] == "send":
+        for s in (a, b):
+            s.core.receive_from_client(_sent(step), s.clock.t)
+    elif step[0] == "confirm":
+        for s in (a, b):
+            s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
+    else:
+        _from_the_broker(a, b, step)
+    _agree(a, b)
+
+
 def test_a_held_channels_burst_is_held_as_a_run_and_leaves_in_order() -> None:
     """The queue is tripped: 30 publishes of channel 1 in a read are held as one publish
     and one run of 29 (each its own held publish, with its confirm number), and leave when
@@ -499,16 +513,9 @@ def test_a_held_channels_burst_is_held_as_a_run_and_leaves_in_order() -> None:
     held_runs = record_calls(a.gate, "on_hold_run")
     b, _ = _setup(runs=False)
     for i, step in enumerate(steps):
+        _both(a, b, step)
         if step[0] == "send":
-            for s in (a, b):
-                s.core.receive_from_client(_sent(step), s.clock.t)
             assert len(a.gate.channels[1].held) == 30 * (i - 1)
-        elif step[0] == "confirm":
-            for s in (a, b):
-                s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
-        else:
-            _from_the_broker(a, b, step)
-        _agree(a, b)
     assert [len(call[4]) for call in held_runs] == [29, 29]
     # the drain lets some go (the ledger trips the 2,000-byte queue again), in order
     went = a.fc.queues[("/orders", "capped")].depth.forwarded_messages_total
@@ -558,15 +565,7 @@ def test_held_publishes_leave_in_runs_as_far_as_they_would_one_at_a_time() -> No
     a.gate._release_run = counted  # type: ignore[method-assign]
     b, _ = _setup(runs=False)
     for step in steps:
-        if step[0] == "send":
-            for s in (a, b):
-                s.core.receive_from_client(_sent(step), s.clock.t)
-        elif step[0] == "confirm":
-            for s in (a, b):
-                s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
-        else:
-            _from_the_broker(a, b, step)
-        _agree(a, b)
+        _both(a, b, step)
     assert released[0] >= 2  # the counts' tokens let runs go, not a publish at a time
     went = a.fc.queues[("/orders", "capped")].depth.forwarded_messages_total
     assert 0 < went <= 30
