@@ -647,16 +647,18 @@ class Connection(FrameRelay):
                                     offset, 60, 40) from None
         if gate.outbox:
             self._take(gate)
-        elif took is None and header_end is not None:
-            body_size = _BODY_SIZE.unpack_from(buf, end + HEADER_SIZE + 4)[0]
-            if n - header_end > body_size + (end - offset) + _CONTENT_FRAME_MIN:
-                self._read_run(gate, channel, buf, offset, end, header_end, body_size)
+            if took is None:
+                return None  # (it made output: no run after it)
+        # Passed or held with its content header: a run of whole publishes may follow (runs).
+        if header_end is None or (took is not None and took != header_end):
+            return took
+        body_size = _BODY_SIZE.unpack_from(buf, end + HEADER_SIZE + 4)[0]
+        if n - header_end <= body_size + (end - offset) + _CONTENT_FRAME_MIN:
+            return took  # no whole publish after it in this read
+        if took is None:
+            self._read_run(gate, channel, buf, offset, end, header_end, body_size)
             return None
-        if took is not None and took == header_end:
-            body_size = _BODY_SIZE.unpack_from(buf, end + HEADER_SIZE + 4)[0]
-            if n - header_end > body_size + (end - offset) + _CONTENT_FRAME_MIN:
-                took = self._hold_run(gate, channel, buf, offset, end, header_end, body_size)
-        return took
+        return self._hold_run(gate, channel, buf, offset, end, header_end, body_size)
 
     def _read_run(self, gate: PublishHooks, channel: int, buf: Buffer, offset: int,
                   end: int, header_end: int, body_size: int) -> None:
