@@ -316,7 +316,7 @@ class FlowController(ChannelHolds):
     def _first_figure(self, key: QueueKey, now: float) -> None:
         """``key`` no longer waits for its first figure (it came, or it never will)."""
         lookup = self._awaiting.pop(key, None)
-        self._waits_version += 1
+        self._waits_version += lookup is not None
         if lookup is not None and self.lookups.answered(lookup, False, now) is not None:
             self._released(lookup.key, now)
 
