@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 RABBIT := /usr/lib/rabbitmq/bin/rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all demo test unit integration lint bench deps clients-deps clean
+.PHONY: all demo test unit integration lint bench bench-speed deps clients-deps clean
 
 all: test
 
@@ -109,6 +109,9 @@ lint: $(VENV)/.installed
 
 bench: deps
 	$(PY) -m bench.relay
+
+bench-speed: deps
+	$(PY) -m bench.speed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info \

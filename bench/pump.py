@@ -3,6 +3,10 @@
 ``python -m bench.pump --listen 127.0.0.1:P --upstream 127.0.0.1:Q``
 ``python -m bench.pump --listen 127.0.0.1:P --upstream amqps://localhost:Q --upstream-tls-ca CA``
 (plain to its clients, TLS to the broker: floodwall's shape with an amqps upstream)
+``python -m bench.pump --listen ... --upstream ... --splice``
+(no user-space copy at all: splice(2) socket -> pipe -> socket, a blocking thread per
+direction: the floor of any relay on this kernel, what a relay could reach if it never
+touched the bodies)
 
 Same shape as floodwall's relay (asyncio Protocols on uvloop, one upstream connection per
 client, the same 256 KiB write high-water mark, reading stopped on one side while the
@@ -14,9 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 import ssl
 import sys
+import threading
 from typing import cast
 
 WRITE_HIGH_WATER = 256 * 1024  # as floodwall.io.relay.RelaySettings.write_high_water
@@ -159,6 +166,60 @@ async def serve(listen: tuple[str, int], upstream: tuple[str, int],
         await asyncio.wait_for(server.wait_closed(), 5)
 
 
+SPLICE_CHUNK = 1 << 20
+
+
+def _splice_one_way(src: socket.socket, dst: socket.socket) -> None:
+    """Move bytes src -> dst through a pipe with splice(2) until either side ends."""
+    rd, wr = os.pipe()
+    with contextlib.suppress(OSError):
+        import fcntl
+
+        fcntl.fcntl(wr, 1031, SPLICE_CHUNK)  # F_SETPIPE_SZ: 1 MiB (the default cap allows)
+    try:
+        while True:
+            n = os.splice(src.fileno(), wr, SPLICE_CHUNK)
+            if n == 0:
+                break
+            while n:
+                n -= os.splice(rd, dst.fileno(), n)
+    except OSError:
+        pass
+    finally:
+        os.close(rd)
+        os.close(wr)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+def _splice_pair(client: socket.socket, upstream: tuple[str, int]) -> None:
+    try:
+        up = socket.create_connection(upstream)
+    except OSError:
+        client.close()
+        return
+    for s in (client, up):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    back = threading.Thread(target=_splice_one_way, args=(up, client), daemon=True)
+    back.start()
+    _splice_one_way(client, up)
+    back.join()
+    client.close()
+    up.close()
+
+
+def serve_splice(listen: tuple[str, int], upstream: tuple[str, int]) -> None:
+    srv = socket.create_server(listen, backlog=1024)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    port = srv.getsockname()[1]
+    print(f"pump (splice) listening on {listen[0]}:{port} -> {upstream[0]}:{upstream[1]}",
+          flush=True)
+    while True:
+        client, _ = srv.accept()
+        threading.Thread(target=_splice_pair, args=(client, upstream), daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pump", description=__doc__)
     parser.add_argument("--listen", required=True, help="HOST:PORT to accept clients on")
@@ -166,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="HOST:PORT to relay to, or amqps://HOST:PORT for TLS upstream")
     parser.add_argument("--upstream-tls-ca", default=None, help="CA file for amqps://")
     parser.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--splice", action="store_true",
+                        help="splice(2) with a blocking thread per direction (plain TCP only)")
     args = parser.parse_args(argv)
+    if args.splice:
+        serve_splice(_hostport(args.listen), _hostport(args.upstream))
+        return 0
     upstream, tls = args.upstream, None
     if upstream.startswith("amqps://"):
         upstream = upstream.removeprefix("amqps://")

@@ -725,6 +725,8 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                         "and TLS upstream")
     p.add_argument("--max-length", type=int, default=20_000,
                    help="x-max-length of the firehose queues (200 for 1 MiB bodies)")
+    p.add_argument("--pump-args", default="",
+                   help="extra arguments for `bench.pump` (space separated), e.g. --splice")
     p.add_argument("--floodwall-args", default="",
                    help="extra arguments for `floodwall run` (space separated)")
     p.add_argument("--out", type=Path, default=None,
@@ -801,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
                                           psutil.Process(fw.process.pid))
             progress(f"floodwall pid {fw.process.pid} on {fw.port}")
         if "pump" in opts.targets:
-            pump, pport = start_pump(upstream, workdir, tls_args)
+            pump, pport = start_pump(upstream, workdir, [*tls_args, *args.pump_args.split()])
             targets["pump"] = Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
             progress(f"pump pid {pump.pid} on {pport}")
         rig = Rig(endpoint, targets, CpuMeter(beam_of(broker)), opts)

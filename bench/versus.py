@@ -51,15 +51,17 @@ def module_of(root: Path) -> str:
 
 def start_relays(procs: dict[str, ProxyProcess], upstream: str, base: Path, workdir: Path,
                  management: str, old_args: tuple[str, ...] = (),
-                 new_args: tuple[str, ...] = ()) -> None:
+                 new_args: tuple[str, ...] = (), names: tuple[str, ...] = TARGETS[1:]
+                 ) -> None:
     """Into ``procs``, as each starts (so that the caller stops those that did);
-    ``old_args`` / ``new_args``: more arguments of the old / new ``floodwall run``."""
+    ``old_args`` / ``new_args``: more arguments of the old / new ``floodwall run``;
+    ``names``: which of the relays (default all)."""
     policies = flow.write_policies(
         workdir / "policies.yaml",
         flow.policy_entry("firehose", "bench.firehose*", "256MiB", "192MiB"),
         flow.policy_entry("others", "orders.*", "64MiB", "48MiB"))
     policed = ["--policies", str(policies), "--management", management]
-    for name in TARGETS[1:]:
+    for name in names:
         root = base if name.startswith("old") else None
         proc = ProxyProcess(upstream=upstream, logfile=workdir / f"{name}.log",
                             extra_args=["--event-loop", "auto", "--log-format", "json",
@@ -138,7 +140,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-args", default="", help="more arguments for the new `floodwall run`")
     p.add_argument("--pump", action="store_true",
                    help="the byte pump (bench.pump) as one more target, alternated with the rest")
-    return p.parse_args(argv)
+    p.add_argument("--targets", default=",".join(TARGETS[1:]),
+                   help="which floodwall targets to run (direct always runs), comma-separated "
+                        "subset of: " + ", ".join(TARGETS[1:]))
+    a = p.parse_args(argv)
+    a.targets = tuple(t for t in a.targets.split(",") if t)
+    for t in a.targets:
+        if t not in TARGETS[1:]:
+            p.error(f"unknown target {t!r}")
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = broker.start()
         start_relays(procs, f"{endpoint.host}:{endpoint.amqp_port}", args.base.resolve(),
                      workdir, endpoint.management_url, tuple(args.old_args.split()),
-                     tuple(args.new_args.split()))
+                     tuple(args.new_args.split()), args.targets)
         targets = {"direct": relay.Target("direct", endpoint.host, endpoint.amqp_port)}
         for name, proc in procs.items():
             assert proc.process is not None

@@ -1,0 +1,34 @@
+"""bench.speed's verdicts, from figures shaped as its four runs write them (no runs here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import speed
+
+
+def _versus(scn_figures: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    return {"summary": {scn: {"median": med} for scn, med in scn_figures.items()}}
+
+
+def test_ratios_against_direct_and_the_pump() -> None:
+    docs = {"versus": _versus({
+        "drain": {"direct": {"msgs_per_s": 1000.0}, "new": {"msgs_per_s": 940.0},
+                  "pump": {"msgs_per_s": 990.0}},
+        "firehose10": {"direct": {"msgs_per_s": 100.0},
+                       "new-policed": {"msgs_per_s": 96.0, "relay_cpu_us_per_msg": 4.5},
+                       "pump": {"msgs_per_s": 99.0, "relay_cpu_us_per_msg": 1.5}},
+        "latency": {"direct": {"p99_us": 300.0}, "new": {"p99_us": 450.0},
+                    "pump": {"p99_us": 350.0}}})}
+    rows = {r["target"]: r for r in (t.judge(docs) for t in speed.TARGETS)}
+    drain = rows["consumer drain, 0-9-1 (x direct)"]
+    assert (round(drain["value"], 3), round(drain["pump"], 3), drain["met"]) == (0.94, 0.99,
+                                                                                   False)
+    assert rows["policed publish, 1.0 (x direct)"]["met"] is True
+    cpu = rows["policed CPU per message, 1.0 (x the pump's)"]
+    assert (cpu["value"], cpu["met"]) == (3.0, True)  # at most 3x: 3.0 is within
+    lat = rows["added latency at 5,000 msg/s, p99"]
+    assert (lat["value"], lat["pump"], lat["met"]) == (150.0, 50.0, True)
+    # a run that did not happen: not measured, never met or failed by default
+    assert rows["1 MiB messages, drain (x direct)"]["met"] is None
+    assert "not measured" in speed.report(list(rows.values()))
