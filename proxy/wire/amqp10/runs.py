@@ -7,6 +7,12 @@ about it (``TransferHooks.transfer_run``), the core reads the run with ``scan_tr
 and hands the gate the run's totals (``on_transfer_run``) instead of each transfer's fields.
 The bytes are relayed unchanged either way; what the run saves is the per-frame calls.
 
+Two shortcuts keep the scan near a scan by length. A transfer is first compared with the
+previous one (its bytes before the delivery-id and after the tag) before it is parsed field
+by field; and after a run's first transfer, the frames that follow are read with one struct
+when they are that transfer again (``_alike``: the same size, the same bytes but for the
+delivery-id, the tag's bytes and the payload, the delivery-ids consecutive), else one by one.
+
 The scan is strict and silent: the first frame that is anything else (another channel or
 link, a gap in the delivery-ids, a multi-frame delivery, a state, an unusual encoding, a
 malformed or incomplete frame) ends the run, and the core reads that frame the usual way,
