@@ -586,3 +586,13 @@ def test_a_read_after_the_routing_model_changed_is_routed_again() -> None:
     s.client(batch(s, [(CAPPED_H, 900, False)]))
     s.client(batch(s, [(FREE_H, 900, False)] * 10))
     assert len(one_at_a_time) == 4
+
+
+def test_a_read_of_one_transfer_is_followed_by_its_run() -> None:
+    """A read that ends with the transfer that would announce a run (nothing after it):
+    the next read begins with that run."""
+    s, runs = _setup(whole, runs=True)
+    one_at_a_time = record_calls(s.gate, "on_client_transfer")
+    s.client(batch(s, [(FREE_H, 900, False)]))
+    s.client(batch(s, [(FREE_H, 900, False)] * 5))
+    assert len(one_at_a_time) == 1 and [r[2] for r in runs] == [5]

@@ -329,6 +329,8 @@ class Connection(CoreOutput):
             if exc.offset is None:
                 exc.offset = pos
             raise
+        if stream.run is not None:  # announced by the read's last frame: the next read's
+            stream.resume = stream.run[:3]
         return pos, 0
 
     # -- headers ----------------------------------------------------------------------------------
