@@ -186,7 +186,7 @@ _OTHER = st.sampled_from([
 
 
 @settings(max_examples=300, deadline=None)
-@given(n=st.integers(2, 40), at=st.integers(0, 45), other=_OTHER,
+@given(n=st.integers(2, 80), at=st.integers(0, 85), other=_OTHER,
        first=st.sampled_from([0x100, 0x10000, 0xFFFFFFD0, 0xFFFFFFFE]),
        contents=st.binary(min_size=6, max_size=6))
 def test_a_run_of_transfers_alike_is_read_as_the_decoder_reads_it(
@@ -219,6 +219,8 @@ def test_a_run_of_transfers_alike_stops_at_its_count_and_byte_limits(
     frames = [xfer(0, 0x10000 + i, b"y" * 100) for i in range(10)]
     data = b"".join(frames)
     taken = min(most, 10, int(most_bytes // 100) if most_bytes < 1e9 else 10)
+    many = [xfer(0, 0x10000 + i, b"y" * 100) for i in range(100)]  # (read alike in parts)
+    assert scan(b"".join(many), next_id=0x10000, most=most)[1] == min(most, 100)
     assert scan(data, next_id=0x10000, most=most, most_bytes=most_bytes)[:3] \
         == (len(frames[0]) * taken, taken, 100 * taken)
     for cut in range(len(data) - 3 * len(frames[0]), len(data) + 1):

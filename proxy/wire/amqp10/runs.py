@@ -79,10 +79,10 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
             if not settled:
                 unsettled.append(next_id)
             next_id = (next_id + 1) & _MASK
-            if bulk and count < max_count:  # the ones alike (once: a miss costs a read)
-                bulk = False
+            if bulk and count < max_count:  # the ones alike (a miss costs a read of them)
                 n = _alike(buf, pos, end, len(prefix) + 5, len(tail), next_id,
                            max_count - count, (max_bytes - total, end - stop))
+                bulk = n == ALIKE_MOST  # (more may follow: looked for after the next one)
                 if n:
                     if not settled:
                         unsettled.extend(range(next_id, next_id + n))
@@ -94,7 +94,11 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     return pos, count, total
 
 
-@functools.lru_cache(maxsize=256)
+ALIKE_MOST: Final = 32
+"""Most transfers ``_alike`` reads at once (the structs it keeps stay a few KiB each)."""
+
+
+@functools.lru_cache(maxsize=128)
 def _reader(layout: tuple[int, int, int, int, int], n: int) -> struct.Struct:
     """The struct that reads ``n`` transfers of ``layout`` (``_alike``): per transfer its
     head, delivery-id, tag header and tail; a few per sender."""
@@ -105,8 +109,9 @@ def _reader(layout: tuple[int, int, int, int, int], n: int) -> struct.Struct:
 def _alike(buf: bytes, pos: int, end: int, head: int, tail: int, next_id: int, most: int,
            room: tuple[float, int]) -> int:
     """How many frames from ``end`` on are the transfer at ``buf[pos:end]`` again with the
-    delivery-ids ``next_id``, ``next_id + 1``, ... (at most ``most``, and their payloads, of
-    ``room[1]`` bytes each, within ``room[0]``): the same size and the same bytes except the
+    delivery-ids ``next_id``, ``next_id + 1``, ... (at most ``most`` and ``ALIKE_MOST``, and
+    their payloads, of ``room[1]`` bytes each, within ``room[0]``): the same size and the same
+    bytes except the
     delivery-id, the delivery-tag's bytes and the payload, all read with one struct; 0 unless
     all of them are (the caller then compares them one by one).
 
@@ -116,7 +121,7 @@ def _alike(buf: bytes, pos: int, end: int, head: int, tail: int, next_id: int, m
     read field by field (``_shape``): a frame alike in those bytes is read alike."""
     size = end - pos
     left, payload = room
-    n = min(most, (len(buf) - end) // size)
+    n = min(most, ALIKE_MOST, (len(buf) - end) // size)
     if payload and left < n * payload:
         n = min(n, int(left // payload))
         while n > 0 and n * payload > left:
