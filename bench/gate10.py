@@ -7,7 +7,7 @@ sample in (nothing near capacity). The client side is fed 1 KiB unsettled transf
 ``--batch`` per ``receive_from_client`` (as a socket read hands them over); the broker side
 answers with a credit flow whenever the link's broker credit runs low, and the depth probe
 answers every ``SAMPLE_EVERY`` transfers. Reports the microseconds per transfer spent in the
-core's calls (wall clock; the client's own work is not counted), best of ``--repeat`` runs,
+core's calls (thread CPU time; the client's own work is not counted), best of ``--repeat`` runs,
 for three set-ups:
 
 - ``policed``: the link's queue is policed (the "policed" target of ``bench.flow``);
