@@ -7,12 +7,15 @@ sample in (nothing near capacity). The client side is fed 1 KiB unsettled transf
 ``--batch`` per ``receive_from_client`` (as a socket read hands them over); the broker side
 answers with a credit flow whenever the link's broker credit runs low, and the depth probe
 answers every ``SAMPLE_EVERY`` transfers. Reports the microseconds per transfer spent in the
-core's calls (wall clock; the client's own work is not counted), best of ``--repeat`` runs,
+core's calls (thread CPU time; the client's own work is not counted), best of ``--repeat`` runs,
 for three set-ups:
 
 - ``policed``: the link's queue is policed (the "policed" target of ``bench.flow``);
 - ``unpoliced``: policies loaded, but none matches the link's queue;
-- ``gate off``: no policies at all (the plain relay).
+- ``gate off``: no policies at all (the plain relay);
+- ``held-free``: as ``unpoliced``, beside a second sender link of the same session whose
+  policed queue is tripped and which is held (no credit): what the free link pays for its
+  held neighbour (``bench.two_senders`` through sockets).
 
 ```
 .venv/bin/python -m bench.gate10
@@ -45,6 +48,7 @@ from floodwall.wire.amqp10.performatives import (
     OPEN,
     SOURCE,
     TARGET,
+    TRANSFER,
     decode_composite,
     encode_performative,
     performative,
@@ -53,6 +57,9 @@ from floodwall.wire.amqp10.types import Described, UByte, UInt, ULong, UShort
 
 QUEUE = "bench.firehose10"
 OTHER = "other.queue"
+HELD = "bench.firehose.held"
+HELD_READY = 10_000_000
+"""What each sample says of the held neighbour's queue (``held-free``): far past capacity."""
 POLICIES = """
 version: 1
 policies:
@@ -110,6 +117,10 @@ def make_core(setup: str) -> tuple[Connection, FlowController | None]:
         name = QUEUE if setup == "policed" else OTHER
         if setup != "policed":
             topology.declare_queue("/", OTHER)
+        if setup == "held-free":
+            topology.declare_queue("/", HELD)
+            topology.bind_queue("/", HELD, "amq.direct", HELD)
+            controller.queue_seen(("/", HELD), clock())
         controller.queue_seen(("/", name), clock())
         for key in list(controller.queues):
             controller.sampled_management(key, ManagementSample(clock(), 0, 0, 0, 0, 0),
@@ -136,7 +147,39 @@ def make_core(setup: str) -> tuple[Connection, FlowController | None]:
                target=performative(TARGET, address=address))
         + broker_flow(0, BROKER_CREDIT, 0), time.monotonic())
     core.data_for_server()
+    if setup == "held-free":
+        hold_neighbour(core, controller)
     return core, controller
+
+
+def hold_neighbour(core: Connection, controller: FlowController | None) -> None:
+    """``held-free``: a second sender link (handle 1) to the ``HELD`` queue, given credit by
+    the broker, the queue tripped, and one transfer of it (delivery-id 0) that finds it so:
+    the link is held from then on."""
+    assert controller is not None
+    address = f"/exchange/amq.direct/{HELD}"
+    core.receive_from_client(amqp(ATTACH, 0, name="held", handle=UInt(1), role=False,
+                                  snd_settle_mode=UByte(0), rcv_settle_mode=UByte(0),
+                                  source=performative(SOURCE, address="client"),
+                                  target=performative(TARGET, address=address),
+                                  initial_delivery_count=UInt(0)), time.monotonic())
+    core.receive_from_server(
+        amqp(ATTACH, 0, name="held", handle=UInt(1), role=True, snd_settle_mode=UByte(0),
+             rcv_settle_mode=UByte(0), source=performative(SOURCE, address="client"),
+             target=performative(TARGET, address=address))
+        + amqp(FLOW, 0, next_incoming_id=UInt(0), incoming_window=UInt(65535),
+               next_outgoing_id=UInt(0), outgoing_window=UInt(65535), handle=UInt(1),
+               delivery_count=UInt(0), link_credit=UInt(BROKER_CREDIT)), time.monotonic())
+    now = time.monotonic()
+    controller.sampled_management(("/", HELD), ManagementSample(
+        now, HELD_READY, 0, HELD_READY * 1024, HELD_READY * 1024, 0), now)
+    assert ("/", HELD) in controller.tripped
+    body = b"\xab" * 1024
+    core.receive_from_client(frame(encode_performative(
+        TRANSFER, handle=UInt(1), delivery_id=UInt(0), delivery_tag=b"held",
+        message_format=UInt(0), settled=False) + b"\x00\x53\x75\xb0" + _U32.pack(len(body))
+        + body, 0), now)
+    core.data_for_server()
 
 
 def make_first_flows(core: Connection) -> bytes:
@@ -170,6 +213,7 @@ def runner(setup: str, transfers: int, batch: int, size: int,
     step = len(template)
     buf = bytearray(template * batch)
     state = {"sent": 0, "credit": 0, "broker": BROKER_CREDIT}
+    base = 1 if setup == "held-free" else 0  # the session's delivery-ids: the held one's 0
     clock = time.thread_time  # CPU time: steadier than the wall clock on a shared machine
 
     def run() -> float:
@@ -181,7 +225,7 @@ def runner(setup: str, transfers: int, batch: int, size: int,
             if n == 0:
                 raise RuntimeError(f"{setup}: the client has no credit after {d} transfers")
             for i in range(n):
-                struct.pack_into(">I", buf, i * step + id_at, d + i)
+                struct.pack_into(">I", buf, i * step + id_at, base + d + i)
                 struct.pack_into(">I", buf, i * step + tag_at, d + i)
             data = bytes(buf[:n * step])
             t0 = clock()
@@ -190,8 +234,9 @@ def runner(setup: str, transfers: int, batch: int, size: int,
             to_client = core.data_for_client()
             spent += clock() - t0
             # the broker settles what it got: per transfer, or the whole read at once
-            settles = ([broker_settles(d + i, d + i) for i in range(n)] if per_transfer
-                       else [broker_settles(d, d + n - 1)])
+            first = base + d
+            settles = ([broker_settles(first + i, first + i) for i in range(n)]
+                       if per_transfer else [broker_settles(first, first + n - 1)])
             t0 = clock()
             for one in settles:
                 core.receive_from_server(one, time.monotonic())
@@ -201,7 +246,7 @@ def runner(setup: str, transfers: int, batch: int, size: int,
             d += n
             broker -= n
             if broker <= BROKER_CREDIT // 2:  # the broker tops its credit up
-                flow = broker_flow(d, BROKER_CREDIT, d)
+                flow = broker_flow(d, BROKER_CREDIT, base + d)
                 broker = BROKER_CREDIT
                 t0 = clock()
                 core.receive_from_server(flow, time.monotonic())
@@ -214,10 +259,11 @@ def runner(setup: str, transfers: int, batch: int, size: int,
             if controller is not None and d % SAMPLE_EVERY < n:  # the depth probe answers
                 t0 = clock()
                 for key in controller.queues:
-                    controller.sampled_ready_count(key, time.monotonic(), SAMPLED_READY, 0.001,
+                    ready = HELD_READY if key[1] == HELD else SAMPLED_READY
+                    controller.sampled_ready_count(key, time.monotonic(), ready, 0.001,
                                                    time.monotonic())
                 spent += clock() - t0
-                if controller.tripped:
+                if controller.tripped - {("/", HELD)}:
                     raise RuntimeError(f"{setup}: {sorted(controller.tripped)} tripped")
         state.update(sent=d, credit=credit, broker=broker)
         return spent

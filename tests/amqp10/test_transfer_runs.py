@@ -178,6 +178,56 @@ def test_a_transfer_of_the_same_length_as_the_previous_one_is_read_for_what_it_s
     _scanned_as_decoded(frames, 0, 0x10000)
 
 
+_BASE = {"settled": False, "more": False}
+_OTHER = st.sampled_from([
+    {"settled": True, "more": False}, {"settled": False, "more": True},
+    {"settled": False, "more": False, "delivery_tag": b"abcde"}, {"settled": False},
+    {"settled": False, "more": False, "resume": False}, "gap", "handle", "longer", "same"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(2, 80), at=st.integers(0, 85), other=_OTHER,
+       first=st.sampled_from([0x100, 0x10000, 0xFFFFFFD0, 0xFFFFFFFE]),
+       contents=st.binary(min_size=6, max_size=6))
+def test_a_run_of_transfers_alike_is_read_as_the_decoder_reads_it(
+        n: int, at: int, other: Any, first: int, contents: bytes) -> None:
+    """Transfers alike but for their delivery-ids, tags and payloads (a sender at full speed;
+    the scanner reads them with one struct), one of them (``at``) replaced by a different
+    one: the scanner takes what the decoder reads as the run."""
+    frames = []
+    for i in range(n):
+        delivery = (first + i + (other == "gap" and i >= at)) & 0xFFFFFFFF
+        fields: dict[str, Any] = dict(_BASE, delivery_tag=(i * 7919).to_bytes(4, "big"))
+        payload, handle = contents[i % 6:] + contents[:i % 6], 0
+        if i == at and isinstance(other, dict):
+            fields.update(other)
+        elif i == at and other == "handle":
+            handle = 1
+        elif i == at and other == "longer":
+            payload += b"!"
+        frames.append(xfer(handle, delivery, payload, **fields))
+    if other == "handle" and at < n:  # another link's: the run ends before it
+        assert scan(b"".join(frames), next_id=first)[:2] == (sum(map(len, frames[:at])), at)
+    else:
+        _scanned_as_decoded(frames, 0, first)
+
+
+@pytest.mark.parametrize("most", [1, 2, 3, 9, 10, 11, 40])
+@pytest.mark.parametrize("most_bytes", [0, 99, 100, 101, 950, 1000, float("inf")])
+def test_a_run_of_transfers_alike_stops_at_its_count_and_byte_limits(
+        most: int, most_bytes: float) -> None:
+    frames = [xfer(0, 0x10000 + i, b"y" * 100) for i in range(10)]
+    data = b"".join(frames)
+    taken = min(most, 10, int(most_bytes // 100) if most_bytes < 1e9 else 10)
+    many = [xfer(0, 0x10000 + i, b"y" * 100) for i in range(100)]  # (read alike in parts)
+    assert scan(b"".join(many), next_id=0x10000, most=most)[1] == min(most, 100)
+    assert scan(data, next_id=0x10000, most=most, most_bytes=most_bytes)[:3] \
+        == (len(frames[0]) * taken, taken, 100 * taken)
+    for cut in range(len(data) - 3 * len(frames[0]), len(data) + 1):
+        assert scan(data[:cut], next_id=0x10000, most=most)[1] == min(
+            most, cut // len(frames[0]))
+
+
 def _scanned_as_decoded(frames: list[bytes], handle: int, first: int) -> None:
     data = b"".join(frames)
     end, count, total, unsettled = scan(data, handle=handle, next_id=first)
@@ -508,3 +558,43 @@ def test_a_burst_from_the_broker_is_read_as_a_run_and_counted() -> None:
     s.server(data)
     assert s.take()[1] == data and [count for _, _, count in runs] == [39]
     assert _receiver_state(s) == (40, False, 40)
+
+
+def test_a_burst_read_after_read_goes_on_with_its_run() -> None:
+    """A read that begins with the next delivery of the link whose run ended the last read
+    goes on with that run: only the first read's first transfer is read the usual way."""
+    s, runs = _setup(whole, runs=True)
+    one_at_a_time = record_calls(s.gate, "on_client_transfer")
+    for _ in range(3):
+        s.client(batch(s, [(FREE_H, 900, False)] * 20))
+    assert len(one_at_a_time) == 1 and [r[2] for r in runs] == [19, 20, 20]
+    data = _deliveries([("one", 900, False, 40)], 5)  # the broker's side: the same
+    server_runs = record_calls(s.gate, "on_server_transfer_run")
+    s.server(data[:len(data) // 2 - 3])
+    s.server(data[len(data) // 2 - 3:])
+    assert sum(r[2] for r in server_runs) == 39
+
+
+def test_a_read_after_the_routing_model_changed_is_routed_again() -> None:
+    """Routing or policies changed between two reads: the next read's first transfer is read
+    the usual way (routed again), then the run goes on; another link's transfer between two
+    reads of a link ends the run as well."""
+    s, runs = _setup(whole, runs=True)
+    one_at_a_time = record_calls(s.gate, "on_client_transfer")
+    s.client(batch(s, [(FREE_H, 900, False)] * 10))
+    s.fc.set_policies(s.fc.policies, list(s.fc.queues), s.clock.t)
+    s.client(batch(s, [(FREE_H, 900, False)] * 10))
+    assert len(one_at_a_time) == 2 and [r[2] for r in runs] == [9, 9]
+    s.client(batch(s, [(CAPPED_H, 900, False)]))
+    s.client(batch(s, [(FREE_H, 900, False)] * 10))
+    assert len(one_at_a_time) == 4
+
+
+def test_a_read_of_one_transfer_is_followed_by_its_run() -> None:
+    """A read that ends with the transfer that would announce a run (nothing after it):
+    the next read begins with that run."""
+    s, runs = _setup(whole, runs=True)
+    one_at_a_time = record_calls(s.gate, "on_client_transfer")
+    s.client(batch(s, [(FREE_H, 900, False)]))
+    s.client(batch(s, [(FREE_H, 900, False)] * 5))
+    assert len(one_at_a_time) == 1 and [r[2] for r in runs] == [5]

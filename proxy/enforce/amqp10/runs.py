@@ -36,10 +36,12 @@ class TransferRuns(LinkCredit):
     """The credit gate's run booking (``TransferHooks.transfer_run`` / ``on_transfer_run``)."""
 
     def transfer_run(self, channel: int, handle: int) -> tuple[int, float] | None:
-        """After a whole delivery of ``handle`` went through ``on_client_transfer``: how many
-        more whole deliveries of that link (at most), and how many payload bytes, the gate
-        books with ``on_transfer_run`` as it would one at a time; None when it would decide
-        something about the next one."""
+        """After a whole delivery of ``handle`` went through ``on_client_transfer`` (or, at
+        the start of a read, a run the last read ended with): how many more whole deliveries
+        of that link (at most), and how many payload bytes, the gate books with
+        ``on_transfer_run`` as it would one at a time; None when it would decide something
+        about the next one, or route it again (the routing model or policies changed since
+        its link's last delivery was routed)."""
         session = self.sessions.get(channel)
         if session is None or session.ids.dropped:
             return None
@@ -49,6 +51,10 @@ class TransferRuns(LinkCredit):
             return None
         delivery = link.delivery
         if delivery.in_progress or delivery.dropping:
+            return None
+        route = link.route  # (asked again by the next read: routed as its last delivery was)
+        if route is None or route[1] is not delivery.queues \
+                or route[0] != self.controller.generation:
             return None
         controller = self.controller
         if controller.trips.shadow or controller.blocking(self.vhost, delivery.queues):

@@ -116,6 +116,7 @@ class _Stream:
         "peer",
         "phase",
         "queue",
+        "resume",
         "run",
         "sasl_refused",
         "side",
@@ -139,6 +140,10 @@ class _Stream:
         # A run of one link's whole deliveries to read next (``runs``): channel, handle, the
         # next delivery-id, at most how many and how many payload bytes.
         self.run: tuple[int, int, int, int, float] | None = None
+        # When the last frame read was a whole delivery booked unchanged (a run's last, or the
+        # one that announced it): its channel, handle and the next delivery-id. The next read
+        # may go on with that run, if the gate, asked again, allows one.
+        self.resume: tuple[int, int, int] | None = None
         self.open_relayed = False
         self.close_relayed = False
         self.sasl_refused = False  # a sasl-outcome other than ok: no AMQP layer will follow
@@ -280,7 +285,8 @@ class Connection(CoreOutput):
 
     def _advance(self, stream: _Stream, buf: bytes) -> tuple[int, int]:
         """Walk ``buf`` through headers and frames; return (end of what is complete, need)."""
-        stream.run = None  # (a run is read within the buffer that announced it, or not at all)
+        # A run is read within the buffer that announced it, or one that goes on with it.
+        stream.run = None if stream.resume is None else _resumed(stream, self.gate)
         pos = 0
         size = len(buf)
         try:
@@ -314,6 +320,8 @@ class Connection(CoreOutput):
                     pos += HEADER_SIZE
                     continue
                 stream.counts.frames += frames
+                if frames:
+                    stream.resume = None
                 if need:
                     return pos, need
         except ProtocolError as exc:
@@ -321,6 +329,8 @@ class Connection(CoreOutput):
             if exc.offset is None:
                 exc.offset = pos
             raise
+        if stream.run is not None:  # announced by the read's last frame: the next read's
+            stream.resume = stream.run[:3]
         return pos, 0
 
     # -- headers ----------------------------------------------------------------------------------
@@ -558,6 +568,23 @@ def _sasl_fields(
     return fields
 
 
+def _resumed(stream: _Stream, gate: TransferHooks | None
+             ) -> tuple[int, int, int, int, float] | None:
+    """The run a read may begin with: the link whose whole deliveries the last read ended
+    with, when the gate, asked now, would book the next ones as a run."""
+    assert stream.resume is not None
+    channel, handle, next_id = stream.resume
+    stream.resume = None
+    if gate is None or stream.phase is not Phase.AMQP:
+        return None
+    if stream.side is Side.CLIENT:
+        allowed = gate.transfer_run(channel, handle)
+        return None if allowed is None else (channel, handle, next_id, *allowed)
+    if gate.server_transfer_run(channel, handle):
+        return channel, handle, next_id, RUN_MOST, math.inf
+    return None
+
+
 def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: float) -> int:
     """Read the run ``stream.run`` announced from ``buf[pos]`` (``runs``); where it ends."""
     assert stream.run is not None
@@ -566,6 +593,7 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     unsettled: list[int] = []
     end, count, payload_bytes = scan_transfer_run(
         buf, pos, stream.limit, channel, handle, next_id, most, most_bytes, unsettled)
+    stream.resume = (channel, handle, (next_id + count) & 0xFFFFFFFF)
     if count:
         stream.counts.frames += count
         if stream.side is Side.CLIENT:

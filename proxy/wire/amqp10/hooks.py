@@ -59,8 +59,9 @@ class TransferHooks(Protocol):
                            start: int, end: int, now: float) -> bytes | None: ...
 
     def transfer_run(self, channel: int, handle: int) -> tuple[int, float] | None:
-        """After ``on_client_transfer`` took a whole delivery of ``handle`` unchanged: how
-        many more whole deliveries of that link, and payload bytes, the gate would book as
+        """After ``on_client_transfer`` took a whole delivery of ``handle`` unchanged (or, at
+        the start of a read, after a run the last read ended with): how many more whole
+        deliveries of that link, and payload bytes, the gate would book as
         ``on_transfer_run`` does (``floodwall.wire.amqp10.runs``); None: read the next one
         the usual way."""
 

@@ -7,6 +7,12 @@ about it (``TransferHooks.transfer_run``), the core reads the run with ``scan_tr
 and hands the gate the run's totals (``on_transfer_run``) instead of each transfer's fields.
 The bytes are relayed unchanged either way; what the run saves is the per-frame calls.
 
+Two shortcuts keep the scan near a scan by length. A transfer is first compared with the
+previous one (its bytes before the delivery-id and after the tag) before it is parsed field
+by field; and after a run's first transfer, the frames that follow are read with one struct
+when they are that transfer again (``_alike``: the same size, the same bytes but for the
+delivery-id, the tag's bytes and the payload, the delivery-ids consecutive), else one by one.
+
 The scan is strict and silent: the first frame that is anything else (another channel or
 link, a gap in the delivery-ids, a multi-frame delivery, a state, an unusual encoding, a
 malformed or incomplete frame) ends the run, and the core reads that frame the usual way,
@@ -15,6 +21,7 @@ which also reports what is wrong with it.
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Final
 
@@ -42,13 +49,13 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     u32 = _U32.unpack_from
     size_of_buf = len(buf)
     count = total = 0
-    # The previous transfer's shape: its bytes from after the frame size to its delivery-id
-    # (frame header, descriptor, list header, handle), where its fields end, and its bytes
-    # after the delivery-tag. A sender encodes its deliveries alike, so the next one is
-    # compared with them (its delivery-id and tag read) before it is parsed field by field.
+    # The previous transfer's shape: its bytes from after the frame size to its delivery-id,
+    # where its fields end, its bytes after the delivery-tag. A sender encodes its deliveries
+    # alike: the next one is compared with them before it is parsed field by field.
     prefix = tail = b""
     span = 0
     settled = False
+    bulk = True
     try:
         while count < max_count and size_of_buf - pos >= 14:
             end = -1
@@ -72,10 +79,70 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
             if not settled:
                 unsettled.append(next_id)
             next_id = (next_id + 1) & _MASK
+            if bulk and count < max_count:  # the ones alike (a miss costs a read of them)
+                n = _alike(buf, pos, end, len(prefix) + 5, len(tail), next_id,
+                           max_count - count, (max_bytes - total, end - stop))
+                bulk = n == ALIKE_MOST  # (more may follow: looked for after the next one)
+                if n:
+                    if not settled:
+                        unsettled.extend(range(next_id, next_id + n))
+                    count, total = count + n, total + n * (end - stop)
+                    next_id, end = next_id + n, end + n * (end - pos)
             pos = end
     except (IndexError, struct.error):  # a frame cut short inside its fields: not a run frame
         pass
     return pos, count, total
+
+
+ALIKE_MOST: Final = 32
+"""Most transfers ``_alike`` reads at once (the structs it keeps stay a few KiB each)."""
+
+
+@functools.lru_cache(maxsize=128)
+def _reader(layout: tuple[int, int, int, int, int], n: int) -> struct.Struct:
+    """The struct that reads ``n`` transfers of ``layout`` (``_alike``): per transfer its
+    head, delivery-id, tag header and tail; a few per sender."""
+    head, tag_head, tag, tail, payload = layout
+    return struct.Struct(">" + f"{head}sI{tag_head}s{tag}x{tail}s{payload}x" * n)
+
+
+def _alike(buf: bytes, pos: int, end: int, head: int, tail: int, next_id: int, most: int,
+           room: tuple[float, int]) -> int:
+    """How many frames from ``end`` on are the transfer at ``buf[pos:end]`` again with the
+    delivery-ids ``next_id``, ``next_id + 1``, ... (at most ``most`` and ``ALIKE_MOST``, and
+    their payloads, of ``room[1]`` bytes each, within ``room[0]``): the same size and the same
+    bytes except the
+    delivery-id, the delivery-tag's bytes and the payload, all read with one struct; 0 unless
+    all of them are (the caller then compares them one by one).
+
+    ``head``: the bytes from the frame's start to its delivery-id (the frame size, header,
+    descriptor, list header, handle and the id's constructor, which must be an uint's);
+    ``tail``: the bytes between the delivery-tag and the payload. The transfer at ``pos`` was
+    read field by field (``_shape``): a frame alike in those bytes is read alike."""
+    size = end - pos
+    left, payload = room
+    n = min(most, ALIKE_MOST, (len(buf) - end) // size)
+    if payload and left < n * payload:
+        n = min(n, int(left // payload))
+        while n > 0 and n * payload > left:
+            n -= 1
+    if n < 2 or next_id + n > _MASK or buf[pos + head - 1] != 0x70:
+        return 0
+    at = pos + head + 4  # the delivery-tag's constructor
+    tag_head = 2 if buf[at] == 0xA0 else 5
+    tag = buf[at + 1] if tag_head == 2 else _U32.unpack_from(buf, at + 1)[0]
+    if not buf.startswith(buf[pos:pos + head], end):  # (the next one at least, before all)
+        return 0
+    layout = (head, tag_head, tag, tail, size - head - 4 - tag_head - tag - tail)
+    reader = _reader(layout, n)
+    fields = reader.unpack_from(buf, end)
+    first = buf[pos:pos + head], buf[at:at + tag_head], buf[at + tag_head + tag:
+                                                            at + tag_head + tag + tail]
+    if fields[0::4].count(first[0]) != n or fields[2::4].count(first[1]) != n \
+            or fields[3::4].count(first[2]) != n \
+            or fields[1::4] != tuple(range(next_id, next_id + n)):
+        return 0
+    return n
 
 
 def _shape(buf: bytes, pos: int, limit: int, channel: int, handle: int,
