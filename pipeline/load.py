@@ -100,6 +100,10 @@ def _ms(c: Column) -> Column:
     return F.floor(c * F.lit(1000.0) + F.lit(0.5)).cast("long")
 
 
+def _shuffle_partitions(spark: SparkSession) -> int:
+    return int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
+
+
 def read_raw(spark: SparkSession, paths: list[str]) -> DataFrame:
     """Every line of ``paths`` (files or directories, local or any Hadoop file system such as
     ``s3a://``), parsed with the read schema; bad lines keep their text in ``_corrupt_record``.
@@ -194,8 +198,14 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
         used=counts[Kind.SAMPLE] + counts[Kind.SIDECAR] + counts[Kind.EVENT],
         files=len(read), examples=examples, outside=counts[Kind.OUTSIDE])
 
+    # With one shuffle partition (``local[1]``, a one-core worker) every later pass reads
+    # the kept lines as one partition: its aggregations and its one sort then need no
+    # exchange (a single partition is already grouped by any key), and a job fewer stages.
+    # With more, as kept: the work divides.
+    single = _shuffle_partitions(spark) == 1
+
     def of(df: DataFrame, kind: Kind) -> DataFrame:
-        return df.filter(F.col("kind") == _k(kind))
+        return (df.coalesce(1) if single else df).filter(F.col("kind") == _k(kind))
 
     samples = of(table, Kind.SAMPLE).select(*SAMPLE_COLUMNS)
     sidecars = of(rest, Kind.SIDECAR).select(*SIDECAR_COLUMNS)
