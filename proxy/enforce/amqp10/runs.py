@@ -52,11 +52,11 @@ class TransferRuns(LinkCredit):
         delivery = link.delivery
         if delivery.in_progress or delivery.dropping:
             return None
+        controller = self.controller
         route = link.route  # (asked again by the next read: routed as its last delivery was)
         if route is None or route[1] is not delivery.queues \
-                or route[0] != self.controller.generation:
+                or route[0] != controller.generation:
             return None
-        controller = self.controller
         if controller.trips.shadow or controller.blocking(self.vhost, delivery.queues):
             return None
         count = link.credit.room()

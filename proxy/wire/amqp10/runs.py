@@ -124,8 +124,6 @@ def _alike(buf: bytes, pos: int, end: int, head: int, tail: int, next_id: int, m
     n = min(most, ALIKE_MOST, (len(buf) - end) // size)
     if payload and left < n * payload:
         n = min(n, int(left // payload))
-        while n > 0 and n * payload > left:
-            n -= 1
     if n < 2 or next_id + n > _MASK or buf[pos + head - 1] != 0x70:
         return 0
     at = pos + head + 4  # the delivery-tag's constructor
