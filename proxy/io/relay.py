@@ -76,11 +76,11 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
     return Amqp10Connection(header, gate10, conn_id, refuse_external=refuse_external), gate10
 
 
-async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide]) -> None:
+async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide],
+                            loop: asyncio.AbstractEventLoop) -> None:
     """Connect to the broker's addresses in the resolver's order, as create_connection does
     with a name's (``UpstreamAddresses``: looked up once for many connections); a TLS
     failure is not tried again on the next address."""
-    loop = asyncio.get_running_loop()
     tls = s.upstream_tls
     hosts = [s.upstream_host] if s.addresses is None else await s.addresses.resolve()
     for n, host in enumerate(hosts):
@@ -147,7 +147,7 @@ class RelayedConnection(asyncio.Protocol):
     """
 
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
-                 "_head", "_paused", "_pending", "_retire_timer", "_unreachable", "client",
+                 "_head", "_loop", "_paused", "_pending", "_retire_timer", "_unreachable", "client",
                  "conn_id", "core", "from_client", "from_server", "gate", "peer", "protocol",
                  "settings", "stats", "turn_bytes", "upstream")
 
@@ -163,7 +163,12 @@ class RelayedConnection(asyncio.Protocol):
         self._head = b""
         self._pending = bytearray()  # client bytes read before the upstream was connected
         self._connect_task: asyncio.Task[None] | None = None
+        # The deadline of the step before relaying: the client's protocol header, then the
+        # upstream's connect, or the client's part of being told the broker is unreachable.
         self._handshake_timer: asyncio.TimerHandle | None = None
+        # connection_made's: asyncio.get_running_loop() is a getpid() syscall a call in
+        # Python 3.11, four a connection (issue 19: connections)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._paused = NOT_PAUSED  # why the client's socket is not read
         self.turn_bytes = 0  # client bytes relayed since its last turn (``take_turn``)
@@ -186,7 +191,7 @@ class RelayedConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         transport.set_write_buffer_limits(high=self.settings.write_high_water)
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(self.settings.handshake_timeout, self._no_header)
 
     def data_received(self, data: bytes) -> None:
@@ -232,29 +237,58 @@ class RelayedConnection(asyncio.Protocol):
         self.stats.live.add(self)
         self._pending += header + rest
         self._pause_client(Paused.CONNECTING)
-        self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
+        loop = self._loop
+        assert loop is not None
+        self._connect_task = loop.create_task(self._connect_upstream(loop))
+        # A timer that cancels the task, not asyncio.timeout or wait_for: no second task, no
+        # context manager, no get_running_loop() per connection (issue 19: connections)
+        self._handshake_timer = loop.call_later(self.settings.connect_timeout,
+                                                self._connect_too_slow)
 
-    async def _connect_upstream(self) -> None:
+    async def _connect_upstream(self, loop: asyncio.AbstractEventLoop) -> None:
         s = self.settings
-        tls = s.upstream_tls
         try:
-            # asyncio.timeout, not wait_for: no second task per connection (issue 19)
-            async with asyncio.timeout(s.connect_timeout):
-                await connect_to_broker(s, lambda: UpstreamSide(self))
-        except ssl.SSLError as exc:
-            assert tls is not None
-            self.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
-        except (OSError, TimeoutError) as exc:
-            self.stats.upstream_connect_failures += 1
-            reason = str(exc) or type(exc).__name__
-            if isinstance(exc, TimeoutError):
-                reason = f"no connection within {s.connect_timeout:g}s"
-            self._log_limited("upstream_unreachable", logging.ERROR, conn=self.conn_id,
-                              peer=self.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
-                              reason=reason, action="the client is told why and closed")
-            self._tell_unreachable(reason)
-        finally:
+            await connect_to_broker(s, lambda: UpstreamSide(self), loop)
+        except asyncio.CancelledError:
+            if self._handshake_timer is not None or self._closed:
+                raise  # _close_both's cancel, not the connect deadline's
+            if self._connect_task is not None:
+                self._connect_task.uncancel()
             self._connect_task = None
+            if self.upstream is None:  # connected as the deadline passed: that stands
+                self._upstream_unreachable(TimeoutError())
+            return
+        except (OSError, TimeoutError) as exc:
+            self._connect_ended()
+            tls = s.upstream_tls
+            if isinstance(exc, ssl.SSLError) and tls is not None:
+                self.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
+            else:
+                self._upstream_unreachable(exc)
+            return
+        self._connect_ended()
+
+    def _connect_too_slow(self) -> None:
+        """The upstream's connect took its whole ``connect_timeout``: cancel it (the task
+        tells the client and closes)."""
+        self._handshake_timer = None
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+
+    def _connect_ended(self) -> None:
+        self._connect_task = None
+        self._cancel_handshake_timer()
+
+    def _upstream_unreachable(self, exc: OSError | TimeoutError) -> None:
+        s = self.settings
+        self.stats.upstream_connect_failures += 1
+        reason = str(exc) or type(exc).__name__
+        if isinstance(exc, TimeoutError):
+            reason = f"no connection within {s.connect_timeout:g}s"
+        self._log_limited("upstream_unreachable", logging.ERROR, conn=self.conn_id,
+                          peer=self.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
+                          reason=reason, action="the client is told why and closed")
+        self._tell_unreachable(reason)
 
     def _log_limited(self, name: str, level: int, **fields: Any) -> None:
         """One line per kind every 10 s at most; the next says how many were left out."""
@@ -269,8 +303,9 @@ class RelayedConnection(asyncio.Protocol):
             return
         self._unreachable = UnreachableAnswer(Detected(self.protocol), reason)
         pending, self._pending = bytes(self._pending), bytearray()
-        self._handshake_timer = asyncio.get_running_loop().call_later(
-            self.settings.handshake_timeout, self._close_both)
+        assert self._loop is not None
+        self._handshake_timer = self._loop.call_later(self.settings.handshake_timeout,
+                                                      self._close_both)
         self._answer(pending)
         self._resume_client(Paused.CONNECTING)
 

@@ -25,7 +25,6 @@ from floodwall.wire.amqp091.framing import (
     WATCHED,
     Buffer,
     count_frames,
-    decode_method,
     encode_method,
     frame_at,
     method_ids,
@@ -34,6 +33,7 @@ from floodwall.wire.amqp091.framing import (
     scan,
     scan_watching,
 )
+from floodwall.wire.amqp091.handshake import read_close, read_open, read_start_ok, read_tune
 from floodwall.wire.amqp091.hooks import ClientInfo, ForgetChannel, PublishHooks
 from floodwall.wire.amqp091.runs import scan_publish_run
 from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyWatch
@@ -465,9 +465,9 @@ class FrameRelay(CoreOutput):
     def _on_start_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
             # Only client_properties is kept: ``response`` holds the credentials.
-            method = decode_method(buf, offset, _C.StartOk, base)
-            self.client = ClientInfo.from_properties(method.client_properties or {})
-            if self.refuse_external and str(method.mechanism).upper() == "EXTERNAL":
+            properties, mechanism = read_start_ok(buf, offset, base)
+            self.client = ClientInfo.from_properties(properties or {})
+            if self.refuse_external and mechanism.upper() == "EXTERNAL":
                 raise AccessRefused(EXTERNAL_REFUSED, offset, _C.StartOk.index >> 16,
                                     _C.StartOk.index & 0xFFFF)
             if self.gate is not None:
@@ -475,13 +475,11 @@ class FrameRelay(CoreOutput):
 
     def _on_tune(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
-            method = decode_method(buf, offset, _C.Tune, base)
-            self.server_tune = TuneParams(method.channel_max, method.frame_max, method.heartbeat)
+            self.server_tune = TuneParams(*read_tune(buf, offset, _C.Tune.name, base))
 
     def _on_tune_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
-            method = decode_method(buf, offset, _C.TuneOk, base)
-            tune = TuneParams(method.channel_max, method.frame_max, method.heartbeat)
+            tune = TuneParams(*read_tune(buf, offset, _C.TuneOk.name, base))
             self.client_tune = tune
             self.tuned = True
             self.channel_max = tune.channel_max
@@ -492,7 +490,7 @@ class FrameRelay(CoreOutput):
 
     def _on_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
-            self.virtual_host = decode_method(buf, offset, _C.Open, base).virtual_host
+            self.virtual_host = read_open(buf, offset, base)
             if self.gate is not None and self.virtual_host:
                 self.gate.vhost_opened(self.virtual_host)
             if self.topology is not None and self.virtual_host:
@@ -510,16 +508,10 @@ class FrameRelay(CoreOutput):
 
     def _on_close(self, side: Side, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
-            method = decode_method(buf, offset, _C.Close, base)
+            code, text, class_id, method_id = read_close(buf, offset, base)
             if self.closing is None:
                 self.closing = side
-                self.close_reply = CloseReply(
-                    side,
-                    method.reply_code or 0,
-                    method.reply_text or "",
-                    method.class_id or 0,
-                    method.method_id or 0,
-                )
+                self.close_reply = CloseReply(side, code, text, class_id, method_id)
 
     def _on_close_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
