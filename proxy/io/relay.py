@@ -8,8 +8,7 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
-from enum import Flag, auto
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from floodwall.control.controller import QueueKey
 from floodwall.enforce.amqp091.gate import PublishFlow
@@ -104,17 +103,19 @@ async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide],
         return
 
 
-class Paused(Flag):
-    """Why a client's socket is not read now (any of them stops it)."""
+class Paused:
+    """Why a client's socket is not read now: bits of an int, any of them stops it. Not an
+    enum.Flag: its ``|`` and ``&`` build Flag objects, about a microsecond each in Python
+    3.11, several a connection (issue 19: connections)."""
 
-    CONNECTING = auto()  # until the upstream is there
-    UPSTREAM_BACKPRESSURE = auto()  # the broker's side does not take more
-    HOLD_BUDGET = auto()  # this connection holds more than its budget
-    MEMORY_BUDGET = auto()  # the process' held bytes are at its memory budget
-    TURN = auto()  # it had its READ_TURN_BYTES in this turn of the event loop
+    CONNECTING: Final = 1  # until the upstream is there
+    UPSTREAM_BACKPRESSURE: Final = 2  # the broker's side does not take more
+    HOLD_BUDGET: Final = 4  # this connection holds more than its budget
+    MEMORY_BUDGET: Final = 8  # the process' held bytes are at its memory budget
+    TURN: Final = 16  # it had its READ_TURN_BYTES in this turn of the event loop
 
 
-NOT_PAUSED = Paused(0)
+NOT_PAUSED: Final = 0
 #: Client bytes one connection relays in one turn of the event loop. libuv (uvloop) reads a
 #: socket up to 32 times per wake-up while it fills the read buffer, so a full-speed
 #: producer's 8 MiB (a hold budget) went through in one turn, and nothing else ran for it:
@@ -349,12 +350,12 @@ class RelayedConnection(asyncio.Protocol):
         if not self._closed:
             self._resume_client(Paused.CONNECTING)
 
-    def _pause_client(self, why: Paused) -> None:
+    def _pause_client(self, why: int) -> None:
         if not self._paused and self.client is not None:
             self.client.pause_reading()
         self._paused |= why
 
-    def _resume_client(self, why: Paused) -> None:
+    def _resume_client(self, why: int) -> None:
         if not self._paused & why:
             return
         self._paused &= ~why
@@ -438,7 +439,7 @@ class RelayedConnection(asyncio.Protocol):
                       peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
                       action="stopped reading this connection")
             self._pause_client(Paused.HOLD_BUDGET)
-        elif self._paused and self._paused & Paused.HOLD_BUDGET:  # Flag's & is costly
+        elif self._paused & Paused.HOLD_BUDGET:
             self._resume_client(Paused.HOLD_BUDGET)
         board = self.settings.board
         if board is not None and board.memory is not None and not self._client_gone \

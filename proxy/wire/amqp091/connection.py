@@ -7,7 +7,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from pamqp import commands
 
@@ -122,9 +122,13 @@ class CloseReply:
     method_id: int
 
 
-Handler = Callable[[int, Buffer, int, int], "int | None"]
-"""(channel, buf, frame offset, base offset) -> None when the frame passes in place, or the
-offset up to which the handler took frames out of the stream (held, absorbed, replaced)."""
+Handler = Callable[[Any, int, Buffer, int, int], "int | None"]
+"""(core, channel, buf, frame offset, base offset) -> None when the frame passes in place, or
+the offset up to which the handler took frames out of the stream (held, absorbed, replaced).
+A core's method, called unbound: a table serves every connection of its kind
+(``FrameRelay._tables``), none is built a connection (issue 19: connections)."""
+
+Tables = tuple[dict[int, Handler], dict[int, Handler]]
 
 
 class _Inbound:
@@ -145,15 +149,14 @@ class _Inbound:
         self.handlers: dict[int, Handler] = {}
         self.stop_at: frozenset[int] = frozenset()
 
-    def read(self, handlers: dict[int, Handler]) -> None:
-        """Set the methods this direction stops at, and what reads each."""
-        self.handlers = handlers
-        stop_at = frozenset(handlers)
-        # one set per distinct table, shared by every connection (600 bytes each, issue 19)
-        self.stop_at = _STOP_SETS.setdefault(stop_at, stop_at)
+    def read(self, table: tuple[dict[int, Handler], frozenset[int]]) -> None:
+        """Set what reads each method this direction stops at, and the set of them: both
+        shared by every connection of a kind (600 bytes each, issue 19)."""
+        self.handlers, self.stop_at = table
 
 
-_STOP_SETS: dict[frozenset[int], frozenset[int]] = {}
+# (core class, gate, topology) -> each direction's handlers and the methods it stops at
+_TABLES: dict[tuple[type, bool, bool], tuple[tuple[dict[int, Handler], frozenset[int]], ...]] = {}
 
 
 _NO_CHANNELS: Final[frozenset[int]] = frozenset()
@@ -209,12 +212,16 @@ class FrameRelay(CoreOutput):
         self._server_in = _Inbound(Side.SERVER, self.from_server, self._to_client)
         self.gate = gate
         self.topology = TopologyWatch() if watch_topology else None
-        client, server = self._handlers()
-        self._client_in.read(client)
-        self._server_in.read(server)
+        kind = (type(self), gate is not None, watch_topology)
+        tables = _TABLES.get(kind)
+        if tables is None:
+            tables = _TABLES[kind] = tuple((t, frozenset(t)) for t in self._handlers())
+        self._client_in.read(tables[0])
+        self._server_in.read(tables[1])
 
-    def _handlers(self) -> tuple[dict[int, Handler], dict[int, Handler]]:
-        """What each direction stops at, and what reads each method (``Connection``)."""
+    def _handlers(self) -> Tables:
+        """What each direction stops at, and what reads each method (``Connection``): the
+        same for every core of one class with the same gate and topology settings."""
         raise NotImplementedError
 
     # --- RelayCore -------------------------------------------------------------------
@@ -375,7 +382,7 @@ class FrameRelay(CoreOutput):
                     break
                 _, channel, size = frame_at(buf, pos)
                 queued = len(inbound.out)
-                took = handlers[key](channel, buf, pos, base)
+                took = handlers[key](self, channel, buf, pos, base)
                 counts.frames += 1
                 if took is None and len(inbound.out) == queued:
                     if self._passed:  # a run of publishes passes in place with it (runs)
@@ -421,7 +428,7 @@ class FrameRelay(CoreOutput):
         else:
             handler = inbound.handlers.get(key)
             if handler is not None:
-                took = handler(channel, buf, pos, base)
+                took = handler(self, channel, buf, pos, base)
             if took is None and channel and gate.on_method_while_held(channel, key, buf, pos,
                                                                       end):
                 took = end
@@ -574,45 +581,46 @@ class Connection(FrameRelay):
     confirms become ``TopologyChange`` events.
     """
 
-    def _handlers(self) -> tuple[dict[int, Handler], dict[int, Handler]]:
+    def _handlers(self) -> Tables:
         """What each direction stops at: connection and channel lifecycle always; publishes,
         confirms and flow replies with a gate; declares and binds when watching topology."""
+        cls = type(self)
         client: dict[int, Handler] = {
-            _C.StartOk.index: self._on_start_ok,
-            _C.TuneOk.index: self._on_tune_ok,
-            _C.Open.index: self._on_open,
-            _C.Close.index: self._on_client_close,
-            _C.CloseOk.index: self._on_close_ok,
-            _CH.Open.index: self._on_channel_open,
-            _CH.Close.index: self._on_channel_close,
-            _CH.CloseOk.index: self._on_channel_close_ok,
+            _C.StartOk.index: cls._on_start_ok,
+            _C.TuneOk.index: cls._on_tune_ok,
+            _C.Open.index: cls._on_open,
+            _C.Close.index: cls._on_client_close,
+            _C.CloseOk.index: cls._on_close_ok,
+            _CH.Open.index: cls._on_channel_open,
+            _CH.Close.index: cls._on_channel_close,
+            _CH.CloseOk.index: cls._on_channel_close_ok,
         }
         server: dict[int, Handler] = {
-            _C.Tune.index: self._on_tune,
-            _C.OpenOk.index: self._on_open_ok,
-            _C.Close.index: self._on_server_close,
-            _C.CloseOk.index: self._on_close_ok,
-            _CH.OpenOk.index: self._on_channel_open_ok,
-            _CH.Close.index: self._on_channel_close,
-            _CH.CloseOk.index: self._on_channel_close_ok,
+            _C.Tune.index: cls._on_tune,
+            _C.OpenOk.index: cls._on_open_ok,
+            _C.Close.index: cls._on_server_close,
+            _C.CloseOk.index: cls._on_close_ok,
+            _CH.OpenOk.index: cls._on_channel_open_ok,
+            _CH.Close.index: cls._on_channel_close,
+            _CH.CloseOk.index: cls._on_channel_close_ok,
         }
         if self.gate is not None:
             client.update({
-                _B.Publish.index: self._on_publish,
-                _CF.Select.index: self._on_confirm_select,
-                commands.Tx.Select.index: self._on_tx_select,
-                _CH.FlowOk.index: self._on_flow_reply,
-                _CH.Flow.index: self._on_flow_reply,
-                _C.Close.index: self._on_client_close_held,
+                _B.Publish.index: cls._on_publish,
+                _CF.Select.index: cls._on_confirm_select,
+                commands.Tx.Select.index: cls._on_tx_select,
+                _CH.FlowOk.index: cls._on_flow_reply,
+                _CH.Flow.index: cls._on_flow_reply,
+                _C.Close.index: cls._on_client_close_held,
             })
             server.update({
-                _B.Ack.index: self._on_broker_ack,
-                _B.Nack.index: self._on_broker_nack,
-                _CH.CloseOk.index: self._on_broker_channel_close_ok,
+                _B.Ack.index: cls._on_broker_ack,
+                _B.Nack.index: cls._on_broker_nack,
+                _CH.CloseOk.index: cls._on_broker_channel_close_ok,
             })
         if self.topology is not None:
-            client.update(dict.fromkeys(REQUEST_KEYS, self._on_topology_request))
-            server.update(dict.fromkeys(REPLY_KEYS, self._on_topology_reply))
+            client.update(dict.fromkeys(REQUEST_KEYS, cls._on_topology_request))
+            server.update(dict.fromkeys(REPLY_KEYS, cls._on_topology_reply))
         return client, server
 
     def _on_publish(self, channel: int, buf: Buffer, offset: int, base: int) -> int | None:
