@@ -10,7 +10,13 @@ from typing import cast
 
 import uvloop
 
-from floodwall.io.relay import READ_TURN_BYTES, RelayedConnection, RelaySettings, take_turn
+from floodwall.io.relay import (
+    READ_TURN_BYTES,
+    Paused,
+    RelayedConnection,
+    RelaySettings,
+    take_turn,
+)
 from floodwall.ops.metrics import RelayStats
 
 
@@ -56,7 +62,7 @@ def test_a_turn_does_not_resume_a_connection_paused_for_another_reason() -> None
     async def run() -> Transport:
         conn, t = _conn()
         take_turn(conn, READ_TURN_BYTES)
-        conn._pause_client(conn._paused.HOLD_BUDGET)  # its hold budget ran out meanwhile
+        conn._pause_client(Paused.HOLD_BUDGET)  # its hold budget ran out meanwhile
         await asyncio.sleep(0)
         return t
 
