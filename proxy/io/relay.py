@@ -103,6 +103,59 @@ async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide],
         return
 
 
+async def connect_upstream(conn: RelayedConnection, loop: asyncio.AbstractEventLoop) -> None:
+    """``conn``'s task: connect to the broker, or tell the client why not. A timer that
+    cancels it (``_connect_too_slow``) is its deadline, not asyncio.timeout or wait_for: no
+    second task, no context manager, no get_running_loop() a connection (issue 19:
+    connections)."""
+    s = conn.settings
+    try:
+        await connect_to_broker(s, lambda: UpstreamSide(conn), loop)
+    except asyncio.CancelledError:
+        if conn._handshake_timer is not None or conn._closed:
+            raise  # _close_both's cancel, not the connect deadline's
+        if conn._connect_task is not None:
+            conn._connect_task.uncancel()
+        conn._connect_task = None
+        if conn.upstream is None:  # connected as the deadline passed: that stands
+            _unreachable(conn, TimeoutError())
+        return
+    except (OSError, TimeoutError) as exc:
+        _connect_ended(conn)
+        tls = s.upstream_tls
+        if isinstance(exc, ssl.SSLError) and tls is not None:
+            conn.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
+        else:
+            _unreachable(conn, exc)
+        return
+    _connect_ended(conn)
+
+
+def _connect_too_slow(conn: RelayedConnection) -> None:
+    """The upstream's connect took its whole ``connect_timeout``: cancel it (the task tells
+    the client and closes)."""
+    conn._handshake_timer = None
+    if conn._connect_task is not None:
+        conn._connect_task.cancel()
+
+
+def _connect_ended(conn: RelayedConnection) -> None:
+    conn._connect_task = None
+    conn._cancel_handshake_timer()
+
+
+def _unreachable(conn: RelayedConnection, exc: OSError | TimeoutError) -> None:
+    s = conn.settings
+    conn.stats.upstream_connect_failures += 1
+    reason = str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError):
+        reason = f"no connection within {s.connect_timeout:g}s"
+    conn._log_limited("upstream_unreachable", logging.ERROR, conn=conn.conn_id,
+                      peer=conn.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
+                      reason=reason, action="the client is told why and closed")
+    conn._tell_unreachable(reason)
+
+
 class Paused:
     """Why a client's socket is not read now: bits of an int, any of them stops it. Not an
     enum.Flag: its ``|`` and ``&`` build Flag objects, about a microsecond each in Python
@@ -240,56 +293,9 @@ class RelayedConnection(asyncio.Protocol):
         self._pause_client(Paused.CONNECTING)
         loop = self._loop
         assert loop is not None
-        self._connect_task = loop.create_task(self._connect_upstream(loop))
-        # A timer that cancels the task, not asyncio.timeout or wait_for: no second task, no
-        # context manager, no get_running_loop() per connection (issue 19: connections)
+        self._connect_task = loop.create_task(connect_upstream(self, loop))
         self._handshake_timer = loop.call_later(self.settings.connect_timeout,
-                                                self._connect_too_slow)
-
-    async def _connect_upstream(self, loop: asyncio.AbstractEventLoop) -> None:
-        s = self.settings
-        try:
-            await connect_to_broker(s, lambda: UpstreamSide(self), loop)
-        except asyncio.CancelledError:
-            if self._handshake_timer is not None or self._closed:
-                raise  # _close_both's cancel, not the connect deadline's
-            if self._connect_task is not None:
-                self._connect_task.uncancel()
-            self._connect_task = None
-            if self.upstream is None:  # connected as the deadline passed: that stands
-                self._upstream_unreachable(TimeoutError())
-            return
-        except (OSError, TimeoutError) as exc:
-            self._connect_ended()
-            tls = s.upstream_tls
-            if isinstance(exc, ssl.SSLError) and tls is not None:
-                self.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
-            else:
-                self._upstream_unreachable(exc)
-            return
-        self._connect_ended()
-
-    def _connect_too_slow(self) -> None:
-        """The upstream's connect took its whole ``connect_timeout``: cancel it (the task
-        tells the client and closes)."""
-        self._handshake_timer = None
-        if self._connect_task is not None:
-            self._connect_task.cancel()
-
-    def _connect_ended(self) -> None:
-        self._connect_task = None
-        self._cancel_handshake_timer()
-
-    def _upstream_unreachable(self, exc: OSError | TimeoutError) -> None:
-        s = self.settings
-        self.stats.upstream_connect_failures += 1
-        reason = str(exc) or type(exc).__name__
-        if isinstance(exc, TimeoutError):
-            reason = f"no connection within {s.connect_timeout:g}s"
-        self._log_limited("upstream_unreachable", logging.ERROR, conn=self.conn_id,
-                          peer=self.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
-                          reason=reason, action="the client is told why and closed")
-        self._tell_unreachable(reason)
+                                                _connect_too_slow, self)
 
     def _log_limited(self, name: str, level: int, **fields: Any) -> None:
         """One line per kind every 10 s at most; the next says how many were left out."""
