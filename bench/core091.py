@@ -21,7 +21,10 @@ of ``--repeat`` runs, for these set-ups:
   ``ChannelAdmitted`` it hands out, carried out as the I/O layer does;
 - ``deliver`` / ``deliver-policed``: the broker's ``basic.deliver`` + header + body to a
   consumer, one ``multiple`` ``basic.ack`` from the client per 250 deliveries (the drain
-  scenario of ``bench.relay``), gate off and with the gate.
+  scenario of ``bench.relay``), gate off and with the gate;
+- ``handshake``: a "message" is a whole connection, as ``bench.connections``' raw client
+  makes them at 1,000 a second: the core made (gate off), start, start-ok, tune, tune-ok +
+  open, open-ok, close, close-ok, one read each.
 
 The output is taken as the relay takes it: the pieces for one vectored write
 (``chunks_for_server``; a checkout without them: its joined ``data_for_server``). ``--size
@@ -62,7 +65,7 @@ TRIPPED = "bench.firehose.tripped"
 FRAME_MAX = 131_072
 SAMPLE_EVERY = 4096
 SETUPS = ("publish", "publish-policed", "publish-unpoliced", "publish-held-free",
-          "publish-held", "deliver", "deliver-policed")
+          "publish-held", "deliver", "deliver-policed", "handshake")
 HELD = "bench.held"
 HELD_POLICY = """
   - {name: held, match: {vhost: "/", queue: "bench.held"}, capacity: 256KiB, resume: 256KiB,
@@ -149,6 +152,8 @@ def cut(data: bytes, read: int) -> list[bytes]:
 def runner(setup: str, messages: int, size: int, read: int) -> Callable[[], float]:
     """A function that relays ``messages`` messages and returns the seconds spent in the
     core; it checks that the bytes left unchanged."""
+    if setup == "handshake":
+        return handshake_runner(messages)
     gated = setup.endswith(("-policed", "-unpoliced", "-held-free", "-held"))
     core, controller = make_core(gated, policed=not setup.endswith("-unpoliced"),
                                  held=setup == "publish-held")
@@ -267,6 +272,38 @@ def held_runner(core: Connection, controller: FlowController, messages: int, pay
         spent = clock() - t0
         if b"".join(out) != expect:
             raise RuntimeError("publish-held: the relayed bytes differ from the input")
+        return spent
+
+    return run
+
+
+def handshake_runner(connections: int) -> Callable[[], float]:
+    """``handshake`` (module docstring): the CPU seconds of ``connections`` cores made and
+    taken through a handshake and a close; checks the last one's bytes against the input."""
+    from bench import connections as raw
+
+    tune_ok = raw.tune_ok(memoryview(raw.SERVER_TUNE)[7:-1], raw.HEARTBEAT)
+    steps = [(False, raw.SERVER_START), (True, raw.START_OK), (False, raw.SERVER_TUNE),
+             (True, tune_ok + raw.OPEN), (False, raw.OPEN_OK_FRAME), (True, raw.CLOSE_FRAME),
+             (False, raw.CLOSE_OK_FRAME)]
+    expect = b"".join(data for _, data in steps)
+    clock = time.thread_time
+
+    def run() -> float:
+        t0 = clock()
+        for n in range(connections):
+            core = Connection(None, n, watch_topology=False)
+            out: list[Any] = []
+            for from_client, data in steps:
+                if from_client:
+                    core.receive_from_client(data, 0.0)
+                else:
+                    core.receive_from_server(data, 0.0)
+                out += core.chunks_for_server()
+                out += core.chunks_for_client()
+        spent = clock() - t0
+        if b"".join(out) != expect or not core.closed:
+            raise RuntimeError("handshake: the relayed bytes differ from the input")
         return spent
 
     return run
