@@ -23,7 +23,8 @@ from pyspark.sql.types import (
 from floodwall.ops.telemetry import SCHEMA_VERSION
 
 CORRUPT = "_corrupt_record"
-SUPPORTED_VERSIONS = (SCHEMA_VERSION,)
+#: Version 2 is version 1 without fields this reader never read (docs/telemetry.md).
+SUPPORTED_VERSIONS = (1, SCHEMA_VERSION)
 
 _FIELDS: list[tuple[str, DataType]] = [
     # every record
