@@ -12,7 +12,12 @@ from pyspark.sql import SparkSession
 from floodwall.cli import main
 from floodwall.control.policy import load_policies
 from floodwall.ops.telemetry import SCHEMA_VERSION, V1_ONLY
-from floodwall_pipeline.analyze import DRIVER_GC, analyze, driver_java_options
+from floodwall_pipeline.analyze import (
+    DRIVER_GC,
+    PYSPARK_DEBUGGING,
+    analyze,
+    driver_java_options,
+)
 from floodwall_pipeline.synthetic import generate
 
 
@@ -89,6 +94,14 @@ def test_driver_java_options_given_add_to_the_jobs_and_may_choose_the_collector(
     assert driver_java_options("-XX:TieredStopAtLevel=1") == f"{ours} -XX:TieredStopAtLevel=1"
     g1 = driver_java_options("-XX:+UseG1GC")  # two collectors: the JVM would not start
     assert DRIVER_GC not in g1 and g1.endswith("-XX:+UseG1GC") and "log4j2" in g1
+
+
+def test_the_jobs_session_does_not_capture_python_call_sites(spark: SparkSession) -> None:
+    # PySpark's DataFrame debugging costs a job some 7,000 py4j round trips (analyze.py)
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get(PYSPARK_DEBUGGING) == "false"
+    assert is_debugging_enabled() is False
 
 
 def test_both_schema_versions_give_the_same_summary_and_advice(
