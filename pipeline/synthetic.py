@@ -69,8 +69,8 @@ def _encode(rec: dict[str, object], version: int) -> str:
     if version != 1:
         if version != SCHEMA_VERSION:
             raise ValueError(f"cannot write telemetry version {version}")
-        rec = {k: v for k, v in rec.items() if k not in V1_ONLY
-               and not (k == "depth_known" and v is True)}  # written only when false
+        rec = {k: v for k, v in rec.items() if k not in V1_ONLY  # and the defaults:
+               and (k, v) not in (("depth_known", True), ("delivered_messages", 0))}
         rec["v"] = version
     return json.dumps(rec, separators=(",", ":"))
 

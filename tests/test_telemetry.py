@@ -299,11 +299,16 @@ def test_telemetry_flags_and_wiring(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert without.telemetry is None  # nothing policed: nothing to record (a warning says so)
 
 
-def test_depth_known_is_written_only_when_false() -> None:
+def test_depth_known_and_deliveries_are_written_only_when_they_say_something() -> None:
     fc, clock = _controller()
     _, counters = _board(fc, clock)
-    a, b, _ = Sampler("s").snapshot(fc, counters, 0.0, clock.t,
-                                    depth_known={("/", "orders.b"): False})
+    sampler = Sampler("s")
+    fc.queues[("/", "orders.a")].depth.delivered(3)  # a 1.0 link's deliveries
+    a, b, _ = sampler.snapshot(fc, counters, 0.0, clock.t,
+                               depth_known={("/", "orders.b"): False})
     assert "depth_known" not in a and b["depth_known"] is False
-    a, b, _ = Sampler("s").snapshot(fc, counters, 0.0, clock.t)  # nothing says: known
+    assert a["delivered_messages"] == 3 and "delivered_messages" not in b
+    clock.t += 1.0
+    a, b, _ = sampler.snapshot(fc, counters, 1.0, clock.t)  # nothing says: known
     assert "depth_known" not in a and "depth_known" not in b
+    assert "delivered_messages" not in a  # none since the last sample

@@ -44,12 +44,14 @@ from floodwall.spool.events import ReplayEnded, SpoolFilling
 #: The version every record carries as ``v``; docs/telemetry.md describes each version.
 SCHEMA_VERSION = 2
 #: Fields version 1 wrote and version 2 leaves out (docs/telemetry.md, "Versions"): nothing
-#: read them, and each is always the same or follows from what is written (``interval``,
-#: ``tripped``, the events). ``depth_known`` stays, written only when false (absent: true).
+#: read them, and each is always the same, follows from what is written (``interval``,
+#: ``tripped``, the events) or is an input of a figure written (``ready_count``, of the
+#: depth estimate; on ``/state``). Written only when they say something: ``depth_known`` when
+#: false (absent: true), ``delivered_messages`` when not 0 (absent: 0).
 V1_ONLY = frozenset({
     "mono",  # every record: ``interval`` already carries the exact interval
     # sample
-    "ready_count", "delivered_messages", "tripped_seconds",
+    "ready_count", "tripped_seconds",
     # sidecar: counters the events count one by one (signal, reject, deadline)
     "policed_queues", "tripped_queues", "flow_off_total", "flow_on_total", "rejects_total",
     "deadline_expiries_total",
@@ -139,6 +141,7 @@ class _Previous:
     mono: float
     forwarded_bytes: int
     forwarded_messages: int
+    delivered_messages: int
 
 
 @dataclass
@@ -175,7 +178,7 @@ class Sampler:
         for key in sorted(c.queues):
             q = c.queues[key]
             d = q.depth
-            prev = self._previous.get(key) or _Previous(mono - self.interval, 0, 0)
+            prev = self._previous.get(key) or _Previous(mono - self.interval, 0, 0, 0)
             est = d.estimate()
             broker = d.broker_depth()
             p = q.policy
@@ -205,9 +208,13 @@ class Sampler:
             })
             if depth_known is not None and not depth_known.get(key, True):
                 rec["depth_known"] = False  # absent: true
+            delivered = _delta(d.delivered_messages_total, prev.delivered_messages)
+            if delivered:
+                rec["delivered_messages"] = delivered  # absent: 0
             records.append(rec)
             self._previous[key] = _Previous(mono, d.forwarded_bytes_total,
-                                            d.forwarded_messages_total)
+                                            d.forwarded_messages_total,
+                                            d.delivered_messages_total)
         for gone in self._previous.keys() - c.queues.keys():
             del self._previous[gone]
         records.append(self._sidecar(c, counters, ts, all_blocked, spooled, fleet))
