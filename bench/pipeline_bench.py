@@ -16,11 +16,19 @@ installed pyspark (pipeline/devcluster.py) for the run. ``--baseline DIR`` also 
 local masters with the ``pipeline`` package of another checkout (an older commit), side
 by side. The load average before and after each run is in the output: the machine may be
 shared.
+
+The telemetry is written in the current schema version for this checkout and, for the
+baseline (which reads version 1 only), in version 1: the same fleet and samples, the lines
+with every field version 1 had (docs/telemetry.md, "Versions"). ``--old-encoding`` also runs
+this checkout on the version 1 lines (the local masters). Every run's ``summary.json`` and
+``recommended-policies.yaml`` are hashed (md5): the same samples must give the same bytes
+whatever the encoding and the master.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -37,6 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).with_name("RESULTS.md")
 BEGIN, END = "<!-- pipeline-bench:begin -->", "<!-- pipeline-bench:end -->"
 EXECUTOR_MEMORY = "2g"
+#: The job's outputs that only the telemetry's records determine (pipeline/analyze.py).
+DETERMINED = ("summary.json", "recommended-policies.yaml")
+OLD = "this, v1 lines"  # this checkout on the version 1 lines
 WORKER_MEMORY = "3g"
 
 
@@ -48,6 +59,11 @@ def _cpu(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _md5s(out: Path) -> str:
+    """The md5 of each of ``DETERMINED`` in ``out``, shortened, joined with ``/``."""
+    return "/".join(hashlib.md5((out / name).read_bytes()).hexdigest()[:8] for name in DETERMINED)
 
 
 def _executors(groups: list[int]) -> list[int]:
@@ -89,6 +105,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     job.analyze([spec["data"]], work / "warm-out", spark=spark)
     warm_s = time.perf_counter() - t0
+    md5s = [_md5s(work / "warm-out")]
     # the executors (a cluster's) live as long as the session: the same JVMs every round
     executors = _executors(spec.get("groups") or [])
     rounds = []
@@ -99,13 +116,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         a = job.analyze([spec["data"]], work / f"out-{i}", spark=spark)
         seconds = time.perf_counter() - t0
         cpu = {pid: _cpu(pid) - before for pid, before in cpu0.items()}
+        md5s.append(_md5s(work / f"out-{i}"))
         rounds.append({"seconds": round(seconds, 2), "load": [load, os.getloadavg()[0]],
                        "driver_cpu": round(cpu[driver], 1),
                        "executor_cpu": round(sum(cpu.values()) - cpu[driver], 1),
                        "jvm_cpu": round(sum(cpu.values()), 1), "stages": a.timings})
     spark.stop()
     return {"startup_s": round(startup, 2), "warm_s": round(warm_s, 2), "rounds": rounds,
-            "spark": spark.version,
+            "spark": spark.version, "md5": sorted(set(md5s)),
             "executors": len(executors), "module": job.__file__}
 
 
@@ -124,26 +142,34 @@ def _run_child(spec: dict[str, Any], code: Path) -> dict[str, Any]:
 
 
 def run(sidecars: int, hours: float, queues: int, masters: list[str], rounds: int,
-        baseline: Path | None) -> dict[str, Any]:
+        baseline: Path | None, old_encoding: bool = False) -> dict[str, Any]:
+    from floodwall.ops.telemetry import SCHEMA_VERSION
     from floodwall_pipeline.synthetic import generate
 
     work = Path(tempfile.mkdtemp(prefix="floodwall-pipeline-bench-"))
     try:
-        data = work / "data"
+        data, data_v1 = work / "data", work / "data-v1"
         lines = generate(data, sidecars=sidecars, hours=hours, queues=queues, seed=sidecars)
         size = sum(p.stat().st_size for p in data.iterdir())
+        size_v1 = None
+        if baseline or old_encoding:  # the same samples, every field version 1 had
+            assert generate(data_v1, sidecars=sidecars, hours=hours, queues=queues,
+                            seed=sidecars, version=1) == lines
+            size_v1 = sum(p.stat().st_size for p in data_v1.iterdir())
         runs = []
-        codes = [("this", ROOT)] + ([("baseline", baseline)] if baseline else [])
+        codes = ([("this", ROOT, data)] + ([(OLD, ROOT, data_v1)] if old_encoding else [])
+                 + ([("baseline", baseline, data_v1)] if baseline else []))
         for master in masters:
-            for label, code in codes:
-                if label == "baseline" and not master.startswith("local"):
+            for label, code, lines_at in codes:
+                if label != "this" and not master.startswith("local"):
                     continue
-                runs.append(_one(master, label, code, work, data, rounds))
+                runs.append(_one(master, label, code, work, lines_at, rounds))
                 print(json.dumps(runs[-1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"sidecars": sidecars, "hours": hours, "queues": queues, "lines": lines,
-            "bytes": size, "runs": runs, "baseline": str(baseline) if baseline else None,
+            "bytes": size, "bytes_v1": size_v1, "version": SCHEMA_VERSION,
+            "runs": runs, "baseline": str(baseline) if baseline else None,
             "commit": _commit(ROOT),
             "baseline_commit": (_commit(baseline) or baseline.name) if baseline else None,
             "machine": f"{platform.machine()}, {platform.system()}, python "
@@ -161,7 +187,8 @@ def _commit(path: Path | None) -> str | None:
 
 def _one(master: str, label: str, code: Path, work: Path, data: Path, rounds: int
          ) -> dict[str, Any]:
-    out = work / f"{label}-{master.replace('[', '').replace(']', '').replace(':', '')}"
+    out = work / (f"{label.replace(', ', '-').replace(' ', '-')}-"
+                  f"{master.replace('[', '').replace(']', '').replace(':', '')}")
     out.mkdir()
     spec: dict[str, Any] = {"master": master, "work": str(out), "data": str(data),
                             "rounds": rounds, "code": str(code)}
@@ -200,7 +227,10 @@ def markdown(result: dict[str, Any]) -> str:
            "recommend, plot, report) on the synthetic telemetry of "
            f"{result['sidecars']} sidecars x {result['hours']:g} h feeding {result['queues']} "
            f"queues (pipeline/synthetic.py, seed {result['sidecars']}): {lines_n:,} lines, "
-           f"{result['bytes'] / 2**20:.0f} MiB of NDJSON. Each master in a process of its own "
+           f"{result['bytes'] / 2**20:.0f} MiB of NDJSON"
+           + (f" in schema version {result['version']} ({result['bytes_v1'] / 2**20:.0f} MiB "
+              "as version 1's lines, which the baseline reads)" if result.get("bytes_v1")
+              else "") + ". Each master in a process of its own "
            "with one SparkSession (start-up not counted), warmed up by a first run on the same "
            "telemetry (not counted); best "
            f"of {len(runs[0]['rounds'])} rounds. `cluster:N`: a standalone master and N "
@@ -223,19 +253,24 @@ def markdown(result: dict[str, Any]) -> str:
         out.append(f"| {r['code']} | `{r['master']}` | {r['cores']} | {first} | "
                    f"{r['best_s']:.1f} s | {rate:,.0f} | {rate / r['cores']:,.0f} | "
                    + (f"{cpu:.1f} s | {lines_n / cpu:,.0f} |" if cpu else "- | - |"))
-    this = {r["master"]: r for r in runs if r["code"] == "this"}
     base = {r["master"]: r for r in runs if r["code"] == "baseline"}
     if base:
         out += ["", f"Side by side with the baseline (`{result['baseline_commit']}`, the same "
-                "lines, the same process setup, one after the other in this run):", ""]
-        for master, b in base.items():
-            if master in this:
-                t = this[master]
-                cpu_t, cpu_b = _best_cpu(t), _best_cpu(b)
-                out.append(f"- `{master}`: {b['best_s'] / t['best_s']:.1f}x the lines per "
-                           "second per core"
-                           + (f", {cpu_b / cpu_t:.1f}x the lines per CPU second"
-                              if cpu_t and cpu_b else "") + ".")
+                "samples, the same process setup, one after the other in this run):", ""]
+        for t in runs:
+            b = base.get(t["master"])
+            if b is None or t is b:
+                continue
+            cpu_t, cpu_b = _best_cpu(t), _best_cpu(b)
+            out.append(f"- `{t['master']}`, {t['code']}: {b['best_s'] / t['best_s']:.1f}x the "
+                       "lines per second per core"
+                       + (f", {cpu_b / cpu_t:.1f}x the lines per CPU second"
+                          if cpu_t and cpu_b else "") + ".")
+    md5s = sorted({m for r in runs if r["code"] != "baseline" for m in r.get("md5", [])})
+    if md5s:
+        out += ["", f"{' and '.join(DETERMINED)} (md5, every run and round of this checkout): "
+                + ", ".join(f"`{m}`" for m in md5s)
+                + (" (the same bytes)" if len(md5s) == 1 else " (**not the same bytes**)")]
     out.append(END)
     return "\n".join(out) + "\n"
 
@@ -262,6 +297,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--baseline", type=Path, help="a checkout whose pipeline/ to compare with")
     p.add_argument("--baseline-label", help="what the baseline is (default: its commit)")
+    p.add_argument("--old-encoding", action="store_true",
+                   help="also run this checkout on the version 1 lines (local masters)")
     p.add_argument("--out", type=Path, default=Path("bench/out"))
     p.add_argument("--record", action="store_true", help="write bench/RESULTS.md's section")
     p.add_argument("--from-json", type=Path, help="re-render (and --record) a past run")
@@ -275,7 +312,7 @@ def main() -> None:
         path = a.from_json
     else:
         result = run(a.sidecars, a.hours, a.queues, a.masters.split(","), a.rounds,
-                     a.baseline.resolve() if a.baseline else None)
+                     a.baseline.resolve() if a.baseline else None, a.old_encoding)
         if a.baseline_label:
             result["baseline_commit"] = a.baseline_label
         a.out.mkdir(parents=True, exist_ok=True)

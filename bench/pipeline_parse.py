@@ -5,7 +5,8 @@
     .venv/bin/python -m bench.pipeline_parse --data DIR --scans text,reader
 
 The telemetry is the pipeline benchmark's (bench/pipeline_bench.py: 64 sidecars x 1 h
-feeding 4 queues, seed 64) unless ``--data`` names a directory of it. Each scan runs twice
+feeding 4 queues, seed 64) in schema version 1 (the scans below are defined on its lines)
+unless ``--data`` names a directory of it. Each scan runs twice
 in one warm SparkSession (the job's own settings, pipeline/analyze.py); the second is
 reported. Every column a scan yields is converted: the scan ends in an aggregate over a
 hash of them all (a ``count()`` would let Spark skip the parsing). Scans:
@@ -15,7 +16,9 @@ hash of them all (a ``count()`` would let Spark skip the parsing). Scans:
   line) in PERMISSIVE mode with the corrupt-record column (pipeline/load.py);
 - ``reader5``: the same reader with 5 fields;
 - ``slim``: the job's reader on the same records written without the 12 fields no reader
-  uses (``UNREAD``): what a leaner wire format would save;
+  uses (``UNREAD``): what a leaner wire format would save (telemetry version 2 leaves out
+  the same fields but ``sampling_interval``, which the synthetic records do not carry, and
+  writes ``depth_known`` only when false);
 - ``template``: the lines as text, checked against the generator's key order of a sample
   record (one regular expression per line: each value a JSON number, string or literal),
   split at commas, the fields cast from their text: the parse without a JSON parser,
@@ -144,7 +147,7 @@ def main() -> None:
         if data is None:
             from floodwall_pipeline.synthetic import generate
             data = work / "data"
-            generate(data, sidecars=64, hours=1.0, queues=4, seed=64)
+            generate(data, sidecars=64, hours=1.0, queues=4, seed=64, version=1)
         slim = str(slim_copy(data, work / "slim")) if "slim" in names else None
         spark = spark_session("local[1]", app="floodwall-pipeline-parse",
                               jvm_log=work / "spark.log")

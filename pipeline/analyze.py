@@ -42,6 +42,8 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 #: (adaptive execution merges small ones); raise it for fleets of many thousand sidecars.
 CLUSTER_SHUFFLE_PARTITIONS = 32
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+#: PySpark's call-site capture for error messages (off for the job: spark_session).
+PYSPARK_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 #: The driver JVM's collector unless the user's options choose one: the throughput
 #: collector (no concurrent work beside the job's; within the noise of G1 on the bench's
 #: input here: 31.3 against 32.0 CPU seconds).
@@ -125,6 +127,10 @@ def spark_session(master: str | None = None, app: str = "floodwall-analyze",
          # Adaptive execution re-plans after every shuffle, a job per stage, for nothing
          # to gain on this job's joins of small aggregated tables.
          .config("spark.sql.adaptive.enabled", "false")
+         # PySpark's DataFrame debugging records the Python call site of every Column
+         # function (about 5 py4j round trips each: 7,000 of a job's 12,000 on the bench's
+         # telemetry) for error messages that name the line; the job's plans need none.
+         .config(PYSPARK_DEBUGGING, "false")
          .config(DRIVER_OPTIONS, driver_options))
     if local:
         cores = local_cores(master)

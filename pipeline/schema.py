@@ -1,7 +1,8 @@
-"""The explicit read schema of telemetry version 1 (docs/telemetry.md), as a Spark StructType.
+"""The explicit read schema of telemetry versions 1 and 2 (docs/telemetry.md): a StructType.
 
 One struct for the three record types (``sample``, ``sidecar``, ``event``): a field a type does
-not carry reads as null. ``TELEMETRY_SCHEMA`` is every field the proxy writes; the job reads
+not carry reads as null. ``TELEMETRY_SCHEMA`` is every field either version writes (version 2:
+version 1 without ``V1_ONLY``, none of them read here, so one schema reads both); the job reads
 with ``READ_SCHEMA``, the fields it uses (about half): the JSON parser then skips the others
 without converting them, which is most of the cost of reading. A line that is not JSON, or
 whose value in a field the job reads does not fit its type, lands whole in
@@ -23,7 +24,8 @@ from pyspark.sql.types import (
 from floodwall.ops.telemetry import SCHEMA_VERSION
 
 CORRUPT = "_corrupt_record"
-SUPPORTED_VERSIONS = (SCHEMA_VERSION,)
+#: Version 2 is version 1 without fields this reader never read (docs/telemetry.md).
+SUPPORTED_VERSIONS = (1, SCHEMA_VERSION)
 
 _FIELDS: list[tuple[str, DataType]] = [
     # every record
@@ -61,7 +63,7 @@ _FIELDS: list[tuple[str, DataType]] = [
     ("records_left", LongType()), ("bytes_left", LongType()),
 ]
 
-#: Telemetry v1 as read: every field nullable, plus the corrupt-record column.
+#: Telemetry as read: every field nullable, plus the corrupt-record column.
 TELEMETRY_SCHEMA = StructType(
     [StructField(name, typ, True) for name, typ in _FIELDS]
     + [StructField(CORRUPT, StringType(), True)])

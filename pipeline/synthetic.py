@@ -5,9 +5,11 @@ Per second: each sidecar's producers want a rate with bursts; the consumers drai
 own rate; the fleet's policy trips above ``capacity`` and releases at ``resume``. While
 tripped a sidecar holds what its producers send (ingress 0) and flushes it on release;
 a publish held past ``deadline`` expires. Records have exactly the fields the proxy writes
-(proxy/telemetry.py), files are named as the proxy names them and rotated every
+(proxy/ops/telemetry.py), files are named as the proxy names them and rotated every
 ``file_age`` seconds (hourly, as the proxy's default); ``partitioned`` lays them out by date
-and sidecar (pipeline/files.py) instead of in one directory.
+and sidecar (pipeline/files.py) instead of in one directory. ``version``: the schema version
+to write (docs/telemetry.md), the current one unless told; ``1`` writes the same samples
+with version 1's fields (the lines every benchmark before version 2 read, byte for byte).
 
     python -m floodwall_pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
 """
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from floodwall.ops.telemetry import SCHEMA_VERSION, file_name
+from floodwall.ops.telemetry import SCHEMA_VERSION, V1_ONLY, file_name
 from floodwall_pipeline.files import partition_dir
 
 KIB = 1024
@@ -56,15 +58,28 @@ class SidecarState:
 
 
 def _common(kind: str, sc: SidecarState, vhost: str, queue: str, ts: float) -> dict[str, object]:
-    return {"v": SCHEMA_VERSION, "type": kind, "ts": round(ts, 3),
+    """A record as version 1 wrote it (``_encode`` leaves out what a later version does not)."""
+    return {"v": 1, "type": kind, "ts": round(ts, 3),
             "mono": round(ts - START + 1000.0, 3), "seq": sc.next(), "sidecar": sc.name,
             "vhost": vhost, "queue": queue}
+
+
+def _encode(rec: dict[str, object], version: int) -> str:
+    """One line of schema ``version`` (1 or the current one) from a version 1 record."""
+    if version != 1:
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"cannot write telemetry version {version}")
+        rec = {k: v for k, v in rec.items() if k not in V1_ONLY  # and the defaults:
+               and (k, v) not in (("depth_known", True), ("delivered_messages", 0))}
+        rec["v"] = version
+    return json.dumps(rec, separators=(",", ":"))
 
 
 def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
              interval: float = 1.0, seed: int = 7, corrupt: float = 0.0,
              body: int = 1024, file_age: float = 3600.0, partitioned: bool = False,
-             start: float = START, jitter: bool = False) -> int:
+             start: float = START, jitter: bool = False, version: int = SCHEMA_VERSION
+             ) -> int:
     """Write the telemetry; returns how many lines (records and corrupt lines) it wrote.
 
     ``jitter``: as real sidecars, each samples on its own clock (some at the same instants
@@ -193,7 +208,7 @@ def generate(out: Path, sidecars: int = 4, hours: float = 1.0, queues: int = 3,
                 handles[sc.name] = current
             fh = current[1]
             for rec in per_sidecar[sc.name]:
-                line = json.dumps(rec, separators=(",", ":"))
+                line = _encode(rec, version)
                 if corrupt and rng.random() < corrupt:
                     line = line[: rng.randrange(1, len(line))]  # a truncated line
                 fh.write(line + "\n")
@@ -214,11 +229,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--corrupt", type=float, default=0.0, help="share of lines truncated")
     p.add_argument("--file-age", type=float, default=3600.0, help="seconds per file")
+    p.add_argument("--version", type=int, default=SCHEMA_VERSION,
+                   help="the telemetry schema version to write (1 or the current one)")
     p.add_argument("--partitioned", action="store_true",
                    help="lay files out as date=YYYY-MM-DD/sidecar=NAME/ (docs/pipeline.md)")
     a = p.parse_args()
     n = generate(a.out, a.sidecars, a.hours, a.queues, a.interval, a.seed, a.corrupt,
-                 file_age=a.file_age, partitioned=a.partitioned)
+                 file_age=a.file_age, partitioned=a.partitioned, version=a.version)
     print(f"{n} lines in {a.out}")
 
 

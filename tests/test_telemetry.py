@@ -18,6 +18,7 @@ from floodwall.io.switchboard import Switchboard
 from floodwall.io.telemetry import Telemetry, TelemetrySettings, TelemetryWriter
 from floodwall.ops.telemetry import (
     SCHEMA_VERSION,
+    V1_ONLY,
     RotationPolicy,
     Sampler,
     event_fields,
@@ -36,7 +37,17 @@ policies:
 """)
 from tests.fakes import Clock  # noqa: E402
 
-COMMON = {"v", "type", "ts", "mono", "seq", "sidecar", "vhost", "queue"}
+COMMON = {"v", "type", "ts", "seq", "sidecar", "vhost", "queue"}
+#: What a sample and a sidecar record carry (schema version 2: docs/telemetry.md), without
+#: --fleet and with the depth known.
+SAMPLE = COMMON | {
+    "interval", "policy", "capacity", "resume", "max_messages", "resume_messages", "overflow",
+    "deadline", "mode", "depth_bytes", "depth_messages", "broker_depth_bytes",
+    "broker_depth_messages", "ingress_bytes", "ingress_messages", "tripped", "trips",
+    "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes", "sampling_interval",
+    "drain_bytes_per_second"}
+SIDECAR = COMMON | {"interval", "blocked_channels", "held_bytes", "held_messages",
+                    "spooled_bytes", "alarm", "dropped_records"}
 
 
 class Router:
@@ -77,7 +88,10 @@ def test_samples_carry_depth_ingress_and_trips() -> None:
     sampler = Sampler("pod-1", interval=1.0)
     first = sampler.snapshot(fc, counters, 1_000.0, clock.t)
     assert [r["type"] for r in first] == ["sample", "sample", "sidecar"]
-    assert all(COMMON <= r.keys() and r["v"] == SCHEMA_VERSION for r in first)
+    assert all(r["v"] == SCHEMA_VERSION == 2 for r in first)
+    # version 2 writes exactly these: none of version 1's unread fields (V1_ONLY)
+    assert [set(r) for r in first] == [SAMPLE, SAMPLE, SIDECAR]
+    assert not any(V1_ONLY & r.keys() for r in first)
     assert [r["seq"] for r in first] == [1, 2, 3]
 
     clock.t += 1.0
@@ -90,19 +104,13 @@ def test_samples_carry_depth_ingress_and_trips() -> None:
     assert (a["queue"], a["interval"], a["ingress_bytes"], a["ingress_messages"]) == (
         "orders.a", 1.5, 1200, 3)
     assert (a["depth_bytes"], a["depth_messages"], a["broker_depth_bytes"]) == (1200, 3, 0)
-    assert (a["tripped"], a["trips"], a["tripped_seconds"]) == (True, 1, 0.5)
+    assert (a["tripped"], a["trips"]) == (True, 1)
     assert (a["capacity"], a["resume"], a["deadline"], a["overflow"]) == (1000, 500, 5.0, "hold")
     assert (a["blocked_publishers"], a["held_bytes"], a["held_messages"]) == (1, 800, 2)
     assert (b["ingress_bytes"], b["tripped"], b["held_bytes"]) == (0, False, 0)
     assert (side["vhost"], side["queue"], side["held_bytes"], side["blocked_channels"]) == (
         "", "", 800, 1)
-    assert side["tripped_queues"] == 1
-    assert (side["flow_off_total"], side["flow_on_total"]) == (0, 0)
-    counters.signalled("amqp091", False)
-    counters.signalled("amqp10", False)
-    counters.signalled("amqp10", True)
-    side = sampler.snapshot(fc, counters, 1_001.5, clock.t)[-1]
-    assert (side["flow_off_total"], side["flow_on_total"]) == (2, 1)  # both protocols
+    assert set(side) == SIDECAR  # the signals, rejects and expiries: one event each
     # The next interval counts only what came since.
     clock.t += 1.0
     a2 = sampler.snapshot(fc, counters, 1_002.5, clock.t)[0]
@@ -135,11 +143,11 @@ def test_spooled_bytes_per_queue_and_in_total() -> None:
 
 def test_spool_and_replay_events_keep_their_fields() -> None:
     sampler = Sampler("s")
-    [spool] = sampler.event("spool", {"vhost": "/", "queue": "orders.a"}, 1.0, 1.0)
+    [spool] = sampler.event("spool", {"vhost": "/", "queue": "orders.a"}, 1.0)
     assert (spool["event"], spool["queue"]) == ("spool", "orders.a")
     fields = {"reason": "empty", "replayed": 7, "replayed_bytes": 700, "seconds": 0.25,
               "records_left": 0, "bytes_left": 0}
-    [replay] = sampler.event("replay", {"vhost": "/", "queue": "orders.a", **fields}, 2.0, 2.0)
+    [replay] = sampler.event("replay", {"vhost": "/", "queue": "orders.a", **fields}, 2.0)
     assert {k: replay[k] for k in fields} == fields
 
 
@@ -159,11 +167,11 @@ def test_events_become_one_record_per_queue() -> None:
 
     sampler = Sampler("s")
     recs = sampler.event("hold", {"vhost": "/", "conn": 3, "channel": 1,
-                                  "queues": ["orders.b", "orders.a"]}, 5.0, 6.0)
+                                  "queues": ["orders.b", "orders.a"]}, 5.0)
     assert [(r["queue"], r["event"], r["conn"], r["channel"]) for r in recs] == [
         ("orders.a", "hold", 3, 1), ("orders.b", "hold", 3, 1)]
     signal = sampler.event("signal", {"vhost": "/", "conn": 3, "channel": 1, "active": False},
-                           5.0, 6.0)
+                           5.0)
     assert (signal[0]["queue"], signal[0]["active"]) == ("", False)
     assert [r["seq"] for r in recs + signal] == [1, 2, 3]
 
@@ -289,3 +297,18 @@ def test_telemetry_flags_and_wiring(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     without = Proxy(ProxySettings(("127.0.0.1", 0), ("127.0.0.1", 1),
                                   telemetry_dir=tmp_path / "t"))
     assert without.telemetry is None  # nothing policed: nothing to record (a warning says so)
+
+
+def test_depth_known_and_deliveries_are_written_only_when_they_say_something() -> None:
+    fc, clock = _controller()
+    _, counters = _board(fc, clock)
+    sampler = Sampler("s")
+    fc.queues[("/", "orders.a")].depth.delivered(3)  # a 1.0 link's deliveries
+    a, b, _ = sampler.snapshot(fc, counters, 0.0, clock.t,
+                               depth_known={("/", "orders.b"): False})
+    assert "depth_known" not in a and b["depth_known"] is False
+    assert a["delivered_messages"] == 3 and "delivered_messages" not in b
+    clock.t += 1.0
+    a, b, _ = sampler.snapshot(fc, counters, 1.0, clock.t)  # nothing says: known
+    assert "depth_known" not in a and "depth_known" not in b
+    assert "delivered_messages" not in a  # none since the last sample

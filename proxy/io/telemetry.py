@@ -254,8 +254,7 @@ class Telemetry:
             if len(self._events) >= MAX_PENDING_EVENTS:
                 self.sampler.dropped += 1
                 return
-            self._events.extend(self.sampler.event(name, found[1], self.wall(),
-                                                   self.board.clock()))
+            self._events.extend(self.sampler.event(name, found[1], self.wall()))
         except Exception as exc:  # a telemetry bug must never break a publish
             if not self._observer_failed:
                 event(log, "telemetry_event_failed", logging.ERROR, event_name=name,

@@ -11,7 +11,13 @@ from pyspark.sql import SparkSession
 
 from floodwall.cli import main
 from floodwall.control.policy import load_policies
-from floodwall_pipeline.analyze import DRIVER_GC, analyze, driver_java_options
+from floodwall.ops.telemetry import SCHEMA_VERSION, V1_ONLY
+from floodwall_pipeline.analyze import (
+    DRIVER_GC,
+    PYSPARK_DEBUGGING,
+    analyze,
+    driver_java_options,
+)
 from floodwall_pipeline.synthetic import generate
 
 
@@ -88,3 +94,32 @@ def test_driver_java_options_given_add_to_the_jobs_and_may_choose_the_collector(
     assert driver_java_options("-XX:TieredStopAtLevel=1") == f"{ours} -XX:TieredStopAtLevel=1"
     g1 = driver_java_options("-XX:+UseG1GC")  # two collectors: the JVM would not start
     assert DRIVER_GC not in g1 and g1.endswith("-XX:+UseG1GC") and "log4j2" in g1
+
+
+def test_the_jobs_session_does_not_capture_python_call_sites(spark: SparkSession) -> None:
+    # PySpark's DataFrame debugging costs a job some 7,000 py4j round trips (analyze.py)
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get(PYSPARK_DEBUGGING) == "false"
+    assert is_debugging_enabled() is False
+
+
+def test_both_schema_versions_give_the_same_summary_and_advice(
+        spark: SparkSession, tmp_path: Path) -> None:
+    # The same fleet and samples, written as version 1 (every field) and as the current
+    # version (without V1_ONLY): the same summary.json and recommended-policies.yaml bytes.
+    dirs = {v: tmp_path / f"v{v}" for v in (1, SCHEMA_VERSION)}
+    for v, d in dirs.items():
+        generate(d, sidecars=3, hours=0.1, queues=2, seed=5, version=v)
+    sizes = {v: sum(p.stat().st_size for p in d.iterdir()) for v, d in dirs.items()}
+    assert sizes[SCHEMA_VERSION] < 0.85 * sizes[1]
+    for v, d in dirs.items():
+        first = json.loads(next(iter(sorted(d.iterdir()))).read_text().splitlines()[0])
+        assert first["v"] == v and bool(V1_ONLY & first.keys()) == (v == 1)
+    runs = {v: analyze([str(d)], tmp_path / f"out{v}", spark=spark, plots=False)
+            for v, d in dirs.items()}
+    assert runs[1].quality == runs[SCHEMA_VERSION].quality
+    assert runs[1].quality.bad == 0 and runs[1].quality.used > 0
+    assert any(r.changed for r in runs[1].recommendations)  # there is advice to compare
+    for name in ("recommended-policies.yaml", "summary.json"):
+        assert (runs[1].out / name).read_bytes() == (runs[SCHEMA_VERSION].out / name).read_bytes()

@@ -11,7 +11,7 @@ from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.enforce.counters import GateCounters
-from floodwall.ops.telemetry import EVENT_FIELDS, Sampler
+from floodwall.ops.telemetry import EVENT_FIELDS, SCHEMA_VERSION, Sampler
 from floodwall_pipeline.load import load
 from floodwall_pipeline.schema import FIELD_NAMES
 from floodwall_pipeline.synthetic import generate
@@ -46,7 +46,7 @@ def test_bad_lines_are_counted_and_reported(spark: SparkSession, tmp_path: Path)
     good = [sample("s1", float(i), 0, 0, False, 0) for i in range(1, 4)]
     truncated = json.dumps(sample("s1", 4.0, 0, 0, False, 0))[:57]
     wrong_type = json.dumps({**sample("s1", 5.0, 0, 0, False, 0), "ts": "yesterday"})
-    future = json.dumps({**sample("s1", 6.0, 0, 0, False, 0), "v": 2})
+    future = json.dumps({**sample("s1", 6.0, 0, 0, False, 0), "v": SCHEMA_VERSION + 1})
     no_sidecar = json.dumps({k: v for k, v in sample("s1", 7.0, 0, 0, False, 0).items()
                              if k != "sidecar"})
     write_ndjson(tmp_path / "a.ndjson", [*good[:2], truncated, "not json at all", wrong_type,
