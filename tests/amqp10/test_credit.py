@@ -277,3 +277,43 @@ def test_the_per_transfer_checks_agree_with_the_credit_figures() -> None:
         high_water = credit.high_water
         assert credit.transfer() is (high_water is not None and serial_lt(count, high_water))
         assert credit.delivery_count == serial_add(count, 1)
+
+
+def _grant_by_the_book(c: SenderCredit, window: int | None) -> LinkFlow:
+    """``SenderCredit.grant`` in the serial functions (what the inline arithmetic replaces)."""
+    count = c.delivery_count
+    credit = c.broker_credit
+    if window is not None:
+        credit = min(credit, window)
+    limit = serial_add(count, credit)
+    kept = c.granted
+    if kept is not None:
+        if c.broker_limit is not None:
+            kept = serial_min(kept, c.broker_limit)
+        if serial_lt(limit, kept):
+            limit = kept
+            credit = serial_diff(limit, count)
+    c.granted = limit
+    c.high_water = limit if c.high_water is None else serial_max(c.high_water, limit)
+    return LinkFlow(count, credit, c.drain)
+
+
+def test_grant_works_the_serial_arithmetic_out_as_the_serial_functions_do() -> None:
+    """``grant`` runs once per read of a fast sender, its arithmetic inline: the flow, the
+    limit granted and the high-water mark are those of the serial functions, wrap included."""
+    import random
+
+    rng = random.Random(2026)
+    edges = [0, 1, 2, HALF - 1, HALF, HALF + 1, MASK - 1, MASK]
+    for _ in range(20_000):
+        count = rng.choice([rng.randrange(MASK + 1), rng.choice(edges)])
+        near = [None if rng.random() < 0.1 else serial_add(count, rng.choice(
+            [rng.randint(-300, 300), HALF, HALF + 1, -HALF, rng.randrange(MASK + 1)]))
+            for _ in range(3)]
+        window = rng.choice([None, 0, 1, 2, 16, 63, 64, 256])
+        fast = SenderCredit(count, broker_limit=near[0], granted=near[1], high_water=near[2],
+                            drain=rng.random() < 0.1)
+        book = SenderCredit(count, broker_limit=near[0], granted=near[1], high_water=near[2],
+                            drain=fast.drain)
+        assert fast.grant(window) == _grant_by_the_book(book, window)
+        assert fast == book
