@@ -413,6 +413,20 @@ class CreditFlow(TransferRuns):
             self._broker_settled(session, first, last, now)
         return True
 
+    def server_settle_run(self, channel: int) -> bool:
+        """After ``on_server_settled`` took a disposition of ``channel`` (so nothing in its
+        session is renumbered): whether the broker's next settlements there are bookkeeping
+        only, and may be booked as ranges (``TransferHooks``): none of the session's links
+        is squeezed (only a squeezed link's credit is worked out again when the broker
+        settles; ``_broker_settled``)."""
+        session = self.by_server_channel.get(channel)
+        if session is None:
+            return False
+        for link in session.links.values():
+            if type(link) is SenderLink and link.squeezed:
+                return False
+        return True
+
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""
         capture = link.capture

@@ -54,7 +54,7 @@ from floodwall.wire.amqp10.performatives import (
     peek_composite,
     peek_disposition,
 )
-from floodwall.wire.amqp10.runs import scan_transfer_run
+from floodwall.wire.amqp10.runs import scan_settlements, scan_transfer_run, settle_template
 from floodwall.wire.amqp10.types import UByte, UInt
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
@@ -65,6 +65,8 @@ from floodwall.wire.relaycore import (
 )
 
 RUN_MOST: Final = 1 << 31
+SETTLEMENTS: Final = -1
+"""``stream.run``'s handle for a run of the broker's settlements (``_settlements_follow``)."""
 """Most deliveries of a run from the broker (nothing bounds them but the read)."""
 CONTAINER_ID: Final = "floodwall"
 """container-id of the Open the proxy sends when it must close a peer that has seen none."""
@@ -409,7 +411,8 @@ class Connection(CoreOutput):
                 if settled is not None and gate.on_server_settled(channel, *settled, self._now):
                     if gate.outbox:
                         self._take(gate)
-                    return False
+                    return settled[0] and _settlements_follow(stream, gate, channel, buf,
+                                                              start, end)
             peeked = peek_composite(buf, body, end)
             if peeked is None:
                 _, fields, payload = decode_composite(buf, body, end)
@@ -590,6 +593,12 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     assert stream.run is not None
     channel, handle, next_id, most, most_bytes = stream.run
     stream.run = None
+    if handle == SETTLEMENTS:  # (next_id: where the disposition they repeat begins)
+        end, count, ranges = scan_settlements(buf, next_id, pos)
+        stream.counts.frames += count
+        for first, last in ranges:
+            gate.on_server_settled(channel, True, first, last, now)
+        return end
     unsettled: list[int] = []
     end, count, payload_bytes = scan_transfer_run(
         buf, pos, stream.limit, channel, handle, next_id, most, most_bytes, unsettled)
@@ -601,6 +610,18 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
         else:
             gate.on_server_transfer_run(channel, handle, count)
     return end
+
+
+def _settlements_follow(stream: _Stream, gate: TransferHooks, channel: int, buf: bytes,
+                        start: int, end: int) -> bool:
+    """After the gate took the broker's disposition ``buf[start:end]``: True, announcing the
+    run (``stream.run``), when frames follow it in the read, it has the shape a run of
+    settlements is read with and the gate books the next ones as ranges
+    (``server_settle_run``)."""
+    if end < len(buf) and settle_template(buf, start, end) and gate.server_settle_run(channel):
+        stream.run = (channel, SETTLEMENTS, start, end - start, 0.0)
+        return True
+    return False
 
 
 def _relay(stream: _Stream, buf: bytes, stop: int) -> None:

@@ -13,6 +13,9 @@ by field; and after a run's first transfer, the frames that follow are read with
 when they are that transfer again (``_alike``: the same size, the same bytes but for the
 delivery-id, the tag's bytes and the payload, the delivery-ids consecutive), else one by one.
 
+The broker's settlements of those deliveries, a disposition each, are read the same way
+(``scan_settlements``, below).
+
 The scan is strict and silent: the first frame that is anything else (another channel or
 link, a gap in the delivery-ids, a multi-frame delivery, a state, an unusual encoding, a
 malformed or incomplete frame) ends the run, and the core reads that frame the usual way,
@@ -276,3 +279,56 @@ def _tail(buf: bytes, p: int, fields: int) -> int:
         else:
             return -1
     return p
+
+
+# -- the broker's settlements ------------------------------------------------------------------
+# A broker settles a fast sender's deliveries with a disposition each (RabbitMQ: role
+# receiver, first and last the delivery-id, settled, accepted), tens to a read. After the
+# gate took one (``TransferHooks.on_server_settled``) and says the next ones are bookkeeping
+# only (``server_settle_run``), the frames that are that disposition again but for first and
+# last are read with ``scan_settlements`` and booked as ranges of consecutive ids.
+
+_SETTLE_IDS = struct.Struct(">IxI")  # first, (0x70), last
+_SETTLE_HEAD: Final = 16  # frame header, descriptor, list8 size and count, role, 0x70
+_SETTLE_TAIL: Final = 25  # where the bytes after last begin
+SETTLE_SPAN: Final = 1 << 20
+"""The most ids one range of ``scan_settlements`` spans (far from serial wrap-around)."""
+
+
+def settle_template(buf: bytes, start: int, end: int) -> bool:
+    """Whether the disposition frame ``buf[start:end]`` has the shape a settlement run is read
+    with: data offset 2, a list8, role receiver (true), first and last uints (0x70)."""
+    return end - start >= _SETTLE_TAIL and buf[start + 4] == 2 \
+        and buf.startswith(b"\x00\x53\x15\xc0", start + 8) and buf[start + 14] == 0x41 \
+        and buf[start + 15] == 0x70 and buf[start + 20] == 0x70
+
+
+def scan_settlements(buf: bytes, start: int, pos: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """The frames from ``pos`` that are the disposition ``buf[start:pos]`` (``settle_template``)
+    again, byte for byte, but for first and last: ``(end, how many, ranges)``, the ranges
+    their first..last with consecutive ones joined (at most ``SETTLE_SPAN`` ids each). A
+    frame with last before first, or anything else, ends the scan (read the usual way)."""
+    size = pos - start
+    head = buf[start:start + _SETTLE_HEAD]
+    tail = buf[start + _SETTLE_TAIL:pos]
+    unpack = _SETTLE_IDS.unpack_from
+    stop = len(buf) - size
+    ranges: list[tuple[int, int]] = []
+    lo = hi = -1
+    count = 0
+    while pos <= stop and buf.startswith(head, pos) and buf[pos + 20] == 0x70 \
+            and buf.startswith(tail, pos + _SETTLE_TAIL):
+        first, last = unpack(buf, pos + _SETTLE_HEAD)
+        if (last - first) & _MASK >= SETTLE_SPAN:
+            break
+        if lo >= 0 and first == (hi + 1) & _MASK and (last - lo) & _MASK < SETTLE_SPAN:
+            hi = last
+        else:
+            if lo >= 0:
+                ranges.append((lo, hi))
+            lo, hi = first, last
+        count += 1
+        pos += size
+    if lo >= 0:
+        ranges.append((lo, hi))
+    return pos, count, ranges
