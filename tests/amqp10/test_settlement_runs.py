@@ -64,6 +64,84 @@ def test_consecutive_settlements_are_one_range_gaps_and_repeats_start_another() 
                       (BASE + 3, BASE + 4)]
 
 
+def model(frames: list[bytes]) -> tuple[int, int, list[tuple[int, int]]]:
+    """``scan_settlements`` frame by frame, from its contract: the frames after the first
+    that are it again but for first and last (a forward range under SETTLE_SPAN), their
+    ranges with consecutive ones joined."""
+    template = frames[0]
+
+    def rest(f: bytes) -> bytes:
+        return f[:16] + f[20:21] + f[25:] if len(f) == len(template) else b""
+
+    end, count = len(template), 0
+    ranges: list[tuple[int, int]] = []
+    for f in frames[1:]:
+        first, last = int.from_bytes(f[16:20], "big"), int.from_bytes(f[21:25], "big")
+        if rest(f) != rest(template) or (last - first) & 0xFFFFFFFF >= SETTLE_SPAN:
+            break
+        if ranges and first == (ranges[-1][1] + 1) & 0xFFFFFFFF \
+                and (last - ranges[-1][0]) & 0xFFFFFFFF < SETTLE_SPAN:
+            ranges[-1] = (ranges[-1][0], last)
+        else:
+            ranges.append((first, last))
+        end, count = end + len(f), count + 1
+    return end, count, ranges
+
+
+def test_settlements_read_many_at_once_and_one_by_one_make_the_same_ranges() -> None:
+    alike = [settle(BASE + 1 + i) for i in range(40)]
+    frames = [settle(BASE), *alike, settle(BASE + 41, BASE + 43),
+              *(settle(BASE + 44 + i) for i in range(5))]
+    assert scan(frames) == (sum(map(len, frames)), 46, [(BASE + 1, BASE + 48)])
+
+
+def test_a_joined_range_spans_at_most_settle_span_ids() -> None:
+    frames = [wide(BASE), wide(BASE + 1, BASE + SETTLE_SPAN - 2),
+              *(wide(BASE + SETTLE_SPAN - 1 + i) for i in range(4))]
+    assert scan(frames) == model(frames)
+    assert scan(frames)[2] == [(BASE + 1, BASE + SETTLE_SPAN), (BASE + SETTLE_SPAN + 1,
+                                                                BASE + SETTLE_SPAN + 2)]
+
+
+_ODD = st.sampled_from(["next", "next", "next", "next", "range", "repeat", "gap", "rejected",
+                        "longer", "last71", "channel"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(kinds=st.lists(_ODD, min_size=1, max_size=80), start=st.sampled_from(
+    [BASE, 0xFFFFFFFF - 40, 1 << 31]))
+def test_what_the_scanner_reads_is_what_frame_by_frame_reading_would(
+        kinds: list[str], start: int) -> None:
+    """Blocks of settlements alike (read with one struct) and the frames read one by one
+    give the ranges the contract gives, whatever is mixed in."""
+    frames, at = [wide(start)], start
+    for kind in kinds:
+        at = (at + 1) & 0xFFFFFFFF
+        if kind == "range":
+            frames.append(wide(at, (at + 2) & 0xFFFFFFFF))
+            at = (at + 2) & 0xFFFFFFFF
+        elif kind == "repeat":
+            frames.append(wide((at - 1) & 0xFFFFFFFF))
+            at = (at - 1) & 0xFFFFFFFF
+        elif kind == "gap":
+            at = (at + 5) & 0xFFFFFFFF
+            frames.append(wide(at))
+        elif kind == "rejected":
+            frames.append(settle(BASE, state=REJECTED)[:16] + at.to_bytes(4, "big") + b"\x70"
+                          + at.to_bytes(4, "big") + settle(BASE, state=REJECTED)[25:])
+        elif kind == "longer":
+            frames.append(settle(BASE, batchable=True))
+        elif kind == "last71":
+            f = wide(at)
+            frames.append(f[:20] + b"\x71" + f[21:])
+        elif kind == "channel":  # the same frame on another session
+            f = wide(at)
+            frames.append(f[:6] + (SERVER_CH + 1).to_bytes(2, "big") + f[8:])
+        else:  # the next one (the ids wrap where they do)
+            frames.append(wide(at))
+    assert scan(frames) == model(frames)
+
+
 @pytest.mark.parametrize(("stopper", "why"), [
     (settle(BASE + 1, channel=SERVER_CH + 1), "another session"),
     (settle(BASE + 1, state=REJECTED), "another outcome"),

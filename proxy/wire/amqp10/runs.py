@@ -303,6 +303,31 @@ def settle_template(buf: bytes, start: int, end: int) -> bool:
         and buf[start + 15] == 0x70 and buf[start + 20] == 0x70
 
 
+SETTLE_ALIKE: Final = 32
+"""Most settlements ``_settled_alike`` reads at once."""
+
+
+@functools.lru_cache(maxsize=32)
+def _settle_reader(tail: int, n: int) -> struct.Struct:
+    """The struct that reads ``n`` settlements: per frame its head, first, the constructor
+    of last, last and the bytes after it (``tail`` of them)."""
+    return struct.Struct(">" + f"{_SETTLE_HEAD}sIsI{tail}s" * n)
+
+
+def _settled_alike(buf: bytes, pos: int, size: int, n: int, head: bytes, tail: bytes) -> int:
+    """The first of ``n`` settlements from ``pos`` that are the template again, each of one
+    delivery-id, consecutive (the broker settling a fast sender's deliveries in order),
+    read with one struct; -1 unless all of them are (the caller reads them one by one)."""
+    fields = _settle_reader(size - _SETTLE_TAIL, n).unpack_from(buf, pos)
+    firsts = fields[1::5]
+    first: int = firsts[0]
+    if fields[0::5].count(head) != n or fields[2::5].count(b"\x70") != n \
+            or fields[4::5].count(tail) != n or fields[3::5] != firsts \
+            or firsts != tuple(range(first, first + n)):
+        return -1
+    return first
+
+
 def scan_settlements(buf: bytes, start: int, pos: int) -> tuple[int, int, list[tuple[int, int]]]:
     """The frames from ``pos`` that are the disposition ``buf[start:pos]`` (``settle_template``)
     again, byte for byte, but for first and last: ``(end, how many, ranges)``, the ranges
@@ -316,19 +341,38 @@ def scan_settlements(buf: bytes, start: int, pos: int) -> tuple[int, int, list[t
     ranges: list[tuple[int, int]] = []
     lo = hi = -1
     count = 0
-    while pos <= stop and buf.startswith(head, pos) and buf[pos + 20] == 0x70 \
-            and buf.startswith(tail, pos + _SETTLE_TAIL):
+    alike = True
+    while True:
+        n = min(SETTLE_ALIKE, (stop - pos) // size + 1)
+        if alike and n >= 2:
+            first = _settled_alike(buf, pos, size, n, head, tail)
+            if first >= 0:
+                lo, hi = _joined(ranges, lo, hi, first, first + n - 1)
+                count += n
+                pos += n * size
+                continue
+            alike = False  # (one by one from here)
+        if not (pos <= stop and buf.startswith(head, pos) and buf[pos + 20] == 0x70
+                and buf.startswith(tail, pos + _SETTLE_TAIL)):
+            break
         first, last = unpack(buf, pos + _SETTLE_HEAD)
         if (last - first) & _MASK >= SETTLE_SPAN:
             break
-        if lo >= 0 and first == (hi + 1) & _MASK and (last - lo) & _MASK < SETTLE_SPAN:
-            hi = last
-        else:
-            if lo >= 0:
-                ranges.append((lo, hi))
-            lo, hi = first, last
+        lo, hi = _joined(ranges, lo, hi, first, last)
         count += 1
         pos += size
     if lo >= 0:
         ranges.append((lo, hi))
     return pos, count, ranges
+
+
+def _joined(ranges: list[tuple[int, int]], lo: int, hi: int, first: int, last: int
+            ) -> tuple[int, int]:
+    """The range being read, ``lo..hi`` (``lo`` -1: none yet), with ``first..last`` after
+    it: joined when consecutive (within ``SETTLE_SPAN``), else ``lo..hi`` goes to
+    ``ranges`` and ``first..last`` is the range being read."""
+    if lo >= 0 and first == (hi + 1) & _MASK and (last - lo) & _MASK < SETTLE_SPAN:
+        return lo, last
+    if lo >= 0:
+        ranges.append((lo, hi))
+    return first, last
