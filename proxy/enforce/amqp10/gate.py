@@ -414,13 +414,13 @@ class CreditFlow(TransferRuns):
         return True
 
     def server_settle_run(self, channel: int) -> bool:
-        """After ``on_server_settled`` took a disposition of ``channel`` (so nothing in its
-        session is renumbered): whether the broker's next settlements there are bookkeeping
-        only, and may be booked as ranges (``TransferHooks``): none of the session's links
-        is squeezed (only a squeezed link's credit is worked out again when the broker
-        settles; ``_broker_settled``)."""
+        """Whether the broker's settlements on ``channel`` that begin with the disposition
+        read now are bookkeeping only, and may be booked as ranges (``TransferHooks``): its
+        session's ids are not renumbered (``on_server_settled`` takes them as they are) and
+        none of its links is squeezed (only a squeezed link's credit is worked out again
+        when the broker settles; ``_broker_settled``)."""
         session = self.by_server_channel.get(channel)
-        if session is None:
+        if session is None or session.ids.dropped:
             return False
         for link in session.links.values():
             if type(link) is SenderLink and link.squeezed:

@@ -242,10 +242,7 @@ class Connection(CoreOutput):
 
     def _own(self, command: object) -> bool:
         if isinstance(command, ReadEveryFrame):
-            if command.broker_only:
-                self._read_server_dispositions()
-            else:
-                self._read_dispositions()
+            (self._read_server_dispositions if command.broker_only else self._read_dispositions)()
             return True
         return False
 
@@ -405,14 +402,14 @@ class Connection(CoreOutput):
         gate = self.gate
         if gate is not None and FLOW <= code <= DISPOSITION:
             if code == DISPOSITION and stream.side is Side.SERVER:
-                # The broker settling the client's deliveries: role, first and last are
-                # enough unless the gate renumbers (then the whole frame is decoded).
+                if _settlements_follow(stream, gate, channel, buf, start, end):
+                    return True  # (this one first in the run)
+                # The broker settling: role, first and last do unless renumbered (decoded).
                 settled = peek_disposition(buf, body, end)
                 if settled is not None and gate.on_server_settled(channel, *settled, self._now):
                     if gate.outbox:
                         self._take(gate)
-                    return settled[0] and _settlements_follow(stream, gate, channel, buf,
-                                                              start, end)
+                    return False
             peeked = peek_composite(buf, body, end)
             if peeked is None:
                 _, fields, payload = decode_composite(buf, body, end)
@@ -593,7 +590,7 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     assert stream.run is not None
     channel, handle, next_id, most, most_bytes = stream.run
     stream.run = None
-    if handle == SETTLEMENTS:  # (next_id: where the disposition they repeat begins)
+    if handle == SETTLEMENTS:  # (next_id: where the disposition that begins it begins)
         end, count, ranges = scan_settlements(buf, next_id, pos)
         stream.counts.frames += count
         for first, last in ranges:
@@ -614,10 +611,9 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
 
 def _settlements_follow(stream: _Stream, gate: TransferHooks, channel: int, buf: bytes,
                         start: int, end: int) -> bool:
-    """After the gate took the broker's disposition ``buf[start:end]``: True, announcing the
-    run (``stream.run``), when frames follow it in the read, it has the shape a run of
-    settlements is read with and the gate books the next ones as ranges
-    (``server_settle_run``)."""
+    """The broker's disposition ``buf[start:end]``: True, announcing the run of settlements
+    it begins (``stream.run``), when frames follow it in the read, it has the shape such a
+    run is read with and the gate books them as ranges (``server_settle_run``)."""
     if end < len(buf) and settle_template(buf, start, end) and gate.server_settle_run(channel):
         stream.run = (channel, SETTLEMENTS, start, end - start, 0.0)
         return True

@@ -91,10 +91,10 @@ class TransferHooks(Protocol):
                               now: float) -> bytes | None: ...
 
     def server_settle_run(self, channel: int) -> bool:
-        """After ``on_server_settled`` took a broker disposition of ``channel``: whether the
-        dispositions alike that follow it in the read may be handed over as ranges of
-        consecutive ids (``scan_settlements``), as booking them one by one would do nothing
-        else (no renumbering, no link whose credit waits on settlements)."""
+        """Before ``on_server_settled`` for a broker disposition of ``channel``: whether it
+        and the dispositions alike that follow it in the read may be handed over as ranges
+        of consecutive ids (``scan_settlements``), as booking them one by one would do
+        nothing else (no renumbering, no link whose credit waits on settlements)."""
 
     def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
                           now: float) -> bool:

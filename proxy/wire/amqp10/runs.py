@@ -283,10 +283,10 @@ def _tail(buf: bytes, p: int, fields: int) -> int:
 
 # -- the broker's settlements ------------------------------------------------------------------
 # A broker settles a fast sender's deliveries with a disposition each (RabbitMQ: role
-# receiver, first and last the delivery-id, settled, accepted), tens to a read. After the
-# gate took one (``TransferHooks.on_server_settled``) and says the next ones are bookkeeping
-# only (``server_settle_run``), the frames that are that disposition again but for first and
-# last are read with ``scan_settlements`` and booked as ranges of consecutive ids.
+# receiver, first and last the delivery-id, settled, accepted), tens to a read. When the gate
+# says booking them is bookkeeping only (``TransferHooks.server_settle_run``), a disposition
+# and the frames after it that are that disposition again but for first and last are read
+# with ``scan_settlements`` and booked as ranges of consecutive ids.
 
 _SETTLE_IDS = struct.Struct(">IxI")  # first, (0x70), last
 _SETTLE_HEAD: Final = 16  # frame header, descriptor, list8 size and count, role, 0x70
@@ -297,10 +297,16 @@ SETTLE_SPAN: Final = 1 << 20
 
 def settle_template(buf: bytes, start: int, end: int) -> bool:
     """Whether the disposition frame ``buf[start:end]`` has the shape a settlement run is read
-    with: data offset 2, a list8, role receiver (true), first and last uints (0x70)."""
+    with: data offset 2, a list8, role receiver (true), first and last uints (0x70), last
+    not before first (and under ``SETTLE_SPAN`` past it)."""
     return end - start >= _SETTLE_TAIL and buf[start + 4] == 2 \
         and buf.startswith(b"\x00\x53\x15\xc0", start + 8) and buf[start + 14] == 0x41 \
-        and buf[start + 15] == 0x70 and buf[start + 20] == 0x70
+        and buf[start + 15] == 0x70 and buf[start + 20] == 0x70 \
+        and _span(*_SETTLE_IDS.unpack_from(buf, start + _SETTLE_HEAD)) < SETTLE_SPAN
+
+
+def _span(first: int, last: int) -> int:
+    return (last - first) & _MASK
 
 
 SETTLE_ALIKE: Final = 32
@@ -329,17 +335,18 @@ def _settled_alike(buf: bytes, pos: int, size: int, n: int, head: bytes, tail: b
 
 
 def scan_settlements(buf: bytes, start: int, pos: int) -> tuple[int, int, list[tuple[int, int]]]:
-    """The frames from ``pos`` that are the disposition ``buf[start:pos]`` (``settle_template``)
-    again, byte for byte, but for first and last: ``(end, how many, ranges)``, the ranges
-    their first..last with consecutive ones joined (at most ``SETTLE_SPAN`` ids each). A
-    frame with last before first, or anything else, ends the scan (read the usual way)."""
+    """The disposition ``buf[start:pos]`` (``settle_template``) and the frames from ``pos``
+    that are it again, byte for byte, but for first and last: ``(end, how many after it,
+    ranges)``, the ranges their first..last with consecutive ones joined (at most
+    ``SETTLE_SPAN`` ids each). A frame with last before first, or anything else, ends the
+    scan (read the usual way)."""
     size = pos - start
     head = buf[start:start + _SETTLE_HEAD]
     tail = buf[start + _SETTLE_TAIL:pos]
     unpack = _SETTLE_IDS.unpack_from
     stop = len(buf) - size
     ranges: list[tuple[int, int]] = []
-    lo = hi = -1
+    lo, hi = unpack(buf, start + _SETTLE_HEAD)
     count = 0
     alike = True
     while True:
@@ -356,23 +363,21 @@ def scan_settlements(buf: bytes, start: int, pos: int) -> tuple[int, int, list[t
                 and buf.startswith(tail, pos + _SETTLE_TAIL)):
             break
         first, last = unpack(buf, pos + _SETTLE_HEAD)
-        if (last - first) & _MASK >= SETTLE_SPAN:
+        if _span(first, last) >= SETTLE_SPAN:
             break
         lo, hi = _joined(ranges, lo, hi, first, last)
         count += 1
         pos += size
-    if lo >= 0:
-        ranges.append((lo, hi))
+    ranges.append((lo, hi))
     return pos, count, ranges
 
 
 def _joined(ranges: list[tuple[int, int]], lo: int, hi: int, first: int, last: int
             ) -> tuple[int, int]:
-    """The range being read, ``lo..hi`` (``lo`` -1: none yet), with ``first..last`` after
-    it: joined when consecutive (within ``SETTLE_SPAN``), else ``lo..hi`` goes to
-    ``ranges`` and ``first..last`` is the range being read."""
-    if lo >= 0 and first == (hi + 1) & _MASK and (last - lo) & _MASK < SETTLE_SPAN:
+    """The range being read, ``lo..hi``, with ``first..last`` after it: joined when
+    consecutive (within ``SETTLE_SPAN``), else ``lo..hi`` goes to ``ranges`` and
+    ``first..last`` is the range being read."""
+    if first == (hi + 1) & _MASK and _span(lo, last) < SETTLE_SPAN:
         return lo, last
-    if lo >= 0:
-        ranges.append((lo, hi))
+    ranges.append((lo, hi))
     return first, last
