@@ -25,12 +25,12 @@ from tests.amqp10.streams import (
     whole,
 )
 from tests.amqp10.test_credit_gate import (
-    ANON_H,
     CAPPED_H,
     SERVER_CH,
     Setup,
     broker_flow,
     message,
+    renumbered,
 )
 from tests.conftest import record_calls
 
@@ -300,13 +300,7 @@ def test_with_and_without_settlement_runs_the_bytes_and_books_are_the_same(
 def test_in_a_renumbered_session_every_settlement_is_mapped_back() -> None:
     """A session some of whose deliveries the proxy consumed is renumbered: the broker's
     dispositions are decoded and mapped back one by one, never read as a run."""
-    s = Setup(overflow="reject")
-    s.server(broker_flow(9, 0, 1000))
-    s.take()
-    s.sample("capped", 500_000)
-    for to in ("free", "capped", "free", "capped", "free"):  # ids 0..4; 1 and 3 dropped
-        s.send(ANON_H, 100, to=f"/amq/queue/{to}")
-    s.take()
+    s, _ = renumbered()  # the client's ids 0..4, 1 and 3 dropped
     s.server(wide(0) + wide(1) + wide(2))  # (uint first and last: the run's shape)
     _, to_client = s.take()
     ranges = [(f[1], f[2]) for code, f in performatives(to_client) if code == DISPOSITION]
