@@ -20,7 +20,7 @@ for three set-ups:
 ```
 .venv/bin/python -m bench.gate10
 .venv/bin/python -m bench.gate10 --transfers 200000 --profile policed
-.venv/bin/python -m bench.gate10 --settle-each --one-read   # RabbitMQ 3.10's settlements
+.venv/bin/python -m bench.gate10 --settle-each --one-read   # a disposition per delivery
 ```
 """
 
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: one disposition per read)")
     ap.add_argument("--one-read", action="store_true",
                     help="with --settle-each: the read's dispositions in one read, as "
-                    "RabbitMQ 3.10 sends them")
+                    "RabbitMQ 3.10 sends them for messages it routes nowhere")
     opts = ap.parse_args(argv)
     if opts.profile:
         run = runner(opts.profile, opts.transfers, opts.batch, opts.size, opts.settle_each,
