@@ -65,9 +65,9 @@ from floodwall.wire.relaycore import (
 )
 
 RUN_MOST: Final = 1 << 31
+"""Most deliveries of a run from the broker (nothing bounds them but the read)."""
 SETTLEMENTS: Final = -1
 """``stream.run``'s handle for a run of the broker's settlements (``_settlements_follow``)."""
-"""Most deliveries of a run from the broker (nothing bounds them but the read)."""
 CONTAINER_ID: Final = "floodwall"
 """container-id of the Open the proxy sends when it must close a peer that has seen none."""
 
