@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -256,19 +259,23 @@ def test_delivery_ids_without_drops_are_the_identity() -> None:
     assert ids.broker_ranges(3, 9) == [(3, 9)]
 
 
-def test_the_per_transfer_checks_agree_with_the_credit_figures() -> None:
-    """``wants_top_up`` and ``transfer`` work the serial arithmetic out inline: they must
-    say what ``client_credit``, ``broker_credit`` and ``serial_lt`` say, wrap included."""
-    import random
-
-    rng = random.Random(1982)
+def _credit_states(seed: int) -> Iterator[tuple[random.Random, int, list[int | None]]]:
+    """20,000 delivery-counts (edges of the serial space among them) and three limits near
+    each (or None): the broker's, the granted and the high-water mark."""
+    rng = random.Random(seed)
     edges = [0, 1, 2, HALF - 1, HALF, HALF + 1, MASK - 1, MASK]
     for _ in range(20_000):
         count = rng.choice([rng.randrange(MASK + 1), rng.choice(edges)])
-
         near = [None if rng.random() < 0.1 else serial_add(count, rng.choice(
             [rng.randint(-300, 300), HALF, HALF + 1, -HALF, rng.randrange(MASK + 1)]))
             for _ in range(3)]
+        yield rng, count, near
+
+
+def test_the_per_transfer_checks_agree_with_the_credit_figures() -> None:
+    """``wants_top_up`` and ``transfer`` work the serial arithmetic out inline: they must
+    say what ``client_credit``, ``broker_credit`` and ``serial_lt`` say, wrap included."""
+    for rng, count, near in _credit_states(1982):
         credit = SenderCredit(count, broker_limit=near[0], granted=near[1], high_water=near[2])
         window = rng.choice([0, 1, 2, 16, 63, 64, 256])
         left = credit.client_credit
@@ -277,3 +284,35 @@ def test_the_per_transfer_checks_agree_with_the_credit_figures() -> None:
         high_water = credit.high_water
         assert credit.transfer() is (high_water is not None and serial_lt(count, high_water))
         assert credit.delivery_count == serial_add(count, 1)
+
+
+def _grant_by_the_book(c: SenderCredit, window: int | None) -> LinkFlow:
+    """``SenderCredit.grant`` in the serial functions (what the inline arithmetic replaces)."""
+    count = c.delivery_count
+    credit = c.broker_credit
+    if window is not None:
+        credit = min(credit, window)
+    limit = serial_add(count, credit)
+    kept = c.granted
+    if kept is not None:
+        if c.broker_limit is not None:
+            kept = serial_min(kept, c.broker_limit)
+        if serial_lt(limit, kept):
+            limit = kept
+            credit = serial_diff(limit, count)
+    c.granted = limit
+    c.high_water = limit if c.high_water is None else serial_max(c.high_water, limit)
+    return LinkFlow(count, credit, c.drain)
+
+
+def test_grant_works_the_serial_arithmetic_out_as_the_serial_functions_do() -> None:
+    """``grant`` runs once per read of a fast sender, its arithmetic inline: the flow, the
+    limit granted and the high-water mark are those of the serial functions, wrap included."""
+    for rng, count, near in _credit_states(2026):
+        window = rng.choice([None, 0, 1, 2, 16, 63, 64, 256])
+        fast = SenderCredit(count, broker_limit=near[0], granted=near[1], high_water=near[2],
+                            drain=rng.random() < 0.1)
+        book = SenderCredit(count, broker_limit=near[0], granted=near[1], high_water=near[2],
+                            drain=fast.drain)
+        assert fast.grant(window) == _grant_by_the_book(book, window)
+        assert fast == book

@@ -632,16 +632,22 @@ def test_a_malformed_flow_closes_the_connection_with_decode_error() -> None:
     assert s.core.failure.condition == "amqp:decode-error"
 
 
-def test_delivery_ids_are_translated_around_what_the_proxy_settled() -> None:
-    """The broker numbers only the deliveries it got (consecutive, 2.7.5); its dispositions
-    are mapped back to the client's ids range by range, and the client's to the broker's."""
+def renumbered() -> tuple[Setup, bytes]:
+    """A session the proxy consumed deliveries of (rejected under ``overflow: reject``): the
+    client's ids 0..4, 1 and 3 dropped; and what the broker got."""
     s = Setup(overflow="reject")
     s.server(broker_flow(9, 0, 1000))
     s.take()
     s.sample("capped", 500_000)
     for to in ("free", "capped", "free", "capped", "free"):  # ids 0..4; 1 and 3 dropped
         s.send(ANON_H, 100, to=f"/amq/queue/{to}")
-    to_server, _ = s.take()
+    return s, s.take()[0]
+
+
+def test_delivery_ids_are_translated_around_what_the_proxy_settled() -> None:
+    """The broker numbers only the deliveries it got (consecutive, 2.7.5); its dispositions
+    are mapped back to the client's ids range by range, and the client's to the broker's."""
+    s, to_server = renumbered()
     assert [num(f[1]) for code, f in performatives(to_server) if code == TRANSFER] == [0, 1, 2]
     accepted = Described(ULong(0x24), [])
     s.server(amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(0), last=UInt(2),

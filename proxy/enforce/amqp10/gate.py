@@ -413,6 +413,20 @@ class CreditFlow(TransferRuns):
             self._broker_settled(session, first, last, now)
         return True
 
+    def server_settle_run(self, channel: int) -> bool:
+        """Whether the broker's settlements on ``channel`` that begin with the disposition
+        read now are bookkeeping only, and may be booked as ranges (``TransferHooks``): its
+        session's ids are not renumbered (``on_server_settled`` takes them as they are) and
+        none of its links is squeezed (only a squeezed link's credit is worked out again
+        when the broker settles; ``_broker_settled``)."""
+        session = self.by_server_channel.get(channel)
+        if session is None or session.ids.dropped:
+            return False
+        for link in session.links.values():
+            if type(link) is SenderLink and link.squeezed:
+                return False
+        return True
+
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""
         capture = link.capture

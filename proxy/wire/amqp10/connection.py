@@ -54,7 +54,7 @@ from floodwall.wire.amqp10.performatives import (
     peek_composite,
     peek_disposition,
 )
-from floodwall.wire.amqp10.runs import scan_transfer_run
+from floodwall.wire.amqp10.runs import scan_settlements, scan_transfer_run, settle_template
 from floodwall.wire.amqp10.types import UByte, UInt
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
@@ -66,6 +66,8 @@ from floodwall.wire.relaycore import (
 
 RUN_MOST: Final = 1 << 31
 """Most deliveries of a run from the broker (nothing bounds them but the read)."""
+SETTLEMENTS: Final = -1
+"""``stream.run``'s handle for a run of the broker's settlements (``_settlements_follow``)."""
 CONTAINER_ID: Final = "floodwall"
 """container-id of the Open the proxy sends when it must close a peer that has seen none."""
 
@@ -240,10 +242,7 @@ class Connection(CoreOutput):
 
     def _own(self, command: object) -> bool:
         if isinstance(command, ReadEveryFrame):
-            if command.broker_only:
-                self._read_server_dispositions()
-            else:
-                self._read_dispositions()
+            (self._read_server_dispositions if command.broker_only else self._read_dispositions)()
             return True
         return False
 
@@ -403,8 +402,9 @@ class Connection(CoreOutput):
         gate = self.gate
         if gate is not None and FLOW <= code <= DISPOSITION:
             if code == DISPOSITION and stream.side is Side.SERVER:
-                # The broker settling the client's deliveries: role, first and last are
-                # enough unless the gate renumbers (then the whole frame is decoded).
+                if _settlements_follow(stream, gate, channel, buf, start, end):
+                    return True  # (this one first in the run)
+                # The broker settling: role, first and last do unless renumbered (decoded).
                 settled = peek_disposition(buf, body, end)
                 if settled is not None and gate.on_server_settled(channel, *settled, self._now):
                     if gate.outbox:
@@ -590,6 +590,12 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     assert stream.run is not None
     channel, handle, next_id, most, most_bytes = stream.run
     stream.run = None
+    if handle == SETTLEMENTS:  # (next_id: where the disposition that begins it begins)
+        end, count, ranges = scan_settlements(buf, next_id, pos)
+        stream.counts.frames += count
+        for first, last in ranges:
+            gate.on_server_settled(channel, True, first, last, now)
+        return end
     unsettled: list[int] = []
     end, count, payload_bytes = scan_transfer_run(
         buf, pos, stream.limit, channel, handle, next_id, most, most_bytes, unsettled)
@@ -601,6 +607,17 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
         else:
             gate.on_server_transfer_run(channel, handle, count)
     return end
+
+
+def _settlements_follow(stream: _Stream, gate: TransferHooks, channel: int, buf: bytes,
+                        start: int, end: int) -> bool:
+    """The broker's disposition ``buf[start:end]``: True, announcing the run of settlements
+    it begins (``stream.run``), when frames follow it in the read, it has the shape such a
+    run is read with and the gate books them as ranges (``server_settle_run``)."""
+    if end < len(buf) and settle_template(buf, start, end) and gate.server_settle_run(channel):
+        stream.run = (channel, SETTLEMENTS, start, end - start, 0.0)
+        return True
+    return False
 
 
 def _relay(stream: _Stream, buf: bytes, stop: int) -> None:

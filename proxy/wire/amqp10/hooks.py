@@ -90,6 +90,12 @@ class TransferHooks(Protocol):
     def on_server_disposition(self, channel: int, fields: list[object],
                               now: float) -> bytes | None: ...
 
+    def server_settle_run(self, channel: int) -> bool:
+        """Before ``on_server_settled`` for a broker disposition of ``channel``: whether it
+        and the dispositions alike that follow it in the read may be handed over as ranges
+        of consecutive ids (``scan_settlements``), as booking them one by one would do
+        nothing else (no renumbering, no link whose credit waits on settlements)."""
+
     def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
                           now: float) -> bool:
         """A broker disposition read by ``peek_disposition`` alone (its role, first and

@@ -13,6 +13,9 @@ by field; and after a run's first transfer, the frames that follow are read with
 when they are that transfer again (``_alike``: the same size, the same bytes but for the
 delivery-id, the tag's bytes and the payload, the delivery-ids consecutive), else one by one.
 
+The broker's settlements of those deliveries, a disposition each, are read the same way
+(``scan_settlements``, below).
+
 The scan is strict and silent: the first frame that is anything else (another channel or
 link, a gap in the delivery-ids, a multi-frame delivery, a state, an unusual encoding, a
 malformed or incomplete frame) ends the run, and the core reads that frame the usual way,
@@ -276,3 +279,105 @@ def _tail(buf: bytes, p: int, fields: int) -> int:
         else:
             return -1
     return p
+
+
+# -- the broker's settlements ------------------------------------------------------------------
+# A broker settles a fast sender's deliveries with a disposition each (RabbitMQ: role
+# receiver, first and last the delivery-id, settled, accepted), tens to a read. When the gate
+# says booking them is bookkeeping only (``TransferHooks.server_settle_run``), a disposition
+# and the frames after it that are that disposition again but for first and last are read
+# with ``scan_settlements`` and booked as ranges of consecutive ids.
+
+_SETTLE_IDS = struct.Struct(">IxI")  # first, (0x70), last
+_SETTLE_HEAD: Final = 16  # frame header, descriptor, list8 size and count, role, 0x70
+_SETTLE_TAIL: Final = 25  # where the bytes after last begin
+SETTLE_SPAN: Final = 1 << 20
+"""The most ids one range of ``scan_settlements`` spans (far from serial wrap-around)."""
+
+
+def settle_template(buf: bytes, start: int, end: int) -> bool:
+    """Whether the disposition frame ``buf[start:end]`` has the shape a settlement run is read
+    with: data offset 2, a list8, role receiver (true), first and last uints (0x70), last
+    not before first (and under ``SETTLE_SPAN`` past it)."""
+    return end - start >= _SETTLE_TAIL and buf[start + 4] == 2 \
+        and buf.startswith(b"\x00\x53\x15\xc0", start + 8) and buf[start + 14] == 0x41 \
+        and buf[start + 15] == 0x70 and buf[start + 20] == 0x70 \
+        and _span(*_SETTLE_IDS.unpack_from(buf, start + _SETTLE_HEAD)) < SETTLE_SPAN
+
+
+def _span(first: int, last: int) -> int:
+    return (last - first) & _MASK
+
+
+SETTLE_ALIKE: Final = 32
+"""Most settlements ``_settled_alike`` reads at once."""
+
+
+@functools.lru_cache(maxsize=32)
+def _settle_reader(tail: int, n: int) -> struct.Struct:
+    """The struct that reads ``n`` settlements: per frame its head, first, the constructor
+    of last, last and the bytes after it (``tail`` of them)."""
+    return struct.Struct(">" + f"{_SETTLE_HEAD}sIsI{tail}s" * n)
+
+
+def _settled_alike(buf: bytes, pos: int, size: int, n: int, head: bytes, tail: bytes) -> int:
+    """The first of ``n`` settlements from ``pos`` that are the template again, each of one
+    delivery-id, consecutive (the broker settling a fast sender's deliveries in order),
+    read with one struct; -1 unless all of them are (the caller reads them one by one)."""
+    fields = _settle_reader(size - _SETTLE_TAIL, n).unpack_from(buf, pos)
+    firsts = fields[1::5]
+    first: int = firsts[0]
+    if fields[0::5].count(head) != n or fields[2::5].count(b"\x70") != n \
+            or fields[4::5].count(tail) != n or fields[3::5] != firsts \
+            or firsts != tuple(range(first, first + n)):
+        return -1
+    return first
+
+
+def scan_settlements(buf: bytes, start: int, pos: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """The disposition ``buf[start:pos]`` (``settle_template``) and the frames from ``pos``
+    that are it again, byte for byte, but for first and last: ``(end, how many after it,
+    ranges)``, the ranges their first..last with consecutive ones joined (at most
+    ``SETTLE_SPAN`` ids each). A frame with last before first, or anything else, ends the
+    scan (read the usual way)."""
+    size = pos - start
+    head = buf[start:start + _SETTLE_HEAD]
+    tail = buf[start + _SETTLE_TAIL:pos]
+    unpack = _SETTLE_IDS.unpack_from
+    stop = len(buf) - size
+    ranges: list[tuple[int, int]] = []
+    lo, hi = unpack(buf, start + _SETTLE_HEAD)
+    count = 0
+    alike = True
+    while True:
+        n = min(SETTLE_ALIKE, (stop - pos) // size + 1)
+        if alike and n >= 2:
+            first = _settled_alike(buf, pos, size, n, head, tail)
+            if first >= 0:
+                lo, hi = _joined(ranges, lo, hi, first, first + n - 1)
+                count += n
+                pos += n * size
+                continue
+            alike = False  # (one by one from here)
+        if not (pos <= stop and buf.startswith(head, pos) and buf[pos + 20] == 0x70
+                and buf.startswith(tail, pos + _SETTLE_TAIL)):
+            break
+        first, last = unpack(buf, pos + _SETTLE_HEAD)
+        if _span(first, last) >= SETTLE_SPAN:
+            break
+        lo, hi = _joined(ranges, lo, hi, first, last)
+        count += 1
+        pos += size
+    ranges.append((lo, hi))
+    return pos, count, ranges
+
+
+def _joined(ranges: list[tuple[int, int]], lo: int, hi: int, first: int, last: int
+            ) -> tuple[int, int]:
+    """The range being read, ``lo..hi``, with ``first..last`` after it: joined when
+    consecutive (within ``SETTLE_SPAN``), else ``lo..hi`` goes to ``ranges`` and
+    ``first..last`` is the range being read."""
+    if first == (hi + 1) & _MASK and _span(lo, last) < SETTLE_SPAN:
+        return lo, last
+    ranges.append((lo, hi))
+    return first, last
