@@ -125,10 +125,11 @@ class CloseReply:
 Handler = Callable[[Any, int, Buffer, int, int], "int | None"]
 """(core, channel, buf, frame offset, base offset) -> None when the frame passes in place, or
 the offset up to which the handler took frames out of the stream (held, absorbed, replaced).
-A core's method, called unbound: a table serves every connection of its kind
-(``FrameRelay._tables``), none is built a connection (issue 19: connections)."""
+A core's method, called unbound: a table serves every connection of its kind (``_TABLES``),
+none is built a connection (issue 19: connections)."""
 
 Tables = tuple[dict[int, Handler], dict[int, Handler]]
+Table = tuple[dict[int, Handler], frozenset[int]]  # one direction's handlers, and their keys
 
 
 class _Inbound:
@@ -149,14 +150,14 @@ class _Inbound:
         self.handlers: dict[int, Handler] = {}
         self.stop_at: frozenset[int] = frozenset()
 
-    def read(self, table: tuple[dict[int, Handler], frozenset[int]]) -> None:
+    def read(self, table: Table) -> None:
         """Set what reads each method this direction stops at, and the set of them: both
         shared by every connection of a kind (600 bytes each, issue 19)."""
         self.handlers, self.stop_at = table
 
 
 # (core class, gate, topology) -> each direction's handlers and the methods it stops at
-_TABLES: dict[tuple[type, bool, bool], tuple[tuple[dict[int, Handler], frozenset[int]], ...]] = {}
+_TABLES: dict[tuple[type, bool, bool], tuple[Table, ...]] = {}
 
 
 _NO_CHANNELS: Final[frozenset[int]] = frozenset()

@@ -241,22 +241,32 @@ def decode_method(
     Raises ``MethodSyntaxError`` (502) when its fields do not decode. Only for the few
     methods the proxy reads: this copies the payload and builds Python objects.
     """
-    _, channel, size = _HEADER.unpack_from(buf, offset)
-    class_id, method_id = method_ids(buf, offset)
-    payload = bytes(buf[offset + HEADER_SIZE + 4 : offset + HEADER_SIZE + size])
     method = method_class()
     try:
-        method.unmarshal(payload)
+        method.unmarshal(method_payload(buf, offset))
     # pamqp decodes untrusted bytes; whatever it raises means "these fields do not decode".
     except Exception as exc:
-        raise MethodSyntaxError(
-            f"cannot decode {method.name} on channel {channel} at offset "
-            f"{base_offset + offset}: {exc}",
-            offset,
-            class_id,
-            method_id,
-        ) from exc
+        raise method_syntax_error(buf, offset, method.name, base_offset, exc) from exc
     return method
+
+
+def method_payload(buf: Buffer, offset: int) -> bytes:
+    """A copy of the arguments of the complete method frame at ``offset`` (after its class
+    and method ids)."""
+    size = _HEADER.unpack_from(buf, offset)[2]
+    return bytes(buf[offset + HEADER_SIZE + 4 : offset + HEADER_SIZE + size])
+
+
+def method_syntax_error(buf: Buffer, offset: int, name: str, base_offset: int,
+                        exc: Exception) -> MethodSyntaxError:
+    """The 502 for the method frame at ``offset`` (``name``, e.g. "Connection.Close") whose
+    fields did not decode (``exc``): where it is in the stream and its method ids."""
+    channel = _HEADER.unpack_from(buf, offset)[1]
+    class_id, method_id = method_ids(buf, offset)
+    reason = str(exc) or type(exc).__name__
+    return MethodSyntaxError(
+        f"cannot decode {name} on channel {channel} at offset {base_offset + offset}: "
+        f"{reason}", offset, class_id, method_id)
 
 
 def encode_method(method: base.Frame, channel: int) -> bytes:

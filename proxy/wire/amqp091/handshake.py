@@ -12,45 +12,26 @@ test_handshake.py checks them against it on cut and corrupted payloads):
   ``response``) may be any bytes;
 - bytes after the last field are ignored.
 
-Each raises ``MethodSyntaxError`` (502) with the frame's place and method ids, worded as
-``decode_method``'s.
+Each raises ``MethodSyntaxError`` (502) with the frame's place and method ids
+(``framing.method_syntax_error``, as ``decode_method`` does).
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Final
 
 from pamqp import commands
 from pamqp.common import FieldTable
 from pamqp.decode import field_table
 
-from floodwall.wire.amqp091.errors import MethodSyntaxError
-from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer
+from floodwall.wire.amqp091.framing import Buffer, method_payload, method_syntax_error
 
-_HEADER = struct.Struct(">BHI")
 _TUNE = struct.Struct(">HIH")  # channel_max, frame_max, heartbeat (tune and tune-ok alike)
 _SHORT = struct.Struct(">H")
 _LONG = struct.Struct(">I")
 _CLASS_METHOD = struct.Struct(">HH")
 
 _C = commands.Connection
-METHOD_START: Final = HEADER_SIZE + 4  # a method frame's arguments start here
-
-
-def _payload(buf: Buffer, offset: int) -> bytes:
-    size = _HEADER.unpack_from(buf, offset)[2]
-    return bytes(buf[offset + METHOD_START : offset + HEADER_SIZE + size])
-
-
-def _syntax_error(buf: Buffer, offset: int, name: str, base: int,
-                  exc: Exception) -> MethodSyntaxError:
-    channel = _HEADER.unpack_from(buf, offset)[1]
-    class_id, method_id = _CLASS_METHOD.unpack_from(buf, offset + HEADER_SIZE)
-    reason = str(exc) or type(exc).__name__
-    return MethodSyntaxError(
-        f"cannot decode {name} on channel {channel} at offset {base + offset}: {reason}",
-        offset, class_id, method_id)
 
 
 def _shortstr(data: bytes, pos: int, last: bool = False) -> tuple[str, int]:
@@ -68,47 +49,47 @@ def read_tune(buf: Buffer, offset: int, name: str, base: int = 0) -> tuple[int, 
     """``(channel_max, frame_max, heartbeat)`` of the connection.tune or tune-ok at
     ``offset`` (``name``: which, for the error)."""
     try:
-        channel_max, frame_max, heartbeat = _TUNE.unpack_from(_payload(buf, offset))
+        channel_max, frame_max, heartbeat = _TUNE.unpack_from(method_payload(buf, offset))
     except Exception as exc:  # as decode_method: any failure means "does not decode"
-        raise _syntax_error(buf, offset, name, base, exc) from exc
+        raise method_syntax_error(buf, offset, name, base, exc) from exc
     return channel_max, frame_max, heartbeat
 
 
 def read_open(buf: Buffer, offset: int, base: int = 0) -> str:
     """The virtual host of the connection.open at ``offset``."""
-    data = _payload(buf, offset)
+    data = method_payload(buf, offset)
     try:
         vhost, pos = _shortstr(data, 0)
         _, pos = _shortstr(data, pos)  # capabilities (reserved)
         if pos >= len(data):
             raise ValueError("Could not unpack bit value")  # insist (reserved)
     except Exception as exc:
-        raise _syntax_error(buf, offset, _C.Open.name, base, exc) from exc
+        raise method_syntax_error(buf, offset, _C.Open.name, base, exc) from exc
     return vhost
 
 
 def read_close(buf: Buffer, offset: int, base: int = 0) -> tuple[int, str, int, int]:
     """``(reply_code, reply_text, class_id, method_id)`` of the connection.close at
     ``offset``."""
-    data = _payload(buf, offset)
+    data = method_payload(buf, offset)
     try:
         code = _SHORT.unpack_from(data)[0]
         text, pos = _shortstr(data, 2)
         class_id, method_id = _CLASS_METHOD.unpack_from(data, pos)
     except Exception as exc:
-        raise _syntax_error(buf, offset, _C.Close.name, base, exc) from exc
+        raise method_syntax_error(buf, offset, _C.Close.name, base, exc) from exc
     return code, text, class_id, method_id
 
 
 def read_start_ok(buf: Buffer, offset: int, base: int = 0) -> tuple[FieldTable, str]:
     """``(client_properties, mechanism)`` of the connection.start-ok at ``offset``; the
     response (the credentials) is stepped over, never kept."""
-    data = _payload(buf, offset)
+    data = method_payload(buf, offset)
     try:
         pos, properties = field_table(data)
         mechanism, pos = _shortstr(data, pos)
         pos += 4 + _LONG.unpack_from(data, pos)[0]  # response
         _shortstr(data, pos, last=True)  # locale
     except Exception as exc:
-        raise _syntax_error(buf, offset, _C.StartOk.name, base, exc) from exc
+        raise method_syntax_error(buf, offset, _C.StartOk.name, base, exc) from exc
     return properties, mechanism
