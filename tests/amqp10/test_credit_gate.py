@@ -12,13 +12,18 @@ from hypothesis import strategies as st
 from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
+from floodwall.control.policy.model import Policy
 from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.enforce.amqp10.links import (
     ASSUMED_MESSAGE_BYTES,
     IN_FLIGHT_HEADROOM_PARTS,
     IN_FLIGHT_WINDOWS,
+    MAX_WINDOW_BYTES,
+    WINDOW_BYTES,
+    WINDOW_PARTS,
     link_ref,
     message_routing,
+    policy_window,
     window_for,
 )
 from floodwall.spool.manager import SpoolManager
@@ -400,6 +405,55 @@ def test_the_window_follows_the_message_size() -> None:
     assert window_for(64 * 1024 * 4) == 1 and window_for(1024) == 64
 
 
+@pytest.mark.parametrize(("capacity", "max_messages", "window"), [
+    (1 << 20, None, WINDOW_BYTES),  # 1 MiB: 64 KiB (capacity / 1024 is 1 KiB)
+    (64 << 20, None, WINDOW_BYTES),  # 64 MiB: 64 KiB either way
+    (256 << 20, None, 256 << 10),  # 256 MiB: a quarter of a MiB
+    (300_000_000, None, 300_000_000 // WINDOW_PARTS),
+    (4 << 30, None, MAX_WINDOW_BYTES),  # 4 GiB: at most 1 MiB
+    (256 << 20, 1_000_000, WINDOW_BYTES),  # messages limited too: not scaled
+])
+def test_the_window_is_a_part_of_a_large_capacity(capacity: int, max_messages: int | None,
+                                                  window: int) -> None:
+    policy = Policy("p", capacity=capacity, max_messages=max_messages)
+    assert policy_window(policy) == window
+    assert window_for(1024, window) == window // 1024
+    assert window_for(100, window) == window // 256  # small messages count as 256 bytes
+    assert window_for(window + 1, window) == 1
+
+
+def test_a_large_capacity_gives_a_larger_window_and_bounds_the_overshoot_by_it() -> None:
+    """A queue of 256 MiB gives its links a window of 256 KiB of their messages (1 / 1024
+    of the capacity), not 64 KiB; what a link sends past a trip stays within that window."""
+    capacity = 256 << 20
+    s = Setup(capacity=capacity)
+    s.server(broker_flow(7, 0, 100_000))
+    s.take()
+    s.send(CAPPED_H, 1024)
+    _, to_client = s.take()
+    size = len(message(1024))
+    window = window_for(size, 256 << 10)
+    assert window == 254 > window_for(size)  # 64 KiB would be 63 messages
+    assert credit_seen(to_client, 7, 1) == window
+    s.sample("capped", capacity - 20 * size)  # 20 messages of room
+    sent, limit = 1, 1 + window
+    while (VHOST, "capped") not in s.fc.tripped:
+        assert sent < limit
+        s.send(CAPPED_H, 1024)
+        sent += 1
+        _, to_client = s.take()
+        if flows(to_client, 7):
+            limit = sent + credit_seen(to_client, 7, sent)
+    q = s.fc.queues[(VHOST, "capped")]
+    while sent < limit:  # the client sends all the credit it has
+        s.send(CAPPED_H, 1024)
+        sent += 1
+    _, to_client = s.take()
+    assert flows(to_client, 7) == []
+    assert 0 < q.overshoot_messages <= window
+    assert q.overshoot_bytes <= window * size <= 256 << 10
+
+
 def test_a_multi_frame_transfer_counts_once_and_books_all_its_bytes() -> None:
     s = Setup()
     s.server(broker_flow(7, 0, 1000))
@@ -753,8 +807,10 @@ _STEPS = st.lists(st.one_of(
 ), max_size=25)
 
 
-def _run_steps(steps: list[tuple[object, ...]]) -> list[tuple[bytes, bytes]]:
-    s = Setup()
+def _run_steps(steps: list[tuple[object, ...]], scale: int = 1) -> list[tuple[bytes, bytes]]:
+    """``scale``: the capacity and the samples that many times the usual (2,560: 256 MB, a
+    window of 250,000 bytes instead of 64 KiB)."""
+    s = Setup(capacity=CAPACITY * scale)
     s.server(broker_flow(7, 0, 5000) + broker_flow(8, 0, 5000))
     out = [s.take()]
     settled = 0
@@ -770,7 +826,7 @@ def _run_steps(steps: list[tuple[object, ...]]) -> list[tuple[bytes, bytes]]:
             s.server(disposition(SERVER_CH, True, settled, s.next_id - 1))
             settled = s.next_id
         elif step[0] == "sample":
-            s.sample("capped", int(step[1]))  # type: ignore[call-overload]
+            s.sample("capped", int(step[1]) * scale)  # type: ignore[call-overload]
         elif step[0] == "grant":
             s.server(broker_flow(7, None, 5000))
         out.append(s.take())
@@ -778,14 +834,15 @@ def _run_steps(steps: list[tuple[object, ...]]) -> list[tuple[bytes, bytes]]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(steps=_STEPS)
-def test_the_top_up_shortcut_changes_no_byte(steps: list[tuple[object, ...]]) -> None:
+@given(steps=_STEPS, scale=st.sampled_from([1, 2560]))
+def test_the_top_up_shortcut_changes_no_byte(steps: list[tuple[object, ...]], scale: int
+                                             ) -> None:
     from floodwall.wire.amqp10.credit import SenderCredit
-    with_shortcut = _run_steps(steps)
+    with_shortcut = _run_steps(steps, scale)
     original = SenderCredit.has_over_half
     SenderCredit.has_over_half = lambda self, window: False  # type: ignore[method-assign]
     try:
-        without = _run_steps(steps)
+        without = _run_steps(steps, scale)
     finally:
         SenderCredit.has_over_half = original  # type: ignore[method-assign]
     assert with_shortcut == without

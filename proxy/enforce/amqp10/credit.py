@@ -17,6 +17,7 @@ from floodwall.enforce.amqp10.links import (
     PACING_ROOM,
     PROTOCOL,
     RESOURCE_LIMIT_EXCEEDED,
+    WINDOW_BYTES,
     SenderLink,
     _flag,
     _flow_link,
@@ -25,6 +26,7 @@ from floodwall.enforce.amqp10.links import (
     encode_performative_fields,
     message_routing,
     paced_window,
+    policy_window,
     window_for,
 )
 from floodwall.enforce.amqp10.sessions import Sessions
@@ -235,7 +237,11 @@ class LinkCredit(Sessions):
         if not size:
             size = max((queues[k].depth.average_body_bytes() for k in policed),
                        default=0) or ASSUMED_MESSAGE_BYTES
-        window = ceiling = window_for(size)
+        if policed:
+            link.window_bytes = min(policy_window(queues[k].policy) for k in policed)
+        else:
+            link.window_bytes = WINDOW_BYTES
+        window = ceiling = window_for(size, link.window_bytes)
         room = PACING_ROOM * ceiling * size
         for key in policed:
             q = queues[key]
@@ -394,7 +400,7 @@ class LinkCredit(Sessions):
         deliveries = link.deliveries
         if deliveries and link.windowed and not link.squeezed and link.window_generation \
                 == controller.generation and link.credit.has_over_half(
-                    window_for(-(-link.payload_bytes // deliveries))):
+                    window_for(-(-link.payload_bytes // deliveries), link.window_bytes)):
             return  # over half its ceiling left: no window ``_window`` gives tops it up
         window = self._window(link, fixed)
         link.windowed = window is not None

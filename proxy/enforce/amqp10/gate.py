@@ -16,15 +16,16 @@ the proxy stops topping up, and what the client still had credit for, at most on
 is forwarded (the broker's credit allows it: the window is below the broker's grant) and
 counted as overshoot (``PolicedQueue.overshoot_*``). Bound, per policed queue:
 ``overshoot_messages <= sum over the links feeding it of their window``, so at most
-``links x WINDOW_BYTES`` of message bytes (windows are at most ``WINDOW_BYTES`` of the
-link's typical message).
+``links x policy_window(policy)`` of message bytes (a window is ``WINDOW_BYTES`` of the
+link's typical message, or ``capacity / WINDOW_PARTS`` of a large queue's, at most
+``MAX_WINDOW_BYTES``).
 
 The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
 off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
 hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
 against its window until the broker settles them (``_track``, ``_broker_settled``): credit
 plus unsettled stay within ``IN_FLIGHT_WINDOWS`` windows, which bounds what a broker slow to
-enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x WINDOW_BYTES``. Far from
+enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x`` the window in bytes. Far from
 capacity that bound would starve a fast link of the broker's pipe (every round trip a few
 messages: half the rate, twice the relay CPU per message), so beyond it the unsettled
 deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take up to

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from floodwall.control.controller import PolicedQueue, QueueKey
+from floodwall.control.policy.model import Policy
 from floodwall.enforce import events as ev
 from floodwall.enforce.shadow import ShadowHold
 from floodwall.enforce.states import DETACHING_PHASES, LINK_PHASES, LinkInput, LinkPhase, step
@@ -45,9 +46,17 @@ from floodwall.wire.amqp10.types import Described, Symbol, UInt, ULong, decode_v
 
 PROTOCOL: Final = ev.ProtocolName.AMQP10
 WINDOW_BYTES: Final = 64 * 1024
-"""Message bytes one policed link may have credit for: its share of the overshoot bound."""
+"""Message bytes one policed link may have credit for: its share of the overshoot bound
+(more for a queue of a large byte capacity: ``policy_window``)."""
 MAX_WINDOW: Final = 256
-"""Most credit the proxy gives one policed link, however small its messages."""
+"""Most credit the proxy gives one policed link with a ``WINDOW_BYTES`` window, however small
+its messages (messages under ``WINDOW_BYTES / MAX_WINDOW`` bytes count as that many)."""
+WINDOW_PARTS: Final = 1024
+"""A queue's links may have credit for up to 1 / this of its byte capacity each, when that
+is more than ``WINDOW_BYTES`` (``policy_window``): the overshoot bound stays a fixed part of
+the capacity per link."""
+MAX_WINDOW_BYTES: Final = 1024 * 1024
+"""The largest window ``policy_window`` gives (a capacity of 1 GiB and more)."""
 MIN_WINDOW: Final = 2
 """Least credit a paced link gets while its queue is not tripped (the floor of pacing)."""
 IN_FLIGHT_WINDOWS: Final = 2
@@ -68,6 +77,7 @@ TRANSACTIONAL_STATE: Final = 0x34
 _NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
 _DETACHING_PHASES: Final = tuple(DETACHING_PHASES)
 PROPERTIES: Final = MESSAGE_PROPERTIES
+_SMALLEST: Final = WINDOW_BYTES // MAX_WINDOW
 FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
 
 
@@ -76,11 +86,21 @@ def link_ref(channel: int, handle: int) -> int:
     return channel << 32 | handle
 
 
-def window_for(message_bytes: int) -> int:
-    """Credit for one policed link: WINDOW_BYTES of messages, at least 1, at most MAX_WINDOW."""
-    if message_bytes <= WINDOW_BYTES // MAX_WINDOW:  # sizes up to 256 (and 0): the most
-        return MAX_WINDOW
-    return WINDOW_BYTES // message_bytes or 1
+def policy_window(policy: Policy) -> int:
+    """The message bytes a link feeding a queue under ``policy`` may have credit for:
+    ``WINDOW_BYTES``, or ``capacity / WINDOW_PARTS`` when that is more (at most
+    ``MAX_WINDOW_BYTES``). A policy that also limits messages keeps ``WINDOW_BYTES``: its
+    window in messages is not scaled."""
+    if policy.max_messages is not None:
+        return WINDOW_BYTES
+    return max(WINDOW_BYTES, min(policy.capacity // WINDOW_PARTS, MAX_WINDOW_BYTES))
+
+
+def window_for(message_bytes: int, window: int = WINDOW_BYTES) -> int:
+    """Credit for one policed link: ``window`` bytes of messages (``policy_window``), at least
+    1; messages under ``WINDOW_BYTES / MAX_WINDOW`` (256) bytes count as 256, so a
+    ``WINDOW_BYTES`` window is at most ``MAX_WINDOW`` messages."""
+    return window // max(message_bytes, _SMALLEST) or 1
 
 
 def paced_window(ceiling: int, share: float | None) -> int:
@@ -191,6 +211,7 @@ class SenderLink:
     # The routing model's generation its window was last worked out at (``_after_transfer``
     # skips the window while the client has over half its ceiling and this still holds).
     window_generation: int = -1
+    window_bytes: int = WINDOW_BYTES  # its window in bytes, as last worked out (``_window``)
     not_spooled_reported: bool = False
     shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
     # Every message says where it goes: fixed by the attach (read on every transfer).
