@@ -225,10 +225,8 @@ class LinkCredit(Sessions):
         return self.controller.policed(self.vhost, names)
 
     def _window(self, link: SenderLink, names: frozenset[str] | None = None) -> int | None:
-        """The link's credit cap, or None when nothing it sends to is policed.
-
-        ``names``: ``_queues(link)`` when the caller has just computed it.
-        """
+        """The link's credit cap, or None when nothing it sends to is policed (``names``:
+        ``_queues(link)`` when the caller has just computed it)."""
         policed = self._policed(link, names)
         if not policed and not self._may_be_policed(link):
             return None
@@ -237,11 +235,9 @@ class LinkCredit(Sessions):
         if not size:
             size = max((queues[k].depth.average_body_bytes() for k in policed),
                        default=0) or ASSUMED_MESSAGE_BYTES
-        if policed:
-            link.window_bytes = min(policy_window(queues[k].policy) for k in policed)
-        else:
-            link.window_bytes = WINDOW_BYTES
-        window = ceiling = window_for(size, link.window_bytes)
+        link.window_bytes = in_bytes = min((policy_window(queues[k].policy) for k in policed),
+                                           default=WINDOW_BYTES)
+        window = ceiling = window_for(size, in_bytes)
         room = PACING_ROOM * ceiling * size
         for key in policed:
             q = queues[key]
