@@ -618,22 +618,24 @@ class Tables:
     episodes: DataFrame
     series: DataFrame
     queues: DataFrame
+    psq_rows: list[dict[str, Any]]  # psq's rows, collected by the job that keeps them
 
     @classmethod
     def of(cls, samples: DataFrame, events: DataFrame, resolution: float) -> Tables:
         # The intermediate tables are local checkpoints, not cached plans: each later plan
         # then starts from their rows instead of carrying (and re-optimizing, and matching
-        # against the cache) every plan below them. Lazy ones are kept by the first job that
-        # computes them: psq's.
+        # against the cache) every plan below them. They are kept by the first job that
+        # computes them: the one that collects psq's rows keeps all five.
         ev = keep(event_counts(events))
         level1 = keep(sidecar_series(samples, resolution))
         run_rows = keep(runs(samples))
         hist = keep(depth_histogram(samples))
-        psq = keep(per_sidecar_queue(samples, run_rows, level1, hist, ev), eager=True)
+        psq = keep(per_sidecar_queue(samples, run_rows, level1, hist, ev))
+        psq_rows = [r.asDict() for r in psq.collect()]
         eps = episodes(run_rows, psq)
         series = keep(queue_series(level1, psq, resolution))
         queues = per_queue(hist, series, eps, psq, ev)
-        return cls(resolution, ev, level1, run_rows, hist, psq, eps, series, queues)
+        return cls(resolution, ev, level1, run_rows, hist, psq, eps, series, queues, psq_rows)
 
     def unpersist(self) -> None:
         for df in (self.events, self.level1, self.runs, self.hist, self.psq, self.series):

@@ -225,7 +225,9 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         with stages.stage("aggregating per queue and sidecar"):
             advice = advice_resolution(t.interval)
             tables = aggregate.Tables.of(t.samples, t.events, advice)
-            psq_rows = _rows(tables.psq.drop("sq", "q"), ["sidecar", "vhost", "queue"])
+            psq_rows = sorted(({k: v for k, v in r.items() if k not in ("sq", "q")}
+                               for r in tables.psq_rows),
+                              key=lambda r: (r["sidecar"], r["vhost"], r["queue"]))
             aggregate.check_ids(psq_rows)
             sidecar_queues = [{k: v for k, v in r.items() if k != "_clash"} for r in psq_rows]
             queues = _rows(tables.queues, ["vhost", "queue"])
