@@ -3,8 +3,8 @@
 One pass over the files parses each line once into a narrow typed table, kept for the
 aggregations (a local checkpoint): times in integer milliseconds (``ts_ms``, ``iv_ms``), so
 that every sum the job makes is exact and the same whatever the partitioning
-(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by. A
-second pass counts each ``Kind`` of line and keeps the lines other than samples apart.
+(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by. The
+same job counts each ``Kind`` of line and keeps the lines other than samples apart.
 """
 
 from __future__ import annotations
