@@ -34,11 +34,12 @@ each kept as a local checkpoint (``Tables.of``: later plans start from their row
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 SQ = ["sidecar", "vhost", "queue"]
@@ -67,6 +68,34 @@ class FleetError(RuntimeError):
     """The telemetry cannot be aggregated exactly (two names with one 64-bit id)."""
 
 
+_VIEWS = itertools.count()
+
+
+def sql(query: str, **frames: DataFrame) -> DataFrame:
+    """``query``, Spark SQL reading each of ``frames`` as ``{name}``, as a DataFrame.
+
+    The job's plans are written as SQL text: the JVM parses and analyses each in one call,
+    where a plan built a Column function at a time costs three py4j round trips a function
+    (about 5,000 a job). Each frame is a temporary view while the query is analysed (the
+    plan keeps what it read; the view is dropped).
+    """
+    spark = next(iter(frames.values())).sparkSession
+    names = {key: f"floodwall_{key}_{next(_VIEWS)}" for key in frames}
+    for key, df in frames.items():
+        df.createOrReplaceTempView(names[key])
+        query = query.replace("{" + key + "}", names[key])
+    try:
+        return spark.sql(query)
+    finally:
+        for name in names.values():
+            spark.catalog.dropTempView(name)
+
+
+def _quantized(c: str) -> str:
+    shift = f"CAST(greatest(floor(log2({c})) - {SIGNIFICANT_BITS - 1}, 0) AS INT)"
+    return f"shiftleft(shiftright({c}, {shift}), {shift})"
+
+
 def quantized(c: Column) -> Column:
     """``c`` (a non-negative integer) rounded down to ``SIGNIFICANT_BITS`` significant bits:
     exact below 2**11 = 2048, else within 2**-10 (0.1 %) below. Deterministic, and a
@@ -78,63 +107,58 @@ def quantized(c: Column) -> Column:
 def _pct(column: str, p: float) -> Column:
     """The nearest-rank percentile: the smallest value with at least ``p`` of the rows at or
     below it (nulls left out)."""
-    return F.expr(f"percentile_disc({p}) WITHIN GROUP (ORDER BY {column})")
+    return F.expr(_pct_sql(column, p))
 
 
-def _sum0(c: Column) -> Column:
-    return F.coalesce(F.sum(c), F.lit(0))
+def _pct_sql(column: str, p: float) -> str:
+    return f"percentile_disc({p}) WITHIN GROUP (ORDER BY {column})"
 
 
-def _seconds(c: Column) -> Column:
-    return c / F.lit(1000.0)
+# SQL text of the expressions the plans share (doubles written as ``1000.0D``: a bare
+# ``1000.0`` is a decimal in Spark SQL).
+def _seconds(c: str) -> str:
+    return f"{c} / 1000.0D"
 
 
-def _per_second(num: str, ms: str) -> Column:
+def _per_second(num: str, ms: str) -> str:
     """``num`` per second over ``ms`` milliseconds (null without time)."""
-    return F.when(F.col(ms) > 0, F.col(num) * F.lit(1000.0) / F.col(ms))
+    return f"CASE WHEN {ms} > 0 THEN {num} * 1000.0D / {ms} END"
 
 
-def _ratio(num: str, den: str) -> Column:
-    return F.when(F.col(den) > 0, F.col(num) / F.col(den))
+def _ratio(num: str, den: str) -> str:
+    return f"CASE WHEN {den} > 0 THEN {num} / {den} END"
 
 
-def _iv() -> Column:
-    return F.coalesce(F.col("iv_ms"), F.lit(0))
+_IV = "coalesce(iv_ms, 0)"
+#: A sample's place in its sidecar's time order as one long: (ts, then seq). Two samples
+#: of one sidecar and queue in the same millisecond with seqs 2**20 apart would tie: one
+#: process writes far fewer than 2**20 records per millisecond.
+_KEY = f"(ts_ms * {1 << _SEQ_BITS} + (seq & {(1 << _SEQ_BITS) - 1}))"
 
 
-def _key() -> Column:
-    """A sample's place in its sidecar's time order as one long: (ts, then seq). Two samples
-    of one sidecar and queue in the same millisecond with seqs 2**20 apart would tie: one
-    process writes far fewer than 2**20 records per millisecond."""
-    return (F.col("ts_ms") * F.lit(1 << _SEQ_BITS)
-            + F.col("seq").bitwiseAND(F.lit((1 << _SEQ_BITS) - 1)))
+def _packed(offset: str, value: str) -> str:
+    return (f"CASE WHEN {value} IS NOT NULL THEN {offset} * {1 << _VALUE_BITS} "
+            f"+ least({value}, {_VALUE_MAX}) END")
 
 
-def _packed(offset: Column, value: Column) -> Column:
-    return F.when(value.isNotNull(),
-                  offset * F.lit(1 << _VALUE_BITS) + F.least(value, F.lit(_VALUE_MAX)))
+def _cols(*names: str) -> str:
+    return ", ".join(names)
 
 
-def _unpacked(c: Column) -> Column:
-    return c.bitwiseAND(F.lit(_VALUE_MAX))
+_EVENT_SUMS = ", ".join(f"sum({c}) AS {c}" for c in EVENT_COUNTS)
+_EVENTS_FILLED = ", ".join(f"coalesce({c}, 0) AS {c}" for c in EVENT_COUNTS)
 
 
 def event_counts(events: DataFrame) -> DataFrame:
     """One row per (sidecar, vhost, queue) with events: deadline expiries, rejects, holds,
     signals (``signal`` names no queue: it counts under queue "")."""
-    return events.groupBy(*SQ).agg(
-        F.count(F.when(F.col("event") == "deadline", 1)).alias("deadline_expiries"),
-        F.count(F.when(F.col("event") == "reject", 1)).alias("rejects"),
-        F.count(F.when(F.col("event") == "hold", 1)).alias("holds"),
-        F.count(F.when(F.col("event") == "signal", 1)).alias("signals"))
-
-
-def _events_by(counts: DataFrame, keys: list[str]) -> DataFrame:
-    return counts.groupBy(*keys).agg(*[F.sum(c).alias(c) for c in EVENT_COUNTS])
-
-
-def _fill_events(df: DataFrame) -> DataFrame:
-    return df.fillna(0, list(EVENT_COUNTS))
+    return sql("""
+        SELECT sidecar, vhost, queue,
+               count(CASE WHEN event = 'deadline' THEN 1 END) AS deadline_expiries,
+               count(CASE WHEN event = 'reject' THEN 1 END) AS rejects,
+               count(CASE WHEN event = 'hold' THEN 1 END) AS holds,
+               count(CASE WHEN event = 'signal' THEN 1 END) AS signals
+        FROM {events} GROUP BY sidecar, vhost, queue""", events=events)
 
 
 def runs(samples: DataFrame) -> DataFrame:
@@ -150,36 +174,38 @@ def runs(samples: DataFrame) -> DataFrame:
 
     The only sort of the job; it carries the few columns it needs.
     """
-    w = Window.partitionBy("sq").orderBy("_key")
-    tripped = F.coalesce(F.col("tripped"), F.lit(False))
-    before = F.lag("trips").over(w)
-    new_trips = (F.when(before.isNull(), F.when(tripped, 1).otherwise(0))
-                 .when(F.col("trips") >= before, F.col("trips") - before)
-                 .otherwise(F.col("trips")))
-    start = tripped & ~F.coalesce(F.lag(tripped).over(w), F.lit(False))
-    s = samples.select("sq", "ts_ms", _key().alias("_key"), "tripped", "trips",
-                       F.coalesce(F.col("depth"), F.lit(0)).alias("depth"), "held_bytes",
-                       "held_messages")
-    s = s.select("sq", "ts_ms", "_key", tripped.alias("tripped"), "depth", "held_bytes",
-                 "held_messages", F.coalesce(new_trips, F.lit(0)).alias("_new"),
-                 start.alias("_start"))
-    running = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    s = s.select("*", F.sum(F.col("_start").cast("int")).over(running).alias("run"),
-                 F.max(F.when(F.col("_start"), F.col("ts_ms"))).over(running).alias("_run_start"))
-    t = F.col("tripped")
+    tripped = "coalesce(tripped, false)"
+    before = "lag(trips) OVER w"
     # The deepest tripped sample, the earliest if several: the greatest (depth, -offset in
     # the run) packed in a long (a fixed-width buffer: hash aggregation, no second sort).
-    offset = F.least(F.col("ts_ms") - F.col("_run_start"), F.lit(_OFFSET_MAX))
-    peak_key = (F.least(F.col("depth"), F.lit(_DEPTH_MAX)) * F.lit(_OFFSET_MAX + 1)
-                + (F.lit(_OFFSET_MAX) - offset))
-    return s.groupBy("sq", "run").agg(
-        F.sum("_new").alias("new_trips"),
-        F.min(F.when(t, F.col("ts_ms"))).alias("start_ms"),
-        F.min(F.when(~t, F.col("ts_ms"))).alias("end_ms"),
-        F.max(F.when(t, F.col("depth"))).alias("peak_depth"),
-        F.max_by(F.when(t, F.col("ts_ms")), F.when(t, peak_key)).alias("peak_ms"),
-        F.max(F.when(t, F.col("held_bytes"))).alias("held_max"),
-        F.max(F.when(t, F.col("held_messages"))).alias("held_messages_max"))
+    offset = f"least(ts_ms - _run_start, {_OFFSET_MAX})"
+    peak_key = f"least(depth, {_DEPTH_MAX}) * {_OFFSET_MAX + 1} + ({_OFFSET_MAX} - {offset})"
+    return sql(f"""
+        WITH s AS (
+          SELECT sq, ts_ms, {_KEY} AS _key, tripped, trips, coalesce(depth, 0) AS depth,
+                 held_bytes, held_messages
+          FROM {{samples}}),
+        t AS (
+          SELECT sq, ts_ms, _key, {tripped} AS tripped, depth, held_bytes, held_messages,
+                 coalesce(CASE WHEN {before} IS NULL THEN CASE WHEN {tripped} THEN 1 ELSE 0 END
+                               WHEN trips >= {before} THEN trips - {before}
+                               ELSE trips END, 0) AS _new,
+                 {tripped} AND NOT coalesce(lag({tripped}) OVER w, false) AS _start
+          FROM s WINDOW w AS (PARTITION BY sq ORDER BY _key)),
+        r AS (
+          SELECT *, sum(CAST(_start AS INT)) OVER running AS run,
+                 max(CASE WHEN _start THEN ts_ms END) OVER running AS _run_start
+          FROM t WINDOW running AS (PARTITION BY sq ORDER BY _key
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+        SELECT sq, run, sum(_new) AS new_trips,
+               min(CASE WHEN tripped THEN ts_ms END) AS start_ms,
+               min(CASE WHEN NOT tripped THEN ts_ms END) AS end_ms,
+               max(CASE WHEN tripped THEN depth END) AS peak_depth,
+               max_by(CASE WHEN tripped THEN ts_ms END,
+                      CASE WHEN tripped THEN {peak_key} END) AS peak_ms,
+               max(CASE WHEN tripped THEN held_bytes END) AS held_max,
+               max(CASE WHEN tripped THEN held_messages END) AS held_messages_max
+        FROM r GROUP BY sq, run""", samples=samples)
 
 
 def depth_histogram(samples: DataFrame) -> DataFrame:
@@ -188,9 +214,24 @@ def depth_histogram(samples: DataFrame) -> DataFrame:
     (``hist_percentiles``). A hash aggregation of fixed-width rows (at most 1,024 values
     per doubling of the depth per group: ``quantized``), where a percentile over the samples
     would keep every value of a group in an object buffer."""
-    return (samples.select("sq", "q", quantized(F.col("depth")).alias("_qd"))
-            .where(F.col("_qd").isNotNull())
-            .groupBy("sq", "q", "_qd").agg(F.count(F.lit(1)).alias("n")))
+    return sql(f"""
+        SELECT sq, q, _qd, count(1) AS n
+        FROM (SELECT sq, q, {_quantized('depth')} AS _qd FROM {{samples}})
+        WHERE _qd IS NOT NULL GROUP BY sq, q, _qd""", samples=samples)
+
+
+def _hist_percentiles_sql(hist: str, key: str) -> str:
+    h = hist if key == "sq" else f"(SELECT {key}, _qd, sum(n) AS n FROM {hist} GROUP BY {key}, _qd)"
+    picks = ", ".join(f"min(CASE WHEN _cume >= {p}D THEN _qd END) AS depth_p{round(p * 100)}"
+                      for p in PERCENTILES)
+    return f"""
+        SELECT {key}, {picks}
+        FROM (SELECT {key}, _qd,
+                     sum(n) OVER (PARTITION BY {key} ORDER BY _qd
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                     / sum(n) OVER (PARTITION BY {key}) AS _cume
+              FROM {h})
+        GROUP BY {key}"""
 
 
 def hist_percentiles(hist: DataFrame, key: str) -> DataFrame:
@@ -198,13 +239,7 @@ def hist_percentiles(hist: DataFrame, key: str) -> DataFrame:
     ``depth_histogram``: nearest-rank, the smallest value whose share of the values at or
     below it is at least p (the same as ``percentile_disc`` over the samples: checked in
     tests/pipeline/test_aggregate.py). Exact: counts are integers; one division each."""
-    h = hist if key == "sq" else hist.groupBy(key, "_qd").agg(F.sum("n").alias("n"))
-    ordered = Window.partitionBy(key).orderBy("_qd").rowsBetween(Window.unboundedPreceding,
-                                                                  Window.currentRow)
-    h = h.select(key, "_qd", (F.sum("n").over(ordered)
-                              / F.sum("n").over(Window.partitionBy(key))).alias("_cume"))
-    return h.groupBy(key).agg(*[F.min(F.when(F.col("_cume") >= F.lit(p), F.col("_qd")))
-                                .alias(f"depth_p{round(p * 100)}") for p in PERCENTILES])
+    return sql(_hist_percentiles_sql("{hist}", key), hist=hist)
 
 
 def _resolution_ms(resolution: float) -> int:
@@ -221,43 +256,42 @@ def sidecar_series(samples: DataFrame, resolution: float) -> DataFrame:
     milliseconds. ``last_depth``/``last_msgs``: the newest sample's depth packed with its
     time in the bucket (``queue_series`` unpacks it), the greater on a tie."""
     res_ms = _resolution_ms(resolution)
-    iv = _iv()
-    bucket = F.expr(f"ts_ms div {res_ms}")
-    offset = F.col("ts_ms") - bucket * F.lit(res_ms)
-    check = F.hash(*SQ)  # a second hash of the names: see per_sidecar_queue's _clash
-    return (samples.select("*", bucket.alias("bucket_index"))
-            .groupBy("q", "sq", "bucket_index").agg(
-                F.count(F.lit(1)).alias("samples"),
-                F.min("ts_ms").alias("first_ms"), F.max("ts_ms").alias("last_ms"),
-                F.max(_key()).alias("last_key"),
-                _sum0(iv).alias("observed_ms"),
-                _sum0(F.when(F.col("tripped"), iv)).alias("tripped_ms"),
-                _sum0(F.col("ingress_bytes")).alias("ingress_bytes"),
-                _sum0(F.col("ingress_messages")).alias("ingress_messages"),
-                _sum0(F.col("held_bytes") * iv).alias("held_bms"),
-                # issue 14: forwarded while held (admitted), and the drain estimate x time
-                _sum0(F.when(F.col("tripped"), F.col("ingress_bytes"))).alias("admitted_bytes"),
-                _sum0(F.col("drain_bps") * iv).alias("drain_bms"),
-                # issue 15: the fleet as this sidecar saw it (null with --fleet off)
-                F.max("fleet_members").alias("fleet_members"),
-                F.sum(F.col("fleet_share") * iv).alias("share_bms"),
-                F.sum(F.when(F.col("fleet_share").isNotNull(), iv)).alias("share_ms"),
-                F.sum(F.round("fleet_demand_bps").cast("long") * iv).alias("demand_bms"),
-                F.sum(F.when(F.col("fleet_demand_bps").isNotNull(), iv)).alias("demand_ms"),
-                F.max(F.when(F.col("tripped"), F.col("blocked_publishers")))
-                .alias("blocked_tripped_max"),
-                F.max(_packed(offset, F.col("depth"))).alias("last_depth"),
-                F.max(_packed(offset, F.col("depth_msgs"))).alias("last_msgs"),
-                F.max("depth").alias("depth_max"),
-                F.max("depth_msgs").alias("depth_msgs_max"),
-                F.max(F.when(F.col("capacity") > 0,
-                             F.greatest(F.col("depth") - F.col("capacity"), F.lit(0))))
-                .alias("overshoot_max"),
-                F.max("held_bytes").alias("held_max"),
-                F.max("spooled_bytes").alias("spooled_max"),
-                F.max("blocked_publishers").alias("blocked_max"),
-                F.min(check).alias("_check_min"), F.max(check).alias("_check_max"),
-                F.max("capacity").alias("capacity"), F.max("resume").alias("resume")))
+    iv = _IV
+    offset = f"(ts_ms - bucket_index * {res_ms})"
+    check = "hash(sidecar, vhost, queue)"  # a second hash of the names: see per_sidecar_queue
+    return sql(f"""
+        SELECT q, sq, bucket_index,
+               count(1) AS samples,
+               min(ts_ms) AS first_ms, max(ts_ms) AS last_ms,
+               max({_KEY}) AS last_key,
+               coalesce(sum({iv}), 0) AS observed_ms,
+               coalesce(sum(CASE WHEN tripped THEN {iv} END), 0) AS tripped_ms,
+               coalesce(sum(ingress_bytes), 0) AS ingress_bytes,
+               coalesce(sum(ingress_messages), 0) AS ingress_messages,
+               coalesce(sum(held_bytes * {iv}), 0) AS held_bms,
+               -- issue 14: forwarded while held (admitted), and the drain estimate x time
+               coalesce(sum(CASE WHEN tripped THEN ingress_bytes END), 0) AS admitted_bytes,
+               coalesce(sum(drain_bps * {iv}), 0) AS drain_bms,
+               -- issue 15: the fleet as this sidecar saw it (null with --fleet off)
+               max(fleet_members) AS fleet_members,
+               sum(fleet_share * {iv}) AS share_bms,
+               sum(CASE WHEN fleet_share IS NOT NULL THEN {iv} END) AS share_ms,
+               sum(CAST(round(fleet_demand_bps) AS BIGINT) * {iv}) AS demand_bms,
+               sum(CASE WHEN fleet_demand_bps IS NOT NULL THEN {iv} END) AS demand_ms,
+               max(CASE WHEN tripped THEN blocked_publishers END) AS blocked_tripped_max,
+               max({_packed(offset, 'depth')}) AS last_depth,
+               max({_packed(offset, 'depth_msgs')}) AS last_msgs,
+               max(depth) AS depth_max,
+               max(depth_msgs) AS depth_msgs_max,
+               max(CASE WHEN capacity > 0 THEN greatest(depth - capacity, 0) END)
+                 AS overshoot_max,
+               max(held_bytes) AS held_max,
+               max(spooled_bytes) AS spooled_max,
+               max(blocked_publishers) AS blocked_max,
+               min({check}) AS _check_min, max({check}) AS _check_max,
+               max(capacity) AS capacity, max(resume) AS resume
+        FROM (SELECT *, ts_ms div {res_ms} AS bucket_index FROM {{samples}})
+        GROUP BY q, sq, bucket_index""", samples=samples)
 
 
 def queue_series(level1: DataFrame, names: DataFrame, resolution: float) -> DataFrame:
@@ -272,38 +306,46 @@ def queue_series(level1: DataFrame, names: DataFrame, resolution: float) -> Data
     empty at its start.
     """
     res_ms = _resolution_ms(resolution)
-    series = level1.groupBy("q", "bucket_index").agg(
-        F.max("observed_ms").alias("observed_ms"),
-        F.max("tripped_ms").alias("tripped_ms"),
-        F.sum("ingress_bytes").alias("ingress_bytes"),
-        F.sum("ingress_messages").alias("ingress_messages"),
-        F.sum("held_bms").alias("held_bms"),
-        F.sum("admitted_bytes").alias("admitted_bytes"),
-        F.max("drain_bms").alias("drain_bms"),  # one queue's drain: any sidecar's estimate
-        _unpacked(F.max("last_depth")).alias("depth_end"),
-        _unpacked(F.max("last_msgs")).alias("depth_msgs_end"),
-        F.max("depth_max").alias("depth_max"),
-        F.max("capacity").alias("capacity"), F.max("resume").alias("resume"),
-        F.count(F.lit(1)).alias("sidecars"))
-    w = Window.partitionBy("q").orderBy("bucket_index")
-    contiguous = F.lag("bucket_index").over(w) == F.col("bucket_index") - 1
-    prev_b, prev_m = F.lag("depth_end").over(w), F.lag("depth_msgs_end").over(w)
-    egress_b = F.when(contiguous & prev_b.isNotNull() & F.col("depth_end").isNotNull(),
-                      F.greatest(F.col("ingress_bytes") - (F.col("depth_end") - prev_b),
-                                 F.lit(0)))
-    egress_m = F.when(contiguous & prev_m.isNotNull() & F.col("depth_msgs_end").isNotNull(),
-                      F.greatest(F.col("ingress_messages") - (F.col("depth_msgs_end") - prev_m),
-                                 F.lit(0)))
-    q_names = names.select("q", "vhost", "queue").dropDuplicates(["q"])
-    return (series.select(
-        "*", (F.col("bucket_index") * F.lit(res_ms) / F.lit(1000.0)).alias("bucket"),
-        _seconds(F.col("observed_ms")).alias("observed_seconds"),
-        _seconds(F.col("tripped_ms")).alias("tripped_seconds"),
-        _ratio("held_bms", "observed_ms").alias("held_bytes"),
-        (F.col("drain_bms") / F.lit(1000.0)).alias("drained_bytes"),
-        egress_b.alias("egress_bytes"), egress_m.alias("egress_messages"),
-        F.coalesce(contiguous & (prev_b > 0), F.lit(False)).alias("backlog"))
-        .join(F.broadcast(q_names), "q"))
+    contiguous = "lag(bucket_index) OVER w = bucket_index - 1"
+    prev_b, prev_m = "lag(depth_end) OVER w", "lag(depth_msgs_end) OVER w"
+    egress_b = (f"CASE WHEN {contiguous} AND {prev_b} IS NOT NULL AND depth_end IS NOT NULL "
+                f"THEN greatest(ingress_bytes - (depth_end - {prev_b}), 0) END")
+    egress_m = (f"CASE WHEN {contiguous} AND {prev_m} IS NOT NULL "
+                f"AND depth_msgs_end IS NOT NULL "
+                f"THEN greatest(ingress_messages - (depth_msgs_end - {prev_m}), 0) END")
+    return sql(f"""
+        WITH series AS (
+          SELECT q, bucket_index,
+                 max(observed_ms) AS observed_ms, max(tripped_ms) AS tripped_ms,
+                 sum(ingress_bytes) AS ingress_bytes, sum(ingress_messages) AS ingress_messages,
+                 sum(held_bms) AS held_bms, sum(admitted_bytes) AS admitted_bytes,
+                 max(drain_bms) AS drain_bms,  -- one queue's drain: any sidecar's estimate
+                 max(last_depth) & {_VALUE_MAX} AS depth_end,
+                 max(last_msgs) & {_VALUE_MAX} AS depth_msgs_end,
+                 max(depth_max) AS depth_max, max(capacity) AS capacity,
+                 max(resume) AS resume, count(1) AS sidecars
+          FROM {{level1}} GROUP BY q, bucket_index),
+        buckets AS (
+          SELECT *, bucket_index * {res_ms} / 1000.0D AS bucket,
+                 {_seconds('observed_ms')} AS observed_seconds,
+                 {_seconds('tripped_ms')} AS tripped_seconds,
+                 {_ratio('held_bms', 'observed_ms')} AS held_bytes,
+                 drain_bms / 1000.0D AS drained_bytes,
+                 {egress_b} AS egress_bytes, {egress_m} AS egress_messages,
+                 coalesce(({contiguous}) AND ({prev_b} > 0), false) AS backlog
+          FROM series WINDOW w AS (PARTITION BY q ORDER BY bucket_index))
+        SELECT /*+ BROADCAST(n) */ *
+        FROM buckets JOIN (SELECT q, first(vhost) AS vhost, first(queue) AS queue
+                           FROM {{names}} GROUP BY q) n USING (q)""",
+               level1=level1, names=names)
+
+
+#: per_sidecar_queue's columns, in the order of its rows (summary.json keeps it).
+_PSQ_COLUMNS = (
+    *SQ, "sq", *POLICY_FIELDS, "q", "samples", "depth_max", "depth_messages_max",
+    "peak_overshoot", "ingress_bytes", "ingress_messages", "ingress_rate_p99", "held_bytes_max",
+    "spooled_bytes_max", "blocked_publishers_max", "admitted_bytes", "fleet_members_max",
+    "_clash", "depth_p50", "depth_p90", "depth_p99")
 
 
 def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame,
@@ -319,61 +361,58 @@ def per_sidecar_queue(samples: DataFrame, run_rows: DataFrame, level1: DataFrame
     the depth percentiles from ``depth_histogram`` (``hist``); the samples are read once
     more, to fetch the names and the policy from each one's latest sample.
     """
-    rated = level1.select("*", _per_second("ingress_bytes", "observed_ms").alias("_rate"))
-    totals = rated.groupBy("sq").agg(
-        F.max("q").alias("q"),
-        F.sum("samples").alias("samples"),
-        F.min("first_ms").alias("_first"), F.max("last_ms").alias("_last"),
-        F.max("last_key").alias("_key"),
-        F.sum("observed_ms").alias("observed_ms"), F.sum("tripped_ms").alias("tripped_ms"),
-        F.max("depth_max").alias("depth_max"),
-        F.max("depth_msgs_max").alias("depth_messages_max"),
-        F.max("overshoot_max").alias("peak_overshoot"),
-        F.sum("ingress_bytes").alias("ingress_bytes"),
-        F.sum("ingress_messages").alias("ingress_messages"),
-        _pct("_rate", 0.99).alias("ingress_rate_p99"),
-        F.max("held_max").alias("held_bytes_max"),
-        F.sum("held_bms").alias("_held_bms"),
-        F.max("spooled_max").alias("spooled_bytes_max"),
-        F.max("blocked_max").alias("blocked_publishers_max"),
-        _sum0(F.col("admitted_bytes")).alias("admitted_bytes"),
-        F.max("blocked_tripped_max").alias("_blocked_tripped"),
-        F.max("fleet_members").alias("fleet_members_max"),
-        F.sum("share_bms").alias("_share_bms"), F.sum("share_ms").alias("_share_ms"),
-        F.sum("demand_bms").alias("_demand_bms"), F.sum("demand_ms").alias("_demand_ms"),
-        (F.min("_check_min") != F.max("_check_max")).alias("_clash"))
-    pct = hist_percentiles(hist, "sq")
-    latest = (samples.select("sq", _key().alias("_key"), *SQ, *POLICY_FIELDS)
-              .join(F.broadcast(totals.select("sq", "_key")), ["sq", "_key"])
-              # one row per sq (two would be one sample written twice: take the greatest)
-              .groupBy("sq").agg(*[F.max(c).alias(c) for c in (*SQ, *POLICY_FIELDS)]))
-    trips = run_rows.groupBy("sq").agg(F.sum("new_trips").alias("trips"))
-    fleet = Window.partitionBy("q")
-    out = (latest.join(totals, "sq").join(pct, "sq", "left").join(trips, "sq", "left")
-           .join(events, SQ, "left")
-           .select("*",
-                   _seconds(F.col("_first")).alias("first_ts"),
-                   _seconds(F.col("_last")).alias("last_ts"),
-                   _seconds(F.col("observed_ms")).alias("observed_seconds"),
-                   _seconds(F.col("tripped_ms")).alias("tripped_seconds"),
-                   _per_second("ingress_bytes", "observed_ms").alias("ingress_rate"),
-                   _ratio("tripped_ms", "observed_ms").alias("tripped_share"),
-                   _ratio("_held_bms", "observed_ms").alias("held_bytes_mean"),
-                   F.when(F.sum("ingress_bytes").over(fleet) > 0,
-                          F.col("ingress_bytes") / F.sum("ingress_bytes").over(fleet))
-                   .alias("ingress_share"),
-                   F.when(F.sum("admitted_bytes").over(fleet) > 0,
-                          F.col("admitted_bytes") / F.sum("admitted_bytes").over(fleet))
-                   .alias("admitted_share"),
-                   # contended: it had publishers waiting while the queue was tripped, or
-                   # was admitted some then (the sidecars a fair release splits among)
-                   ((F.col("admitted_bytes") > 0) | (F.coalesce("_blocked_tripped", F.lit(0)) > 0))
-                   .alias("contended"),
-                   _ratio("_share_bms", "_share_ms").alias("fleet_share_bytes_mean"),
-                   _ratio("_demand_bms", "_demand_ms").alias("fleet_demand_rate_mean"))
-           .drop("_first", "_last", "_key", "observed_ms", "tripped_ms", "_held_bms",
-                 "_blocked_tripped", "_share_bms", "_share_ms", "_demand_bms", "_demand_ms"))
-    return _fill_events(out).fillna(0, ["trips"])
+    named = (*SQ, *POLICY_FIELDS)
+    fleet = "OVER (PARTITION BY q)"
+    return sql(f"""
+        WITH totals AS (
+          SELECT sq, max(q) AS q, sum(samples) AS samples,
+                 min(first_ms) AS _first, max(last_ms) AS _last, max(last_key) AS _key,
+                 sum(observed_ms) AS observed_ms, sum(tripped_ms) AS tripped_ms,
+                 max(depth_max) AS depth_max, max(depth_msgs_max) AS depth_messages_max,
+                 max(overshoot_max) AS peak_overshoot,
+                 sum(ingress_bytes) AS ingress_bytes, sum(ingress_messages) AS ingress_messages,
+                 {_pct_sql('_rate', 0.99)} AS ingress_rate_p99,
+                 max(held_max) AS held_bytes_max, sum(held_bms) AS _held_bms,
+                 max(spooled_max) AS spooled_bytes_max,
+                 max(blocked_max) AS blocked_publishers_max,
+                 coalesce(sum(admitted_bytes), 0) AS admitted_bytes,
+                 max(blocked_tripped_max) AS _blocked_tripped,
+                 max(fleet_members) AS fleet_members_max,
+                 sum(share_bms) AS _share_bms, sum(share_ms) AS _share_ms,
+                 sum(demand_bms) AS _demand_bms, sum(demand_ms) AS _demand_ms,
+                 min(_check_min) != max(_check_max) AS _clash
+          FROM (SELECT *, {_per_second('ingress_bytes', 'observed_ms')} AS _rate
+                FROM {{level1}})
+          GROUP BY sq),
+        latest AS (
+          -- one row per sq (two would be one sample written twice: take the greatest)
+          SELECT /*+ BROADCAST(k) */ s.sq, {', '.join(f'max(s.{c}) AS {c}' for c in named)}
+          FROM (SELECT sq, {_KEY} AS _key, {_cols(*named)} FROM {{samples}}) s
+          JOIN (SELECT sq, _key FROM totals) k ON s.sq = k.sq AND s._key = k._key
+          GROUP BY s.sq),
+        pct AS ({_hist_percentiles_sql('{hist}', 'sq')}),
+        trips AS (SELECT sq, sum(new_trips) AS trips FROM {{run_rows}} GROUP BY sq),
+        joined AS (
+          SELECT * FROM latest JOIN totals USING (sq) LEFT JOIN pct USING (sq)
+          LEFT JOIN trips USING (sq) LEFT JOIN {{events}} USING (sidecar, vhost, queue))
+        SELECT {_cols(*_PSQ_COLUMNS)}, coalesce(trips, 0) AS trips, {_EVENTS_FILLED},
+               {_seconds('_first')} AS first_ts, {_seconds('_last')} AS last_ts,
+               {_seconds('observed_ms')} AS observed_seconds,
+               {_seconds('tripped_ms')} AS tripped_seconds,
+               {_per_second('ingress_bytes', 'observed_ms')} AS ingress_rate,
+               {_ratio('tripped_ms', 'observed_ms')} AS tripped_share,
+               {_ratio('_held_bms', 'observed_ms')} AS held_bytes_mean,
+               CASE WHEN sum(ingress_bytes) {fleet} > 0
+                    THEN ingress_bytes / sum(ingress_bytes) {fleet} END AS ingress_share,
+               CASE WHEN sum(admitted_bytes) {fleet} > 0
+                    THEN admitted_bytes / sum(admitted_bytes) {fleet} END AS admitted_share,
+               -- contended: it had publishers waiting while the queue was tripped, or was
+               -- admitted some then (the sidecars a fair release splits among)
+               admitted_bytes > 0 OR coalesce(_blocked_tripped, 0) > 0 AS contended,
+               {_ratio('_share_bms', '_share_ms')} AS fleet_share_bytes_mean,
+               {_ratio('_demand_bms', '_demand_ms')} AS fleet_demand_rate_mean
+        FROM joined""", samples=samples, run_rows=run_rows, level1=level1, hist=hist,
+               events=events)
 
 
 def episodes(run_rows: DataFrame, names: DataFrame) -> DataFrame:
@@ -383,149 +422,160 @@ def episodes(run_rows: DataFrame, names: DataFrame) -> DataFrame:
     ``drain_seconds = end - peak`` (peak: the run's deepest sample, the earliest if
     several); ``duration = end - start``; ``held_max``: most held during the run.
     """
-    e = run_rows.filter(F.col("run") > 0)
-    ids = names.select("sq", "q", *SQ)
-    drain_ms = F.col("end_ms") - F.col("peak_ms")
-    duration_ms = F.col("end_ms") - F.col("start_ms")
-    return e.join(F.broadcast(ids), "sq").select(
-        "sq", "q", *SQ, F.col("run").alias("episode"),
-        _seconds(F.col("start_ms")).alias("start_ts"), _seconds(F.col("end_ms")).alias("end_ts"),
-        _seconds(F.col("peak_ms")).alias("peak_ts"), "peak_depth",
-        F.col("end_ms").isNotNull().alias("closed"),
-        drain_ms.alias("drain_ms"), duration_ms.alias("duration_ms"),
-        _seconds(drain_ms).alias("drain_seconds"), _seconds(duration_ms).alias("duration"),
-        "held_max", "held_messages_max")
+    drain_ms, duration_ms = "(end_ms - peak_ms)", "(end_ms - start_ms)"
+    return sql(f"""
+        SELECT /*+ BROADCAST(n) */ sq, q, sidecar, vhost, queue, run AS episode,
+               {_seconds('start_ms')} AS start_ts, {_seconds('end_ms')} AS end_ts,
+               {_seconds('peak_ms')} AS peak_ts, peak_depth, end_ms IS NOT NULL AS closed,
+               {drain_ms} AS drain_ms, {duration_ms} AS duration_ms,
+               {_seconds(drain_ms)} AS drain_seconds, {_seconds(duration_ms)} AS duration,
+               held_max, held_messages_max
+        FROM (SELECT * FROM {{run_rows}} WHERE run > 0)
+        JOIN (SELECT sq, q, sidecar, vhost, queue FROM {{names}}) n USING (sq)""",
+               run_rows=run_rows, names=names)
 
 
-def _fairness() -> list[Column]:
+def _fairness() -> str:
     """Jain's index of the bytes admitted while tripped, over the contended sidecars of a
     queue (``per_sidecar_queue``'s ``contended``): ``(sum a)**2 / (n * sum a**2)``, 1 when
     they got equal parts, 1/n when one got everything; null with none contended or nothing
     admitted. All of them had publishers waiting, so each wanted more than it got: an equal
     split is the max-min fair one."""
-    a = F.when(F.col("contended"), F.col("admitted_bytes").cast("decimal(38,0)"))
-    n = F.count(a)
-    total, squares = F.sum(a), F.sum(a * a)  # exact (integers): the order cannot change them
-    return [n.alias("contended_sidecars"),
-            F.when((n > 0) & (squares > 0),
-                   (total * total).cast("double") / (n * squares).cast("double"))
-            .alias("admitted_fairness")]
+    a = "CASE WHEN contended THEN CAST(admitted_bytes AS DECIMAL(38,0)) END"
+    n = f"count({a})"
+    # exact (integers): the order cannot change them
+    total, squares = f"sum({a})", f"sum({a} * {a})"
+    return (f"{n} AS contended_sidecars, "
+            f"CASE WHEN {n} > 0 AND {squares} > 0 THEN CAST({total} * {total} AS DOUBLE) "
+            f"/ CAST({n} * {squares} AS DOUBLE) END AS admitted_fairness")
 
 
 def per_queue(hist: DataFrame, series: DataFrame, eps: DataFrame, psq: DataFrame,
               events: DataFrame) -> DataFrame:
     """One row per (vhost, queue) over the fleet (docs/pipeline.md, "Per queue");
     ``series`` at the recommendations' resolution, ``events`` is ``event_counts``."""
-    from_samples = hist_percentiles(hist, "q")
     # From the sidecars' rows: sums and extremes, the most trips of any, and the policy of
     # the sidecar that sampled last (the greatest name on a tie).
-    latest = F.struct("last_ts", "sidecar")
-    from_psq = psq.groupBy("q").agg(
-        F.max("vhost").alias("vhost"), F.max("queue").alias("queue"),
-        F.count(F.lit(1)).alias("sidecars"), F.sum("samples").alias("samples"),
-        F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
-        *[F.max_by(c, latest).alias(c) for c in POLICY_FIELDS],
-        F.max("depth_max").alias("depth_max"),
-        F.max("depth_messages_max").alias("depth_messages_max"),
-        F.max("peak_overshoot").alias("peak_overshoot"),
-        F.max("spooled_bytes_max").alias("spooled_bytes_max"),
-        F.sum("ingress_bytes").alias("ingress_bytes"),
-        F.sum("ingress_messages").alias("ingress_messages"),
-        F.max("trips").alias("trips"),
-        F.max("fleet_members_max").alias("fleet_members_max"),
-        F.sum("admitted_bytes").alias("admitted_bytes"),
-        *_fairness())
-    has_egress = F.col("egress_bytes").isNotNull()
-    drain = has_egress & F.col("backlog")
-    obs = F.col("observed_ms")
-    rated = series.select("*", _per_second("ingress_bytes", "observed_ms").alias("_rate"),
-                          _per_second("ingress_messages", "observed_ms").alias("_rate_m"))
-    from_series = rated.groupBy("q").agg(
-        _sum0(obs).alias("observed_ms"),
-        _sum0(F.col("tripped_ms")).alias("tripped_ms"),
-        F.sum("egress_bytes").alias("_egress"),
-        F.sum(F.when(has_egress, obs)).alias("_egress_ms"),
-        F.sum(F.when(drain, F.col("egress_bytes"))).alias("_drain"),
-        F.sum(F.when(drain, F.col("egress_messages"))).alias("_drain_m"),
-        _sum0(F.when(drain, obs)).alias("backlog_ms"),
-        _pct("_rate", 0.99).alias("ingress_rate_p99"),
-        _pct("_rate_m", 0.99).alias("ingress_messages_rate_p99"),
-        F.max("held_bytes").alias("held_bytes_max"),
-        _sum0(F.col("held_bms")).alias("_held_bms"))
-    from_series = (from_series.select(
-        "*", _per_second("_egress", "_egress_ms").alias("egress_rate"),
-        _per_second("_drain", "backlog_ms").alias("drain_rate"),
-        _per_second("_drain_m", "backlog_ms").alias("drain_rate_messages"),
-        _seconds(F.col("_held_bms")).alias("held_byte_seconds"))
-        .drop("_egress", "_egress_ms", "_drain", "_drain_m", "_held_bms"))
-    closed = F.col("closed")
-    from_eps = (eps.select("*", F.when(closed, F.col("drain_ms")).alias("_drain_closed"),
-                           F.when(closed, F.col("duration_ms")).alias("_dur_closed"))
-                .groupBy("q").agg(
-                    F.count(F.lit(1)).alias("episodes"),
-                    F.count(F.when(~closed, 1)).alias("open_trips"),
-                    F.countDistinct("sq").alias("sidecars_tripping"),
-                    _pct("_drain_closed", 0.5).alias("_drain_p50"),
-                    F.max("_drain_closed").alias("_drain_max"),
-                    _pct("_dur_closed", 0.9).alias("_trip_p90"),
-                    _pct("held_max", 0.9).alias("_held_p90"),
-                    _pct("held_messages_max", 0.9).alias("_held_msgs_p90")))
-    from_eps = (from_eps.select(
-        "*", _seconds(F.col("_drain_p50")).alias("drain_seconds_p50"),
-        _seconds(F.col("_drain_max")).alias("drain_seconds_max"),
-        _seconds(F.col("_trip_p90")).alias("trip_seconds_p90"),
-        (F.col("_held_p90") * F.col("sidecars_tripping")).cast("long")
-        .alias("held_at_release_p90"),
-        (F.col("_held_msgs_p90") * F.col("sidecars_tripping")).cast("long")
-        .alias("held_messages_at_release_p90"))
-        .drop("_drain_p50", "_drain_max", "_trip_p90", "_held_p90", "_held_msgs_p90"))
-    out = (from_psq.join(from_samples, "q", "left").join(from_series, "q", "left")
-           .join(from_eps, "q", "left").join(_events_by(events, Q), Q, "left"))
-    out = (out.select(
-        "*", _seconds(F.col("observed_ms")).alias("observed_seconds"),
-        _seconds(F.col("tripped_ms")).alias("tripped_seconds"),
-        _seconds(F.col("backlog_ms")).alias("backlog_seconds"),
-        _per_second("ingress_bytes", "observed_ms").alias("ingress_rate"),
-        _ratio("tripped_ms", "observed_ms").alias("tripped_share"))
-        .drop("q", "observed_ms", "tripped_ms", "backlog_ms"))
-    return _fill_events(out).fillna(0, ["trips", "episodes", "open_trips",
-                                        "sidecars_tripping"])
+    policy = ", ".join(f"max_by({c}, struct(last_ts, sidecar)) AS {c}" for c in POLICY_FIELDS)
+    has_egress = "egress_bytes IS NOT NULL"
+    drain = f"({has_egress} AND backlog)"
+    return sql(f"""
+        WITH from_psq AS (
+          SELECT q, max(vhost) AS vhost, max(queue) AS queue, count(1) AS sidecars,
+                 sum(samples) AS samples, min(first_ts) AS first_ts, max(last_ts) AS last_ts,
+                 {policy},
+                 max(depth_max) AS depth_max, max(depth_messages_max) AS depth_messages_max,
+                 max(peak_overshoot) AS peak_overshoot,
+                 max(spooled_bytes_max) AS spooled_bytes_max,
+                 sum(ingress_bytes) AS ingress_bytes, sum(ingress_messages) AS ingress_messages,
+                 max(trips) AS trips, max(fleet_members_max) AS fleet_members_max,
+                 sum(admitted_bytes) AS admitted_bytes, {_fairness()}
+          FROM {{psq}} GROUP BY q),
+        from_samples AS ({_hist_percentiles_sql('{hist}', 'q')}),
+        from_series AS (
+          SELECT q, observed_ms, tripped_ms, backlog_ms, ingress_rate_p99,
+                 ingress_messages_rate_p99, held_bytes_max,
+                 {_per_second('_egress', '_egress_ms')} AS egress_rate,
+                 {_per_second('_drain', 'backlog_ms')} AS drain_rate,
+                 {_per_second('_drain_m', 'backlog_ms')} AS drain_rate_messages,
+                 {_seconds('_held_bms')} AS held_byte_seconds
+          FROM (
+            SELECT q, coalesce(sum(observed_ms), 0) AS observed_ms,
+                   coalesce(sum(tripped_ms), 0) AS tripped_ms,
+                   sum(egress_bytes) AS _egress,
+                   sum(CASE WHEN {has_egress} THEN observed_ms END) AS _egress_ms,
+                   sum(CASE WHEN {drain} THEN egress_bytes END) AS _drain,
+                   sum(CASE WHEN {drain} THEN egress_messages END) AS _drain_m,
+                   coalesce(sum(CASE WHEN {drain} THEN observed_ms END), 0) AS backlog_ms,
+                   {_pct_sql('_rate', 0.99)} AS ingress_rate_p99,
+                   {_pct_sql('_rate_m', 0.99)} AS ingress_messages_rate_p99,
+                   max(held_bytes) AS held_bytes_max,
+                   coalesce(sum(held_bms), 0) AS _held_bms
+            FROM (SELECT *, {_per_second('ingress_bytes', 'observed_ms')} AS _rate,
+                         {_per_second('ingress_messages', 'observed_ms')} AS _rate_m
+                  FROM {{series}})
+            GROUP BY q)),
+        from_eps AS (
+          SELECT q, episodes, open_trips, sidecars_tripping,
+                 {_seconds('_drain_p50')} AS drain_seconds_p50,
+                 {_seconds('_drain_max')} AS drain_seconds_max,
+                 {_seconds('_trip_p90')} AS trip_seconds_p90,
+                 CAST(_held_p90 * sidecars_tripping AS BIGINT) AS held_at_release_p90,
+                 CAST(_held_msgs_p90 * sidecars_tripping AS BIGINT)
+                   AS held_messages_at_release_p90
+          FROM (
+            SELECT q, count(1) AS episodes, count(CASE WHEN NOT closed THEN 1 END) AS open_trips,
+                   count(DISTINCT sq) AS sidecars_tripping,
+                   {_pct_sql('_drain_closed', 0.5)} AS _drain_p50,
+                   max(_drain_closed) AS _drain_max,
+                   {_pct_sql('_dur_closed', 0.9)} AS _trip_p90,
+                   {_pct_sql('held_max', 0.9)} AS _held_p90,
+                   {_pct_sql('held_messages_max', 0.9)} AS _held_msgs_p90
+            FROM (SELECT *, CASE WHEN closed THEN drain_ms END AS _drain_closed,
+                         CASE WHEN closed THEN duration_ms END AS _dur_closed FROM {{eps}})
+            GROUP BY q)),
+        ev AS (SELECT vhost, queue, {_EVENT_SUMS} FROM {{events}} GROUP BY vhost, queue),
+        joined AS (
+          SELECT * FROM from_psq LEFT JOIN from_samples USING (q)
+          LEFT JOIN from_series USING (q) LEFT JOIN from_eps USING (q)
+          LEFT JOIN ev USING (vhost, queue))
+        SELECT {_PER_QUEUE_SELECT}
+        FROM joined""", psq=psq, hist=hist, series=series, eps=eps, events=events)
+
+
+_PER_QUEUE_FILLED = ("trips", "episodes", "open_trips", "sidecars_tripping", *EVENT_COUNTS)
+#: per_queue's columns, in the order of its rows (summary.json keeps it).
+_PER_QUEUE_COLUMNS = (
+    "vhost", "queue", "sidecars", "samples", "first_ts", "last_ts", *POLICY_FIELDS,
+    "depth_max", "depth_messages_max", "peak_overshoot", "spooled_bytes_max", "ingress_bytes",
+    "ingress_messages", "trips", "fleet_members_max", "admitted_bytes", "contended_sidecars",
+    "admitted_fairness", "depth_p50", "depth_p90", "depth_p99", "ingress_rate_p99",
+    "ingress_messages_rate_p99", "held_bytes_max", "egress_rate", "drain_rate",
+    "drain_rate_messages", "held_byte_seconds", "episodes", "open_trips", "sidecars_tripping",
+    "drain_seconds_p50", "drain_seconds_max", "trip_seconds_p90", "held_at_release_p90",
+    "held_messages_at_release_p90", *EVENT_COUNTS)
+_PER_QUEUE_SELECT = ", ".join(
+    [f"coalesce({c}, 0) AS {c}" if c in _PER_QUEUE_FILLED else c for c in _PER_QUEUE_COLUMNS]
+    + [f"{_seconds('observed_ms')} AS observed_seconds",
+       f"{_seconds('tripped_ms')} AS tripped_seconds",
+       f"{_seconds('backlog_ms')} AS backlog_seconds",
+       f"{_per_second('ingress_bytes', 'observed_ms')} AS ingress_rate",
+       f"{_ratio('tripped_ms', 'observed_ms')} AS tripped_share"])
 
 
 def per_sidecar(sidecars: DataFrame, psq: DataFrame, events: DataFrame) -> DataFrame:
     """One row per sidecar: its own records (held, alarms, drops) and its queues' totals."""
-    alarm = F.col("alarm").isNotNull()
-    iv = _iv()
-    own = sidecars.groupBy("sidecar").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("_last"),
-        _sum0(iv).alias("observed_ms"),
-        F.max("iv_ms").alias("_interval_ms"),
-        F.max("held_bytes").alias("held_bytes_max"),
-        F.max("held_messages").alias("held_messages_max"),
-        _sum0(F.col("held_bytes") * iv).alias("_held_bms"),
-        F.max("blocked_channels").alias("blocked_channels_max"),
-        F.max("spooled_bytes").alias("spooled_bytes_max"),
-        _sum0(F.when(alarm, iv)).alias("_alarm_ms"),
-        F.max("dropped_records").alias("dropped_records"))
-    queues = psq.groupBy("sidecar").agg(
-        F.count(F.lit(1)).alias("queues"),
-        _sum0(F.round(F.col("tripped_seconds") * 1000).cast("long")).alias("_tripped_ms"),
-        _sum0(F.col("trips")).alias("trips"),
-        _sum0(F.col("ingress_bytes")).alias("ingress_bytes"))
-    out = (own.join(queues, "sidecar", "full")
-           .join(_events_by(events, ["sidecar"]), "sidecar", "left")
-           .select("*", _seconds(F.col("_first")).alias("first_ts"),
-                   _seconds(F.col("_last")).alias("last_ts"),
-                   _seconds(F.col("observed_ms")).alias("observed_seconds"),
-                   _seconds(F.col("_interval_ms")).alias("interval"),
-                   _seconds(F.col("_held_bms")).alias("held_byte_seconds"),
-                   _seconds(F.col("_alarm_ms")).alias("alarm_seconds"),
-                   _seconds(F.col("_tripped_ms")).alias("tripped_queue_seconds"),
-                   _ratio("_held_bms", "observed_ms").alias("held_bytes_mean"))
-           .drop("_first", "_last", "observed_ms", "_interval_ms", "_held_bms", "_alarm_ms",
-                 "_tripped_ms"))
-    return _fill_events(out).fillna(0, ["queues", "trips", "tripped_queue_seconds"])
+    iv = _IV
+    return sql(f"""
+        WITH own AS (
+          SELECT sidecar, count(1) AS records, min(ts_ms) AS _first, max(ts_ms) AS _last,
+                 coalesce(sum({iv}), 0) AS observed_ms, max(iv_ms) AS _interval_ms,
+                 max(held_bytes) AS held_bytes_max, max(held_messages) AS held_messages_max,
+                 coalesce(sum(held_bytes * {iv}), 0) AS _held_bms,
+                 max(blocked_channels) AS blocked_channels_max,
+                 max(spooled_bytes) AS spooled_bytes_max,
+                 coalesce(sum(CASE WHEN alarm IS NOT NULL THEN {iv} END), 0) AS _alarm_ms,
+                 max(dropped_records) AS dropped_records
+          FROM {{sidecars}} GROUP BY sidecar),
+        queues AS (
+          SELECT sidecar, count(1) AS queues,
+                 coalesce(sum(CAST(round(tripped_seconds * 1000) AS BIGINT)), 0) AS _tripped_ms,
+                 coalesce(sum(trips), 0) AS trips,
+                 coalesce(sum(ingress_bytes), 0) AS ingress_bytes
+          FROM {{psq}} GROUP BY sidecar),
+        ev AS (SELECT sidecar, {_EVENT_SUMS} FROM {{events}} GROUP BY sidecar)
+        SELECT sidecar, records, held_bytes_max, held_messages_max, blocked_channels_max,
+               spooled_bytes_max, dropped_records, coalesce(queues, 0) AS queues,
+               coalesce(trips, 0) AS trips, ingress_bytes, {_EVENTS_FILLED},
+               {_seconds('_first')} AS first_ts, {_seconds('_last')} AS last_ts,
+               {_seconds('observed_ms')} AS observed_seconds,
+               {_seconds("_interval_ms")} AS `interval`,
+               {_seconds('_held_bms')} AS held_byte_seconds,
+               {_seconds('_alarm_ms')} AS alarm_seconds,
+               coalesce({_seconds('_tripped_ms')}, 0) AS tripped_queue_seconds,
+               {_ratio('_held_bms', 'observed_ms')} AS held_bytes_mean
+        FROM own FULL JOIN queues USING (sidecar) LEFT JOIN ev USING (sidecar)""",
+               sidecars=sidecars, psq=psq, events=events)
 
 
 def keep(df: DataFrame, eager: bool = False) -> DataFrame:
@@ -568,22 +618,24 @@ class Tables:
     episodes: DataFrame
     series: DataFrame
     queues: DataFrame
+    psq_rows: list[dict[str, Any]]  # psq's rows, collected by the job that keeps them
 
     @classmethod
     def of(cls, samples: DataFrame, events: DataFrame, resolution: float) -> Tables:
         # The intermediate tables are local checkpoints, not cached plans: each later plan
         # then starts from their rows instead of carrying (and re-optimizing, and matching
-        # against the cache) every plan below them. Lazy ones are kept by the first job that
-        # computes them: psq's.
+        # against the cache) every plan below them. They are kept by the first job that
+        # computes them: the one that collects psq's rows keeps all five.
         ev = keep(event_counts(events))
         level1 = keep(sidecar_series(samples, resolution))
         run_rows = keep(runs(samples))
         hist = keep(depth_histogram(samples))
-        psq = keep(per_sidecar_queue(samples, run_rows, level1, hist, ev), eager=True)
+        psq = keep(per_sidecar_queue(samples, run_rows, level1, hist, ev))
+        psq_rows = [r.asDict() for r in psq.collect()]
         eps = episodes(run_rows, psq)
         series = keep(queue_series(level1, psq, resolution))
         queues = per_queue(hist, series, eps, psq, ev)
-        return cls(resolution, ev, level1, run_rows, hist, psq, eps, series, queues)
+        return cls(resolution, ev, level1, run_rows, hist, psq, eps, series, queues, psq_rows)
 
     def unpersist(self) -> None:
         for df in (self.events, self.level1, self.runs, self.hist, self.psq, self.series):

@@ -17,6 +17,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +213,7 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
     rng = time_range or TimeRange()
     out.mkdir(parents=True, exist_ok=True)
     stages = _Stages(console, 6 if spark is None else 5)
-    with stages.running():
+    with stages.running(), ThreadPoolExecutor(1, thread_name_prefix="plots") as drawing:
         if spark is None:
             with stages.stage(f"starting Spark ({master or DEFAULT_MASTER})"):
                 spark = spark_session(master, conf=conf, jvm_log=out / "spark.log")
@@ -225,10 +226,22 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         with stages.stage("aggregating per queue and sidecar"):
             advice = advice_resolution(t.interval)
             tables = aggregate.Tables.of(t.samples, t.events, advice)
-            psq_rows = _rows(tables.psq.drop("sq", "q"), ["sidecar", "vhost", "queue"])
+            psq_rows = sorted(({k: v for k, v in r.items() if k not in ("sq", "q")}
+                               for r in tables.psq_rows),
+                              key=lambda r: (r["sidecar"], r["vhost"], r["queue"]))
             aggregate.check_ids(psq_rows)
             sidecar_queues = [{k: v for k, v in r.items() if k != "_clash"} for r in psq_rows]
             queues = _rows(tables.queues, ["vhost", "queue"])
+            ranked = sorted(queues, key=lambda r: (-(r.get("tripped_seconds") or 0),
+                                                   -(r.get("depth_max") or 0),
+                                                   r["vhost"], r["queue"]))
+            plotted: Future[tuple[list[tuple[str, str]], str]] | None = None
+            if plots and ranked:
+                # The plots' rows now; matplotlib draws them in a thread while Spark
+                # computes the per-sidecar table and the policies are written (the
+                # driver's Python only waits on Spark meanwhile).
+                plotted = drawing.submit(_draw, out, ranked, *_plot_rows(
+                    t.samples, t.events, tables, ranked[:MAX_PLOTS], resolution))
             sidecars = _rows(aggregate.per_sidecar(t.sidecars, tables.psq, tables.events),
                              ["sidecar"])
         with stages.stage("recommending policies"):
@@ -244,17 +257,11 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
             policies_text = recommend.render(recs, header)
             policies = out / "recommended-policies.yaml"
             policies.write_text(policies_text)
-        ranked = sorted(queues, key=lambda r: (-(r.get("tripped_seconds") or 0),
-                                               -(r.get("depth_max") or 0),
-                                               r["vhost"], r["queue"]))
         drawn: list[tuple[str, str]] = []
         overview: str | None = None
-        with stages.stage("plotting"):
-            if plots and ranked:
-                drawn = _plot(t.samples, t.events, tables, ranked[:MAX_PLOTS], out,
-                              resolution)
-                report.plot_overview(ranked, out / "plots" / "overview.png")
-                overview = "plots/overview.png"
+        with stages.stage("plotting"):  # what is left of the drawing after the rest
+            if plotted is not None:
+                drawn, overview = plotted.result()
         with stages.stage("writing the report"):
             meta = {"telemetry": ", ".join(paths), "period": span,
                     **({"since / until": rng.describe()} if rng.bounded else {}),
@@ -307,12 +314,15 @@ def _span(queues: Sequence[Mapping[str, Any]]) -> str:
     return f"{report.fmt(a, 'time')} to {report.fmt(b, 'time')} UTC ({b - a:.0f}s)"
 
 
-def _plot(samples: DataFrame, events: DataFrame, tables: aggregate.Tables,
-          queues: Sequence[Mapping[str, Any]], out: Path, resolution: float
-          ) -> list[tuple[str, str]]:
-    """One PNG per queue, on a series coarse enough to stay under ~PLOT_POINTS points
-    (the figures' series when it is at that resolution), its trips and releases marked."""
-    (out / "plots").mkdir(exist_ok=True)
+_Rows = list[dict[str, Any]]
+
+
+def _plot_rows(samples: DataFrame, events: DataFrame, tables: aggregate.Tables,
+               queues: Sequence[Mapping[str, Any]], resolution: float
+               ) -> tuple[float, list[tuple[str, str]], _Rows, _Rows]:
+    """What the plots of ``queues`` show: a series coarse enough to stay under
+    ~PLOT_POINTS points (the figures' series when it is at that resolution), and the
+    queues' trips and releases. Returns the series' resolution, the queues, the two."""
     span = max((q["last_ts"] or 0) - (q["first_ts"] or 0) for q in queues)
     res = max(resolution, span / PLOT_POINTS)
     keys = [(q["vhost"], q["queue"]) for q in queues]
@@ -328,6 +338,15 @@ def _plot(samples: DataFrame, events: DataFrame, tables: aggregate.Tables,
     moments = _rows(events.filter(wanted & F.col("event").isin("trip", "release"))
                     .select("vhost", "queue", "ts_ms", "event", "mode"),
                     ["vhost", "queue", "ts_ms"])
+    return res, keys, rows, moments
+
+
+def _draw(out: Path, ranked: Sequence[Mapping[str, Any]], res: float,
+          keys: Sequence[tuple[str, str]], rows: _Rows, moments: _Rows
+          ) -> tuple[list[tuple[str, str]], str]:
+    """One PNG per queue of ``keys`` (``_plot_rows``), its trips and releases marked, and
+    the overview of ``ranked``: the files written and their captions, the overview's."""
+    (out / "plots").mkdir(exist_ok=True)
     drawn: list[tuple[str, str]] = []
     for vhost, queue in keys:
         mine = [r for r in rows if r["vhost"] == vhost and r["queue"] == queue]
@@ -341,7 +360,8 @@ def _plot(samples: DataFrame, events: DataFrame, tables: aggregate.Tables,
                                 if e["vhost"] == vhost and e["queue"] == queue])
         report.plot_queue(mine, res, caption, out / name, marks)
         drawn.append((name, caption))
-    return drawn
+    report.plot_overview(ranked, out / "plots" / "overview.png")
+    return drawn, "plots/overview.png"
 
 
 def print_summary(console: Console, a: Analysis) -> None:

@@ -3,8 +3,8 @@
 One pass over the files parses each line once into a narrow typed table, kept for the
 aggregations (a local checkpoint): times in integer milliseconds (``ts_ms``, ``iv_ms``), so
 that every sum the job makes is exact and the same whatever the partitioning
-(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by. A
-second pass counts each ``Kind`` of line and keeps the lines other than samples apart.
+(docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by. The
+same job counts each ``Kind`` of line and keeps the lines other than samples apart.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from floodwall_pipeline.aggregate import keep, release
+from floodwall_pipeline.aggregate import keep, release, sql
 from floodwall_pipeline.files import TimeRange, list_files, select
 from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
 
@@ -94,10 +94,10 @@ def _k(kind: Kind) -> Column:
     return F.lit(int(kind))
 
 
-def _ms(c: Column) -> Column:
+def _ms(c: str) -> str:
     """Seconds (the telemetry's ms-precision floats) as integer milliseconds, rounded half
     up (``floor(x + 0.5)``: Spark's ``round`` goes through BigDecimal, ten times slower)."""
-    return F.floor(c * F.lit(1000.0) + F.lit(0.5)).cast("long")
+    return f"CAST(floor({c} * 1000.0D + 0.5D) AS BIGINT)"
 
 
 def _shuffle_partitions(spark: SparkSession) -> int:
@@ -132,58 +132,58 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
                                 f"{', '.join(paths)}")
     raw = read_raw(spark, files)
     read = sorted(raw.inputFiles())
-    has_required = F.lit(True)
-    for name in REQUIRED:
-        has_required = has_required & F.col(name).isNotNull()
-    known_type = F.col("type").isin("sample", "sidecar", "event")
-    sample_ok = (F.col("type") != "sample") | F.col("interval").isNotNull()
-    ts_ms = _ms(F.col("ts"))
-    inside = F.lit(True)
+    # The plan as SQL text: one py4j call, where Column functions cost three round trips
+    # each (pipeline/aggregate.py, ``sql``).
+    has_required = " AND ".join(f"`{name}` IS NOT NULL" for name in REQUIRED)
+    sample_ok = "(`type` != 'sample' OR `interval` IS NOT NULL)"
+    ts_ms = _ms("ts")
+    bounds = []
     if rng.since is not None:
-        inside = inside & (ts_ms >= F.lit(round(rng.since * 1000)))
+        bounds.append(f"{ts_ms} >= {round(rng.since * 1000)}")
     if rng.until is not None:
-        inside = inside & (ts_ms < F.lit(round(rng.until * 1000)))
-    kind = (F.when(F.col(CORRUPT).isNotNull(), _k(Kind.CORRUPT))
-            .when(F.col("v").isNull() | ~F.col("v").isin(*SUPPORTED_VERSIONS),
-                  _k(Kind.UNSUPPORTED_VERSION))
-            .when(~(has_required & known_type & sample_ok), _k(Kind.INCOMPLETE))
-            .when(~inside, _k(Kind.OUTSIDE))
-            .when(F.col("type") == "sample", _k(Kind.SAMPLE))
-            .when(F.col("type") == "sidecar", _k(Kind.SIDECAR))
-            .otherwise(_k(Kind.EVENT)))
-    bad = F.col("kind") >= _k(Kind.CORRUPT)
-    is_sample = F.col("kind") == _k(Kind.SAMPLE)
-    line = F.coalesce(F.col(CORRUPT), F.to_json(F.struct("v", *REQUIRED)))
-    table = (raw.withColumn("kind", kind)
-             .select(
-                 "kind", "sidecar", "vhost", "queue", ts_ms.alias("ts_ms"), "seq",
-                 # 64-bit ids of (sidecar, vhost, queue) and (vhost, queue): the samples
-                 # are grouped and sorted by these longs, not by three strings
-                 F.when(is_sample, F.xxhash64("sidecar", "vhost", "queue")).alias("sq"),
-                 F.when(is_sample, F.xxhash64("vhost", "queue")).alias("q"),
-                 _ms(F.col("interval")).alias("iv_ms"), "policy", "capacity", "resume",
-                 "max_messages", "resume_messages", "overflow", "deadline", "mode",
-                 F.coalesce("depth_bytes", "broker_depth_bytes").alias("depth"),
-                 F.coalesce("depth_messages", "broker_depth_messages").alias("depth_msgs"),
-                 "ingress_bytes", "ingress_messages", "tripped", "trips",
-                 "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
-                 F.col("drain_bytes_per_second").alias("drain_bps"), "fleet_members",
-                 F.col("fleet_share_bytes").alias("fleet_share"),
-                 F.col("fleet_demand_bytes_per_s").alias("fleet_demand_bps"), "blocked_channels",
-                 "alarm", "dropped_records", "event",
-                 F.when(bad, F.input_file_name()).alias("_file"),
-                 F.when(bad, line).alias("_line"))
+        bounds.append(f"{ts_ms} < {round(rng.until * 1000)}")
+    inside = " AND ".join(bounds) or "true"
+    versions = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
+    kind = f"""CASE WHEN {CORRUPT} IS NOT NULL THEN {int(Kind.CORRUPT)}
+        WHEN v IS NULL OR NOT v IN ({versions}) THEN {int(Kind.UNSUPPORTED_VERSION)}
+        WHEN NOT ({has_required} AND `type` IN ('sample', 'sidecar', 'event') AND {sample_ok})
+          THEN {int(Kind.INCOMPLETE)}
+        WHEN NOT ({inside}) THEN {int(Kind.OUTSIDE)}
+        WHEN `type` = 'sample' THEN {int(Kind.SAMPLE)}
+        WHEN `type` = 'sidecar' THEN {int(Kind.SIDECAR)}
+        ELSE {int(Kind.EVENT)} END"""
+    bad, is_sample = f"kind >= {int(Kind.CORRUPT)}", f"kind = {int(Kind.SAMPLE)}"
+    line = f"coalesce({CORRUPT}, to_json(struct(v, {', '.join(f'`{c}`' for c in REQUIRED)})))"
+    table = (sql(f"""
+        SELECT kind, sidecar, vhost, queue, {ts_ms} AS ts_ms, seq,
+               -- 64-bit ids of (sidecar, vhost, queue) and (vhost, queue): the samples are
+               -- grouped and sorted by these longs, not by three strings
+               CASE WHEN {is_sample} THEN xxhash64(sidecar, vhost, queue) END AS sq,
+               CASE WHEN {is_sample} THEN xxhash64(vhost, queue) END AS q,
+               {_ms("`interval`")} AS iv_ms, policy, capacity, resume, max_messages,
+               resume_messages, overflow, deadline, mode,
+               coalesce(depth_bytes, broker_depth_bytes) AS depth,
+               coalesce(depth_messages, broker_depth_messages) AS depth_msgs,
+               ingress_bytes, ingress_messages, tripped, trips, blocked_publishers,
+               held_bytes, held_messages, spooled_bytes, drain_bytes_per_second AS drain_bps,
+               fleet_members, fleet_share_bytes AS fleet_share,
+               fleet_demand_bytes_per_s AS fleet_demand_bps, blocked_channels, alarm,
+               dropped_records, event,
+               CASE WHEN {bad} THEN input_file_name() END AS _file,
+               CASE WHEN {bad} THEN {line} END AS _line
+        FROM (SELECT *, {kind} AS kind FROM {{raw}})""", raw=raw)
              # Parsed once, kept as rows for the job (Spark's columnar cache measured the
-             # same here, 27 CPU seconds a job either way on the bench's input).
-             .localCheckpoint(eager=True))
-    # One pass over the kept lines counts every kind (an observation of the pass: no job of
-    # its own) and keeps the lines other than samples (about a fifth) apart, so that the
+             # same here, 27 CPU seconds a job either way on the bench's input): by the job
+             # below, which parses every line.
+             .localCheckpoint(eager=False))
+    # The parse's one job keeps the lines (``table``), counts every kind (an observation of
+    # the pass) and keeps the lines other than samples (about a fifth) apart, so that the
     # passes over sidecar records, events and bad lines read them, not every sample again.
     seen = Observation()
     rest = keep(table.observe(
-        seen, *[F.count(F.when(F.col("kind") == _k(k), 1)).alias(k.name) for k in Kind],
-        F.max(F.when(F.col("kind") == _k(Kind.SIDECAR), F.col("iv_ms"))).alias("iv"))
-        .filter(F.col("kind") != _k(Kind.SAMPLE)).select(*REST_COLUMNS), eager=True)
+        seen, *[F.expr(f"count(CASE WHEN kind = {int(k)} THEN 1 END) AS {k.name}") for k in Kind],
+        F.expr(f"max(CASE WHEN kind = {int(Kind.SIDECAR)} THEN iv_ms END) AS iv"))
+        .filter(f"kind != {int(Kind.SAMPLE)}").select(*REST_COLUMNS), eager=True)
     got = seen.get
     counts = {k: int(got[k.name]) for k in Kind}
     examples: list[tuple[str, str]] = []

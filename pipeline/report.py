@@ -227,7 +227,7 @@ def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path,
              label="resume")
     ax1.set_ylim(bottom=0)
     ax1.set_ylabel("KiB")
-    ax1.set_title(title)
+    ax1.set_title(title, y=1.0)
     ax1.legend(loc="upper left", fontsize=8)
     tripped = [min(_f(r, "tripped_seconds") / resolution, 1.0) for r in rows]
     ax2.fill_between(t, tripped, step="mid", color="#ff7f0e", alpha=0.7)
@@ -240,7 +240,7 @@ def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path,
         more = f", {len(marks) - MAX_MARKERS} not marked" if len(marks) > MAX_MARKERS else ""
         ax2.set_title(f"{trips} trip(s) (red) and releases (green)"
                       + (f", {shadow} in shadow mode (dotted)" if shadow else "") + more,
-                      fontsize=8, loc="left")
+                      fontsize=8, loc="left", y=1.0)
     ax3.plot(t, [_f(r, "ingress_bytes") / resolution / KIB for r in rows], color="#9467bd",
              lw=1, label="ingress (publishes forwarded)")
     ax3.plot(t, [_f(r, "egress_bytes") / resolution / KIB for r in rows], color="#8c564b",
@@ -277,7 +277,7 @@ def plot_overview(queues: Sequence[Row], path: Path) -> None:
                 fontsize=8)
     ax.set_xlabel("% of the observed time tripped")
     ax.set_xlim(0, max([*shares, 1.0]) * 1.25)
-    ax.set_title("Time tripped per queue")
+    ax.set_title("Time tripped per queue", y=1.0)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
