@@ -39,8 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 
 SQ = ["sidecar", "vhost", "queue"]
 Q = ["vhost", "queue"]
@@ -91,26 +90,17 @@ def sql(query: str, **frames: DataFrame) -> DataFrame:
             spark.catalog.dropTempView(name)
 
 
-def _quantized(c: str) -> str:
+def quantized(c: str) -> str:
+    """Column ``c`` (a non-negative integer) rounded down to ``SIGNIFICANT_BITS`` significant
+    bits, as SQL: exact below 2**11 = 2048, else within 2**-10 (0.1 %) below. Deterministic,
+    and a percentile over it keeps at most 1,024 distinct values per doubling of the range."""
     shift = f"CAST(greatest(floor(log2({c})) - {SIGNIFICANT_BITS - 1}, 0) AS INT)"
     return f"shiftleft(shiftright({c}, {shift}), {shift})"
 
 
-def quantized(c: Column) -> Column:
-    """``c`` (a non-negative integer) rounded down to ``SIGNIFICANT_BITS`` significant bits:
-    exact below 2**11 = 2048, else within 2**-10 (0.1 %) below. Deterministic, and a
-    percentile over it keeps at most 1,024 distinct values per doubling of the range."""
-    shift = F.greatest(F.floor(F.log2(c)) - F.lit(SIGNIFICANT_BITS - 1), F.lit(0)).cast("int")
-    return F.call_function("shiftleft", F.call_function("shiftright", c, shift), shift)
-
-
-def _pct(column: str, p: float) -> Column:
-    """The nearest-rank percentile: the smallest value with at least ``p`` of the rows at or
-    below it (nulls left out)."""
-    return F.expr(_pct_sql(column, p))
-
-
 def _pct_sql(column: str, p: float) -> str:
+    """The nearest-rank percentile, as SQL: the smallest value with at least ``p`` of the
+    rows at or below it (nulls left out)."""
     return f"percentile_disc({p}) WITHIN GROUP (ORDER BY {column})"
 
 
@@ -216,7 +206,7 @@ def depth_histogram(samples: DataFrame) -> DataFrame:
     would keep every value of a group in an object buffer."""
     return sql(f"""
         SELECT sq, q, _qd, count(1) AS n
-        FROM (SELECT sq, q, {_quantized('depth')} AS _qd FROM {{samples}})
+        FROM (SELECT sq, q, {quantized('depth')} AS _qd FROM {{samples}})
         WHERE _qd IS NOT NULL GROUP BY sq, q, _qd""", samples=samples)
 
 

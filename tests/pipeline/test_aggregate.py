@@ -235,7 +235,7 @@ def test_quantized_is_exact_below_2_kib_and_within_a_thousandth_above(
         spark: SparkSession) -> None:
     values = [0, 1, 2047, 2048, 2049, 4095, 4097, 123_456, 2**31 + 12_345, 2**40 - 1]
     df = spark.createDataFrame([(v,) for v in values], "v long")
-    got = [r["q"] for r in df.select(aggregate.quantized(F.col("v")).alias("q")).collect()]
+    got = [r["q"] for r in df.select(F.expr(aggregate.quantized("v")).alias("q")).collect()]
     assert got[:4] == [0, 1, 2047, 2048]
     for v, q in zip(values, got, strict=True):
         assert q <= v and v - q < max(v / 1024, 1), (v, q)
@@ -256,9 +256,9 @@ def test_percentiles_from_the_histogram_are_percentile_disc_over_the_samples(
     samples = spark.createDataFrame(rows, "sq long, q long, depth long")
     hist = aggregate.depth_histogram(samples)
     for key in ("sq", "q"):
-        qd = samples.select(key, aggregate.quantized(F.col("depth")).alias("_qd"))
-        want = {r[key]: tuple(r)[1:] for r in qd.groupBy(key).agg(
-            *[aggregate._pct("_qd", p).cast("long") for p in aggregate.PERCENTILES]).collect()}
+        qd = samples.select(key, F.expr(aggregate.quantized("depth")).alias("_qd"))
+        pcts = [F.expr(aggregate._pct_sql("_qd", p)).cast("long") for p in aggregate.PERCENTILES]
+        want = {r[key]: tuple(r)[1:] for r in qd.groupBy(key).agg(*pcts).collect()}
         got = {r[key]: tuple(r)[1:] for r in aggregate.hist_percentiles(hist, key).collect()}
         assert got == want
         assert len(got) == (len(sizes) if key == "sq" else 3)
