@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType
 
+from floodwall.ops.telemetry import ZERO_WHEN_ABSENT
 from floodwall_pipeline.aggregate import keep, release, sql
 from floodwall_pipeline.files import TimeRange, list_files, select
 from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
@@ -100,6 +102,16 @@ def _ms(c: str) -> str:
     return f"CAST(floor({c} * 1000.0D + 0.5D) AS BIGINT)"
 
 
+def _z(c: str) -> str:
+    """A field of ``ZERO_WHEN_ABSENT`` as SQL: 0 (``tripped``: false) where a line leaves it
+    out (version 3). Versions 1 and 2 write every one of them on the records that carry
+    them, so the same records read the same from any version."""
+    if c not in ZERO_WHEN_ABSENT:
+        raise ValueError(f"{c} is not a field that version 3 leaves out when 0")
+    zero = "false" if READ_SCHEMA[c].dataType == BooleanType() else "0"
+    return f"coalesce(`{c}`, {zero}) AS `{c}`"
+
+
 def _shuffle_partitions(spark: SparkSession) -> int:
     return int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
 
@@ -160,15 +172,17 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
                -- grouped and sorted by these longs, not by three strings
                CASE WHEN {is_sample} THEN xxhash64(sidecar, vhost, queue) END AS sq,
                CASE WHEN {is_sample} THEN xxhash64(vhost, queue) END AS q,
-               {_ms("`interval`")} AS iv_ms, policy, capacity, resume, max_messages,
-               resume_messages, overflow, deadline, mode,
+               {_ms("`interval`")} AS iv_ms, policy, capacity, resume, {_z("max_messages")},
+               {_z("resume_messages")}, overflow, deadline, mode,
                coalesce(depth_bytes, broker_depth_bytes) AS depth,
                coalesce(depth_messages, broker_depth_messages) AS depth_msgs,
-               ingress_bytes, ingress_messages, tripped, trips, blocked_publishers,
-               held_bytes, held_messages, spooled_bytes, drain_bytes_per_second AS drain_bps,
+               {_z("ingress_bytes")}, {_z("ingress_messages")}, {_z("tripped")},
+               {_z("trips")}, {_z("blocked_publishers")}, {_z("held_bytes")},
+               {_z("held_messages")}, {_z("spooled_bytes")},
+               drain_bytes_per_second AS drain_bps,
                fleet_members, fleet_share_bytes AS fleet_share,
-               fleet_demand_bytes_per_s AS fleet_demand_bps, blocked_channels, alarm,
-               dropped_records, event,
+               fleet_demand_bytes_per_s AS fleet_demand_bps, {_z("blocked_channels")}, alarm,
+               {_z("dropped_records")}, event,
                CASE WHEN {bad} THEN input_file_name() END AS _file,
                CASE WHEN {bad} THEN {line} END AS _line
         FROM (SELECT *, {kind} AS kind FROM {{raw}})""", raw=raw)

@@ -1,8 +1,9 @@
-"""The explicit read schema of telemetry versions 1 and 2 (docs/telemetry.md): a StructType.
+"""The explicit read schema of telemetry versions 1 to 3 (docs/telemetry.md): a StructType.
 
 One struct for the three record types (``sample``, ``sidecar``, ``event``): a field a type does
-not carry reads as null. ``TELEMETRY_SCHEMA`` is every field either version writes (version 2:
-version 1 without ``V1_ONLY``, none of them read here, so one schema reads both); the job reads
+not carry reads as null. ``TELEMETRY_SCHEMA`` is every field any version writes (version 2:
+version 1 without ``V1_ONLY``, none of them read here; version 3: version 2 without nulls and
+zero counts, which pipeline/load.py reads as 0: so one schema reads all three); the job reads
 with ``READ_SCHEMA``, the fields it uses (about half): the JSON parser then skips the others
 without converting them, which is most of the cost of reading. A line that is not JSON, or
 whose value in a field the job reads does not fit its type, lands whole in
@@ -24,8 +25,9 @@ from pyspark.sql.types import (
 from floodwall.ops.telemetry import SCHEMA_VERSION
 
 CORRUPT = "_corrupt_record"
-#: Version 2 is version 1 without fields this reader never read (docs/telemetry.md).
-SUPPORTED_VERSIONS = (1, SCHEMA_VERSION)
+#: Version 2 is version 1 without fields this reader never read, version 3 version 2 sparse
+#: (docs/telemetry.md).
+SUPPORTED_VERSIONS = (1, 2, SCHEMA_VERSION)
 
 _FIELDS: list[tuple[str, DataType]] = [
     # every record

@@ -9,7 +9,8 @@ a publish held past ``deadline`` expires. Records have exactly the fields the pr
 ``file_age`` seconds (hourly, as the proxy's default); ``partitioned`` lays them out by date
 and sidecar (pipeline/files.py) instead of in one directory. ``version``: the schema version
 to write (docs/telemetry.md), the current one unless told; ``1`` writes the same samples
-with version 1's fields (the lines every benchmark before version 2 read, byte for byte).
+with version 1's fields (the lines every benchmark before version 2 read, byte for byte),
+``2`` without version 1's unread fields (the lines of the benchmarks before version 3).
 
     python -m floodwall_pipeline.synthetic OUT --sidecars 10 --hours 1 --queues 4 [--corrupt 0.001]
 """
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from floodwall.ops.telemetry import SCHEMA_VERSION, V1_ONLY, file_name
+from floodwall.ops.telemetry import SCHEMA_VERSION, V1_ONLY, file_name, sparse
 from floodwall_pipeline.files import partition_dir
 
 KIB = 1024
@@ -64,14 +65,19 @@ def _common(kind: str, sc: SidecarState, vhost: str, queue: str, ts: float) -> d
             "vhost": vhost, "queue": queue}
 
 
+VERSIONS = (1, 2, SCHEMA_VERSION)
+
+
 def _encode(rec: dict[str, object], version: int) -> str:
-    """One line of schema ``version`` (1 or the current one) from a version 1 record."""
+    """One line of schema ``version`` (``VERSIONS``) from a version 1 record."""
+    if version not in VERSIONS:
+        raise ValueError(f"cannot write telemetry version {version}")
     if version != 1:
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"cannot write telemetry version {version}")
         rec = {k: v for k, v in rec.items() if k not in V1_ONLY  # and the defaults:
                and (k, v) not in (("depth_known", True), ("delivered_messages", 0))}
         rec["v"] = version
+        if version >= 3 and rec["type"] != "event":
+            rec = sparse(rec)
     return json.dumps(rec, separators=(",", ":"))
 
 
@@ -230,7 +236,7 @@ def main() -> None:
     p.add_argument("--corrupt", type=float, default=0.0, help="share of lines truncated")
     p.add_argument("--file-age", type=float, default=3600.0, help="seconds per file")
     p.add_argument("--version", type=int, default=SCHEMA_VERSION,
-                   help="the telemetry schema version to write (1 or the current one)")
+                   help="the telemetry schema version to write (1, 2 or 3, the current one)")
     p.add_argument("--partitioned", action="store_true",
                    help="lay files out as date=YYYY-MM-DD/sidecar=NAME/ (docs/pipeline.md)")
     a = p.parse_args()

@@ -19,6 +19,7 @@ from floodwall.io.telemetry import Telemetry, TelemetrySettings, TelemetryWriter
 from floodwall.ops.telemetry import (
     SCHEMA_VERSION,
     V1_ONLY,
+    ZERO_WHEN_ABSENT,
     RotationPolicy,
     Sampler,
     event_fields,
@@ -38,8 +39,8 @@ policies:
 from tests.fakes import Clock  # noqa: E402
 
 COMMON = {"v", "type", "ts", "seq", "sidecar", "vhost", "queue"}
-#: What a sample and a sidecar record carry (schema version 2: docs/telemetry.md), without
-#: --fleet and with the depth known.
+#: What a sample and a sidecar record can carry (docs/telemetry.md), without --fleet and with
+#: the depth known; version 3 leaves out those that are null, and 0 counts (``sparse``).
 SAMPLE = COMMON | {
     "interval", "policy", "capacity", "resume", "max_messages", "resume_messages", "overflow",
     "deadline", "mode", "depth_bytes", "depth_messages", "broker_depth_bytes",
@@ -88,10 +89,14 @@ def test_samples_carry_depth_ingress_and_trips() -> None:
     sampler = Sampler("pod-1", interval=1.0)
     first = sampler.snapshot(fc, counters, 1_000.0, clock.t)
     assert [r["type"] for r in first] == ["sample", "sample", "sidecar"]
-    assert all(r["v"] == SCHEMA_VERSION == 2 for r in first)
-    # version 2 writes exactly these: none of version 1's unread fields (V1_ONLY)
-    assert [set(r) for r in first] == [SAMPLE, SAMPLE, SIDECAR]
+    assert all(r["v"] == SCHEMA_VERSION == 3 for r in first)
+    # version 3 writes exactly these: none of version 1's unread fields (V1_ONLY), and of an
+    # idle queue not the counts that are 0, nor the rates not measured yet (null)
+    unknown = {"sampling_interval", "drain_bytes_per_second"}
+    assert [set(r) for r in first] == [SAMPLE - ZERO_WHEN_ABSENT - unknown] * 2 + [
+        SIDECAR - ZERO_WHEN_ABSENT - {"alarm"}]
     assert not any(V1_ONLY & r.keys() for r in first)
+    assert all(r["depth_bytes"] == 0 for r in first[:2])  # a depth of 0 is a figure: written
     assert [r["seq"] for r in first] == [1, 2, 3]
 
     clock.t += 1.0
@@ -107,14 +112,17 @@ def test_samples_carry_depth_ingress_and_trips() -> None:
     assert (a["tripped"], a["trips"]) == (True, 1)
     assert (a["capacity"], a["resume"], a["deadline"], a["overflow"]) == (1000, 500, 5.0, "hold")
     assert (a["blocked_publishers"], a["held_bytes"], a["held_messages"]) == (1, 800, 2)
-    assert (b["ingress_bytes"], b["tripped"], b["held_bytes"]) == (0, False, 0)
+    assert not {"ingress_bytes", "tripped", "held_bytes"} & b.keys()  # 0, false, 0: left out
+    assert set(a) == SAMPLE - {"max_messages", "resume_messages", "spooled_bytes",
+                               "sampling_interval", "drain_bytes_per_second"}
     assert (side["vhost"], side["queue"], side["held_bytes"], side["blocked_channels"]) == (
         "", "", 800, 1)
-    assert set(side) == SIDECAR  # the signals, rejects and expiries: one event each
+    # the signals, rejects and expiries: one event each; no alarm, drop or spool: left out
+    assert set(side) == SIDECAR - {"alarm", "dropped_records", "spooled_bytes"}
     # The next interval counts only what came since.
     clock.t += 1.0
     a2 = sampler.snapshot(fc, counters, 1_002.5, clock.t)[0]
-    assert (a2["ingress_bytes"], a2["interval"]) == (0, 1.0)
+    assert (a2.get("ingress_bytes", 0), a2["interval"]) == (0, 1.0)
 
 
 def test_held_bytes_are_shared_by_blocked_channels() -> None:
@@ -136,9 +144,10 @@ def test_spooled_bytes_per_queue_and_in_total() -> None:
     _, counters = _board(fc, clock)
     a, b, side = Sampler("s").snapshot(fc, counters, 0.0, 0.0,
                                        spooled={("/", "orders.b"): 4096})
-    assert (a["spooled_bytes"], b["spooled_bytes"], side["spooled_bytes"]) == (0, 4096, 4096)
+    assert ("spooled_bytes" in a, b["spooled_bytes"], side["spooled_bytes"]) == (
+        False, 4096, 4096)
     a, b, side = Sampler("s").snapshot(fc, counters, 0.0, 0.0)  # no spool
-    assert (a["spooled_bytes"], b["spooled_bytes"], side["spooled_bytes"]) == (0, 0, 0)
+    assert not any("spooled_bytes" in r for r in (a, b, side))
 
 
 def test_spool_and_replay_events_keep_their_fields() -> None:
@@ -248,7 +257,7 @@ def test_telemetry_task_writes_off_the_loop(tmp_path: Path) -> None:
     assert all(r["sidecar"] == "pod-9" for r in lines)
     seqs = [r["seq"] for r in lines]
     assert seqs == sorted(seqs) == list(range(1, len(seqs) + 1))
-    ingress = sum(r["ingress_bytes"] for r in lines if r["type"] == "sample")
+    ingress = sum(r.get("ingress_bytes", 0) for r in lines if r["type"] == "sample")
     assert ingress == 1200
 
 

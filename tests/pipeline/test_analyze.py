@@ -104,22 +104,28 @@ def test_the_jobs_session_does_not_capture_python_call_sites(spark: SparkSession
     assert is_debugging_enabled() is False
 
 
-def test_both_schema_versions_give_the_same_summary_and_advice(
+def test_every_schema_version_gives_the_same_summary_and_advice(
         spark: SparkSession, tmp_path: Path) -> None:
-    # The same fleet and samples, written as version 1 (every field) and as the current
-    # version (without V1_ONLY): the same summary.json and recommended-policies.yaml bytes.
-    dirs = {v: tmp_path / f"v{v}" for v in (1, SCHEMA_VERSION)}
+    # The same fleet and samples, written as version 1 (every field), version 2 (without
+    # V1_ONLY) and version 3 (sparse: no nulls, no zero counts): the same summary.json and
+    # recommended-policies.yaml bytes.
+    dirs = {v: tmp_path / f"v{v}" for v in (1, 2, SCHEMA_VERSION)}
     for v, d in dirs.items():
         generate(d, sidecars=3, hours=0.1, queues=2, seed=5, version=v)
     sizes = {v: sum(p.stat().st_size for p in d.iterdir()) for v, d in dirs.items()}
-    assert sizes[SCHEMA_VERSION] < 0.85 * sizes[1]
+    assert sizes[SCHEMA_VERSION] < 0.8 * sizes[2] and sizes[2] < 0.85 * sizes[1]
     for v, d in dirs.items():
-        first = json.loads(next(iter(sorted(d.iterdir()))).read_text().splitlines()[0])
-        assert first["v"] == v and bool(V1_ONLY & first.keys()) == (v == 1)
+        lines = [json.loads(line) for line in next(iter(sorted(d.iterdir()))).read_text()
+                 .splitlines()]
+        assert lines[0]["v"] == v and bool(V1_ONLY & lines[0].keys()) == (v == 1)
+        # version 3 leaves out what is 0 or null: an idle queue's sample has no ingress
+        assert all("ingress_bytes" in r for r in lines if r["type"] == "sample") == (v < 3)
+        assert any(None in r.values() for r in lines if r["type"] != "event") == (v < 3)
     runs = {v: analyze([str(d)], tmp_path / f"out{v}", spark=spark, plots=False)
             for v, d in dirs.items()}
-    assert runs[1].quality == runs[SCHEMA_VERSION].quality
+    assert runs[1].quality == runs[2].quality == runs[SCHEMA_VERSION].quality
     assert runs[1].quality.bad == 0 and runs[1].quality.used > 0
     assert any(r.changed for r in runs[1].recommendations)  # there is advice to compare
     for name in ("recommended-policies.yaml", "summary.json"):
-        assert (runs[1].out / name).read_bytes() == (runs[SCHEMA_VERSION].out / name).read_bytes()
+        assert ((runs[1].out / name).read_bytes() == (runs[2].out / name).read_bytes()
+                == (runs[SCHEMA_VERSION].out / name).read_bytes())

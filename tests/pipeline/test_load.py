@@ -11,7 +11,7 @@ from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.enforce.counters import GateCounters
-from floodwall.ops.telemetry import EVENT_FIELDS, SCHEMA_VERSION, Sampler
+from floodwall.ops.telemetry import EVENT_FIELDS, SCHEMA_VERSION, ZERO_WHEN_ABSENT, Sampler
 from floodwall_pipeline.load import load
 from floodwall_pipeline.schema import FIELD_NAMES
 from floodwall_pipeline.synthetic import generate
@@ -61,3 +61,35 @@ def test_bad_lines_are_counted_and_reported(spark: SparkSession, tmp_path: Path)
     assert t.samples.count() == 3
     assert {f for f, _ in q.examples} == {"a.ndjson", "b.ndjson"}
     assert any(line == truncated for _, line in q.examples)
+
+
+def test_a_sparse_record_reads_its_absent_counts_as_0(spark: SparkSession,
+                                                     tmp_path: Path) -> None:
+    # Version 3 leaves out nulls and the counts of ZERO_WHEN_ABSENT that are 0: the reader
+    # takes them as 0 (tripped: false), as versions 1 and 2 wrote them; a null stays null.
+    full = {**sample("s1", 1.0, 500, 2048, True, 3), "v": 3, "held_bytes": 7,
+            "max_messages": 0, "resume_messages": 0, "blocked_publishers": 1}
+    absent = {"v", "ingress_bytes", "ingress_messages", "tripped", "trips",
+              "blocked_publishers", "held_bytes", "held_messages", "spooled_bytes",
+              "max_messages", "resume_messages"}
+    assert absent - {"v"} <= ZERO_WHEN_ABSENT
+    sparse = {k: v for k, v in full.items() if k not in absent} | {"v": 3, "ts": 2.0,
+                                                                    "seq": 2}
+    side = {"v": 3, "type": "sidecar", "ts": 1.0, "seq": 3, "sidecar": "s1", "vhost": "",
+            "queue": "", "interval": 1.0}
+    write_ndjson(tmp_path / "a.ndjson", [json.dumps(full), json.dumps(sparse),
+                                         json.dumps(side)])
+    t = load(spark, [str(tmp_path)])
+    assert (t.quality.used, t.quality.bad) == (3, 0)
+    rows = sorted(t.samples.collect(), key=lambda r: r["ts_ms"])
+    counts = ("ingress_bytes", "ingress_messages", "trips", "blocked_publishers",
+              "held_bytes", "held_messages", "spooled_bytes", "max_messages",
+              "resume_messages")
+    assert rows[0]["tripped"] is True and rows[0]["held_bytes"] == 7
+    assert rows[1]["tripped"] is False
+    assert {c: rows[1][c] for c in counts} == dict.fromkeys(counts, 0)
+    assert rows[1]["depth"] == rows[0]["depth"] == 500  # written: read as it is
+    assert rows[1]["drain_bps"] is None  # absent and not a count: null
+    (s,) = t.sidecars.collect()
+    assert (s["held_bytes"], s["held_messages"], s["blocked_channels"], s["spooled_bytes"],
+            s["dropped_records"], s["alarm"]) == (0, 0, 0, 0, 0, None)
