@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from floodwall.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
-from floodwall.io.tls import UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.tls import TlsFailure, UpstreamTlsContext, open_upstream, tls_error
 from floodwall.io.writes import BatchedWrites
 from floodwall.ops.logs import event
 from floodwall.wire.amqp10.credit import serial_add, serial_diff
@@ -704,6 +704,7 @@ class Amqp10Client(Amqp10Reading):
         self._closing = False
         self._peer_closed: asyncio.Event | None = None
         self.closed_reason: str | None = None
+        self._greeted = False  # the broker's SASL header arrived
 
     @property
     def connected(self) -> bool:
@@ -722,11 +723,13 @@ class Amqp10Client(Amqp10Reading):
                 try:
                     await self._sasl()
                     await self._open()
-                except asyncio.IncompleteReadError:
-                    raise AmqpClientError(
-                        "broker closed the connection during the handshake") from None
-                except OSError as exc:  # TLS 1.3: a refused certificate shows after it
-                    raise tls_error(exc, self.tls, self.host) from None
+                except (OSError, asyncio.IncompleteReadError) as exc:
+                    # TLS 1.3: a refused certificate shows after the handshake
+                    failure = tls_error(exc, self.tls, self.host, greeted=self._greeted)
+                    if isinstance(failure, asyncio.IncompleteReadError):
+                        raise AmqpClientError(
+                            "broker closed the connection during the handshake") from None
+                    raise failure from None
         except BaseException:
             if self._writer is not None:
                 self._writer.close()
@@ -745,6 +748,10 @@ class Amqp10Client(Amqp10Reading):
         try:
             got = await self._reader.readexactly(HEADER_SIZE)
         except asyncio.IncompleteReadError as exc:
+            failure = tls_error(exc, self.tls, self.host,
+                                greeted=self._greeted or bool(exc.partial))
+            if isinstance(failure, TlsFailure):
+                raise failure from None
             raise AmqpClientError(f"broker closed the connection instead of answering the "
                                   f"protocol header (got {exc.partial!r})") from None
         if got != expected:
@@ -754,6 +761,7 @@ class Amqp10Client(Amqp10Reading):
         assert self._writer is not None
         self._writer.write(SASL_HEADER)
         await self._header(SASL_HEADER)
+        self._greeted = True
         code, fields = await self._read_frame(MIN_MAX_FRAME_SIZE, SASL_FRAME)
         if code != SASL_MECHANISMS:
             raise AmqpClientError(f"expected sasl-mechanisms, got performative {code}")

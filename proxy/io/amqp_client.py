@@ -340,6 +340,7 @@ class AmqpClient(BatchedWrites):
         self._init_writes()
         self.closed_reason: str | None = None
         self._lost: asyncio.Event | None = None
+        self._greeted = False  # the broker's connection.start arrived
 
     @property
     def frame_max(self) -> int:
@@ -355,10 +356,12 @@ class AmqpClient(BatchedWrites):
             open_upstream(self.host, self.port, self.tls), timeout)
         self._reader, self._writer = reader, writer
         writer.write(frame.marshal(ProtocolHeader(), 0))
+        self._greeted = False
         try:
             await asyncio.wait_for(self._handshake(), timeout)
-        except OSError as exc:  # a TLS 1.3 broker refuses our certificate after the handshake
-            raise tls_error(exc, self.tls, self.host) from None
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            # a TLS 1.3 broker refuses our certificate after the handshake
+            raise tls_error(exc, self.tls, self.host, greeted=self._greeted) from None
         loop = asyncio.get_running_loop()
         self._read_task = loop.create_task(self._read_forever(), name="amqp-client-read")
         if self._heartbeat:
@@ -378,6 +381,7 @@ class AmqpClient(BatchedWrites):
     async def _handshake(self) -> None:
         assert self._writer is not None
         _, start = await self._next_frame()
+        self._greeted = True
         if not isinstance(start, commands.Connection.Start):
             raise AmqpClientError(f"expected connection.start, got {start!r}")
         props: dict[str, Any] = {"product": "floodwall", "version": __version__,

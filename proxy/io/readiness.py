@@ -7,7 +7,12 @@ import asyncio
 import contextlib
 import logging
 
-from floodwall.io.tls import UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.tls import (
+    UpstreamTlsContext,
+    ended_after_handshake,
+    open_upstream,
+    tls_error,
+)
 from floodwall.ops.config import ProxySettings
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import RelayStats
@@ -55,12 +60,14 @@ class UpstreamProbe:
                 reader, writer = await open_upstream(host, port, tls)
             try:
                 await self._await_connection_start(reader, writer)
+            except OSError as after:  # after the TLS handshake: a reset is a refusal
+                raise tls_error(after, tls, host) from None
             finally:
                 writer.close()
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
         except (OSError, TimeoutError) as raised:
-            exc = tls_error(raised, tls, host)
+            exc = tls_error(raised, tls, host, greeted=True)  # the handshake's own errors
             reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError):
                 reason = f"no answer within {self.settings.connect_timeout}s"
@@ -84,10 +91,10 @@ class UpstreamProbe:
             raise BrokerHung(f"connected, but no connection.start within "
                              f"{PROBE_ANSWER_WAIT:g}s: the broker does not answer") from None
         if not first:
-            raise ConnectionResetError(
-                "the broker closed the connection after the TLS handshake"
-                if self.upstream_tls is not None
-                else "the broker closed the connection before connection.start")
+            if self.upstream_tls is not None:
+                raise ended_after_handshake(self.upstream_tls, "EOF")
+            raise ConnectionResetError("the broker closed the connection before "
+                                       "connection.start")
 
     def _probe_failed(self, reason: str) -> None:
         first_failure = self.stats.upstream_up or self.last_error == "not probed yet"

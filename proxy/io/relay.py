@@ -14,7 +14,13 @@ from floodwall.control.controller import QueueKey
 from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.enforce.shared import ConnectionGate
-from floodwall.io.tls import ListenerTlsContext, TlsFailure, UpstreamTlsContext, explain
+from floodwall.io.tls import (
+    ListenerTlsContext,
+    TlsFailure,
+    UpstreamTlsContext,
+    ended_after_handshake,
+    explain,
+)
 from floodwall.io.upstream_address import UpstreamAddresses
 from floodwall.ops.logs import event, event_limited
 from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
@@ -201,9 +207,9 @@ class RelayedConnection(asyncio.Protocol):
     """
 
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
-                 "_head", "_loop", "_paused", "_pending", "_retire_timer", "_unreachable", "client",
-                 "conn_id", "core", "from_client", "from_server", "gate", "peer", "protocol",
-                 "settings", "stats", "turn_bytes", "upstream")
+                 "_head", "_loop", "_paused", "_pending", "_retire_timer", "_server_spoke",
+                 "_unreachable", "client", "conn_id", "core", "from_client", "from_server",
+                 "gate", "peer", "protocol", "settings", "stats", "turn_bytes", "upstream")
 
     def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
@@ -224,6 +230,7 @@ class RelayedConnection(asyncio.Protocol):
         # Python 3.11, four a connection (issue 19: connections)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._server_spoke = False  # the broker's first bytes arrived (TLS: not refused)
         self._paused = NOT_PAUSED  # why the client's socket is not read
         self.turn_bytes = 0  # client bytes relayed since its last turn (``take_turn``)
         self.gate: ConnectionGate | None = None
@@ -510,6 +517,7 @@ class RelayedConnection(asyncio.Protocol):
 
     # -- upstream side (called by UpstreamSide) ----------------------------------------
     def server_data(self, data: bytes) -> None:
+        self._server_spoke = True
         core = self.core
         assert core is not None
         core.receive_from_server(data, self._clock())
@@ -525,9 +533,15 @@ class RelayedConnection(asyncio.Protocol):
 
     def upstream_lost(self, exc: Exception | None = None) -> None:
         tls = self.settings.upstream_tls
-        if tls is not None and isinstance(exc, ssl.SSLError) and not self._closed:
-            self.upstream_tls_failed(tls.failure(exc, self.settings.upstream_host))
-            return
+        if tls is not None and not self._closed:
+            if isinstance(exc, ssl.SSLError):
+                self.upstream_tls_failed(tls.failure(exc, self.settings.upstream_host))
+                return
+            if not self._server_spoke and (
+                    exc is None or isinstance(exc, (ConnectionResetError, BrokenPipeError))):
+                self.upstream_tls_failed(
+                    ended_after_handshake(tls, "EOF" if exc is None else type(exc).__name__))
+                return
         self._close_both()
 
     # -- both ----------------------------------------------------------------------------

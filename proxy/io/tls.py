@@ -216,12 +216,31 @@ async def open_upstream(host: str, port: int, tls: UpstreamTlsContext | None
         raise tls.failure(exc, host) from None
 
 
-def tls_error(exc: BaseException, tls: UpstreamTlsContext | None, host: str) -> BaseException:
-    """``exc`` as a ``TlsFailure`` when it is a TLS error on the upstream, else itself:
-    with TLS 1.3 a broker refuses a client certificate (or its absence) after the
-    handshake, so the first read after it raises the alert."""
-    if tls is not None and isinstance(exc, ssl.SSLError):
+def ended_after_handshake(tls: UpstreamTlsContext, how: str) -> TlsFailure:
+    """The broker ended the connection (``how``: reset, EOF) right after the TLS handshake,
+    before its first AMQP bytes. With TLS 1.3 a broker refuses a client certificate (or its
+    absence) after the handshake: when our protocol header crosses its alert on the wire,
+    all we see is the socket reset or closed, so that is what this names."""
+    given = ("the client certificate we sent" if tls.settings.cert is not None
+             else "the absence of a client certificate (none is configured)")
+    return TlsFailure(
+        f"the broker closed the connection right after the TLS handshake, before its first "
+        f"AMQP bytes ({how}): with TLS 1.3 that is how a broker refuses {given}; check the "
+        f"upstream cert/key and the broker's ssl_options.verify and fail_if_no_peer_cert")
+
+
+def tls_error(exc: BaseException, tls: UpstreamTlsContext | None, host: str, *,
+              greeted: bool = False) -> BaseException:
+    """``exc`` as a ``TlsFailure`` when it is a TLS error on the upstream, else itself: the
+    alert a TLS 1.3 broker sends after the handshake, or the reset or EOF it shows as when
+    it comes before the broker's first bytes (``greeted`` False)."""
+    if tls is None:
+        return exc
+    if isinstance(exc, ssl.SSLError):
         return tls.failure(exc, host)
+    if not greeted and isinstance(exc, (ConnectionResetError, BrokenPipeError,
+                                        asyncio.IncompleteReadError)):
+        return ended_after_handshake(tls, type(exc).__name__)
     return exc
 
 
@@ -232,6 +251,7 @@ __all__ = [
     "TlsFailure",
     "UpstreamTlsContext",
     "client_context",
+    "ended_after_handshake",
     "explain",
     "listener_context",
     "management_context",
