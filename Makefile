@@ -89,8 +89,9 @@ demo: deps
 	$(PY) -m floodwall.dev.demo
 
 test: deps lint
-	# pytest's exit code 5 (no tests collected) is a failure like any other non-zero code.
-	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
+	# pytest's exit code 5 (no tests collected) is a failure like any other non-zero code;
+	# -rs: every skipped test's reason is printed in the summary, not only counted.
+	$(PY) -m pytest -q -rs -p no:cacheprovider; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; exit $$rc
 
 # --- parts ---------------------------------------------------------------------------

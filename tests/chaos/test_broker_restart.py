@@ -124,13 +124,11 @@ def await_fresh_depth(flow: FlowProxy, ep: BrokerEndpoint, queue: str) -> None:
     that lost the durable queue itself in the kill -9 (its own passive declare: 404) is
     not the proxy's doing, and the test cannot go on without it (skipped, saying so);
     otherwise fail with the proxy's recovery events."""
-    deadline = time.monotonic() + RECOVERY_WITHIN
-    while not flow.log("depth_known_again"):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    else:
+    try:
+        wait_for(lambda: flow.log("depth_known_again"), RECOVERY_WITHIN, what="fresh depth")
         return
+    except pytest.fail.Exception:
+        pass
     try:
         at_broker = f"{ready_count(ep, queue)} ready at the broker"
     except pika.exceptions.ChannelClosedByBroker as exc:
