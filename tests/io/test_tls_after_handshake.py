@@ -25,17 +25,15 @@ from floodwall.io.relay import RelayedConnection, RelaySettings
 from floodwall.io.tls import TlsFailure, UpstreamTlsContext, listener_context, tls_error
 from floodwall.ops.config import ListenerTls, ProxySettings, TlsVersion, UpstreamTls
 from floodwall.ops.metrics import RelayStats
+from tests.io.test_tls import write
 
 
 @pytest.fixture
 def tls_files(tmp_path: Path) -> tuple[Path, Path, Path]:
     ca = trustme.CA()
-    leaf = ca.issue_cert("localhost")
-    cert, key, ca_file = tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem"
-    cert.write_bytes(b"".join(b.bytes() for b in leaf.cert_chain_pems))
-    leaf.private_key_pem.write_to_path(str(key))
-    ca.cert_pem.write_to_path(str(ca_file))
-    return cert, key, ca_file
+    cert, key = write(tmp_path, "server", ca.issue_cert("localhost"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    return cert, key, tmp_path / "ca.pem"
 
 
 async def _ending_server(cert: Path, key: Path, reset: bool) -> tuple[asyncio.Server, int]:
