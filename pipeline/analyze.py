@@ -194,6 +194,10 @@ class _Stages:
             self._progress.advance(self._task)
             self._progress.console.print(f"  [green]✓[/] {name} ({self.timings[name]:.1f}s)")
 
+    def note(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(f"  [yellow]![/] {text}", soft_wrap=True)
+
 
 def advice_resolution(interval: float) -> float:
     """The buckets the per-queue figures and the recommendations are computed in:
@@ -222,7 +226,11 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
             # how Spark split the work (timings.json): the figures do not depend on it
             split = {"input_partitions": t.kept[0].rdd.getNumPartitions(),
                      "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")
-                                               or 0)}
+                                               or 0),
+                     "reads": t.reads}
+            if t.reads > 1:
+                stages.note("a malformed line failed the strict read: read again to count "
+                            "and show each (the first read's error is in Spark's log)")
         with stages.stage("aggregating per queue and sidecar"):
             advice = advice_resolution(t.interval)
             tables = aggregate.Tables.of(t.samples, t.events, advice)

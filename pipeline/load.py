@@ -5,12 +5,18 @@ aggregations (a local checkpoint): times in integer milliseconds (``ts_ms``, ``i
 that every sum the job makes is exact and the same whatever the partitioning
 (docs/pipeline.md, "Deterministic"), and the 64-bit ids the samples are grouped by. The
 same job counts each ``Kind`` of line and keeps the lines other than samples apart.
+
+That pass is strict first (``load``): Spark's FAILFAST mode, without the corrupt-record
+column, which fails on the first line that PERMISSIVE mode would set aside as malformed and
+spares every other line Spark's copy into the corrupt-record layout (0.5 s of the 4.7 s
+read of the benchmark's hour, bench/RESULTS.md, "twelfth round"). Only telemetry with a
+malformed line is read a second time, in PERMISSIVE mode, to count and show each one.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -19,13 +25,15 @@ from pyspark.sql.types import BooleanType
 from floodwall.ops.telemetry import ZERO_WHEN_ABSENT
 from floodwall_pipeline.aggregate import keep, release, sql
 from floodwall_pipeline.files import TimeRange, list_files, select
-from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, SUPPORTED_VERSIONS
+from floodwall_pipeline.schema import CORRUPT, READ_SCHEMA, STRICT_SCHEMA, SUPPORTED_VERSIONS
 
 #: Files read under a directory: the writer's ``*.ndjson``, and ``*.ndjson.gz`` when an
 #: operator compressed old ones (Spark decompresses by extension).
 FILE_GLOB = "*.ndjson*"
 EXAMPLES = 5
 REQUIRED = ("type", "ts", "sidecar", "vhost", "queue")
+#: The error condition of Spark's FAILFAST reader on a malformed line (Spark 3.4 on).
+MALFORMED = "MALFORMED_RECORD_IN_PARSING"
 
 
 class Kind(enum.IntEnum):
@@ -85,6 +93,7 @@ class Telemetry:
     files: list[str]  # the files read
     kept: list[DataFrame]  # the parsed lines, and those other than samples: ``unpersist()``
     interval: float = 0.0  # the longest telemetry interval of any sidecar (its records)
+    reads: int = 1  # 2: a malformed line failed the strict read (``load``)
 
     def unpersist(self) -> None:
         """Drop the kept lines now, rather than when the JVM collects them."""
@@ -116,13 +125,16 @@ def _shuffle_partitions(spark: SparkSession) -> int:
     return int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
 
 
-def read_raw(spark: SparkSession, paths: list[str]) -> DataFrame:
+def read_raw(spark: SparkSession, paths: list[str], *, strict: bool = False) -> DataFrame:
     """Every line of ``paths`` (files or directories, local or any Hadoop file system such as
     ``s3a://``), parsed with the read schema; bad lines keep their text in ``_corrupt_record``.
+    ``strict``: without that column, and a job that reads a malformed line fails
+    (``malformed`` says so).
     """
-    return (spark.read.schema(READ_SCHEMA)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT)
+    reader = (spark.read.schema(STRICT_SCHEMA).option("mode", "FAILFAST") if strict else
+              spark.read.schema(READ_SCHEMA).option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", CORRUPT))
+    return (reader
             .option("recursiveFileLookup", "true")
             .option("pathGlobFilter", FILE_GLOB)
             .json(paths))
@@ -136,13 +148,44 @@ def resolve(spark: SparkSession, paths: list[str], rng: TimeRange) -> list[str]:
     return select(list_files(spark, paths, rng.dates()), rng)
 
 
+def malformed(exc: BaseException) -> bool:
+    """Whether ``exc`` (a job's error, as py4j raised it) is a strict read's malformed line:
+    Spark's error condition, found in the JVM exception's chain of causes."""
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    for _ in range(16):  # a cause chain is a few deep; a cycle must not hang the job
+        if java is None:
+            return False
+        for getter in ("getCondition", "getErrorClass"):  # Spark 4, then 3.x
+            try:
+                condition = getattr(java, getter)()
+            except Exception:  # not a SparkThrowable (Jackson's, the JDK's), or older
+                continue
+            if condition and str(condition).startswith(MALFORMED):
+                return True
+            break
+        java = java.getCause()
+    return False
+
+
 def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) -> Telemetry:
+    """The telemetry of ``paths`` in ``rng``: strict first, and read again with an account of
+    each bad line only when a line is malformed (the module's docstring). The same lines give
+    the same tables and counts either way (tests/pipeline/test_load.py)."""
     rng = rng or TimeRange()
     files = resolve(spark, paths, rng)
     if not files:
         raise FileNotFoundError(f"no telemetry files for {rng.describe()} in "
                                 f"{', '.join(paths)}")
-    raw = read_raw(spark, files)
+    try:
+        return _load(spark, files, rng, strict=True)
+    except Exception as exc:
+        if not malformed(exc):
+            raise
+    return replace(_load(spark, files, rng, strict=False), reads=2)
+
+
+def _load(spark: SparkSession, files: list[str], rng: TimeRange, *, strict: bool) -> Telemetry:
+    raw = read_raw(spark, files, strict=strict)
     read = sorted(raw.inputFiles())
     # The plan as SQL text: one py4j call, where Column functions cost three round trips
     # each (pipeline/aggregate.py, ``sql``).
@@ -156,7 +199,9 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
         bounds.append(f"{ts_ms} < {round(rng.until * 1000)}")
     inside = " AND ".join(bounds) or "true"
     versions = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
-    kind = f"""CASE WHEN {CORRUPT} IS NOT NULL THEN {int(Kind.CORRUPT)}
+    # strict: a malformed line fails the job, so none is left to mark
+    corrupt = "false" if strict else f"{CORRUPT} IS NOT NULL"
+    kind = f"""CASE WHEN {corrupt} THEN {int(Kind.CORRUPT)}
         WHEN v IS NULL OR NOT v IN ({versions}) THEN {int(Kind.UNSUPPORTED_VERSION)}
         WHEN NOT ({has_required} AND `type` IN ('sample', 'sidecar', 'event') AND {sample_ok})
           THEN {int(Kind.INCOMPLETE)}
@@ -165,7 +210,9 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
         WHEN `type` = 'sidecar' THEN {int(Kind.SIDECAR)}
         ELSE {int(Kind.EVENT)} END"""
     bad, is_sample = f"kind >= {int(Kind.CORRUPT)}", f"kind = {int(Kind.SAMPLE)}"
-    line = f"coalesce({CORRUPT}, to_json(struct(v, {', '.join(f'`{c}`' for c in REQUIRED)})))"
+    line = f"to_json(struct(v, {', '.join(f'`{c}`' for c in REQUIRED)}))"
+    if not strict:
+        line = f"coalesce({CORRUPT}, {line})"
     table = (sql(f"""
         SELECT kind, sidecar, vhost, queue, {ts_ms} AS ts_ms, seq,
                -- 64-bit ids of (sidecar, vhost, queue) and (vhost, queue): the samples are
@@ -194,10 +241,15 @@ def load(spark: SparkSession, paths: list[str], rng: TimeRange | None = None) ->
     # the pass) and keeps the lines other than samples (about a fifth) apart, so that the
     # passes over sidecar records, events and bad lines read them, not every sample again.
     seen = Observation()
-    rest = keep(table.observe(
-        seen, *[F.expr(f"count(CASE WHEN kind = {int(k)} THEN 1 END) AS {k.name}") for k in Kind],
-        F.expr(f"max(CASE WHEN kind = {int(Kind.SIDECAR)} THEN iv_ms END) AS iv"))
-        .filter(f"kind != {int(Kind.SAMPLE)}").select(*REST_COLUMNS), eager=True)
+    try:
+        rest = keep(table.observe(
+            seen, *[F.expr(f"count(CASE WHEN kind = {int(k)} THEN 1 END) AS {k.name}")
+                    for k in Kind],
+            F.expr(f"max(CASE WHEN kind = {int(Kind.SIDECAR)} THEN iv_ms END) AS iv"))
+            .filter(f"kind != {int(Kind.SAMPLE)}").select(*REST_COLUMNS), eager=True)
+    except Exception:
+        release(table)  # what the failed job kept of it
+        raise
     got = seen.get
     counts = {k: int(got[k.name]) for k in Kind}
     examples: list[tuple[str, str]] = []

@@ -7,7 +7,9 @@ zero counts, which pipeline/load.py reads as 0: so one schema reads all three); 
 with ``READ_SCHEMA``, the fields it uses (about half): the JSON parser then skips the others
 without converting them, which is most of the cost of reading. A line that is not JSON, or
 whose value in a field the job reads does not fit its type, lands whole in
-``_corrupt_record`` (Spark's PERMISSIVE mode) and is counted, never fatal.
+``_corrupt_record`` (Spark's PERMISSIVE mode) and is counted, never fatal; the job reads
+with ``STRICT_SCHEMA`` first, the same fields without that column, and only if a line is
+malformed with ``READ_SCHEMA`` (pipeline/load.py, ``load``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ READ_FIELDS = (
     "drain_bytes_per_second", "fleet_members", "fleet_share_bytes", "fleet_demand_bytes_per_s",
     "blocked_channels", "alarm", "dropped_records", "event",
 )
-READ_SCHEMA = StructType(
-    [StructField(name, typ, True) for name, typ in _FIELDS if name in READ_FIELDS]
-    + [StructField(CORRUPT, StringType(), True)])
+#: The fields the job reads, without the corrupt-record column: the first, strict read
+#: (pipeline/load.py, ``load``).
+STRICT_SCHEMA = StructType(
+    [StructField(name, typ, True) for name, typ in _FIELDS if name in READ_FIELDS])
+#: The same with the corrupt-record column: the read with an account of each bad line.
+READ_SCHEMA = StructType([*STRICT_SCHEMA.fields, StructField(CORRUPT, StringType(), True)])

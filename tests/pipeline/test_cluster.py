@@ -110,6 +110,10 @@ def test_same_bytes_on_local_one_local_all_and_the_cluster(
     inputs = [t["input_partitions"] for t in timings]
     assert inputs[1] >= 28 and inputs[2] <= 10 and len(set(inputs)) == 3, inputs
     assert "report: " in runs[cluster.url].stdout
+    # Its malformed lines failed each master's strict read, the cluster's in an executor
+    # JVM, and each read the telemetry again to count them (pipeline/load.py).
+    assert [t["reads"] for t in timings] == [2, 2, 2]
+    assert "read again to count and show each" in runs[cluster.url].stdout
 
     # The cluster's executor, a JVM of its own launched by the worker, read the files.
     logs = cluster.executor_logs()

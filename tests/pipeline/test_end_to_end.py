@@ -124,6 +124,8 @@ def test_telemetry_of_a_real_run_to_report_and_policies(
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["input"]["corrupt"] == 0
+    # the proxy's own telemetry: the strict read took every line, once
+    assert json.loads((out / "timings.json").read_text())["reads"] == 1
     (q,) = [x for x in summary["queues"] if x["queue"] == queue]
     assert q["trips"] >= 1 and q["tripped_seconds"] > 0
     assert q["ingress_bytes"] == MESSAGES * BODY

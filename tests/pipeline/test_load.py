@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 
 from floodwall.control.controller import FlowController
@@ -12,7 +13,8 @@ from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.enforce.counters import GateCounters
 from floodwall.ops.telemetry import EVENT_FIELDS, SCHEMA_VERSION, ZERO_WHEN_ABSENT, Sampler
-from floodwall_pipeline.load import load
+from floodwall_pipeline.files import TimeRange
+from floodwall_pipeline.load import Telemetry, _load, load, malformed, read_raw
 from floodwall_pipeline.schema import FIELD_NAMES
 from floodwall_pipeline.synthetic import generate
 from tests.pipeline.conftest import write_ndjson
@@ -55,6 +57,7 @@ def test_bad_lines_are_counted_and_reported(spark: SparkSession, tmp_path: Path)
     (tmp_path / "ignored.txt").write_text("not telemetry\n")  # only *.ndjson* is read
     t = load(spark, [str(tmp_path)])
     q = t.quality
+    assert t.reads == 2  # the strict read failed on the first malformed line
     # blank lines are no records; truncated, not JSON and a wrong type are corrupt
     assert (q.lines, q.used, q.files) == (8, 3, 2)
     assert (q.corrupt, q.unsupported_version, q.incomplete, q.bad) == (3, 1, 1, 5)
@@ -92,3 +95,61 @@ def test_a_sparse_record_reads_its_absent_counts_as_0(spark: SparkSession,
     (s,) = t.sidecars.collect()
     assert (s["held_bytes"], s["held_messages"], s["blocked_channels"], s["spooled_bytes"],
             s["dropped_records"], s["alarm"]) == (0, 0, 0, 0, 0, None)
+
+
+_RECORD = {**sample("s1", 1.0, 10, 100, False, 0), "v": 3}
+_GOOD = json.dumps(_RECORD)
+#: Every kind of line, and whether Spark's PERMISSIVE reader sets it aside as malformed.
+_LINES = {
+    "truncated": (_GOOD[:-9], True),
+    "not JSON": ("hello", True),
+    "a string for a number": (json.dumps({**_RECORD, "seq": "1"}), True),
+    "an object for a number": (json.dumps({**_RECORD, "seq": {"a": 1}}), True),
+    "a fraction for an integer": (json.dumps({**_RECORD, "seq": 1.5}), True),
+    "an integer beyond a long": (json.dumps({**_RECORD, "seq": 10**20}), True),
+    "an int for a boolean": (json.dumps({**_RECORD, "tripped": 0}), True),
+    "a raw control character in a string": (_GOOD.replace('"s1"', '"s\x01"'), True),
+    "an array of numbers": ("[1, 2]", True),
+    "null": ("null", True),
+    "a bare number": ("5", True),
+    "a bare string": ('"s"', True),
+    "true": ("true", True),
+    "an empty object": ("{}", False),
+    "an array of an object": (f"[{_GOOD}]", False),
+    "two objects on a line": (_GOOD + _GOOD, False),
+    "trailing text": (_GOOD + " x", False),
+    "a key twice": (_GOOD[:-1] + ', "seq": 2}', False),
+    "NaN": (json.dumps({**_RECORD, "drain_bytes_per_second": float("nan")}), False),
+    "blank": ("   ", False),
+}
+
+
+def _rows(t: Telemetry) -> list[tuple[str, ...]]:
+    return sorted(tuple(repr(v) for v in r) for df in t.kept for r in df.collect())
+
+
+@pytest.mark.parametrize("name", list(_LINES))
+def test_the_strict_read_gives_what_the_permissive_one_does(spark: SparkSession, tmp_path: Path,
+                                                            name: str) -> None:
+    # A malformed line fails the strict read, which is then done again in PERMISSIVE mode:
+    # the same lines give the same tables and account as that mode alone, kind by kind.
+    line, bad = _LINES[name]
+    later = json.dumps({**_RECORD, "ts": 2.0, "seq": 20})
+    files = [str(write_ndjson(tmp_path / "a.ndjson", [_GOOD, line, later]))]
+    got = load(spark, files)
+    alone = _load(spark, files, TimeRange(), strict=False)
+    assert got.reads == (2 if bad else 1)
+    assert got.quality.corrupt == int(bad) == alone.quality.corrupt
+    assert got.quality == alone.quality
+    assert _rows(got) == _rows(alone)
+
+
+def test_only_a_malformed_line_is_taken_for_one(spark: SparkSession, tmp_path: Path) -> None:
+    with pytest.raises(Exception) as other:
+        spark.sql("SELECT no_such_column").collect()
+    assert not malformed(other.value)
+    assert not malformed(ValueError("MALFORMED_RECORD_IN_PARSING"))
+    write_ndjson(tmp_path / "a.ndjson", ["hello"])
+    with pytest.raises(Exception) as failed:
+        read_raw(spark, [str(tmp_path)], strict=True).collect()
+    assert malformed(failed.value)
