@@ -145,7 +145,9 @@ def main() -> None:
 @click.option("--upstream", default="127.0.0.1:5672", show_default=True,
               envvar="FLOODWALL_UPSTREAM",
               help="The broker: HOST:PORT or amqp://HOST[:PORT] (plain), amqps://HOST[:PORT] "
-                   "(TLS, port 5671 by default).")
+                   "(TLS, port 5671 by default); a cluster's nodes as a comma-separated "
+                   "list (connections go to the first that answers; a DNS name's every "
+                   "address is a node).")
 @upstream_tls_options
 @click.option("--upstream-tls-relay-external", is_flag=True, default=False,
               envvar="FLOODWALL_UPSTREAM_TLS_RELAY_EXTERNAL",
@@ -155,7 +157,8 @@ def main() -> None:
 @click.option("--admin", default="127.0.0.1:9090", show_default=True, envvar="FLOODWALL_ADMIN",
               help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
 @click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
-              help="The broker's management API URL (credentials from "
+              help="The broker's management API URL, or each node's, comma-separated (tried in "
+                   "order; credentials from "
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
                    "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
                    "amqps upstream) when --policies is given.")
@@ -283,7 +286,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
     setup_logging(log_level, log_format)
     try:
         credentials = ManagementCredentials.from_environment()
-        upstream_address, upstream_tls = upstream_settings(
+        upstream_nodes, upstream_tls = upstream_settings(
             upstream, upstream_tls_ca=upstream_tls_ca, upstream_tls_cert=upstream_tls_cert,
             upstream_tls_key=upstream_tls_key,
             upstream_tls_server_name=upstream_tls_server_name,
@@ -300,7 +303,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
                                                                        "127.0.0.1")
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
-            listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
+            listen=plain_listener, upstreams=upstream_nodes, admin=admin_at, shadow=shadow,
             management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
