@@ -32,6 +32,7 @@ class LocalCluster:
     config_extra: str = ""
     make_node: Callable[[Path, str], LocalBroker] = LocalBroker
     nodes: list[LocalBroker] = field(init=False)
+    frozen: set[str] = field(default_factory=set, init=False)  # node names SIGSTOPped
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -96,6 +97,20 @@ class LocalCluster:
         raise BrokerError(f"cluster: {len(seen)} of {count} nodes running after "
                           f"{timeout:.0f}s: {sorted(seen)}")
 
+    @property
+    def answering(self) -> list[LocalBroker]:
+        """The nodes running and not frozen."""
+        return [n for n in self.nodes if n.process is not None and n.nodename not in self.frozen]
+
+    def freeze(self, node: LocalBroker) -> None:
+        """SIGSTOP ``node``: a hung node (its ports still accept TCP connections)."""
+        node.freeze()
+        self.frozen.add(node.nodename)
+
+    def thaw(self, node: LocalBroker) -> None:
+        node.thaw()
+        self.frozen.discard(node.nodename)
+
     def node_named(self, nodename: str) -> LocalBroker:
         for node in self.nodes:
             if node.nodename == nodename:
@@ -104,6 +119,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         for node in self.nodes:
+            if node.nodename in self.frozen:
+                self.thaw(node)
             node.stop()
 
     def remove(self) -> None:
