@@ -29,7 +29,8 @@ class LocalCluster:
 
     workdir: Path
     size: int = 3
-    config_extra: str = ""
+    # A node frozen long enough to be thought gone comes back into a partition: heal it.
+    config_extra: str = "cluster_partition_handling = autoheal\n"
     make_node: Callable[[Path, str], LocalBroker] = LocalBroker
     nodes: list[LocalBroker] = field(init=False)
     frozen: set[str] = field(default_factory=set, init=False)  # node names SIGSTOPped

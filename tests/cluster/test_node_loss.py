@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,20 @@ RESUMES_WITHIN = 15.0  # seconds from the fault to the next confirmed publish
 CONSUMER_RATE = 300.0  # messages a second (1 KiB each): slower than the publisher
 PREFETCH = 20
 FAST = ("--depth-interval", "50ms", "--management-interval", "1s")
+#: A hung node is found by the readiness probe: its interval (5 s) + the answer it waits
+#: for (3 s), + slack for a loaded machine.
+NODE_LEFT_WITHIN = 5 + 3 + 4.0
+#: While a node is hung the management API of *every* node stalls on it (RabbitMQ gathers
+#: queue figures across the cluster) until the cluster counts it gone (``net_ticktime``,
+#: 60-75 s by default): a queue tripped then keeps its decision (``on_unknown_depth:
+#: keep``) until then. The bound is that, + 15 s.
+HUNG_RESUMES_WITHIN = 75 + RESUMES_WITHIN
+
+
+def logged_at(line: str) -> float:
+    """The wall-clock time of a floodwall log line (``ts=2026-...Z``)."""
+    stamp = line.split(" ", 1)[0].removeprefix("ts=").replace("Z", "+00:00")
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def declare(ep: BrokerEndpoint, queue: str, kind: str) -> None:
@@ -72,9 +87,11 @@ def readyz(proc: ProxyProcess) -> int:
 
 
 def through_a_fault(cluster: LocalCluster, proc: ProxyProcess, queue: str,
-                    fault: Callable[[], None], watch_ready: bool = True) -> dict[str, float]:
-    """Load through ``proc`` into ``queue``, ``fault()`` once the queue has tripped, and the
-    figures the bounds are about; the assertions common to every fault are made here."""
+                    fault: Callable[[], None], resumes_within: float = RESUMES_WITHIN,
+                    watch_ready: bool = True) -> dict[str, float]:
+    """Load through ``proc`` into ``queue``, ``fault()`` after 1,500 confirms, and the
+    figures the bounds are about; the assertions common to every fault are made here
+    (``resumes_within``: seconds from the fault to the next confirm)."""
     consumer = PacedConsumer(cluster, queue, CONSUMER_RATE, PREFETCH)
     depth = DepthMax(cluster, queue, PREFETCH)
     publisher = ConfirmedPublisher(proc.port, queue)
@@ -85,7 +102,7 @@ def through_a_fault(cluster: LocalCluster, proc: ProxyProcess, queue: str,
         wait_for(lambda: len(publisher.confirmed) > 1500, timeout=60,
                  what="1,500 confirmed publishes before the fault")
         before = len(publisher.confirmed)
-        moment = time.monotonic()
+        moment, wall = time.monotonic(), time.time()
         fault()
         not_ready: list[int] = []
 
@@ -95,11 +112,12 @@ def through_a_fault(cluster: LocalCluster, proc: ProxyProcess, queue: str,
                 if status != 200:
                     not_ready.append(status)
             return publisher.first_confirm_after(moment + 0.5) is not None
-        wait_for(resumed, timeout=60, interval=0.2, what="a confirmed publish after the fault")
+        wait_for(resumed, timeout=resumes_within + 30, interval=0.2,
+                 what="a confirmed publish after the fault")
         first = publisher.first_confirm_after(moment + 0.5)
         assert first is not None
         resumed_after = first - max(publisher.last_confirm_before(moment), moment)
-        wait_for(lambda: len(publisher.confirmed) > before + 1000, timeout=60,
+        wait_for(lambda: len(publisher.confirmed) > before + 1000, timeout=90,
                  what="1,000 more confirmed publishes after the fault")
     finally:
         publisher.stop.set()
@@ -109,7 +127,7 @@ def through_a_fault(cluster: LocalCluster, proc: ProxyProcess, queue: str,
     wait_for(lambda: confirmed <= consumer.seen, timeout=120, interval=0.2,
              what="every confirmed message consumed")
     stop_all([consumer, depth])
-    assert resumed_after <= RESUMES_WITHIN, (
+    assert resumed_after <= resumes_within, (
         f"publishing resumed {resumed_after:.1f}s after the fault")
     assert depth.samples > 50
     assert depth.max_bytes <= CAPACITY + OVERSHOOT, (
@@ -117,7 +135,7 @@ def through_a_fault(cluster: LocalCluster, proc: ProxyProcess, queue: str,
     if watch_ready:
         assert not not_ready, f"/readyz answered {not_ready} while two nodes answered"
     return {"resumed_after": resumed_after, "depth_max": depth.max_bytes,
-            "confirmed": len(confirmed)}
+            "confirmed": len(confirmed), "fault_at": wall}
 
 
 def policies(tmp_path: Path, queue: str) -> Path:
@@ -150,18 +168,23 @@ def test_the_node_floodwall_uses_killed_under_load(cluster: LocalCluster, sideca
 
 def test_a_hung_node_is_left_and_its_connections_ended(cluster: LocalCluster, sidecar: Any,
                                                       tmp_path: Path) -> None:
-    """The first node frozen (SIGSTOP) with a quorum queue's leader on it: the readiness
-    probe finds it silent, floodwall ends the connections on it (theirs would wait for
-    heartbeats) and new ones go to the next node."""
-    first = cluster.nodes[0]
+    """The first node (which every connection uses) frozen (SIGSTOP): the readiness probe
+    finds it silent, floodwall ends the connections on it (theirs would wait for
+    heartbeats) and new ones go to the next node. The quorum queue's leader is on the last
+    node: with the leader itself hung, no node confirms until the cluster sees the node
+    gone (``net_ticktime``: 60 s by default, docs/operations.md), whatever floodwall does."""
+    first, _, last = cluster.nodes
     queue = unique("hung")
-    declare(first.endpoint, queue, "quorum")
+    declare(last.endpoint, queue, "quorum")
     proc = sidecar(cluster.upstream, "--policies", str(policies(tmp_path, queue)),
                    "--management", cluster.management, *FAST)
-    through_a_fault(cluster, proc, queue, lambda: cluster.freeze(first))
+    figures = through_a_fault(cluster, proc, queue, lambda: cluster.freeze(first),
+                              resumes_within=HUNG_RESUMES_WITHIN)
     assert proc.state()["upstream_nodes"][str(first.endpoint.upstream)] == "down"
-    lines = proc.logfile.read_text().splitlines()
-    assert any("upstream_node_lost" in line for line in lines)
+    left = [logged_at(line) - figures["fault_at"] for line in proc.logfile.read_text()
+            .splitlines() if "event=upstream_node_lost" in line]
+    assert left, "no connection was ended on the hung node"
+    assert max(left) <= NODE_LEFT_WITHIN, f"connections left the hung node after {left}s"
 
 
 @pytest.fixture
