@@ -16,6 +16,14 @@ $(RABBIT):
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 		rabbitmq-server
 
+# HAProxy (TCP mode) in front of a test cluster (tests/cluster/): a load balancer as teams
+# put one in front of RabbitMQ.
+HAPROXY := /usr/sbin/haproxy
+$(HAPROXY):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		haproxy
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -82,7 +90,7 @@ $(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json \
 
 clients-deps: $(STAMPS)/java-client $(NODE_CLIENTS)/node_modules/.installed
 
-deps: $(RABBIT) $(VENV)/.installed clients-deps $(STAMPS)/promtool
+deps: $(RABBIT) $(HAPROXY) $(VENV)/.installed clients-deps $(STAMPS)/promtool
 
 # --- the two commands ----------------------------------------------------------------
 demo: deps

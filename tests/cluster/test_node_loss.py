@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -86,44 +86,51 @@ def readyz(proc: ProxyProcess) -> int:
         return 0
 
 
-def through_a_fault(cluster: LocalCluster, proc: ProxyProcess, queue: str,
+def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue: str,
                     fault: Callable[[], None], resumes_within: float = RESUMES_WITHIN,
                     watch_ready: bool = True) -> dict[str, float]:
-    """Load through ``proc`` into ``queue``, ``fault()`` after 1,500 confirms, and the
-    figures the bounds are about; the assertions common to every fault are made here
-    (``resumes_within``: seconds from the fault to the next confirm)."""
+    """Load through each of ``procs`` (a publisher each) into ``queue``, ``fault()`` after
+    1,500 confirms, and the figures the bounds are about; the assertions common to every
+    fault are made here (``resumes_within``: seconds from the fault to the next confirm on
+    every publisher)."""
     consumer = PacedConsumer(cluster, queue, CONSUMER_RATE, PREFETCH)
     depth = DepthMax(cluster, queue, PREFETCH)
-    publisher = ConfirmedPublisher(proc.port, queue)
-    threads = [consumer, depth, publisher]
-    for thread in threads:
+    publishers = [ConfirmedPublisher(proc.port, queue, producer=i)
+                  for i, proc in enumerate(procs)]
+    for thread in [consumer, depth, *publishers]:
         thread.start()
+
+    def total() -> int:
+        return sum(len(p.confirmed) for p in publishers)
     try:
-        wait_for(lambda: len(publisher.confirmed) > 1500, timeout=60,
+        wait_for(lambda: total() > 1500, timeout=60,
                  what="1,500 confirmed publishes before the fault")
-        before = len(publisher.confirmed)
+        before = total()
         moment, wall = time.monotonic(), time.time()
         fault()
         not_ready: list[int] = []
 
         def resumed() -> bool:
             if watch_ready:
-                status = readyz(proc)
-                if status != 200:
-                    not_ready.append(status)
-            return publisher.first_confirm_after(moment + 0.5) is not None
+                not_ready.extend(s for s in map(readyz, procs) if s != 200)
+            return all(p.first_confirm_after(moment + 0.5) is not None for p in publishers)
         wait_for(resumed, timeout=resumes_within + 30, interval=0.2,
-                 what="a confirmed publish after the fault")
-        first = publisher.first_confirm_after(moment + 0.5)
-        assert first is not None
-        resumed_after = first - max(publisher.last_confirm_before(moment), moment)
-        wait_for(lambda: len(publisher.confirmed) > before + 1000, timeout=90,
+                 what="a confirmed publish after the fault on every publisher")
+        resumed_after = 0.0
+        for publisher in publishers:
+            first = publisher.first_confirm_after(moment + 0.5)
+            assert first is not None
+            resumed_after = max(resumed_after,
+                                first - max(publisher.last_confirm_before(moment), moment))
+        wait_for(lambda: total() > before + 1000, timeout=90,
                  what="1,000 more confirmed publishes after the fault")
     finally:
-        publisher.stop.set()
-        publisher.join(30)
+        for publisher in publishers:
+            publisher.stop.set()
+        for publisher in publishers:
+            publisher.join(30)
     consumer.drain.set()
-    confirmed = set(publisher.confirmed)
+    confirmed = set().union(*(p.tagged() for p in publishers))
     wait_for(lambda: confirmed <= consumer.seen, timeout=120, interval=0.2,
              what="every confirmed message consumed")
     stop_all([consumer, depth])
@@ -160,7 +167,7 @@ def test_the_node_floodwall_uses_killed_under_load(cluster: LocalCluster, sideca
              what="every node probed and answering")
     if kind == "quorum":
         assert leader_of(cluster, queue) == first.nodename
-    figures = through_a_fault(cluster, proc, queue, first.kill)
+    figures = through_a_fault(cluster, [proc], queue, first.kill)
     nodes = proc.state()["upstream_nodes"]
     assert nodes[str(first.endpoint.upstream)] == "down"
     assert figures["confirmed"] > 2500
@@ -178,7 +185,7 @@ def test_a_hung_node_is_left_and_its_connections_ended(cluster: LocalCluster, si
     declare(last.endpoint, queue, "quorum")
     proc = sidecar(cluster.upstream, "--policies", str(policies(tmp_path, queue)),
                    "--management", cluster.management, *FAST)
-    figures = through_a_fault(cluster, proc, queue, lambda: cluster.freeze(first),
+    figures = through_a_fault(cluster, [proc], queue, lambda: cluster.freeze(first),
                               resumes_within=HUNG_RESUMES_WITHIN)
     assert proc.state()["upstream_nodes"][str(first.endpoint.upstream)] == "down"
     left = [logged_at(line) - figures["fault_at"] for line in proc.logfile.read_text()
@@ -241,7 +248,7 @@ def test_behind_a_load_balancer_the_node_behind_it_killed(
     declare(first.endpoint, queue, "quorum")
     proc = sidecar(haproxy.upstream, "--policies", str(policies(tmp_path, queue)),
                    "--management", cluster.management, *FAST)
-    through_a_fault(cluster, proc, queue, first.kill)
+    through_a_fault(cluster, [proc], queue, first.kill)
 
 
 def test_a_bad_node_list_is_refused_at_start(tmp_path: Path) -> None:
@@ -249,3 +256,32 @@ def test_a_bad_node_list_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="empty item"):
         proc.start(timeout=20)
 
+
+
+def rotated(items: Sequence[str], start: int) -> str:
+    return ",".join([*items[start:], *items[:start]])
+
+
+def test_a_fleet_on_three_nodes_holds_its_capacity_through_the_loss_of_one(
+        cluster: LocalCluster, sidecar: Any, tmp_path: Path) -> None:
+    """Three sidecars, each with the node list starting at a different node (so the fleet's
+    members, and their own queues, sit on different nodes), a publisher with confirms each
+    at full speed into one quorum queue. The node of the second sidecar is killed: it moves
+    to the next node and rejoins the fleet; the shared capacity holds throughout."""
+    queue = unique("fleet-failover")
+    declare(cluster.nodes[2].endpoint, queue, "quorum")
+    upstreams = [ep.upstream for ep in cluster.endpoints]
+    managements = [ep.management_url for ep in cluster.endpoints]
+    fleet = [sidecar(rotated(upstreams, i), "--policies", str(policies(tmp_path, queue)),
+                     "--management", rotated(managements, i), "--fleet", "failover", *FAST)
+             for i in range(3)]
+
+    def members(proc: ProxyProcess) -> int:
+        """The fleet's size as ``proc`` sees it (its members list names the others)."""
+        doc = (proc.state().get("flow") or {}).get("fleet") or {}
+        return len(doc.get("members", [])) + 1
+    wait_for(lambda: all(members(p) == 3 for p in fleet), timeout=60,
+             what="every sidecar seeing the fleet of three")
+    through_a_fault(cluster, fleet, queue, cluster.nodes[1].kill)
+    wait_for(lambda: all(members(p) == 3 for p in fleet), timeout=60,
+             what="the moved sidecar back in the fleet")

@@ -31,9 +31,9 @@ class ConfirmedPublisher(threading.Thread):
     before the next, reconnecting at once when the connection ends. ``confirmed`` holds
     each confirmed number with the time of its confirm."""
 
-    def __init__(self, port: int, queue: str) -> None:
-        super().__init__(daemon=True, name=f"publisher-{queue}")
-        self.port, self.queue = port, queue
+    def __init__(self, port: int, queue: str, producer: int = 0) -> None:
+        super().__init__(daemon=True, name=f"publisher-{queue}-{producer}")
+        self.port, self.queue, self.producer = port, queue, producer
         self.confirmed: dict[int, float] = {}
         self.failures: list[tuple[float, str]] = []
         self.stop = threading.Event()
@@ -58,7 +58,7 @@ class ConfirmedPublisher(threading.Thread):
             while not self.stop.is_set():
                 seq = self._next
                 self._next += 1
-                ch.basic_publish("", self.queue, numbered(seq, SIZE), PERSISTENT)
+                ch.basic_publish("", self.queue, numbered(self.tag(seq), SIZE), PERSISTENT)
                 self.confirmed[seq] = time.monotonic()
         finally:
             if conn.is_open:
@@ -66,6 +66,13 @@ class ConfirmedPublisher(threading.Thread):
                     conn.close()
                 except (pika.exceptions.AMQPError, OSError):
                     pass
+
+    def tag(self, seq: int) -> int:
+        """The number a message carries: the producer's in its top digits."""
+        return self.producer * 10**8 + seq
+
+    def tagged(self) -> set[int]:
+        return {self.tag(seq) for seq in self.confirmed}
 
     def last_confirm_before(self, moment: float) -> float:
         return max((t for t in self.confirmed.values() if t <= moment), default=0.0)
