@@ -38,9 +38,13 @@ class SpoolPathError(OSError):
     """A name that would resolve outside its place under the spool root."""
 
 
+def _dots_only(name: str) -> bool:
+    return bool(name) and name.strip(".") == ""
+
+
 def dir_name(name: str) -> str:
     """The directory name of a vhost or queue name (see the module's rules)."""
-    if name and name.strip(".") == "":
+    if _dots_only(name):
         return "%2E" * len(name)
     encoded = urllib.parse.quote(name, safe="") or "%"
     if len(encoded.encode()) > NAME_MAX:
@@ -79,11 +83,16 @@ def existing_queue_directory(root: Path, key: QueueKey) -> Path:
     """``queue_directory``, or the directory an older floodwall made for ``key`` (a
     dot-only name, unescaped) when only that one exists."""
     path = queue_directory(root, key)
-    if path.is_dir():
-        return path
-    for vhost in dict.fromkeys((dir_name(key[0]), legacy_dir_name(key[0]))):
-        legacy = root / vhost / legacy_dir_name(key[1])
-        if legacy.name not in (".", "..") and legacy.is_dir():
+    if not (_dots_only(key[0]) or _dots_only(key[1])) or path.is_dir():
+        return path  # (the old encoding differs only for dot-only names)
+    vhosts = [n for n in dict.fromkeys((dir_name(key[0]), legacy_dir_name(key[0])))
+              if n not in (".", "..")]
+    queue = legacy_dir_name(key[1])
+    if queue in (".", ".."):
+        return path  # never stored: the old encoding put these into a parent
+    for vhost in vhosts:
+        legacy = root / vhost / queue
+        if legacy != path and legacy.is_dir():
             check_under(root, legacy, key)
             return legacy
     return path
