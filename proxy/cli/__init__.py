@@ -48,6 +48,7 @@ from floodwall.ops.config import (
     TlsVersion,
     UpstreamTls,
     parse_hostport,
+    parse_management_url,
 )
 from floodwall.ops.logs import setup_logging
 from floodwall.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
@@ -155,7 +156,7 @@ def main() -> None:
 @click.option("--admin", default="127.0.0.1:9090", show_default=True, envvar="FLOODWALL_ADMIN",
               help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
 @click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
-              help="The broker's management API URL (credentials from "
+              help="The broker's management API URL, without a login (credentials from "
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
                    "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
                    "amqps upstream) when --policies is given.")
@@ -301,7 +302,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
             listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
-            management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
+            management_url=parse_management_url(management) if management else None,
+            upstream_tls=upstream_tls, listen_tls=tls_listener,
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
             policies=Path(policies) if policies else None,

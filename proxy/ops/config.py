@@ -198,6 +198,36 @@ def parse_upstream(value: str, setting: str = "--upstream") -> tuple[str, int, b
     return url.hostname, given if given is not None else (AMQPS_PORT if tls else AMQP_PORT), tls
 
 
+def parse_management_url(value: str, setting: str = "--management") -> str:
+    """The management API's ``http[s]://HOST[:PORT][/PATH]``, without a trailing slash.
+
+    A login in the URL is refused, with where it goes instead: a command line is read by
+    anyone who can list processes, and the URL is logged and shown in ``/state``; the
+    password belongs in ``FLOODWALL_MANAGEMENT_PASSWORD_FILE`` (or ``_PASSWORD``). The
+    refusal never repeats what was given (it may hold the password)."""
+    text = value.strip()
+    try:
+        url = urllib.parse.urlsplit(text)
+        _ = url.port  # ValueError when out of range
+    except ValueError:
+        raise ConfigError(f"{setting}: not a URL with a valid port (expected "
+                          "http[s]://HOST[:PORT][/PATH])") from None
+    if "@" in url.netloc:
+        raise ConfigError(
+            f"{setting}: no login in the URL: it would be seen in the process list, the logs "
+            "and /state. Give the user in FLOODWALL_MANAGEMENT_USERNAME and the password in "
+            "FLOODWALL_MANAGEMENT_PASSWORD_FILE (a mounted secret) or "
+            "FLOODWALL_MANAGEMENT_PASSWORD")
+    if url.scheme.lower() not in ("http", "https"):
+        raise ConfigError(f"{setting}: scheme {url.scheme!r} is not http or https (expected "
+                          "http[s]://HOST[:PORT][/PATH])")
+    if not url.hostname:
+        raise ConfigError(f"{setting}: the URL names no host")
+    if url.query or url.fragment:
+        raise ConfigError(f"{setting}: no query or fragment (the API's base URL)")
+    return text.rstrip("/")
+
+
 def _login_from_environment(env: dict[str, str], prefix: str, username: str, password: str
                             ) -> tuple[str, str]:
     """``{prefix}_USERNAME`` and ``{prefix}_PASSWORD_FILE`` (wins) or ``{prefix}_PASSWORD``."""
