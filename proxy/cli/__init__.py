@@ -37,8 +37,11 @@ from floodwall.control.policy import (
     render_policies,
 )
 from floodwall.ops.config import (
+    DEFAULT_ADMIN_MAX_CONNECTIONS,
+    DEFAULT_ADMIN_TIMEOUT,
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HOLD_BUDGET,
+    AdminLimits,
     AmqpCredentials,
     ConfigError,
     ListenerTls,
@@ -155,6 +158,15 @@ def main() -> None:
                    "own: off, EXTERNAL is refused.")
 @click.option("--admin", default="127.0.0.1:9090", show_default=True, envvar="FLOODWALL_ADMIN",
               help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
+@click.option("--admin-max-connections", type=click.IntRange(1, 1024),
+              default=DEFAULT_ADMIN_MAX_CONNECTIONS, show_default=True,
+              envvar="FLOODWALL_ADMIN_MAX_CONNECTIONS",
+              help="Admin connections served at once; one more is answered 503 at once.")
+@click.option("--admin-timeout", default=format_duration(DEFAULT_ADMIN_TIMEOUT),
+              callback=_duration, metavar="DURATION", show_default=True,
+              envvar="FLOODWALL_ADMIN_TIMEOUT",
+              help="How long an admin client may take to send its request, and again to "
+                   "take the answer, before it is cut off.")
 @click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
               help="The broker's management API URL, without a login (credentials from "
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
@@ -270,6 +282,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         upstream_tls_key: str | None, upstream_tls_server_name: str | None,
         upstream_tls_insecure: bool, upstream_tls_min_version: str,
         upstream_tls_sasl_external: bool, upstream_tls_relay_external: bool, admin: str,
+        admin_max_connections: int, admin_timeout: float,
         management: str | None, management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
         hot_interval: float, management_interval: float, topology_interval: float,
@@ -302,6 +315,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
             listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
+            admin_limits=AdminLimits(admin_max_connections, admin_timeout),
             management_url=parse_management_url(management) if management else None,
             upstream_tls=upstream_tls, listen_tls=tls_listener,
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,

@@ -289,6 +289,21 @@ class AmqpCredentials:
 DEFAULT_HOLD_BUDGET = 8 * 1024 * 1024
 #: The management API's port when --management is not given (RabbitMQ's default).
 DEFAULT_MANAGEMENT_PORT = 15672
+#: Admin connections served at once (/metrics, probes, people): one more is answered 503.
+DEFAULT_ADMIN_MAX_CONNECTIONS = 16
+#: Seconds an admin client has to send its request, and again to take the answer.
+DEFAULT_ADMIN_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class AdminLimits:
+    """What one admin client may cost: the connections served at once and how long each
+    may take to ask and to be answered (``--admin-max-connections``, ``--admin-timeout``)."""
+
+    max_connections: int = DEFAULT_ADMIN_MAX_CONNECTIONS
+    timeout: float = DEFAULT_ADMIN_TIMEOUT
+
+
 #: Seconds SIGTERM waits for connections to finish before closing what is left.
 DEFAULT_DRAIN_TIMEOUT = 30.0
 
@@ -300,6 +315,7 @@ class ProxySettings:
     listen: tuple[str, int] | None  # None: no plain listener (``--listen off``)
     upstream: tuple[str, int]
     admin: tuple[str, int] | None = None
+    admin_limits: AdminLimits = AdminLimits()
     management_url: str | None = None
     # TLS (proxy/io/tls.py builds the contexts). None: plain.
     upstream_tls: UpstreamTls | None = None
