@@ -282,17 +282,16 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         upstream_tls_key: str | None, upstream_tls_server_name: str | None,
         upstream_tls_insecure: bool, upstream_tls_min_version: str,
         upstream_tls_sasl_external: bool, upstream_tls_relay_external: bool, admin: str,
-        admin_max_connections: int, admin_timeout: float,
-        management: str | None, management_tls_ca: str | None, management_tls_cert: str | None,
+        admin_max_connections: int, admin_timeout: float, management: str | None,
+        management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
         hot_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, fleet: str | None, alarm_interval: float, management_timeout: float,
         management_connections: int, hold_budget: int, memory_budget: str,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
-        spool_total_max: int, spool_min_free: int, connect_timeout: float,
-        handshake_timeout: float, drain_timeout: float, event_loop: str, log_level: str,
-        log_format: str) -> None:
+        spool_total_max: int, spool_min_free: int, connect_timeout: float, handshake_timeout: float,
+        drain_timeout: float, event_loop: str, log_level: str, log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
@@ -310,30 +309,27 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             listen_tls_min_version)
         management_tls = _management_tls(management_tls_ca, management_tls_cert,
                                          management_tls_key, upstream_tls)
-        admin_at = None if admin.lower() == "off" else parse_hostport(admin, "--admin",
-                                                                       "127.0.0.1")
+        admin_at = None if admin.lower() == "off" else parse_hostport(admin, "--admin", "127.0.0.1")
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
             listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
             admin_limits=AdminLimits(admin_max_connections, admin_timeout),
             management_url=parse_management_url(management) if management else None,
-            upstream_tls=upstream_tls, listen_tls=tls_listener,
-            listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
+            upstream_tls=upstream_tls, listen_tls=tls_listener, listener_tls=listener_tls,
+            management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
-            policies=Path(policies) if policies else None,
-            depth_interval=depth_interval, hot_interval=hot_interval,
-            management_interval=management_interval, topology_interval=topology_interval,
-            topology_events=topology_events == "on", fleet=fleet, alarm_interval=alarm_interval,
-            management_timeout=management_timeout, hold_budget=hold_budget,
-            management_connections=management_connections, memory_budget=budget,
-            memory_budget_source=budget_source,
+            policies=Path(policies) if policies else None, depth_interval=depth_interval,
+            hot_interval=hot_interval, management_interval=management_interval,
+            topology_interval=topology_interval, topology_events=topology_events == "on",
+            fleet=fleet, alarm_interval=alarm_interval, management_timeout=management_timeout,
+            hold_budget=hold_budget, management_connections=management_connections,
+            memory_budget=budget, memory_budget_source=budget_source,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval, telemetry_file_bytes=telemetry_file_size,
             telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,
             spool_dir=Path(spool_dir) if spool_dir else None, spool_total_max=spool_total_max,
             spool_min_free=spool_min_free, connect_timeout=connect_timeout,
-            handshake_timeout=handshake_timeout, drain_timeout=drain_timeout,
-            event_loop=event_loop)
+            handshake_timeout=handshake_timeout, drain_timeout=drain_timeout, event_loop=event_loop)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if telemetry_max_total < telemetry_file_size:
