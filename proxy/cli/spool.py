@@ -31,7 +31,7 @@ from floodwall.spool.inspect import (
     summarize,
     unreadable_entries,
 )
-from floodwall.spool.log import SpoolError
+from floodwall.spool.log import RecoveryReport, SpoolError
 from floodwall.spool.manager import QueueKey, SpoolManager
 from floodwall.spool.records import SpoolRecord
 
@@ -244,6 +244,7 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
     try:
         manager.lock()
         qspool = manager.spool(key)
+        _echo_recovery(qspool.report)
         records, nbytes = qspool.pending_records, qspool.pending_bytes
         click.echo(f"replaying {records} records ({format_bytes(nbytes)}) of {queue!r} "
                    f"(vhost {vhost!r}) to {'amqps://' if tls else ''}{host}:{port}")
@@ -266,6 +267,17 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
         raise click.ClickException(str(exc)) from None
     finally:
         manager.close()
+
+
+def _echo_recovery(report: RecoveryReport) -> None:
+    """What opening the spool found besides whole records (torn tail, damage, strays)."""
+    if report.torn_tail_bytes:
+        click.echo(f"# torn tail of {report.torn_tail_bytes} B dropped (an interrupted append)")
+    if report.skipped_bytes:
+        click.echo(f"# {report.skipped_bytes} damaged bytes skipped, {report.lost_records} "
+                   "unconfirmed records in them lost")
+    for problem in report.problems:
+        click.echo(f"# {problem}")
 
 
 @spool.command()
