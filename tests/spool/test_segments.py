@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from floodwall.cli import main
 from floodwall.spool.log import QueueSpool
@@ -109,6 +111,35 @@ def test_all_garbage_is_one_skip() -> None:
     items = list(scan_segment(b"\x00" * 100 + b"FWR1" + b"\xff" * 50, 1, None))
     assert items == [Skipped(0, 154, "bad magic b'\\x00\\x00\\x00\\x00'", at_end=True)]
     assert list(scan_segment(b"", 1, None)) == []
+
+
+def partition(items: list[RecordAt | Skipped], size: int) -> None:
+    """The items cover the bytes end to end, in order, without overlap."""
+    pos = 0
+    for item in items:
+        assert item.start == pos and item.end > item.start
+        pos = item.end
+    assert pos == size
+
+
+@given(st.binary(max_size=600))
+@settings(max_examples=300)
+def test_any_bytes_are_records_and_skips_end_to_end(data: bytes) -> None:
+    items = list(scan_segment(data, 1, None))
+    partition(items, len(data))
+    assert all(not i.at_end for i in items[:-1] if isinstance(i, Skipped))
+
+
+@given(st.lists(st.binary(max_size=40), min_size=6, max_size=6))
+@settings(max_examples=300)
+def test_junk_between_records_loses_no_record(junk: list[bytes]) -> None:
+    data, _ = segment(1, 5)
+    pieces = [record(seq).encode() for seq in range(1, 6)]
+    mixed = b"".join(j + p for j, p in zip(junk, [*pieces, b""], strict=True))
+    items = list(scan_segment(mixed, 1, 6))
+    partition(items, len(mixed))
+    assert seqs(items) == [1, 2, 3, 4, 5]
+    assert sum(i.size for i in items if isinstance(i, Skipped)) == len(mixed) - len(data)
 
 
 # -- through recovery, on disk --------------------------------------------------------------
