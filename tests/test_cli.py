@@ -93,6 +93,16 @@ def test_defaults_of_flow_flags(captured: list[ProxySettings]) -> None:
     assert settings.effective_management_urls == ("http://m:15672",)
 
 
+def test_a_login_in_the_management_url_is_refused(captured: list[ProxySettings]) -> None:
+    for args, env in ((["--management", "http://admin:s3cr3t@m:15672"], {}),
+                      ([], {"FLOODWALL_MANAGEMENT": "http://admin:s3cr3t@m:15672"})):
+        result = CliRunner().invoke(main, ["run", *args], env=env)
+        assert result.exit_code == 2 and captured == []
+        assert "no login in the URL" in result.output
+        assert "FLOODWALL_MANAGEMENT_PASSWORD_FILE" in result.output
+        assert "s3cr3t" not in result.output
+
+
 def test_memory_budget_from_the_cgroup_limit(captured: list[ProxySettings], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` (the default): a third of the container's limit (v2's ``memory.max`` first,

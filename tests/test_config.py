@@ -15,6 +15,7 @@ from floodwall.ops.config import (
     TlsVersion,
     UpstreamTls,
     parse_hostport,
+    parse_management_url,
     parse_upstream,
     parse_upstreams,
 )
@@ -118,6 +119,39 @@ def test_bad_upstreams_are_refused_with_the_reason(text: str, fragment: str) -> 
     with pytest.raises(ConfigError, match="--upstream") as info:
         parse_upstream(text)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("http://rabbitmq:15672", "http://rabbitmq:15672"),
+        ("https://mq.example.com/rabbitmq/", "https://mq.example.com/rabbitmq"),
+        (" HTTP://[::1]:15672 ", "HTTP://[::1]:15672"),
+    ],
+)
+def test_management_urls(text: str, expected: str) -> None:
+    assert parse_management_url(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("http://admin:s3cr3t@rabbitmq:15672", "FLOODWALL_MANAGEMENT_PASSWORD_FILE"),
+        ("https://admin@rabbitmq", "no login in the URL"),
+        ("http://:s3cr3t@rabbitmq", "no login in the URL"),
+        ("http://admin:s3cr3t@rabbitmq:99999", "valid port"),
+        ("amqp://rabbitmq:15672", "scheme 'amqp'"),
+        ("rabbitmq:15672", "scheme 'rabbitmq'"),
+        ("http://", "names no host"),
+        ("http://rabbitmq:15672/?x=s3cr3t", "no query"),
+    ],
+)
+def test_bad_management_urls_are_refused_without_repeating_them(text: str,
+                                                                 fragment: str) -> None:
+    with pytest.raises(ConfigError, match="--management") as info:
+        parse_management_url(text)
+    assert fragment in str(info.value)
+    assert "s3cr3t" not in str(info.value)
 
 
 # -- a cluster's nodes ------------------------------------------------------------------------

@@ -149,3 +149,68 @@ def test_helm_style_numbers_are_whole_bytes_and_counts() -> None:
         with pytest.raises(PolicyError, match=reason):
             parse_policies(f"version: 1\npolicies:\n  - name: a\n    match: {{queue: a}}\n"
                            f"    capacity: {bad}\n")
+
+
+# -- YAML the loader must turn into problems, never into a traceback --------------------------
+
+LAUGHS = "version: 1\na: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n"
+    for a, b in zip("abcdefgh", "bcdefghi", strict=True))
+HOSTILE_YAML = [
+    ("version: 1\npolicies:\n  - {name: a, match: {queue: q}, mode: !!bool maybe}\n",
+     "3:40: YAML: 'maybe' is not a valid !!bool"),
+    ("version: 1\npolicies:\n  - name: a\n    match: {queue: q}\n    capacity: !!int one\n",
+     "5:15: YAML: 'one' is not a valid !!int"),
+    ("version: !!timestamp x\n", "1:10: YAML: 'x' is not a valid !!timestamp"),
+    ("version: !!float x\n", "1:10: YAML: 'x' is not a valid !!float"),
+    ("version: 1\n!!int k: 3\n", "2:1: YAML: 'k' is not a valid !!int"),
+    ("version: 1\npolicies:\n  - {name: !!binary '*', match: {queue: q}}\n",
+     "3:12: policies[0] (*).name: expected a non-empty string, got a bytes"),
+    ("version: 1\npolicies: !!python/object:os.system x\n",
+     "2:11: YAML: could not determine a constructor"),
+    ("version: 1\npolicies: &a [*a]\n", "2:11: policies[0]: expected a mapping, got a list"),
+    ("version: 1\npolicies: " + "[" * 3000 + "]" * 3000 + "\n", "1:1: YAML: nested too deeply"),
+    ("version: 1\npolicies: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n",
+     "1:1: YAML: nested too deeply"),
+    (LAUGHS, "2:1: top level: unknown key 'a'"),
+    ("version: 1\npolicies:\n  - {name: a, match: {queue: *nothing}}\n",
+     "3:30: YAML syntax: found undefined alias 'nothing'"),
+    ("version: 1\x00\n", "1:11: YAML: character U+0000 is not allowed"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), HOSTILE_YAML)
+def test_hostile_yaml_is_a_file_line_problem(text: str, expected: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policies(text, "p.yaml")
+    assert any(str(p).startswith(f"p.yaml:{expected}") for p in caught.value.problems), \
+        [str(p) for p in caught.value.problems]
+
+
+@pytest.mark.parametrize(("text", "expected"), HOSTILE_YAML)
+def test_check_prints_the_problem_and_no_traceback(text: str, expected: str,
+                                                   tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert f"{path}:{expected}" in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("tag", ["int", "float", "bool", "null", "timestamp", "binary", "str",
+                                 "seq", "map", "set", "omap", "pairs", "merge", "value",
+                                 "python/tuple", "nonsense"])
+@pytest.mark.parametrize("value", ["x", "1", "''", "[1]", "{a: 1}", "2001-13-45", "=",
+                                   "0x", "~", "<<"])
+def test_any_tag_on_any_field_is_a_policy_error(tag: str, value: str) -> None:
+    for text in (f"version: !!{tag} {value}\n",
+                 f"version: 1\npolicies:\n  - {{name: a, match: {{queue: q}}, "
+                 f"capacity: !!{tag} {value}}}\n",
+                 f"version: 1\npolicies:\n  - {{name: !!{tag} {value}, match: {{queue: q}}}}\n",
+                 f"version: 1\n!!{tag} {value}: 1\n"):
+        try:
+            parse_policies(text, "p.yaml")
+        except PolicyError as exc:
+            assert all(p.line is not None for p in exc.problems)

@@ -37,8 +37,11 @@ from floodwall.control.policy import (
     render_policies,
 )
 from floodwall.ops.config import (
+    DEFAULT_ADMIN_MAX_CONNECTIONS,
+    DEFAULT_ADMIN_TIMEOUT,
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HOLD_BUDGET,
+    AdminLimits,
     AmqpCredentials,
     ConfigError,
     ListenerTls,
@@ -48,6 +51,7 @@ from floodwall.ops.config import (
     TlsVersion,
     UpstreamTls,
     parse_hostport,
+    parse_management_urls,
 )
 from floodwall.ops.logs import setup_logging
 from floodwall.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
@@ -156,9 +160,18 @@ def main() -> None:
                    "own: off, EXTERNAL is refused.")
 @click.option("--admin", default="127.0.0.1:9090", show_default=True, envvar="FLOODWALL_ADMIN",
               help="HTTP endpoint for /metrics /healthz /readyz /state; 'off' to disable.")
+@click.option("--admin-max-connections", type=click.IntRange(1, 1024),
+              default=DEFAULT_ADMIN_MAX_CONNECTIONS, show_default=True,
+              envvar="FLOODWALL_ADMIN_MAX_CONNECTIONS",
+              help="Admin connections served at once; one more is answered 503 at once.")
+@click.option("--admin-timeout", default=format_duration(DEFAULT_ADMIN_TIMEOUT),
+              callback=_duration, metavar="DURATION", show_default=True,
+              envvar="FLOODWALL_ADMIN_TIMEOUT",
+              help="How long an admin client may take to send its request, and again to "
+                   "take the answer, before it is cut off.")
 @click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
               help="The broker's management API URL, or each node's, comma-separated (tried in "
-                   "order; credentials from "
+                   "order), without a login (credentials from "
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
                    "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
                    "amqps upstream) when --policies is given.")
@@ -272,16 +285,16 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         upstream_tls_key: str | None, upstream_tls_server_name: str | None,
         upstream_tls_insecure: bool, upstream_tls_min_version: str,
         upstream_tls_sasl_external: bool, upstream_tls_relay_external: bool, admin: str,
-        management: str | None, management_tls_ca: str | None, management_tls_cert: str | None,
+        admin_max_connections: int, admin_timeout: float, management: str | None,
+        management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
         hot_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, fleet: str | None, alarm_interval: float, management_timeout: float,
         management_connections: int, hold_budget: int, memory_budget: str,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
-        spool_total_max: int, spool_min_free: int, connect_timeout: float,
-        handshake_timeout: float, drain_timeout: float, event_loop: str, log_level: str,
-        log_format: str) -> None:
+        spool_total_max: int, spool_min_free: int, connect_timeout: float, handshake_timeout: float,
+        drain_timeout: float, event_loop: str, log_level: str, log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
@@ -299,28 +312,27 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             listen_tls_min_version)
         management_tls = _management_tls(management_tls_ca, management_tls_cert,
                                          management_tls_key, upstream_tls)
-        admin_at = None if admin.lower() == "off" else parse_hostport(admin, "--admin",
-                                                                       "127.0.0.1")
+        admin_at = None if admin.lower() == "off" else parse_hostport(admin, "--admin", "127.0.0.1")
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
             listen=plain_listener, upstreams=upstream_nodes, admin=admin_at, shadow=shadow,
-            management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
-            listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
+            admin_limits=AdminLimits(admin_max_connections, admin_timeout),
+            management_url=parse_management_urls(management) if management else None,
+            upstream_tls=upstream_tls, listen_tls=tls_listener, listener_tls=listener_tls,
+            management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
-            policies=Path(policies) if policies else None,
-            depth_interval=depth_interval, hot_interval=hot_interval,
-            management_interval=management_interval, topology_interval=topology_interval,
-            topology_events=topology_events == "on", fleet=fleet, alarm_interval=alarm_interval,
-            management_timeout=management_timeout, hold_budget=hold_budget,
-            management_connections=management_connections, memory_budget=budget,
-            memory_budget_source=budget_source,
+            policies=Path(policies) if policies else None, depth_interval=depth_interval,
+            hot_interval=hot_interval, management_interval=management_interval,
+            topology_interval=topology_interval, topology_events=topology_events == "on",
+            fleet=fleet, alarm_interval=alarm_interval, management_timeout=management_timeout,
+            hold_budget=hold_budget, management_connections=management_connections,
+            memory_budget=budget, memory_budget_source=budget_source,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval, telemetry_file_bytes=telemetry_file_size,
             telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,
             spool_dir=Path(spool_dir) if spool_dir else None, spool_total_max=spool_total_max,
             spool_min_free=spool_min_free, connect_timeout=connect_timeout,
-            handshake_timeout=handshake_timeout, drain_timeout=drain_timeout,
-            event_loop=event_loop)
+            handshake_timeout=handshake_timeout, drain_timeout=drain_timeout, event_loop=event_loop)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if telemetry_max_total < telemetry_file_size:

@@ -23,8 +23,15 @@ import click
 from floodwall.cli.tls import upstream_settings, upstream_tls_options
 from floodwall.control.policy import format_bytes
 from floodwall.ops.config import AmqpCredentials, ConfigError, ManagementCredentials
-from floodwall.spool.inspect import QueueSummary, Scan, queue_dir, queue_dirs, summarize
-from floodwall.spool.log import SpoolError
+from floodwall.spool.inspect import (
+    QueueSummary,
+    Scan,
+    queue_dir,
+    queue_dirs,
+    summarize,
+    unreadable_entries,
+)
+from floodwall.spool.log import RecoveryReport, SpoolError
 from floodwall.spool.manager import QueueKey, SpoolManager
 from floodwall.spool.records import SpoolRecord
 
@@ -61,10 +68,20 @@ def _age(accepted_at: float | None, now: float) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
+def _shown(name: str) -> str:
+    """A vhost or queue name for the terminal: as it is when it prints as itself, else
+    quoted with its control characters escaped (a name cannot move the cursor)."""
+    return name if name and name.isprintable() and name.strip() == name else ascii(name)
+
+
 def _find(root: Path, key: QueueKey) -> Path:
-    directory = queue_dir(root, key)
+    try:
+        directory = queue_dir(root, key)
+    except OSError as exc:  # SpoolPathError: the name resolves outside the root
+        raise click.ClickException(exc.strerror or str(exc)) from None
     if not directory.is_dir():
-        known = ", ".join(f"{q}@{v}" for (v, q), _ in queue_dirs(root)) or "none"
+        known = ", ".join(f"{_shown(q)}@{_shown(v)}" for (v, q), _ in queue_dirs(root)) \
+            or "none"
         raise click.ClickException(f"no spool for queue {key[1]!r} in vhost {key[0]!r} "
                                    f"under {root} (spooled queues: {known})")
     return directory
@@ -78,23 +95,31 @@ def ls(spool_dir: str, as_json: bool) -> None:
     root = Path(spool_dir)
     now = time.time()
     summaries = [summarize(d, key) for key, d in queue_dirs(root)]
+    unreadable = unreadable_entries(root)
     if as_json:
         click.echo(json.dumps([_summary_doc(s, now) for s in summaries], indent=2))
+        for entry in unreadable:
+            click.echo(f"skipped {entry.path}: {entry.reason}", err=True)
         return
     rows = [("VHOST", "QUEUE", "RECORDS", "BYTES", "OLDEST", "SEGMENTS", "NOTES")]
     for s in summaries:
         notes = []
         if s.torn_tail_bytes:
             notes.append(f"torn tail {s.torn_tail_bytes} B (dropped on start)")
+        if s.skipped_bytes:
+            notes.append(f"damaged {s.skipped_bytes} B skipped (dropped on start)")
         notes += s.problems
-        rows.append((s.key[0], s.key[1], str(s.records), format_bytes(s.bytes),
-                     _age(s.oldest_accepted_at, now), str(s.segments), "; ".join(notes)))
+        rows.append((_shown(s.key[0]), _shown(s.key[1]), str(s.records),
+                     format_bytes(s.bytes), _age(s.oldest_accepted_at, now), str(s.segments),
+                     "; ".join(notes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     click.echo(f"# {sum(s.records for s in summaries)} records, "
                f"{format_bytes(sum(s.bytes for s in summaries))} in {len(summaries)} queues "
                f"under {root}")
+    for entry in unreadable:
+        click.echo(f"# skipped {entry.path}: {entry.reason}")
 
 
 def _summary_doc(s: QueueSummary, now: float) -> dict[str, object]:
@@ -103,7 +128,8 @@ def _summary_doc(s: QueueSummary, now: float) -> dict[str, object]:
             "confirmed_seq": s.confirmed_seq,
             "oldest_age_seconds": None if s.oldest_accepted_at is None
             else round(now - s.oldest_accepted_at, 3),
-            "torn_tail_bytes": s.torn_tail_bytes, "problems": list(s.problems)}
+            "torn_tail_bytes": s.torn_tail_bytes, "skipped_bytes": s.skipped_bytes,
+            "problems": list(s.problems)}
 
 
 def _replay_run(qspool: QueueSpool, upstreams: Upstreams, credentials: AmqpCredentials,
@@ -170,13 +196,16 @@ def show(queue: str, spool_dir: str, vhost: str, limit: int, peek: int) -> None:
             break
         shown += 1
         when = datetime.datetime.fromtimestamp(rec.accepted_at, datetime.UTC)
-        exchange, routing_key = ((f"(amqp10) {rec.address}", "") if rec.amqp10
-                                 else (rec.exchange or "(default)", rec.routing_key))
+        exchange, routing_key = ((f"(amqp10) {_shown(rec.address)}", "") if rec.amqp10
+                                 else (_shown(rec.exchange) if rec.exchange else "(default)",
+                                       _shown(rec.routing_key) if rec.routing_key else ""))
         click.echo(f"{rec.seq}\t{when.isoformat(timespec='milliseconds')}\t"
                    f"{exchange}\t{routing_key}\t{len(rec.body)}\t"
                    f"{rec.body[:peek]!r}{'...' if len(rec.body) > peek else ''}")
     if limit and shown >= limit:
         click.echo(f"# first {shown} shown (--limit)")
+    for problem in scan.summary.problems:
+        click.echo(f"# {problem}")
 
 
 @spool.command()
@@ -218,6 +247,7 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
     try:
         manager.lock()
         qspool = manager.spool(key)
+        _echo_recovery(qspool.report)
         records, nbytes = qspool.pending_records, qspool.pending_bytes
         click.echo(f"replaying {records} records ({format_bytes(nbytes)}) of {queue!r} "
                    f"(vhost {vhost!r}) to {'amqps://' if tls else ''}{upstreams.label}")
@@ -240,6 +270,17 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
         raise click.ClickException(str(exc)) from None
     finally:
         manager.close()
+
+
+def _echo_recovery(report: RecoveryReport) -> None:
+    """What opening the spool found besides whole records (torn tail, damage, strays)."""
+    if report.torn_tail_bytes:
+        click.echo(f"# torn tail of {report.torn_tail_bytes} B dropped (an interrupted append)")
+    if report.skipped_bytes:
+        click.echo(f"# {report.skipped_bytes} damaged bytes skipped, {report.lost_records} "
+                   "unconfirmed records in them lost")
+    for problem in report.problems:
+        click.echo(f"# {problem}")
 
 
 @spool.command()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import itertools
 import logging
 import struct
@@ -370,7 +371,7 @@ class AmqpClient(BatchedWrites):
         except (OSError, asyncio.IncompleteReadError) as exc:
             # a TLS 1.3 broker refuses our certificate after the handshake
             raise tls_error(exc, self.tls, endpoint.host, greeted=self._greeted) from None
-        self._unwatch = self.upstreams.watch(endpoint, self._node_lost)
+        self._unwatch = self.upstreams.watch(endpoint, functools.partial(_node_lost, self))
         loop = asyncio.get_running_loop()
         self._read_task = loop.create_task(self._read_forever(), name="amqp-client-read")
         if self._heartbeat:
@@ -472,15 +473,6 @@ class AmqpClient(BatchedWrites):
         waiter = self._waiters.get(channel)
         if waiter is not None and not waiter.done():
             waiter.set_result(value)
-
-    def _node_lost(self, reason: str) -> None:
-        """The readiness probe found this connection's node no longer answering: end it now
-        (a hung node's connection would wait for heartbeats), so its owner reconnects to
-        the next node."""
-        self._unwatch = None
-        if self._writer is not None:
-            self._writer.transport.abort()
-        self._fail(f"the broker node stopped answering: {reason}")
 
     def _fail(self, reason: str) -> None:
         if self._unwatch is not None:
@@ -719,6 +711,16 @@ class AmqpClient(BatchedWrites):
             with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
         self.closed_reason = self.closed_reason or "closed"
+
+
+def _node_lost(client: AmqpClient, reason: str) -> None:
+    """The readiness probe found ``client``'s node no longer answering: end the connection
+    now (a hung node's would wait for heartbeats), so its owner reconnects to the next
+    node. Aborted: a hung node never takes what is buffered for it."""
+    client._unwatch = None
+    if client._writer is not None:
+        client._writer.transport.abort()
+    client._fail(f"the broker node stopped answering: {reason}")
 
 
 def _refusal(reply: Any) -> str:

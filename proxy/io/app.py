@@ -59,6 +59,8 @@ from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.fleet_view import FleetFigures
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import (
+    AdminCollector,
+    AdminStats,
     MemoryBudgetCollector,
     RelayCollector,
     RelayStats,
@@ -93,7 +95,9 @@ class Proxy:
         if settings.spool_dir is not None and self.flow is not None:
             self.spool = make_spool(settings, self.flow, self.upstreams, self.upstream_tls)
             self.flow.enforcement.spool = self.spool.port  # overflow: spool spools from now
-        collectors: list[Collector] = [RelayCollector(self.stats), *standard_collectors()]
+        self.admin_stats = AdminStats()
+        collectors: list[Collector] = [RelayCollector(self.stats),
+                                       AdminCollector(self.admin_stats), *standard_collectors()]
         self.memory: MemoryBudget | None = None
         if self.flow is not None:
             self.memory = self.flow.board.memory = MemoryBudget(settings.memory_budget)
@@ -160,7 +164,8 @@ class Proxy:
                                                 else "not asked")
         if self.settings.admin is not None:
             endpoints = AdminEndpoints(self.registry, self._readiness, self.state)
-            admin = await serve_admin(endpoints, *self.settings.admin)
+            admin = await serve_admin(endpoints, *self.settings.admin,
+                                      limits=self.settings.admin_limits, stats=self.admin_stats)
             self._servers.append(admin)
             self.admin_port = admin.sockets[0].getsockname()[1]
         self._spawn(self.probe.forever(), "upstream-probe")
@@ -427,6 +432,9 @@ class Proxy:
                 if isinstance(c, RelayedConnection)
             ],
             "tasks": self.stats.tasks,
+            "admin": {**self.admin_stats.as_dict(),
+                      "max_connections": self.settings.admin_limits.max_connections,
+                      "timeout_seconds": self.settings.admin_limits.timeout},
         }
         if self.flow is not None:
             doc["flow"] = self.flow.state()

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import enum
 import json
+import re
 import ssl
 import time
 import urllib.parse
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
+import yarl
 
 from floodwall.control.depth import ManagementSample
 from floodwall.io.tls import ManagementTlsContext, explain
@@ -57,6 +59,38 @@ class NodeAlarms:
         return bool(self.memory or self.disk)
 
 
+def _dots_only(name: str) -> bool:
+    return bool(name) and name.strip(".") == ""
+
+
+def path_segment(name: str) -> str:
+    """A vhost or queue name as one path segment of an API URL: every byte but
+    ``A-Z a-z 0-9 _ . - ~`` percent-encoded, and the dots too of a name made only of dots
+    (``..`` must not be taken for "the level above" on the way)."""
+    if _dots_only(name):
+        return "%2E" * len(name)
+    return urllib.parse.quote(name, safe="")
+
+
+def api_path(endpoint: str, *names: str, query: str = "") -> str:
+    """``/api/ENDPOINT/NAME/...?QUERY``, each name one encoded segment (``path_segment``)."""
+    path = "/api/" + "/".join((endpoint, *(path_segment(n) for n in names)))
+    return f"{path}?{query}" if query else path
+
+
+def addressable(*names: str) -> bool:
+    """Whether these names can be path segments of an API URL at all. RabbitMQ's HTTP
+    router decodes each segment and then drops ``.`` and ``..`` segments (with the one
+    before), so ``/api/queues/%2F/%2E%2E`` answers with the list of every queue: a
+    dot-only name is read from a filtered listing instead (``ManagementApi.item``)."""
+    return not any(_dots_only(n) for n in names)
+
+
+#: Items per page when a dot-only name is looked up in a filtered listing, and pages at most.
+LISTING_PAGE_SIZE = 500
+LISTING_PAGES_MAX = 20
+
+
 def endpoint_of(path: str) -> str:
     """The label of a request's latency: ``/api/queues/%2F/q?...`` is ``queues``."""
     parts = path.split("?", 1)[0].strip("/").split("/")
@@ -83,6 +117,8 @@ class ManagementApi:
         if not urls:
             raise ValueError("no management API URL")
         self.urls = tuple(u.rstrip("/") for u in urls)
+        # each encoded once; paths are added encoded
+        self._bases = tuple(str(yarl.URL(u)) for u in self.urls)
         self._current = 0  # the one that answered last
         self.timeout = timeout
         self.connections = connections
@@ -146,7 +182,10 @@ class ManagementApi:
     async def _fetch_one(self, path: str) -> Any:
         context: ssl.SSLContext | bool = self.tls.context if self.tls is not None else True
         try:
-            async with self._client().get(self.url + path, ssl=context) as resp:
+            # encoded=True: the path is sent as built, %2E%2E and %2F included (yarl would
+            # otherwise decode and normalise it: /api/queues/%2F/.. is /api/queues/).
+            url = yarl.URL(self._bases[self._current] + path, encoded=True)
+            async with self._client().get(url, ssl=context) as resp:
                 status, reason = resp.status, resp.reason
                 raw = await resp.read()
         except aiohttp.ClientConnectorCertificateError as exc:
@@ -191,19 +230,55 @@ class ManagementApi:
             if self._observe is not None:
                 self._observe(endpoint_of(path), time.monotonic() - started)
 
+    async def item(self, endpoint: str, vhost: str, name: str, query: str = "") -> Any:
+        """The document of the queue or exchange ``name`` in ``vhost`` (``endpoint``:
+        ``queues`` or ``exchanges``); None when there is none. By its own URL, or, for a
+        name that cannot be a path segment (``addressable``), from the listing filtered on
+        its name (``query`` must then keep the ``name`` and ``vhost`` columns)."""
+        if addressable(vhost, name):
+            try:
+                return await self.get(api_path(endpoint, vhost, name, query=query))
+            except ManagementError as exc:
+                if exc.kind == "not_found":
+                    return None
+                raise
+        where = api_path(endpoint, vhost) if addressable(vhost) else api_path(endpoint)
+        pattern = urllib.parse.quote("^" + re.escape(name) + "$", safe="")
+        for page in range(1, LISTING_PAGES_MAX + 1):
+            doc = await self.get(f"{where}?page={page}&page_size={LISTING_PAGE_SIZE}"
+                                 f"&use_regex=true&name={pattern}"
+                                 + (f"&{query}" if query else ""))
+            items = doc.get("items") if isinstance(doc, dict) else None
+            if not isinstance(items, list):
+                raise ManagementError("bad_reply", f"{where}: expected a page of items")
+            for found in items:
+                if isinstance(found, dict) and found.get("name") == name \
+                        and found.get("vhost") == vhost:
+                    return found
+            if page >= int(doc.get("page_count") or 1):
+                break
+        return None
+
+    async def bindings_from(self, vhost: str, exchange: str) -> Any:
+        """The bindings whose source is ``exchange`` (a list); for a name that cannot be a
+        path segment, the vhost's bindings (or all) filtered here."""
+        if addressable(vhost, exchange):
+            return await self.get(api_path("exchanges", vhost, exchange) + "/bindings/source")
+        listed = await self.get(api_path("bindings", vhost) if addressable(vhost)
+                                else api_path("bindings"))
+        if not isinstance(listed, list):
+            raise ManagementError("bad_reply", "bindings: expected a list")
+        return [b for b in listed if isinstance(b, dict) and b.get("source") == exchange
+                and b.get("vhost") == vhost]
+
     async def queue_sample(self, vhost: str, queue: str
                            ) -> ManagementSample | NoStatistics | None:
         """One queue's figures; None when the queue does not exist; ``NO_STATISTICS`` when
         it has no figures yet (``sample_from_queue_doc``)."""
         taken_at = time.monotonic()
-        path = (f"/api/queues/{urllib.parse.quote(vhost, safe='')}/"
-                f"{urllib.parse.quote(queue, safe='')}?columns={QUEUE_COLUMNS}")
-        try:
-            doc = await self.get(path)
-        except ManagementError as exc:
-            if exc.kind == "not_found":
-                return None
-            raise
+        doc = await self.item("queues", vhost, queue, query=f"columns={QUEUE_COLUMNS}")
+        if doc is None:
+            return None
         sample = sample_from_queue_doc(doc, taken_at)
         return NO_STATISTICS if sample is None else sample
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import ssl
@@ -126,12 +127,33 @@ async def connect_upstream(conn: RelayedConnection, loop: asyncio.AbstractEventL
         _connect_ended(conn)
         tls = s.upstream_tls
         if isinstance(exc, ssl.SSLError) and tls is not None:
-            conn.upstream_tls_failed(tls.failure(exc, s.upstreams.first[0]), tell_client=True)
+            conn.upstream_tls_failed(tls.failure(exc, s.upstreams.name_of(None)), tell_client=True)
         else:
             _unreachable(conn, exc)
         return
     _connect_ended(conn)
-    conn.on_node(node)
+    conn.node = node
+    if not conn._closed:  # told if the node stops answering
+        conn._unwatch = s.upstreams.watch(node, functools.partial(_node_lost, conn))
+
+
+def _unwatched() -> None:
+    """A connection not watching its node (``Upstreams.watch``) has nothing to forget."""
+
+
+def _node_lost(conn: RelayedConnection, reason: str) -> None:
+    """The readiness probe found ``conn``'s node no longer answering (hung, or gone without
+    a reset): end the connection as a node's death would, so the client reconnects (to the
+    next node). The upstream is aborted, not closed: a hung node never takes what is
+    buffered for it, and a close would wait for that forever."""
+    conn._unwatch = _unwatched
+    conn._log_limited("upstream_node_lost", logging.WARNING, conn=conn.conn_id,
+                      peer=conn.peer, upstream=str(conn.node), reason=reason,
+                      action="the client connection is closed; it reconnects to the next node")
+    if conn.upstream is not None:
+        conn.upstream.abort()
+        conn.upstream = None
+    conn._close_both()
 
 
 def _connect_too_slow(conn: RelayedConnection) -> None:
@@ -236,7 +258,7 @@ class RelayedConnection(asyncio.Protocol):
         self._retire_timer: asyncio.TimerHandle | None = None
         self._unreachable: UnreachableAnswer | None = None  # telling the client why not
         self.node: Endpoint | None = None  # the broker node the upstream is connected to
-        self._unwatch: Callable[[], None] | None = None
+        self._unwatch: Callable[[], None] = _unwatched  # forgets the watch on ``node``
         board = settings.board
         self._clock: Callable[[], float] = board.clock if board is not None else time.monotonic
 
@@ -531,36 +553,11 @@ class RelayedConnection(asyncio.Protocol):
         else:
             self._resume_client(Paused.UPSTREAM_BACKPRESSURE)
 
-    @property
-    def _node_host(self) -> str:
-        return self.node.host if self.node is not None else self.settings.upstreams.first[0]
-
-    def on_node(self, node: Endpoint) -> None:
-        """The upstream is connected to ``node``: be told if it stops answering."""
-        self.node = node
-        if not self._closed:
-            self._unwatch = self.settings.upstreams.watch(node, self._node_lost)
-
-    def _node_lost(self, reason: str) -> None:
-        """The readiness probe found this connection's node no longer answering (hung, or
-        gone without a reset): end the connection as a node's death would, so the client
-        reconnects (to the next node). Aborted, not closed: a hung node never takes what
-        is buffered for it, and a close would wait for that forever."""
-        self._unwatch = None
-        self._log_limited("upstream_node_lost", logging.WARNING, conn=self.conn_id,
-                          peer=self.peer, upstream=str(self.node), reason=reason,
-                          action="the client connection is closed; it reconnects to the "
-                                 "next node")
-        if self.upstream is not None:
-            self.upstream.abort()
-            self.upstream = None
-        self._close_both()
-
     def upstream_lost(self, exc: Exception | None = None) -> None:
         tls = self.settings.upstream_tls
         if tls is not None and not self._closed:
             if isinstance(exc, ssl.SSLError):
-                self.upstream_tls_failed(tls.failure(exc, self._node_host))
+                self.upstream_tls_failed(tls.failure(exc, self.settings.upstreams.name_of(self.node)))
                 return
             if not self._server_spoke and (
                     exc is None or isinstance(exc, (ConnectionResetError, BrokenPipeError))):
@@ -586,9 +583,8 @@ class RelayedConnection(asyncio.Protocol):
         if self._closed and self.client is None and self.upstream is None:
             return
         self._closed = True
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
+        self._unwatch()
+        self._unwatch = _unwatched
         self._cancel_handshake_timer()
         if self._retire_timer is not None:
             self._retire_timer.cancel()

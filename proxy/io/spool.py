@@ -4,7 +4,8 @@
 0-9-1 gate (``PublishFlow``) writes client publishes to it under ``overflow: spool``.
 
 - **Start**: takes ``SPOOL_DIR/.lock``, recovers every queue's spool (torn tails dropped,
-  one log line per queue), then lets the gate append (``manager.accepting``).
+  damaged bytes skipped, entries that are no spool left alone; one log line per queue and
+  per skipped entry), then lets the gate append (``manager.accepting``).
 - **Group commit**: an append wakes the commit loop, which waits the queue's policy
   ``group_commit_ms`` (``fsync: group``; 0 for ``always`` and ``never``) to gather more,
   then syncs every spool with new records on a worker thread (``fsync: never`` only moves
@@ -675,6 +676,7 @@ class SpoolService(SpoolReplayer):
         self._started = False
         self._sync_error_logged: dict[QueueKey, str] = {}
         self._spooling: set[QueueKey] = set()  # queues whose spool filled since it was empty
+        self.recovery: dict[str, object] = {}  # what start() found on disk, for /state
         self.collector = SpoolCollector(self)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -684,11 +686,22 @@ class SpoolService(SpoolReplayer):
         t0 = time.monotonic()
         reports = await asyncio.to_thread(self.manager.recover)
         for key, r in reports.items():
-            level = logging.WARNING if (r.torn_tail_bytes or r.corrupt) else logging.INFO
+            level = logging.WARNING if (r.torn_tail_bytes or r.problems) else logging.INFO
             event(log, "spool_recovered", level, vhost=key[0], queue=key[1],
                   records=r.records, bytes=r.bytes, segments=r.segments,
-                  torn_tail_bytes=r.torn_tail_bytes,
-                  corrupt="; ".join(r.corrupt) if r.corrupt else "none")
+                  torn_tail_bytes=r.torn_tail_bytes, skipped_bytes=r.skipped_bytes,
+                  lost_records=r.lost_records,
+                  corrupt="; ".join(r.corrupt) if r.corrupt else "none",
+                  skipped_entries="; ".join(r.bad_entries) if r.bad_entries else "none")
+        self.recovery = {
+            "torn_tail_bytes": sum(r.torn_tail_bytes for r in reports.values()),
+            "skipped_bytes": sum(r.skipped_bytes for r in reports.values()),
+            "lost_records": sum(r.lost_records for r in reports.values()),
+            "problems": [f"{v}/{q}: {p}" for (v, q), r in reports.items() for p in r.problems]
+            + [f"{e.path}: {e.reason}" for e in self.manager.unreadable]}
+        for entry in self.manager.unreadable:
+            event(log, "spool_entry_skipped", logging.WARNING, path=entry.path,
+                  reason=entry.reason, action="left as it is; the other queues are recovered")
         event(log, "spool_opened", directory=self.manager.root, queues=len(reports),
               records=sum(r.records for r in reports.values()),
               bytes=sum(r.bytes for r in reports.values()),
@@ -858,6 +871,7 @@ class SpoolService(SpoolReplayer):
                        "min_free_bytes": self.manager.limits.min_free_bytes},
             "write_errors": self.manager.write_errors,
             "full": dict(self.manager.full),
+            "recovery": self.recovery,
             "queues": queues,
         }
 

@@ -361,10 +361,23 @@ class FlowSupervisor(DepthProbes):
                   reason=result.reason, action="keeping the policies in effect",
                   generation=self.store.generation)
             return result
+        before = set(self.controller.queues)
+        try:
+            self.controller.set_policies(result.policies, self.known_queues(), self.clock())
+        except Exception as exc:  # never expected: put the old set back and say so
+            self.store.revert(old)
+            self.controller.set_policies(old, self.known_queues(), self.clock())
+            self.board.settle()
+            failed = ReloadResult(ok=False, policies=old,
+                                  reason=f"applying them failed: {type(exc).__name__}: {exc}")
+            self.stats.reloads["error"] += 1
+            self.stats.last_reload_error = failed.reason
+            event(log, "policy_reload_failed", logging.ERROR, trigger=trigger,
+                  reason=failed.reason, action="keeping the policies in effect",
+                  generation=self.store.generation)
+            return failed
         self.stats.reloads["ok"] += 1
         self.stats.last_reload_error = None
-        before = set(self.controller.queues)
-        self.controller.set_policies(result.policies, self.known_queues(), self.clock())
         self.board.settle()
         after = set(self.controller.queues)
         self.stats.policies = result.policies
@@ -383,10 +396,20 @@ class FlowSupervisor(DepthProbes):
         return result
 
     async def _policy_watch_loop(self) -> None:
+        """Reload when the file changes. Nothing a reload raises ends this loop: it is
+        logged, the policies in effect stay, and the next change is read again."""
         while True:
             await asyncio.sleep(self.settings.policy_poll_interval)
-            if self.store.changed_since_last_load():
-                self.reload("file changed")
+            try:
+                if self.store.changed_since_last_load():
+                    self.reload("file changed")
+            except Exception as exc:
+                self.stats.reloads["error"] += 1
+                self.stats.last_reload_error = f"{type(exc).__name__}: {exc}"
+                event(log, "policy_reload_failed", logging.ERROR, trigger="file changed",
+                      reason=self.stats.last_reload_error,
+                      action="keeping the policies in effect; the next change is read again",
+                      generation=self.store.generation)
 
     # -- topology ----------------------------------------------------------------------
     async def sync_topology(self) -> bool:

@@ -284,23 +284,18 @@ class FeedLookups:
         return LookupResult.FOUND if found else LookupResult.ABSENT
 
     async def _exchange_from_management(self, vhost: str, name: str) -> bool:
-        from urllib.parse import quote
-
         todo, seen, found = [name], set[str](), False
         while todo and len(seen) < LOOKUP_EXCHANGES_MAX:
             current = todo.pop()
             if current in seen:
                 continue
             seen.add(current)
-            base = f"/api/exchanges/{quote(vhost, safe='')}/{quote(current, safe='')}"
-            try:
-                doc = await self.policing.ask(functools.partial(self.api.get, base))
-            except ManagementError as exc:
-                if exc.kind == "not_found":
-                    continue
-                raise
+            doc = await self.policing.ask(
+                functools.partial(self.api.item, "exchanges", vhost, current))
+            if doc is None:
+                continue
             bindings = await self.policing.ask(
-                functools.partial(self.api.get, base + "/bindings/source"))
+                functools.partial(self.api.bindings_from, vhost, current))
             changes = exchange_changes(doc, bindings)
             if current == name:
                 found = True

@@ -77,6 +77,10 @@ class Upstreams:
     def first(self) -> tuple[str, int]:
         return self.nodes[0]
 
+    def name_of(self, endpoint: Endpoint | None) -> str:
+        """The name a connection to ``endpoint`` verifies (the first node's before one)."""
+        return endpoint.host if endpoint is not None else self.nodes[0][0]
+
     @property
     def label(self) -> str:
         return ",".join(f"{host}:{port}" for host, port in self.nodes)

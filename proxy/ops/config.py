@@ -244,6 +244,45 @@ def parse_upstreams(value: str, setting: str = "--upstream"
     return tuple(nodes), kinds.pop()
 
 
+def parse_management_url(value: str, setting: str = "--management") -> str:
+    """The management API's ``http[s]://HOST[:PORT][/PATH]``, without a trailing slash.
+
+    A login in the URL is refused, with where it goes instead: a command line is read by
+    anyone who can list processes, and the URL is logged and shown in ``/state``; the
+    password belongs in ``FLOODWALL_MANAGEMENT_PASSWORD_FILE`` (or ``_PASSWORD``). The
+    refusal never repeats what was given (it may hold the password)."""
+    text = value.strip()
+    try:
+        url = urllib.parse.urlsplit(text)
+        _ = url.port  # ValueError when out of range
+    except ValueError:
+        raise ConfigError(f"{setting}: not a URL with a valid port (expected "
+                          "http[s]://HOST[:PORT][/PATH])") from None
+    if "@" in url.netloc:
+        raise ConfigError(
+            f"{setting}: no login in the URL: it would be seen in the process list, the logs "
+            "and /state. Give the user in FLOODWALL_MANAGEMENT_USERNAME and the password in "
+            "FLOODWALL_MANAGEMENT_PASSWORD_FILE (a mounted secret) or "
+            "FLOODWALL_MANAGEMENT_PASSWORD")
+    if url.scheme.lower() not in ("http", "https"):
+        raise ConfigError(f"{setting}: scheme {url.scheme!r} is not http or https (expected "
+                          "http[s]://HOST[:PORT][/PATH])")
+    if not url.hostname:
+        raise ConfigError(f"{setting}: the URL names no host")
+    if url.query or url.fragment:
+        raise ConfigError(f"{setting}: no query or fragment (the API's base URL)")
+    return text.rstrip("/")
+
+
+def parse_management_urls(value: str, setting: str = "--management") -> str:
+    """One URL, or each node's of a cluster, comma-separated (tried in this order): each
+    checked as ``parse_management_url``; the list as given, without trailing slashes."""
+    items = [item.strip() for item in value.split(",")]
+    if not all(items):
+        raise ConfigError(f"{setting}: an empty item in the list (a stray comma?)")
+    return ",".join(parse_management_url(item, setting) for item in items)
+
+
 def _login_from_environment(env: dict[str, str], prefix: str, username: str, password: str
                             ) -> tuple[str, str]:
     """``{prefix}_USERNAME`` and ``{prefix}_PASSWORD_FILE`` (wins) or ``{prefix}_PASSWORD``."""
@@ -305,6 +344,21 @@ class AmqpCredentials:
 DEFAULT_HOLD_BUDGET = 8 * 1024 * 1024
 #: The management API's port when --management is not given (RabbitMQ's default).
 DEFAULT_MANAGEMENT_PORT = 15672
+#: Admin connections served at once (/metrics, probes, people): one more is answered 503.
+DEFAULT_ADMIN_MAX_CONNECTIONS = 16
+#: Seconds an admin client has to send its request, and again to take the answer.
+DEFAULT_ADMIN_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class AdminLimits:
+    """What one admin client may cost: the connections served at once and how long each
+    may take to ask and to be answered (``--admin-max-connections``, ``--admin-timeout``)."""
+
+    max_connections: int = DEFAULT_ADMIN_MAX_CONNECTIONS
+    timeout: float = DEFAULT_ADMIN_TIMEOUT
+
+
 #: Seconds SIGTERM waits for connections to finish before closing what is left.
 DEFAULT_DRAIN_TIMEOUT = 30.0
 
@@ -316,6 +370,7 @@ class ProxySettings:
     listen: tuple[str, int] | None  # None: no plain listener (``--listen off``)
     upstreams: tuple[tuple[str, int], ...]  # the broker's nodes, tried in this order
     admin: tuple[str, int] | None = None
+    admin_limits: AdminLimits = AdminLimits()
     management_url: str | None = None
     # TLS (proxy/io/tls.py builds the contexts). None: plain.
     upstream_tls: UpstreamTls | None = None

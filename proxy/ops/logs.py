@@ -29,11 +29,31 @@ from floodwall.enforce.events import (
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
 
 
+_NAMED_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(c: str) -> str:
+    """One character of a quoted value: ``\\ \" \\n \\r \\t`` by name, any other that does
+    not print as itself as ``\\xHH``, ``\\uHHHH`` or ``\\UHHHHHHHH``, the rest as is."""
+    named = _NAMED_ESCAPES.get(c)
+    if named is not None:
+        return named
+    if c == " " or c.isprintable():
+        return c
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else (
+        f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+
+
 def _logfmt_value(value: object) -> str:
+    """A value as logfmt: bare when it is plain, else quoted with every character that could
+    break the line or the terminal escaped (control characters C0 and C1, DEL, ESC, U+2028
+    and U+2029, format and unassigned characters, lone surrogates): a client-chosen name
+    never makes a second line or moves the cursor."""
     text = str(value)
-    if text == "" or any(c in text for c in ' ="\\\n'):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return text
+    if text and text.isprintable() and not any(c in text for c in ' ="\\'):
+        return text
+    return '"' + "".join(map(_escape, text)) + '"'
 
 
 class LogfmtFormatter(logging.Formatter):

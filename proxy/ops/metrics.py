@@ -151,6 +151,42 @@ def _hold_budget(s: RelayStats) -> Iterator[Metric]:
         value=max((c.held_bytes for c in list(s.live)), default=0))
 
 
+@dataclass
+class AdminStats:
+    """The admin server's own figures: connections served now, refused past the cap, cut
+    for being too slow."""
+
+    open: int = 0
+    refused: int = 0
+    timed_out: int = 0
+    refusing: int = 0  # refused connections still being closed
+    log_limits: LogLimiter = field(default_factory=LogLimiter)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"connections": self.open, "refused": self.refused,
+                "timed_out": self.timed_out}
+
+
+class AdminCollector(Collector):
+    """``floodwall_admin_*``: the admin server's connections, refusals and timeouts."""
+
+    def __init__(self, stats: AdminStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        yield GaugeMetricFamily("floodwall_admin_connections",
+                                "Admin connections being served now", value=s.open)
+        yield CounterMetricFamily(
+            "floodwall_admin_refused_connections",
+            "Admin connections answered 503 because --admin-max-connections were being "
+            "served", value=s.refused)
+        yield CounterMetricFamily(
+            "floodwall_admin_timeouts",
+            "Admin connections cut because the client took longer than --admin-timeout to "
+            "send its request or to take the answer", value=s.timed_out)
+
+
 def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=["protocol", "direction"])
     for proto in PROTOCOLS:

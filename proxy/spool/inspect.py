@@ -12,9 +12,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from floodwall.spool.log import SEGMENT_SUFFIX
-from floodwall.spool.manager import QueueKey, _decode, _encode
-from floodwall.spool.records import RecordError, SpoolRecord, decode_at
+from floodwall.spool.log import segment_files
+from floodwall.spool.names import (
+    QueueKey,
+    UnreadableEntry,
+    existing_queue_directory,
+    queue_directories,
+)
+from floodwall.spool.records import SpoolRecord
+from floodwall.spool.segments import Skipped, scan_segment
 
 
 @dataclass
@@ -31,26 +37,32 @@ class QueueSummary:
     last_seq: int | None = None
     oldest_accepted_at: float | None = None
     torn_tail_bytes: int = 0
+    skipped_bytes: int = 0  # damaged bytes the reader passed over (the next start drops them)
     problems: tuple[str, ...] = ()
 
 
 def queue_dirs(root: Path) -> Iterator[tuple[QueueKey, Path]]:
     """Every queue directory under a spool root, as ((vhost, queue), path)."""
-    if not root.is_dir():
-        return
-    for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for qdir in sorted(p for p in vdir.iterdir() if p.is_dir()):
-            yield (_decode(vdir.name), _decode(qdir.name)), qdir
+    for found in queue_directories(root):
+        if not isinstance(found, UnreadableEntry):
+            yield found
+
+
+def unreadable_entries(root: Path) -> list[UnreadableEntry]:
+    """What under a spool root is no queue's spool directory (and why)."""
+    return [f for f in queue_directories(root) if isinstance(f, UnreadableEntry)]
 
 
 def queue_dir(root: Path, key: QueueKey) -> Path:
-    return root / _encode(key[0]) / _encode(key[1])
+    """Where ``key``'s spool is (also one an older floodwall made); ``SpoolPathError`` if
+    that would be outside the root."""
+    return existing_queue_directory(root, key)
 
 
 def read_cursor(directory: Path) -> int:
     try:
         return int((directory / "cursor").read_text().strip() or 0)
-    except (OSError, ValueError):
+    except (OSError, ValueError, UnicodeDecodeError):
         return 0
 
 
@@ -63,37 +75,42 @@ class Scan:
 
     def records(self) -> Iterator[SpoolRecord]:
         summary = self.summary
-        problems: list[str] = []
-        paths = sorted(summary.directory.glob("*" + SEGMENT_SUFFIX))
-        for i, path in enumerate(paths):
+        found, bad = segment_files(summary.directory, tidy=False)
+        problems = list(bad)
+        summary.problems = tuple(problems)
+        for i, (first_seq, path) in enumerate(found):
+            following = found[i + 1][0] if i + 1 < len(found) else None
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
                 continue  # deleted by the running proxy meanwhile
-            pos = 0
+            except OSError as exc:
+                problems.append(f"{path.name}: cannot be read ({exc.strerror or exc})")
+                summary.problems = tuple(problems)
+                continue
             counted = False
-            while pos < len(data):
-                try:
-                    rec, end = decode_at(data, pos)
-                except RecordError as exc:
-                    if i == len(paths) - 1:
-                        summary.torn_tail_bytes = len(data) - pos
+            for item in scan_segment(data, first_seq, following):
+                if isinstance(item, Skipped):
+                    if item.at_end and following is None:
+                        summary.torn_tail_bytes = item.size
                     else:
-                        problems.append(f"{path.name}: {exc} at byte {pos}")
+                        summary.skipped_bytes += item.size
+                        problems.append(f"{path.name}: {item.reason} at byte {item.start}; "
+                                        f"{item.size} bytes skipped")
                         summary.problems = tuple(problems)
-                    break
+                    continue
+                rec = item.record
                 if rec.seq > summary.confirmed_seq:
                     if not counted:
                         summary.segments += 1
                         counted = True
                     summary.records += 1
-                    summary.bytes += end - pos
+                    summary.bytes += item.end - item.start
                     if summary.first_seq is None:
                         summary.first_seq = rec.seq
                         summary.oldest_accepted_at = rec.accepted_at
                     summary.last_seq = rec.seq
                     yield rec
-                pos = end
 
 
 def summarize(directory: Path, key: QueueKey) -> QueueSummary:

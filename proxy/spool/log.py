@@ -13,6 +13,11 @@ passes their last record; the cursor is written by rename, so it is either old o
 Delivery across a crash is therefore at least once: a record replayed but not yet
 confirmed (or confirmed after the last cursor write) is replayed again.
 
+Opening a spool recovers it: a torn tail (an append a crash interrupted) is cut; damaged
+bytes anywhere else are skipped, reading on from the next whole record
+(``segments.scan_segment``), and the segment is rewritten without them; entries that are
+no segment (``x.seg``, a directory ``5.seg``) are left alone. ``report`` says what it found.
+
 Plain blocking file I/O: the asyncio layer calls ``sync`` and ``read_batch`` on worker
 threads. The lock guards the bookkeeping only; ``fsync`` runs outside it (on a duplicate of
 the segment's descriptor), so an append on the event loop never waits for the disk.
@@ -30,8 +35,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from floodwall.spool.records import HEAD_SIZE, RecordError, SpoolRecord, decode_at
+from floodwall.spool.segments import Skipped, scan_segment
 
 SEGMENT_SUFFIX = ".seg"
+REWRITE_SUFFIX = ".tmp"  # a segment being rewritten without its damaged bytes
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
 
@@ -65,7 +72,14 @@ class RecoveryReport:
     records: int = 0
     bytes: int = 0
     torn_tail_bytes: int = 0  # an interrupted last append, dropped
-    corrupt: list[str] = field(default_factory=list)
+    skipped_bytes: int = 0  # damaged bytes passed over (each range in ``corrupt``)
+    lost_records: int = 0  # unconfirmed records that were in the damaged bytes
+    corrupt: list[str] = field(default_factory=list)  # what was damaged, one line each
+    bad_entries: list[str] = field(default_factory=list)  # files that are no segment
+
+    @property
+    def problems(self) -> list[str]:
+        return [*self.corrupt, *self.bad_entries]
 
 
 class QueueSpool:
@@ -97,45 +111,89 @@ class QueueSpool:
         if cursor.exists():
             try:
                 self.confirmed_seq = int(cursor.read_text().strip() or 0)
-            except ValueError:
+            except (ValueError, OSError, UnicodeDecodeError):
                 report.corrupt.append(f"{cursor}: unreadable cursor, replaying everything")
-        paths = sorted(self.directory.glob("*" + SEGMENT_SUFFIX))
-        for i, path in enumerate(paths):
-            data = path.read_bytes()
-            seg = Segment(path, int(path.stem))
-            pos = 0
-            while pos < len(data):
-                try:
-                    rec, end = decode_at(data, pos)
-                except RecordError as exc:
-                    if i == len(paths) - 1:
-                        report.torn_tail_bytes = len(data) - pos
-                    else:
-                        report.corrupt.append(f"{path}: {exc} at byte {pos}; "
-                                              f"{len(data) - pos} bytes dropped")
-                    with open(path, "r+b") as f:
-                        f.truncate(pos)
-                        os.fsync(f.fileno())
-                    break
-                seg.last_seq = rec.seq
-                if rec.seq > self.confirmed_seq:
-                    self._pending_records += 1
-                    self._pending_bytes += end - pos
-                    if self._oldest_at is None:
-                        self._oldest_at = rec.accepted_at
-                pos = end
-            seg.size = pos
-            if seg.last_seq and seg.last_seq <= self.confirmed_seq:
-                path.unlink()  # confirmed before the crash; its deletion did not happen
+        found, report.bad_entries = segment_files(self.directory)
+        unread_above = 0
+        for i, (first_seq, path) in enumerate(found):
+            following = found[i + 1][0] if i + 1 < len(found) else None
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                report.bad_entries.append(f"{path}: cannot be read "
+                                          f"({exc.strerror or exc}); left as it is")
+                unread_above = max(unread_above, first_seq)
+                continue
+            try:
+                seg = self._recover_segment(path, first_seq, data, following, report)
+            except OSError as exc:
+                report.bad_entries.append(f"{path}: cannot be repaired "
+                                          f"({exc.strerror or exc}); left as it is")
+                unread_above = max(unread_above, first_seq)
+                continue
+            if seg is None:
                 continue
             self.segments.append(seg)
             report.segments += 1
         last = max((s.last_seq for s in self.segments), default=0)
-        self.next_seq = max(last, self.confirmed_seq) + 1
+        # (past an unreadable segment's first seq: a new segment never takes its name)
+        self.next_seq = max(last, self.confirmed_seq, unread_above) + 1
         self.durable_seq = self.next_seq - 1
         report.records = self._pending_records
         report.bytes = self._pending_bytes
         return report
+
+    def _recover_segment(self, path: Path, first_seq: int, data: bytes,
+                         following: int | None, report: RecoveryReport) -> Segment | None:
+        """One segment's records booked; damage skipped (the segment rewritten without
+        it), a torn tail cut. None: nothing of it is left (deleted)."""
+        seg = Segment(path, first_seq)
+        kept: list[tuple[int, int]] = []  # byte ranges of whole records
+        lost_after: int | None = None  # the last good seq before a skipped range
+        for item in scan_segment(data, first_seq, following):
+            if isinstance(item, Skipped):
+                if item.at_end and following is None:
+                    report.torn_tail_bytes = item.size  # the interrupted last append
+                    break
+                report.skipped_bytes += item.size
+                report.corrupt.append(
+                    f"{path}: {item.reason} at byte {item.start}; {item.size} bytes "
+                    + ("skipped, to the end of the segment" if item.at_end else
+                       "skipped, reading on from the next whole record"))
+                lost_after = seg.last_seq or first_seq - 1
+                if item.at_end and following is not None:
+                    report.lost_records += self._unconfirmed_between(lost_after, following)
+                continue
+            rec = item.record
+            if lost_after is not None:
+                report.lost_records += self._unconfirmed_between(lost_after, rec.seq)
+                lost_after = None
+            seg.last_seq = rec.seq
+            if rec.seq > self.confirmed_seq:
+                self._pending_records += 1
+                self._pending_bytes += item.end - item.start
+                if self._oldest_at is None:
+                    self._oldest_at = rec.accepted_at
+            kept.append((item.start, item.end))
+        seg.size = sum(end - start for start, end in kept)
+        if seg.size != len(data):
+            if not kept or kept[-1][1] == seg.size:  # only a tail to cut
+                with open(path, "r+b") as f:
+                    f.truncate(seg.size)
+                    os.fsync(f.fileno())
+            else:
+                _rewrite(path, data, kept)
+        if seg.last_seq and seg.last_seq <= self.confirmed_seq:
+            path.unlink()  # confirmed before the crash; its deletion did not happen
+            return None
+        if not seg.last_seq and following is not None:
+            path.unlink()  # an older segment with nothing left in it
+            return None
+        return seg
+
+    def _unconfirmed_between(self, before: int, after: int) -> int:
+        """Seqs strictly between ``before`` and ``after`` that were not yet confirmed."""
+        return max(0, after - max(before, self.confirmed_seq) - 1)
 
     # -- appending ---------------------------------------------------------------------
     def append(self, record: SpoolRecord) -> int:
@@ -402,6 +460,48 @@ class QueueSpool:
                     pass
             self._retired = []
             self._fd = None
+
+
+def segment_files(directory: Path, tidy: bool = True
+                  ) -> tuple[list[tuple[int, Path]], list[str]]:
+    """The segments of a queue's directory as (first seq, path), oldest first, and a line
+    for each entry that looks like one but is not (``x.seg``, a directory ``5.seg``).
+    ``tidy``: remove the leftover of an interrupted rewrite (``*.seg.tmp``)."""
+    found: list[tuple[int, Path]] = []
+    bad: list[str] = []
+    try:
+        entries = sorted(directory.iterdir())
+    except FileNotFoundError:
+        return [], []
+    for path in entries:
+        if path.name.endswith(SEGMENT_SUFFIX + REWRITE_SUFFIX):
+            if tidy and path.is_file():
+                path.unlink(missing_ok=True)
+            continue
+        if not path.name.endswith(SEGMENT_SUFFIX):
+            continue
+        stem = path.name[:-len(SEGMENT_SUFFIX)]
+        if not (stem.isascii() and stem.isdigit()):
+            bad.append(f"{path}: not a segment name (digits.seg); skipped")
+        elif path.is_symlink() or not path.is_file():
+            bad.append(f"{path}: not a regular file; skipped")
+        else:
+            found.append((int(stem), path))
+    found.sort()
+    return found, bad
+
+
+def _rewrite(path: Path, data: bytes, kept: list[tuple[int, int]]) -> None:
+    """Replace a segment by the byte ranges ``kept`` of its ``data`` (atomically: a crash
+    leaves the old file or the new one, and a ``*.seg.tmp`` that the next start removes)."""
+    tmp = path.with_name(path.name + REWRITE_SUFFIX)
+    with open(tmp, "wb") as f:
+        for start, end in kept:
+            f.write(data[start:end])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,7 +1,7 @@
 """All queues' spools under one directory, and the limits that bound them.
 
-``SPOOL_DIR/<vhost>/<queue>/`` holds one queue's segments (names percent-encoded so any
-vhost or queue name is a safe directory name). Limits are checked before each append:
+``SPOOL_DIR/<vhost>/<queue>/`` holds one queue's segments (``names``: every vhost and queue
+name its own directory, never outside the root). Limits are checked before each append:
 the policy's per-queue ``spool.max_bytes``, a total across queues, and a minimum of free
 disk; past any of them ``append`` raises ``SpoolFull`` and the caller falls back to holding.
 So does ``accepting = False`` (the proxy is draining, or has not recovered its spool yet).
@@ -16,16 +16,22 @@ import errno
 import fcntl
 import os
 import shutil
-import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from floodwall.spool.log import DEFAULT_SEGMENT_BYTES, QueueSpool, RecoveryReport, SpoolError
+from floodwall.spool.names import (
+    QueueKey,
+    UnreadableEntry,
+    existing_queue_directory,
+    make_queue_directory,
+    queue_directories,
+)
 from floodwall.spool.records import SpoolRecord
 
-QueueKey = tuple[str, str]
+__all__ = ["QueueKey", "SpoolError", "SpoolFull", "SpoolLocked", "SpoolManager"]
 
 DEFAULT_TOTAL_MAX = 10 * 1024**3
 DEFAULT_MIN_FREE = 512 * 1024**2
@@ -40,14 +46,6 @@ class SpoolLocked(SpoolError):
 
 
 LOCK_FILE = ".lock"
-
-
-def _encode(name: str) -> str:
-    return urllib.parse.quote(name, safe="") or "%"  # "" (the default vhost never is) -> "%"
-
-
-def _decode(name: str) -> str:
-    return "" if name == "%" else urllib.parse.unquote(name)
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,7 @@ class SpoolManager:
         self.write_errors = 0  # appends and syncs that failed (disk full, I/O error)
         self.sync_errors: dict[QueueKey, str] = {}  # queues whose last sync failed
         self._lock_fd: int | None = None
+        self.unreadable: list[UnreadableEntry] = []  # what the last ``recover`` skipped
         self.root.mkdir(parents=True, exist_ok=True)
 
     def lock(self) -> None:
@@ -91,21 +90,40 @@ class SpoolManager:
         self._lock_fd = fd
 
     def directory(self, key: QueueKey) -> Path:
-        return self.root / _encode(key[0]) / _encode(key[1])
+        """Where ``key``'s spool is (or would be); ``SpoolPathError`` (an OSError) if that
+        is anywhere but two levels under the root."""
+        return existing_queue_directory(self.root, key)
 
     def recover(self) -> dict[QueueKey, RecoveryReport]:
-        """Open every spool found on disk (after a restart or a crash)."""
+        """Open every spool found on disk (after a restart or a crash); what cannot be
+        opened is skipped and listed in ``unreadable`` (the rest is recovered all the same)."""
         reports: dict[QueueKey, RecoveryReport] = {}
-        for vdir in sorted(p for p in self.root.iterdir() if p.is_dir()):  # (not .lock)
-            for qdir in sorted(p for p in vdir.iterdir() if p.is_dir()):
-                key = (_decode(vdir.name), _decode(qdir.name))
-                reports[key] = self.spool(key).report
+        skipped = self.unreadable = []
+        for found in queue_directories(self.root):
+            if isinstance(found, UnreadableEntry):
+                skipped.append(found)
+                continue
+            key, path = found
+            if key in self.spools:
+                skipped.append(UnreadableEntry(path, f"a second directory for queue {key[1]!r}"
+                                                     f" of vhost {key[0]!r} (the first: "
+                                                     f"{self.spools[key].directory})"))
+                continue
+            try:
+                spool = self.spools[key] = QueueSpool(path, self.segment_bytes)
+            except OSError as exc:
+                skipped.append(UnreadableEntry(path, f"cannot be opened: "
+                                                     f"{exc.strerror or exc}"))
+                continue
+            reports[key] = spool.report
         return reports
 
     def spool(self, key: QueueKey) -> QueueSpool:
+        """``key``'s spool, opened (its directory made) at the first call."""
         spool = self.spools.get(key)
         if spool is None:
-            spool = self.spools[key] = QueueSpool(self.directory(key), self.segment_bytes)
+            directory = make_queue_directory(self.root, key)
+            spool = self.spools[key] = QueueSpool(directory, self.segment_bytes)
         return spool
 
     def has_backlog(self, key: QueueKey) -> bool:
@@ -196,7 +214,8 @@ class SpoolManager:
         dropped = spool.pending_records if spool is not None else 0
         if spool is not None:
             spool.close()
-        shutil.rmtree(self.directory(key), ignore_errors=True)
+        directory = spool.directory if spool is not None else self.directory(key)
+        shutil.rmtree(directory, ignore_errors=True)
         return dropped
 
     def close(self) -> None:

@@ -22,8 +22,9 @@ was sent to (the link's target, or the message's ``to`` on an anonymous link), a
 replayed over AMQP 1.0 to that address, so the broker stores what it would have stored.
 
 All integers are big-endian, as in AMQP. A record whose magic, length or checksum does not
-hold, at the end of a segment, is a torn write (a crash mid-append) and is dropped on
-recovery; anywhere else it is corruption, and the segment is cut there and reported.
+hold, at the end of the newest segment, is a torn write (a crash mid-append) and is dropped
+on recovery; anywhere else it is damage: the reader skips to the next whole record
+(``segments.scan_segment``), so only the damaged record is lost, and reports it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,13 @@ import trustme
 
 from floodwall.control.depth import ManagementSample
 from floodwall.dev.devbroker import BrokerEndpoint, free_port
-from floodwall.io.management import ManagementApi, ManagementError, endpoint_of
+from floodwall.io.management import (
+    ManagementApi,
+    ManagementError,
+    api_path,
+    endpoint_of,
+    path_segment,
+)
 from floodwall.io.tls import ManagementTlsContext
 from floodwall.ops.config import ManagementCredentials, ManagementTls
 from tests.conftest import run, wait_for
@@ -101,7 +107,109 @@ def test_endpoint_labels() -> None:
     assert endpoint_of("/api/overview") == "other"
 
 
+HOSTILE_QUEUES = [".", "..", "...", "a/b", "../x", "%2E%2E", "sp ace", "é", "q?x#y"]
+
+
+def test_names_are_one_segment_each_and_dots_are_never_dot_segments() -> None:
+    assert path_segment("..") == "%2E%2E" and path_segment(".") == "%2E"
+    assert path_segment("/") == "%2F" and path_segment("a.b") == "a.b"
+    assert path_segment("%2E") == "%252E"
+    assert api_path("queues", "/", "..", query="columns=name") == \
+        "/api/queues/%2F/%2E%2E?columns=name"
+    for name in HOSTILE_QUEUES:
+        segment = path_segment(name)
+        assert "/" not in segment and "?" not in segment and "#" not in segment
+        assert segment.strip(".") != ""
+
+
+def test_the_path_is_sent_as_built_not_normalised() -> None:
+    """yarl decodes and normalises a plain string (``/api/queues/%2F/..`` becomes
+    ``/api/queues/``): the request line must carry the encoded segments. A dot-only name,
+    which RabbitMQ's router would drop all the same, is asked of the filtered listing."""
+    heads: list[bytes] = []
+
+    async def record(head: bytes) -> bytes:
+        heads.append(head)
+        listing = b"page=" in head.split(b"\r\n", 1)[0]
+        return await json_reply(b'{"items": [], "page_count": 1}' if listing else b"{}")(head)
+
+    async def body() -> None:
+        async with HttpServer(record) as server:
+            api = ManagementApi(server.url + "/prefix/", ManagementCredentials())
+            for name in HOSTILE_QUEUES:
+                await api.queue_sample("/", name)
+            assert await api.queue_sample("..", "q") is None
+            await api.close()
+
+    run(body)
+    lines = [h.split(b"\r\n", 1)[0].decode() for h in heads]
+    for name, line in zip(HOSTILE_QUEUES, lines, strict=False):
+        if name.strip(".") == "":
+            pattern = "%5E" + "%5C." * len(name) + "%24"
+            assert line.startswith("GET /prefix/api/queues/%2F?page=1&page_size=500"
+                                   f"&use_regex=true&name={pattern}&columns="), line
+        else:
+            assert line.startswith(
+                f"GET /prefix/api/queues/%2F/{path_segment(name)}?columns="), line
+    assert lines[-1].startswith("GET /prefix/api/queues?page=1&page_size=500&use_regex=true"
+                                "&name=%5Eq%24&columns="), lines[-1]
+
+
 # --- against the real broker ------------------------------------------------------------
+
+@pytest.mark.broker
+def test_a_dot_only_queue_name_reads_that_queue(broker: BrokerEndpoint) -> None:
+    """Queues named ``.``, ``..`` and the like each read as themselves (``..`` once read as
+    the list of every queue: a bad reply that marked every policed queue's depth unknown)."""
+    tag = uuid.uuid4().hex[:6]
+    names = [".", "..", "...", f"a/{tag}", f"../{tag}", f"%2E%2E{tag}", f"sp ace {tag}"]
+    with pika.BlockingConnection(pika.ConnectionParameters(
+            broker.host, broker.amqp_port, credentials=pika.PlainCredentials(
+                broker.username, broker.password))) as conn:
+        ch = conn.channel()
+        for i, name in enumerate(names):
+            ch.queue_declare(name)
+            ch.queue_purge(name)
+            for _ in range(i + 1):
+                ch.basic_publish("", name, b"x" * 10)
+        samples: dict[str, object] = {}
+
+        async def sample_all() -> None:
+            api = api_for(broker)
+            try:
+                for name in names:
+                    samples[name] = await api.queue_sample("/", name)
+                assert api.failures == {}
+            finally:
+                await api.close()
+
+        def all_counted() -> bool:
+            run(sample_all)
+            return all(isinstance(s, ManagementSample) and s.messages_ready == i + 1
+                       for i, s in enumerate(samples.values()))
+
+        ch.exchange_declare("..", "fanout")
+        ch.queue_bind("..", "..")
+
+        async def exchange() -> None:
+            api = api_for(broker)
+            try:
+                doc = await api.item("exchanges", "/", "..")
+                assert doc["name"] == ".." and doc["type"] == "fanout"
+                bindings = await api.bindings_from("/", "..")
+                assert [(b["source"], b["destination"]) for b in bindings] == [("..", "..")]
+                assert await api.item("exchanges", "/", "...") is None
+            finally:
+                await api.close()
+
+        try:
+            wait_for(all_counted, 30, what=f"each queue's own figures: {samples}")
+            run(exchange)
+        finally:
+            ch.exchange_delete("..")
+            for name in names:
+                ch.queue_delete(name)
+
 
 @pytest.mark.broker
 def test_requests_share_one_pooled_connection(broker: BrokerEndpoint) -> None:

@@ -21,7 +21,7 @@ from floodwall.control.routing import ChangeKind, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.amqp_client import Delivery, QueueCounts, QueueLocked
-from floodwall.io.management import ManagementError
+from floodwall.io.management import ManagementError, api_path
 from floodwall.io.supervisor import FlowSettings
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.topology import TopologyFeed
@@ -88,6 +88,17 @@ class Broker:
                 return [b for b in self.bindings if b["source"] == name]
             return found[0]
         raise AssertionError(path)
+
+    async def item(self, endpoint: str, vhost: str, name: str, query: str = "") -> Any:
+        try:
+            return await self.get(api_path(endpoint, vhost, name, query=query))
+        except ManagementError as exc:
+            if exc.kind == "not_found":
+                return None
+            raise
+
+    async def bindings_from(self, vhost: str, exchange: str) -> Any:
+        return await self.get(api_path("exchanges", vhost, exchange) + "/bindings/source")
 
     async def queue_sample(self, vhost: str, queue: str) -> ManagementSample | None:
         self.requests.append(f"sample {queue}")

@@ -150,6 +150,28 @@ def test_replay_publishes_in_order_and_deletes(broker: BrokerEndpoint, channel: 
 
 
 @pytest.mark.broker
+def test_replay_of_a_damaged_spool_says_what_it_skipped_and_replays_the_rest(
+        broker: BrokerEndpoint, channel: Any, tmp_path: Path) -> None:
+    q = f"cli-damaged-{uuid.uuid4().hex[:8]}"
+    channel.queue_declare(q)
+    recs = make_spool(tmp_path, ("/", q), 100)  # several 4 KiB segments
+    first = sorted((tmp_path / "%2F" / q).glob("*.seg"))[0]
+    damaged = bytearray(first.read_bytes())
+    damaged[200] ^= 0xFF  # inside the second record
+    first.write_bytes(bytes(damaged))
+    (tmp_path / "%2F" / q / "x.seg").write_bytes(b"not a segment")
+    shown = invoke("show", q, "--spool-dir", str(tmp_path), "--limit", "0")
+    assert "bytes skipped" in shown.output and "x.seg" in shown.output
+    out = replay_with_login(broker, q, tmp_path)
+    assert out.exit_code == 0, out.output
+    assert "damaged bytes skipped, 1 unconfirmed records in them lost" in out.output
+    assert "x.seg: not a segment name" in out.output
+    assert "replayed 99 records" in out.output
+    assert [body for _, body in take_all(channel, q)] == [r.body for r in recs[:1] + recs[2:]]
+    channel.queue_delete(q)
+
+
+@pytest.mark.broker
 def test_replay_to_a_missing_queue_keeps_the_records(broker: BrokerEndpoint,
                                                      tmp_path: Path) -> None:
     q = f"cli-missing-{uuid.uuid4().hex[:8]}"

@@ -164,7 +164,7 @@ def test_a_write_that_cannot_be_cut_back_moves_to_a_new_segment(
     spool.sync()
     spool.close()
     again = QueueSpool(tmp_path)
-    assert again.report.corrupt and "20 bytes dropped" in again.report.corrupt[0]
+    assert again.report.corrupt and "20 bytes skipped" in again.report.corrupt[0]
     assert [r.routing_key for r in again.records()] == ["rk.0", "rk.2"]
 
 

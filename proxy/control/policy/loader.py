@@ -65,6 +65,17 @@ def _peek_name(item: yaml.Node) -> str:
     return ""
 
 
+def _short_tag(tag: str) -> str:
+    """``tag:yaml.org,2002:int`` as it was written: ``!!int``."""
+    prefix = "tag:yaml.org,2002:"
+    return "!!" + tag[len(prefix):] if tag.startswith(prefix) else tag
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _line(node: yaml.Node) -> int:
     return int(node.start_mark.line) + 1
 
@@ -132,6 +143,12 @@ class _Reader:
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc)
             raise self.fail(node, f"YAML: {problem}") from None
+        except Exception:  # PyYAML's constructors raise what they meet (!!bool maybe)
+            raise self.fail(node, f"YAML: {_shown(node.value)} is not a valid "
+                                  f"{_short_tag(node.tag)}") from None
+        finally:
+            self._constructor.constructed_objects.clear()  # each node on its own
+            self._constructor.recursive_objects.clear()
 
     def mapping(self, node: yaml.Node, where: str, allowed: tuple[str, ...],
                 required: tuple[str, ...] = ()) -> dict[str, _Entry]:
@@ -332,6 +349,18 @@ def parse_policies(text: str, source: str = "<string>") -> PolicySet:
     """Parse a version-1 policy document; ``PolicyError`` carries every error found in it
     (``FILE:LINE:COLUMN: reason`` each)."""
     reader = _Reader(source)
+    try:
+        return _parse(reader, text, source)
+    except PolicyError:
+        raise
+    except RecursionError:
+        problem = Problem(source, 1, 1, "YAML: nested too deeply to read")
+    except Exception as exc:  # a bug, or a YAML input nobody foresaw: still FILE:LINE
+        problem = Problem(source, 1, 1, f"cannot be read: {type(exc).__name__}: {exc}")
+    raise PolicyError.of([*reader.problems, problem])
+
+
+def _parse(reader: _Reader, text: str, source: str) -> PolicySet:
     policies: list[Policy] = []
     defaults: dict[str, Policy] = {}
     try:
@@ -369,8 +398,16 @@ def _top_level(reader: _Reader, text: str, source: str) -> dict[str, _Entry]:
         column = mark.column + 1 if mark is not None else 1
         problem = exc.problem or exc.context or "malformed"
         raise _Invalid(Problem(source, line, column, f"YAML syntax: {problem}")) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        before = text[:exc.position]
+        line, column = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise _Invalid(Problem(source, line, column, f"YAML: character U+{code:04X} is not "
+                                                     "allowed")) from None
     except yaml.YAMLError as exc:
         raise _Invalid(Problem(source, 1, 1, f"YAML: {exc}")) from None
+    except RecursionError:
+        raise _Invalid(Problem(source, 1, 1, "YAML: nested too deeply to read")) from None
     if root is None:
         raise _Invalid(Problem(source, 1, 1,
                                "empty file; expected a mapping with 'version: 1'"))
@@ -576,10 +613,20 @@ class PolicyStore:
             new = self._load(source)
         except PolicyError as exc:
             return ReloadResult(ok=False, policies=self.current, reason=str(exc))
+        except Exception as exc:  # never expected (the loader makes every error a
+            # PolicyError); a reload must not end the watcher for all that
+            return ReloadResult(ok=False, policies=self.current,
+                                reason=f"{source}: cannot be read: {type(exc).__name__}: {exc}")
         changed = new != self.current
         self.current = new
         self.generation += 1
         return ReloadResult(ok=True, policies=new, changed=changed)
+
+    def revert(self, policies: PolicySet) -> None:
+        """Undo the last successful ``reload`` (its policies could not be applied): the
+        given set is in effect again, and the file is read again at its next change."""
+        self.current = policies
+        self.generation -= 1
 
     def changed_since_last_load(self, path: str | os.PathLike[str] | None = None) -> bool:
         """True if the file's (mtime_ns, size, inode) differ from the last reload attempt."""
