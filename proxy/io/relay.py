@@ -127,7 +127,7 @@ async def connect_upstream(conn: RelayedConnection, loop: asyncio.AbstractEventL
         _connect_ended(conn)
         tls = s.upstream_tls
         if isinstance(exc, ssl.SSLError) and tls is not None:
-            conn.upstream_tls_failed(tls.failure(exc, s.upstreams.tls_name(None)), tell_client=True)
+            conn.upstream_tls_failed(tls.failure(exc, s.upstreams.host(None)), tell_client=True)
         else:
             _unreachable(conn, exc)
         return
@@ -557,7 +557,7 @@ class RelayedConnection(asyncio.Protocol):
         tls = self.settings.upstream_tls
         if tls is not None and not self._closed:
             if isinstance(exc, ssl.SSLError):
-                self.upstream_tls_failed(tls.failure(exc, self.settings.upstreams.tls_name(self.node)))
+                self.upstream_tls_failed(tls.failure(exc, self.settings.upstreams.host(self.node)))
                 return
             if not self._server_spoke and (
                     exc is None or isinstance(exc, (ConnectionResetError, BrokenPipeError))):

@@ -77,7 +77,7 @@ class Upstreams:
     def first(self) -> tuple[str, int]:
         return self.nodes[0]
 
-    def tls_name(self, endpoint: Endpoint | None) -> str:
+    def host(self, endpoint: Endpoint | None) -> str:
         """The name a connection to ``endpoint`` verifies (the first node's before one)."""
         return endpoint.host if endpoint is not None else self.nodes[0][0]
 

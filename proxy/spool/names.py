@@ -57,7 +57,7 @@ def legacy_dir_name(name: str) -> str:
     return urllib.parse.quote(name, safe="") or "%"
 
 
-def tls_name(directory: Path) -> str | None:
+def name_of(directory: Path) -> str | None:
     """The vhost or queue name a directory holds; None when it cannot be told (a digest
     directory without its ``.name`` file)."""
     text = directory.name
