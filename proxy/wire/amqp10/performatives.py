@@ -154,7 +154,7 @@ SASL_OK: Final = 0
 """sasl-outcome code for successful authentication."""
 
 
-def tls_name(code: int) -> str:
+def name_of(code: int) -> str:
     """A descriptor code's name for messages ("open"), or its hex form when unknown."""
     layout = LAYOUTS.get(code)
     return layout[0] if layout else f"0x{code:02x}"
