@@ -437,6 +437,7 @@ class Proxy:
             doc["memory_budget"] = {
                 "bytes": self.memory.limit, "resume_bytes": self.memory.resume,
                 "reached": self.memory.engaged, "paused_connections": len(self.memory.paused),
+                "partial_frame_bytes": self.flow.board.partial_bytes if self.flow else 0,
                 "largest_paused": [{"conn": c, "held_bytes": b}
                                    for c, b in self.memory.largest()]}
         return doc

@@ -270,6 +270,12 @@ class FrameRelay(CoreOutput):
         """Bytes of an incomplete broker frame held back."""
         return len(self._server_in.tail) + self._server_in.parts_len
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of incomplete frames held back, both directions."""
+        client, server = self._client_in, self._server_in
+        return len(client.tail) + client.parts_len + len(server.tail) + server.parts_len
+
     # --- relay ------------------------------------------------------------------------
 
     def _receive(self, inbound: _Inbound, data: bytes) -> None:
@@ -471,6 +477,19 @@ class FrameRelay(CoreOutput):
                 f"{err.condition} - {err.reason}",
             )
         )
+
+    def abort(self, reason: str) -> None:
+        """The proxy failed on this connection: drop what is held and queued; each peer gets
+        connection.close 541 INTERNAL_ERROR (the broker's none once a close has passed)."""
+        for inbound in (self._client_in, self._server_in):
+            inbound.tail = bytearray()
+            inbound.parts, inbound.parts_len = [], 0
+        self._to_server.clear()
+        self._to_client.clear()
+        text = f"INTERNAL_ERROR - {reason}"
+        self._to_client.append(close_frame(INTERNAL_ERROR, text))
+        if self.closing is None:
+            self._to_server.append(close_frame(INTERNAL_ERROR, text))
 
     # --- methods the core reads -------------------------------------------------------
     # Connection-class methods count only on channel 0 and channel-class ones only off

@@ -234,6 +234,11 @@ class Connection(CoreOutput):
     def data_for_client(self) -> bytes:
         return _drain(self._to_client)
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of incomplete frames (or headers) held back, both directions."""
+        return len(self._client.tail) + len(self._server.tail)
+
     def collect(self) -> None:
         """Take what the gate made outside a receive call (a release, an expiry, a spool
         acknowledgement) into the outgoing data and events."""
@@ -535,6 +540,16 @@ class Connection(CoreOutput):
         else:
             self._close_server(exc.condition, reason)
             self._close_client("amqp:internal-error", f"{blame} ({exc.condition}: {reason})")
+
+    def abort(self, reason: str) -> None:
+        """The proxy failed on this connection: drop what is held and queued; each peer in
+        the AMQP layer gets a close with ``amqp:internal-error`` (as ``_fail`` would)."""
+        self._client.tail = bytearray()
+        self._server.tail = bytearray()
+        self._to_server.clear()
+        self._to_client.clear()
+        self._close_client("amqp:internal-error", reason)
+        self._close_server("amqp:internal-error", reason)
 
     def _close_client(self, condition: str, description: str) -> None:
         """Queue a close for the client if it is in the AMQP layer and has not been closed."""
