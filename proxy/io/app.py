@@ -96,6 +96,7 @@ class Proxy:
         self.memory: MemoryBudget | None = None
         if self.flow is not None:
             self.memory = self.flow.board.memory = MemoryBudget(settings.memory_budget)
+            self.flow.enforcement.memory = self.memory  # spool captures are kept under it
             collectors.append(self.flow.collector)
             collectors.append(MemoryBudgetCollector(self.memory))
             if self.flow.fleet is not None:

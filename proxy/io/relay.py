@@ -75,9 +75,10 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
             gate = PublishFlow(board.enforcement, conn_id, settings.hold_budget)
         return Amqp091Connection(gate, conn_id, watch_topology=watch,
                                  refuse_external=refuse_external), gate
-    if board is None:
+    if board is None or settings is None:
         return Amqp10Connection(header, refuse_external=refuse_external), None
-    gate10 = CreditFlow(board.enforcement, conn_id)
+    # (its hold budget bounds its spool captures: a credit gate holds nothing else)
+    gate10 = CreditFlow(board.enforcement, conn_id, settings.hold_budget)
     return Amqp10Connection(header, gate10, conn_id, refuse_external=refuse_external), gate10
 
 
