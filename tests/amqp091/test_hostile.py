@@ -5,13 +5,19 @@ a time."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
+from pamqp import body as pamqp_body
+from pamqp import commands, frame, header
 
+from floodwall.control.memory import MemoryBudget
+from floodwall.enforce import events as ev
+from floodwall.spool.manager import SpoolManager
 from floodwall.wire.amqp091.connection import Connection
 from floodwall.wire.amqp091.framing import FRAME_MIN_SIZE
 from floodwall.wire.relaycore import Side
-from tests.amqp091.test_flow import Setup
+from tests.amqp091.test_flow import Setup, _spool_setup
 from tests.amqp091.wire import (
     CH,
     FRAME_MAX,
@@ -20,9 +26,12 @@ from tests.amqp091.wire import (
     client_handshake,
     decode_all,
     method,
+    publish,
     raw_frame,
     server_handshake,
 )
+
+CF = commands.Confirm
 
 GIB4 = 0xFFFFFFF0  # a payload size announcing 4 GiB
 
@@ -186,3 +195,100 @@ def test_a_pipelined_tune_ok_takes_effect_with_the_brokers_tune() -> None:
     assert core.failure is None
     core.receive_from_client(raw_frame(3, 1, b"a" * (FRAME_MAX - 7)), 0.0)
     assert core.failure is not None and f"exceeds frame_max {FRAME_MAX}" in core.failure.reason
+
+
+# -- spool captures: bounded before they are assembled --------------------------------------
+
+def spool_setup(tmp_path: Path, max_bytes: str = "1MiB") -> tuple[Setup, SpoolManager]:
+    s, manager = _spool_setup(tmp_path, max_bytes)
+    s.core.receive_from_client(method(CF.Select(), 1), s.clock.t)
+    s.core.data_for_server()
+    s.trip()
+    return s, manager
+
+
+def announce(queue: str, body_size: int) -> bytes:
+    """A publish and a content header announcing ``body_size``, no body yet."""
+    return method(B.Publish(exchange="", routing_key=queue), 1) + frame.marshal(
+        header.ContentHeader(0, body_size, B.Properties()), 1)
+
+
+def fell_back(s: Setup) -> list[ev.SpoolFellBack]:
+    return [e for e in s.core.events() if isinstance(e, ev.SpoolFellBack)]
+
+
+@BYTES
+def test_a_2_to_the_40_body_to_a_spooling_queue_is_held_not_assembled(
+        tmp_path: Path, one_byte: bool) -> None:
+    s, manager = spool_setup(tmp_path)
+    fed(s.core, announce("capped", 1 << 40), one_byte)
+    (why,) = fell_back(s)
+    assert why.queue == "capped" and why.action == "held"
+    assert why.reason.startswith("spool of 'capped' is at its limit (1048576 bytes): no room "
+                                 "for 10995116278")  # 2**40 and its method and header
+    assert s.gate.holding and s.counters.held_messages == 1
+    assert s.counters.held_bytes < 200  # what arrived: its method and header
+    # its body, as it comes, is held and counted: the relay stops reading past the budget
+    body = frame.marshal(pamqp_body.ContentBody(b"b" * 100_000), 1)
+    for _ in range(90):
+        s.core.receive_from_client(body, s.clock.t)
+    assert s.counters.held_bytes == s.gate.held_bytes > s.gate.hold_budget
+    assert s.gate.over_budget
+    assert manager.spool(("/orders", "capped")).empty and s.core.failure is None
+
+
+@BYTES
+def test_a_capture_counts_as_held_until_it_is_spooled(tmp_path: Path, one_byte: bool) -> None:
+    s, manager = spool_setup(tmp_path)
+    frames = publish(1, b"s" * 300_000, routing_key="capped")
+    data, head = b"".join(frames), len(frames[0] + frames[1])
+    fed(s.core, data[:head], one_byte)
+    assert not fell_back(s)
+    reserved = s.counters.held_bytes
+    assert reserved == s.gate.held_bytes >= 300_000  # the whole announced message, at once
+    fed(s.core, data[head:-1], one_byte)
+    assert s.counters.held_bytes >= reserved  # its frames: no more than their overhead
+    fed(s.core, data[-1:], one_byte)
+    assert s.counters.held_bytes == 0 and s.gate.held_bytes == 0 and not s.gate.holding
+    assert s.counters.spooled_records == 1
+    manager.sync()
+    (record,) = manager.spool(("/orders", "capped")).records()
+    assert record.body == b"s" * 300_000
+
+
+def test_a_capture_larger_than_the_hold_budget_is_held(tmp_path: Path) -> None:
+    s, manager = spool_setup(tmp_path, max_bytes="64MiB")
+    s.gate.hold_budget = 256 * 1024
+    s.core.receive_from_client(announce("capped", 300_000), s.clock.t)
+    (why,) = fell_back(s)
+    assert "does not fit the connection's hold budget (262144 bytes, 0 held)" in why.reason
+    assert s.counters.held_messages == 1
+
+
+def test_a_capture_that_does_not_fit_the_memory_budget_is_held(tmp_path: Path) -> None:
+    s, manager = spool_setup(tmp_path, max_bytes="64MiB")
+    s.board.enforcement.memory = MemoryBudget(1 << 20)  # resume: 896 KiB
+    s.core.receive_from_client(announce("capped", 900 * 1024), s.clock.t)
+    (why,) = fell_back(s)
+    assert "does not fit the memory budget (1048576 bytes, 0 held)" in why.reason
+    s.core.receive_from_client(announce("capped", 500 * 1024), s.clock.t)
+    assert not fell_back(s)  # (behind the held one on its channel, but captured: it fits)
+
+
+def test_a_capture_that_outgrows_the_hold_budget_in_tiny_frames_becomes_a_hold(
+        tmp_path: Path) -> None:
+    s, manager = spool_setup(tmp_path, max_bytes="64MiB")
+    s.gate.hold_budget = 64 * 1024
+    s.core.receive_from_client(announce("capped", 32 * 1024), s.clock.t)
+    assert not fell_back(s)
+    tiny = frame.marshal(pamqp_body.ContentBody(b"t"), 1)  # 9 bytes a body byte
+    s.core.receive_from_client(tiny * 5000, s.clock.t)
+    (why,) = fell_back(s)
+    assert why.reason == ("it outgrew the connection's hold budget while assembled for the "
+                          "spool") and why.action == "held"
+    assert s.counters.held_messages == 1 and manager.spool(("/orders", "capped")).empty
+    assert s.gate.held_bytes == s.counters.held_bytes  # exactly what it keeps now
+    s.sample("capped", 0)  # released: what was held leaves, the rest passes in place
+    assert s.core.data_for_server()
+    s.core.receive_from_client(tiny * (32 * 1024 - 5000), s.clock.t)
+    assert s.counters.held_bytes == 0 and not s.gate.holding
