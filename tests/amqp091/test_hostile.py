@@ -257,7 +257,7 @@ def test_a_capture_counts_as_held_until_it_is_spooled(tmp_path: Path, one_byte: 
 
 
 def test_a_capture_larger_than_the_hold_budget_is_held(tmp_path: Path) -> None:
-    s, manager = spool_setup(tmp_path, max_bytes="64MiB")
+    s, _ = spool_setup(tmp_path, max_bytes="64MiB")
     s.gate.hold_budget = 256 * 1024
     s.core.receive_from_client(announce("capped", 300_000), s.clock.t)
     (why,) = fell_back(s)
@@ -266,7 +266,7 @@ def test_a_capture_larger_than_the_hold_budget_is_held(tmp_path: Path) -> None:
 
 
 def test_a_capture_that_does_not_fit_the_memory_budget_is_held(tmp_path: Path) -> None:
-    s, manager = spool_setup(tmp_path, max_bytes="64MiB")
+    s, _ = spool_setup(tmp_path, max_bytes="64MiB")
     s.board.enforcement.memory = MemoryBudget(1 << 20)  # resume: 896 KiB
     s.core.receive_from_client(announce("capped", 900 * 1024), s.clock.t)
     (why,) = fell_back(s)
