@@ -270,12 +270,6 @@ class FrameRelay(CoreOutput):
         """Bytes of an incomplete broker frame held back."""
         return len(self._server_in.tail) + self._server_in.parts_len
 
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes of incomplete frames held back, both directions."""
-        client, server = self._client_in, self._server_in
-        return len(client.tail) + client.parts_len + len(server.tail) + server.parts_len
-
     # --- relay ------------------------------------------------------------------------
 
     def _receive(self, inbound: _Inbound, data: bytes) -> None:
@@ -478,19 +472,6 @@ class FrameRelay(CoreOutput):
             )
         )
 
-    def abort(self, reason: str) -> None:
-        """The proxy failed on this connection: drop what is held and queued; each peer gets
-        connection.close 541 INTERNAL_ERROR (the broker's none once a close has passed)."""
-        for inbound in (self._client_in, self._server_in):
-            inbound.tail = bytearray()
-            inbound.parts, inbound.parts_len = [], 0
-        self._to_server.clear()
-        self._to_client.clear()
-        text = f"INTERNAL_ERROR - {reason}"
-        self._to_client.append(close_frame(INTERNAL_ERROR, text))
-        if self.closing is None:
-            self._to_server.append(close_frame(INTERNAL_ERROR, text))
-
     # --- methods the core reads -------------------------------------------------------
     # Connection-class methods count only on channel 0 and channel-class ones only off
     # it; elsewhere they are relayed untouched for the broker (or client) to refuse.
@@ -509,7 +490,7 @@ class FrameRelay(CoreOutput):
     def _on_tune(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
             self.server_tune = TuneParams(*read_tune(buf, offset, _C.Tune.name, base))
-            self._set_frame_limit()
+            self._frame_limit = frame_limit(self.server_tune, self.client_tune)
 
     def _on_tune_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
@@ -525,19 +506,7 @@ class FrameRelay(CoreOutput):
             self.channel_max = tune.channel_max
             self.heartbeat = tune.heartbeat
             self.frame_max = tune.frame_max
-            self._set_frame_limit()
-
-    def _set_frame_limit(self) -> None:
-        """The frame size both directions are held to: ``FRAME_MIN_SIZE`` until the
-        broker's tune *and* the client's tune-ok have passed (a client that pipelines its
-        tune-ok before the broker's tune gains nothing by it), then the lower of their
-        frame_max (0 = no limit, from either: the other's then), never below
-        ``FRAME_MIN_SIZE`` (the spec lets any peer send frames that large)."""
-        server, client = self.server_tune, self.client_tune
-        if server is None or client is None:
-            return
-        limits = [n for n in (server.frame_max, client.frame_max) if n]
-        self._frame_limit = max(min(limits), FRAME_MIN_SIZE) if limits else 0
+            self._frame_limit = frame_limit(self.server_tune, tune)
 
     def _on_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
@@ -819,11 +788,42 @@ class Connection(FrameRelay):
         if self.gate is not None and self.gate.outbox:
             self._take(self.gate)
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of incomplete frames held back, both directions."""
+        client, server = self._client_in, self._server_in
+        return len(client.tail) + client.parts_len + len(server.tail) + server.parts_len
+
+    def abort(self, reason: str) -> None:
+        """The proxy failed on this connection: drop what is held and queued; each peer gets
+        connection.close 541 INTERNAL_ERROR (the broker's none once a close has passed)."""
+        for inbound in (self._client_in, self._server_in):
+            inbound.tail = bytearray()
+            inbound.parts, inbound.parts_len = [], 0
+        self._to_server.clear()
+        self._to_client.clear()
+        text = f"INTERNAL_ERROR - {reason}"
+        self._to_client.append(close_frame(INTERNAL_ERROR, text))
+        if self.closing is None:
+            self._to_server.append(close_frame(INTERNAL_ERROR, text))
+
     def _own(self, command: object) -> bool:
         if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone
             self.channels.pop(command.channel, None)
             return True
         return False
+
+
+def frame_limit(server: TuneParams | None, client: TuneParams | None) -> int:
+    """The frame size both directions are held to (``scan``'s ``frame_max``, 0 = none):
+    ``FRAME_MIN_SIZE`` until the broker's tune *and* the client's tune-ok have passed (a
+    client that pipelines its tune-ok before the broker's tune gains nothing by it), then the
+    lower of their frame_max (0 = no limit from that peer: the other's then), never below
+    ``FRAME_MIN_SIZE`` (the spec lets any peer send frames that large)."""
+    if server is None or client is None:
+        return FRAME_MIN_SIZE
+    limits = [n for n in (server.frame_max, client.frame_max) if n]
+    return max(min(limits), FRAME_MIN_SIZE) if limits else 0
 
 
 def _emit(inbound: _Inbound, buf: Buffer, start: int, stop: int, at: int | None = None) -> None:
