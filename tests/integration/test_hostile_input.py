@@ -433,3 +433,28 @@ def test_a_1_0_capture_of_120_mb_for_a_1_mib_spool_is_rejected_and_bounded(
     (line,) = flow.log("spool_refused")
     assert "is at its limit (1048576 bytes)" in line
     raw.sock.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_incomplete_frame_counts_against_the_memory_budget(guarded: tuple[Any, str]
+                                                              ) -> None:
+    flow, q = guarded
+    raw = Raw091.connect(flow.port)
+    raw.handshake(name="partial")
+    raw.send_frame(commands.Channel.Open(), 1)
+    raw.expect(commands.Channel.OpenOk)
+    body = frame.marshal(pamqp_body.ContentBody(b"p" * 100_000), 1)
+    raw.send(publish_method(q) + frame.marshal(
+        pamqp_header.ContentHeader(0, 100_000, commands.Basic.Properties()), 1) + body[:90_000])
+
+    def partial() -> int:
+        return int(flow.proc.state()["memory_budget"]["partial_frame_bytes"])
+
+    wait_for(lambda: partial() == 90_000, 30, what="90,000 bytes of a frame counted")
+    raw.send(body[90_000:])
+    wait_for(lambda: partial() == 0, 30, what="the frame complete, nothing counted")
+    raw.send(body[:50_000])
+    wait_for(lambda: partial() == 50_000, 30, what="50,000 bytes counted")
+    raw.close()  # the client leaves mid-frame: the count goes with it
+    wait_for(lambda: partial() == 0 and not live_connections(flow), 30,
+             what="the connection gone and its count with it")
