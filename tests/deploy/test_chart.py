@@ -759,3 +759,25 @@ def test_plain_numbers_survive_helm_into_the_policies_file(tmp_path: Path) -> No
     assert (p.capacity, p.resume) == (64 * 1024**2, 48 * 1024**2)
     assert (p.max_messages, p.resume_messages) == (1_000_000, 750_000)
     assert p.spool.max_bytes == 10**10
+
+
+def test_the_readme_kubernetes_commands_run(tmp_path: Path) -> None:
+    """README "Run it in Kubernetes": its helm commands, as written, succeed from a copy of
+    helm/ (so `helm dependency build` writes nothing into the checkout)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Run it in Kubernetes"):]
+    block = section[section.index("```sh") + 5:]
+    commands = [line.split("#")[0].split()[1:] for line in block[:block.index("```")]
+                .splitlines() if line.startswith("build/bin/helm ")]
+    assert {c[0] for c in commands} == {"lint", "template", "dependency"}
+    shutil.copytree(ROOT / "helm", tmp_path / "helm")
+    helm = helm_path()
+    assert helm is not None, "no helm binary: `make build/bin/helm` fetches it"
+    kinds: set[str] = set()
+    for command in commands:
+        done = subprocess.run([helm, *command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stdout + done.stderr)
+        if command[0] == "template":
+            kinds |= {d["kind"] for d in yaml.safe_load_all(done.stdout) if d}
+    assert {"Deployment", "Service", "NetworkPolicy", "ConfigMap"} <= kinds
