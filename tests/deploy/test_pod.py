@@ -262,10 +262,13 @@ def test_publishers_are_held_within_the_cap_and_nothing_is_lost(pod: Pod) -> Non
     assert sorted(map(seq_of, landed)) == list(range(total)), "a publish was lost"
     assert sum(len(p.acked) for p in publishers) == total
     assert watch.tripped_seen
-    assert 0 < watch.max_message_bytes <= HOLD_CAP + 256 * KIB, (
-        f"{watch.max_message_bytes} bytes in the queue, over the cap + 256 KiB")
-    print(f"pod hold: {total} x {size // KIB} KiB, 0 lost, queue peak "
-          f"{watch.max_message_bytes // KIB} KiB (cap {HOLD_CAP // KIB} KiB)")
+    # the broker's count every 50 ms (real time) times the body size, and the management
+    # API's bytes (sampled every few seconds by the broker)
+    peak = max(watch.max_ready * size, watch.max_message_bytes)
+    assert HOLD_CAP <= peak <= HOLD_CAP + 256 * KIB, (
+        f"{peak} bytes in the queue: the cap is {HOLD_CAP} + 256 KiB")
+    print(f"pod hold: {total} x {size // KIB} KiB, 0 lost, queue peak {peak // KIB} KiB "
+          f"({watch.max_ready} messages; cap {HOLD_CAP // KIB} KiB)")
 
 
 def test_the_spool_survives_a_container_restart(pod: Pod) -> None:
@@ -283,10 +286,17 @@ def test_the_spool_survives_a_container_restart(pod: Pod) -> None:
     assert pod.container.attrs["State"]["ExitCode"] == 0
     pod.container.start()
     wait_for(lambda: pod.probe("readiness") == 200, 120, interval=0.2, what="ready again")
-    assert pod.spool_records() == spooled, "the spool did not come back from its volume"
+    # what the first run spooled, read back from the volume by the second (the replay may
+    # have moved a few records to the broker meanwhile: their count is not compared)
+    recovered = [line for line in pod.logs().splitlines()
+                 if "event=spool_recovered" in line and f"queue={SPOOL_QUEUE}" in line]
+    assert len(recovered) == 1, pod.logs()[-3000:]
+    records = int(recovered[0].split(" records=")[1].split()[0])
+    assert 0 < records <= spooled
     landed = drain_direct(pod.broker, SPOOL_QUEUE, count, timeout=180)
     assert sorted(map(seq_of, landed)) == list(range(count)), "a spooled publish was lost"
-    print(f"pod spool: {spooled} of {count} records spooled, recovered after a restart")
+    print(f"pod spool: {spooled} of {count} publishes spooled, {records} recovered from the "
+          f"volume after a restart, 0 lost")
 
 
 def test_sigterm_drains_and_exits_0_within_the_grace_period(pod: Pod) -> None:
