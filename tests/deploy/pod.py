@@ -51,9 +51,9 @@ def container_api() -> Iterator[str]:
             yield "unix:///var/run/docker.sock"
             return
         raise PodError("neither podman nor a Docker socket: `make deps` installs podman")
-    with tempfile.TemporaryDirectory(prefix="floodwall-podman-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="floodwall-podman-") as tmp, \
+            open(Path(tmp) / "service.log", "wb") as log:
         sock = Path(tmp) / "podman.sock"
-        log = open(Path(tmp) / "service.log", "wb")  # noqa: SIM115 (closed below)
         proc = subprocess.Popen([podman, "system", "service", "--time=0", f"unix://{sock}"],
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -71,7 +71,6 @@ def container_api() -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-            log.close()
 
 
 def quantity(text: str | int) -> int:

@@ -309,9 +309,13 @@ def test_sigterm_drains_and_exits_0_within_the_grace_period(pod: Pod) -> None:
     ch.basic_publish("", DRAIN_QUEUE, numbered(0))
     started = time.monotonic()
     pod.container.kill(signal="SIGTERM")
-    status, body = wait_for(lambda: (lambda r: r if r[0] == 503 else None)(pod.http("/readyz")),
-                            10, interval=0.05, what="/readyz 503 while draining")  # type: ignore[misc]
-    assert b"draining" in body
+
+    def unready() -> bytes | None:
+        status, body = pod.http("/readyz")
+        return body if status == 503 else None
+
+    assert b"draining" in bytes(wait_for(unready, 10, interval=0.05,  # type: ignore[arg-type]
+                                         what="/readyz 503 while draining"))
     ch.basic_publish("", DRAIN_QUEUE, numbered(1))  # an open connection is still relayed
     conn.close()
     result = pod.container.wait(timeout=pod.layout.grace_seconds)
