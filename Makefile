@@ -76,9 +76,9 @@ $(STAMPS)/promtool:
 	touch $@
 
 # Containers (make image; the pod tests in tests/deploy/): podman, runc, buildah, skopeo and
-# mmdebstrap from Debian when podman is missing, and a containers.conf podman reads, written
-# only when absent or without these settings: runc (crun refuses some cgroup layouts) and
-# ulimits under the hard limits of a sandbox (podman's default nofile can exceed them).
+# mmdebstrap from Debian when podman is missing, and the settings podman needs here added to
+# the containers.conf it reads when absent (proxy/dev/image.py: runc, as crun refuses some
+# cgroup layouts, and ulimits under a sandbox's hard limits).
 CONTAINERS_CONF := /etc/containers/containers.conf
 $(STAMPS)/podman:
 	@mkdir -p $(@D)
@@ -87,17 +87,7 @@ $(STAMPS)/podman:
 	  $(APT_UPDATE) && $(APT_INSTALL) podman runc buildah skopeo mmdebstrap uidmap \
 	    containernetworking-plugins || exit 1; \
 	fi
-	@if ! grep -qs '^runtime *= *"runc"' $(CONTAINERS_CONF) \
-	    || ! grep -qs '^default_ulimits' $(CONTAINERS_CONF); then \
-	  if [ -s $(CONTAINERS_CONF) ]; then \
-	    echo "$(CONTAINERS_CONF) exists without runtime = \"runc\" and default_ulimits:" \
-	         "add them (see the Makefile)"; exit 1; \
-	  fi; \
-	  $(SUDO) mkdir -p $(dir $(CONTAINERS_CONF)); \
-	  printf '%s\n' '# written by floodwall'"'"'s Makefile' '[containers]' \
-	    'default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]' '' '[engine]' \
-	    'runtime = "runc"' | $(SUDO) tee $(CONTAINERS_CONF) >/dev/null; \
-	fi
+	$(SUDO) $(PYTHON) proxy/dev/image.py containers-conf $(CONTAINERS_CONF)
 	podman --version
 	touch $@
 

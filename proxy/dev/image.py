@@ -8,6 +8,7 @@ Where no registry answers, the base is Debian 12 made by mmdebstrap and imported
 
     python -m floodwall.dev.image             # build (or find) floodwall's image, print its tag
     python -m floodwall.dev.image rabbitmq 4.0
+    python3 proxy/dev/image.py containers-conf [PATH]   # podman's settings (stdlib only)
 """
 
 from __future__ import annotations
@@ -81,6 +82,36 @@ RABBITMQ = {
     "4.0": DebianRoot("localhost/floodwall-rabbitmq", "trixie", ("rabbitmq-server",),
                       _RABBITMQ_HOOKS, _RABBITMQ_CHANGES),
 }
+
+
+#: What podman needs in a sandbox: runc (crun refuses some cgroup layouts) and ulimits under
+#: the sandbox's hard limits (podman's default nofile can exceed them).
+CONTAINERS_CONF_SETTINGS = {
+    "containers": 'default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]',
+    "engine": 'runtime = "runc"',
+}
+
+
+def ensure_containers_conf(path: Path) -> bool:
+    """Add the settings podman needs to containers.conf at ``path`` (made when absent); a
+    key already set is left as it is. True when the file was changed."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    changed = False
+    for section, setting in CONTAINERS_CONF_SETTINGS.items():
+        key = setting.split("=")[0].strip()
+        if any(line.split("=")[0].strip() == key for line in lines if "=" in line):
+            continue
+        header = f"[{section}]"
+        if header in (line.strip() for line in lines):
+            at = [line.strip() for line in lines].index(header)
+            lines.insert(at + 1, setting)
+        else:
+            lines += ["", header, setting]
+        changed = True
+    if changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines).lstrip("\n") + "\n")
+    return changed
 
 
 def engine() -> str:
@@ -229,6 +260,10 @@ def image_size(tag: str) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["containers-conf"]:
+        path = Path(argv[1] if len(argv) > 1 else "/etc/containers/containers.conf")
+        print(f"{path}: {'settings added' if ensure_containers_conf(path) else 'as needed'}")
+        return 0
     started = time.monotonic()
     try:
         if argv[:1] == ["rabbitmq"]:
