@@ -12,7 +12,10 @@
 #   `mmdebstrap --variant=minbase --include=python3,python3-venv bookworm` (docs, manual
 #   pages and translations left out) imported with `podman import`. A local image has no
 #   registry digest: `make image` tags it by the hash of its recipe and records its image ID
-#   in the floodwall image's label org.opencontainers.image.base.name and in build/images/.
+#   in the floodwall image's labels (org.opencontainers.image.base.name: the tag,
+#   org.opencontainers.image.base.digest: the ID) and in build/images/floodwall.json.
+# The digest below could not be checked from the machine this was written on (no registry
+# answers there); `skopeo inspect docker://docker.io/library/python@sha256:...` checks it.
 ARG BASE=docker.io/library/python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
 # --- builder: pip and the build backend live here only ------------------------------------
