@@ -193,13 +193,19 @@ def base_image() -> str:
 def _context_files() -> list[Path]:
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", *CONTEXT],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    # proxy/dev/ is sent but not installed (setup.py leaves it out of the wheel)
     return sorted(ROOT / p for p in listed.split() if "__pycache__" not in p
-                  and (ROOT / p).is_file())
+                  and not p.startswith("proxy/dev/") and (ROOT / p).is_file())
+
+
+#: podman's build flags: Docker's image format, whose config keeps the HEALTHCHECK (OCI's
+#: drops it).
+PODMAN_BUILD_FLAGS = ("--format", "docker")
 
 
 def context_digest(base_id: str) -> str:
-    """Hash of the Dockerfile, the build context and the base image's ID."""
-    digest = hashlib.sha256(base_id.encode())
+    """Hash of the Dockerfile, the build context, the base image's ID and the build flags."""
+    digest = hashlib.sha256(base_id.encode() + " ".join(PODMAN_BUILD_FLAGS).encode())
     for path in _context_files():
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
@@ -246,13 +252,24 @@ def floodwall_image(tag: str = "floodwall:0.1.0") -> str:
                    "--label", f"org.opencontainers.image.base.name={base}",
                    "--label", f"org.opencontainers.image.base.digest={base_id}", "-t", built]
             if engine() == "podman":  # docker build has no build-time volumes
-                cmd += host_pip_settings(Path(tmp))
+                cmd += [*PODMAN_BUILD_FLAGS, *host_pip_settings(Path(tmp))]
             _run(*cmd, str(ROOT))
+        _forget_older_builds(built)
         (CACHE / "floodwall.json").write_text(json.dumps(
             {"image": built, "id": image_id(built), "base": base, "base_id": base_id},
             indent=2) + "\n")
     _run(engine(), "tag", built, tag)
     return built
+
+
+def _forget_older_builds(keep: str) -> None:
+    """Untag the earlier content-tagged builds (one image per source change adds up)."""
+    listed = subprocess.run([engine(), "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                            capture_output=True, text=True, timeout=60).stdout.split()
+    repository = keep.rpartition(":")[0]
+    old = [t for t in listed if t.startswith(repository + ":build-") and t != keep]
+    if old:
+        subprocess.run([engine(), "rmi", *old], capture_output=True, timeout=300)
 
 
 def image_size(tag: str) -> int:

@@ -198,7 +198,11 @@ def test_probes_answer_and_the_memory_budget_is_a_third_of_the_limit(pod: Pod) -
     budget = pod.state()["memory_budget"]["bytes"]
     assert budget == default_budget(pod.layout.memory_limit) == 256 * 2**20 // 3
     assert "a third of the cgroup memory limit" in pod.logs()
-    # the image: `floodwall --version` answers; uid 10001 on a read-only root
+    # the image: its HEALTHCHECK kept; `floodwall --version` answers; uid 10001 on a
+    # read-only root; no pip
+    config = pod.container.image.attrs["Config"]
+    assert "/healthz" in " ".join(config["Healthcheck"]["Test"])
+    assert config["Entrypoint"] == ["floodwall"] and config["Cmd"] == ["run"]
     version = pod.container.exec_run(["floodwall", "--version"])
     assert version.exit_code == 0 and b"floodwall, version" in version.output
     whoami = pod.container.exec_run(["python", "-c", "import os; print(os.getuid())"])
