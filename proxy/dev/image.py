@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "images"
@@ -270,6 +271,16 @@ def _forget_older_builds(keep: str) -> None:
     old = [t for t in listed if t.startswith(repository + ":build-") and t != keep]
     if old:
         subprocess.run([engine(), "rmi", *old], capture_output=True, timeout=300)
+
+
+def image_config(tag: str) -> dict[str, Any]:
+    """The image's config (Entrypoint, Cmd, Healthcheck, ...), as the engine's CLI shows it."""
+    config: dict[str, Any] = json.loads(_run(engine(), "image", "inspect", "--format",
+                                             "{{json .Config}}", tag))
+    # podman keeps the HEALTHCHECK beside the OCI config (its JSON leaves it out)
+    config["Healthcheck"] = json.loads(_run(engine(), "image", "inspect", "--format",
+                                            "{{json .Config.Healthcheck}}", tag))
+    return config
 
 
 def image_size(tag: str) -> int:
