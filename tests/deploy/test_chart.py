@@ -587,6 +587,19 @@ def test_helm_binary_renders_the_worked_example(example_chart: Path) -> None:
     assert docs == rendered_example()
     for doc in docs:
         validate_k8s(doc)
+    # as a native sidecar: valid from 1.29 (restartPolicy on an init container), refused
+    # by 1.25's schema, which has no such field
+    native = [d for d in yaml.safe_load_all(helm_cli(
+        "template", "orders", str(example_chart), "--namespace", "shop",
+        "--set", "floodwall.sidecar.native=true")) if d]
+    (deployment,) = [d for d in native if d["kind"] == "Deployment"]
+    assert floodwall_container(pod_spec(deployment))["restartPolicy"] == "Always"
+    for doc in native:
+        validate_k8s(doc, ("1.29.0", "1.33.0"))
+    import kubernetes_validate
+
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.25.0", strict=True)
 
 
 def test_network_policy_admits_only_the_admin_peers(tmp_path: Path) -> None:
