@@ -14,6 +14,8 @@ Images are built once and found again by the hash of what goes into them
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 import time
 import urllib.error
@@ -64,8 +66,12 @@ POD_VALUES: dict[str, Any] = {"floodwall": {
 def docker_host() -> Iterator[str]:
     from testcontainers.core.config import testcontainers_config
 
+    preset = bool(os.environ.get("DOCKER_HOST"))
     with container_api() as host, pytest.MonkeyPatch.context() as mp:
         mp.setenv("DOCKER_HOST", host)
+        if preset and shutil.which("docker") and not os.environ.get("FLOODWALL_IMAGE_ENGINE"):
+            # the engine DOCKER_HOST names builds the images too (the docker CLI reads it)
+            mp.setenv("FLOODWALL_IMAGE_ENGINE", "docker")
         # Ryuk (the reaper) is an image from a registry; every container here is removed by
         # the fixture that started it.
         mp.setattr(testcontainers_config, "ryuk_disabled", True)
