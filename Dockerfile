@@ -47,8 +47,8 @@ FROM ${BASE} AS runtime-root
 # Removed (the final stage copies what is left as one layer, so the removal saves the space):
 # the package manager's tools and lists (/var/lib/dpkg/status stays: image scanners read it),
 # perl (only dpkg's scripts use it), iconv modules, pip's wheels, documentation, manual pages
-# and translations. The floodwall user is written into /etc/passwd directly (the minbase
-# Debian has no useradd).
+# and translations. The floodwall user (uid/gid 10001) is written into /etc/passwd and
+# /etc/group directly: the same line on every base, no tool needed.
 RUN rm -rf /usr/share/doc /usr/share/man /usr/share/info /usr/share/locale /usr/share/perl \
            /usr/share/perl5 /usr/lib/*-linux-gnu/perl /usr/lib/*-linux-gnu/perl-base \
            /usr/lib/*-linux-gnu/perl5 /usr/lib/*-linux-gnu/libperl.so* /usr/bin/perl* \
