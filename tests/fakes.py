@@ -70,6 +70,15 @@ class FakeSpool:
     def has_backlog(self, key: QueueKey) -> bool:
         return bool(self.records.get(key))
 
+    def room(self, key: QueueKey, size: int, max_bytes: int) -> str | None:
+        if self.refuse is not None:
+            return self.refuse
+        if not self.accepting:
+            return "draining"
+        if sum(r.size for r in self.records.get(key, [])) + size > max_bytes:
+            return f"spool of {key[1]!r} has no room for {size} bytes ({max_bytes} bytes)"
+        return None
+
     def append(self, key: QueueKey, record: SpoolRecord, max_bytes: int) -> int:
         if self.refuse is not None:
             raise SpoolRefused(self.refuse)

@@ -8,9 +8,16 @@ read) at its next read, so it adds at most that one read; connections that hold 
 is back at or below ``resume`` (7/8 of the limit by default, so a release does not flap
 it), and every paused connection is resumed, smallest holder first.
 
-Bound: held bytes <= limit + (connections holding publishes) x (one read + one frame); a
-read is at most 256 KiB (asyncio's and uvloop's read size), a frame the negotiated
-``frame_max`` (128 KiB by default).
+What it counts (``Switchboard.memory_bytes``): held publishes, messages being assembled for
+the spool (kept under ``resume`` together: ``floodwall.enforce.capture``) and the cores'
+incomplete frames (each at most the frame limit ``F``; a connection is never paused for one,
+its frame could not complete).
+
+Bound: counted bytes <= limit + (connections holding publishes) x (one read + ``F``) +
+(connections with an incomplete frame) x 2 ``F``; a read is at most 256 KiB (asyncio's and
+uvloop's read size), ``F`` the lower of the broker's and the client's ``frame_max`` (128 KiB
+with RabbitMQ's defaults; 4096 bytes before both tunes, 512 for AMQP 1.0 before the
+broker's open).
 
 Pure: the relay (``floodwall.io.relay``) and the switchboard feed it totals and carry out
 the pauses it hands back.

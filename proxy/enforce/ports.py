@@ -25,6 +25,11 @@ class SpoolPort(Protocol):
     def has_backlog(self, key: QueueKey) -> bool:
         """Whether ``key``'s spool holds records the broker has not confirmed yet."""
 
+    def room(self, key: QueueKey, size: int, max_bytes: int) -> str | None:
+        """Why a record of ``size`` bytes would not fit ``key``'s spool now (its
+        ``max_bytes``, the total, the free disk, draining), or None: asked before a message
+        is assembled in memory, so one that cannot be spooled is never assembled."""
+
     def append(self, key: QueueKey, record: SpoolRecord, max_bytes: int) -> int:
         """Write ``record`` to ``key``'s spool within ``max_bytes`` for that queue; returns
         its sequence number. The port sets the record's ``seq`` and ``accepted_at`` (the wall

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.memory import MemoryBudget
 from floodwall.enforce.commands import Outbox, ToClient, ToServer
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.ports import SpoolPort
@@ -18,11 +19,14 @@ class Enforcement:
     """The process-wide parts of enforcement, handed to each connection's gate.
 
     ``spool`` is None without ``--spool-dir``: ``overflow: spool`` then acts as ``hold``.
+    ``memory``: the process' memory budget (the I/O layer pauses connections by it; the
+    gates keep spool captures under it, ``floodwall.enforce.capture``).
     """
 
     controller: FlowController
     counters: GateCounters = field(default_factory=GateCounters)
     spool: SpoolPort | None = None
+    memory: MemoryBudget | None = None
 
     @property
     def spooling(self) -> bool:
@@ -39,6 +43,7 @@ class GateBase:
         self.controller = shared.controller
         self.counters = shared.counters
         self.spool = shared.spool
+        self.shared = shared  # (its spool and memory budget are set after the gates exist)
         self.conn_id = conn_id
         self.hold_budget = hold_budget
         self.vhost = "/"

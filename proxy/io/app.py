@@ -101,6 +101,7 @@ class Proxy:
         self.memory: MemoryBudget | None = None
         if self.flow is not None:
             self.memory = self.flow.board.memory = MemoryBudget(settings.memory_budget)
+            self.flow.enforcement.memory = self.memory  # spool captures are kept under it
             collectors.append(self.flow.collector)
             collectors.append(MemoryBudgetCollector(self.memory))
             if self.flow.fleet is not None:
@@ -444,6 +445,7 @@ class Proxy:
             doc["memory_budget"] = {
                 "bytes": self.memory.limit, "resume_bytes": self.memory.resume,
                 "reached": self.memory.engaged, "paused_connections": len(self.memory.paused),
+                "partial_frame_bytes": self.flow.board.partial_bytes if self.flow else 0,
                 "largest_paused": [{"conn": c, "held_bytes": b}
                                    for c, b in self.memory.largest()]}
         return doc

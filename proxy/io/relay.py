@@ -73,9 +73,10 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
             gate = PublishFlow(board.enforcement, conn_id, settings.hold_budget)
         return Amqp091Connection(gate, conn_id, watch_topology=watch,
                                  refuse_external=refuse_external), gate
-    if board is None:
+    if board is None or settings is None:
         return Amqp10Connection(header, refuse_external=refuse_external), None
-    gate10 = CreditFlow(board.enforcement, conn_id)
+    # (its hold budget bounds its spool captures: a credit gate holds nothing else)
+    gate10 = CreditFlow(board.enforcement, conn_id, settings.hold_budget)
     return Amqp10Connection(header, gate10, conn_id, refuse_external=refuse_external), gate10
 
 
@@ -226,10 +227,10 @@ class RelayedConnection(asyncio.Protocol):
     """
 
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
-                 "_head", "_loop", "_paused", "_pending", "_retire_timer", "_server_spoke",
-                 "_unreachable", "_unwatch", "client", "conn_id", "core", "from_client",
-                 "from_server", "gate", "node", "peer", "protocol", "settings", "stats",
-                 "turn_bytes", "upstream")
+                 "_head", "_loop", "_partial", "_paused", "_pending", "_retire_timer",
+                 "_server_spoke", "_unreachable", "_unwatch", "client", "conn_id", "core",
+                 "from_client", "from_server", "gate", "node", "peer", "protocol", "settings",
+                 "stats", "turn_bytes", "upstream")
 
     def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
@@ -259,6 +260,7 @@ class RelayedConnection(asyncio.Protocol):
         self._unreachable: UnreachableAnswer | None = None  # telling the client why not
         self.node: Endpoint | None = None  # the broker node the upstream is connected to
         self._unwatch: Callable[[], None] = _unwatched  # forgets the watch on ``node``
+        self._partial = 0  # bytes of incomplete frames the core holds, as the board counts them
         board = settings.board
         self._clock: Callable[[], float] = board.clock if board is not None else time.monotonic
 
@@ -283,8 +285,12 @@ class RelayedConnection(asyncio.Protocol):
             return
         core = self.core
         if core is not None and self.upstream is not None:
-            core.receive_from_client(data, self._clock())
-            self._flush(core)
+            try:
+                core.receive_from_client(data, self._clock())
+                self._flush(core)
+            except Exception as exc:  # the proxy's fault: this connection alone ends
+                core_failed(self, exc, "receive_from_client")
+                return
             take_turn(self, len(data))
             return
         if core is None:
@@ -380,8 +386,12 @@ class RelayedConnection(asyncio.Protocol):
         transport.write(pending[:HEADER_SIZE])
         assert self.core is not None and self.client is not None
         if len(pending) > HEADER_SIZE:
-            self.core.receive_from_client(pending[HEADER_SIZE:], self._clock())
-            self._flush(self.core)
+            try:
+                self.core.receive_from_client(pending[HEADER_SIZE:], self._clock())
+                self._flush(self.core)
+            except Exception as exc:  # (raised into create_connection, it leaked both sockets)
+                core_failed(self, exc, "upstream_connected")
+                return
         if not self._closed:
             self._resume_client(Paused.CONNECTING)
 
@@ -401,29 +411,24 @@ class RelayedConnection(asyncio.Protocol):
     def channel_released(self, channel: int, now: float) -> None:
         """Every queue ``channel`` (1.0: a link_ref) waited on has drained: its held frames
         (1.0: its credit) go now."""
-        if self.gate is not None and self.core is not None and not self._closed:
-            self.gate.channel_released(channel, now)
-            self._gate_output(self.core)
+        if self.gate is not None:
+            from_gate(self, "channel_released", self.gate.channel_released, channel, now)
 
     def channel_admitted(self, channel: int, now: float) -> None:
         """A held queue ``channel`` waits on has tokens: what it admits goes now."""
-        if self.gate is not None and self.core is not None and not self._closed:
-            self.gate.channel_admitted(channel, now)
-            self._gate_output(self.core)
+        if self.gate is not None:
+            from_gate(self, "channel_admitted", self.gate.channel_admitted, channel, now)
 
     def expire_held(self, now: float) -> None:
         """Refuse held publishes past their deadline, detach 1.0 links without credit past
         it (the proxy calls this periodically while anything is held or blocked)."""
-        if self.gate is not None and self.core is not None and not self._client_gone \
-                and not self._closed:
-            self.gate.expire(now)
-            self._gate_output(self.core)
+        if self.gate is not None and not self._client_gone:
+            from_gate(self, "expire", self.gate.expire, now)
 
     def spool_durable(self, durable: dict[QueueKey, int]) -> None:
         """The spool synced: ack (1.0: settle) the spooled publishes now durable."""
-        if self.gate is not None and self.core is not None and not self._closed:
-            self.gate.spool_durable(durable)
-            self._gate_output(self.core)
+        if self.gate is not None:
+            from_gate(self, "spool_durable", self.gate.spool_durable, durable)
 
     def _gate_output(self, core: RelayCore) -> None:
         """The gate made output outside a read: into the core's queues, then written."""
@@ -444,8 +449,13 @@ class RelayedConnection(asyncio.Protocol):
         if to_client and self.client is not None:
             _write(self.client, to_client)
         board = self.settings.board
-        if board is not None and board.pending:
-            board.settle()
+        if board is not None:
+            if board.memory is not None and core.pending_bytes != self._partial:
+                n = core.pending_bytes
+                board.partial_bytes += n - self._partial
+                self._partial = n
+            if board.pending:
+                board.settle()
         flow = self.gate
         if flow is not None:
             if self._client_gone and not flow.holding:
@@ -542,10 +552,13 @@ class RelayedConnection(asyncio.Protocol):
         self._server_spoke = True
         core = self.core
         assert core is not None
-        core.receive_from_server(data, self._clock())
-        if self._client_gone:
-            core.data_for_client()  # nobody to tell
-        self._flush(core)
+        try:
+            core.receive_from_server(data, self._clock())
+            if self._client_gone:
+                core.data_for_client()  # nobody to tell
+            self._flush(core)
+        except Exception as exc:  # the proxy's fault: this connection alone ends
+            core_failed(self, exc, "receive_from_server")
 
     def upstream_paused(self, paused: bool) -> None:
         if paused:
@@ -598,25 +611,82 @@ class RelayedConnection(asyncio.Protocol):
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None
-        if self.gate is not None:
-            if self.gate.holding:
-                event(log, "held_publishes_lost", logging.ERROR, conn=self.conn_id,
-                      peer=self.peer, held_bytes=self.gate.held_bytes,
-                      reason="the broker connection closed")
-            self.gate.close()
-            self.gate = None
-            board = self.settings.board
-            if board is not None:
-                board.detach(self)
-                if board.memory is not None:
-                    board.memory.forget(self.conn_id)
-                    board.relieve_memory()
-        if self in self.stats.live:
-            self.stats.retire(self)
+        try:
+            _forget_gate(self)
+        finally:  # whatever the gate did, the connection is gone
+            if self in self.stats.live:
+                self.stats.retire(self)
 
     def close(self) -> None:
         """Close both sockets (shutdown)."""
         self._close_both()
+
+
+def from_gate(conn: RelayedConnection, where: str, call: Callable[..., object],
+              *args: object) -> None:
+    """A call into ``conn``'s gate outside a read (``where``: a release, an admission, the
+    expiry timer, the spool's acknowledgement), then what it made written; an exception
+    ends that connection alone (``core_failed``)."""
+    core = conn.core
+    if core is None or conn._closed:
+        return
+    try:
+        call(*args)
+        conn._gate_output(core)
+    except Exception as exc:
+        core_failed(conn, exc, where)
+
+
+def _forget_gate(conn: RelayedConnection) -> None:
+    """The connection closed: its gate lets go of what it held and blocked; the board
+    forgets it (and the incomplete frames it counted)."""
+    board = conn.settings.board
+    if board is not None and conn._partial:
+        board.partial_bytes -= conn._partial
+        conn._partial = 0
+    gate, conn.gate = conn.gate, None
+    if gate is None:
+        return
+    try:
+        if gate.holding:
+            event(log, "held_publishes_lost", logging.ERROR, conn=conn.conn_id,
+                  peer=conn.peer, held_bytes=gate.held_bytes,
+                  reason="the broker connection closed")
+        gate.close()
+    finally:
+        if board is not None:
+            board.detach(conn)
+            if board.memory is not None:
+                board.memory.forget(conn.conn_id)
+                board.relieve_memory()
+
+
+def core_failed(conn: RelayedConnection, exc: Exception, where: str) -> None:
+    """A call into the core or its gate (``where``) raised: the proxy's fault, not a
+    peer's. This connection alone ends: each peer gets the protocol's internal error
+    (0-9-1 connection.close 541, 1.0 close with amqp:internal-error), one line a kind
+    every 10 s says why (never a traceback a frame), and both sockets close."""
+    conn.stats.internal_errors[conn.protocol] += 1
+    conn._log_limited("relay_internal_error", logging.ERROR, conn=conn.conn_id,
+                      peer=conn.peer, protocol=conn.protocol, where=where,
+                      error=f"{type(exc).__name__}: {exc}",
+                      action="closed this connection on both sides")
+    log.debug("relay_internal_error conn=%d where=%s", conn.conn_id, where, exc_info=exc)
+    core = conn.core
+    if core is not None and not conn._closed:
+        to_server: list[Any] = []
+        to_client: list[Any] = []
+        try:
+            core.abort(f"floodwall could not relay this connection ({type(exc).__name__}); "
+                       "it was closed")
+            to_server, to_client = core.chunks_for_server(), core.chunks_for_client()
+        except Exception:  # the core is past telling anyone: the sockets still close
+            log.debug("abort failed conn=%d", conn.conn_id, exc_info=True)
+        if to_server and conn.upstream is not None:
+            _write(conn.upstream, to_server)
+        if to_client and conn.client is not None:
+            _write(conn.client, to_client)
+    conn._close_both()
 
 
 class TlsListener:

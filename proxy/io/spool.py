@@ -376,6 +376,13 @@ class DiskSpoolPort:
     def has_backlog(self, key: QueueKey) -> bool:
         return self.manager.has_backlog(key)
 
+    def room(self, key: QueueKey, size: int, max_bytes: int) -> str | None:
+        try:
+            refused = self.manager.refusal(key, size, max_bytes)
+        except OSError as exc:  # the free-space check (statvfs) failed: no room then
+            return f"the spool's free space cannot be read: {exc.strerror or exc}"
+        return None if refused is None else refused[1]
+
     def append(self, key: QueueKey, record: SpoolRecord, max_bytes: int) -> int:
         """SpoolRefused on a limit, while not accepting, or when the write fails."""
         try:

@@ -60,6 +60,10 @@ class Switchboard:
         self._lookups: LookupStarter | None = None
         self._settling = False
         self.memory: MemoryBudget | None = None  # the process-wide budget of held bytes
+        # Bytes of incomplete frames the cores hold (each relay adds its own changes): they
+        # count against the memory budget with the held bytes. A connection is not paused
+        # for them (its frame could never complete): its frame limit bounds them.
+        self.partial_bytes = 0
         self._engaged_at = 0.0
 
     # -- wiring ---------------------------------------------------------------------------
@@ -116,6 +120,12 @@ class Switchboard:
             self._lookups.dispatch_lookups()
 
     # -- the memory budget ----------------------------------------------------------------
+    @property
+    def memory_bytes(self) -> int:
+        """What the memory budget counts: held publishes (spool captures included) and
+        incomplete frames."""
+        return self.enforcement.counters.held_bytes + self.partial_bytes
+
     def memory_reached(self, conn: int, held: int) -> bool:
         """Whether connection ``conn``, holding ``held`` bytes, must stop being read now:
         the budget is engaged and it holds publishes (it would add to them). Called after
@@ -123,7 +133,7 @@ class Switchboard:
         budget = self.memory
         if budget is None:
             return False
-        if not budget.reached(self.enforcement.counters.held_bytes):
+        if not budget.reached(self.memory_bytes):
             if budget.paused:
                 self.relieve_memory()
             return False
@@ -132,7 +142,8 @@ class Switchboard:
         if budget.pause(conn, held) and len(budget.paused) == 1:
             self._engaged_at = self.clock()
             event(memory_log, "memory_budget_reached", logging.WARNING,
-                  held_bytes=self.enforcement.counters.held_bytes, budget=budget.limit,
+                  held_bytes=self.enforcement.counters.held_bytes,
+                  partial_frame_bytes=self.partial_bytes, budget=budget.limit,
                   action="stopped reading the connections that hold publishes until held "
                          f"bytes are back at {budget.resume}")
         return True
@@ -141,8 +152,7 @@ class Switchboard:
         """Held bytes went down (a release, a refusal, a connection closed): once the
         budget disengages, every connection it paused is read again."""
         budget = self.memory
-        if budget is None or not budget.paused \
-                or budget.reached(self.enforcement.counters.held_bytes):
+        if budget is None or not budget.paused or budget.reached(self.memory_bytes):
             return
         resumed = budget.take_resumed()
         event(memory_log, "memory_budget_relieved", held_bytes=self.enforcement.counters

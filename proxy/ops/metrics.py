@@ -42,6 +42,7 @@ class RelayStats:
     closed_frames: Counter[tuple[str, str]] = field(default_factory=Counter)
     closed_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     protocol_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # protocol, side
+    internal_errors: Counter[str] = field(default_factory=Counter)  # by protocol (relay.py)
     upstream_connect_failures: int = 0
     upstream_tls_failures: int = 0  # of those, TLS handshakes that failed (or were refused)
     client_tls_failures: int = 0  # clients whose TLS handshake with the listener failed
@@ -108,6 +109,13 @@ class RelayCollector(Collector):
             for side in ("client", "server"):
                 errors.add_metric([proto, side], s.protocol_errors[(proto, side)])
         yield errors
+        internal = CounterMetricFamily(
+            "floodwall_relay_internal_errors",
+            "Connections closed because the proxy itself failed on them (a bug: the log's "
+            "relay_internal_error lines say where), by protocol", labels=["protocol"])
+        for proto in PROTOCOLS:
+            internal.add_metric([proto], s.internal_errors[proto])
+        yield internal
 
         yield from self._upstream()
 

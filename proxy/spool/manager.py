@@ -143,25 +143,13 @@ class SpoolManager:
         Raises SpoolFull (a limit, or not ``accepting``) or SpoolError (the disk); never
         anything else, and a failed write leaves the segment whole.
         """
-        if not self.accepting:
-            self.full["draining"] += 1
-            raise SpoolFull("draining")
         size = record.size
         spool = self.spools.get(key)
-        pending = spool.pending_bytes if spool is not None else 0
-        if pending + size > max_bytes:
-            self.full["queue_limit"] += 1
-            raise SpoolFull(28, f"spool of {key[1]!r} is at its limit ({max_bytes} bytes)")
-        total = self.total_bytes
-        if total + size > self.limits.total_max_bytes:
-            self.full["total_limit"] += 1
-            raise SpoolFull(28, f"spool total is at its limit "
-                                f"({self.limits.total_max_bytes} bytes)")
         try:
-            if self._free_space(total) - size < self.limits.min_free_bytes:
-                self.full["min_free"] += 1
-                raise SpoolFull(28, f"less than {self.limits.min_free_bytes} bytes free on "
-                                    f"{self.root}")
+            refused = self.refusal(key, size, max_bytes)
+            if refused is not None:
+                self.full[refused[0]] += 1
+                raise SpoolFull(28, refused[1])
             if spool is None:
                 spool = self.spool(key)
             seq = spool.append(record)
@@ -176,6 +164,27 @@ class SpoolManager:
             raise SpoolError(exc.errno or errno.EIO, f"spool of {key[1]!r}: "
                              f"{exc.strerror or exc}") from None
         return seq
+
+    def refusal(self, key: QueueKey, size: int, max_bytes: int) -> tuple[str, str] | None:
+        """Why ``append`` would refuse a record of ``size`` bytes for ``key`` now, as
+        (reason, message), or None. The reasons: ``draining``, ``queue_limit``,
+        ``total_limit``, ``min_free``."""
+        if not self.accepting:
+            return "draining", "draining"
+        spool = self.spools.get(key)
+        pending = spool.pending_bytes if spool is not None else 0
+        if pending + size > max_bytes:
+            return "queue_limit", (f"spool of {key[1]!r} is at its limit ({max_bytes} bytes): "
+                                   f"no room for {size} bytes, {pending} spooled")
+        total = self.total_bytes
+        if total + size > self.limits.total_max_bytes:
+            return "total_limit", (f"spool total is at its limit "
+                                   f"({self.limits.total_max_bytes} bytes): no room for {size} "
+                                   f"bytes, {total} spooled")
+        if self._free_space(total) - size < self.limits.min_free_bytes:
+            return "min_free", (f"less than {self.limits.min_free_bytes} bytes free on "
+                                f"{self.root} after {size} more bytes")
+        return None
 
     def _free_space(self, total: int) -> int:
         # statvfs is cheap but not free: ask again after every 1 MiB written.

@@ -131,7 +131,9 @@ class RelayCore(Protocol):
     vectored write); ``events`` hands back the typed values the core and its gate produced
     (topology changes, gate events) for the I/O layer to act on. Frames the core does not
     change leave exactly as they came, in order; a partial frame is kept until the rest
-    arrives. After a call, ``failure`` set means: flush, close. ``collect`` takes what the
+    arrives. After a call, ``failure`` set means: flush, close; an exception out of a call
+means the proxy failed, not a peer: the I/O layer calls ``abort``, writes what it queued and
+closes both sides (``floodwall.io.relay``). ``collect`` takes what the
     core's gate produced outside a receive call (a release, an expiry, a spool
     acknowledgement) into the same outgoing data and events.
     """
@@ -139,6 +141,11 @@ class RelayCore(Protocol):
     failure: Failure | None
     from_client: FrameCounts
     from_server: FrameCounts
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of incomplete frames held back, both directions (the memory budget counts
+        them)."""
 
     def receive_from_client(self, data: bytes, now: float) -> None: ...
 
@@ -155,3 +162,8 @@ class RelayCore(Protocol):
     def events(self) -> Sequence[object]: ...
 
     def collect(self) -> None: ...
+
+    def abort(self, reason: str) -> None:
+        """The proxy itself failed on this connection (not the peers): what the core holds
+        and has queued is dropped, and each peer that can take one gets the protocol's
+        internal-error close saying ``reason``; the I/O layer writes them and closes."""

@@ -245,6 +245,15 @@ def test_any_chunking_relays_the_same_bytes(chunking: str) -> None:
             rng = random.Random(chunking)
             chunks = chunked(data, rng, rng.choice([10, 3000, 70000]))
         core = Connection()
+        # The frame limit is the lower of the broker's tune and the client's tune-ok: both
+        # must have passed, so the other peer's handshake goes first (and is forgotten).
+        if side is Side.CLIENT:
+            core.receive_from_server(b"".join(server_handshake()), 0.0)
+            core.from_server.frames = core.from_server.bytes = 0
+        else:
+            core.receive_from_client(b"".join(client_handshake()), 0.0)
+            core.from_client.frames = core.from_client.bytes = 0
+        core.data_for_client(), core.data_for_server()
         assert feed(core, side, chunks) == data
         counts = core.from_client if side is Side.CLIENT else core.from_server
         assert (counts.frames, counts.bytes) == (len(frames), len(data))

@@ -9,7 +9,8 @@ Three layers, each used where it can run:
 2. Helm's own engine, in-process (the ``helm_python`` package of helm-python-sdk, which
    binds Helm's Go SDK): lint, render default/standalone/sidecar/native, validate every
    rendered object, and check that the example still renders exactly rendered.yaml.
-3. A ``helm`` binary on PATH: ``helm lint`` and ``helm template``, output validated.
+3. The ``helm`` binary (PATH, else build/bin/helm, which `make deps` fetches: helm_binary.py):
+   ``helm lint --strict`` and ``helm template`` of every values example, output validated.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import yaml
 
 from floodwall.cli import run as run_command
 from floodwall.control.policy import load_policies
+from tests.deploy.helm_binary import helm_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "floodwall"
@@ -335,10 +337,16 @@ def rendered_example() -> list[dict[str, Any]]:
 
 def test_worked_example_objects_validate_offline() -> None:
     docs = rendered_example()
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment"]
+    assert [d["kind"] for d in docs] == ["NetworkPolicy", "ConfigMap", "Deployment"]
     for doc in docs:
         validate_k8s(doc)
-    configmap, deployment = docs
+    network_policy, configmap, deployment = docs
+    # the admin port only from Prometheus's namespace, on the application's pods
+    selector = network_policy["spec"]["podSelector"]["matchLabels"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector and all(labels.get(k) == v for k, v in selector.items())
+    (rule,) = network_policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 9090, "protocol": "TCP"}]
     spec = pod_spec(deployment)
     c = check_floodwall_pod(spec)
     assert [x["name"] for x in spec["containers"]] == ["orders-api", "floodwall"]
@@ -359,7 +367,8 @@ def test_worked_example_objects_validate_offline() -> None:
 
 def test_worked_example_policies_load(tmp_path: Path) -> None:
     path = tmp_path / "policies.yaml"
-    path.write_text(rendered_example()[0]["data"]["policies.yaml"])
+    (configmap,) = [d for d in rendered_example() if d["kind"] == "ConfigMap"]
+    path.write_text(configmap["data"]["policies.yaml"])
     found = load_policies(str(path)).for_queue("/", "orders.created")
     assert found is not None and found.name == "orders"
 
@@ -472,7 +481,8 @@ def test_helm_applies_the_schema() -> None:
 
 def test_worked_example_renders_exactly_rendered_yaml(example_chart: Path) -> None:
     docs = render(example_chart, name="orders", namespace="shop")
-    assert docs == rendered_example()
+    # in file order here; in helm's install order (by kind) in rendered.yaml
+    assert sorted(docs, key=str) == sorted(rendered_example(), key=str)
 
 
 def test_worked_example_as_native_sidecar(example_chart: Path) -> None:
@@ -492,7 +502,7 @@ def test_worked_example_variants(example_chart: Path) -> None:
         "management": {"passwordAsFile": True}, "policies": {"enabled": False},
         "metrics": {"podAnnotations": False}, "probes": {"readiness": {"enabled": False}},
         "extraEnv": [{"name": "FLOODWALL_HOLD_BUDGET", "value": "32MiB"}]}}))
-    assert set(objs) == {"Deployment"}
+    assert set(objs) == {"Deployment", "NetworkPolicy"}
     validate_k8s(objs["Deployment"])
     spec = pod_spec(objs["Deployment"])
     c = floodwall_container(spec)
@@ -508,29 +518,133 @@ def test_worked_example_variants(example_chart: Path) -> None:
 
 
 # --- 3. the helm binary ----------------------------------------------------------------
-HELM = shutil.which("helm")
-needs_helm = pytest.mark.skipif(HELM is None, reason="no helm binary on PATH (the package "
-                                "registries this project uses do not ship one)")
-
-
 def helm_cli(*args: str) -> str:
-    assert HELM is not None
-    done = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+    helm = helm_path()
+    if helm is None:
+        pytest.fail("no helm binary: `make build/bin/helm` fetches it (make deps does)")
+    done = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
-@needs_helm
-def test_helm_binary_lint_and_template(tmp_path: Path, example_chart: Path) -> None:
-    helm_cli("lint", "--strict", str(CHART))
-    helm_cli("lint", "--strict", str(CHART), "-f", str(STANDALONE_VALUES))
-    for doc in yaml.safe_load_all(helm_cli("template", "floodwall", str(CHART), "-f",
-                                           str(STANDALONE_VALUES))):
-        if doc:
-            validate_k8s(doc)
+def helm_template(chart: Path, values_doc: dict[str, Any] | None, tmp_path: Path,
+                  *args: str) -> list[dict[str, Any]]:
+    cmd = ["template", "demo", str(chart), *args]
+    if values_doc is not None:
+        path = tmp_path / "values.yaml"
+        path.write_text(yaml.safe_dump(values_doc))
+        cmd += ["-f", str(path)]
+    return [d for d in yaml.safe_load_all(helm_cli(*cmd)) if d]
+
+
+def network_policy_values(mode: str) -> dict[str, Any]:
+    return {"mode": mode, "networkPolicy": {
+        "enabled": True, "podSelector": {"app": "orders"} if mode == "sidecar" else {},
+        "adminFrom": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}],
+        "extraIngress": [{"ports": [{"port": 8080, "protocol": "TCP"}]}]}}
+
+
+#: Every values example: the defaults, standalone-values.yaml, a native sidecar, the
+#: README's TLS example (standalone), the NetworkPolicy in both modes, every optional object.
+VALUES_EXAMPLES: dict[str, Any] = {
+    "default": None,
+    "standalone": load_yaml(STANDALONE_VALUES),
+    "native-sidecar": {"sidecar": {"native": True}},
+    "tls-standalone": "readme-tls",
+    "networkpolicy-sidecar": network_policy_values("sidecar"),
+    "networkpolicy-standalone": network_policy_values("standalone"),
+    "everything-standalone": {"mode": "standalone", "metrics": {
+        "serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+        "spool": {"persistence": {"enabled": True}}, "standalone": {"replicas": 1},
+        "drain": {"preStopSleepSeconds": 5}},
+}
+
+
+@pytest.mark.parametrize("example", sorted(VALUES_EXAMPLES))
+def test_helm_binary_lint_and_template(example: str, tmp_path: Path) -> None:
+    """`helm lint --strict` and `helm template` of every values example; every object valid
+    (strict) for Kubernetes 1.25, 1.29 and 1.33."""
+    doc = VALUES_EXAMPLES[example]
+    if doc == "readme-tls":
+        doc = merged(readme_tls_values(), {"mode": "standalone"})
+    args: tuple[str, ...] = ()
+    if doc is not None:
+        path = tmp_path / "values.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        args = ("-f", str(path))
+    helm_cli("lint", "--strict", str(CHART), *args)
+    docs = helm_template(CHART, doc, tmp_path)
+    assert docs
+    for rendered in docs:
+        validate_k8s(rendered)
+
+
+def test_helm_binary_renders_the_worked_example(example_chart: Path) -> None:
     docs = [d for d in yaml.safe_load_all(helm_cli("template", "orders", str(example_chart),
                                                    "--namespace", "shop")) if d]
     assert docs == rendered_example()
+    for doc in docs:
+        validate_k8s(doc)
+    # as a native sidecar: valid from 1.29 (restartPolicy on an init container), refused
+    # by 1.25's schema, which has no such field
+    native = [d for d in yaml.safe_load_all(helm_cli(
+        "template", "orders", str(example_chart), "--namespace", "shop",
+        "--set", "floodwall.sidecar.native=true")) if d]
+    (deployment,) = [d for d in native if d["kind"] == "Deployment"]
+    assert floodwall_container(pod_spec(deployment))["restartPolicy"] == "Always"
+    for doc in native:
+        validate_k8s(doc, ("1.29.0", "1.33.0"))
+    import kubernetes_validate
+
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.25.0", strict=True)
+
+
+def test_network_policy_admits_only_the_admin_peers(tmp_path: Path) -> None:
+    """Sidecar: the application's pods, the admin port from adminFrom only, the extra rule
+    verbatim, nothing else; standalone adds the AMQP port from any source."""
+    (np,) = [d for d in helm_template(CHART, network_policy_values("sidecar"), tmp_path)
+             if d["kind"] == "NetworkPolicy"]
+    assert np["spec"]["podSelector"] == {"matchLabels": {"app": "orders"}}
+    admin, extra = np["spec"]["ingress"]
+    assert admin["ports"] == [{"port": 9090, "protocol": "TCP"}]
+    assert admin["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"}
+    assert extra == {"ports": [{"port": 8080, "protocol": "TCP"}]}
+    (np,) = [d for d in helm_template(CHART, network_policy_values("standalone"), tmp_path)
+             if d["kind"] == "NetworkPolicy"]
+    assert np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "floodwall"
+    assert np["spec"]["ingress"][1] == {"ports": [{"port": 5673, "protocol": "TCP"}]}
+    # nobody listed: the admin port is closed to all but the node; no rule, no null
+    closed = {"mode": "sidecar", "networkPolicy": {"enabled": True,
+                                                   "podSelector": {"app": "orders"}}}
+    (np,) = [d for d in helm_template(CHART, closed, tmp_path)
+             if d["kind"] == "NetworkPolicy"]
+    assert np["spec"]["ingress"] == []
+    validate_k8s(np)
+
+
+def test_network_policy_in_sidecar_mode_needs_the_application_pods(tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True}}))
+    helm = helm_path()
+    assert helm is not None
+    done = subprocess.run([helm, "template", "demo", str(CHART), "-f", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "needs networkPolicy.podSelector" in done.stderr
+
+
+def test_admin_host_is_a_value_and_loopback_is_refused(tmp_path: Path) -> None:
+    docs = helm_template(CHART, {"mode": "standalone", "admin": {"host": "10.0.0.7"}},
+                         tmp_path)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    env = env_of(floodwall_container(pod_spec(deployment)))
+    assert env["FLOODWALL_ADMIN"] == "10.0.0.7:9090"
+    assert schema_errors(merged(values(), {"admin": {"host": "127.0.0.1"}}))
+    assert not schema_errors(merged(values(), {"admin": {"host": "0.0.0.0"}}))
 
 
 # --- TLS (issue 16) ----------------------------------------------------------------------
@@ -658,3 +772,25 @@ def test_plain_numbers_survive_helm_into_the_policies_file(tmp_path: Path) -> No
     assert (p.capacity, p.resume) == (64 * 1024**2, 48 * 1024**2)
     assert (p.max_messages, p.resume_messages) == (1_000_000, 750_000)
     assert p.spool.max_bytes == 10**10
+
+
+def test_the_readme_kubernetes_commands_run(tmp_path: Path) -> None:
+    """README "Run it in Kubernetes": its helm commands, as written, succeed from a copy of
+    helm/ (so `helm dependency build` writes nothing into the checkout)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Run it in Kubernetes"):]
+    block = section[section.index("```sh") + 5:]
+    commands = [line.split("#")[0].split()[1:] for line in block[:block.index("```")]
+                .splitlines() if line.startswith("build/bin/helm ")]
+    assert {c[0] for c in commands} == {"lint", "template", "dependency"}
+    shutil.copytree(ROOT / "helm", tmp_path / "helm")
+    helm = helm_path()
+    assert helm is not None, "no helm binary: `make build/bin/helm` fetches it"
+    kinds: set[str] = set()
+    for command in commands:
+        done = subprocess.run([helm, *command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stdout + done.stderr)
+        if command[0] == "template":
+            kinds |= {d["kind"] for d in yaml.safe_load_all(done.stdout) if d}
+    assert {"Deployment", "Service", "NetworkPolicy", "ConfigMap"} <= kinds

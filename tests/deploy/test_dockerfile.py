@@ -59,7 +59,8 @@ def stages() -> list[list[tuple[str, str]]]:
     for ins in instructions():
         if ins[0] == "FROM":
             result.append([])
-        result[-1].append(ins)
+        if result:  # ARGs before the first FROM are global (BASE)
+            result[-1].append(ins)
     return result
 
 
@@ -81,34 +82,51 @@ def test_hadolint_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_multi_stage_slim_final_without_compiler() -> None:
-    builder, final = stages()
-    assert builder[0][1].endswith(" AS builder")
-    base = final[0][1]
-    assert base.startswith("python:3.11-slim"), base
-    # the final stage installs nothing: it copies the builder's virtualenv
+def test_multi_stage_final_from_scratch_without_compiler_or_pip() -> None:
+    """builder (pip) -> runtime-root (the base, pruned) -> final: FROM scratch with the
+    pruned root and the virtualenv copied in, nothing installed there."""
+    builder, runtime_root, final = stages()
+    assert builder[0][1] == "${BASE} AS builder"
+    assert runtime_root[0][1] == "${BASE} AS runtime-root"
+    assert final[0][1] == "scratch"
     runs = " ".join(args for word, args in final if word == "RUN")
-    for tool in ("apt-get install", "gcc", "build-essential", "pip install"):
-        assert tool not in runs, tool
+    assert runs == ""
+    assert ("COPY", "--from=runtime-root / /") in final
     assert ("COPY", "--from=builder /opt/floodwall /opt/floodwall") in final
+    pruned = " ".join(args for word, args in runtime_root if word == "RUN")
+    for gone in ("/usr/share/python-wheels", "/usr/lib/apt", "/usr/bin/perl*"):
+        assert gone in pruned, gone
+    # the virtualenv the final stage copies is made without pip (pip lives in /opt/tools)
+    built = " ".join(args for word, args in builder if word == "RUN")
+    assert "venv --without-pip /opt/floodwall" in built
+
+
+def test_registry_base_is_pinned_by_digest() -> None:
+    """The default BASE names a digest, not only a tag (a tag moves; a digest does not)."""
+    args = [a for w, a in instructions() if w == "ARG" and a.startswith("BASE=")]
+    assert len(args) == 1
+    assert re.fullmatch(r"BASE=docker\.io/library/python:3\.11-slim-bookworm"
+                        r"@sha256:[0-9a-f]{64}", args[0]), args[0]
 
 
 def test_installs_the_package_as_make_test_does() -> None:
     """`make test` installs the package from pyproject.toml with pip; so does the builder."""
-    builder, _ = stages()
+    builder = stages()[0]
     copies = [args for word, args in builder if word == "COPY"]
     assert "pyproject.toml setup.py README.md LICENSE ./" in copies
     runs = [args for word, args in builder if word == "RUN"]
-    assert any(re.search(r"\bpip install (--no-cache-dir )?\.(\s|$)", r) for r in runs), runs
+    assert any(re.search(r"\bpip (--python \S+ )?install (--no-cache-dir )?\.(\s|$)", r)
+               for r in runs), runs
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"-m pip install -q -e '\.\[[a-z,]+\]'", makefile)
 
 
 def test_runtime_contract() -> None:
-    _, final = stages()
+    final = stages()[-1]
     words = dict((w, a) for w, a in final)
     assert words["USER"] == "10001:10001"
-    assert json.loads(words["ENTRYPOINT"]) == ["floodwall", "run"]
+    assert json.loads(words["ENTRYPOINT"]) == ["floodwall"]  # `IMAGE --version` answers
+    assert json.loads(words["CMD"]) == ["run"]
     volumes = json.loads(words["VOLUME"])
     assert volumes == ["/var/lib/floodwall/spool", "/var/lib/floodwall/telemetry"]
     assert "HEALTHCHECK" in words and "/healthz" in words["HEALTHCHECK"]
@@ -174,7 +192,7 @@ def test_the_build_context_builds_the_package(tmp_path: Path) -> None:
     build_context(context)
     src = tmp_path / "src"
     src.mkdir()
-    builder, _ = stages()
+    builder = stages()[0]
     for word, args in builder:
         if word == "COPY":
             *sources, _dest = args.split()
@@ -213,7 +231,7 @@ def test_the_build_context_builds_the_package(tmp_path: Path) -> None:
 
 
 def healthcheck_command() -> list[str]:
-    _, final = stages()
+    final = stages()[-1]
     args = dict((w, a) for w, a in final)["HEALTHCHECK"]
     cmd: list[str] = json.loads(args[args.index("CMD") + 3:].strip())
     assert cmd[0] == "python"
@@ -227,7 +245,7 @@ def test_image_env_alone_configures_the_proxy_and_the_healthcheck_works(tmp_path
     exe = Path(sys.executable).parent / "floodwall"
     if not exe.exists():
         pytest.skip("the floodwall console script is not installed in this environment")
-    _, final = stages()
+    final = stages()[-1]
     env = {k: v for k, v in env_of(final).items() if k.startswith("FLOODWALL_")}
     admin = free_port()
     env.update({
@@ -280,7 +298,7 @@ def test_healthcheck_works_with_tls_on(tmp_path: Path) -> None:
     cert.write_bytes(b"".join(b.bytes() for b in leaf.cert_chain_pems))
     leaf.private_key_pem.write_to_path(str(key))
     ca.cert_pem.write_to_path(str(ca_file))
-    _, final = stages()
+    final = stages()[-1]
     env = {k: v for k, v in env_of(final).items() if k.startswith("FLOODWALL_")}
     admin = free_port()
     env.update({

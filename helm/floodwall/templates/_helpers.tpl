@@ -78,10 +78,11 @@ imagePullPolicy: {{ .Values.image.pullPolicy }}
 {{- if and .Values.sidecar.native (ne .Values.mode "standalone") }}
 restartPolicy: Always
 {{- end }}
-{{- if .Values.extraArgs }}
 args:
+  - run
+  {{- if .Values.extraArgs }}
   {{- toYaml .Values.extraArgs | nindent 2 }}
-{{- end }}
+  {{- end }}
 ports:
   {{- if or (not .Values.tls.listener.enabled) .Values.tls.listener.plainListener }}
   - name: floodwall-amqp
@@ -107,7 +108,7 @@ env:
     {{- end }}
   {{- include "floodwall.tlsEnv" . }}
   - name: FLOODWALL_ADMIN
-    value: {{ printf "0.0.0.0:%d" (int .Values.admin.port) | quote }}
+    value: {{ printf "%s:%d" .Values.admin.host (int .Values.admin.port) | quote }}
   - name: FLOODWALL_DRAIN_TIMEOUT
     value: {{ printf "%ds" (int .Values.drain.timeoutSeconds) | quote }}
   {{- if .Values.policies.enabled }}

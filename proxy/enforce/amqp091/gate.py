@@ -36,6 +36,7 @@ from floodwall.enforce.amqp091.channels import (
     parse_publish,
 )
 from floodwall.enforce.amqp091.runs import PublishRuns
+from floodwall.enforce.capture import capture_refusal
 from floodwall.enforce.decision import (
     PASS,
     Decision,
@@ -135,8 +136,7 @@ class PublishFlow(PublishRuns):
             if item.complete:
                 self._spool(ch, item, blocking, now)
             else:
-                ch.filling = item  # its body frames come next; spooled when all are in
-                self._maybe_slow = True
+                self._capture(ch, item, blocking, now)
             return True
         self._hold(ch, item)
         if blocking:
@@ -167,10 +167,16 @@ class PublishFlow(PublishRuns):
         item = ch.filling
         if item is not None and ftype == 3:
             data = bytes(buf[offset:end])
+            reserved = max(0, item.body_size - item.received)  # (a capture counted these)
             item.frames.append(data)
             item.received += size
             if item.spool_to is None:
                 self._grow(ch, len(data))
+            else:
+                self._grow(ch, len(data) - min(size, reserved))
+                if not item.complete and self.held_bytes > self.hold_budget:
+                    self._capture_to_hold(ch, item, "it outgrew the connection's hold budget "
+                                          "while assembled for the spool", now)
             if item.complete:
                 ch.filling = None
                 if item.spool_to is not None:
@@ -251,9 +257,60 @@ class PublishFlow(PublishRuns):
             self.outbox.append(ev.NotSpooled(self._at(ch.channel), next(iter(queues)), reason,
                                           "held"))
 
+    def _spool_limit(self, key: QueueKey) -> int:
+        """The queue's ``spool.max_bytes``."""
+        q = self.controller.queues.get(key)
+        return q.policy.spool.max_bytes if q is not None else 1 << 30
+
+    def _capture(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey],
+                 now: float) -> None:
+        """A publish to spool whose body is still to come: its frames are gathered in memory
+        (``ch.filling``) and spooled when all are in, if the whole announced message fits
+        the spool and, meanwhile, the hold and memory budgets (``capture_refusal``); its
+        announced size counts as held from now. Else it is held, as a full spool's is."""
+        assert self.spool is not None and item.spool_to is not None
+        size = item.nbytes + item.body_size
+        why = capture_refusal(self.spool, item.spool_to, size, self._spool_limit(item.spool_to),
+                              size, self.held_bytes, self.hold_budget,
+                              self.counters.held_bytes, self.shared.memory)
+        if why is not None:
+            self._spool_fell_back(ch, item, why, blocking, now)
+            return
+        ch.filling = item  # its body frames come next; spooled when all are in
+        self._grow(ch, size)
+        self._maybe_slow = True
+
+    def _capture_to_hold(self, ch: ChannelFlow, item: HeldPublish, why: str,
+                         now: float) -> None:
+        """A capture may not go on (``why``): what came of it is held from now on, and the
+        rest of its body with it, as any held publish's (counted as it arrives)."""
+        assert item.spool_to is not None
+        self._grow(ch, -max(0, item.body_size - item.received))  # no longer reserved
+        ch.held.append(item)
+        self._account(0, 1)
+        self.counters.spool_fallbacks += 1
+        self.outbox.append(ev.SpoolFellBack(self._at(ch.channel), item.spool_to[1], why,
+                                            "held"))
+        key, item.spool_to = item.spool_to, None
+        self._block(ch, self.controller.blocking(self.vhost, item.queues) or frozenset({key}),
+                    now)
+
+    def _spool_fell_back(self, ch: ChannelFlow, item: HeldPublish, why: str,
+                         blocking: frozenset[QueueKey], now: float) -> None:
+        """The spool cannot take the publish (``why``): it is held instead."""
+        assert item.spool_to is not None
+        self.counters.spool_fallbacks += 1
+        self.outbox.append(ev.SpoolFellBack(self._at(ch.channel), item.spool_to[1], why,
+                                            "held"))
+        key, item.spool_to = item.spool_to, None
+        self._hold(ch, item)
+        self._block(ch, blocking or frozenset({key}), now)
+
     def _spool(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey],
                now: float) -> None:
-        """Write a complete publish to its queue's spool; hold it if the spool says no."""
+        """Write a complete publish to its queue's spool; hold it if the spool says no. A
+        captured one (``_capture``) stops counting as held either way (held, it counts
+        again)."""
         assert self.spool is not None and item.spool_to is not None
         key = item.spool_to
         q = self.controller.queues.get(key)
@@ -262,14 +319,12 @@ class PublishFlow(PublishRuns):
                              bytes(item.frames[1][HEADER_SIZE:-1]),
                              b"".join(f[HEADER_SIZE:-1] for f in item.frames[2:]),
                              item.publish.mandatory)
+        if item.body_size:  # captured (its body came after the decision): it was counted
+            self._grow(ch, -item.nbytes)
         try:
             seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
         except SpoolRefused as exc:
-            self.counters.spool_fallbacks += 1
-            self.outbox.append(ev.SpoolFellBack(self._at(ch.channel), key[1], str(exc), "held"))
-            item.spool_to = None
-            self._hold(ch, item)
-            self._block(ch, blocking or frozenset({key}), now)
+            self._spool_fell_back(ch, item, str(exc), blocking, now)
             return
         self.counters.spooled_records += 1
         self.counters.spooled_bytes += record.size

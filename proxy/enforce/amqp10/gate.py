@@ -115,6 +115,7 @@ from floodwall.enforce.amqp10.links import (
     encode_performative_fields,
 )
 from floodwall.enforce.amqp10.runs import TransferRuns
+from floodwall.enforce.capture import capture_refusal
 from floodwall.enforce.commands import ReadEveryFrame
 from floodwall.enforce.decision import Verdict, decide
 from floodwall.enforce.ports import SpoolRefused
@@ -196,11 +197,9 @@ class CreditFlow(TransferRuns):
             session.dropped_frames, replacement = session.dropped_frames + 1, b""
             if link.capture is not None:
                 if aborted:  # the client gave up on it: nothing to store or settle
-                    link.capture = None
+                    self._uncapture(link)
                 else:
-                    link.capture.parts.append(payload[start:end])
-                    if not more:
-                        self._spool(session, link)
+                    self._capture_part(session, link, payload[start:end], more)
         else:
             delivery.bytes += end - start
             if delivery.id_shift:
@@ -428,11 +427,49 @@ class CreditFlow(TransferRuns):
                 return False
         return True
 
-    def _spool(self, session: SessionGate, link: SenderLink) -> None:
-        """The last frame of a delivery to spool is in: write the record."""
+    def _capture_part(self, session: SessionGate, link: SenderLink, part: bytes,
+                      more: bool) -> None:
+        """A transfer frame of a delivery to spool: kept (counted as held) while the whole
+        fits the spool and the budgets (``capture_refusal``), spooled with its last frame;
+        else the capture is dropped and the delivery rejected at once."""
         capture = link.capture
         assert capture is not None and self.spool is not None
-        link.capture = None
+        q = self.controller.queues.get(capture.key)
+        why = capture_refusal(self.spool, capture.key, capture.size + len(part),
+                              q.policy.spool.max_bytes if q is not None else 1 << 30,
+                              len(part), self.captured_bytes, self.hold_budget,
+                              self.counters.held_bytes, self.shared.memory)
+        if why is not None:
+            self._capture_refused(session, link, why)
+            return
+        capture.parts.append(part)
+        capture.size += len(part)
+        self.captured_bytes += len(part)
+        self.counters.held_bytes += len(part)
+        if not more:
+            self._spool(session, link)
+
+    def _capture_refused(self, session: SessionGate, link: SenderLink, why: str) -> None:
+        """The delivery being captured cannot be spooled (``why``): what came of it is
+        dropped, and so is the rest as it comes; it is settled ``rejected``
+        (amqp:resource-limit-exceeded, naming the queue) now, and the link's credit is
+        withheld until the queue drains, as after a full spool."""
+        capture = self._uncapture(link)
+        assert capture is not None
+        self.counters.spool_fallbacks += 1
+        link.spool_refused = True
+        self.outbox.append(ev.SpoolFellBack(
+            self._at(link), capture.key[1], why,
+            "rejected; the link's credit is withheld until the queue drains"))
+        if capture.delivery_id is not None:
+            self._settle(session, capture.delivery_id, capture.delivery_id, _rejected(
+                f"floodwall: the message cannot be spooled for queue '{capture.key[1]}' "
+                f"({why})"))
+
+    def _spool(self, session: SessionGate, link: SenderLink) -> None:
+        """The last frame of a delivery to spool is in: write the record."""
+        capture = self._uncapture(link)
+        assert capture is not None and self.spool is not None
         key = capture.key
         q = self.controller.queues.get(key)
         settings = q.policy.spool if q is not None else None

@@ -170,6 +170,7 @@ class SpoolCapture:
     delivery_id: int | None  # its client delivery-id; None: sent settled
     message_format: int
     parts: list[bytes] = field(default_factory=list)
+    size: int = 0  # bytes in parts, counted as held (``floodwall.enforce.capture``)
 
 
 @dataclass(eq=False, slots=True)

@@ -13,6 +13,7 @@ from floodwall.enforce.amqp10.links import (
     ReceiverLink,
     SenderLink,
     SessionGate,
+    SpoolCapture,
     _renumber_disposition,
     grant_flow_body,
 )
@@ -60,12 +61,17 @@ class Sessions(ShadowWatch):
         # dispositions.
         self.tracking = False
         self.withheld_links: dict[int, SenderLink] = {}  # blocked links by link_ref
+        self.captured_bytes = 0  # bytes of its links' spool captures (counted as held)
 
     def close(self) -> None:
-        """The connection is gone: none of its links is blocked any more."""
+        """The connection is gone: none of its links is blocked any more, nothing of it is
+        captured for the spool."""
         self.controller.connection_closed(self.conn_id)
         for session in self.sessions.values():
             _uncount(session)
+            for link in session.links.values():
+                if isinstance(link, SenderLink):
+                    self._uncapture(link)
         self.sessions.clear()
         self.by_server_channel.clear()
 
@@ -181,7 +187,17 @@ class Sessions(ShadowWatch):
             link.unsettled = 0
         self._link_gone(link)
 
+    def _uncapture(self, link: SenderLink) -> SpoolCapture | None:
+        """The link's spool capture, which stops counting as held (None: it had none)."""
+        capture, link.capture = link.capture, None
+        if capture is not None and capture.size:
+            self.captured_bytes -= capture.size
+            self.counters.held_bytes -= capture.size
+        return capture
+
     def _link_gone(self, link: Link) -> None:
+        if isinstance(link, SenderLink):
+            self._uncapture(link)
         if isinstance(link, SenderLink) and link.blocked:
             link.move(LinkInput.RELEASED)
             self.withheld_links.pop(link.ref, None)

@@ -11,8 +11,14 @@ from typing import Any, Final
 
 from pamqp import commands
 
-from floodwall.wire.amqp091.errors import AccessRefused, MethodSyntaxError, ProtocolError
+from floodwall.wire.amqp091.errors import (
+    AccessRefused,
+    MethodSyntaxError,
+    NotAllowed,
+    ProtocolError,
+)
 from floodwall.wire.amqp091.framing import (
+    CONTENT_HEADER_MIN,
     FRAME_BODY,
     FRAME_END,
     FRAME_HEADER,
@@ -484,17 +490,23 @@ class FrameRelay(CoreOutput):
     def _on_tune(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
             self.server_tune = TuneParams(*read_tune(buf, offset, _C.Tune.name, base))
+            self._frame_limit = frame_limit(self.server_tune, self.client_tune)
 
     def _on_tune_ok(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
             tune = TuneParams(*read_tune(buf, offset, _C.TuneOk.name, base))
+            broker = self.server_tune.frame_max if self.server_tune is not None else 0
+            if broker and tune.frame_max > broker:  # (0, "no limit", is held to broker's)
+                raise NotAllowed(
+                    f"connection.tune-ok frame_max {tune.frame_max} is above the broker's "
+                    f"frame_max {broker}", offset, _C.TuneOk.index >> 16,
+                    _C.TuneOk.index & 0xFFFF)
             self.client_tune = tune
             self.tuned = True
             self.channel_max = tune.channel_max
             self.heartbeat = tune.heartbeat
             self.frame_max = tune.frame_max
-            # The spec lets any peer send FRAME_MIN_SIZE frames whatever was negotiated.
-            self._frame_limit = max(tune.frame_max, FRAME_MIN_SIZE) if tune.frame_max else 0
+            self._frame_limit = frame_limit(self.server_tune, tune)
 
     def _on_open(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         if channel == 0:
@@ -568,8 +580,11 @@ class Connection(FrameRelay):
     methods below, and decodes them with pamqp. A chunk made only of complete frames, with
     nothing held before it, is forwarded as the very same bytes object.
 
-    Frame size: both directions are held to FRAME_MIN_SIZE until the client's tune-ok
-    passes, then to its frame_max (0 = none), never below FRAME_MIN_SIZE.
+    Frame size: both directions are held to FRAME_MIN_SIZE until the broker's tune and the
+    client's tune-ok have both passed, then to the lower of their frame_max (0 = no limit
+    from that peer), never below FRAME_MIN_SIZE; a tune-ok above the broker's frame_max is
+    refused (530). A frame larger than the limit is refused from its 7-byte header, before
+    any of it is held.
 
     Errors: a malformed frame from the client sets ``failure`` (side CLIENT) and queues a
     connection.close for the client with the spec's code (501/502/505); one from the
@@ -637,10 +652,10 @@ class Connection(FrameRelay):
                 # Validate it as the scanner would before the gate reads it (the scanner
                 # says why when it is bad).
                 if not hchannel or buf[header_stop - 1] != FRAME_END \
-                        or hsize > payload_limit(self._frame_limit):
+                        or hsize > payload_limit(self._frame_limit) \
+                        or hsize < CONTENT_HEADER_MIN:
                     scan(memoryview(buf)[:header_stop], end, self._frame_limit, (), base)
-                if hsize >= 14:
-                    header_end = header_stop
+                header_end = header_stop
         try:
             took = gate.on_publish(channel, buf, offset, end, header_end, self._now)
         except (ValueError, IndexError) as exc:
@@ -773,11 +788,42 @@ class Connection(FrameRelay):
         if self.gate is not None and self.gate.outbox:
             self._take(self.gate)
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of incomplete frames held back, both directions."""
+        client, server = self._client_in, self._server_in
+        return len(client.tail) + client.parts_len + len(server.tail) + server.parts_len
+
+    def abort(self, reason: str) -> None:
+        """The proxy failed on this connection: drop what is held and queued; each peer gets
+        connection.close 541 INTERNAL_ERROR (the broker's none once a close has passed)."""
+        for inbound in (self._client_in, self._server_in):
+            inbound.tail = bytearray()
+            inbound.parts, inbound.parts_len = [], 0
+        self._to_server.clear()
+        self._to_client.clear()
+        text = f"INTERNAL_ERROR - {reason}"
+        self._to_client.append(close_frame(INTERNAL_ERROR, text))
+        if self.closing is None:
+            self._to_server.append(close_frame(INTERNAL_ERROR, text))
+
     def _own(self, command: object) -> bool:
         if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone
             self.channels.pop(command.channel, None)
             return True
         return False
+
+
+def frame_limit(server: TuneParams | None, client: TuneParams | None) -> int:
+    """The frame size both directions are held to (``scan``'s ``frame_max``, 0 = none):
+    ``FRAME_MIN_SIZE`` until the broker's tune *and* the client's tune-ok have passed (a
+    client that pipelines its tune-ok before the broker's tune gains nothing by it), then the
+    lower of their frame_max (0 = no limit from that peer: the other's then), never below
+    ``FRAME_MIN_SIZE`` (the spec lets any peer send frames that large)."""
+    if server is None or client is None:
+        return FRAME_MIN_SIZE
+    limits = [n for n in (server.frame_max, client.frame_max) if n]
+    return max(min(limits), FRAME_MIN_SIZE) if limits else 0
 
 
 def _emit(inbound: _Inbound, buf: Buffer, start: int, stop: int, at: int | None = None) -> None:

@@ -55,6 +55,14 @@ class UnexpectedFrame(ProtocolError):
     reply_name = "UNEXPECTED_FRAME"
 
 
+class NotAllowed(ProtocolError):
+    """Well-formed, but not allowed by what was negotiated (spec 530 not-allowed): a
+    connection.tune-ok whose frame_max is above the broker's connection.tune."""
+
+    reply_code = 530
+    reply_name = "NOT_ALLOWED"
+
+
 class AccessRefused(ProtocolError):
     """Well-formed, but the proxy will not relay it (spec 403 access-refused): a client's
     SASL EXTERNAL login, which the broker would grant to the proxy's own certificate."""

@@ -23,6 +23,8 @@ FRAME_HEARTBEAT: Final = 8
 FRAME_END: Final = 0xCE
 FRAME_MIN_SIZE: Final = 4096
 HEADER_SIZE: Final = 7  # type (octet), channel (short), payload size (long)
+CONTENT_HEADER_MIN: Final = 14
+"""The smallest content header payload: class id, weight, body size, property flags."""
 FRAME_OVERHEAD: Final = HEADER_SIZE + 1  # header plus frame-end octet; frame_max counts both
 
 FRAME_TYPE_NAMES: Final = {
@@ -75,8 +77,9 @@ def scan(
     Raises a ``ProtocolError`` (``FrameError`` unless said otherwise) whose ``offset`` is
     the start of the first bad frame: unknown frame type, a frame larger than
     ``frame_max`` (``size + 8 > frame_max``, 0 = no limit), a bad frame-end octet, a
-    method frame shorter than its class and method ids, a heartbeat off channel 0 or with
-    a payload, a content frame on channel 0 (``UnexpectedFrame``). Checks that need only
+    method frame shorter than its class and method ids, a content header shorter than its
+    fixed fields (``CONTENT_HEADER_MIN``), a heartbeat off channel 0 or with a payload, a
+    content frame on channel 0 (``UnexpectedFrame``). Checks that need only
     the 7-byte header run as soon as it is in; so the error for a given stream is the
     same however it is chunked. ``base_offset`` is the stream position of ``buf[0]``,
     used only in error messages.
@@ -104,7 +107,7 @@ def scan(
             if key in stop_at:
                 return offset, frames, key
         elif ftype == 3 or ftype == 2:
-            if not channel:
+            if not channel or (ftype == 2 and size < 14):  # 14 = CONTENT_HEADER_MIN
                 raise _fault(buf, offset, frame_max, base_offset)
         elif ftype != 8 or channel or size:
             raise _fault(buf, offset, frame_max, base_offset)
@@ -156,7 +159,7 @@ def scan_watching(
             if key in stop_at:
                 return offset, frames, key
         elif ftype == 3 or ftype == 2:
-            if not channel:
+            if not channel or (ftype == 2 and size < 14):  # 14 = CONTENT_HEADER_MIN
                 raise _fault(buf, offset, frame_max, base_offset)
             if channel in watched:
                 return offset, frames, WATCHED
@@ -171,7 +174,9 @@ def _header_ok(ftype: int, channel: int, size: int) -> bool:
     """What the 7-byte header alone can tell: the same rules as the loop in ``scan``."""
     if ftype == FRAME_METHOD:
         return size >= 4
-    if ftype == FRAME_BODY or ftype == FRAME_HEADER:
+    if ftype == FRAME_HEADER:
+        return channel != 0 and size >= CONTENT_HEADER_MIN
+    if ftype == FRAME_BODY:
         return channel != 0
     if ftype == FRAME_HEARTBEAT:
         return not channel and not size
@@ -197,6 +202,13 @@ def _fault(buf: Buffer, offset: int, frame_max: int, base_offset: int) -> Protoc
         return FrameError(f"heartbeat frame with a {size}-byte payload {at}", offset)
     if ftype in (FRAME_HEADER, FRAME_BODY) and not channel:
         return UnexpectedFrame(f"{kind} frame on channel 0 {at}", offset)
+    if ftype == FRAME_HEADER and size < CONTENT_HEADER_MIN:
+        return FrameError(
+            f"content header frame on channel {channel} {at} has a {size}-byte payload, "
+            f"shorter than the {CONTENT_HEADER_MIN} bytes of its class id, weight, body size "
+            f"and property flags",
+            offset,
+        )
     if ftype == FRAME_METHOD and size < 4:
         return FrameError(
             f"method frame {at} has a {size}-byte payload, too short for class and method ids",

@@ -234,6 +234,11 @@ class Connection(CoreOutput):
     def data_for_client(self) -> bytes:
         return _drain(self._to_client)
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of incomplete frames (or headers) held back, both directions."""
+        return len(self._client.tail) + len(self._server.tail)
+
     def collect(self) -> None:
         """Take what the gate made outside a receive call (a release, an expiry, a spool
         acknowledgement) into the outgoing data and events."""
@@ -530,33 +535,55 @@ class Connection(CoreOutput):
             return
         blame = f"floodwall closed the connection: the {stream.side.value} sent bad data"
         if stream.side is Side.CLIENT:
-            self._close_client(exc.condition, reason)
-            self._close_server("amqp:connection:forced", f"{blame} ({exc.condition}: {reason})")
+            self._close(exc.condition, reason, "amqp:connection:forced",
+                        f"{blame} ({exc.condition}: {reason})")
         else:
-            self._close_server(exc.condition, reason)
-            self._close_client("amqp:internal-error", f"{blame} ({exc.condition}: {reason})")
+            self._close("amqp:internal-error", f"{blame} ({exc.condition}: {reason})",
+                        exc.condition, reason)
 
-    def _close_client(self, condition: str, description: str) -> None:
-        """Queue a close for the client if it is in the AMQP layer and has not been closed."""
-        client, server = self._client, self._server
-        if client.phase is not Phase.AMQP or server.close_relayed or server.sasl_refused:
-            return
-        if server.phase is Phase.AMQP_HEADER:
-            prologue = AMQP_HEADER + frame(open_body(CONTAINER_ID))
-        elif server.phase is Phase.AMQP:
-            prologue = b"" if server.open_relayed else frame(open_body(CONTAINER_ID))
-        else:  # the client still waits for SASL frames (or was refused): nothing fits
-            return
-        self._to_client.append(prologue + frame(close_body(condition, _clip(description))))
+    def abort(self, reason: str) -> None:
+        """The proxy failed: all held and queued is dropped, each peer told internal-error."""
+        self._client.tail, self._server.tail = bytearray(), bytearray()
+        self._to_server.clear()
+        self._to_client.clear()
+        self._close("amqp:internal-error", reason, "amqp:internal-error", reason)
 
-    def _close_server(self, condition: str, description: str) -> None:
-        """Queue a close for the server if it has the client's Open and no Close yet."""
-        client, server = self._client, self._server
-        if not client.open_relayed or client.close_relayed:
-            return
-        if server.phase is Phase.REFUSED or server.sasl_refused:
-            return
-        self._to_server.append(frame(close_body(condition, _clip(description))))
+    def _close(self, client_condition: str, client_description: str,
+               server_condition: str, server_description: str) -> None:
+        """Queue a close for each peer that can take one."""
+        to_client = close_for_client(self._client, self._server, client_condition,
+                                     client_description)
+        if to_client:
+            self._to_client.append(to_client)
+        to_server = close_for_server(self._client, self._server, server_condition,
+                                     server_description)
+        if to_server:
+            self._to_server.append(to_server)
+
+
+def close_for_client(client: _Stream, server: _Stream, condition: str,
+                     description: str) -> bytes:
+    """A close for the client if it is in the AMQP layer and has not been closed (after an
+    AMQP header and an open if the broker's have not passed), else b""."""
+    if client.phase is not Phase.AMQP or server.close_relayed or server.sasl_refused:
+        return b""
+    if server.phase is Phase.AMQP_HEADER:
+        prologue = AMQP_HEADER + frame(open_body(CONTAINER_ID))
+    elif server.phase is Phase.AMQP:
+        prologue = b"" if server.open_relayed else frame(open_body(CONTAINER_ID))
+    else:  # the client still waits for SASL frames (or was refused): nothing fits
+        return b""
+    return prologue + frame(close_body(condition, _clip(description)))
+
+
+def close_for_server(client: _Stream, server: _Stream, condition: str,
+                     description: str) -> bytes:
+    """A close for the server if it has the client's Open and no Close yet, else b""."""
+    if not client.open_relayed or client.close_relayed:
+        return b""
+    if server.phase is Phase.REFUSED or server.sasl_refused:
+        return b""
+    return frame(close_body(condition, _clip(description)))
 
 
 def _sasl_fields(
