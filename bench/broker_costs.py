@@ -38,12 +38,13 @@ from bench.meters import CpuMeter
 from bench.spool_bench import broker_process
 from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
 from floodwall.io.amqp_client import AmqpClient, Delivery
+from floodwall.io.upstreams import Upstreams
 
 BODY = b"x" * 200
 
 
 def client(ep: BrokerEndpoint) -> AmqpClient:
-    return AmqpClient(ep.host, ep.amqp_port, ep.username, ep.password, "/")
+    return AmqpClient(Upstreams([(ep.host, ep.amqp_port)]), ep.username, ep.password, "/")
 
 
 async def idle_rate(meter: CpuMeter, seconds: float = 3.0) -> float:

@@ -35,6 +35,7 @@ from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.relay import RelayedConnection, RelaySettings
 from floodwall.io.switchboard import Switchboard
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.metrics import RelayStats
 
 
@@ -66,7 +67,8 @@ def relay(policed: bool) -> tuple[RelayedConnection, CountingTransport]:
         board.memory = MemoryBudget(1 << 30)
         core.gate = PublishFlow(board.enforcement, 1)
         controller.lookups.take_due()  # the app's lookup starter would have taken them
-    conn = RelayedConnection(RelaySettings("broker", 5672, board=board), RelayStats(), 1)
+    settings = RelaySettings(Upstreams([("broker", 5672)]), board=board)
+    conn = RelayedConnection(settings, RelayStats(), 1)
     conn.core, conn.gate = core, core.gate
     client = CountingTransport()
     conn.client = cast(asyncio.Transport, client)

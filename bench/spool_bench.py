@@ -53,6 +53,7 @@ from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.spool import SpoolService, SpoolServiceSettings
 from floodwall.io.switchboard import Switchboard
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials
 from floodwall.spool.manager import SpoolLimits, SpoolManager
 from floodwall.spool.records import SpoolRecord
@@ -103,7 +104,7 @@ class Owner:
 
 def service_settings(root: Path, ep: BrokerEndpoint | None) -> SpoolServiceSettings:
     host, port = (ep.host, ep.amqp_port) if ep else ("127.0.0.1", 1)
-    return SpoolServiceSettings(root, host, port,
+    return SpoolServiceSettings(root, Upstreams([(host, port)]),
                                 AmqpCredentials(ep.username, ep.password) if ep else
                                 AmqpCredentials(), SpoolLimits(min_free_bytes=0))
 

@@ -36,7 +36,7 @@ def test_flags(captured: list[ProxySettings]) -> None:
     assert result.exit_code == 0, result.output
     (settings,) = captured
     assert settings.listen == ("127.0.0.1", 6000)
-    assert settings.upstream == ("broker", 5672)
+    assert settings.upstreams == (("broker", 5672),)
     assert settings.admin is None
 
 
@@ -49,7 +49,7 @@ def test_precedence_flag_over_env_over_file(captured: list[ProxySettings], tmp_p
     assert result.exit_code == 0, result.output
     (settings,) = captured
     assert settings.listen == ("127.0.0.1", 7001)  # flag beats file
-    assert settings.upstream == ("envbroker", 5672)  # env beats file
+    assert settings.upstreams == (("envbroker", 5672),)  # env beats file
     assert settings.connect_timeout == 2.5  # file beats default
 
 
@@ -79,7 +79,7 @@ def test_flow_flags_take_units(captured: list[ProxySettings], tmp_path: Path) ->
     (settings,) = captured
     assert (settings.depth_interval, settings.management_interval) == (0.1, 2.5)
     assert settings.hold_budget == 1024**2
-    assert settings.effective_management_url == "http://mq:15672"
+    assert settings.effective_management_urls == ("http://mq:15672",)
     creds = settings.effective_amqp_credentials
     assert (creds.username, creds.password) == ("prober", "mgmt-secret")
 
@@ -90,7 +90,7 @@ def test_defaults_of_flow_flags(captured: list[ProxySettings]) -> None:
     (settings,) = captured
     assert (settings.depth_interval, settings.management_interval) == (0.2, 5.0)
     assert settings.hold_budget == 8 * 1024**2
-    assert settings.effective_management_url == "http://m:15672"
+    assert settings.effective_management_urls == ("http://m:15672",)
 
 
 def test_a_login_in_the_management_url_is_refused(captured: list[ProxySettings]) -> None:
@@ -160,13 +160,13 @@ def test_amqps_upstream_and_tls_flags(captured: list[ProxySettings], tmp_path: P
         env={"FLOODWALL_UPSTREAM_TLS_SASL_EXTERNAL": "true"})
     assert result.exit_code == 0, result.output
     (settings,) = captured
-    assert settings.upstream == ("mq.example.com", 5671)
+    assert settings.upstreams == (("mq.example.com", 5671),)
     tls = settings.upstream_tls
     assert tls is not None and tls.ca == ca and tls.cert == cert and tls.sasl_external
     assert tls.name_for("mq.example.com") == "rabbit.internal" and not tls.relay_external
     assert settings.listen is None and settings.listen_tls == ("0.0.0.0", 5671)
     assert settings.listener_tls is not None and settings.listener_tls.client_ca == ca
-    assert settings.effective_management_url == "https://mq.example.com:15671"
+    assert settings.effective_management_urls == ("https://mq.example.com:15671",)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,9 @@
-"""The code's shape (issue 13): no class over 400 lines and no function over 60 lines in the
-product (``proxy/``, imported as ``floodwall``). Lines are counted from the ``def``/``class``
-line (decorators excluded) to the last line of the body, docstrings and comments included."""
+"""The code's shape: no function over 60 lines in the product (``proxy/``, imported as
+``floodwall``), so that each reads at once. Lines are counted from the ``def`` line
+(decorators excluded) to the last line of the body, docstrings and comments included.
+
+Classes have no line limit: a class is split where the design has a seam, never to meet a
+count (a count split them into inheritance chains nobody could see whole)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "proxy"
-MAX_CLASS_LINES = 400
 MAX_FUNCTION_LINES = 60
 
 
@@ -38,8 +40,7 @@ def test_the_product_has_classes_and_functions() -> None:
     assert kinds == {"class", "function"}
 
 
-@pytest.mark.parametrize(("kind", "limit"), [("class", MAX_CLASS_LINES),
-                                             ("function", MAX_FUNCTION_LINES)])
+@pytest.mark.parametrize(("kind", "limit"), [("function", MAX_FUNCTION_LINES)])
 def test_nothing_is_longer_than_its_limit(kind: str, limit: int) -> None:
     too_long = sorted((f"{where}: {n} lines" for k, where, n in sizes()
                        if k == kind and n > limit))

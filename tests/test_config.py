@@ -17,6 +17,7 @@ from floodwall.ops.config import (
     parse_hostport,
     parse_management_url,
     parse_upstream,
+    parse_upstreams,
 )
 
 
@@ -78,10 +79,14 @@ def test_amqp_credentials_fall_back_to_management_ones_one_by_one(tmp_path: Path
 
 
 def test_management_url_defaults_to_the_upstream_host() -> None:
-    assert ProxySettings(("0.0.0.0", 5673), ("::1", 5672)).effective_management_url == (
-        "http://[::1]:15672")
-    settings = ProxySettings(("0.0.0.0", 5673), ("mq", 5672), management_url="https://m/")
-    assert settings.effective_management_url == "https://m/"
+    assert ProxySettings(("0.0.0.0", 5673), (("::1", 5672),)).effective_management_urls == (
+        "http://[::1]:15672",)
+    settings = ProxySettings(("0.0.0.0", 5673), (("mq", 5672),), management_url="https://m/")
+    assert settings.effective_management_urls == ("https://m/",)
+    cluster = ProxySettings(None, (("a", 5672), ("b", 5672)))
+    assert cluster.effective_management_urls == ("http://a:15672", "http://b:15672")
+    listed = ProxySettings(None, (("a", 5672),), management_url="http://a:15672, http://b:1/")
+    assert listed.effective_management_urls == ("http://a:15672", "http://b:1/")
 
 
 # -- TLS ------------------------------------------------------------------------------------
@@ -149,6 +154,35 @@ def test_bad_management_urls_are_refused_without_repeating_them(text: str,
     assert "s3cr3t" not in str(info.value)
 
 
+# -- a cluster's nodes ------------------------------------------------------------------------
+def test_a_list_of_nodes_keeps_its_order() -> None:
+    assert parse_upstreams("a:5672, b.mq.svc:5673,10.0.0.3:5672,[::1]:5674") == (
+        (("a", 5672), ("b.mq.svc", 5673), ("10.0.0.3", 5672), ("::1", 5674)), False)
+    assert parse_upstreams("amqps://a,amqps://b:5676") == ((("a", 5671), ("b", 5676)), True)
+    assert parse_upstreams("rabbitmq:5672") == ((("rabbitmq", 5672),), False)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("a:5672,,b:5672", "empty item"),
+        ("a:5672,", "empty item"),
+        ("", "names no broker"),
+        ("a:5672 b:5672", "is not a host name"),
+        ("a_b!:5672", "is not a host name"),
+        ("-a:5672", "is not a host name"),
+        ("amqps://a,b:5672", "mixes amqps:// and plain"),
+        ("a:5672,a:5672", "named twice"),
+        ("a:5672,https://b", "scheme 'https'"),
+        ("a:5672,b:x", "is not HOST:PORT"),
+    ],
+)
+def test_a_bad_list_of_nodes_is_refused_at_start(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match="--upstream") as info:
+        parse_upstreams(text)
+    assert fragment in str(info.value)
+
+
 def test_upstream_tls_refuses_what_cannot_work(tmp_path: Path) -> None:
     cert = tmp_path / "c.pem"
     cert.write_text("x")
@@ -171,8 +205,8 @@ def test_upstream_tls_refuses_what_cannot_work(tmp_path: Path) -> None:
 def test_management_url_is_https_on_15671_with_an_amqps_upstream(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
-    settings = ProxySettings(("0.0.0.0", 5673), ("mq", 5671), upstream_tls=UpstreamTls(ca=ca))
-    assert settings.effective_management_url == "https://mq:15671"
+    settings = ProxySettings(("0.0.0.0", 5673), (("mq", 5671),), upstream_tls=UpstreamTls(ca=ca))
+    assert settings.effective_management_urls == ("https://mq:15671",)
     assert settings.effective_management_tls.ca == ca  # the upstream's CA by default
     assert ListenerTls.checked(ca, ca).files == (ca, ca)
     with pytest.raises(ConfigError, match="--listen-tls needs"):

@@ -298,12 +298,12 @@ def test_telemetry_flags_and_wiring(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
     policies = tmp_path / "p.yaml"
     policies.write_text("version: 1\npolicies:\n  - {name: p, match: {queue: q}, capacity: 1}\n")
-    with_policies = Proxy(ProxySettings(("127.0.0.1", 0), ("127.0.0.1", 1), policies=policies,
+    with_policies = Proxy(ProxySettings(("127.0.0.1", 0), (("127.0.0.1", 1),), policies=policies,
                                         telemetry_dir=tmp_path / "t", telemetry_interval=0.5))
     assert with_policies.telemetry is not None and with_policies.flow is not None
     assert with_policies.telemetry.controller is with_policies.flow.controller
     assert with_policies.telemetry.settings.interval == 0.5
-    without = Proxy(ProxySettings(("127.0.0.1", 0), ("127.0.0.1", 1),
+    without = Proxy(ProxySettings(("127.0.0.1", 0), (("127.0.0.1", 1),),
                                   telemetry_dir=tmp_path / "t"))
     assert without.telemetry is None  # nothing policed: nothing to record (a warning says so)
 

@@ -51,7 +51,7 @@ from floodwall.ops.config import (
     TlsVersion,
     UpstreamTls,
     parse_hostport,
-    parse_management_url,
+    parse_management_urls,
 )
 from floodwall.ops.logs import setup_logging
 from floodwall.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
@@ -149,7 +149,9 @@ def main() -> None:
 @click.option("--upstream", default="127.0.0.1:5672", show_default=True,
               envvar="FLOODWALL_UPSTREAM",
               help="The broker: HOST:PORT or amqp://HOST[:PORT] (plain), amqps://HOST[:PORT] "
-                   "(TLS, port 5671 by default).")
+                   "(TLS, port 5671 by default); a cluster's nodes as a comma-separated "
+                   "list (connections go to the first that answers; a DNS name's every "
+                   "address is a node).")
 @upstream_tls_options
 @click.option("--upstream-tls-relay-external", is_flag=True, default=False,
               envvar="FLOODWALL_UPSTREAM_TLS_RELAY_EXTERNAL",
@@ -168,7 +170,8 @@ def main() -> None:
               help="How long an admin client may take to send its request, and again to "
                    "take the answer, before it is cut off.")
 @click.option("--management", default=None, envvar="FLOODWALL_MANAGEMENT",
-              help="The broker's management API URL, without a login (credentials from "
+              help="The broker's management API URL, or each node's, comma-separated (tried in "
+                   "order), without a login (credentials from "
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
                    "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
                    "amqps upstream) when --policies is given.")
@@ -296,7 +299,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
     setup_logging(log_level, log_format)
     try:
         credentials = ManagementCredentials.from_environment()
-        upstream_address, upstream_tls = upstream_settings(
+        upstream_nodes, upstream_tls = upstream_settings(
             upstream, upstream_tls_ca=upstream_tls_ca, upstream_tls_cert=upstream_tls_cert,
             upstream_tls_key=upstream_tls_key,
             upstream_tls_server_name=upstream_tls_server_name,
@@ -312,9 +315,9 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         admin_at = None if admin.lower() == "off" else parse_hostport(admin, "--admin", "127.0.0.1")
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
-            listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
+            listen=plain_listener, upstreams=upstream_nodes, admin=admin_at, shadow=shadow,
             admin_limits=AdminLimits(admin_max_connections, admin_timeout),
-            management_url=parse_management_url(management) if management else None,
+            management_url=parse_management_urls(management) if management else None,
             upstream_tls=upstream_tls, listen_tls=tls_listener, listener_tls=listener_tls,
             management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),

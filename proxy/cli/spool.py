@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from floodwall.io.spool import SessionResult
     from floodwall.io.tls import UpstreamTlsContext
+    from floodwall.io.upstreams import Upstreams
     from floodwall.spool.log import QueueSpool
 
 _DIR_OPTION = click.option(
@@ -131,7 +132,7 @@ def _summary_doc(s: QueueSummary, now: float) -> dict[str, object]:
             "problems": list(s.problems)}
 
 
-def _replay_run(qspool: QueueSpool, host: str, port: int, credentials: AmqpCredentials,
+def _replay_run(qspool: QueueSpool, upstreams: Upstreams, credentials: AmqpCredentials,
                 vhost: str, queue: str, tls: UpstreamTlsContext | None, original_routing: bool,
                 window: int) -> Coroutine[Any, Any, SessionResult]:
     """The replay session of ``floodwall spool replay``: its own 0-9-1 connection (and a 1.0
@@ -147,14 +148,14 @@ def _replay_run(qspool: QueueSpool, host: str, port: int, credentials: AmqpCrede
         return rec.address if original_routing else f"/amq/queue/{queue}"
 
     async def run() -> SessionResult:
-        client = AmqpClient(host, port, credentials.username, credentials.password, vhost,
+        client = AmqpClient(upstreams, credentials.username, credentials.password, vhost,
                             tls=tls)
         client10: Amqp10Client | None = None
 
         async def connect10() -> Amqp10Client:
             nonlocal client10
             if client10 is None:
-                client10 = Amqp10Client(host, port, credentials.username,
+                client10 = Amqp10Client(upstreams, credentials.username,
                                         credentials.password, vhost, tls=tls)
                 await client10.connect(10.0)
             return client10
@@ -227,12 +228,14 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
     """Publish QUEUE's spooled records to the broker with confirms; delete as confirmed."""
     from floodwall.io.amqp_client import AmqpClientError
     from floodwall.io.tls import UpstreamTlsContext
+    from floodwall.io.upstreams import Upstreams
 
     root = Path(spool_dir)
     key = (vhost, queue)
     _find(root, key)
     try:
-        (host, port), tls_settings = upstream_settings(upstream, **tls_options)
+        nodes, tls_settings = upstream_settings(upstream, **tls_options)
+        upstreams = Upstreams(nodes)
         credentials = AmqpCredentials.from_environment(
             fallback=ManagementCredentials.from_environment())
         tls = UpstreamTlsContext(tls_settings) if tls_settings is not None else None
@@ -247,15 +250,15 @@ def replay(queue: str, spool_dir: str, vhost: str, upstream: str, original_routi
         _echo_recovery(qspool.report)
         records, nbytes = qspool.pending_records, qspool.pending_bytes
         click.echo(f"replaying {records} records ({format_bytes(nbytes)}) of {queue!r} "
-                   f"(vhost {vhost!r}) to {'amqps://' if tls else ''}{host}:{port}")
+                   f"(vhost {vhost!r}) to {'amqps://' if tls else ''}{upstreams.label}")
         started = time.monotonic()
 
-        run = _replay_run(qspool, host, port, credentials, vhost, queue, tls,
+        run = _replay_run(qspool, upstreams, credentials, vhost, queue, tls,
                           original_routing, window)
         try:
             result = asyncio.run(run)
         except (AmqpClientError, OSError, TimeoutError) as exc:
-            raise click.ClickException(f"broker {host}:{port}: {exc}") from None
+            raise click.ClickException(f"broker {upstreams.label}: {exc}") from None
         seconds = time.monotonic() - started
         click.echo(f"replayed {result.confirmed} records ({format_bytes(result.confirmed_bytes)})"
                    f" in {seconds:.1f}s; {qspool.pending_records} left")

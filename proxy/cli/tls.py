@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from floodwall.ops.config import ConfigError, TlsVersion, UpstreamTls, parse_upstream
+from floodwall.ops.config import ConfigError, TlsVersion, UpstreamTls, parse_upstreams
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,10 +56,10 @@ def upstream_settings(upstream: str, *, upstream_tls_ca: str | None,
                       upstream_tls_server_name: str | None, upstream_tls_insecure: bool,
                       upstream_tls_min_version: str, upstream_tls_sasl_external: bool,
                       relay_external: bool = False
-                      ) -> tuple[tuple[str, int], UpstreamTls | None]:
-    """(host, port) and the TLS settings (None: plain) from ``--upstream`` and the
-    ``--upstream-tls-*`` options; ``ConfigError`` for what cannot work together."""
-    host, port, tls = parse_upstream(upstream)
+                      ) -> tuple[tuple[tuple[str, int], ...], UpstreamTls | None]:
+    """The nodes ((host, port), ...) and the TLS settings (None: plain) from ``--upstream``
+    and the ``--upstream-tls-*`` options; ``ConfigError`` for what cannot work together."""
+    nodes, tls = parse_upstreams(upstream)
     given = {
         "--upstream-tls-ca": upstream_tls_ca, "--upstream-tls-cert": upstream_tls_cert,
         "--upstream-tls-key": upstream_tls_key,
@@ -73,7 +73,7 @@ def upstream_settings(upstream: str, *, upstream_tls_ca: str | None,
         if named:
             raise ConfigError(f"{', '.join(named)} given, but --upstream {upstream!r} is "
                               "plain: write amqps://HOST[:PORT] for TLS to the broker")
-        return (host, port), None
+        return nodes, None
     if upstream_tls_insecure and upstream_tls_ca:
         raise ConfigError("--upstream-tls-insecure and --upstream-tls-ca: choose one "
                           "(insecure verifies nothing)")
@@ -84,4 +84,4 @@ def upstream_settings(upstream: str, *, upstream_tls_ca: str | None,
         server_name=upstream_tls_server_name, insecure=upstream_tls_insecure,
         min_version=TlsVersion.parse(upstream_tls_min_version, "--upstream-tls-min-version"),
         sasl_external=upstream_tls_sasl_external, relay_external=relay_external)
-    return (host, port), settings
+    return nodes, settings

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from floodwall.io.amqp_client import WRITE_HIGH_WATER, AmqpClientError, Confirm
-from floodwall.io.tls import TlsFailure, UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.tls import TlsFailure, UpstreamTlsContext, tls_error
+from floodwall.io.upstreams import Upstreams
 from floodwall.io.writes import BatchedWrites
 from floodwall.ops.logs import event
 from floodwall.wire.amqp10.credit import serial_add, serial_diff
@@ -457,6 +458,7 @@ class Amqp10Reading(BatchedWrites):
 
     _reader: asyncio.StreamReader | None
     _writer: asyncio.StreamWriter | None
+    _unwatch: Callable[[], None] | None  # forgets the watch on the node (``Upstreams``)
     _idle_timeout: float
     max_frame_size: int
     session: SessionWindow
@@ -640,8 +642,19 @@ class Amqp10Reading(BatchedWrites):
         else:
             self._forget(sender)
 
+    def _node_lost(self, reason: str) -> None:
+        """The readiness probe found this connection's node no longer answering: end it now
+        (a hung node's would wait for the idle timeout)."""
+        self._unwatch = None
+        if self._writer is not None:
+            self._writer.transport.abort()
+        self._fail(f"the broker node stopped answering: {reason}")
+
     def _fail(self, reason: str) -> None:
         """The connection is over: every pending future and waiter learns it."""
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         if self.closed_reason is None:
             self.closed_reason = reason
             if not self._closing:
@@ -676,13 +689,16 @@ class Amqp10Reading(BatchedWrites):
 class Amqp10Client(Amqp10Reading):
     """One connection with one session; ``await connect()``, ``open_sender()``, ``close()``."""
 
-    def __init__(self, host: str, port: int, username: str, password: str, vhost: str,
+    def __init__(self, upstreams: Upstreams, username: str, password: str, vhost: str,
                  container_id: str = "floodwall-spool-replay", idle_timeout: float = 60.0,
                  tls: UpstreamTlsContext | None = None) -> None:
-        """``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        """``upstreams``: the broker's nodes (the first that takes the connection serves
+        it). ``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
         EXTERNAL (the user is the client certificate's), else PLAIN (ANONYMOUS without a
         username)."""
-        self.host, self.port, self.vhost = host, port, vhost
+        self.upstreams, self.vhost = upstreams, vhost
+        self.host = upstreams.first[0]  # the node connected to, once connected
+        self._unwatch: Callable[[], None] | None = None
         self.tls = tls
         self.container_id = container_id
         self._username, self._password = username, password
@@ -718,8 +734,8 @@ class Amqp10Client(Amqp10Reading):
         TimeoutError; on failure the socket is closed."""
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await open_upstream(self.host, self.port, self.tls)
-                self._reader, self._writer = reader, writer
+                reader, writer, endpoint = await self.upstreams.open(self.tls, timeout)
+                self._reader, self._writer, self.host = reader, writer, endpoint.host
                 try:
                     await self._sasl()
                     await self._open()
@@ -736,6 +752,7 @@ class Amqp10Client(Amqp10Reading):
             self.closed_reason = self.closed_reason or "connect failed"
             raise
         self._peer_closed = asyncio.Event()
+        self._unwatch = self.upstreams.watch(endpoint, self._node_lost)
         loop = asyncio.get_running_loop()
         self._read_task = loop.create_task(self._read_forever(), name="amqp10-client-read")
         idle = self.broker_open.idle_time_out if self.broker_open else None

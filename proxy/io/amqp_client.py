@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import itertools
 import logging
 import struct
@@ -39,7 +40,8 @@ from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ProtocolHeader
 
 from floodwall import __version__
-from floodwall.io.tls import UpstreamTlsContext, open_upstream, tls_error
+from floodwall.io.tls import UpstreamTlsContext, tls_error
+from floodwall.io.upstreams import Endpoint, Upstreams
 from floodwall.io.writes import BatchedWrites
 from floodwall.ops.logs import event
 
@@ -313,13 +315,16 @@ class Publisher:
 class AmqpClient(BatchedWrites):
     """One connection; ``await connect()``, then RPCs; ``close()`` when done."""
 
-    def __init__(self, host: str, port: int, username: str, password: str, vhost: str = "/",
+    def __init__(self, upstreams: Upstreams, username: str, password: str, vhost: str = "/",
                  heartbeat_seconds: int = 30,
                  on_blocked: Callable[[str | None], None] | None = None,
                  tls: UpstreamTlsContext | None = None) -> None:
-        """``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        """``upstreams``: the broker's nodes (the first that takes the connection serves
+        it). ``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
         EXTERNAL (the broker takes the user from the client certificate), else PLAIN."""
-        self.host, self.port, self.vhost = host, port, vhost
+        self.upstreams, self.vhost = upstreams, vhost
+        self.endpoint: Endpoint | None = None  # the node connected to
+        self._unwatch: Callable[[], None] | None = None
         self.tls = tls
         self._username, self._password = username, password
         self._heartbeat = heartbeat_seconds
@@ -352,16 +357,21 @@ class AmqpClient(BatchedWrites):
 
     async def connect(self, timeout: float = 10.0) -> None:
         self._lost = asyncio.Event()
-        reader, writer = await asyncio.wait_for(
-            open_upstream(self.host, self.port, self.tls), timeout)
-        self._reader, self._writer = reader, writer
+        reader, writer, endpoint = await self.upstreams.open(self.tls, timeout)
+        self._reader, self._writer, self.endpoint = reader, writer, endpoint
         writer.write(frame.marshal(ProtocolHeader(), 0))
         self._greeted = False
         try:
             await asyncio.wait_for(self._handshake(), timeout)
+        except TimeoutError:
+            if not self._greeted:  # connected, but the node does not answer: try another next
+                self.upstreams.failed(endpoint, "no connection.start")
+            writer.transport.abort()
+            raise
         except (OSError, asyncio.IncompleteReadError) as exc:
             # a TLS 1.3 broker refuses our certificate after the handshake
-            raise tls_error(exc, self.tls, self.host, greeted=self._greeted) from None
+            raise tls_error(exc, self.tls, endpoint.host, greeted=self._greeted) from None
+        self._unwatch = self.upstreams.watch(endpoint, functools.partial(_node_lost, self))
         loop = asyncio.get_running_loop()
         self._read_task = loop.create_task(self._read_forever(), name="amqp-client-read")
         if self._heartbeat:
@@ -465,6 +475,9 @@ class AmqpClient(BatchedWrites):
             waiter.set_result(value)
 
     def _fail(self, reason: str) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         if self.closed_reason is None:
             self.closed_reason = reason
             event(log, "own_connection_lost", logging.WARNING, reason=reason)
@@ -672,6 +685,9 @@ class AmqpClient(BatchedWrites):
             raise AmqpClientError(f"channel.close: unexpected {reply!r}")
 
     async def close(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         for reopening in list(self._background):
             reopening.cancel()
         for publisher in list(self._publishers.values()):
@@ -695,6 +711,16 @@ class AmqpClient(BatchedWrites):
             with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
         self.closed_reason = self.closed_reason or "closed"
+
+
+def _node_lost(client: AmqpClient, reason: str) -> None:
+    """The readiness probe found ``client``'s node no longer answering: end the connection
+    now (a hung node's would wait for heartbeats), so its owner reconnects to the next
+    node. Aborted: a hung node never takes what is buffered for it."""
+    client._unwatch = None
+    if client._writer is not None:
+        client._writer.transport.abort()
+    client._fail(f"the broker node stopped answering: {reason}")
 
 
 def _refusal(reply: Any) -> str:

@@ -54,7 +54,7 @@ from floodwall.io.tls import (
     UpstreamTlsContext,
     explain,
 )
-from floodwall.io.upstream_address import UpstreamAddresses
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.fleet_view import FleetFigures
 from floodwall.ops.logs import event
@@ -83,16 +83,17 @@ class Proxy:
         self.settings = settings
         self.stats = RelayStats(hold_budget=settings.hold_budget)
         self.upstream_tls, self.management_tls, self.listener_tls = make_tls(settings)
+        self.upstreams = Upstreams(settings.upstreams)
         self.flow: FlowSupervisor | None = None
         if settings.policies is not None:
             self.flow = FlowSupervisor(FlowSettings.from_proxy_settings(
-                settings, self.upstream_tls, self.management_tls), Topology())
+                settings, self.upstreams, self.upstream_tls, self.management_tls), Topology())
         self.telemetry: Telemetry | None = None
         if settings.telemetry_dir is not None and self.flow is not None:
             self.telemetry = make_telemetry(settings, self.flow, self._spooled)
         self.spool: SpoolService | None = None
         if settings.spool_dir is not None and self.flow is not None:
-            self.spool = make_spool(settings, self.flow, self.upstream_tls)
+            self.spool = make_spool(settings, self.flow, self.upstreams, self.upstream_tls)
             self.flow.enforcement.spool = self.spool.port  # overflow: spool spools from now
         self.admin_stats = AdminStats()
         collectors: list[Collector] = [RelayCollector(self.stats),
@@ -109,8 +110,7 @@ class Proxy:
             collectors.append(self.spool.collector)
         self.registry = make_registry(collectors)
         self.relay_settings = RelaySettings(
-            upstream_host=settings.upstream[0],
-            upstream_port=settings.upstream[1],
+            upstreams=self.upstreams,
             connect_timeout=settings.connect_timeout,
             handshake_timeout=settings.handshake_timeout,
             board=self.flow.board if self.flow is not None else None,
@@ -119,7 +119,6 @@ class Proxy:
             upstream_tls=self.upstream_tls,
             relay_external=(settings.upstream_tls is not None
                             and settings.upstream_tls.relay_external),
-            addresses=UpstreamAddresses(*settings.upstream),
         )
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server | TlsListener] = []
@@ -133,7 +132,7 @@ class Proxy:
         self.listen_tls_port: int | None = None
         self.admin_port: int | None = None
         self.fd_limit = FdLimit(0, 0, 0)  # raised in start()
-        self.probe = UpstreamProbe(settings, self.upstream_tls, self.stats, self.upstream_label)
+        self.probe = UpstreamProbe(settings, self.upstreams, self.upstream_tls, self.stats)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -213,8 +212,7 @@ class Proxy:
 
     @property
     def upstream_label(self) -> str:
-        host, port = self.settings.upstream
-        return f"{'amqps://' if self.upstream_tls is not None else ''}{host}:{port}"
+        return f"{'amqps://' if self.upstream_tls is not None else ''}{self.upstreams.label}"
 
     def _tls_contexts(self) -> list[ReloadingContext]:
         return [c for c in (self.upstream_tls, self.management_tls, self.listener_tls)
@@ -332,8 +330,7 @@ class Proxy:
             server.close()
         for task in list(self._tasks):
             task.cancel()
-        if self.relay_settings.addresses is not None:
-            self.relay_settings.addresses.close()
+        self.upstreams.close()
         for conn in list(self.stats.live):
             if isinstance(conn, RelayedConnection):
                 conn.close()
@@ -395,7 +392,7 @@ class Proxy:
         if tls is not None:
             checks["upstream_tls"] = {
                 "verify": not tls.insecure,
-                "server_name": tls.name_for(self.settings.upstream[0]),
+                "server_name": tls.name_for(self.upstreams.first[0]),
                 "ca": str(tls.ca) if tls.ca is not None else "system trust store",
                 "client_certificate": tls.cert is not None,
                 **({"warning": "insecure: the broker's certificate is not verified"}
@@ -428,8 +425,10 @@ class Proxy:
             "uptime_seconds": round(time.time() - self._started, 3),
             "upstream": self.upstream_label,
             "upstream_up": self.stats.upstream_up,
+            "upstream_nodes": self.upstreams.states(),
             "connections": [
-                {"id": c.conn_id, "peer": c.peer, "protocol": c.protocol}
+                {"id": c.conn_id, "peer": c.peer, "protocol": c.protocol,
+                 "node": str(c.node) if c.node is not None else None}
                 for c in sorted(self.stats.live, key=lambda c: getattr(c, "conn_id", 0))
                 if isinstance(c, RelayedConnection)
             ],
@@ -500,8 +499,8 @@ def make_tls(settings: ProxySettings) -> tuple[UpstreamTlsContext | None,
         tls = settings.upstream_tls
         upstream = build("--upstream-tls-ca/-cert/-key", lambda: UpstreamTlsContext(tls))
     management = None
-    if settings.policies is not None and settings.effective_management_url.lower().startswith(
-            "https:"):
+    if settings.policies is not None and any(
+            url.lower().startswith("https:") for url in settings.effective_management_urls):
         management_tls = settings.effective_management_tls
         management = build("--management-tls-ca/-cert/-key",
                            lambda: ManagementTlsContext(management_tls))
@@ -515,12 +514,12 @@ def make_tls(settings: ProxySettings) -> tuple[UpstreamTlsContext | None,
     return upstream, management, listener
 
 
-def make_spool(settings: ProxySettings, flow: FlowSupervisor,
+def make_spool(settings: ProxySettings, flow: FlowSupervisor, upstreams: Upstreams,
                tls: UpstreamTlsContext | None = None) -> SpoolService:
     """``--spool-dir``: the spool, replaying through its own connections to the upstream."""
     assert settings.spool_dir is not None
     return SpoolService(
-        SpoolServiceSettings(settings.spool_dir, settings.upstream[0], settings.upstream[1],
+        SpoolServiceSettings(settings.spool_dir, upstreams,
                              settings.effective_amqp_credentials,
                              SpoolLimits(settings.spool_total_max, settings.spool_min_free),
                              connect_timeout=settings.connect_timeout, tls=tls),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from floodwall.io.tls import ManagementTlsContext, UpstreamTlsContext
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials, ProxySettings
 
 
@@ -15,10 +16,9 @@ class FlowSettings:
     """What the flow supervisor needs; ``from_proxy_settings`` for ``floodwall run``."""
 
     policies: Path
-    management_url: str
+    management_urls: tuple[str, ...]  # each node's, tried in order (management.py)
     management_credentials: ManagementCredentials
-    amqp_host: str
-    amqp_port: int
+    upstreams: Upstreams  # the broker's nodes, for the own connections
     amqp_credentials: AmqpCredentials
     depth_interval: float = 0.2
     hot_interval: float = 0.005  # a hot queue's counts: at most one per this (schedule.py)
@@ -59,17 +59,17 @@ class FlowSettings:
         return 3 * self.management_interval + self.management_timeout
 
     @classmethod
-    def from_proxy_settings(cls, s: ProxySettings, upstream_tls: UpstreamTlsContext | None = None,
+    def from_proxy_settings(cls, s: ProxySettings, upstreams: Upstreams,
+                            upstream_tls: UpstreamTlsContext | None = None,
                             management_tls: ManagementTlsContext | None = None
                             ) -> FlowSettings:
         if s.policies is None:
             raise ValueError("flow control needs a policies file")
         return cls(
             policies=s.policies,
-            management_url=s.effective_management_url,
+            management_urls=s.effective_management_urls,
             management_credentials=s.credentials,
-            amqp_host=s.upstream[0],
-            amqp_port=s.upstream[1],
+            upstreams=upstreams,
             amqp_credentials=s.effective_amqp_credentials,
             depth_interval=s.depth_interval,
             hot_interval=s.hot_interval,

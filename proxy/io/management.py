@@ -16,7 +16,7 @@ import re
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -106,15 +106,23 @@ class ManagementApi:
     that makes it).
     """
 
-    def __init__(self, url: str, credentials: ManagementCredentials, timeout: float = 5.0,
-                 tls: ManagementTlsContext | None = None, connections: int = 4,
+    def __init__(self, url: str | Sequence[str], credentials: ManagementCredentials,
+                 timeout: float = 5.0, tls: ManagementTlsContext | None = None,
+                 connections: int = 4,
                  observe: Callable[[str, float], None] | None = None) -> None:
-        """``tls``: the https context, used when ``url`` is https."""
-        self.url = url.rstrip("/")
-        self._base = str(yarl.URL(self.url))  # encoded once; paths are added encoded
+        """``url``: one, or each node's of a cluster; a request that finds one unreachable,
+        silent or unavailable (5xx) is asked of the next, which is used from then on.
+        ``tls``: the https context, used for https URLs."""
+        urls = (url,) if isinstance(url, str) else tuple(url)
+        if not urls:
+            raise ValueError("no management API URL")
+        self.urls = tuple(u.rstrip("/") for u in urls)
+        # each encoded once; paths are added encoded
+        self._bases = tuple(str(yarl.URL(u)) for u in self.urls)
+        self._current = 0  # the one that answered last
         self.timeout = timeout
         self.connections = connections
-        self.tls = tls if self.url.lower().startswith("https:") else None
+        self._tls = tls
         token = f"{credentials.username}:{credentials.password}".encode()
         self._auth = "Basic " + base64.b64encode(token).decode()
         self._observe = observe
@@ -148,12 +156,35 @@ class ManagementApi:
         if session is not None and not session.closed:
             await session.close()
 
+    @property
+    def url(self) -> str:
+        """The URL requests go to now."""
+        return self.urls[self._current]
+
+    @property
+    def tls(self) -> ManagementTlsContext | None:
+        return self._tls if self.url.lower().startswith("https:") else None
+
     async def _fetch(self, path: str) -> Any:
+        """``_fetch_one`` of the current URL; while it fails as a node that is down fails
+        (unreachable, timeout, 5xx), of the next one, each at most once."""
+        for attempt in range(len(self.urls)):
+            try:
+                return await self._fetch_one(path)
+            except ManagementError as exc:
+                node_down = exc.kind in ("unreachable", "timeout") or (
+                    exc.status is not None and exc.status >= 500)
+                if not node_down or attempt == len(self.urls) - 1:
+                    raise
+                self._current = (self._current + 1) % len(self.urls)
+        raise AssertionError("unreachable")  # pragma: no cover: the loop returns or raises
+
+    async def _fetch_one(self, path: str) -> Any:
         context: ssl.SSLContext | bool = self.tls.context if self.tls is not None else True
         try:
             # encoded=True: the path is sent as built, %2E%2E and %2F included (yarl would
             # otherwise decode and normalise it: /api/queues/%2F/.. is /api/queues/).
-            url = yarl.URL(self._base + path, encoded=True)
+            url = yarl.URL(self._bases[self._current] + path, encoded=True)
             async with self._client().get(url, ssl=context) as resp:
                 status, reason = resp.status, resp.reason
                 raw = await resp.read()

@@ -132,7 +132,7 @@ class DepthProbes(ManagementProbes):
         failing = False
         try:
             while True:
-                client = AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
+                client = AmqpClient(s.upstreams, s.amqp_credentials.username,
                                     s.amqp_credentials.password, vhost,
                                     on_blocked=functools.partial(self._on_blocked, vhost),
                                     tls=s.upstream_tls)
@@ -146,7 +146,7 @@ class DepthProbes(ManagementProbes):
                     self.stats.own_connection_failures += 1
                     if not failing:
                         event(log, "own_connection_failed", logging.WARNING, vhost=vhost,
-                              upstream=f"{s.amqp_host}:{s.amqp_port}", reason=reason,
+                              upstream=s.upstreams.label, reason=reason,
                               action="retrying with backoff; management samples go on")
                     failing = True
                     await self._pause(vhost, backoff)
@@ -155,7 +155,7 @@ class DepthProbes(ManagementProbes):
                 with contextlib.suppress(AmqpClientError, TimeoutError):
                     await client.open_lane("lookup", s.connect_timeout)
                 event(log, "own_connection_up", vhost=vhost,
-                      upstream=f"{s.amqp_host}:{s.amqp_port}")
+                      upstream=str(client.endpoint))
                 failing, backoff = False, s.reconnect_min
                 self.stats.own_connections[vhost] = "up"
                 self._clients[vhost] = client

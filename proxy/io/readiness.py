@@ -13,6 +13,7 @@ from floodwall.io.tls import (
     open_upstream,
     tls_error,
 )
+from floodwall.io.upstreams import Endpoint, Upstreams
 from floodwall.ops.config import ProxySettings
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import RelayStats
@@ -35,29 +36,64 @@ class BrokerHung(OSError):
 
 
 class UpstreamProbe:
-    """Probes the upstream every ``--upstream-probe-interval`` (at once again while it
-    fails); ``stats.upstream_up`` and ``last_error`` say what the last probe found."""
+    """Probes every node of the upstream every ``--upstream-probe-interval`` (at once again
+    while none answers); ``stats.upstream_up`` says whether one answers, ``upstreams``
+    which, and ``last_error`` why none does."""
 
-    def __init__(self, settings: ProxySettings, upstream_tls: UpstreamTlsContext | None,
-                 stats: RelayStats, label: str) -> None:
+    def __init__(self, settings: ProxySettings, upstreams: Upstreams,
+                 upstream_tls: UpstreamTlsContext | None, stats: RelayStats) -> None:
         self.settings = settings
+        self.upstreams = upstreams
         self.upstream_tls = upstream_tls
         self.stats = stats
-        self.label = label
         self.last_error = "not probed yet"
 
+    @property
+    def label(self) -> str:
+        return f"{'amqps://' if self.upstream_tls is not None else ''}{self.upstreams.label}"
+
     async def probe(self) -> bool:
-        """Does the broker answer at the AMQP level? TCP (with amqps the TLS handshake, the
-        certificate verified as for a client), then the 0-9-1 protocol header, and the
-        broker's first bytes (its connection.start) within ``PROBE_ANSWER_WAIT``: a hung
-        (frozen, overloaded) broker still completes TCP handshakes in the kernel, so a probe
-        that only connects calls it up. With TLS 1.3 a broker that refuses our client
-        certificate says so on that first read."""
-        host, port = self.settings.upstream
+        """Does a node of the broker answer at the AMQP level? Every node's addresses are
+        probed side by side (``probe_node``); each finding goes to ``upstreams``, which
+        orders the connections by it and ends those on a node that stopped answering."""
+        try:
+            endpoints = await self.upstreams.endpoints()
+        except OSError as exc:
+            self._probe_failed(str(exc))
+            return False
+        found = await asyncio.gather(*(self.probe_node(ep) for ep in endpoints))
+        errors = []
+        for endpoint, error in zip(endpoints, found, strict=True):
+            if error is None:
+                if self.upstreams.answered(endpoint) and len(endpoints) > 1:
+                    event(log, "upstream_node_answers", upstream=str(endpoint))
+            else:
+                errors.append(f"{endpoint}: {error}" if len(endpoints) > 1 else error)
+                if self.upstreams.failed(endpoint, error, probed=True) and len(endpoints) > 1:
+                    event(log, "upstream_node_down", logging.WARNING, upstream=str(endpoint),
+                          reason=error, action="connections go to the other nodes")
+        if len(errors) == len(endpoints):
+            self._probe_failed("; ".join(errors))
+            return False
+        if not self.stats.upstream_up:
+            event(log, "upstream_reachable", upstream=self.label)
+        self.stats.upstream_up = True
+        self.last_error = ""
+        return True
+
+    async def probe_node(self, endpoint: Endpoint) -> str | None:
+        """Does the node at ``endpoint`` answer? None, or why not. TCP (with amqps the TLS
+        handshake, the certificate verified as for a client), then the 0-9-1 protocol
+        header, and the broker's first bytes (its connection.start) within
+        ``PROBE_ANSWER_WAIT``: a hung (frozen, overloaded) broker still completes TCP
+        handshakes in the kernel, so a probe that only connects calls it up. With TLS 1.3 a
+        broker that refuses our client certificate says so on that first read."""
         tls = self.upstream_tls
+        host = endpoint.host
         try:
             async with asyncio.timeout(self.settings.connect_timeout):
-                reader, writer = await open_upstream(host, port, tls)
+                reader, writer = await open_upstream(endpoint.address, endpoint.port, tls,
+                                                     name=host)
             try:
                 await self._await_connection_start(reader, writer)
             except OSError as after:  # after the TLS handshake: a reset is a refusal
@@ -68,16 +104,10 @@ class UpstreamProbe:
                     await writer.wait_closed()
         except (OSError, TimeoutError) as raised:
             exc = tls_error(raised, tls, host, greeted=True)  # the handshake's own errors
-            reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError):
-                reason = f"no answer within {self.settings.connect_timeout}s"
-            self._probe_failed(reason)
-            return False
-        if not self.stats.upstream_up:
-            event(log, "upstream_reachable", upstream=self.label)
-        self.stats.upstream_up = True
-        self.last_error = ""
-        return True
+                return f"no answer within {self.settings.connect_timeout}s"
+            return str(exc) or type(exc).__name__
+        return None
 
     async def _await_connection_start(self, reader: asyncio.StreamReader,
                                       writer: asyncio.StreamWriter) -> None:

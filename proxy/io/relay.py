@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import ssl
@@ -21,7 +22,7 @@ from floodwall.io.tls import (
     ended_after_handshake,
     explain,
 )
-from floodwall.io.upstream_address import UpstreamAddresses
+from floodwall.io.upstreams import Endpoint, Upstreams
 from floodwall.ops.logs import event, event_limited
 from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
 from floodwall.wire.amqp091.connection import close_frame
@@ -48,8 +49,7 @@ RETIRE_TIMEOUT = 5.0
 class RelaySettings:
     """What every relayed connection needs to know."""
 
-    upstream_host: str
-    upstream_port: int
+    upstreams: Upstreams  # the broker's nodes; the first that answers takes a connection
     connect_timeout: float = 5.0
     handshake_timeout: float = 10.0
     write_high_water: int = 256 * 1024
@@ -58,8 +58,6 @@ class RelaySettings:
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
     upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
     relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
-    # the broker's addresses, looked up once for many connections; None: upstream_host as is
-    addresses: UpstreamAddresses | None = None
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
@@ -83,31 +81,30 @@ def make_core(detected: Detected, header: bytes, conn_id: int = 0,
 
 
 async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide],
-                            loop: asyncio.AbstractEventLoop) -> None:
-    """Connect to the broker's addresses in the resolver's order, as create_connection does
-    with a name's (``UpstreamAddresses``: looked up once for many connections); a TLS
-    failure is not tried again on the next address."""
+                            loop: asyncio.AbstractEventLoop) -> Endpoint:
+    """Connect to the first of the broker's nodes that takes the connection, in
+    ``Upstreams``' order (those that answer first; a name's addresses looked up once for
+    many connections); a TLS failure is not tried again on the next node."""
     tls = s.upstream_tls
-    hosts = [s.upstream_host] if s.addresses is None else await s.addresses.resolve()
-    for n, host in enumerate(hosts):
+    endpoints = await s.upstreams.endpoints()
+    for n, endpoint in enumerate(endpoints):
         try:
             if tls is None:
-                await loop.create_connection(side, host, s.upstream_port)
+                await loop.create_connection(side, endpoint.address, endpoint.port)
             else:
                 await loop.create_connection(
-                    side, host, s.upstream_port, ssl=tls.context,
-                    server_hostname=tls.server_name(s.upstream_host),
+                    side, endpoint.address, endpoint.port, ssl=tls.context,
+                    server_hostname=tls.server_name(endpoint.host),
                     ssl_handshake_timeout=s.connect_timeout)
         except OSError as exc:
-            tls_failed = isinstance(exc, ssl.SSLError)
-            if n < len(hosts) - 1 and not tls_failed:
+            if isinstance(exc, ssl.SSLError):
+                raise
+            s.upstreams.failed(endpoint, str(exc) or type(exc).__name__)
+            if n < len(endpoints) - 1:
                 continue
-            if s.addresses is not None and not tls_failed:
-                s.addresses.failed()  # the next client looks the name up again
             raise
-        if n and s.addresses is not None:
-            s.addresses.worked(host)  # tried first from now on
-        return
+        return endpoint
+    raise OSError(f"no address for {s.upstreams.label}")  # endpoints() gives at least one
 
 
 async def connect_upstream(conn: RelayedConnection, loop: asyncio.AbstractEventLoop) -> None:
@@ -117,7 +114,7 @@ async def connect_upstream(conn: RelayedConnection, loop: asyncio.AbstractEventL
     connections)."""
     s = conn.settings
     try:
-        await connect_to_broker(s, lambda: UpstreamSide(conn), loop)
+        node = await connect_to_broker(s, lambda: UpstreamSide(conn), loop)
     except asyncio.CancelledError:
         if conn._handshake_timer is not None or conn._closed:
             raise  # _close_both's cancel, not the connect deadline's
@@ -131,11 +128,33 @@ async def connect_upstream(conn: RelayedConnection, loop: asyncio.AbstractEventL
         _connect_ended(conn)
         tls = s.upstream_tls
         if isinstance(exc, ssl.SSLError) and tls is not None:
-            conn.upstream_tls_failed(tls.failure(exc, s.upstream_host), tell_client=True)
+            conn.upstream_tls_failed(tls.failure(exc, s.upstreams.host(None)), tell_client=True)
         else:
             _unreachable(conn, exc)
         return
     _connect_ended(conn)
+    conn.node = node
+    if not conn._closed:  # told if the node stops answering
+        conn._unwatch = s.upstreams.watch(node, functools.partial(_node_lost, conn))
+
+
+def _unwatched() -> None:
+    """A connection not watching its node (``Upstreams.watch``) has nothing to forget."""
+
+
+def _node_lost(conn: RelayedConnection, reason: str) -> None:
+    """The readiness probe found ``conn``'s node no longer answering (hung, or gone without
+    a reset): end the connection as a node's death would, so the client reconnects (to the
+    next node). The upstream is aborted, not closed: a hung node never takes what is
+    buffered for it, and a close would wait for that forever."""
+    conn._unwatch = _unwatched
+    conn._log_limited("upstream_node_lost", logging.WARNING, conn=conn.conn_id,
+                      peer=conn.peer, upstream=str(conn.node), reason=reason,
+                      action="the client connection is closed; it reconnects to the next node")
+    if conn.upstream is not None:
+        conn.upstream.abort()
+        conn.upstream = None
+    conn._close_both()
 
 
 def _connect_too_slow(conn: RelayedConnection) -> None:
@@ -158,7 +177,7 @@ def _unreachable(conn: RelayedConnection, exc: OSError | TimeoutError) -> None:
     if isinstance(exc, TimeoutError):
         reason = f"no connection within {s.connect_timeout:g}s"
     conn._log_limited("upstream_unreachable", logging.ERROR, conn=conn.conn_id,
-                      peer=conn.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
+                      peer=conn.peer, upstream=s.upstreams.label,
                       reason=reason, action="the client is told why and closed")
     conn._tell_unreachable(reason)
 
@@ -209,9 +228,9 @@ class RelayedConnection(asyncio.Protocol):
 
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
                  "_head", "_loop", "_partial", "_paused", "_pending", "_retire_timer",
-                 "_server_spoke", "_unreachable", "client", "conn_id", "core", "from_client",
-                 "from_server", "gate", "peer", "protocol", "settings", "stats", "turn_bytes",
-                 "upstream")
+                 "_server_spoke", "_unreachable", "_unwatch", "client", "conn_id", "core",
+                 "from_client", "from_server", "gate", "node", "peer", "protocol", "settings",
+                 "stats", "turn_bytes", "upstream")
 
     def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
@@ -239,6 +258,8 @@ class RelayedConnection(asyncio.Protocol):
         self._client_gone = False
         self._retire_timer: asyncio.TimerHandle | None = None
         self._unreachable: UnreachableAnswer | None = None  # telling the client why not
+        self.node: Endpoint | None = None  # the broker node the upstream is connected to
+        self._unwatch: Callable[[], None] = _unwatched  # forgets the watch on ``node``
         self._partial = 0  # bytes of incomplete frames the core holds, as the board counts them
         board = settings.board
         self._clock: Callable[[], float] = board.clock if board is not None else time.monotonic
@@ -347,7 +368,7 @@ class RelayedConnection(asyncio.Protocol):
         self.stats.upstream_connect_failures += 1
         self.stats.upstream_tls_failures += 1
         self._log_limited("upstream_tls_failed", logging.ERROR, conn=self.conn_id,
-                          peer=self.peer, upstream=f"{s.upstream_host}:{s.upstream_port}",
+                          peer=self.peer, upstream=s.upstreams.label,
                           reason=str(failure))
         if tell_client:
             self._tell_unreachable(str(failure))
@@ -549,7 +570,7 @@ class RelayedConnection(asyncio.Protocol):
         tls = self.settings.upstream_tls
         if tls is not None and not self._closed:
             if isinstance(exc, ssl.SSLError):
-                self.upstream_tls_failed(tls.failure(exc, self.settings.upstream_host))
+                self.upstream_tls_failed(tls.failure(exc, self.settings.upstreams.host(self.node)))
                 return
             if not self._server_spoke and (
                     exc is None or isinstance(exc, (ConnectionResetError, BrokenPipeError))):
@@ -575,6 +596,8 @@ class RelayedConnection(asyncio.Protocol):
         if self._closed and self.client is None and self.upstream is None:
             return
         self._closed = True
+        self._unwatch()
+        self._unwatch = _unwatched
         self._cancel_handshake_timer()
         if self._retire_timer is not None:
             self._retire_timer.cancel()

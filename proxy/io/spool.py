@@ -56,6 +56,7 @@ from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Confirm, Publi
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.tasks import spawn
 from floodwall.io.tls import UpstreamTlsContext
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials
 from floodwall.ops.logs import event
 from floodwall.spool.events import ReplayEnded, SpoolFilling
@@ -73,8 +74,7 @@ _DEFAULT_SPOOL = SpoolSettings()
 @dataclass(frozen=True)
 class SpoolServiceSettings:
     directory: Path
-    amqp_host: str
-    amqp_port: int
+    upstreams: Upstreams
     credentials: AmqpCredentials = field(default_factory=AmqpCredentials)
     limits: SpoolLimits = field(default_factory=SpoolLimits)
     window: int = 1000  # unconfirmed replayed publishes per queue
@@ -498,7 +498,7 @@ class SpoolReplayer:
                                      functools.partial(Amqp10Client, tls=self.settings.tls))
 
     async def _connected(self, clients: dict[str, C], kind: str, vhost: str,
-                         factory: Callable[[str, int, str, str, str], C]) -> C:
+                         factory: Callable[[Upstreams, str, str, str], C]) -> C:
         """The spool's own connection of ``kind`` to ``vhost``, (re)connected if need be."""
         client = clients.get(vhost)
         if client is not None and client.connected:
@@ -512,7 +512,7 @@ class SpoolReplayer:
                 with contextlib.suppress(Exception):
                     await client.close()
             s = self.settings
-            client = factory(s.amqp_host, s.amqp_port, s.credentials.username,
+            client = factory(s.upstreams, s.credentials.username,
                              s.credentials.password, vhost)
             try:
                 await client.connect(s.connect_timeout)

@@ -124,8 +124,8 @@ class FlowSupervisor(DepthProbes):
         self.board.observe(self._on_flow_event)
         self.controller.admission.hot_interval = settings.hot_interval
         self.stats = FlowStats(self.store.current, self.store.generation,
-                               ManagementStatus(settings.management_url))
-        self.api = ManagementApi(settings.management_url, settings.management_credentials,
+                               ManagementStatus(",".join(settings.management_urls)))
+        self.api = ManagementApi(settings.management_urls, settings.management_credentials,
                                  settings.management_timeout, settings.management_tls,
                                  settings.management_connections,
                                  observe=self.stats.observe_management)
@@ -165,8 +165,8 @@ class FlowSupervisor(DepthProbes):
         self._running = True
         self._wake_management = asyncio.Event()
         event(log, "flow_started", policies=self.store.path, entries=len(self.store.current),
-              management=self.settings.management_url,
-              upstream=f"{self.settings.amqp_host}:{self.settings.amqp_port}",
+              management=",".join(self.settings.management_urls),
+              upstream=self.settings.upstreams.label,
               depth_interval=self.settings.depth_interval,
               management_interval=self.settings.management_interval,
               topology_interval=self.settings.topology_interval,
@@ -234,7 +234,7 @@ class FlowSupervisor(DepthProbes):
         """An own connection to ``vhost`` for the fleet (not the probes': it publishes,
         and the broker stops reading a connection that publishes during an alarm)."""
         s = self.settings
-        return AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
+        return AmqpClient(s.upstreams, s.amqp_credentials.username,
                           s.amqp_credentials.password, vhost, tls=s.upstream_tls)
 
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:

@@ -203,17 +203,21 @@ def listener_context(settings: ListenerTls) -> ssl.SSLContext:
     return context
 
 
-async def open_upstream(host: str, port: int, tls: UpstreamTlsContext | None
+async def open_upstream(host: str, port: int, tls: UpstreamTlsContext | None,
+                        name: str | None = None
                         ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A stream to the broker, over TLS when ``tls`` is given. A failed handshake raises
-    ``TlsFailure`` (an OSError) saying why; the caller bounds the time."""
+    """A stream to the broker at ``host``, over TLS when ``tls`` is given (``name``: the
+    node's name when ``host`` is one of its addresses, for SNI and the name verified). A
+    failed handshake raises ``TlsFailure`` (an OSError) saying why; the caller bounds the
+    time."""
     if tls is None:
         return await asyncio.open_connection(host, port)
+    named = name or host
     try:
         return await asyncio.open_connection(host, port, ssl=tls.context,
-                                             server_hostname=tls.server_name(host))
+                                             server_hostname=tls.server_name(named))
     except ssl.SSLError as exc:
-        raise tls.failure(exc, host) from None
+        raise tls.failure(exc, named) from None
 
 
 def ended_after_handshake(tls: UpstreamTlsContext, how: str) -> TlsFailure:

@@ -465,7 +465,7 @@ class TopologyFeed(FeedLookups):
         s = self.settings
         backoff = s.reconnect_min
         while True:
-            client = AmqpClient(s.amqp_host, s.amqp_port, s.amqp_credentials.username,
+            client = AmqpClient(s.upstreams, s.amqp_credentials.username,
                                 s.amqp_credentials.password, s.event_vhost, tls=s.upstream_tls)
             try:
                 try:

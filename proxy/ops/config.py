@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 import os
+import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,6 +200,50 @@ def parse_upstream(value: str, setting: str = "--upstream") -> tuple[str, int, b
     return url.hostname, given if given is not None else (AMQPS_PORT if tls else AMQP_PORT), tls
 
 
+#: A host name as DNS has it (RFC 1123 labels; ``_`` tolerated, as some records use it).
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def check_host(host: str, setting: str, value: str) -> str:
+    """``host`` if it is an IP address or a well-formed DNS name; else a ConfigError naming
+    what is wrong, so that a typo is refused at start, not by every client's connect."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    if name and len(name) <= 253 and all(_HOST_LABEL.fullmatch(p) for p in name.split(".")):
+        return host
+    raise ConfigError(f"{setting}: {host!r} in {value!r} is not a host name or IP address")
+
+
+def parse_upstreams(value: str, setting: str = "--upstream"
+                    ) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """A comma-separated list of ``parse_upstream`` items (a cluster's nodes, tried in this
+    order) to ((host, port), ...) and whether they speak TLS. Every item is checked here,
+    at start; the nodes must agree on TLS (one set of --upstream-tls-* options serves all),
+    and a node named twice is refused."""
+    items = [item.strip() for item in value.split(",")]
+    if not any(items):
+        raise ConfigError(f"{setting}: names no broker")
+    if not all(items):
+        raise ConfigError(f"{setting}: {value!r} has an empty item (a stray comma?)")
+    nodes: list[tuple[str, int]] = []
+    kinds: set[bool] = set()
+    for item in items:
+        host, port, tls = parse_upstream(item, setting)
+        check_host(host, setting, value)
+        if (host, port) in nodes:
+            raise ConfigError(f"{setting}: {host}:{port} is named twice in {value!r}")
+        nodes.append((host, port))
+        kinds.add(tls)
+    if len(kinds) > 1:
+        raise ConfigError(f"{setting}: {value!r} mixes amqps:// and plain nodes: one TLS "
+                          "setting serves every node")
+    return tuple(nodes), kinds.pop()
+
+
 def parse_management_url(value: str, setting: str = "--management") -> str:
     """The management API's ``http[s]://HOST[:PORT][/PATH]``, without a trailing slash.
 
@@ -226,6 +272,15 @@ def parse_management_url(value: str, setting: str = "--management") -> str:
     if url.query or url.fragment:
         raise ConfigError(f"{setting}: no query or fragment (the API's base URL)")
     return text.rstrip("/")
+
+
+def parse_management_urls(value: str, setting: str = "--management") -> str:
+    """One URL, or each node's of a cluster, comma-separated (tried in this order): each
+    checked as ``parse_management_url``; the list as given, without trailing slashes."""
+    items = [item.strip() for item in value.split(",")]
+    if not all(items):
+        raise ConfigError(f"{setting}: an empty item in the list (a stray comma?)")
+    return ",".join(parse_management_url(item, setting) for item in items)
 
 
 def _login_from_environment(env: dict[str, str], prefix: str, username: str, password: str
@@ -313,7 +368,7 @@ class ProxySettings:
     """Everything ``floodwall run`` was told."""
 
     listen: tuple[str, int] | None  # None: no plain listener (``--listen off``)
-    upstream: tuple[str, int]
+    upstreams: tuple[tuple[str, int], ...]  # the broker's nodes, tried in this order
     admin: tuple[str, int] | None = None
     admin_limits: AdminLimits = AdminLimits()
     management_url: str | None = None
@@ -359,17 +414,21 @@ class ProxySettings:
     spool_min_free: int = DEFAULT_MIN_FREE  # bytes left free on the spool's filesystem
 
     @property
-    def effective_management_url(self) -> str:
-        """``management_url``, else ``http://<upstream host>:15672``, or
-        ``https://<upstream host>:15671`` when the upstream is amqps."""
+    def effective_management_urls(self) -> tuple[str, ...]:
+        """``management_url`` (a comma-separated list: one per node, tried in order), else
+        ``http://<node>:15672`` for each upstream node, or ``https://<node>:15671`` when the
+        upstream is amqps."""
         if self.management_url:
-            return self.management_url
-        host = self.upstream[0]
-        if ":" in host:  # IPv6 literal
-            host = f"[{host}]"
-        if self.upstream_tls is not None:
-            return f"https://{host}:{DEFAULT_MANAGEMENT_TLS_PORT}"
-        return f"http://{host}:{DEFAULT_MANAGEMENT_PORT}"
+            return tuple(url.strip() for url in self.management_url.split(",") if url.strip())
+        urls = []
+        for host, _ in self.upstreams:
+            if ":" in host:  # IPv6 literal
+                host = f"[{host}]"
+            if self.upstream_tls is not None:
+                urls.append(f"https://{host}:{DEFAULT_MANAGEMENT_TLS_PORT}")
+            else:
+                urls.append(f"http://{host}:{DEFAULT_MANAGEMENT_PORT}")
+        return tuple(urls)
 
     @property
     def effective_management_tls(self) -> ManagementTls:

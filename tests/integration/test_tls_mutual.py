@@ -33,6 +33,7 @@ from floodwall.dev.devproxy import ProxyProcess
 from floodwall.io.amqp10_client import Amqp10Client
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError, Confirm
 from floodwall.io.tls import TlsFailure, UpstreamTlsContext
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import UpstreamTls
 from floodwall.wire.relaycore import EXTERNAL_REFUSED
 from tests.conftest import wait_for
@@ -135,7 +136,7 @@ def test_own_clients_log_in_with_external_on_both_protocols(mtls_broker: BrokerE
     queue = unique("mtls-own")
 
     async def scenario() -> None:
-        client = AmqpClient("localhost", mtls_broker.amqp_port, "", "", tls=tls)
+        client = AmqpClient(Upstreams([("localhost", mtls_broker.amqp_port)]), "", "", tls=tls)
         await client.connect(10)
         try:
             assert await client.queue_counts(queue) is None  # no such queue: a 404, not an error
@@ -145,7 +146,8 @@ def test_own_clients_log_in_with_external_on_both_protocols(mtls_broker: BrokerE
             assert await confirm is Confirm.ACK
         finally:
             await client.close()
-        client10 = Amqp10Client("localhost", mtls_broker.amqp_port, "", "", "/", tls=tls)
+        client10 = Amqp10Client(Upstreams([("localhost", mtls_broker.amqp_port)]), "", "", "/",
+                                tls=tls)
         await client10.connect(10)
         try:
             sender = await client10.open_sender("/exchange/amq.fanout", 10)
@@ -162,7 +164,8 @@ def test_own_clients_log_in_with_external_on_both_protocols(mtls_broker: BrokerE
     no_cert = UpstreamTlsContext(UpstreamTls.checked(ca=pki.ca))
 
     async def refused() -> None:
-        client = AmqpClient("localhost", mtls_broker.amqp_port, "guest", "guest", tls=no_cert)
+        client = AmqpClient(Upstreams([("localhost", mtls_broker.amqp_port)]), "guest", "guest",
+                            tls=no_cert)
         with pytest.raises(TlsFailure, match=r"client certificate|handshake failure"):
             await client.connect(10)
         await client.close()
@@ -176,7 +179,7 @@ def test_plain_broker_does_not_offer_external(tls_broker: BrokerEndpoint, pki: P
                                                  key=pki.proxy_key, sasl_external=True))
 
     async def scenario() -> None:
-        client = AmqpClient("localhost", tls_broker.amqp_port, "", "", tls=tls)
+        client = AmqpClient(Upstreams([("localhost", tls_broker.amqp_port)]), "", "", tls=tls)
         with pytest.raises(AmqpClientError, match="does not offer SASL EXTERNAL"):
             await client.connect(10)
         await client.close()

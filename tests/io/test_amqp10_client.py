@@ -32,6 +32,7 @@ from floodwall.io.amqp10_client import (
     transfer_frames,
 )
 from floodwall.io.amqp_client import AmqpClientError, Confirm
+from floodwall.io.upstreams import Upstreams
 from floodwall.wire.amqp10.credit import MASK
 from floodwall.wire.amqp10.framing import (
     AMQP_FRAME,
@@ -202,7 +203,7 @@ class FakeBroker:
             self.server.close()
 
     def client(self, port: int, **kwargs: Any) -> Amqp10Client:
-        return Amqp10Client("127.0.0.1", port, "guest", "guest", "/", **kwargs)
+        return Amqp10Client(Upstreams([("127.0.0.1", port)]), "guest", "guest", "/", **kwargs)
 
     async def _read(self, reader: asyncio.StreamReader, frame_type: int
                     ) -> tuple[int | None, list[object], bytes]:
@@ -571,7 +572,7 @@ def new_queue(broker: BrokerEndpoint) -> Iterator[Callable[..., str]]:
 
 
 def client_for(broker: BrokerEndpoint, password: str | None = None) -> Amqp10Client:
-    return Amqp10Client(broker.host, broker.amqp_port, broker.username,
+    return Amqp10Client(Upstreams([(broker.host, broker.amqp_port)]), broker.username,
                         broker.password if password is None else password, "/")
 
 
@@ -743,7 +744,7 @@ def test_broker_refuses_bad_credentials_and_vhost(broker: BrokerEndpoint) -> Non
     async def main() -> None:
         with pytest.raises(AmqpClientError, match=r"sasl-outcome 1 \(auth\)"):
             await client_for(broker, password="wrong").connect(DEADLINE)
-        client = Amqp10Client(broker.host, broker.amqp_port, broker.username,
+        client = Amqp10Client(Upstreams([(broker.host, broker.amqp_port)]), broker.username,
                               broker.password, "no-such-vhost")
         with pytest.raises(AmqpClientError, match="no-such-vhost"):
             await client.connect(DEADLINE)

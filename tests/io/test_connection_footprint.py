@@ -14,6 +14,7 @@ import pytest
 import floodwall
 from floodwall.io.fds import FD_RESERVE, connection_capacity
 from floodwall.io.relay import RelayedConnection, RelaySettings, UpstreamSide, make_core
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.metrics import RelayStats
 from floodwall.wire.amqp091.connection import Connection
 from floodwall.wire.detect import HEADER_SIZE, Detected
@@ -53,7 +54,7 @@ def test_the_soft_fd_limit_is_raised_to_the_hard_one() -> None:
 def test_an_idle_relayed_connection_has_no_instance_dict() -> None:
     """Slots: no per-connection ``__dict__`` on the relay's two protocol objects."""
     stats = RelayStats()
-    conn = RelayedConnection(RelaySettings("127.0.0.1", 5672), stats, 1)
+    conn = RelayedConnection(RelaySettings(Upstreams([("127.0.0.1", 5672)])), stats, 1)
     assert not hasattr(conn, "__dict__")
     assert not hasattr(UpstreamSide(conn), "__dict__")
 
@@ -62,7 +63,7 @@ def test_an_idle_relayed_0_9_1_connection_takes_under_3_kib_of_heap() -> None:
     """The Python objects of one idle 0-9-1 connection (relay, upstream side, core with
     both directions' tables), measured over 500 of them; the stop sets the scan uses are
     shared, not one per connection (they were 1.2 KiB of the 4.3 KiB before issue 19)."""
-    settings = RelaySettings("127.0.0.1", 5672)
+    settings = RelaySettings(Upstreams([("127.0.0.1", 5672)]))
     stats = RelayStats()
     count = 500
     keep = []

@@ -18,6 +18,7 @@ import pytest
 
 from floodwall.control.depth import ManagementSample
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials
 from tests.conftest import run
 
@@ -34,8 +35,8 @@ def supervisor(tmp_path: Path) -> FlowSupervisor:
     policies.write_text("version: 1\npolicies:\n  - {name: orders, match: {queue: orders}, "
                         "capacity: 64KiB, resume: 32KiB, on_unknown_depth: keep}\n")
     flow = FlowSupervisor(FlowSettings(
-        policies=policies, management_url="http://127.0.0.1:1",
-        management_credentials=ManagementCredentials(), amqp_host="127.0.0.1", amqp_port=1,
+        policies=policies, management_urls=("http://127.0.0.1:1",),
+        management_credentials=ManagementCredentials(), upstreams=Upstreams([("127.0.0.1", 1)]),
         amqp_credentials=AmqpCredentials()))
     flow.queue_declared(*KEY)
     return flow

@@ -39,6 +39,7 @@ from floodwall.dev.devbroker import (
 from floodwall.dev.devproxy import ProxyProcess
 from floodwall.enforce.counters import GateCounters
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor, describe_policy_changes
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials
 from floodwall.ops.flow_metrics import FlowCollector, FlowStats, ManagementStatus, flow_state
 from floodwall.ops.metrics import make_registry
@@ -68,10 +69,9 @@ def write_policies(path: Path, text: str) -> Path:
 def settings_for(ep: BrokerEndpoint, policies: Path, **overrides: Any) -> FlowSettings:
     base = FlowSettings(
         policies=policies,
-        management_url=ep.management_url,
+        management_urls=(ep.management_url,),
         management_credentials=ManagementCredentials(ep.username, ep.password),
-        amqp_host=ep.host,
-        amqp_port=ep.amqp_port,
+        upstreams=Upstreams([(ep.host, ep.amqp_port)]),
         amqp_credentials=AmqpCredentials(ep.username, ep.password),
         **FAST,  # type: ignore[arg-type]
     )

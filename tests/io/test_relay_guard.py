@@ -18,6 +18,7 @@ from pamqp import commands, frame
 
 from floodwall.io import relay
 from floodwall.io.relay import RelayedConnection, RelaySettings
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.logs import LogLimiter
 from floodwall.ops.metrics import RelayStats
 from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
@@ -78,7 +79,7 @@ async def relay_once(monkeypatch: pytest.MonkeyPatch, first: bytes, later: bytes
     sink = Sink()
     port = await sink.start()
     stats = stats if stats is not None else RelayStats()
-    settings = RelaySettings("127.0.0.1", port, handshake_timeout=5.0)
+    settings = RelaySettings(Upstreams([("127.0.0.1", port)]), handshake_timeout=5.0)
     ids = iter(range(1, 100))
     loop = asyncio.get_running_loop()
     server = await loop.create_server(

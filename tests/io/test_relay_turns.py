@@ -17,6 +17,7 @@ from floodwall.io.relay import (
     RelaySettings,
     take_turn,
 )
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.metrics import RelayStats
 
 
@@ -35,7 +36,7 @@ class Transport:
 
 
 def _conn() -> tuple[RelayedConnection, Transport]:
-    conn = RelayedConnection(RelaySettings("127.0.0.1", 5672), RelayStats(), 1)
+    conn = RelayedConnection(RelaySettings(Upstreams([("127.0.0.1", 5672)])), RelayStats(), 1)
     t = Transport()
     conn.client = cast(asyncio.Transport, t)
     return conn, t

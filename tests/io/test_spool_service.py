@@ -24,6 +24,7 @@ from floodwall.dev.devbroker import BrokerEndpoint
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.spool import SpoolService, SpoolServiceSettings, record_headers
 from floodwall.io.switchboard import Switchboard
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials
 from floodwall.ops.metrics import make_registry
 from floodwall.ops.telemetry import event_fields
@@ -61,8 +62,9 @@ def fill(root: Path, key: tuple[str, str], records: list[SpoolRecord]) -> None:
 def settings(root: Path, ep: BrokerEndpoint | None = None, **kw: Any) -> SpoolServiceSettings:
     host, port = (ep.host, ep.amqp_port) if ep is not None else ("127.0.0.1", 1)
     creds = AmqpCredentials(ep.username, ep.password) if ep is not None else AmqpCredentials()
-    return SpoolServiceSettings(root, host, port, creds, SpoolLimits(min_free_bytes=0),
-                                check_interval=0.01, retry_min=0.05, retry_max=0.2, **kw)
+    return SpoolServiceSettings(root, Upstreams([(host, port)]), creds,
+                                SpoolLimits(min_free_bytes=0), check_interval=0.01,
+                                retry_min=0.05, retry_max=0.2, **kw)
 
 
 def policies_for(queue: str, extra: str = "") -> PolicySet:

@@ -23,6 +23,7 @@ from floodwall.io.amqp_client import AmqpClient
 from floodwall.io.readiness import UpstreamProbe
 from floodwall.io.relay import RelayedConnection, RelaySettings
 from floodwall.io.tls import TlsFailure, UpstreamTlsContext, listener_context, tls_error
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import ListenerTls, ProxySettings, TlsVersion, UpstreamTls
 from floodwall.ops.metrics import RelayStats
 from tests.io.test_tls import write
@@ -55,7 +56,7 @@ Connect = Callable[[int, UpstreamTlsContext], Awaitable[None]]
 
 
 async def _amqp091(port: int, tls: UpstreamTlsContext) -> None:
-    client = AmqpClient("localhost", port, "guest", "guest", tls=tls)
+    client = AmqpClient(Upstreams([("localhost", port)]), "guest", "guest", tls=tls)
     try:
         await client.connect(5)
     finally:
@@ -63,7 +64,7 @@ async def _amqp091(port: int, tls: UpstreamTlsContext) -> None:
 
 
 async def _amqp10(port: int, tls: UpstreamTlsContext) -> None:
-    client = Amqp10Client("localhost", port, "guest", "guest", "/", tls=tls)
+    client = Amqp10Client(Upstreams([("localhost", port)]), "guest", "guest", "/", tls=tls)
     await client.connect(5)
 
 
@@ -98,7 +99,7 @@ def test_the_relay_counts_and_logs_it_as_a_tls_failure(
 
     async def scenario() -> None:
         server, port = await _ending_server(cert, key, reset)
-        settings = RelaySettings("localhost", port, upstream_tls=tls)
+        settings = RelaySettings(Upstreams([("localhost", port)]), upstream_tls=tls)
         loop = asyncio.get_running_loop()
         relay = await loop.create_server(lambda: RelayedConnection(settings, stats, 1),
                                          "127.0.0.1", 0)
@@ -127,8 +128,8 @@ def test_the_readiness_probe_says_why(tls_files: tuple[Path, Path, Path], reset:
     async def scenario() -> UpstreamProbe:
         server, port = await _ending_server(cert, key, reset)
         async with server:
-            settings = ProxySettings(None, ("localhost", port), upstream_tls=tls.settings)
-            probe = UpstreamProbe(settings, tls, stats, f"amqps://localhost:{port}")
+            settings = ProxySettings(None, (("localhost", port),), upstream_tls=tls.settings)
+            probe = UpstreamProbe(settings, Upstreams(settings.upstreams), tls, stats)
             assert await probe.probe() is False
         return probe
 

@@ -25,6 +25,7 @@ from floodwall.io.management import ManagementError, api_path
 from floodwall.io.supervisor import FlowSettings
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.topology import TopologyFeed
+from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials
 from floodwall.ops.flow_metrics import FlowStats
 from tests.conftest import run
@@ -174,8 +175,8 @@ class Setup:
         self.controller = FlowController(self.topology, POLICIES)
         self.board = Switchboard(Enforcement(self.controller), lambda: self.now[0])
         self.settings = FlowSettings(
-            policies=Path("unused.yaml"), management_url="http://mq:15672",
-            management_credentials=ManagementCredentials(), amqp_host="mq", amqp_port=5672,
+            policies=Path("unused.yaml"), management_urls=("http://mq:15672",),
+            management_credentials=ManagementCredentials(), upstreams=Upstreams([("mq", 5672)]),
             amqp_credentials=AmqpCredentials(), sync_grace=0.05, lookup_timeout=1.0)
         self.stats = FlowStats(POLICIES)
         self.policing = Policing(self.broker, self.controller, self.now)

@@ -1,0 +1,287 @@
+"""A three-node cluster loses the node floodwall uses, under load: killed (kill -9) or hung
+(SIGSTOP: its ports still take TCP connections, nothing answers), with floodwall given the
+node list, and with floodwall behind a TCP load balancer (HAProxy).
+
+Each test runs a publisher with confirms through floodwall at full speed into a capped
+queue, a paced consumer and a depth watch straight at the cluster, and asserts the bounds
+docs/operations.md states for a failover: publishing resumes within 15 s, no confirmed
+message is lost, the queue stays within capacity + 256 KiB throughout, and ``/readyz``
+answers ready while a node answers.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.error
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from floodwall.dev.devbroker import BrokerEndpoint, free_port
+from floodwall.dev.devproxy import ProxyProcess
+from floodwall.dev.rabbitcluster import LocalCluster
+from tests.cluster.traffic import ConfirmedPublisher, DepthMax, PacedConsumer, stop_all
+from tests.conftest import wait_for
+from tests.integration.support import capped, direct_params, policy_file, unique
+
+pytestmark = pytest.mark.broker
+
+KIB = 1024
+CAPACITY, RESUME = 256 * KIB, 192 * KIB
+OVERSHOOT = 256 * KIB  # the bound: depth <= capacity + 256 KiB
+RESUMES_WITHIN = 15.0  # seconds from the fault to the next confirmed publish
+CONSUMER_RATE = 300.0  # messages a second (1 KiB each): slower than the publisher
+PREFETCH = 20
+FAST = ("--depth-interval", "50ms", "--management-interval", "1s")
+#: A hung node is found by the readiness probe: its interval (5 s) + the answer it waits
+#: for (3 s), + slack for a loaded machine.
+NODE_LEFT_WITHIN = 5 + 3 + 4.0
+#: While a node is hung the management API of *every* node stalls on it (RabbitMQ gathers
+#: queue figures across the cluster) until the cluster counts it gone (``net_ticktime``,
+#: 60-75 s by default): a queue tripped then keeps its decision (``on_unknown_depth:
+#: keep``) until then. The bound is that, + 15 s.
+HUNG_RESUMES_WITHIN = 75 + RESUMES_WITHIN
+
+
+def logged_at(line: str) -> float:
+    """The wall-clock time of a floodwall log line (``ts=2026-...Z``)."""
+    stamp = line.split(" ", 1)[0].removeprefix("ts=").replace("Z", "+00:00")
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def declare(ep: BrokerEndpoint, queue: str, kind: str) -> None:
+    """Declare ``queue`` on the node at ``ep`` (a quorum queue's leader starts there)."""
+    conn = pika.BlockingConnection(direct_params(ep))
+    try:
+        conn.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": kind})
+    finally:
+        conn.close()
+
+
+def leader_of(cluster: LocalCluster, queue: str) -> str:
+    """The node that holds ``queue`` (a quorum queue's leader, a classic queue's home)."""
+    for node in cluster.answering:
+        try:
+            doc = node.endpoint.api("GET", f"/api/queues/%2F/{queue}")
+        except (OSError, urllib.error.URLError):
+            continue
+        assert isinstance(doc, dict)
+        return str(doc.get("leader") or doc.get("node"))
+    raise AssertionError("no node answers the management API")
+
+
+def readyz(proc: ProxyProcess) -> int:
+    try:
+        proc.get("/readyz", timeout=3)
+        return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, urllib.error.URLError):
+        return 0
+
+
+def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue: str,
+                    fault: Callable[[], None], resumes_within: float = RESUMES_WITHIN,
+                    watch_ready: bool = True) -> dict[str, float]:
+    """Load through each of ``procs`` (a publisher each) into ``queue``, ``fault()`` after
+    1,500 confirms, and the figures the bounds are about; the assertions common to every
+    fault are made here (``resumes_within``: seconds from the fault to the next confirm on
+    every publisher)."""
+    consumer = PacedConsumer(cluster, queue, CONSUMER_RATE, PREFETCH)
+    depth = DepthMax(cluster, queue, PREFETCH)
+    publishers = [ConfirmedPublisher(proc.port, queue, producer=i)
+                  for i, proc in enumerate(procs)]
+    for thread in [consumer, depth, *publishers]:
+        thread.start()
+
+    def total() -> int:
+        return sum(len(p.confirmed) for p in publishers)
+    try:
+        wait_for(lambda: total() > 1500, timeout=60,
+                 what="1,500 confirmed publishes before the fault")
+        before = total()
+        moment, wall = time.monotonic(), time.time()
+        fault()
+        not_ready: list[int] = []
+
+        def resumed() -> bool:
+            if watch_ready:
+                not_ready.extend(s for s in map(readyz, procs) if s != 200)
+            return all(p.first_confirm_after(moment + 0.5) is not None for p in publishers)
+        wait_for(resumed, timeout=resumes_within + 30, interval=0.2,
+                 what="a confirmed publish after the fault on every publisher")
+        resumed_after = 0.0
+        for publisher in publishers:
+            first = publisher.first_confirm_after(moment + 0.5)
+            assert first is not None
+            resumed_after = max(resumed_after,
+                                first - max(publisher.last_confirm_before(moment), moment))
+        wait_for(lambda: total() > before + 1000, timeout=90,
+                 what="1,000 more confirmed publishes after the fault")
+    finally:
+        for publisher in publishers:
+            publisher.stop.set()
+        for publisher in publishers:
+            publisher.join(30)
+    consumer.drain.set()
+    confirmed = set().union(*(p.tagged() for p in publishers))
+    wait_for(lambda: confirmed <= consumer.seen, timeout=120, interval=0.2,
+             what="every confirmed message consumed")
+    stop_all([consumer, depth])
+    assert resumed_after <= resumes_within, (
+        f"publishing resumed {resumed_after:.1f}s after the fault")
+    assert depth.samples > 50
+    assert depth.max_bytes <= CAPACITY + OVERSHOOT, (
+        f"the queue reached {depth.max_bytes // KIB} KiB")
+    if watch_ready:
+        assert not not_ready, f"/readyz answered {not_ready} while two nodes answered"
+    return {"resumed_after": resumed_after, "depth_max": depth.max_bytes,
+            "confirmed": len(confirmed), "fault_at": wall}
+
+
+def policies(tmp_path: Path, queue: str) -> Path:
+    return policy_file(tmp_path / "p.yaml",
+                       capped("failover", queue, f"{CAPACITY // KIB}KiB",
+                              f"{RESUME // KIB}KiB", deadline="120s"))
+
+
+@pytest.mark.parametrize("kind", ["quorum", "classic"])
+def test_the_node_floodwall_uses_killed_under_load(cluster: LocalCluster, sidecar: Any,
+                                                   tmp_path: Path, kind: str) -> None:
+    """floodwall given the node list; the first node (which every connection uses) killed.
+    A quorum queue has its leader there; a classic queue lives on the last node (a classic
+    queue on a lost node is lost with it, with or without floodwall)."""
+    first, _, last = cluster.nodes
+    queue = unique(f"failover-{kind}")
+    declare((first if kind == "quorum" else last).endpoint, queue, kind)
+    proc = sidecar(cluster.upstream, "--policies", str(policies(tmp_path, queue)),
+                   "--management", cluster.management, *FAST)
+    wait_for(lambda: all(n == "up" for n in proc.state()["upstream_nodes"].values())
+             and len(proc.state()["upstream_nodes"]) == 3, timeout=30,
+             what="every node probed and answering")
+    if kind == "quorum":
+        assert leader_of(cluster, queue) == first.nodename
+    figures = through_a_fault(cluster, [proc], queue, first.kill)
+    nodes = proc.state()["upstream_nodes"]
+    assert nodes[str(first.endpoint.upstream)] == "down"
+    assert figures["confirmed"] > 2500
+
+
+def test_a_hung_node_is_left_and_its_connections_ended(cluster: LocalCluster, sidecar: Any,
+                                                      tmp_path: Path) -> None:
+    """The first node (which every connection uses) frozen (SIGSTOP): the readiness probe
+    finds it silent, floodwall ends the connections on it (theirs would wait for
+    heartbeats) and new ones go to the next node. The quorum queue's leader is on the last
+    node: with the leader itself hung, no node confirms until the cluster sees the node
+    gone (``net_ticktime``: 60 s by default, docs/operations.md), whatever floodwall does."""
+    first, _, last = cluster.nodes
+    queue = unique("hung")
+    declare(last.endpoint, queue, "quorum")
+    proc = sidecar(cluster.upstream, "--policies", str(policies(tmp_path, queue)),
+                   "--management", cluster.management, *FAST)
+    figures = through_a_fault(cluster, [proc], queue, lambda: cluster.freeze(first),
+                              resumes_within=HUNG_RESUMES_WITHIN)
+    assert proc.state()["upstream_nodes"][str(first.endpoint.upstream)] == "down"
+    left = [logged_at(line) - figures["fault_at"] for line in proc.logfile.read_text()
+            .splitlines() if "event=upstream_node_lost" in line]
+    assert left, "no connection was ended on the hung node"
+    assert max(left) <= NODE_LEFT_WITHIN, f"connections left the hung node after {left}s"
+
+
+@pytest.fixture
+def haproxy(cluster: LocalCluster, tmp_path: Path) -> Iterator[BrokerEndpoint]:
+    """HAProxy in TCP mode in front of the cluster, ``balance first`` with TCP health checks
+    (as a team would put it in front of RabbitMQ), on a port of its own."""
+    binary = shutil.which("haproxy")
+    if binary is None:
+        pytest.fail("haproxy is not installed: `make test` installs it (Debian's haproxy)")
+    port = free_port()
+    servers = "\n".join(f"    server n{i} {ep.host}:{ep.amqp_port} check inter 1s fall 2 rise 2"
+                        for i, ep in enumerate(cluster.endpoints))
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(f"""global
+    maxconn 4096
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 120s
+    timeout server 120s
+frontend amqp
+    bind 127.0.0.1:{port}
+    default_backend rabbit
+backend rabbit
+    balance first
+{servers}
+""")
+    proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        first = cluster.endpoints[0]
+        wait_for(lambda: _connects("127.0.0.1", port), timeout=20, what="haproxy listening")
+        yield BrokerEndpoint("127.0.0.1", port, first.management_port)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _connects(host: str, port: int) -> bool:
+    import socket
+    try:
+        with socket.create_connection((host, port), 1):
+            return True
+    except OSError:
+        return False
+
+
+def test_behind_a_load_balancer_the_node_behind_it_killed(
+        cluster: LocalCluster, sidecar: Any, haproxy: BrokerEndpoint, tmp_path: Path) -> None:
+    """floodwall's upstream is HAProxy (one address); the node HAProxy sends everything to
+    is killed, with the quorum queue's leader on it. HAProxy's TCP check finds it gone."""
+    first = cluster.nodes[0]
+    queue = unique("balanced")
+    declare(first.endpoint, queue, "quorum")
+    proc = sidecar(haproxy.upstream, "--policies", str(policies(tmp_path, queue)),
+                   "--management", cluster.management, *FAST)
+    through_a_fault(cluster, [proc], queue, first.kill)
+
+
+def test_a_bad_node_list_is_refused_at_start(tmp_path: Path) -> None:
+    proc = ProxyProcess("127.0.0.1:1,,127.0.0.1:2", tmp_path / "bad.log")
+    with pytest.raises(Exception, match="empty item"):
+        proc.start(timeout=20)
+
+
+
+def rotated(items: Sequence[str], start: int) -> str:
+    return ",".join([*items[start:], *items[:start]])
+
+
+def test_a_fleet_on_three_nodes_holds_its_capacity_through_the_loss_of_one(
+        cluster: LocalCluster, sidecar: Any, tmp_path: Path) -> None:
+    """Three sidecars, each with the node list starting at a different node (so the fleet's
+    members, and their own queues, sit on different nodes), a publisher with confirms each
+    at full speed into one quorum queue. The node of the second sidecar is killed: it moves
+    to the next node and rejoins the fleet; the shared capacity holds throughout."""
+    queue = unique("fleet-failover")
+    declare(cluster.nodes[2].endpoint, queue, "quorum")
+    upstreams = [ep.upstream for ep in cluster.endpoints]
+    managements = [ep.management_url for ep in cluster.endpoints]
+    fleet = [sidecar(rotated(upstreams, i), "--policies", str(policies(tmp_path, queue)),
+                     "--management", rotated(managements, i), "--fleet", "failover", *FAST)
+             for i in range(3)]
+
+    def members(proc: ProxyProcess) -> int:
+        """The fleet's size as ``proc`` sees it (its members list names the others)."""
+        doc = (proc.state().get("flow") or {}).get("fleet") or {}
+        return len(doc.get("members", [])) + 1
+    wait_for(lambda: all(members(p) == 3 for p in fleet), timeout=60,
+             what="every sidecar seeing the fleet of three")
+    through_a_fault(cluster, fleet, queue, cluster.nodes[1].kill)
+    wait_for(lambda: all(members(p) == 3 for p in fleet), timeout=60,
+             what="the moved sidecar back in the fleet")
