@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from floodwall.control.policy import Mode, Overflow, Policy, decide
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
+from floodwall.enforce.ports import SpoolPort
 
 #: Parts of a bucket stepped through while the queue is near, at or over a limit.
 SUBSTEPS = 10
@@ -174,7 +175,8 @@ def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Time
 
 
 class _Spool:
-    """The spool as ``floodwall.enforce.decision`` reads it (``SpoolPort``'s two views)."""
+    """The spool as ``floodwall.enforce.decision`` reads it (the two views of ``SpoolPort``
+    it calls; the replay never writes a record)."""
 
     def __init__(self, key: tuple[str, str], max_bytes: int) -> None:
         self.key = key
@@ -241,7 +243,8 @@ class _Replay:
             blocking = frozenset({key}) if self.tripped else frozenset()
             shadow = self.tripped and not policy.enforced
             verdict = verdict_of(self.key[0], frozenset({self.key[1]}),
-                                 frozenset() if shadow else blocking, queues, spool).verdict
+                                 frozenset() if shadow else blocking, queues,
+                                 cast(SpoolPort | None, spool)).verdict
             if o > 0:
                 if verdict is Verdict.HOLD:
                     self.held.append([o, now])
