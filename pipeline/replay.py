@@ -36,6 +36,9 @@ from floodwall.enforce.ports import SpoolPort
 
 #: Parts of a bucket stepped through while the queue is near, at or over a limit.
 SUBSTEPS = 10
+#: A bucket this many steps after the one before stands for them all (missed samples);
+#: further apart, the time between is a telemetry gap.
+MAX_SPAN = 2
 #: The figures of an outcome, each with the meaning of ``summary.json``'s per-queue entry.
 FIGURES = ("trips", "tripped_seconds", "depth_max", "peak_overshoot", "held_byte_seconds",
            "spooled_bytes_max", "rejects", "deadline_expiries", "admitted_bytes")
@@ -126,6 +129,7 @@ class Timeline:
     buckets: tuple[Bucket, ...]  # in time order, gaps left out
     offered: tuple[float, ...]  # bytes offered per bucket (rejects and expiries included)
     drain: tuple[float, ...]  # bytes the consumers could take per bucket
+    spans: tuple[int, ...]  # steps each bucket stands for (a missed sample: 2)
     body: float  # mean body bytes
     spooling: bool  # the recorded sidecars had a spool (--spool-dir)
     gap_seconds: float
@@ -141,7 +145,11 @@ def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Time
     (docs/pipeline.md, "What if", caveats). The drain: the consumers' take in a bucket
     (forwarded less the growth of the depth) when the queue had a backlog all through it;
     otherwise at least the queue's drain rate (its take over backlogged buckets), which
-    they showed when there was work waiting.
+    they showed when there was work waiting. A bucket whose depth ends above 0 takes the
+    recorded drain as it is (the proxy's estimate, which the trips were decided on, shows
+    consumption only at its next count: a queue starting to fill drains little at first).
+    A bucket following a missing one (a sample that fell into the bucket after: the
+    sidecars' clocks jitter) stands for both; a longer run of missing buckets is a gap.
     """
     ordered = sorted(buckets, key=lambda b: b.index)
     fwd_b = sum(b.forwarded_bytes for b in ordered)
@@ -150,27 +158,31 @@ def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Time
     offered = [max(0.0, b.offered_bytes + (b.rejects + b.expiries) * body) for b in ordered]
     egress: list[float | None] = []
     backlog: list[bool] = []
+    spans: list[int] = []
     prev: Bucket | None = None
     for b in ordered:
-        contiguous = prev is not None and prev.index == b.index - 1
-        if contiguous and prev is not None and prev.depth_bytes is not None \
+        span = 1 if prev is None else b.index - prev.index
+        spans.append(span if span <= MAX_SPAN else 1)
+        if span <= MAX_SPAN and prev is not None and prev.depth_bytes is not None \
                 and b.depth_bytes is not None:
             egress.append(max(0.0, b.forwarded_bytes - (b.depth_bytes - prev.depth_bytes)))
-            backlog.append(prev.depth_bytes > 0 and b.depth_bytes > 0)
+            backlog.append(b.depth_bytes > 0)
         else:
             egress.append(None)
             backlog.append(False)
         prev = b
-    taken = [e for e, k in zip(egress, backlog, strict=True) if k and e is not None]
-    rate = sum(taken) / len(taken) if taken else max(
-        (e for e in egress if e is not None), default=0.0)
-    drain = [(e if k else max(e, rate)) if e is not None else rate
-             for e, k in zip(egress, backlog, strict=True)]
-    span = (ordered[-1].index - ordered[0].index + 1) if ordered else 0
+    taken = [(e, n) for e, k, n in zip(egress, backlog, spans, strict=True)
+             if k and e is not None]
+    rate = sum(e for e, _ in taken) / sum(n for _, n in taken) if taken else max(
+        (e / n for e, n in zip(egress, spans, strict=True) if e is not None), default=0.0)
+    drain = [(e if k else max(e, rate * n)) if e is not None else rate * n
+             for e, k, n in zip(egress, backlog, spans, strict=True)]
+    span = sum(spans)
     total = sum(offered)
     held = sum(o for o, b in zip(offered, ordered, strict=True) if b.tripped)
-    return Timeline(vhost, queue, step, tuple(ordered), tuple(offered), tuple(drain), body,
-                    any(b.spooled_bytes > 0 for b in ordered), (span - len(ordered)) * step,
+    gaps = (ordered[-1].index - ordered[0].index + 1 - span) if ordered else 0
+    return Timeline(vhost, queue, step, tuple(ordered), tuple(offered), tuple(drain),
+                    tuple(spans), body, any(b.spooled_bytes > 0 for b in ordered), gaps * step,
                     held / total if total else 0.0)
 
 
@@ -336,14 +348,14 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
     step_ms = round(t.step * 1000)
     if t.buckets:
         r.depth = float(t.buckets[0].depth_bytes or 0)
-    for b, o, d in zip(t.buckets, t.offered, t.drain, strict=True):
+    for b, o, d, n in zip(t.buckets, t.offered, t.drain, t.spans, strict=True):
         p = policy if policy is not None else (b.policy.policy() if b.policy else None)
-        start = b.index * t.step
+        start = (b.index - n + 1) * t.step
         calm = (p is None or (not r.tripped and not r.held
                               and (r.spool is None or r.spool.bytes <= 0)
                               and _far_below(p, r.depth + o, t.body)))
-        parts = 1 if calm else SUBSTEPS
-        h = t.step / parts
+        parts = n if calm else SUBSTEPS * n
+        h = t.step * n / parts
         for i in range(parts):
             r.step(p, start + i * h, h, o / parts, d / parts)
         r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))

@@ -84,10 +84,13 @@ def test_spool_takes_what_hold_would_keep() -> None:
 
 
 def test_gaps_and_the_offered_load_while_held() -> None:
-    b = _buckets([10, 10, 10, 10], [5, 5, 5, 5])
+    b = _buckets([10] * 8, [5] * 8)
     held = [Bucket(x.index, x.offered_bytes + 4 * KIB, 14, x.forwarded_bytes,
                    x.forwarded_messages, 4 * KIB * (x.index + 1), x.depth_bytes,
                    x.depth_messages, 0, 0, True, 1, None) for x in b]
-    t = timeline("/", "q", 1.0, [held[0], held[1], held[3]])  # bucket 2 missing
-    assert t.gap_seconds == 1.0 and t.held_share == 1.0
+    # bucket 2 missing (its sample fell into bucket 3: bucket 3 stands for both), then
+    # buckets 4 to 6: a gap of three seconds
+    t = timeline("/", "q", 1.0, [held[0], held[1], held[3], held[7]])
+    assert t.spans == (1, 1, 2, 1)
+    assert t.gap_seconds == 3.0 and t.held_share == 1.0
     assert t.offered[0] == 14 * KIB
