@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from floodwall.control.depth import MIN_MARGIN
 from floodwall.control.policy import Mode, Overflow, Policy, decide
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
@@ -240,13 +241,17 @@ class _Replay:
         spool = self._spool_for(policy)
         passed = 0.0
         if not self.tripped and policy.capacity > 0 and o > 0:
-            # Publishes go until one takes the queue over its capacity: it trips then.
-            room = policy.capacity - self.depth + d
+            # Publishes go until one takes the queue over its capacity: it trips then. The
+            # proxy's estimate counts what it forwarded within the in-flight margin before a
+            # count on top of the count (floodwall.control.depth): at least MIN_MARGIN of
+            # the offered load.
+            lead = o / h * MIN_MARGIN
+            room = policy.capacity - self.depth + d - lead
             passed = min(o, max(0.0, room) + body)
             self._into_queue(passed, d * passed / o, tripped=False)
             d -= d * passed / o
             o -= passed
-            self._decide(policy)
+            self._decide(policy, lead)
         elif not self.tripped:
             self._into_queue(o, d, tripped=False)
             o, d = 0.0, 0.0
@@ -331,8 +336,9 @@ class _Replay:
             self.expired_bytes += chunk[0]
         self.held_total = sum(c[0] for c in self.held)
 
-    def _decide(self, policy: Policy) -> None:
-        depth = round(self.depth)
+    def _decide(self, policy: Policy, lead: float = 0.0) -> None:
+        """Trip or release on the depth (and ``lead``: what the estimate counts on top)."""
+        depth = round(self.depth + lead)
         now = decide(policy, depth, math.ceil(self.depth / self.t.body), self.tripped)
         # Held publishers that use every token they are offered keep their queue held
         # (Admission.busy): a release would let their backlog go at once.
