@@ -197,9 +197,8 @@ def caveats(replays: Sequence[Mapping[str, Any]], sidecars: Sequence[Mapping[str
         if r["gap_seconds"] > 0:
             out.append(f"{name}: {r['gap_seconds']:g}s of its timeline has no sample (a "
                        "telemetry gap): nothing is offered or drained there in the replay.")
-    fleet = {q.get("vhost", ""): q.get("fleet_members_max") for q in queues}
     seen = len(sidecars)
-    most = max((m for m in fleet.values() if m), default=0)
+    most = max((int(q.get("fleet_members_max") or 0) for q in queues), default=0)
     if most > seen:
         out.append(f"The fleet counted up to {most} sidecars, the telemetry has {seen}: the "
                    "missing sidecars' load is not in the replay.")
