@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from floodwall.cli import main
 from floodwall.control.policy import Mode, Overflow, Policy
 from floodwall_pipeline.replay import FIGURES, Bucket, RecordedPolicy, replay, timeline
 
@@ -94,3 +97,16 @@ def test_gaps_and_the_offered_load_while_held() -> None:
     assert t.spans == (1, 1, 2, 1)
     assert t.gap_seconds == 3.0 and t.held_share == 1.0
     assert t.offered[0] == 14 * KIB
+
+
+def test_a_bad_candidate_file_is_refused_before_spark_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('version: 1\npolicies:\n  - {name: x, match: {queue: "a"}, '
+                   "capacity: 10KiB, resume: 20KiB}\n")
+    result = CliRunner().invoke(main, ["analyze", str(tmp_path), "--out", str(tmp_path / "o"),
+                                       "--what-if", str(bad), "--what-if",
+                                       str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2, result.output
+    assert f"{bad}:3:" in result.output and "resume" in result.output
+    assert "missing.yaml: No such file" in result.output
+    assert not (tmp_path / "o").exists()  # nothing started, nothing written
