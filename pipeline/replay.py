@@ -12,11 +12,13 @@ resume, the count limits, ``on_unknown_depth``), held publishers keep a queue he
 resume level as ``floodwall.control.admission.Admission.busy`` says (they use every token
 they are offered), what happens to a publish to a tripped queue (hold, reject, spool, or
 pass in shadow mode) is ``floodwall.enforce.decision.decide`` and how long a publish may
-wait ``floodwall.enforce.decision.deadline_of``. Admission while held follows
-``floodwall.control.admission.allowance`` at the replay's resolution: with the replay's
-exact ledger (no publish in flight, a count at every step) its allowance over a step is the
-room the depth leaves below the capacity plus what the consumers drain meanwhile, so a held
-queue is fed at its drain rate and stays at about its capacity, as the proxy keeps it.
+wait ``floodwall.enforce.decision.deadline_of``. Admission while held is the one rule
+stated here rather than called (``floodwall.control.admission.allowance`` works on a
+ledger and ready counts every few milliseconds, which telemetry does not have): with the
+replay's exact ledger (no publish in flight, a count at every step) that allowance over a
+step is the room the depth leaves below the capacity plus what the consumers drain
+meanwhile, so a held queue is fed at its drain rate and stays at about its capacity, as the
+proxy keeps it.
 
 The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
 evenly) while anything can happen in it, in one step while the queue is calm.
