@@ -269,7 +269,6 @@ class _Replay:
                     self.held.append([o, now])
                     self.held_total += o
                 elif verdict is Verdict.REJECT:
-                    self.out.rejects += round(o / body)
                     self.rejected_bytes += o
                 elif verdict is Verdict.SPOOL and spool is not None:
                     spool.bytes += o
@@ -334,7 +333,6 @@ class _Replay:
         wait = deadline_of(queues, [self.key])
         while self.held and now - self.held[0][1] > wait:
             chunk = self.held.popleft()
-            self.out.deadline_expiries += round(chunk[0] / self.t.body)
             self.expired_bytes += chunk[0]
         self.held_total = sum(c[0] for c in self.held)
 
@@ -368,6 +366,9 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
             r.step(p, start + i * h, h, o / parts, d / parts)
         r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))
     r.out.admitted_bytes = round(r.admitted)
+    # publishes, at the mean body size (summed in bytes: a step's part of one rounds to 0)
+    r.out.rejects = round(r.rejected_bytes / t.body)
+    r.out.deadline_expiries = round(r.expired_bytes / t.body)
     if r.admitted_held > 0:
         r.out.wait_mean_seconds = r.waited / r.admitted_held
     return r.out
