@@ -9,6 +9,7 @@ Spark reads (``s3a://bucket/prefix`` with hadoop-aws configured: docs/pipeline.m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -28,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from floodwall_pipeline import aggregate, recommend, report
+from floodwall_pipeline import aggregate, recommend, report, whatif
 from floodwall_pipeline.files import TimeRange
 from floodwall_pipeline.load import InputQuality, load
 
@@ -77,6 +78,8 @@ class Analysis:
     timings: dict[str, float] = field(default_factory=dict)
     resolution: float = 0.0  # of the per-queue figures and the recommendations
     caveats: list[str] = field(default_factory=list)  # why the recommendations may not hold
+    what_if: Path | None = None  # what-if.json, with --what-if
+    replays: list[dict[str, Any]] = field(default_factory=list)  # replay.replay_group's
 
 
 @contextlib.contextmanager
@@ -211,12 +214,14 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
             spark: SparkSession | None = None, resolution: float = DEFAULT_RESOLUTION,
             target_drain: float = recommend.DEFAULT_TARGET_DRAIN,
             console: Console | None = None, conf: Mapping[str, str] | None = None,
-            plots: bool = True, time_range: TimeRange | None = None) -> Analysis:
+            plots: bool = True, time_range: TimeRange | None = None,
+            what_if: Sequence[whatif.Candidate] = ()) -> Analysis:
     """The job. ``resolution`` sets the plots' buckets only: every figure in the tables,
-    summary.json and recommended-policies.yaml comes from ``advice_resolution`` buckets."""
+    summary.json and recommended-policies.yaml comes from ``advice_resolution`` buckets.
+    ``what_if``: candidate policy files to replay the telemetry through (what-if.json)."""
     rng = time_range or TimeRange()
     out.mkdir(parents=True, exist_ok=True)
-    stages = _Stages(console, 6 if spark is None else 5)
+    stages = _Stages(console, 7 if spark is None else 6)
     with stages.running(), ThreadPoolExecutor(1, thread_name_prefix="plots") as drawing:
         if spark is None:
             with stages.stage(f"starting Spark ({master or DEFAULT_MASTER})"):
@@ -263,14 +268,35 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                       f"target drain time {target_drain:g}s.",
                       *(f"CAVEAT: {w}" for w in warnings)]
             policies_text = recommend.render(recs, header)
+        with stages.stage("replaying the telemetry through the policies"):
+            # The recommendations first, then each candidate (pipeline/replay.py).
+            step = replay_step(t.interval)
+            replays = whatif.run(t.samples, t.events, step,
+                                 [policies_text, *(c.text for c in what_if)])
+            predicted = whatif.predicted_reasons(replays, 0)
+            recs = [dataclasses.replace(r, reasons=[*r.reasons, predicted[(r.vhost, r.queue)]])
+                    if (r.vhost, r.queue) in predicted else r for r in recs]
+            policies_text = recommend.render(recs, header)
             policies = out / "recommended-policies.yaml"
             policies.write_text(policies_text)
+            what_if_path: Path | None = None
+            if what_if:
+                doc = whatif.what_if_doc(what_if, replays)
+                what_if_path = whatif.write(out, doc)
         drawn: list[tuple[str, str]] = []
         overview: str | None = None
         with stages.stage("plotting"):  # what is left of the drawing after the rest
             if plotted is not None:
                 drawn, overview = plotted.result()
         with stages.stage("writing the report"):
+            what_if_html = ""
+            if what_if:  # drawn now: pyplot is not for two threads at once
+                names = [c.file for c in what_if]
+                drawn_what_if = {(r["vhost"], r["queue"]): name for r in replays
+                                 if any(c is not None for c in r["candidates"][1:])
+                                 and (name := whatif.plot(out, r, names, 1)) is not None}
+                what_if_html = whatif.section(doc, queues, drawn_what_if,
+                                              whatif.caveats(replays, sidecars, queues))
             meta = {"telemetry": ", ".join(paths), "period": span,
                     **({"since / until": rng.describe()} if rng.bounded else {}),
                     "sidecars": str(len(sidecars)), "queues": str(len(queues)),
@@ -284,7 +310,8 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
                               quality=t.quality, queues=ranked, sidecar_queues=sidecar_queues,
                               sidecars=sidecars, plots=drawn, overview=overview,
                               recommendations=recs, policies_file=policies.name,
-                              policies_text=policies_text, warnings=warnings)
+                              policies_text=policies_text, warnings=warnings,
+                              what_if=what_if_html)
             summary = out / "summary.json"
             q = t.quality
             # Only what the telemetry determines: the same records give the same bytes
@@ -304,7 +331,17 @@ def analyze(paths: Sequence[str], out: Path, *, master: str | None = None,
         {"master": spark.sparkContext.master, **split, "stages": stages.timings},
         indent=1) + "\n")
     return Analysis(out, t.quality, queues, sidecar_queues, sidecars, recs, html_path, policies,
-                    summary, stages.timings, advice, warnings)
+                    summary, stages.timings, advice, warnings, what_if_path, replays)
+
+
+#: The replay's buckets when the sidecars' records do not say their interval (seconds).
+DEFAULT_REPLAY_STEP = 1.0
+
+
+def replay_step(interval: float) -> float:
+    """The replay's buckets: the sidecars' telemetry interval (the longest, whole ms), so
+    that each bucket holds a sample of every sidecar."""
+    return round(interval, 3) if interval > 0 else DEFAULT_REPLAY_STEP
 
 
 def _span_seconds(queues: Sequence[Mapping[str, Any]]) -> float:
@@ -398,3 +435,10 @@ def print_summary(console: Console, a: Analysis) -> None:
     for caveat in a.caveats:
         console.print(f"[yellow]caveat[/]: {caveat}", soft_wrap=True)
     console.print(f"report: {a.report}\nrecommended policies: {a.policies}", soft_wrap=True)
+    if a.what_if is not None:
+        doc = json.loads(a.what_if.read_text())
+        for c in doc["candidates"]:
+            trips = sum(q["predicted"]["trips"] for q in c["queues"])
+            console.print(f"what if {c['file']}: {len(c['queues'])} queue(s) policed, "
+                          f"{trips} trip(s) predicted", soft_wrap=True)
+        console.print(f"what if: {a.what_if}", soft_wrap=True)

@@ -20,11 +20,13 @@ def time_range(since: str | None, until: str | None) -> TimeRange:
 def run_analysis(paths: Sequence[str], out: Path, *, master: str | None = None,
                  resolution: float = 5.0, target_drain: float = DEFAULT_TARGET_DRAIN,
                  conf: Mapping[str, str] | None = None, spark: SparkSession | None = None,
-                 since: str | None = None, until: str | None = None) -> int:
+                 since: str | None = None, until: str | None = None,
+                 what_if: Sequence[str] = ()) -> int:
     """Run the job with a progress display; 0 if it wrote the report, 2 if it could not."""
     from pyspark.errors import AnalysisException, PySparkException
 
     from floodwall_pipeline.analyze import analyze, print_summary
+    from floodwall_pipeline.whatif import read_candidates
 
     console = Console(stderr=False)
     try:
@@ -32,12 +34,17 @@ def run_analysis(paths: Sequence[str], out: Path, *, master: str | None = None,
     except TimeRangeError as exc:
         console.print(f"[red]bad time range[/]: {exc}", soft_wrap=True)
         return 2
+    try:
+        candidates = read_candidates(what_if)
+    except ValueError as exc:
+        console.print(f"[red]cannot use the --what-if policies[/]:\n{exc}", soft_wrap=True)
+        return 2
     console.print(f"[bold]floodwall analyze[/]: {', '.join(paths)} -> {out}"
                   + (f" ({rng.describe()})" if rng.bounded else ""), soft_wrap=True)
     try:
         result = analyze(paths, out, master=master, resolution=resolution,
                          target_drain=target_drain, console=console, conf=conf,
-                         spark=spark, time_range=rng)
+                         spark=spark, time_range=rng, what_if=candidates)
     except FileNotFoundError as exc:  # --since/--until: no such path, or no file in range
         console.print(f"[red]cannot read the telemetry[/]: {exc}", soft_wrap=True)
         return 2

@@ -314,7 +314,7 @@ def write_html(path: Path, *, title: str, meta: Mapping[str, str], quality: Inpu
                queues: Sequence[Row], sidecar_queues: Sequence[Row], sidecars: Sequence[Row],
                plots: Sequence[tuple[str, str]], overview: str | None,
                recommendations: Sequence[Recommendation], policies_file: str,
-               policies_text: str, warnings: Sequence[str] = ()) -> None:
+               policies_text: str, warnings: Sequence[str] = (), what_if: str = "") -> None:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
              f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     parts.append("<table>" + "".join(
@@ -346,6 +346,8 @@ def write_html(path: Path, *, title: str, meta: Mapping[str, str], quality: Inpu
                      + ("" if r.changed else " (unchanged)") + "</li>")
     parts.append("</ul><details><summary>the file</summary><pre>"
                  + html.escape(policies_text) + "</pre></details>")
+    if what_if:  # pipeline/whatif.py, ``section``
+        parts.append(what_if)
     parts.append("<h2>Queues over time</h2>")
     for name, caption in plots:
         parts.append(f"<h3>{html.escape(caption)}</h3><img src='{html.escape(name)}' "

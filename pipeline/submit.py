@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-drain", type=parse_duration, default=DEFAULT_TARGET_DRAIN)
     p.add_argument("--since", help="UTC date or date and time: records from then on")
     p.add_argument("--until", help="UTC date or date and time: records before then")
+    p.add_argument("--what-if", action="append", default=[], metavar="CANDIDATE.yaml",
+                   help="replay the telemetry through this policy file (repeatable)")
     a = p.parse_args(argv)
     # The master and every --conf are spark-submit's: the session is built without them.
     spark = (SparkSession.builder.appName("floodwall-analyze")
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     return run_analysis(a.telemetry, a.out, resolution=a.resolution,
                         target_drain=a.target_drain, spark=spark, since=a.since,
-                        until=a.until)
+                        until=a.until, what_if=a.what_if)
 
 
 if __name__ == "__main__":

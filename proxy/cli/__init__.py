@@ -502,9 +502,12 @@ def _check_document(c: CheckedFile, queues: tuple[str, ...], vhost: str) -> dict
               help="Only records from then on (2026-11-21 or 2026-11-21T06:00).")
 @click.option("--until", default=None, metavar="UTC",
               help="Only records before then; with --since, only the files needed are read.")
+@click.option("--what-if", "what_if", multiple=True, metavar="CANDIDATE.yaml",
+              help="Replay the telemetry through this policy file (repeatable): "
+                   "what-if.json and a report section per file.")
 def analyze(telemetry: tuple[str, ...], out: str, master: str | None, resolution: float,
             target_drain: float, confs: tuple[str, ...], since: str | None,
-            until: str | None) -> None:
+            until: str | None, what_if: tuple[str, ...]) -> None:
     """Turn TELEMETRY (files or directories, local or s3a://) into a report and policies.
 
     A PySpark job (the [pipeline] extra): docs/pipeline.md says what it computes and how it
@@ -522,7 +525,8 @@ def analyze(telemetry: tuple[str, ...], out: str, master: str | None, resolution
         raise click.ClickException(f"the analysis needs the [pipeline] extra "
                                    f"(pip install 'floodwall[pipeline]'): {exc}") from None
     code = run_analysis(list(telemetry), Path(out), master=master, resolution=resolution,
-                        target_drain=target_drain, conf=conf, since=since, until=until)
+                        target_drain=target_drain, conf=conf, since=since, until=until,
+                        what_if=list(what_if))
     raise SystemExit(code)
 
 

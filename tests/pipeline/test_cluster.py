@@ -4,8 +4,10 @@ A master and one worker from the installed pyspark (pipeline/devcluster.py) run 
 a user would: ``floodwall analyze DIR --master spark://...`` in its own process, the
 telemetry read by an executor JVM the worker launched, with no Python to start. The same
 telemetry, split into many files and, per run, into different partitions, gives
-byte-identical ``recommended-policies.yaml`` and ``summary.json`` on ``local[1]``,
-``local[*]`` and the cluster, also with another plotting ``--resolution``.
+byte-identical ``recommended-policies.yaml``, ``summary.json`` and, replayed through two
+candidate policy files (``--what-if``), ``what-if.json`` on ``local[1]``, ``local[*]`` and
+the cluster, also with another plotting ``--resolution``. The replay runs in Python on the
+executors, from the code the job ships them (pipeline/whatif.py).
 
 Bounded for ``make test``: 6 MB of telemetry, one worker, the JVMs on their quick compiler
 (``QUICK_JIT``): 3 to 5 minutes on two cores shared with other test runs.
@@ -26,7 +28,15 @@ from floodwall_pipeline.devcluster import StandaloneCluster, start
 from floodwall_pipeline.synthetic import generate
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTPUTS = ("recommended-policies.yaml", "summary.json")
+OUTPUTS = ("recommended-policies.yaml", "summary.json", "what-if.json")
+#: Two candidates for ``--what-if``: one tighter than the fleet's policies, one looser, by
+#: a glob and by a default.
+CANDIDATES = {
+    "tight.yaml": "version: 1\npolicies:\n  - {name: tight, match: {queue: \"*\"}, "
+                  "capacity: 128KiB, resume: 64KiB, deadline: 5s}\n",
+    "loose.yaml": "version: 1\npolicies:\n  - {name: loose, match: {queue: \"orders.*\"}, "
+                  "capacity: 2MiB, resume: 1MiB, max_messages: 5000}\n",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +71,15 @@ def analyze(telemetry: Path, out: Path, master: str, *args: str,
     """``floodwall analyze`` in a process of its own, with this checkout's code."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1", **(env or {}))
     full_env.pop("FLOODWALL_SPARK_MASTER", None)
+    cands = out.parent / "candidates"
+    cands.mkdir(exist_ok=True)
+    what_if = []
+    for name, text in CANDIDATES.items():
+        (cands / name).write_text(text)
+        what_if += ["--what-if", str(cands / name)]
     result = subprocess.run(
         [sys.executable, "-m", "floodwall", "analyze", str(telemetry), "--out", str(out),
+         *what_if,
          "--master", master, "--conf", f"spark.driver.extraJavaOptions={QUICK_JIT}", *args],
         env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:],
@@ -84,16 +101,16 @@ def test_same_bytes_on_local_one_local_all_and_the_cluster(
                             "--conf", "spark.sql.files.maxPartitionBytes=1m",
                             "--conf", "spark.sql.shuffle.partitions=7"),
         # several files in each split (about 7), 3 shuffle partitions, and the plots at
-        # 1 s: the figures and recommendations must not move with them. No Python for
-        # the executor (PYSPARK_PYTHON is what an executor would start for a Python
-        # function): the job must not need one there (docs/pipeline.md).
+        # 1 s: the figures and recommendations must not move with them. The executor
+        # starts this Python for the replay (PYSPARK_PYTHON); the replay's code comes from
+        # the zip the job ships (first on the executor's Python path).
         cluster.url: analyze(fleet, tmp_path / "cluster", cluster.url, "--resolution", "1s",
                              "--conf", "spark.sql.files.maxPartitionBytes=1m",
                              "--conf", "spark.sql.files.openCostInBytes=0",
                              "--conf", "spark.sql.shuffle.partitions=3",
                              "--conf", "spark.executor.memory=768m",
                              "--conf", f"spark.executor.extraJavaOptions={QUICK_JIT}",
-                             env={"PYSPARK_PYTHON": "/nonexistent/python3"}),
+                             env={"PYSPARK_PYTHON": sys.executable}),
     }
     outs = [tmp_path / "one", tmp_path / "all", tmp_path / "cluster"]
     for name in OUTPUTS:
@@ -103,6 +120,15 @@ def test_same_bytes_on_local_one_local_all_and_the_cluster(
     assert summary["input"]["files"] == len(files) and summary["input"]["corrupt"] > 0
     assert len(summary["queues"]) == 3 and len(summary["sidecars"]) == 4
     assert any(q["trips"] > 0 for q in summary["queues"])
+    what_if = json.loads((outs[0] / "what-if.json").read_text())
+    assert [c["file"].rsplit("/", 1)[-1] for c in what_if["candidates"]] == list(CANDIDATES)
+    tight, loose = what_if["candidates"]
+    assert len(tight["queues"]) == 3 and 1 <= len(loose["queues"]) <= 3
+    # tighter limits trip more often than the ones in force, looser ones hold for less
+    assert sum(q["predicted"]["trips"] for q in tight["queues"]) > sum(
+        q["replayed_recorded"]["trips"] for q in tight["queues"])
+    assert sum(q["predicted"]["tripped_seconds"] for q in loose["queues"]) < sum(
+        q["replayed_recorded"]["tripped_seconds"] for q in loose["queues"])
     timings = [json.loads((o / "timings.json").read_text()) for o in outs]
     assert [t["master"] for t in timings] == ["local[1]", "local[*]", cluster.url]
     # the work was split three ways: input splits and shuffle partitions

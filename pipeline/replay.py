@@ -1,0 +1,439 @@
+"""What if: one queue's recorded load replayed through a policy, by floodwall's own rules.
+
+Pure Python, no Spark (pipeline/whatif.py runs ``replay`` per queue on the executors). The
+input is the queue's recorded timeline in buckets of the telemetry interval (``Bucket``:
+what the fleet's producers offered, what it forwarded and held, the depth, the rejects and
+deadline expiries, the policy in force); the output the figures of ``summary.json``'s
+per-queue entries as that policy would have made them (``Outcome``) and the depth over time.
+
+The decisions are the proxy's, called as the proxy calls them (docs/pipeline.md, "What
+if"): whether the queue trips or releases is ``floodwall.control.policy.decide`` (capacity,
+resume, the count limits, ``on_unknown_depth``), held publishers keep a queue held at its
+resume level as ``floodwall.control.admission.Admission.busy`` says (they use every token
+they are offered), what happens to a publish to a tripped queue (hold, reject, spool, or
+pass in shadow mode) is ``floodwall.enforce.decision.decide`` and how long a publish may
+wait ``floodwall.enforce.decision.deadline_of``. Admission while held is the one rule
+stated here rather than called (``floodwall.control.admission.allowance`` works on a
+ledger and ready counts every few milliseconds, which telemetry does not have): with the
+replay's exact ledger (no publish in flight, a count at every step) that allowance over a
+step is the room the depth leaves below the capacity plus what the consumers drain
+meanwhile, so a held queue is fed at its drain rate and stays at about its capacity, as the
+proxy keeps it.
+
+The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
+evenly) while anything can happen in it, in one step while the queue is calm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from floodwall.control.depth import MIN_MARGIN
+from floodwall.control.policy import Mode, Overflow, Policy, decide
+from floodwall.enforce.decision import Verdict, deadline_of
+from floodwall.enforce.decision import decide as verdict_of
+from floodwall.enforce.ports import SpoolPort
+
+#: Parts of a bucket stepped through while the queue is near, at or over a limit.
+SUBSTEPS = 10
+#: A bucket this many steps after the one before stands for them all (missed samples);
+#: further apart, the time between is a telemetry gap.
+MAX_SPAN = 2
+#: The figures of an outcome, each with the meaning of ``summary.json``'s per-queue entry.
+FIGURES = ("trips", "tripped_seconds", "depth_max", "peak_overshoot", "held_byte_seconds",
+           "spooled_bytes_max", "rejects", "deadline_expiries", "admitted_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedPolicy:
+    """The policy fields of a sample (the policy in force then)."""
+
+    name: str
+    capacity: int
+    resume: int
+    max_messages: int
+    resume_messages: int
+    overflow: str
+    deadline: float
+    mode: str
+
+    def policy(self) -> Policy | None:
+        """As a ``Policy`` (None when the fields do not make one: not policed)."""
+        try:
+            return Policy(name=self.name, capacity=self.capacity, resume=self.resume,
+                          max_messages=self.max_messages or None,
+                          resume_messages=(self.resume_messages if self.max_messages
+                                           else None),
+                          overflow=Overflow(self.overflow), deadline=self.deadline,
+                          mode=Mode(self.mode))
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One bucket of a queue's recorded timeline, summed over the fleet's sidecars."""
+
+    index: int  # the bucket's start is index x the step
+    offered_bytes: int  # forwarded plus the growth of held publishes (``offered``)
+    offered_messages: int
+    forwarded_bytes: int
+    forwarded_messages: int
+    held_bytes: int  # at the bucket's end
+    depth_bytes: int | None  # the newest depth in the bucket
+    depth_messages: int | None
+    rejects: int
+    expiries: int
+    tripped: bool
+    sidecars: int
+    policy: RecordedPolicy | None
+    spooled_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a policy did to a queue, in ``summary.json``'s terms, and the waits."""
+
+    trips: int = 0
+    tripped_seconds: float = 0.0
+    depth_max: int = 0
+    peak_overshoot: int = 0
+    held_byte_seconds: float = 0.0
+    spooled_bytes_max: int = 0
+    rejects: int = 0
+    deadline_expiries: int = 0
+    admitted_bytes: int = 0
+    wait_mean_seconds: float = 0.0  # of the bytes held and then admitted
+    wait_max_seconds: float = 0.0
+    depth: list[tuple[int, int]] = field(default_factory=list)  # (bucket end ms, bytes)
+
+    def figures(self) -> dict[str, Any]:
+        """The figures, rounded as ``summary.json`` rounds (whole bytes, ms)."""
+        return {"trips": self.trips, "tripped_seconds": round(self.tripped_seconds, 3),
+                "depth_max": self.depth_max, "peak_overshoot": self.peak_overshoot,
+                "held_byte_seconds": round(self.held_byte_seconds, 1),
+                "spooled_bytes_max": self.spooled_bytes_max, "rejects": self.rejects,
+                "deadline_expiries": self.deadline_expiries,
+                "admitted_bytes": self.admitted_bytes,
+                "wait_mean_seconds": round(self.wait_mean_seconds, 3),
+                "wait_max_seconds": round(self.wait_max_seconds, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """A queue's recorded buckets, prepared: what was offered and what could drain."""
+
+    vhost: str
+    queue: str
+    step: float  # seconds
+    buckets: tuple[Bucket, ...]  # in time order, gaps left out
+    offered: tuple[float, ...]  # bytes offered per bucket (rejects and expiries included)
+    drain: tuple[float, ...]  # bytes the consumers could take per bucket
+    spans: tuple[int, ...]  # steps each bucket stands for (a missed sample: 2)
+    body: float  # mean body bytes
+    spooling: bool  # the recorded sidecars had a spool (--spool-dir)
+    gap_seconds: float
+    held_share: float  # of the offered bytes, the part offered while the queue was tripped
+
+
+def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Timeline:
+    """``buckets`` (any order) prepared for ``replay``.
+
+    Offered load: what the sidecars forwarded, plus the growth of what they held, plus what
+    they refused (rejects, deadline expiries at the mean body size). While held, that is what
+    producers handed to the proxy, not what they would have sent unhindered
+    (docs/pipeline.md, "What if", caveats). The drain: the consumers' take in a bucket
+    (forwarded less the growth of the depth) when the queue had a backlog all through it;
+    otherwise at least the queue's drain rate (its take over backlogged buckets), which
+    they showed when there was work waiting. A bucket whose depth ends above 0 takes the
+    recorded drain as it is (the proxy's estimate, which the trips were decided on, shows
+    consumption only at its next count: a queue starting to fill drains little at first).
+    A bucket following a missing one (a sample that fell into the bucket after: the
+    sidecars' clocks jitter) stands for both; a longer run of missing buckets is a gap.
+    """
+    ordered = sorted(buckets, key=lambda b: b.index)
+    fwd_b = sum(b.forwarded_bytes for b in ordered)
+    fwd_m = sum(b.forwarded_messages for b in ordered)
+    body = fwd_b / fwd_m if fwd_m else 1.0
+    offered = [max(0.0, b.offered_bytes + (b.rejects + b.expiries) * body) for b in ordered]
+    egress: list[float | None] = []
+    backlog: list[bool] = []
+    spans: list[int] = []
+    prev: Bucket | None = None
+    for b in ordered:
+        span = 1 if prev is None else b.index - prev.index
+        spans.append(span if span <= MAX_SPAN else 1)
+        if span <= MAX_SPAN and prev is not None and prev.depth_bytes is not None \
+                and b.depth_bytes is not None:
+            egress.append(max(0.0, b.forwarded_bytes - (b.depth_bytes - prev.depth_bytes)))
+            backlog.append(b.depth_bytes > 0)
+        else:
+            egress.append(None)
+            backlog.append(False)
+        prev = b
+    taken = [(e, n) for e, k, n in zip(egress, backlog, spans, strict=True)
+             if k and e is not None]
+    rate = sum(e for e, _ in taken) / sum(n for _, n in taken) if taken else max(
+        (e / n for e, n in zip(egress, spans, strict=True) if e is not None), default=0.0)
+    drain = [(e if k else max(e, rate * n)) if e is not None else rate * n
+             for e, k, n in zip(egress, backlog, spans, strict=True)]
+    span = sum(spans)
+    total = sum(offered)
+    held = sum(o for o, b in zip(offered, ordered, strict=True) if b.tripped)
+    gaps = (ordered[-1].index - ordered[0].index + 1 - span) if ordered else 0
+    return Timeline(vhost, queue, step, tuple(ordered), tuple(offered), tuple(drain),
+                    tuple(spans), body, any(b.spooled_bytes > 0 for b in ordered), gaps * step,
+                    held / total if total else 0.0)
+
+
+class _Spool:
+    """The spool as ``floodwall.enforce.decision`` reads it (the two views of ``SpoolPort``
+    it calls; the replay never writes a record)."""
+
+    def __init__(self, key: tuple[str, str], max_bytes: int) -> None:
+        self.key = key
+        self.bytes = 0.0
+        self.max_bytes = max_bytes
+
+    @property
+    def accepting(self) -> bool:
+        return self.bytes < self.max_bytes
+
+    def has_backlog(self, key: tuple[str, str]) -> bool:
+        return key == self.key and self.bytes > 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Policed:
+    policy: Policy
+
+
+class _Replay:
+    """The state of one queue under one policy while its timeline plays."""
+
+    def __init__(self, t: Timeline, policy: Policy | None) -> None:
+        self.t = t
+        self.key = (t.vhost, t.queue)
+        self.fixed = policy
+        self.depth = 0.0
+        self.tripped = False
+        self.held: deque[list[float]] = deque()  # [bytes, enqueued at]
+        self.held_total = 0.0
+        self.waited = 0.0  # byte-seconds of the bytes held and admitted
+        self.admitted_held = 0.0
+        self.out = Outcome()
+        self.spool: _Spool | None = None
+        self.rejected_bytes = 0.0
+        self.expired_bytes = 0.0
+        self.admitted = 0.0
+
+    # -- one step --------------------------------------------------------------------
+    def step(self, policy: Policy | None, now: float, h: float, o: float, d: float) -> None:
+        """``h`` seconds from ``now``: ``o`` bytes offered, ``d`` the consumers can take."""
+        body = self.t.body
+        if policy is None or not policy.is_limited:
+            self._into_queue(o, d, tripped=False)
+            self.tripped = False
+            self._watch(None)
+            return
+        key, queues = self.key, {self.key: _Policed(policy)}
+        spool = self._spool_for(policy)
+        passed = 0.0
+        if not self.tripped and policy.capacity > 0 and o > 0:
+            # Publishes go until one takes the queue over its capacity: it trips then. The
+            # proxy's estimate counts what it forwarded within the in-flight margin before a
+            # count on top of the count (floodwall.control.depth): at least MIN_MARGIN of
+            # the offered load.
+            lead = o / h * MIN_MARGIN
+            room = policy.capacity - self.depth + d - lead
+            passed = min(o, max(0.0, room) + body)
+            self._into_queue(passed, d * passed / o, tripped=False)
+            d -= d * passed / o
+            o -= passed
+            self._decide(policy, lead)
+        elif not self.tripped:
+            self._into_queue(o, d, tripped=False)
+            o, d = 0.0, 0.0
+            self._decide(policy)
+        if o > 0 or self.held or (spool is not None and spool.bytes > 0):
+            blocking = frozenset({key}) if self.tripped else frozenset()
+            shadow = self.tripped and not policy.enforced
+            verdict = verdict_of(self.key[0], frozenset({self.key[1]}),
+                                 frozenset() if shadow else blocking, queues,
+                                 cast(SpoolPort | None, spool)).verdict
+            if o > 0:
+                if verdict is Verdict.HOLD:
+                    self.held.append([o, now])
+                    self.held_total += o
+                elif verdict is Verdict.REJECT:
+                    self.rejected_bytes += o
+                elif verdict is Verdict.SPOOL and spool is not None:
+                    spool.bytes += o
+                else:
+                    self._into_queue(o, 0.0, tripped=self.tripped)
+            room = max(0.0, policy.capacity - self.depth + d) if policy.capacity > 0 \
+                else max(0.0, (policy.max_messages or 0) * body - self.depth + d)
+            if self.tripped and self.held:
+                room -= self._admit(room, now + h)
+            if not self.tripped and spool is not None and spool.bytes > 0:
+                replayed = min(spool.bytes, room)
+                spool.bytes -= replayed
+                self._into_queue(replayed, 0.0, tripped=False)
+        self._into_queue(0.0, d, tripped=self.tripped)
+        self._expire(policy, now + h, queues)
+        self._decide(policy)
+        if self.tripped:
+            self.out.tripped_seconds += h
+        self.out.held_byte_seconds += self.held_total * h
+        if spool is not None:
+            self.out.spooled_bytes_max = max(self.out.spooled_bytes_max, round(spool.bytes))
+        self._watch(policy)
+
+    def _spool_for(self, policy: Policy) -> _Spool | None:
+        if policy.effective_overflow(self.t.spooling or self.fixed is not None) \
+                is not Overflow.SPOOL:
+            return self.spool if self.spool is not None and self.spool.bytes > 0 else None
+        if self.spool is None:
+            self.spool = _Spool(self.key, policy.spool.max_bytes)
+        return self.spool
+
+    def _into_queue(self, arrived: float, d: float, *, tripped: bool) -> None:
+        self.depth = max(0.0, self.depth + arrived - d)
+        if tripped:
+            self.admitted += arrived
+
+    def _watch(self, policy: Policy | None) -> None:
+        """The depth figures, at the end of a step (as the telemetry samples it)."""
+        depth = round(self.depth)
+        self.out.depth_max = max(self.out.depth_max, depth)
+        if policy is not None and policy.capacity > 0:
+            self.out.peak_overshoot = max(self.out.peak_overshoot, depth - policy.capacity)
+
+    def _admit(self, room: float, now: float) -> float:
+        """Held publishes into ``room`` bytes, oldest first; what went."""
+        went = 0.0
+        while self.held and room - went > 0:
+            chunk = self.held[0]
+            take = min(chunk[0], room - went)
+            chunk[0] -= take
+            went += take
+            self.waited += take * (now - chunk[1])
+            self.out.wait_max_seconds = max(self.out.wait_max_seconds, now - chunk[1])
+            if chunk[0] <= 1e-9:
+                self.held.popleft()
+        self.held_total = sum(c[0] for c in self.held)
+        self.admitted_held += went
+        self._into_queue(went, 0.0, tripped=True)
+        return went
+
+    def _expire(self, policy: Policy, now: float, queues: dict[Any, _Policed]) -> None:
+        wait = deadline_of(queues, [self.key])
+        while self.held and now - self.held[0][1] > wait:
+            chunk = self.held.popleft()
+            self.expired_bytes += chunk[0]
+        self.held_total = sum(c[0] for c in self.held)
+
+    def _decide(self, policy: Policy, lead: float = 0.0) -> None:
+        """Trip or release on the depth (and ``lead``: what the estimate counts on top)."""
+        depth = round(self.depth + lead)
+        now = decide(policy, depth, math.ceil(self.depth / self.t.body), self.tripped)
+        # Held publishers that use every token they are offered keep their queue held
+        # (Admission.busy): a release would let their backlog go at once.
+        if now != self.tripped and (now or not self.held):
+            self.tripped = now
+            if now:
+                self.out.trips += 1
+
+
+def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
+    """``t`` played through ``policy`` (None: through the policy recorded in each bucket)."""
+    r = _Replay(t, policy)
+    step_ms = round(t.step * 1000)
+    if t.buckets:
+        r.depth = float(t.buckets[0].depth_bytes or 0)
+    for b, o, d, n in zip(t.buckets, t.offered, t.drain, t.spans, strict=True):
+        p = policy if policy is not None else (b.policy.policy() if b.policy else None)
+        start = (b.index - n + 1) * t.step
+        calm = (p is None or (not r.tripped and not r.held
+                              and (r.spool is None or r.spool.bytes <= 0)
+                              and _far_below(p, r.depth + o, t.body)))
+        parts = n if calm else SUBSTEPS * n
+        h = t.step * n / parts
+        for i in range(parts):
+            r.step(p, start + i * h, h, o / parts, d / parts)
+        r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))
+    r.out.admitted_bytes = round(r.admitted)
+    # publishes, at the mean body size (summed in bytes: a step's part of one rounds to 0)
+    r.out.rejects = round(r.rejected_bytes / t.body)
+    r.out.deadline_expiries = round(r.expired_bytes / t.body)
+    if r.admitted_held > 0:
+        r.out.wait_mean_seconds = r.waited / r.admitted_held
+    return r.out
+
+
+def _far_below(p: Policy, depth: float, body: float) -> bool:
+    """Whether ``depth`` bytes stay under every limit of ``p``, so a bucket needs no parts."""
+    if p.capacity > 0 and depth > p.capacity:
+        return False
+    return p.max_messages is None or depth / body <= p.max_messages
+
+
+# -- on the executors -----------------------------------------------------------------
+#: The columns of a bucket row (pipeline/whatif.py, ``series``), in ``Bucket``'s terms.
+ROW_FIELDS = ("vhost", "queue", "b", "offered", "offered_m", "fb", "fm", "held_end",
+              "depth", "depth_msgs", "rejects", "expiries", "tripped", "sidecars", "pol",
+              "spool_end")
+
+
+def keyed(row: Any) -> tuple[tuple[str, str], Any]:
+    """A bucket row keyed by its queue (``RDD.groupByKey``)."""
+    return (row["vhost"], row["queue"]), row
+
+
+def bucket_of(row: Any) -> Bucket:
+    pol = row["pol"]
+    recorded = None if pol is None or pol["policy"] is None else RecordedPolicy(
+        pol["policy"], pol["capacity"] or 0, pol["resume"] or 0, pol["max_messages"] or 0,
+        pol["resume_messages"] or 0, pol["overflow"] or "hold",
+        pol["deadline"] if pol["deadline"] is not None else 30.0, pol["mode"] or "enforce")
+    return Bucket(row["b"], row["offered"] or 0, row["offered_m"] or 0, row["fb"] or 0,
+                  row["fm"] or 0, row["held_end"] or 0, row["depth"], row["depth_msgs"],
+                  row["rejects"] or 0, row["expiries"] or 0, bool(row["tripped"]),
+                  row["sidecars"] or 0, recorded, row["spool_end"] or 0)
+
+
+def replay_group(item: tuple[tuple[str, str], Any], step: float,
+                 candidates: tuple[str, ...]) -> dict[str, Any]:
+    """One queue's bucket rows replayed under the recorded policy and each candidate
+    (policy files' text, ``parse_policies``): a plain dict the driver collects. A
+    candidate whose policies do not match the queue gives None."""
+    from floodwall.control.policy import parse_policies
+
+    (vhost, queue), rows = item
+    t = timeline(vhost, queue, step, [bucket_of(r) for r in rows])
+    recorded = replay(t)
+    out: dict[str, Any] = {
+        "vhost": vhost, "queue": queue, "step": step, "gap_seconds": round(t.gap_seconds, 3),
+        "held_share": round(t.held_share, 4), "body": round(t.body, 1),
+        "sidecars_max": max((b.sidecars for b in t.buckets), default=0),
+        "policy": _newest_policy(t), "replayed_recorded": recorded.figures(),
+        "recorded_depth": [((b.index + 1) * round(step * 1000), b.depth_bytes)
+                           for b in t.buckets],
+        "replayed_depth": recorded.depth, "candidates": []}
+    for text in candidates:
+        policy = parse_policies(text).for_queue(vhost, queue)
+        if policy is None:
+            out["candidates"].append(None)
+            continue
+        o = replay(t, policy)
+        out["candidates"].append({"policy": policy.name, "predicted": o.figures(),
+                                  "depth": o.depth})
+    return out
+
+
+def _newest_policy(t: Timeline) -> str | None:
+    names = [b.policy.name for b in t.buckets if b.policy is not None]
+    return names[-1] if names else None

@@ -1,0 +1,201 @@
+"""What if, against reality: the same seeded load through a real floodwall and RabbitMQ under
+policy A and under policy B; the telemetry of each run predicts the other's.
+
+The load: bursts of seeded sizes from a producer three times faster than the consumer, which
+takes a fixed rate straight from the broker; each burst overfills a small capacity, only the
+largest overfill the larger one, so A and B trip a different number of times. Targets
+(docs/pipeline.md, "What if"): predicted trips within 1 of measured, time tripped within 15 %
+(or 1.5 s), depth max within 15 %. Each error is printed (bench/RESULTS.md has them).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from pyspark.sql import SparkSession
+
+from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devproxy import ProxyProcess
+from floodwall_pipeline.analyze import analyze
+from floodwall_pipeline.replay import FIGURES
+from floodwall_pipeline.whatif import read_candidate
+from tests.conftest import wait_for
+from tests.integration.support import (
+    capped,
+    delete_queue,
+    direct_params,
+    pika_connection,
+    policy_file,
+    unique,
+)
+
+pytestmark = pytest.mark.broker
+
+BODY = 1024
+PRODUCE, CONSUME = 120, 40  # messages (KiB) per second
+SEED = 40
+#: Burst sizes in messages, in a seeded order: the peaks are about 2/3 of each (the
+#: consumer takes a third meanwhile), 40, 67 and 93 KiB.
+BURSTS = (60, 100, 140, 60, 140, 100)
+GAP = 2.5  # seconds between bursts (the consumer empties the queue)
+POLICY_A = ("64KiB", "32KiB")
+POLICY_B = ("80KiB", "56KiB")
+
+
+def _schedule() -> list[float]:
+    """Each message's send time from the start: the bursts, in an order seeded by SEED."""
+    order = list(BURSTS)
+    random.Random(SEED).shuffle(order)
+    times, t = [], 0.0
+    for size in order:
+        times.extend(t + i / PRODUCE for i in range(size))
+        t += size / PRODUCE + GAP
+    return times
+
+
+def _run(broker: BrokerEndpoint, start_floodwall: Callable[..., ProxyProcess], tmp: Path,
+         name: str, limits: tuple[str, str]) -> Path:
+    """The seeded load through a floodwall policing one queue with ``limits``; the
+    telemetry directory."""
+    queue = unique(f"wi{name}")
+    telemetry = tmp / f"telemetry-{name}"
+    policies = policy_file(tmp / f"{name}.yaml", capped(name, "fw-it-wi*", *limits,
+                                                        deadline="120s"))
+    proc = start_floodwall("--policies", str(policies), "--management", broker.management_url,
+                           "--telemetry-dir", str(telemetry), "--telemetry-interval", "250ms",
+                           env={"POD_NAME": f"wi-{name}"})
+    schedule = _schedule()
+    stop = threading.Event()
+    consumed = 0
+
+    def consume() -> None:  # at most CONSUME a second, straight from the broker
+        nonlocal consumed
+        c = pika.BlockingConnection(direct_params(broker))
+        ch = c.channel()
+        due = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            if now < due:
+                c.sleep(due - now)
+                continue
+            method, _, _ = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                c.sleep(0.01)
+                due = time.monotonic()
+                continue
+            consumed += 1
+            due = max(due + 1 / CONSUME, time.monotonic() - 0.05)
+        c.close()
+
+    try:
+        with pika_connection(proc.port) as conn:
+            conn.channel().queue_declare(queue)
+        wait_for(lambda: _policed(proc, queue), 20, what="the queue policed")
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        with pika_connection(proc.port) as producer:
+            ch = producer.channel()
+            t0 = time.monotonic()
+            for at in schedule:
+                wait = t0 + at - time.monotonic()
+                if wait > 0:
+                    producer.sleep(wait)
+                ch.basic_publish("", queue, b"x" * BODY)
+            wait_for(lambda: consumed >= len(schedule), 60,
+                     what=f"all consumed ({consumed} of {len(schedule)})")
+            stop.set()
+            consumer.join(10)
+            wait_for(lambda: _calm_samples(telemetry, queue) >= 4, 15,
+                     what="four untripped samples after the last tripped one")
+        assert proc.stop() == 0
+    finally:
+        stop.set()
+        delete_queue(broker, queue)
+    return telemetry
+
+
+def _calm_samples(telemetry: Path, queue: str) -> int:
+    """Samples of ``queue`` written after its last tripped one (whole lines only)."""
+    samples = [r for f in sorted(telemetry.glob("telemetry-*.ndjson"))
+               for line in f.read_text().split("\n")[:-1]
+               if (r := json.loads(line))["type"] == "sample" and r["queue"] == queue]
+    tripped = [i for i, r in enumerate(samples) if r.get("tripped")]
+    return len(samples) - (tripped[-1] + 1) if tripped else 0
+
+
+def _policed(proc: ProxyProcess, queue: str) -> bool:
+    flow = proc.state().get("flow") or {}
+    assert isinstance(flow, dict)
+    return any(q["queue"] == queue and q["depth"]["estimate"] is not None
+               for q in flow.get("queues", []))
+
+
+def _candidate(path: Path, limits: tuple[str, str]) -> Path:
+    return policy_file(path, capped("candidate", "fw-it-wi*", *limits, deadline="120s"))
+
+
+def _errors(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, float]:
+    return {"trips": predicted["trips"] - measured["trips"],
+            "tripped_seconds": predicted["tripped_seconds"] - measured["tripped_seconds"],
+            "depth_max": (predicted["depth_max"] - measured["depth_max"])
+            / measured["depth_max"]}
+
+
+@pytest.mark.timeout(600)
+def test_each_run_predicts_the_other(broker: BrokerEndpoint,
+                                     start_floodwall: Callable[..., ProxyProcess],
+                                     spark: SparkSession, tmp_path: Path) -> None:
+    runs = {"a": _run(broker, start_floodwall, tmp_path, "a", POLICY_A),
+            "b": _run(broker, start_floodwall, tmp_path, "b", POLICY_B)}
+    cands = {"a": _candidate(tmp_path / "cand-a.yaml", POLICY_A),
+             "b": _candidate(tmp_path / "cand-b.yaml", POLICY_B)}
+    # One job over both runs' telemetry (their queues and sidecars are apart): each queue
+    # replayed through both candidates.
+    out = tmp_path / "report"
+    analyze([str(runs["a"]), str(runs["b"])], out, spark=spark,
+            what_if=[read_candidate(str(cands["a"])), read_candidate(str(cands["b"]))])
+    summary = json.loads((out / "summary.json").read_text())
+    doc = json.loads((out / "what-if.json").read_text())
+    assert (out / "report.html").read_text().count("What if") >= 1
+    by_run = {q["queue"].split("-")[2][2:]: q for q in summary["queues"]}
+    assert sorted(by_run) == ["a", "b"], list(by_run)
+    results = {}
+    for name, other in (("a", "b"), ("b", "a")):
+        index = 0 if other == "a" else 1
+        (entry,) = [q for q in doc["candidates"][index]["queues"]
+                    if q["queue"] == by_run[name]["queue"]]
+        assert set(FIGURES) <= set(entry["predicted"]) and set(FIGURES) <= set(by_run[name])
+        assert set(entry["predicted"]) == set(entry["replayed_recorded"])
+        results[name] = (by_run[name], entry)
+    measured = {n: results[n][0] for n in runs}
+    # Policy A trips at every burst, B only at the largest: the test tells them apart.
+    assert measured["a"]["trips"] > measured["b"]["trips"] >= 1, measured
+    lines = []
+    for name, other in (("a", "b"), ("b", "a")):
+        _, entry = results[name]
+        predicted, truth = entry["predicted"], measured[other]
+        err = _errors(predicted, truth)
+        own = _errors(entry["replayed_recorded"], measured[name])
+        lines.append(f"{name} predicts {other}: predicted {_brief(predicted)}; measured "
+                     f"{_brief(truth)}; error {err}; replayed {name} against itself: {own}")
+    print("\n".join(lines))
+    for name, other in (("a", "b"), ("b", "a")):
+        predicted, truth = results[name][1]["predicted"], measured[other]
+        assert abs(predicted["trips"] - truth["trips"]) <= 1, lines
+        assert abs(predicted["tripped_seconds"] - truth["tripped_seconds"]) <= max(
+            0.15 * truth["tripped_seconds"], 1.5), lines
+        assert abs(predicted["depth_max"] - truth["depth_max"]) <= 0.15 * truth["depth_max"], \
+            lines
+
+
+def _brief(f: dict[str, Any]) -> str:
+    return (f"trips={f['trips']} tripped={f['tripped_seconds']:.2f}s "
+            f"depth_max={f['depth_max']}")
