@@ -1,0 +1,49 @@
+"""Run one harness under atheris (libFuzzer, coverage-guided):
+``python -m tests.fuzz.run TARGET [libFuzzer flags...]``.
+
+TARGET is one of ``tests.fuzz.harnesses.TARGETS``. The corpus it grows is kept under
+``build/fuzz/corpus/TARGET`` (not in the tree), seeded from the tree's
+``tests/fuzz/corpus/TARGET``; a crash input is written to ``build/fuzz/crashes/TARGET/``
+(keep it in ``tests/fuzz/crashes/TARGET/`` as a regression test). Flags the caller does not
+give default to: ``-max_len=16384 -timeout=20 -rss_limit_mb=2048``. ``make fuzz`` runs every
+target for ``FUZZ_SECONDS`` (``-max_total_time``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import atheris
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = {"-max_len": "16384", "-timeout": "20", "-rss_limit_mb": "2048"}
+
+with atheris.instrument_imports(include=["floodwall", "pamqp", "yaml"]):
+    from tests.fuzz.harnesses import TARGETS
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[1] not in TARGETS:
+        print(f"usage: python -m tests.fuzz.run {{{','.join(TARGETS)}}} [libFuzzer flags]",
+              file=sys.stderr)
+        return 2
+    target = argv[1]
+    flags = argv[2:]
+    given = {f.split("=", 1)[0] for f in flags if f.startswith("-")}
+    flags += [f"{k}={v}" for k, v in DEFAULTS.items() if k not in given]
+    work = ROOT / "build" / "fuzz" / "corpus" / target
+    crashes = ROOT / "build" / "fuzz" / "crashes" / target
+    work.mkdir(parents=True, exist_ok=True)
+    crashes.mkdir(parents=True, exist_ok=True)
+    if "-artifact_prefix" not in given:
+        flags.append(f"-artifact_prefix={crashes}/")
+    seeds = ROOT / "tests" / "fuzz" / "corpus" / target
+    dirs = [] if any(not f.startswith("-") for f in flags) else [str(work), str(seeds)]
+    atheris.Setup([argv[0], *flags, *dirs], TARGETS[target])
+    atheris.Fuzz()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,225 @@
+"""The seed corpus: small valid inputs for each harness (handshakes, publishes, transfers,
+records, policies), written to ``tests/fuzz/corpus/TARGET/`` by
+``python -m tests.fuzz.seeds``. The files are kept in the tree; this script says how they
+were made and makes them again (the same bytes)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.fuzz.script import write_script
+
+CORPUS = Path(__file__).parent / "corpus"
+KNOWN = Path(__file__).parent / "known"
+ROOT = Path(__file__).resolve().parents[2]
+
+# ops, as the harnesses read them
+CLIENT, SERVER, CLIENT_BYTEWISE, TIME, TRIP, RELEASE, EXPIRE, ALARM = range(8)
+HANDSHAKE, CONFIRMS = 1, 2
+HELD, REFUSED, SPOOLED, SHADOWED = (1 << 2, 1 << 3, 1 << 4, 1 << 5)
+
+
+def amqp091() -> Iterator[tuple[str, bytes]]:
+    from pamqp import commands
+
+    from tests.amqp091.wire import (
+        HEARTBEAT,
+        client_handshake,
+        content,
+        method,
+        publish,
+        server_handshake,
+    )
+
+    B, CH, C = commands.Basic, commands.Channel, commands.Connection
+
+    def pub(channel: int, queue: str, size: int = 100) -> bytes:
+        return b"".join(publish(channel, b"x" * size, routing_key=queue))
+
+    opens = method(CH.Open(), 1) + method(CH.Open(), 2)
+    opened = method(CH.OpenOk(), 1) + method(CH.OpenOk(), 2)
+    yield "handshake", write_script(0, [
+        (SERVER, b"".join(server_handshake())), (CLIENT, b"".join(client_handshake())),
+        (CLIENT, opens), (SERVER, opened),
+        (CLIENT, pub(1, "free") + pub(2, "held")),
+        (CLIENT, method(CH.Close(200, "bye", 0, 0), 1)), (SERVER, method(CH.CloseOk(), 1)),
+        (CLIENT, method(C.Close(200, "bye", 0, 0))), (SERVER, method(C.CloseOk())),
+    ])
+    yield "bytewise-handshake", write_script(0, [
+        (SERVER, b"".join(server_handshake())),
+        (CLIENT_BYTEWISE, b"".join(client_handshake())),
+    ])
+    everything = HANDSHAKE | CONFIRMS | HELD | REFUSED | SPOOLED | SHADOWED
+    yield "publish-each-queue", write_script(everything, [
+        (CLIENT, method(commands.Confirm.Select(), 1) + pub(1, "held") + pub(1, "free")),
+        (CLIENT, pub(1, "refused") + pub(1, "spooled") + pub(1, "shadowed")),
+        (CLIENT, pub(2, "held") + pub(2, "refused") + pub(2, "spooled", 3000)),
+        (SERVER, method(B.Ack(delivery_tag=1, multiple=True), 1)),
+        (RELEASE, b"\x00"), (TIME, b"\x06"), (EXPIRE, b""),
+    ])
+    yield "hold-and-release", write_script(HANDSHAKE | HELD, [
+        (CLIENT, pub(1, "held") + method(B.Qos(prefetch_count=5), 1) + pub(1, "free")),
+        (CLIENT, method(CH.FlowOk(active=False), 1) + HEARTBEAT),
+        (RELEASE, b"\x00"), (TRIP, b"\x00"), (CLIENT, pub(1, "held", 10)),
+        (ALARM, b"\x01"), (CLIENT, pub(2, "free")), (ALARM, b"\x00"),
+        (CLIENT, method(C.Close(200, "bye", 0, 0))),
+    ])
+    yield "spool-multi-frame", write_script(HANDSHAKE | CONFIRMS | SPOOLED, [
+        (CLIENT, method(B.Publish(exchange="", routing_key="spooled"), 1)),
+        (CLIENT, content(1, b"y" * 1500, frame_max=600)[0]),
+        (CLIENT, b"".join(content(1, b"y" * 1500, frame_max=600)[1:])),
+        (EXPIRE, b""), (RELEASE, b"\x02"),
+    ])
+    yield "reject-channel-close", write_script(HANDSHAKE | REFUSED, [
+        (CLIENT, pub(1, "refused")), (SERVER, method(CH.CloseOk(), 1)),
+        (CLIENT, method(CH.CloseOk(), 1) + opens[:len(method(CH.Open(), 1))]),
+        (SERVER, method(CH.OpenOk(), 1)),
+    ])
+    yield "tx-and-mandatory", write_script(HANDSHAKE | SPOOLED, [
+        (CLIENT, method(commands.Tx.Select(), 1)
+         + b"".join([method(B.Publish(exchange="", routing_key="spooled", mandatory=True), 2),
+                     *content(2, b"m" * 10)]) + pub(1, "spooled")),
+    ])
+
+
+def amqp10() -> Iterator[tuple[str, bytes]]:
+    from floodwall.wire.amqp10.types import Described, ULong, encode
+    from floodwall.wire.relaycore import Side
+    from tests.amqp10.streams import (
+        EMPTY_FRAME,
+        continuation,
+        conversation,
+        data_section,
+        detach,
+        disposition,
+        flow,
+        transfer,
+    )
+
+    for use_sasl in (True, False):
+        talk = conversation(use_sasl=use_sasl)
+        steps = [(CLIENT if who is Side.CLIENT else SERVER, data) for who, data in talk.events]
+        yield f"conversation-sasl-{use_sasl}", write_script(2 if use_sasl else 0, steps)
+
+    def message(size: int, to: str | None = None) -> bytes:
+        props = b"" if to is None else encode(Described(ULong(0x73), [None, None, to]))
+        return props + data_section(b"x" * size)
+
+    everything = HANDSHAKE | HELD | REFUSED | SPOOLED | SHADOWED
+    yield "transfer-each-link", write_script(everything, [
+        (CLIENT, b"".join(transfer(0, h, h, message(100)) for h in range(5))),
+        (CLIENT, transfer(0, 5, 5, message(50, "/amq/queue/spooled"))
+         + transfer(0, 5, 6, message(50, "/queue/free"))),
+        (SERVER, disposition(3, True, 0, 6) + EMPTY_FRAME),
+        (RELEASE, b"\x00"), (TIME, b"\x10"), (EXPIRE, b""),
+    ])
+    big = message(1800)
+    yield "spool-multi-frame", write_script(HANDSHAKE | SPOOLED, [
+        (CLIENT, transfer(0, 2, 0, big[:700], more=True)),
+        (CLIENT, continuation(0, 2, big[700:1400], more=True)),
+        (CLIENT, continuation(0, 2, big[1400:], more=False)),
+        (EXPIRE, b""), (RELEASE, b"\x02"),
+    ])
+    yield "hold-flow-detach", write_script(HANDSHAKE | HELD, [
+        (CLIENT, transfer(0, 0, 0, message(10)) + flow(0, 0, 0)),
+        (SERVER, flow(3, 10, 50)), (RELEASE, b"\x00"), (TRIP, b"\x00"),
+        (CLIENT_BYTEWISE, transfer(0, 0, 1, message(5))),
+        (CLIENT, detach(0, 0)), (SERVER, detach(3, 10)),
+    ])
+
+
+def spool() -> Iterator[tuple[str, bytes]]:
+    from floodwall.spool.records import SpoolRecord
+
+    def records(first: int, n: int) -> bytes:
+        return b"".join(
+            SpoolRecord(seq, 1000.0 + seq, "ex", f"q{seq}", bytes(14), b"b" * seq,
+                        mandatory=seq % 2 == 0).encode() for seq in range(first, first + n))
+
+    amqp10 = SpoolRecord.amqp10_message(1, 5.0, "/amq/queue/spooled", 0, b"\x00Sw\xa1\x02hi")
+    yield "record", amqp10.encode()
+    yield "segments", write_script(0, [
+        (0, (1).to_bytes(4, "big") + records(1, 3)),
+        (0, (4).to_bytes(4, "big") + records(4, 2)),
+        (1, b"2\n"),
+    ])
+    torn = records(1, 2)
+    yield "torn-tail", write_script(0, [
+        (0, (1).to_bytes(4, "big") + torn), (0, (3).to_bytes(4, "big") + records(3, 1)[:-5]),
+    ])
+    yield "stray-entries", write_script(0, [
+        (0, (1).to_bytes(4, "big") + records(1, 1)), (2, b"\x05notes"), (3, b"\x04tmp1"),
+    ])
+
+
+def policy() -> Iterator[tuple[str, bytes]]:
+    from tests.fuzz.harnesses import _policies
+
+    for path in sorted((ROOT / "tests" / "policy_corpus").glob("*.yaml")):
+        yield path.stem, path.read_bytes()
+    yield "harness", _policies("/").encode()
+    for path in sorted((ROOT / "policies").glob("*.yaml")):
+        yield f"shipped-{path.stem}", path.read_bytes()
+
+
+SEEDS = {"amqp091": amqp091, "amqp10": amqp10, "spool": spool, "policy": policy}
+
+
+def known_defects() -> Iterator[tuple[str, str, bytes]]:
+    """(target, name, input): the reproductions of the defects a review found, written by hand
+    in the harnesses' format (``tests/fuzz/known/``); the fuzzer's own finds are kept
+    beside them."""
+    import struct
+
+    from pamqp import commands
+
+    from floodwall.spool.records import SpoolRecord
+    from tests.amqp091.wire import client_handshake, method, raw_frame, server_handshake
+    from tests.amqp10.streams import continuation, transfer
+
+    publish = method(commands.Basic.Publish(exchange="", routing_key="held"), 1)
+    short_header = raw_frame(2, 1, b"\x00\x3c\x00\x00")  # 4 bytes: a content header is 14+
+    yield "amqp091", "short-content-header-before-login", write_script(
+        0, [(CLIENT, publish + short_header)])
+    yield "amqp091", "short-content-header-held", write_script(
+        HANDSHAKE | HELD, [(CLIENT, publish + short_header)])
+    yield "amqp091", "tune-ok-frame-max-0-body-4gib", write_script(0, [
+        (SERVER, b"".join(server_handshake())), (CLIENT, b"".join(client_handshake(0))),
+        (CLIENT, struct.pack(">BHI", 3, 1, 0xFFFFFFF0) + b"x" * 100)])
+    spool_publish = method(commands.Basic.Publish(exchange="", routing_key="spooled"), 1)
+    yield "amqp091", "spool-capture-body-size-2-40", write_script(HANDSHAKE | SPOOLED, [
+        (CLIENT, spool_publish + raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 1 << 40, 0))
+         + raw_frame(3, 1, b"z" * 100))])
+    section = b"\x00Su\xb0\x00\x00\x10\x00"  # a data section announcing 4 KiB
+    yield "amqp10", "spool-capture-past-the-limit", write_script(HANDSHAKE | SPOOLED, [
+        (CLIENT, transfer(0, 2, 0, section + b"a" * 900, more=True)),
+        *[(CLIENT, continuation(0, 2, b"b" * 900, more=True)) for _ in range(3)]])
+    base = 'version: 1\npolicies:\n  - name: x\n    match: {vhost: "/", queue: q}\n'
+    yield "policy", "yaml-tag-bool", (base + "    capacity: 1MiB\n    signal: !!bool maybe\n"
+                                      ).encode()
+    yield "policy", "yaml-tag-timestamp", (base + "    capacity: !!timestamp x\n").encode()
+    record = (1).to_bytes(4, "big") + SpoolRecord(1, 1.0, "", "q", bytes(14), b"b").encode()
+    dot_seg = bytes([23, 36, 18, 4, 6])  # "x.seg" in the harness's names
+    yield "spool", "stray-x-seg-file", write_script(0, [(0, record), (2, b"\x05" + dot_seg)])
+    yield "spool", "directory-5-seg", write_script(0, [(3, bytes([5, 31, 36, 18, 4, 6]))])
+
+
+def main(argv: list[str]) -> int:
+    for target, name, data in known_defects():
+        folder = KNOWN / target
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    for target in argv or list(SEEDS):
+        folder = CORPUS / target
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in SEEDS[target]():
+            digest = hashlib.sha1(data).hexdigest()[:8]
+            (folder / f"{name}-{digest}").write_bytes(data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
