@@ -30,15 +30,15 @@ from typing import Final
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import PolicyError, PolicySet, parse_policies, render_policies
-from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.enforce.amqp091.gate import PublishFlow
+from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.spool.log import SpoolError
 from floodwall.spool.records import RecordError, SpoolRecord, decode_at
+from floodwall.wire.amqp091.connection import Connection as Connection091
+from floodwall.wire.amqp091.framing import FRAME_MIN_SIZE, FRAME_OVERHEAD
 from floodwall.wire.amqp10.connection import Connection as Connection10
 from floodwall.wire.amqp10.connection import Phase
 from floodwall.wire.amqp10.framing import AMQP_HEADER, MIN_MAX_FRAME_SIZE, SASL_HEADER
-from floodwall.wire.amqp091.connection import Connection as Connection091
-from floodwall.wire.amqp091.framing import FRAME_MIN_SIZE, FRAME_OVERHEAD
 from tests.fakes import Board, Clock, DefaultExchange, FakeSpool
 from tests.fuzz.script import read_script
 
