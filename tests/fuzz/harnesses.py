@@ -151,13 +151,15 @@ _HANDSHAKE_091: tuple[bytes, bytes] | None = None
 
 def amqp091(data: bytes) -> None:
     """Mode bits: 0 handshake done (broker frame_max 131072); 1 confirms on channel 1;
-    2-5 which of held, refused, spooled, shadowed start tripped. Ops: 0 client bytes,
+    2-5 which of held, refused, spooled, shadowed start tripped; 6 the topology watch on
+    (declares, deletes, binds read); 7 SASL EXTERNAL relayed. Ops: 0 client bytes,
     1 broker bytes, 2 client bytes one at a time, 3-7 ``Policed.step``."""
     global _HANDSHAKE_091
     mode, steps = read_script(data)
     world = Policed(V091, mode >> 2)
     gate = PublishFlow(world.board.enforcement, 1)
-    core = Connection091(gate, conn_id=1)
+    core = Connection091(gate, conn_id=1, watch_topology=bool(mode & 64),
+                         refuse_external=not mode & 128)
     world.board.attach(1, core, gate)
     if mode & 1:
         if _HANDSHAKE_091 is None:
@@ -270,13 +272,13 @@ _HANDSHAKE_10: tuple[bytes, bytes] | None = None
 def amqp10(data: bytes) -> None:
     """Mode bits: 0 open, begin and six sender links done (both peers' max-frame-size
     131072); 1 (without bit 0) the SASL header; 2-5 which of held, refused, spooled,
-    shadowed start tripped. Ops as ``amqp091``."""
+    shadowed start tripped; 6 SASL EXTERNAL relayed. Ops as ``amqp091``."""
     global _HANDSHAKE_10
     mode, steps = read_script(data)
     world = Policed(V10, mode >> 2)
     gate = CreditFlow(world.board.enforcement, 1)
     header = SASL_HEADER if mode & 3 == 2 else AMQP_HEADER
-    core = Connection10(header, gate, conn_id=1)
+    core = Connection10(header, gate, conn_id=1, refuse_external=not mode & 64)
     world.board.attach(1, core, gate)
     if mode & 1:
         if _HANDSHAKE_10 is None:

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT, SERVER, CLIENT_BYTEWISE, TIME, TRIP, RELEASE, EXPIRE, ALARM = range(8)
 HANDSHAKE, CONFIRMS = 1, 2
 HELD, REFUSED, SPOOLED, SHADOWED = (1 << 2, 1 << 3, 1 << 4, 1 << 5)
+TOPOLOGY = 1 << 6
 
 
 def amqp091() -> Iterator[tuple[str, bytes]]:
@@ -77,6 +78,17 @@ def amqp091() -> Iterator[tuple[str, bytes]]:
         (CLIENT, pub(1, "refused")), (SERVER, method(CH.CloseOk(), 1)),
         (CLIENT, method(CH.CloseOk(), 1) + opens[:len(method(CH.Open(), 1))]),
         (SERVER, method(CH.OpenOk(), 1)),
+    ])
+    declare = commands.Queue.Declare(queue="held2", durable=True)
+    yield "topology-watch", write_script(HANDSHAKE | TOPOLOGY, [
+        (CLIENT, method(declare, 1)), (SERVER, method(commands.Queue.DeclareOk("held2", 0, 0), 1)),
+        (CLIENT, method(commands.Queue.Bind(queue="held2", exchange="amq.direct",
+                                            routing_key="k"), 1)),
+        (SERVER, method(commands.Queue.BindOk(), 1)),
+        (CLIENT, method(commands.Exchange.Declare(exchange="x", exchange_type="fanout"), 2)),
+        (SERVER, method(commands.Exchange.DeclareOk(), 2)),
+        (CLIENT, method(commands.Queue.Delete(queue="held2"), 1)),
+        (SERVER, method(commands.Queue.DeleteOk(0), 1)),
     ])
     yield "tx-and-mandatory", write_script(HANDSHAKE | SPOOLED, [
         (CLIENT, method(commands.Tx.Select(), 1)
