@@ -23,6 +23,7 @@ from __future__ import annotations
 import shutil
 import struct
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -33,7 +34,7 @@ from floodwall.control.policy import PolicyError, PolicySet, parse_policies, ren
 from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.spool.log import SpoolError
-from floodwall.spool.records import RecordError, SpoolRecord, decode_at
+from floodwall.spool.records import MAGIC, RecordError, SpoolRecord, decode_at
 from floodwall.wire.amqp091.connection import Connection as Connection091
 from floodwall.wire.amqp091.framing import FRAME_MIN_SIZE, FRAME_OVERHEAD
 from floodwall.wire.amqp10.connection import Connection as Connection10
@@ -343,8 +344,11 @@ def spool(data: bytes) -> None:
     """A record at offset 0 (and one at the mode byte's offset) decoded; then a queue's
     directory made of the script and opened. Ops: 0 a segment named after the 4 bytes
     that start its argument (its seq), 1 the cursor, 2 a file named by its argument's first
-    byte's worth of the rest (lower-cased letters, digits, dots), 3 a directory so named."""
+    byte's worth of the rest (lower-cased letters, digits, dots), 3 a directory so named,
+    4 a segment as 0 whose records' payloads are the pieces of the rest (a length byte,
+    that many bytes), each sealed with a valid head and checksum."""
     _record(data, 0)
+    _record(_sealed(data), 0)
     mode, steps = read_script(data)
     if data:
         _record(data, mode % len(data))
@@ -353,7 +357,7 @@ def spool(data: bytes) -> None:
         directory = root / "q"
         directory.mkdir()
         for step in steps:
-            _entry(directory, step.op % 4, step.arg)
+            _entry(directory, step.op % 5, step.arg)
         _open_spool(directory)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -370,6 +374,20 @@ def _record(data: bytes, offset: int) -> None:
         raise RuleBroken("a decoded record does not encode back to its bytes")
 
 
+def _sealed(payload: bytes) -> bytes:
+    """``payload`` behind a record head that holds (magic, length, checksum)."""
+    return struct.pack(">4sII", MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+
+def _sealed_records(raw: bytes) -> bytes:
+    out, pos = bytearray(), 0
+    while pos < len(raw):
+        n = raw[pos]
+        out += _sealed(raw[pos + 1 : pos + 1 + n])
+        pos += 1 + n
+    return bytes(out)
+
+
 def _name(raw: bytes) -> str:
     allowed = "abcdefghijklmnopqrstuvwxyz0123456789."
     name = "".join(allowed[b % len(allowed)] for b in raw[:24])
@@ -377,9 +395,10 @@ def _name(raw: bytes) -> str:
 
 
 def _entry(directory: Path, kind: int, arg: bytes) -> None:
-    if kind == 0:
+    if kind in (0, 4):
         seq = int.from_bytes(arg[:4].rjust(4, b"\0"), "big")
-        (directory / f"{seq:020d}.seg").write_bytes(arg[4:])
+        content = arg[4:] if kind == 0 else _sealed_records(arg[4:])
+        (directory / f"{seq:020d}.seg").write_bytes(content)
     elif kind == 1:
         (directory / "cursor").write_bytes(arg)
     else:
@@ -431,7 +450,7 @@ def policy(data: bytes) -> None:
     try:
         policies = parse_policies(text, "fuzz.yaml")
     except PolicyError as exc:
-        if not exc.problems or any(p.line is not None and p.line < 1 for p in exc.problems):
+        if not exc.problems or any(p.line is None or p.line < 1 for p in exc.problems):
             raise RuleBroken(f"a policy error without a FILE:LINE: {exc!r}") from None
         return
     again = parse_policies(render_policies(policies), "rendered.yaml")

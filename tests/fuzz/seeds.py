@@ -162,6 +162,10 @@ def spool() -> Iterator[tuple[str, bytes]]:
     yield "torn-tail", write_script(0, [
         (0, (1).to_bytes(4, "big") + torn), (0, (3).to_bytes(4, "big") + records(3, 1)[:-5]),
     ])
+    payloads = b"".join(bytes([len(r) - 12]) + r[12:] for r in
+                        (SpoolRecord(seq, 9.0, "", "q", bytes(14), b"p").encode()
+                         for seq in (1, 2, 7)))
+    yield "sealed-payloads", write_script(0, [(4, (1).to_bytes(4, "big") + payloads)])
     yield "stray-entries", write_script(0, [
         (0, (1).to_bytes(4, "big") + records(1, 1)), (2, b"\x05notes"), (3, b"\x04tmp1"),
     ])
