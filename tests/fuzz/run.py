@@ -4,7 +4,8 @@
 TARGET is one of ``tests.fuzz.harnesses.TARGETS``. The corpus it grows is kept under
 ``build/fuzz/corpus/TARGET`` (not in the tree), seeded from the tree's
 ``tests/fuzz/corpus/TARGET``; a crash input is written to ``build/fuzz/crashes/TARGET/``
-(keep it in ``tests/fuzz/crashes/TARGET/`` as a regression test). Flags the caller does not
+(keep it in ``tests/fuzz/crashes/TARGET/`` as a regression test); ``tests/fuzz/dicts/
+TARGET.dict`` is its dictionary of tokens. Flags the caller does not
 give default to: ``-max_len=16384 -timeout=20 -rss_limit_mb=2048``. ``make fuzz`` runs every
 target for ``FUZZ_SECONDS`` (``-max_total_time``).
 """
@@ -38,6 +39,9 @@ def main(argv: list[str]) -> int:
     crashes.mkdir(parents=True, exist_ok=True)
     if "-artifact_prefix" not in given:
         flags.append(f"-artifact_prefix={crashes}/")
+    tokens = ROOT / "tests" / "fuzz" / "dicts" / f"{target}.dict"
+    if "-dict" not in given and tokens.exists():
+        flags.append(f"-dict={tokens}")
     seeds = ROOT / "tests" / "fuzz" / "corpus" / target
     dirs = [] if any(not f.startswith("-") for f in flags) else [str(work), str(seeds)]
     atheris.Setup([argv[0], *flags, *dirs], TARGETS[target])

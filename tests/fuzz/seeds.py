@@ -14,6 +14,7 @@ from tests.fuzz.script import write_script
 
 CORPUS = Path(__file__).parent / "corpus"
 KNOWN = Path(__file__).parent / "known"
+DICTS = Path(__file__).parent / "dicts"
 ROOT = Path(__file__).resolve().parents[2]
 
 # ops, as the harnesses read them
@@ -223,7 +224,62 @@ def known_defects() -> Iterator[tuple[str, str, bytes]]:
     yield "spool", "directory-5-seg", write_script(0, [(3, bytes([5, 31, 36, 18, 4, 6]))])
 
 
+def dictionaries() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
+    """libFuzzer dictionaries (``tests/fuzz/dicts/TARGET.dict``): tokens a mutation may
+    insert whole (frame starts, method ids, performative descriptors, keys, YAML tags)."""
+    from pamqp import commands as c
+
+    from floodwall.wire.amqp10 import performatives as p
+
+    def ids(method: type) -> bytes:
+        index = method.index  # type: ignore[attr-defined]
+        return (index >> 16).to_bytes(2, "big") + (index & 0xFFFF).to_bytes(2, "big")
+
+    words = [(q.lower(), q.encode()) for q in ("held", "refused", "spooled", "shadowed",
+                                                "free", "EXTERNAL", "PLAIN", "ANONYMOUS")]
+    amqp091 = [("method_ch1", b"\x01\x00\x01"), ("header_ch1", b"\x02\x00\x01"),
+               ("body_ch1", b"\x03\x00\x01"), ("heartbeat", b"\x08\x00\x00\x00\x00\x00\x00\xce"),
+               ("frame_end", b"\xce"), ("content_class", b"\x00\x3c\x00\x00"),
+               ("size_max", b"\xff\xff\xff\xff"), ("size_zero", b"\x00\x00\x00\x00")]
+    for m in (c.Basic.Publish, c.Basic.Ack, c.Basic.Nack, c.Confirm.Select, c.Tx.Select,
+              c.Channel.Open, c.Channel.OpenOk, c.Channel.Close, c.Channel.CloseOk,
+              c.Channel.Flow, c.Channel.FlowOk, c.Connection.StartOk, c.Connection.Tune,
+              c.Connection.TuneOk, c.Connection.Open, c.Connection.Close,
+              c.Connection.CloseOk, c.Queue.Declare, c.Queue.DeclareOk, c.Queue.Bind,
+              c.Queue.Delete, c.Exchange.Declare):
+        amqp091.append((m.name.replace(".", "_").lower(), ids(m)))
+    yield "amqp091", amqp091 + words
+    amqp10 = [("amqp_header", b"AMQP\x00\x01\x00\x00"), ("sasl_header", b"AMQP\x03\x01\x00\x00"),
+              ("frame_start", b"\x02\x00\x00\x00"), ("sasl_frame_start", b"\x02\x01\x00\x00"),
+              ("data_section", b"\x00\x53\x75"), ("properties", b"\x00\x53\x73"),
+              ("list8", b"\xc0"), ("list32", b"\xd0"), ("true", b"\x41"), ("uint0", b"\x43"),
+              ("null", b"\x40")]
+    for name in ("OPEN", "BEGIN", "ATTACH", "FLOW", "TRANSFER", "DISPOSITION", "DETACH", "END",
+                 "CLOSE", "SASL_INIT", "SASL_MECHANISMS", "SASL_OUTCOME"):
+        amqp10.append((name.lower(), bytes([0x00, 0x53, getattr(p, name)])))
+    for address in ("/amq/queue/held", "/amq/queue/spooled", "/queue/free", "vhost:/"):
+        amqp10.append((f"address{len(amqp10)}", address.encode()))
+    yield "amqp10", amqp10 + words
+    keys = ("version:", "policies:", "defaults:", "name:", "match:", "vhost:", "queue:",
+            "queue_regex:", "capacity:", "resume:", "max_messages:", "resume_messages:",
+            "overflow:", "deadline:", "signal:", "on_unknown_depth:", "spool:", "mode:",
+            "max_bytes:", "fsync:", "group_commit_ms:", "hold", "reject", "spool", "shadow",
+            "enforce", "auto", "never", "group", "always", "MiB", "KiB", "GiB", "ms", "!!int",
+            "!!bool", "!!timestamp", "!!float", "!!str", "!!binary", "!!set", "!!omap",
+            "!!null", "!!seq", "!!map", "&a", "*a", "<<:", "---", "...", ".inf", ".nan", "0x",
+            "0o", "1e9", "~")
+    yield "policy", [(f"t{i}", k.encode()) for i, k in enumerate(keys)]
+
+
+def _dict_line(name: str, token: bytes) -> str:
+    return f'{name}="' + "".join(f"\\x{b:02x}" for b in token) + '"'
+
+
 def main(argv: list[str]) -> int:
+    for target, tokens in dictionaries():
+        DICTS.mkdir(parents=True, exist_ok=True)
+        (DICTS / f"{target}.dict").write_text(
+            "".join(_dict_line(name, token) + "\n" for name, token in tokens))
     for target, name, data in known_defects():
         folder = KNOWN / target
         folder.mkdir(parents=True, exist_ok=True)
