@@ -128,6 +128,15 @@ class Policed:
         return settings.max_bytes if settings is not None else 1 << 30
 
 
+def _op(op: int, arg: bytes, frames: Callable[[bytes], bytes]) -> tuple[int, bytes]:
+    """Ops 8 and 9: the argument is a list of frames the harness completes (their sizes and
+    ends right, so mutations reach what is inside them), sent as ops 0 and 1."""
+    op %= 16
+    if op in (8, 9):
+        return op - 8, frames(arg)
+    return op % 8, arg
+
+
 # --- AMQP 0-9-1 ---------------------------------------------------------------------------
 
 V091: Final = "/orders"
@@ -154,7 +163,8 @@ def amqp091(data: bytes) -> None:
     """Mode bits: 0 handshake done (broker frame_max 131072); 1 confirms on channel 1;
     2-5 which of held, refused, spooled, shadowed start tripped; 6 the topology watch on
     (declares, deletes, binds read); 7 SASL EXTERNAL relayed. Ops: 0 client bytes,
-    1 broker bytes, 2 client bytes one at a time, 3-7 ``Policed.step``."""
+    1 broker bytes, 2 client bytes one at a time, 3-7 ``Policed.step``, 8 and 9 client and
+    broker frames the harness frames (``_frames_091``), 10-15 as 2-7."""
     global _HANDSHAKE_091
     mode, steps = read_script(data)
     world = Policed(V091, mode >> 2)
@@ -171,16 +181,16 @@ def amqp091(data: bytes) -> None:
         if mode & 2:
             gate.on_confirm_select(1)
     for step in steps:
-        op = step.op % 8
+        op, arg = _op(step.op, step.arg, _frames_091)
         if op == 0:
-            core.receive_from_client(step.arg, world.clock.t)
+            core.receive_from_client(arg, world.clock.t)
         elif op == 1:
-            core.receive_from_server(step.arg, world.clock.t)
+            core.receive_from_server(arg, world.clock.t)
         elif op == 2:
-            for i in range(len(step.arg)):
-                core.receive_from_client(step.arg[i : i + 1], world.clock.t)
+            for i in range(len(arg)):
+                core.receive_from_client(arg[i : i + 1], world.clock.t)
         else:
-            world.step(op, step.arg)
+            world.step(op, arg)
         core.data_for_server()
         core.data_for_client()
         core.events()
@@ -192,6 +202,18 @@ def amqp091(data: bytes) -> None:
     if world.board.counters.held_bytes != 0:
         raise RuleBroken(f"held bytes left counted after the connection closed: "
                          f"{world.board.counters.held_bytes}")
+
+
+def _frames_091(raw: bytes) -> bytes:
+    """Frames from (type, channel, length, that many payload bytes) each: type 1 method,
+    2 content header, 3 body, 0 heartbeat; the frame end added."""
+    out, pos = bytearray(), 0
+    while pos + 3 <= len(raw):
+        ftype, channel, n = (8, 1, 2, 3)[raw[pos] % 4], raw[pos + 1], raw[pos + 2]
+        payload = raw[pos + 3 : pos + 3 + n]
+        out += struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce"
+        pos += 3 + n
+    return bytes(out)
 
 
 def frame_limit_091(core: Connection091) -> int | None:
@@ -273,7 +295,8 @@ _HANDSHAKE_10: tuple[bytes, bytes] | None = None
 def amqp10(data: bytes) -> None:
     """Mode bits: 0 open, begin and six sender links done (both peers' max-frame-size
     131072); 1 (without bit 0) the SASL header; 2-5 which of held, refused, spooled,
-    shadowed start tripped; 6 SASL EXTERNAL relayed. Ops as ``amqp091``."""
+    shadowed start tripped; 6 SASL EXTERNAL relayed. Ops as ``amqp091`` (frames by
+    ``_frames_10``)."""
     global _HANDSHAKE_10
     mode, steps = read_script(data)
     world = Policed(V10, mode >> 2)
@@ -288,16 +311,16 @@ def amqp10(data: bytes) -> None:
         core.receive_from_client(client, world.clock.t)
         core.receive_from_server(server, world.clock.t)
     for step in steps:
-        op = step.op % 8
+        op, arg = _op(step.op, step.arg, _frames_10)
         if op == 0:
-            core.receive_from_client(step.arg, world.clock.t)
+            core.receive_from_client(arg, world.clock.t)
         elif op == 1:
-            core.receive_from_server(step.arg, world.clock.t)
+            core.receive_from_server(arg, world.clock.t)
         elif op == 2:
-            for i in range(len(step.arg)):
-                core.receive_from_client(step.arg[i : i + 1], world.clock.t)
+            for i in range(len(arg)):
+                core.receive_from_client(arg[i : i + 1], world.clock.t)
         else:
-            world.step(op, step.arg)
+            world.step(op, arg)
         core.data_for_server()
         core.data_for_client()
         core.events()
@@ -306,6 +329,18 @@ def amqp10(data: bytes) -> None:
             break
     gate.close()
     world.board.settle()
+
+
+def _frames_10(raw: bytes) -> bytes:
+    """Frames from (type, channel, length, that many body bytes) each: type even AMQP, odd
+    SASL; doff 2, the size right."""
+    out, pos = bytearray(), 0
+    while pos + 3 <= len(raw):
+        ftype, channel, n = raw[pos] & 1, raw[pos + 1], raw[pos + 2]
+        body = raw[pos + 3 : pos + 3 + n]
+        out += struct.pack(">IBBH", 8 + len(body), 2, ftype, channel) + body
+        pos += 3 + n
+    return bytes(out)
 
 
 def _bounded_10(core: Connection10, gate: CreditFlow, world: Policed) -> None:

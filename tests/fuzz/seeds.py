@@ -22,6 +22,7 @@ CLIENT, SERVER, CLIENT_BYTEWISE, TIME, TRIP, RELEASE, EXPIRE, ALARM = range(8)
 HANDSHAKE, CONFIRMS = 1, 2
 HELD, REFUSED, SPOOLED, SHADOWED = (1 << 2, 1 << 3, 1 << 4, 1 << 5)
 TOPOLOGY = 1 << 6
+CLIENT_FRAMES, SERVER_FRAMES = 8, 9
 
 
 def amqp091() -> Iterator[tuple[str, bytes]]:
@@ -80,6 +81,18 @@ def amqp091() -> Iterator[tuple[str, bytes]]:
         (CLIENT, method(CH.CloseOk(), 1) + opens[:len(method(CH.Open(), 1))]),
         (SERVER, method(CH.OpenOk(), 1)),
     ])
+    def framed(*frames: bytes) -> bytes:
+        """Whole 0-9-1 frames as op 8's argument: (type, channel, length, payload) each."""
+        return b"".join(bytes([f[0] % 4, f[2], len(f) - 8]) + f[7:-1] for f in frames)
+
+    header, body = content(1, b"f" * 40)
+    yield "framed-publish", write_script(HANDSHAKE | HELD | SPOOLED, [
+        (CLIENT_FRAMES, framed(method(B.Publish(exchange="", routing_key="spooled"), 1),
+                               header, body)),
+        (CLIENT_FRAMES, framed(method(B.Publish(exchange="", routing_key="held"), 1),
+                               header, body, HEARTBEAT)),
+        (SERVER_FRAMES, framed(method(CH.Flow(active=True), 1))),
+    ])
     declare = commands.Queue.Declare(queue="held2", durable=True)
     yield "topology-watch", write_script(HANDSHAKE | TOPOLOGY, [
         (CLIENT, method(declare, 1)), (SERVER, method(commands.Queue.DeclareOk("held2", 0, 0), 1)),
@@ -128,6 +141,16 @@ def amqp10() -> Iterator[tuple[str, bytes]]:
          + transfer(0, 5, 6, message(50, "/queue/free"))),
         (SERVER, disposition(3, True, 0, 6) + EMPTY_FRAME),
         (RELEASE, b"\x00"), (TIME, b"\x10"), (EXPIRE, b""),
+    ])
+    def framed(*frames: bytes) -> bytes:
+        """Whole 1.0 frames as op 8's argument: (type, channel, length, body) each."""
+        return b"".join(bytes([f[5], f[7], len(f) - 8]) + f[8:] for f in frames)
+
+    yield "framed-transfers", write_script(everything, [
+        (CLIENT_FRAMES, framed(transfer(0, 2, 0, message(60)), transfer(0, 0, 1, message(9)),
+                               transfer(0, 3, 2, message(9), more=True),
+                               continuation(0, 3, message(9), more=False))),
+        (SERVER_FRAMES, framed(flow(3, 10, 5), disposition(3, True, 0, 2))),
     ])
     big = message(1800)
     yield "spool-multi-frame", write_script(HANDSHAKE | SPOOLED, [
