@@ -379,7 +379,8 @@ def spool(data: bytes) -> None:
     """A record at offset 0 (and one at the mode byte's offset) decoded; then a queue's
     directory made of the script and opened. Ops: 0 a segment named after the 4 bytes
     that start its argument (its seq), 1 the cursor, 2 a file named by its argument's first
-    byte's worth of the rest (lower-cased letters, digits, dots), 3 a directory so named,
+    byte's worth of the rest (lower-case letters, digits and dots as they are, other bytes
+    mapped to them), 3 a directory so named,
     4 a segment as 0 whose records' payloads are the pieces of the rest (a length byte,
     that many bytes), each sealed with a valid head and checksum."""
     _record(data, 0)
@@ -425,7 +426,8 @@ def _sealed_records(raw: bytes) -> bytes:
 
 def _name(raw: bytes) -> str:
     allowed = "abcdefghijklmnopqrstuvwxyz0123456789."
-    name = "".join(allowed[b % len(allowed)] for b in raw[:24])
+    name = "".join(chr(b) if chr(b) in allowed else allowed[b % len(allowed)]
+                   for b in raw[:24])
     return name if name not in ("", ".", "..") else "x"
 
 

@@ -242,9 +242,9 @@ def known_defects() -> Iterator[tuple[str, str, bytes]]:
                                       ).encode()
     yield "policy", "yaml-tag-timestamp", (base + "    capacity: !!timestamp x\n").encode()
     record = (1).to_bytes(4, "big") + SpoolRecord(1, 1.0, "", "q", bytes(14), b"b").encode()
-    dot_seg = bytes([23, 36, 18, 4, 6])  # "x.seg" in the harness's names
+    dot_seg = b"x.seg"
     yield "spool", "stray-x-seg-file", write_script(0, [(0, record), (2, b"\x05" + dot_seg)])
-    yield "spool", "directory-5-seg", write_script(0, [(3, bytes([5, 31, 36, 18, 4, 6]))])
+    yield "spool", "directory-5-seg", write_script(0, [(3, b"\x055.seg")])
 
 
 def dictionaries() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
@@ -292,6 +292,8 @@ def dictionaries() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
             "!!null", "!!seq", "!!map", "&a", "*a", "<<:", "---", "...", ".inf", ".nan", "0x",
             "0o", "1e9", "~")
     yield "policy", [(f"t{i}", k.encode()) for i, k in enumerate(keys)]
+    yield "spool", [("seg", b".seg"), ("cursor", b"cursor"), ("magic", b"FWR1"),
+                    ("zeros", b"00000000000000000001"), ("dot", b"."), ("dotdot", b"..")]
 
 
 def _dict_line(name: str, token: bytes) -> str:
