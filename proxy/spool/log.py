@@ -32,6 +32,7 @@ from typing import BinaryIO
 from floodwall.spool.records import HEAD_SIZE, RecordError, SpoolRecord, decode_at
 
 SEGMENT_SUFFIX = ".seg"
+MAX_SEQ = (1 << 64) - 1  # a record's seq is a u64
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
 
@@ -95,10 +96,11 @@ class QueueSpool:
         report = RecoveryReport()
         cursor = self.directory / "cursor"
         if cursor.exists():
-            try:
-                self.confirmed_seq = int(cursor.read_text().strip() or 0)
-            except ValueError:
+            confirmed = _cursor_value(cursor.read_bytes())
+            if confirmed is None:
                 report.corrupt.append(f"{cursor}: unreadable cursor, replaying everything")
+            else:
+                self.confirmed_seq = confirmed
         paths = sorted(self.directory.glob("*" + SEGMENT_SUFFIX))
         for i, path in enumerate(paths):
             data = path.read_bytes()
@@ -149,6 +151,9 @@ class QueueSpool:
 
     def _append(self, record: SpoolRecord) -> int:
         seq = self.next_seq
+        if seq > MAX_SEQ:
+            raise SpoolError(errno.EOVERFLOW, f"spool of {self.directory} has used every "
+                             f"sequence number (the last is {seq - 1})")
         data = SpoolRecord(seq, record.accepted_at, record.exchange, record.routing_key,
                            record.properties, record.body, record.mandatory,
                            record.amqp10).encode()
@@ -402,6 +407,17 @@ class QueueSpool:
                     pass
             self._retired = []
             self._fd = None
+
+
+def _cursor_value(text: bytes) -> int | None:
+    """The cursor file's sequence number, or None when it holds none a record can have
+    (not a decimal number, or past ``MAX_SEQ``)."""
+    value = text.strip()
+    if not value:
+        return 0
+    if not value.isdigit() or len(value) > 20 or int(value) > MAX_SEQ:
+        return None
+    return int(value)
 
 
 def _fsync_dir(path: Path) -> None:
