@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 RABBIT := /usr/lib/rabbitmq/bin/rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all demo test unit integration lint bench bench-speed deps clients-deps image clean
+.PHONY: all demo test unit integration lint bench bench-speed deps clients-deps image clean fuzz
 
 all: test
 
@@ -148,6 +148,18 @@ lint: $(VENV)/.installed
 
 bench: deps
 	$(PY) -m bench.relay
+
+# Coverage-guided fuzzing (atheris): each harness of tests/fuzz/harnesses.py for FUZZ_SECONDS,
+# one after the other; a crash input lands in build/fuzz/crashes/TARGET/ (docs/fuzzing.md).
+# `make test` runs each for a few seconds (tests/fuzz/test_short_runs.py).
+FUZZ_SECONDS ?= 1800
+FUZZ_TARGETS ?= amqp091 amqp10 spool policy
+fuzz: $(VENV)/.installed
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "fuzz $$t for $(FUZZ_SECONDS) s"; \
+	  $(PY) -m tests.fuzz.run $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    || exit 1; \
+	done
 
 bench-speed: deps
 	$(PY) -m bench.speed

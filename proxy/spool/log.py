@@ -39,6 +39,7 @@ from floodwall.spool.segments import Skipped, scan_segment
 
 SEGMENT_SUFFIX = ".seg"
 REWRITE_SUFFIX = ".tmp"  # a segment being rewritten without its damaged bytes
+MAX_SEQ = (1 << 64) - 1  # a record's seq is a u64
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
 
@@ -110,9 +111,13 @@ class QueueSpool:
         cursor = self.directory / "cursor"
         if cursor.exists():
             try:
-                self.confirmed_seq = int(cursor.read_text().strip() or 0)
-            except (ValueError, OSError, UnicodeDecodeError):
+                confirmed = _cursor_value(cursor.read_bytes())
+            except OSError:
+                confirmed = None
+            if confirmed is None:
                 report.corrupt.append(f"{cursor}: unreadable cursor, replaying everything")
+            else:
+                self.confirmed_seq = confirmed
         found, report.bad_entries = segment_files(self.directory)
         unread_above = 0
         for i, (first_seq, path) in enumerate(found):
@@ -207,6 +212,9 @@ class QueueSpool:
 
     def _append(self, record: SpoolRecord) -> int:
         seq = self.next_seq
+        if seq > MAX_SEQ:
+            raise SpoolError(errno.EOVERFLOW, f"spool of {self.directory} has used every "
+                             f"sequence number (the last is {seq - 1})")
         data = SpoolRecord(seq, record.accepted_at, record.exchange, record.routing_key,
                            record.properties, record.body, record.mandatory,
                            record.amqp10).encode()
@@ -502,6 +510,17 @@ def _rewrite(path: Path, data: bytes, kept: list[tuple[int, int]]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _cursor_value(text: bytes) -> int | None:
+    """The cursor file's sequence number, or None when it holds none a record can have
+    (not a decimal number, or past ``MAX_SEQ``)."""
+    value = text.strip()
+    if not value:
+        return 0
+    if not value.isdigit() or len(value) > 20 or int(value) > MAX_SEQ:
+        return None
+    return int(value)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from floodwall.spool.log import QueueSpool
+from floodwall.spool.log import QueueSpool, SpoolError
 from floodwall.spool.records import RecordError, SpoolRecord, decode_at
 
 PROPS = bytes.fromhex("003c0000000000000000000a0000")  # basic class, body size 10, no props
@@ -135,3 +135,28 @@ def test_a_failed_write_leaves_the_segment_whole(tmp_path: Path,
     assert spool.append(rec(2)) == 2
     spool.sync()
     assert [r.routing_key for r in spool.records()] == ["rk.0", "rk.2"]
+
+
+@pytest.mark.parametrize("text", [b"9" * 57, b"18446744073709551616", b"-3", b"5_000",
+                                  b"\xff\xfe", b"12 34"])
+def test_a_cursor_no_record_can_have_is_unreadable_and_everything_replays(
+        tmp_path: Path, text: bytes) -> None:
+    first = QueueSpool(tmp_path)
+    first.append(SpoolRecord(0, 1.0, "", "q", bytes(14), b"a"))
+    first.sync(False)
+    first.close()
+    (tmp_path / "cursor").write_bytes(text)
+    spool = QueueSpool(tmp_path)
+    assert spool.confirmed_seq == 0
+    assert any("unreadable cursor" in c for c in spool.report.corrupt)
+    assert [r.seq for r in spool.records()] == [1]
+    assert spool.append(SpoolRecord(0, 2.0, "", "q", bytes(14), b"b")) == 2
+    spool.close()
+
+
+def test_the_last_sequence_number_is_the_last(tmp_path: Path) -> None:
+    (tmp_path / "cursor").write_bytes(b"%d\n" % ((1 << 64) - 1))
+    spool = QueueSpool(tmp_path)
+    with pytest.raises(SpoolError, match="every sequence number"):
+        spool.append(SpoolRecord(0, 1.0, "", "q", bytes(14), b"a"))
+    spool.close()
