@@ -107,8 +107,10 @@ rabbitmq4-root: $(RABBITMQ4_SERVER)
 deps: $(RABBIT) $(VENV)/.installed clients-deps $(STAMPS)/promtool $(RABBITMQ4_SERVER)
 
 # --- the two commands ----------------------------------------------------------------
+# BROKER=4.0: the demo on RabbitMQ 4.0 (the root above) instead of the host's 3.10.
+BROKER ?= 3.10
 demo: deps
-	$(PY) -m floodwall.dev.demo
+	$(PY) -m floodwall.dev.demo --broker $(BROKER)
 
 test: deps lint
 	# pytest's exit code 5 (no tests collected) is a failure like any other non-zero code;

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from floodwall.dev.devbroker import (
-    HOST_RELEASE,
+    RELEASE_NAMES,
     BrokerEndpoint,
     BrokerRelease,
     LocalBroker,
-    rabbitmq4_root,
+    release_named,
 )
 from floodwall.dev.devproxy import ProxyProcess
 
@@ -30,7 +30,7 @@ BROKER_ENV = "FLOODWALL_TEST_BROKER"  # HOST:AMQP_PORT:MANAGEMENT_PORT[:USER:PAS
 # Which RabbitMQ releases the broker-facing tests run against: "3.10", "4.0" or both
 # ("3.10,4.0", the default); `pytest --broker 4.0` says the same for one run.
 RELEASES_ENV = "FLOODWALL_TEST_BROKERS"
-RELEASES = ("3.10", "4.0")
+RELEASES = RELEASE_NAMES
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -53,10 +53,6 @@ def _releases(config: pytest.Config) -> list[str]:
     return ["3.10"] if os.environ.get(BROKER_ENV) else list(RELEASES)
 
 
-def _release(name: str) -> BrokerRelease:
-    return HOST_RELEASE if name == "3.10" else BrokerRelease(rabbitmq4_root())
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every test that reaches a broker (through ``broker_release``) runs once per release."""
     if "broker_release" in metafunc.fixturenames:
@@ -69,7 +65,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def broker_release(request: pytest.FixtureRequest) -> BrokerRelease:
     """The RabbitMQ release this test runs against: the host's 3.10 or the 4.0 root. Give
     it to a private ``LocalBroker(..., release=broker_release)``."""
-    return _release(request.param)
+    return release_named(request.param)
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,

@@ -169,6 +169,15 @@ def ensure_epmd() -> None:
 
 
 HOST_RELEASE = BrokerRelease()
+#: What ``--broker`` / ``BROKER=`` take: the host's package or the root's RabbitMQ 4.
+RELEASE_NAMES = ("3.10", "4.0")
+
+
+def release_named(name: str) -> BrokerRelease:
+    """``3.10``: the host's package; ``4.0``: the root (``rabbitmq4_root()``)."""
+    if name not in RELEASE_NAMES:
+        raise BrokerError(f"broker {name!r}: expected one of {', '.join(RELEASE_NAMES)}")
+    return HOST_RELEASE if name == "3.10" else BrokerRelease(rabbitmq4_root())
 
 
 @dataclass(frozen=True)
