@@ -23,6 +23,7 @@ from tests.integration.support import (
     AMQP091_HEADER,
     AMQP10_HEADER,
     Raw091,
+    amqp10_login,
     broker_connection_named,
     broker_connections,
     delete_queue,
@@ -72,8 +73,10 @@ def _proxy_peers(proxy: ProxyProcess) -> set[str]:
 
 
 def _amqp10_names(broker: BrokerEndpoint) -> set[str]:
-    # RabbitMQ 3.10's plugin shows a 1.0 client as a "direct" connection once it has a link
-    return {c["name"] for c in broker_connections(broker) if c.get("protocol") == "AMQP 1.0"}
+    # RabbitMQ 3.10's plugin shows a 1.0 client as a "direct" connection once it has a link,
+    # protocol "AMQP 1.0"; RabbitMQ 4 (native 1.0) as a "network" one, protocol "AMQP 1-0"
+    protocol = "AMQP 1-0" if broker.version >= (4, 0) else "AMQP 1.0"
+    return {c["name"] for c in broker_connections(broker) if c.get("protocol") == protocol}
 
 
 def test_client_dropping_an_amqp10_socket_closes_the_broker_connection(
@@ -82,6 +85,7 @@ def test_client_dropping_an_amqp10_socket_closes_the_broker_connection(
     with temp_queue(floodwall.port) as queue, pika_connection(floodwall.port) as pc:
         ch = pc.channel()
         with socket.create_connection(("127.0.0.1", floodwall.port), timeout=10) as sock:
+            amqp10_login(sock, broker)  # RabbitMQ 4 wants SASL first
             sock.sendall(AMQP10_HEADER)
             sock.sendall(encode_performative(0x10, [unique("amqp10-dropped")]))  # open
             sock.sendall(encode_performative(0x11, [None, uint(0), uint(100), uint(100)]))
