@@ -281,9 +281,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
         spool_total_max: int, spool_min_free: int, spool_max_message: int,
-        connect_timeout: float,
-        handshake_timeout: float, drain_timeout: float, event_loop: str, log_level: str,
-        log_format: str) -> None:
+        connect_timeout: float, handshake_timeout: float, drain_timeout: float,
+        event_loop: str, log_level: str, log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
@@ -321,9 +320,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,
             spool_dir=Path(spool_dir) if spool_dir else None, spool_total_max=spool_total_max,
             spool_min_free=spool_min_free, spool_max_message=spool_max_message,
-            connect_timeout=connect_timeout,
-            handshake_timeout=handshake_timeout, drain_timeout=drain_timeout,
-            event_loop=event_loop)
+            connect_timeout=connect_timeout, handshake_timeout=handshake_timeout,
+            drain_timeout=drain_timeout, event_loop=event_loop)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if telemetry_max_total < telemetry_file_size:
