@@ -806,22 +806,37 @@ class Amqp10Client(Amqp10Reading):
                 f"{outcome.code} ({SASL_CODES.get(outcome.code, 'unknown')})")
 
     async def _open(self) -> None:
+        """Open, then begin once the broker's open is in: RabbitMQ 4 refuses an unknown vhost
+        with a close and closes the socket at once, and a begin sent after it would turn that
+        into a reset that discards its close (and reason) unread."""
         assert self._writer is not None
         self._writer.write(AMQP_HEADER + frame(encode_performative(
             OPEN, container_id=self.container_id, hostname=f"vhost:{self.vhost}",
             max_frame_size=UInt(MAX_FRAME_SIZE),
             idle_time_out=UInt(int(self._idle_timeout * 1000)) if self._idle_timeout else None,
-        )) + frame(encode_performative(
-            BEGIN, next_outgoing_id=UInt(INITIAL_OUTGOING_ID),
-            incoming_window=UInt(INCOMING_WINDOW), outgoing_window=UInt(OUTGOING_WINDOW))))
+        )))
         await self._header(AMQP_HEADER)
         while self.broker_begin is None:
-            code, fields = await self._read_frame(MAX_FRAME_SIZE, AMQP_FRAME)
+            try:
+                code, fields = await self._read_frame(MAX_FRAME_SIZE, AMQP_FRAME)
+            except (ConnectionResetError, asyncio.IncompleteReadError):
+                if self.broker_open is not None:
+                    raise
+                # RabbitMQ 4.0 drops the connection without a close for a vhost that does
+                # not exist (or that the user may not open)
+                raise AmqpClientError(
+                    f"broker refused the connection (vhost {self.vhost!r}): it closed the "
+                    "connection at open without a reason (an unknown vhost, or one the "
+                    "user may not open)") from None
             try:
                 if code == OPEN:
                     self.broker_open = Open.from_fields(fields)
                     self.max_frame_size = max(MIN_MAX_FRAME_SIZE,
                                               self.broker_open.max_frame_size)
+                    self._writer.write(frame(encode_performative(
+                        BEGIN, next_outgoing_id=UInt(INITIAL_OUTGOING_ID),
+                        incoming_window=UInt(INCOMING_WINDOW),
+                        outgoing_window=UInt(OUTGOING_WINDOW))))
                 elif code == BEGIN:
                     begin = Begin.from_fields(fields)
                     self.session.remote_begin(begin.next_outgoing_id, begin.incoming_window)

@@ -15,6 +15,7 @@ from pamqp.heartbeat import Heartbeat
 from proton import Message
 from proton.utils import BlockingConnection
 
+from floodwall.dev.devbroker import BrokerEndpoint
 from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import (
@@ -22,6 +23,7 @@ from tests.integration.support import (
     AMQP10_HEADER,
     AMQP10_SASL_HEADER,
     Raw091,
+    amqp10_login,
     close_condition,
     encode_performative,
     lines_naming,
@@ -203,10 +205,11 @@ BAD_10 = {
 
 @pytest.mark.parametrize("case", sorted(BAD_10))
 def test_amqp10_malformed_frame_gets_close_with_error(
-        floodwall: ProxyProcess, bystander: Any, case: str) -> None:
+        floodwall: ProxyProcess, broker: BrokerEndpoint, bystander: Any, case: str) -> None:
     before = _errors(floodwall, "amqp10")
     with socket.create_connection(("127.0.0.1", floodwall.port), timeout=10) as sock:
         host, port = sock.getsockname()[:2]
+        amqp10_login(sock, broker)  # RabbitMQ 4 wants SASL first
         sock.sendall(AMQP10_HEADER)
         head = b""
         while len(head) < 8:

@@ -270,3 +270,45 @@ def test_kill_9_mid_spool_loses_nothing_that_was_acked(
     recovered = flow.log("spool_recovered")
     assert len(recovered) >= kills  # each restart found a spool to recover
     assert min(spooled_at_kill) >= 20  # every kill hit a spool with a backlog
+
+
+@pytest.mark.timeout(180)
+def test_a_message_over_the_brokers_max_message_size_is_held_not_spooled(
+        start_floodwall: Callable[..., ProxyProcess], broker: BrokerEndpoint, queues: Any,
+        tmp_path: Path) -> None:
+    """With the queue tripped, a message larger than ``--spool-max-message`` (the broker's
+    max_message_size) is not spooled and acked (the broker would refuse it at replay): it is
+    held, counted, and goes to the broker when the queue is released; the small ones around
+    it are spooled as before, and every message arrives."""
+    q = queues("spool-big")
+    flow = start_flow(start_floodwall, broker, policy_file(tmp_path / "p.yaml", spooled("b", q)),
+                      "--spool-dir", str(tmp_path / "spool"), "--spool-max-message", "64KiB",
+                      *FAST)
+    declare_through(flow.port, q)
+    wait_for(lambda: flow.policed(q), 15, what="queue policed")
+    big = numbered(10_000, 96 * KIB)
+    acked: list[int] = []
+
+    def produce() -> None:
+        conn = pika.BlockingConnection(pika_params(flow.port, heartbeat=0))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(100):  # 100 KiB into a 32 KiB queue: tripped, the rest spooled
+            ch.basic_publish("", q, numbered(i, KIB))
+            acked.append(i)
+        ch.basic_publish("", q, big)  # held: answered once the broker has it
+        acked.append(10_000)
+        conn.close()
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    wait_for(lambda: metric_sum(flow.metrics(), "floodwall_spool_full_total",
+                                reason="message_size") == 1, 60,
+             what="the big message refused by the spool")
+    assert 10_000 not in acked  # not acked from the spool
+    assert flow.held()["messages"] == 1
+    got = drain_direct(broker, q, 101, timeout=90)
+    producer.join(30)
+    assert acked[-1] == 10_000
+    assert sorted(seq_of(b) for b in got) == [*range(100), 10_000]
+    assert big in got
