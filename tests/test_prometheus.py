@@ -52,7 +52,7 @@ def by_pieces(data: bytes, cuts: list[int], names: frozenset[str] | None = None
     parser = ExpositionParser(names)
     out: list[Sample] = []
     last = 0
-    for cut in sorted(cuts) + [len(data)]:
+    for cut in [*sorted(cuts), len(data)]:
         out += parser.feed(data[last:cut])
         last = cut
     return out + parser.close()
