@@ -159,6 +159,10 @@ def main() -> None:
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
                    "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
                    "amqps upstream) when --policies is given.")
+@click.option("--prometheus", default=None, envvar="FLOODWALL_PROMETHEUS",
+              help="The broker's Prometheus endpoint, read for queue depth when the "
+                   "management API has no figures (statistics off); default: the management "
+                   "URL's scheme and host on port 15692; 'off' never reads it.")
 @click.option("--management-tls-ca", type=click.Path(dir_okay=False), default=None,
               envvar="FLOODWALL_MANAGEMENT_TLS_CA",
               help="CA file (PEM) for an https management URL; default: --upstream-tls-ca, "
@@ -273,7 +277,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         upstream_tls_key: str | None, upstream_tls_server_name: str | None,
         upstream_tls_insecure: bool, upstream_tls_min_version: str,
         upstream_tls_sasl_external: bool, upstream_tls_relay_external: bool, admin: str,
-        management: str | None, management_tls_ca: str | None, management_tls_cert: str | None,
+        management: str | None, prometheus: str | None, management_tls_ca: str | None,
+        management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
         hot_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, fleet: str | None, alarm_interval: float, management_timeout: float,
@@ -307,6 +312,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         settings = ProxySettings(
             listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
             management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
+            prometheus_url=None if prometheus is None else (
+                "" if prometheus.lower() == "off" else prometheus),
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
             policies=Path(policies) if policies else None,
