@@ -278,25 +278,22 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         upstream_tls_insecure: bool, upstream_tls_min_version: str,
         upstream_tls_sasl_external: bool, upstream_tls_relay_external: bool, admin: str,
         management: str | None, prometheus: str | None, management_tls_ca: str | None,
-        management_tls_cert: str | None,
-        management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
-        hot_interval: float, management_interval: float, topology_interval: float,
-        topology_events: str, fleet: str | None, alarm_interval: float, management_timeout: float,
-        management_connections: int, hold_budget: int, memory_budget: str,
-        telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
-        telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
-        spool_total_max: int, spool_min_free: int, spool_max_message: int,
-        connect_timeout: float,
-        handshake_timeout: float, drain_timeout: float, event_loop: str, log_level: str,
-        log_format: str) -> None:
+        management_tls_cert: str | None, management_tls_key: str | None, policies: str | None,
+        shadow: bool, depth_interval: float, hot_interval: float, management_interval: float,
+        topology_interval: float, topology_events: str, fleet: str | None, alarm_interval: float,
+        management_timeout: float, management_connections: int, hold_budget: int,
+        memory_budget: str, telemetry_dir: str | None, telemetry_interval: float,
+        telemetry_file_size: int, telemetry_file_age: float, telemetry_max_total: int,
+        spool_dir: str | None, spool_total_max: int, spool_min_free: int, spool_max_message: int,
+        connect_timeout: float, handshake_timeout: float, drain_timeout: float, event_loop: str,
+        log_level: str, log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
         credentials = ManagementCredentials.from_environment()
         upstream_address, upstream_tls = upstream_settings(
             upstream, upstream_tls_ca=upstream_tls_ca, upstream_tls_cert=upstream_tls_cert,
-            upstream_tls_key=upstream_tls_key,
-            upstream_tls_server_name=upstream_tls_server_name,
+            upstream_tls_key=upstream_tls_key, upstream_tls_server_name=upstream_tls_server_name,
             upstream_tls_insecure=upstream_tls_insecure,
             upstream_tls_min_version=upstream_tls_min_version,
             upstream_tls_sasl_external=upstream_tls_sasl_external,
@@ -312,8 +309,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         settings = ProxySettings(
             listen=plain_listener, upstream=upstream_address, admin=admin_at, shadow=shadow,
             management_url=management, upstream_tls=upstream_tls, listen_tls=tls_listener,
-            prometheus_url=None if prometheus is None else (
-                "" if prometheus.lower() == "off" else prometheus),
+            prometheus_url=_prometheus_setting(prometheus),
             listener_tls=listener_tls, management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
             policies=Path(policies) if policies else None,
@@ -328,9 +324,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,
             spool_dir=Path(spool_dir) if spool_dir else None, spool_total_max=spool_total_max,
             spool_min_free=spool_min_free, spool_max_message=spool_max_message,
-            connect_timeout=connect_timeout,
-            handshake_timeout=handshake_timeout, drain_timeout=drain_timeout,
-            event_loop=event_loop)
+            connect_timeout=connect_timeout, handshake_timeout=handshake_timeout,
+            drain_timeout=drain_timeout, event_loop=event_loop)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if telemetry_max_total < telemetry_file_size:
@@ -378,6 +373,13 @@ def _listeners(listen: str, listen_tls: str | None, cert: str | None, key: str |
     if plain is None and tls_listener is None:
         raise ConfigError("--listen off needs --listen-tls: clients must connect somewhere")
     return plain, tls_listener, listener_tls
+
+
+def _prometheus_setting(value: str | None) -> str | None:
+    """--prometheus: None (the default, beside the management API), "" for 'off', or a URL."""
+    if value is None:
+        return None
+    return "" if value.lower() == "off" else value
 
 
 def _management_tls(ca: str | None, cert: str | None, key: str | None,

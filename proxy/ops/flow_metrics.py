@@ -18,7 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.controller import ALARM, FlowController, PolicedQueue, QueueKey
 from floodwall.control.depth import Depth
 from floodwall.control.histogram import HOLD_BUCKETS, Histogram
 from floodwall.control.lookups import is_pseudo
@@ -465,6 +465,19 @@ def management_requests(stats: FlowStats) -> dict[str, int]:
             **{endpoint: h.count for endpoint, h in sorted(stats.management_seconds.items())}}
 
 
+def _depth_state(q: PolicedQueue, known: bool) -> dict[str, object]:
+    """A queue's ``depth`` in ``/state``: the estimate, the broker's figures, where its byte
+    figures came from (``source``: management or prometheus; null before any)."""
+    m = q.depth.management
+    return {
+        "estimate": _depth_doc(q.depth.estimate()),
+        "broker": _depth_doc(q.depth.broker_depth()),
+        "ready_count": q.depth.ready_count,
+        "known": known,
+        "source": None if m is None else m.source.value,
+    }
+
+
 def flow_state(controller: FlowController, counters: GateCounters, stats: FlowStats,
                now: float) -> dict[str, object]:
     """The ``flow`` section of ``GET /state`` (JSON-ready)."""
@@ -480,15 +493,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "resume": p.resume,
             "max_messages": p.max_messages,
             "resume_messages": p.resume_messages,
-            "depth": {
-                "estimate": _depth_doc(q.depth.estimate()),
-                "broker": _depth_doc(q.depth.broker_depth()),
-                "ready_count": q.depth.ready_count,
-                "known": stats.depth_known.get(key, True),
-                # where the broker's byte figures came from (null: none yet)
-                "source": (None if q.depth.management is None
-                           else q.depth.management.source.value),
-            },
+            "depth": _depth_state(q, stats.depth_known.get(key, True)),
             "tripped": q.tripped,
             "tripped_seconds": round(q.seconds_tripped(now), 3),
             "trips": q.trips,
