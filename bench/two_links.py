@@ -1,6 +1,12 @@
 """Issue 12's two-link scenario: a python-qpid-proton sender at full speed, through floodwall.
 
-``python -m bench.two_links [--rounds 3] [--rates 2500,250,0] [--count 6000]``
+``python -m bench.two_links [--rounds 3] [--rates 2500,250,0] [--count 6000]
+[--broker 3.10|4.0] [--address v1|v2|null]``
+
+``--address``: the links' addresses. ``v1`` (the default): ``/queue/Q``, which RabbitMQ 3.10
+declares on attach (4.0 still takes it, deprecated). ``v2``: RabbitMQ 4's ``/queues/Q`` (the
+queues declared first; not on 3.10). ``null``: the capped link has a null target and each
+message carries ``to`` ``/queues/Q`` (RabbitMQ 4); the free link stays ``/queues/F``.
 
 One proton connection, one session, two sender links written the way a new user writes them
 (``while sender.credit: sender.send(...)``): ``/queue/two.capped`` (policy 512 KiB, resume =
@@ -56,10 +62,11 @@ from bench.flow import (
     write_policies,
 )
 from bench.meters import median
-from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.dev.devbroker import RELEASE_NAMES, BrokerEndpoint
 
 KIB = 1024
 CAPACITY = 512 * KIB
+NULL = "null:"
 
 
 class NaiveSender(MessagingHandler):  # type: ignore[misc]
@@ -73,7 +80,9 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
         self.finish = addresses if finish is None else finish  # done when these are
         self.hold: set[str] = set()  # addresses that wait for ``go`` before sending
         self.go = threading.Event()
-        self.tags: set[tuple[str, bytes]] = set()  # (RabbitMQ repeats dispositions)
+        # (RabbitMQ 3.10's amqp1_0 plugin can settle a delivery twice: once alone, once in
+        # a range from another queue's oldest unconfirmed delivery over it)
+        self.tags: set[tuple[str, bytes]] = set()
         self.senders: list[Any] = []
         self.sent: dict[str, int] = collections.Counter()
         self.accepted: dict[str, list[float]] = collections.defaultdict(list)
@@ -82,8 +91,9 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
 
     def on_start(self, event: Any) -> None:
         conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
-        for address in self.addresses:
-            self.senders.append(event.container.create_sender(conn, address))
+        for key in self.addresses:  # "null:/queues/Q": a null target, each message's to
+            target = None if key.startswith(NULL) else key
+            self.senders.append(event.container.create_sender(conn, target, name=key))
         if self.hold:
             event.container.schedule(0.005, self)
 
@@ -100,15 +110,16 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
         self.send(event.sender)
 
     def send(self, sender: Any) -> None:
-        address = sender.target.address
+        address = sender.name
         if address in self.hold:
             return
+        to = address[len(NULL):] if address.startswith(NULL) else None
         while sender.credit > 0 and self.sent[address] < self.count:
-            sender.send(Message(body=b"x" * KIB))
+            sender.send(Message(body=b"x" * KIB, address=to))
             self.sent[address] += 1
 
     def on_accepted(self, event: Any) -> None:
-        address = event.link.target.address
+        address = event.link.name
         if (address, event.delivery.tag) in self.tags:
             return
         self.tags.add((address, event.delivery.tag))
@@ -140,11 +151,12 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
 class PacedConsumer(MessagingHandler):  # type: ignore[misc]
     """At the broker: ``rate`` msg/s from the capped queue, the free one as fast as it can."""
 
-    def __init__(self, broker: BrokerEndpoint, qcap: str, qfree: str, rate: float) -> None:
+    def __init__(self, broker: BrokerEndpoint, qcap: str, qfree: str, rate: float,
+                 source: str = "/amq/queue/") -> None:
         super().__init__(prefetch=0, auto_accept=False)
         self.url = (f"amqp://{broker.username}:{broker.password}@{broker.host}:"
                     f"{broker.amqp_port}")
-        self.qcap, self.qfree, self.rate = qcap, qfree, rate
+        self.qcap, self.qfree, self.rate, self.source = qcap, qfree, rate, source
         self.got: dict[str, int] = collections.Counter()
         self.errors: list[str] = []
         self.stop = threading.Event()
@@ -153,9 +165,9 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
 
     def on_start(self, event: Any) -> None:
         self.conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
-        self.cap = (event.container.create_receiver(self.conn, f"/amq/queue/{self.qcap}")
+        self.cap = (event.container.create_receiver(self.conn, self.source + self.qcap)
                     if self.qcap else None)  # (alone: no capped queue to attach to)
-        self.free = event.container.create_receiver(self.conn, f"/amq/queue/{self.qfree}")
+        self.free = event.container.create_receiver(self.conn, self.source + self.qfree)
         self.free.flow(500)
         event.container.schedule(0.002, self)
 
@@ -228,6 +240,15 @@ def wait_declared(broker: BrokerEndpoint, queues: list[str], timeout: float) -> 
                     time.sleep(0.01)
 
 
+def declare(broker: BrokerEndpoint, queues: list[str]) -> None:
+    """Declare ``queues`` at the broker (the v2 forms declare nothing on attach)."""
+    params = pika.ConnectionParameters(broker.host, broker.amqp_port, credentials=(
+        pika.PlainCredentials(broker.username, broker.password)))
+    with pika.BlockingConnection(params) as conn:
+        for queue in queues:
+            conn.channel().queue_declare(queue)
+
+
 def tripped(fw: Any, queue: str) -> bool:
     return metric_sum(fw, "floodwall_queue_tripped", queue=queue) > 0
 
@@ -244,17 +265,23 @@ def free_rate(times: list[float]) -> float:
     return (len(tail) - 1) / (tail[-1] - tail[0]) if len(tail) > 1 else float("nan")
 
 
-def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str, Any]:
+def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
+            form: str = "v1") -> dict[str, Any]:
     kind = "stopped" if rate == 0 else "capped"  # (a policy with hysteresis, see scenario)
     qcap, qfree = f"two.{kind}.{uuid.uuid4().hex[:6]}", f"two.free.{uuid.uuid4().hex[:6]}"
-    addresses = ([f"/queue/{qcap}"] if both else []) + [f"/queue/{qfree}"]
+    prefix = "/queue/" if form == "v1" else "/queues/"
+    cap_key = (NULL if form == "null" else "") + prefix + qcap
+    free_key = prefix + qfree
+    if form != "v1":  # only the v1 /queue/ form declares its queue on attach
+        declare(st.endpoint, [qcap, qfree])
+    addresses = ([cap_key] if both else []) + [free_key]
     # rate 0: nobody consumes the capped queue, so its link stays throttled (no credit)
     # once the queue is full; the run ends when the free link is done
-    sender = NaiveSender(fw.port, addresses, count,
-                         finish=[f"/queue/{qfree}"] if rate == 0 else None)
+    sender = NaiveSender(fw.port, addresses, count, finish=[free_key] if rate == 0 else None)
     if rate == 0:  # the free link starts once the capped one is throttled (or alone: at once)
-        sender.hold.add(f"/queue/{qfree}")
-    consumer = PacedConsumer(st.endpoint, qcap if both else "", qfree, rate)
+        sender.hold.add(free_key)
+    consumer = PacedConsumer(st.endpoint, qcap if both else "", qfree, rate,
+                             "/amq/queue/" if form == "v1" else "/queues/")
     stop = threading.Event()
     depth: dict[str, int] = {}
     watcher = threading.Thread(target=watch_depth, args=(st.endpoint, qcap, stop, depth),
@@ -296,7 +323,7 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool) -> dict[str
             "over_capacity_kib": max(0, depth.get("max_ready", 0) * KIB - CAPACITY) / KIB,
             "trips": trips, "overshoot_messages": over,
             "overshoot_per_trip": over / trips if trips else 0.0,
-            "free_msgs_per_s": free_rate(sender.accepted[f"/queue/{qfree}"])}
+            "free_msgs_per_s": free_rate(sender.accepted[free_key])}
 
 
 async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
@@ -314,7 +341,8 @@ async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> d
             runs = []
             for r in range(opts.rounds):
                 for both in ((False, True) if r % 2 == 0 else (True, False)):
-                    res = await asyncio.to_thread(one_run, st, fw, rate, opts.count, both)
+                    res = await asyncio.to_thread(one_run, st, fw, rate, opts.count, both,
+                                                  opts.address)
                     res["round"] = r
                     runs.append(res)
                     progress(f"   {rate:.0f} msg/s round {r + 1} {'both ' if both else 'alone'}"
@@ -377,8 +405,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the capped queue's consumer, msg/s; 0: stopped (the capped link "
                    "stays throttled, the run ends when the free link is done)")
     p.add_argument("--count", type=int, default=6000)
+    p.add_argument("--broker", choices=RELEASE_NAMES, default="3.10",
+                   help="RabbitMQ 3.10 (the host's) or 4.0 (the Debian 13 root)")
+    p.add_argument("--address", choices=("v1", "v2", "null"), default="v1",
+                   help="v1 /queue/Q; v2 /queues/Q (RabbitMQ 4); null: the capped link's "
+                   "target null, each message's to /queues/Q (RabbitMQ 4)")
     p.add_argument("--out", type=Path, default=None)
     opts = p.parse_args(argv)
+    if opts.address != "v1" and opts.broker == "3.10":
+        p.error(f"--address {opts.address} needs RabbitMQ 4 (--broker 4.0): 3.10 has no v2 "
+                "addresses and refuses a null target")
     return run_main("two_links", argv, {"two_links": scenario}, opts, ["two_links"], report)
 
 

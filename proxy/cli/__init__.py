@@ -175,6 +175,10 @@ def main() -> None:
                    "FLOODWALL_MANAGEMENT_USERNAME / _PASSWORD / _PASSWORD_FILE); default "
                    "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
                    "amqps upstream) when --policies is given.")
+@click.option("--prometheus", default=None, envvar="FLOODWALL_PROMETHEUS",
+              help="The broker's Prometheus endpoint, read for queue depth when the "
+                   "management API has no figures (statistics off); default: the management "
+                   "URL's scheme and host on port 15692; 'off' never reads it.")
 @click.option("--management-tls-ca", type=click.Path(dir_okay=False), default=None,
               envvar="FLOODWALL_MANAGEMENT_TLS_CA",
               help="CA file (PEM) for an https management URL; default: --upstream-tls-ca, "
@@ -285,12 +289,9 @@ def main() -> None:
               show_default=True, envvar="FLOODWALL_LOG_FORMAT")
 def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         listen_tls_key: str | None, listen_tls_client_ca: str | None, listen_tls_min_version: str,
-        upstream: str, upstream_tls_ca: str | None, upstream_tls_cert: str | None,
-        upstream_tls_key: str | None, upstream_tls_server_name: str | None,
-        upstream_tls_insecure: bool, upstream_tls_min_version: str,
-        upstream_tls_sasl_external: bool, upstream_tls_relay_external: bool, admin: str,
+        upstream: str, upstream_tls_relay_external: bool, admin: str,
         admin_max_connections: int, admin_timeout: float, management: str | None,
-        management_tls_ca: str | None, management_tls_cert: str | None,
+        prometheus: str | None, management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
         hot_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, fleet: str | None, alarm_interval: float, management_timeout: float,
@@ -299,19 +300,13 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
         spool_total_max: int, spool_min_free: int, spool_max_message: int,
         connect_timeout: float, handshake_timeout: float, drain_timeout: float,
-        event_loop: str, log_level: str, log_format: str) -> None:
+        event_loop: str, log_level: str, log_format: str, **upstream_tls_options: Any) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
     setup_logging(log_level, log_format)
     try:
         credentials = ManagementCredentials.from_environment()
         upstream_nodes, upstream_tls = upstream_settings(
-            upstream, upstream_tls_ca=upstream_tls_ca, upstream_tls_cert=upstream_tls_cert,
-            upstream_tls_key=upstream_tls_key,
-            upstream_tls_server_name=upstream_tls_server_name,
-            upstream_tls_insecure=upstream_tls_insecure,
-            upstream_tls_min_version=upstream_tls_min_version,
-            upstream_tls_sasl_external=upstream_tls_sasl_external,
-            relay_external=upstream_tls_relay_external)
+            upstream, relay_external=upstream_tls_relay_external, **upstream_tls_options)
         plain_listener, tls_listener, listener_tls = _listeners(
             listen, listen_tls, listen_tls_cert, listen_tls_key, listen_tls_client_ca,
             listen_tls_min_version)
@@ -323,6 +318,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             listen=plain_listener, upstreams=upstream_nodes, admin=admin_at, shadow=shadow,
             admin_limits=AdminLimits(admin_max_connections, admin_timeout),
             management_url=parse_management_urls(management) if management else None,
+            prometheus_url=_prometheus_setting(prometheus),
             upstream_tls=upstream_tls, listen_tls=tls_listener, listener_tls=listener_tls,
             management_tls=management_tls, credentials=credentials,
             amqp_credentials=AmqpCredentials.from_environment(fallback=credentials),
@@ -386,6 +382,13 @@ def _listeners(listen: str, listen_tls: str | None, cert: str | None, key: str |
     if plain is None and tls_listener is None:
         raise ConfigError("--listen off needs --listen-tls: clients must connect somewhere")
     return plain, tls_listener, listener_tls
+
+
+def _prometheus_setting(value: str | None) -> str | None:
+    """--prometheus: None (the default, beside the management API), "" for 'off', or a URL."""
+    if value is None:
+        return None
+    return "" if value.lower() == "off" else value
 
 
 def _management_tls(ca: str | None, cert: str | None, key: str | None,

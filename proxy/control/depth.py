@@ -31,6 +31,7 @@ next sample brings it back down. All times are the caller's monotonic clock, in 
 
 from __future__ import annotations
 
+import enum
 import math
 from bisect import bisect_left
 from collections import deque
@@ -98,9 +99,18 @@ class Depth:
     messages: int
 
 
+class DepthSource(enum.Enum):
+    """Where a queue's broker figures came from: the management API's ``/api/queues``, or,
+    with the broker's statistics off, its Prometheus endpoint (``/metrics/detailed``)."""
+
+    MANAGEMENT = "management"
+    PROMETHEUS = "prometheus"
+
+
 @dataclass(frozen=True, slots=True)
 class ManagementSample:
-    """The figures the management API gave for one queue, and when we asked."""
+    """The figures the management API (or the Prometheus endpoint) gave for one queue, and
+    when we asked."""
 
     taken_at: float
     messages_ready: int
@@ -111,6 +121,7 @@ class ManagementSample:
     # False when the broker gave counts but no byte figures (a stream): the bytes are then
     # the messages times the mean body size the proxy saw.
     bytes_known: bool = True
+    source: DepthSource = DepthSource.MANAGEMENT
 
 
 def ready_depth(m: ManagementSample, body_bytes: int) -> Depth:

@@ -22,6 +22,7 @@ from floodwall.io.management import (
     ManagementError,
     NoStatistics,
 )
+from floodwall.io.prometheus import PrometheusEndpoint
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.topology import TopologyFeed
 from floodwall.ops.flow_metrics import FlowStats
@@ -48,6 +49,7 @@ class ManagementProbes:
     controller: FlowController
     board: Switchboard
     api: ManagementApi
+    prometheus: PrometheusEndpoint | None
     stats: FlowStats
     feed: TopologyFeed
     _sampled_at: dict[QueueKey, float]
@@ -57,6 +59,7 @@ class ManagementProbes:
     _had_figures: set[QueueKey]
     _warm: bool
     _wake_management: asyncio.Event | None
+    _prometheus_kind: str | None = None  # the last failure's kind (logged once in a row)
 
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
         """A management sample of ``key``, dated back by the broker's statistics interval."""
@@ -141,6 +144,7 @@ class ManagementProbes:
 
         results = await asyncio.gather(*(one(k) for k in keys))
         now = self.clock()
+        without: list[QueueKey] = []
         for key, result in zip(keys, results, strict=True):
             if key not in self.controller.queues:
                 continue  # dropped while we asked
@@ -150,8 +154,10 @@ class ManagementProbes:
                 self.feed_management(key, result)
                 self._sampled_at[key] = now
             elif result is NO_STATISTICS:
-                self._no_statistics(key, now)
+                without.append(key)
             # None: the API does not know it; the passive declare decides whether it is gone
+        if without:
+            await self._without_statistics(without)
         self.apply_unknown_depth()
         if not self._warm and first_round_in(self.feed.loaded or self.feed.error is not None,
                                              self.controller.queues, self._asked):
@@ -159,6 +165,43 @@ class ManagementProbes:
             event(log, "flow_ready", policed_queues=len(self.controller.queues),
                   management="ok" if self.stats.management.ok else
                   f"failing ({self.stats.management.kind})")
+
+    async def _without_statistics(self, keys: list[QueueKey]) -> None:
+        """Queues the management API has no figures for: the broker's Prometheus endpoint
+        is asked for their vhosts (statistics off: ``management_agent.
+        disable_metrics_collector``); what it has no figures for either is ``_no_statistics``."""
+        found: dict[QueueKey, ManagementSample] = {}
+        if self.prometheus is not None:
+            for vhost in sorted({k[0] for k in keys}):
+                try:
+                    samples = await self.prometheus.vhost_samples(vhost)
+                except ManagementError as exc:
+                    self._prometheus_failed(exc)
+                    continue
+                finally:
+                    self.stats.prometheus_requests = self.prometheus.requests
+                found.update(((vhost, q), s) for q, s in samples.items())
+        now = self.clock()
+        for key in keys:
+            sample = found.get(key)
+            if key not in self.controller.queues:
+                continue
+            if sample is None:
+                self._no_statistics(key, now)
+                continue
+            self._had_figures.add(key)
+            self.feed_management(key, sample)
+            self._sampled_at[key] = now
+
+    def _prometheus_failed(self, exc: ManagementError) -> None:
+        """The Prometheus endpoint did not answer: counted, logged once per kind in a row."""
+        kind = exc.kind
+        if not self.stats.prometheus_errors or self._prometheus_kind != kind:
+            event(log, "prometheus_depth_failed", logging.WARNING, kind=kind, reason=str(exc),
+                  action="queues without management figures count as they would without "
+                         "it (the passive declare's ready count, the ledger's sizes)")
+        self._prometheus_kind = kind
+        self.stats.prometheus_errors[kind] += 1
 
     def _no_statistics(self, key: QueueKey, now: float) -> None:
         """The API answered, without figures for ``key`` (no statistics yet). A queue that

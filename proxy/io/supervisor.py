@@ -52,6 +52,7 @@ from floodwall.io.fleet import FleetService, FleetSettings
 from floodwall.io.flow_settings import FlowSettings
 from floodwall.io.management import ManagementApi
 from floodwall.io.probes import DepthProbes
+from floodwall.io.prometheus import PrometheusEndpoint
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.topology import TOPOLOGY_PATHS, TopologyFeed
 from floodwall.ops.flow_metrics import (
@@ -129,6 +130,9 @@ class FlowSupervisor(DepthProbes):
                                  settings.management_timeout, settings.management_tls,
                                  settings.management_connections,
                                  observe=self.stats.observe_management)
+        self.prometheus = None if not settings.prometheus_url else PrometheusEndpoint(
+            settings.prometheus_url, settings.management_timeout, settings.management_tls,
+            observe=self.stats.observe_management)
         self.collector = FlowCollector(self.controller, self.enforcement.counters, self.stats,
                                        clock)
         self.feed = TopologyFeed(settings, self.topology, self.board, self.api,
@@ -196,6 +200,8 @@ class FlowSupervisor(DepthProbes):
                 await client.close()
         self._clients.clear()
         await self.api.close()
+        if self.prometheus is not None:
+            await self.prometheus.close()
 
     # -- what the relay and the topology feed tell us ----------------------------------
     def topology_changed(self, change: TopologyChange) -> None:

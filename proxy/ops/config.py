@@ -359,6 +359,8 @@ class AdminLimits:
     timeout: float = DEFAULT_ADMIN_TIMEOUT
 
 
+#: The broker's Prometheus endpoint's port when --prometheus is not given (RabbitMQ's default).
+DEFAULT_PROMETHEUS_PORT = 15692
 #: Seconds SIGTERM waits for connections to finish before closing what is left.
 DEFAULT_DRAIN_TIMEOUT = 30.0
 
@@ -372,6 +374,9 @@ class ProxySettings:
     admin: tuple[str, int] | None = None
     admin_limits: AdminLimits = AdminLimits()
     management_url: str | None = None
+    # The broker's Prometheus endpoint: queue depth when the management API has no figures
+    # (statistics off). None: the management host on DEFAULT_PROMETHEUS_PORT; "" off.
+    prometheus_url: str | None = None
     # TLS (proxy/io/tls.py builds the contexts). None: plain.
     upstream_tls: UpstreamTls | None = None
     listen_tls: tuple[str, int] | None = None  # a TLS listener beside (or instead of) listen
@@ -432,6 +437,14 @@ class ProxySettings:
         return tuple(urls)
 
     @property
+    def effective_prometheus_url(self) -> str | None:
+        """``prometheus_url``, else the (first) management URL's scheme and host on port
+        15692 (``DEFAULT_PROMETHEUS_PORT``); None when turned off (``--prometheus off``)."""
+        if self.prometheus_url is not None:
+            return self.prometheus_url or None
+        return prometheus_url_of(self.effective_management_urls[0])
+
+    @property
     def effective_management_tls(self) -> ManagementTls:
         """``management_tls``, else one trusting the upstream's CA file (or the system's)."""
         if self.management_tls is not None:
@@ -443,3 +456,12 @@ class ProxySettings:
         if self.amqp_credentials is not None:
             return self.amqp_credentials
         return AmqpCredentials(self.credentials.username, self.credentials.password)
+
+
+def prometheus_url_of(management_url: str) -> str:
+    """The Prometheus endpoint beside a management API: its scheme and host, port 15692."""
+    parts = urllib.parse.urlsplit(management_url)
+    host = parts.hostname or "localhost"
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{parts.scheme or 'http'}://{host}:{DEFAULT_PROMETHEUS_PORT}"

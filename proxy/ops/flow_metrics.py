@@ -18,7 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from floodwall.control.controller import ALARM, FlowController, QueueKey
+from floodwall.control.controller import ALARM, FlowController, PolicedQueue, QueueKey
 from floodwall.control.depth import Depth
 from floodwall.control.histogram import HOLD_BUCKETS, Histogram
 from floodwall.control.lookups import is_pseudo
@@ -76,6 +76,9 @@ class FlowStats:
     management_requests: int = 0
     management_errors: Counter[str] = field(default_factory=Counter)  # by kind
     management_seconds: dict[str, Histogram] = field(default_factory=dict)  # by endpoint
+    # The broker's Prometheus endpoint, asked when the management API has no figures.
+    prometheus_requests: int = 0
+    prometheus_errors: Counter[str] = field(default_factory=Counter)  # by kind
     reloads: Counter[str] = field(default_factory=Counter)  # ok | error
     last_reload_error: str | None = None
     own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
@@ -207,7 +210,13 @@ class FlowCollector(Collector):
         sample_age = GaugeMetricFamily(
             "floodwall_queue_depth_sample_age_seconds",
             "Age of the queue's newest broker figure, by source: ready_count (the passive "
-            "declare) or management (dated back by the broker's statistics interval)",
+            "declare), management or prometheus (dated back by the broker's statistics "
+            "interval)",
+            labels=[*QUEUE_LABELS, "source"])
+        source = GaugeMetricFamily(
+            "floodwall_queue_depth_source",
+            "1 for where the queue's broker byte figures come from: management (/api/queues) "
+            "or prometheus (/metrics/detailed, when the management API has no figures)",
             labels=[*QUEUE_LABELS, "source"])
         unknown = GaugeMetricFamily(
             "floodwall_queue_depth_unknown",
@@ -220,11 +229,12 @@ class FlowCollector(Collector):
             if q.depth.ready_count_at is not None:
                 sample_age.add_metric([*labels, "ready_count"],
                                       max(0.0, now - q.depth.ready_count_at))
-            if q.depth.management is not None:
-                sample_age.add_metric([*labels, "management"],
-                                      max(0.0, now - q.depth.management.taken_at))
+            m = q.depth.management
+            if m is not None:
+                sample_age.add_metric([*labels, m.source.value], max(0.0, now - m.taken_at))
+                source.add_metric([*labels, m.source.value], 1)
             unknown.add_metric(labels, 0 if s.depth_known.get(key, True) else 1)
-        yield from (sample_age, unknown)
+        yield from (sample_age, source, unknown)
 
     @staticmethod
     def _holds(c: FlowController, s: FlowStats) -> Metric:
@@ -297,6 +307,16 @@ class FlowCollector(Collector):
         for kind in sorted({*MANAGEMENT_ERROR_KINDS, *s.management_errors}):
             errors.add_metric([kind], s.management_errors[kind])
         yield errors
+        yield CounterMetricFamily("floodwall_prometheus_requests",
+                                  "Requests made to the broker's Prometheus endpoint for queue "
+                                  "depth (the management API had no figures)",
+                                  value=s.prometheus_requests)
+        prometheus_errors = CounterMetricFamily(
+            "floodwall_prometheus_errors",
+            "Prometheus endpoint requests that failed, by kind", labels=["kind"])
+        for kind in sorted(s.prometheus_errors):
+            prometheus_errors.add_metric([kind], s.prometheus_errors[kind])
+        yield prometheus_errors
         latency = HistogramMetricFamily(
             "floodwall_management_request_seconds",
             "Management API request latency (answered or failed), by endpoint",
@@ -445,6 +465,19 @@ def management_requests(stats: FlowStats) -> dict[str, int]:
             **{endpoint: h.count for endpoint, h in sorted(stats.management_seconds.items())}}
 
 
+def _depth_state(q: PolicedQueue, known: bool) -> dict[str, object]:
+    """A queue's ``depth`` in ``/state``: the estimate, the broker's figures, where its byte
+    figures came from (``source``: management or prometheus; null before any)."""
+    m = q.depth.management
+    return {
+        "estimate": _depth_doc(q.depth.estimate()),
+        "broker": _depth_doc(q.depth.broker_depth()),
+        "ready_count": q.depth.ready_count,
+        "known": known,
+        "source": None if m is None else m.source.value,
+    }
+
+
 def flow_state(controller: FlowController, counters: GateCounters, stats: FlowStats,
                now: float) -> dict[str, object]:
     """The ``flow`` section of ``GET /state`` (JSON-ready)."""
@@ -460,12 +493,7 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "resume": p.resume,
             "max_messages": p.max_messages,
             "resume_messages": p.resume_messages,
-            "depth": {
-                "estimate": _depth_doc(q.depth.estimate()),
-                "broker": _depth_doc(q.depth.broker_depth()),
-                "ready_count": q.depth.ready_count,
-                "known": stats.depth_known.get(key, True),
-            },
+            "depth": _depth_state(q, stats.depth_known.get(key, True)),
             "tripped": q.tripped,
             "tripped_seconds": round(q.seconds_tripped(now), 3),
             "trips": q.trips,

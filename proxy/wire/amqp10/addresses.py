@@ -101,8 +101,8 @@ def parse_target(address: str) -> Destination | None:
             exchange = DEFAULT_EXCHANGE
         if len(rest) == 1:
             return Destination(exchange, None)
-        key = unquote(rest[1], errors="replace") if rest[1] else ""
-        return Destination(exchange, key)
+        key = _v2_segment(rest[1]) if rest[1] else ""
+        return None if key is None else Destination(exchange, key)
     return None
 
 
