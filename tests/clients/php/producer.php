@@ -13,14 +13,17 @@
 //
 // Events: ready {client, version, properties}, flow {active, published}, progress {published}
 // at most every 100 ms (from the publishing loop: php-amqplib is single-threaded), error,
-// done {published, confirmed, nacked, flows, rpc_ok, elapsed_s}.
+// done {published, confirmed, nacked, flows, deferred, rpc_ok, elapsed_s}.
 //
 // php-amqplib reads from its socket only while it waits (for a confirm, an RPC's reply): without
-// confirms a Channel.Flow waits unread until the final RPC. A Channel.Flow read goes to
-// AMQPChannel::channel_flow, which sets the channel's protected $active and answers with a
-// Channel.Flow of its own (x_flow_ok writes method 20/20, not FlowOk 20/21); nothing in
-// basic_publish looks at $active, so it keeps publishing. This program's channel class only
-// reports the frame (a flow event) after the library's own handler ran.
+// confirms a Channel.Flow waits unread until the final RPC. Such a wait dispatches only the
+// methods it waits for and puts the rest aside (AbstractChannel::wait, $method_queue), so a
+// Channel.Flow is never handled while the program only publishes: no reply, no change. Only
+// an unfiltered wait() (a consumer's loop) dispatches it, to AMQPChannel::channel_flow, which
+// sets the channel's protected $active and answers with a Channel.Flow of its own (x_flow_ok
+// writes method 20/20, not FlowOk 20/21); nothing in basic_publish looks at $active. After the
+// final RPC this program dispatches what was put aside (done's ``deferred``: how many), and
+// its channel class reports each Channel.Flow (a flow event) after the library's handler ran.
 
 require_once '/usr/share/php/PhpAmqpLib/autoload.php';
 
@@ -43,6 +46,18 @@ final class ReportingChannel extends AMQPChannel
         parent::channel_flow($reader);
         $this->flows++;
         emit('flow', ['active' => (bool) $this->active, 'published' => ($this->published)()]);
+    }
+
+    /** How many methods the library put aside while it waited for acks or an RPC's reply
+     * (those waits dispatch only what they wait for); then they are dispatched, as the
+     * unfiltered wait() of a consumer's loop does. */
+    public function dispatchDeferred(): int
+    {
+        $deferred = count($this->method_queue);
+        while (!empty($this->method_queue)) {
+            $this->wait(null, true);
+        }
+        return $deferred;
     }
 }
 
@@ -134,8 +149,9 @@ try {
         $ch->wait_for_pending_acks_returns(120);
     }
     $ch->queue_declare($queue, true);
+    $deferred = $ch->dispatchDeferred();
     emit('done', ['published' => $published, 'confirmed' => $confirm, 'nacked' => $nacked,
-                  'flows' => $ch->flows, 'rpc_ok' => true,
+                  'flows' => $ch->flows, 'deferred' => $deferred, 'rpc_ok' => true,
                   'elapsed_s' => microtime(true) - $start]);
     $ch->close();
     $conn->close();
