@@ -71,6 +71,7 @@ from bench.flow import (
     write_policies,
 )
 from bench.meters import CpuMeter
+from floodwall.dev.devbroker import RELEASE_NAMES
 from floodwall.dev.devproxy import ProxyProcess
 
 SIZE = 1024
@@ -713,6 +714,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over the variants, alternated (default 1)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--broker", choices=RELEASE_NAMES, default="3.10",
+                   help="the RabbitMQ to run on: the host's 3.10 or the 4.0 root")
     p.add_argument("--logs", type=Path, default=None,
                    help="copy the sidecars' logs here after each pass (the run's own "
                         "directory is removed at the end)")

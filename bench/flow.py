@@ -57,7 +57,14 @@ from pamqp import commands
 
 from bench import amqp091, relay
 from bench.meters import CpuMeter, median
-from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker, free_port
+from floodwall.dev.devbroker import (
+    HOST_RELEASE,
+    BrokerEndpoint,
+    BrokerRelease,
+    LocalBroker,
+    free_port,
+    release_named,
+)
 from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,9 +95,10 @@ class Stack:
     broker: LocalBroker = field(init=False)
     endpoint: BrokerEndpoint = field(init=False)
     proxies: list[ProxyProcess] = field(default_factory=list)
+    release: BrokerRelease = HOST_RELEASE  # which RabbitMQ (``--broker 4.0``)
 
     def start(self) -> BrokerEndpoint:
-        self.broker = LocalBroker(self.workdir / "rabbit")
+        self.broker = LocalBroker(self.workdir / "rabbit", release=self.release)
         self.endpoint = self.broker.start()
         return self.endpoint
 
@@ -125,9 +133,9 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(progress: Progress) -> Iterator[Stack]:
+def stack(progress: Progress, release: BrokerRelease = HOST_RELEASE) -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-flowbench-"))
-    s = Stack(workdir)
+    s = Stack(workdir, release=release)
     try:
         progress(f"starting RabbitMQ in {workdir}")
         s.start()
@@ -966,7 +974,7 @@ def run_main(prog: str, argv: list[str] | None, scenarios: dict[str, Any], opts:
                         for k, v in vars(opts).items()},
             "loadavg_before": os.getloadavg(), "cpus": os.cpu_count()}
     results: dict[str, Any] = {}
-    with stack(progress) as st:
+    with stack(progress, release_named(getattr(opts, "broker", "3.10"))) as st:
         with contextlib.suppress(Exception):
             ov = st.endpoint.api("GET", "/api/overview")
             assert isinstance(ov, dict)

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
+from floodwall.dev.devbroker import (
+    RELEASE_NAMES,
+    BrokerEndpoint,
+    BrokerRelease,
+    LocalBroker,
+    release_named,
+)
 from floodwall.dev.devproxy import ProxyProcess
 
 # java_producer, node_producer, rhea_sender, rhea_receiver: real foreign clients;
@@ -21,6 +27,45 @@ from floodwall.dev.devproxy import ProxyProcess
 pytest_plugins = ("tests.clients.fixtures", "tests.integration.tls_fixtures")
 
 BROKER_ENV = "FLOODWALL_TEST_BROKER"  # HOST:AMQP_PORT:MANAGEMENT_PORT[:USER:PASSWORD]
+# Which RabbitMQ releases the broker-facing tests run against: "3.10", "4.0" or both
+# ("3.10,4.0", the default); `pytest --broker 4.0` says the same for one run.
+RELEASES_ENV = "FLOODWALL_TEST_BROKERS"
+RELEASES = RELEASE_NAMES
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--broker", action="append", choices=RELEASES, default=None,
+                     help="run the broker-facing tests against this RabbitMQ only "
+                          f"(repeatable; default: ${RELEASES_ENV} or both)")
+
+
+def _releases(config: pytest.Config) -> list[str]:
+    chosen: list[str] | None = config.getoption("--broker")
+    if chosen:
+        return chosen
+    named = os.environ.get(RELEASES_ENV)
+    if named:
+        wanted = [r.strip() for r in named.split(",") if r.strip()]
+        unknown = set(wanted) - set(RELEASES)
+        if unknown:
+            raise pytest.UsageError(f"{RELEASES_ENV}={named!r}: expected some of {RELEASES}")
+        return wanted
+    return ["3.10"] if os.environ.get(BROKER_ENV) else list(RELEASES)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that reaches a broker (through ``broker_release``) runs once per release."""
+    if "broker_release" in metafunc.fixturenames:
+        names = _releases(metafunc.config)
+        metafunc.parametrize("broker_release", names, indirect=True, scope="session",
+                             ids=[f"rabbitmq{n}" for n in names])
+
+
+@pytest.fixture(scope="session")
+def broker_release(request: pytest.FixtureRequest) -> BrokerRelease:
+    """The RabbitMQ release this test runs against: the host's 3.10 or the 4.0 root. Give
+    it to a private ``LocalBroker(..., release=broker_release)``."""
+    return release_named(request.param)
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,
@@ -66,14 +111,15 @@ def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(body())
 
 
-def _docker_broker() -> tuple[BrokerEndpoint, Callable[[], None]] | None:
+def _docker_broker(version: tuple[int, int]
+                   ) -> tuple[BrokerEndpoint, Callable[[], None]] | None:
     """A broker from testcontainers, when FLOODWALL_TEST_DOCKER=1 and an engine answers."""
     if os.environ.get("FLOODWALL_TEST_DOCKER") != "1":
         return None
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.waiting_utils import wait_for_logs
 
-    container = DockerContainer("rabbitmq:3.10-management")
+    container = DockerContainer("rabbitmq:{}.{}-management".format(*version))
     container.with_exposed_ports(5672, 15672)
     container.with_command(
         "bash -c 'rabbitmq-plugins enable --offline rabbitmq_amqp1_0 rabbitmq_prometheus "
@@ -83,29 +129,36 @@ def _docker_broker() -> tuple[BrokerEndpoint, Callable[[], None]] | None:
     wait_for_logs(container, "Server startup complete", timeout=120)
     host = container.get_container_host_ip()
     ep = BrokerEndpoint(host, int(container.get_exposed_port(5672)),
-                        int(container.get_exposed_port(15672)))
+                        int(container.get_exposed_port(15672)), version=version)
     return ep, container.stop
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[BrokerEndpoint]:
-    """A RabbitMQ 3.10 with management, prometheus and amqp1_0 plugins.
+def broker(broker_release: BrokerRelease) -> Iterator[BrokerEndpoint]:
+    """A RabbitMQ with management, prometheus, amqp1_0 and event exchange plugins, one per
+    release (3.10, the host's package; 4.0, Debian 13's in its root), shared by the session.
+    ``broker.version`` says which.
 
     FLOODWALL_TEST_BROKER points the suite at an existing one; FLOODWALL_TEST_DOCKER=1 uses
     testcontainers; otherwise Debian's rabbitmq-server runs from a temporary directory.
     """
     existing = os.environ.get(BROKER_ENV)
     if existing:
-        yield BrokerEndpoint.from_env(existing)
+        ep = BrokerEndpoint.from_env(existing)
+        overview = ep.api("GET", "/api/overview")
+        assert isinstance(overview, dict)
+        major, minor = str(overview["rabbitmq_version"]).split(".")[:2]
+        ep.version = (int(major), int(minor))
+        yield ep
         return
-    docker = _docker_broker()
+    docker = _docker_broker(broker_release.version)
     if docker is not None:
         ep, stop = docker
         yield ep
         stop()
         return
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-rabbit-"))
-    node = LocalBroker(workdir)
+    node = LocalBroker(workdir, release=broker_release)
     node.start()
     try:
         yield node.endpoint

@@ -50,7 +50,7 @@ from floodwall.ops.config import (
     parse_hostport,
 )
 from floodwall.ops.logs import setup_logging
-from floodwall.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
+from floodwall.spool.manager import DEFAULT_MAX_MESSAGE, DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
 
 
 def _units(parse: Callable[[object], float], example: str, zero_ok: bool = False
@@ -247,6 +247,10 @@ def main() -> None:
               callback=_size_or_zero, metavar="SIZE", show_default=True,
               envvar="FLOODWALL_SPOOL_MIN_FREE",
               help="The spool takes no more when its filesystem has less free than this.")
+@click.option("--spool-max-message", default=format_bytes(DEFAULT_MAX_MESSAGE), callback=_size,
+              metavar="SIZE", show_default=True, envvar="FLOODWALL_SPOOL_MAX_MESSAGE",
+              help="The broker's max_message_size (RabbitMQ 4's default; 3.x: 128MiB): a "
+                   "larger message is held, not spooled, and the broker refuses it itself.")
 @click.option("--connect-timeout", type=float, default=5.0, show_default=True,
               envvar="FLOODWALL_CONNECT_TIMEOUT", help="Seconds to reach the broker.")
 @click.option("--handshake-timeout", type=float, default=10.0, show_default=True,
@@ -276,7 +280,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         management_connections: int, hold_budget: int, memory_budget: str,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
-        spool_total_max: int, spool_min_free: int, connect_timeout: float,
+        spool_total_max: int, spool_min_free: int, spool_max_message: int,
+        connect_timeout: float,
         handshake_timeout: float, drain_timeout: float, event_loop: str, log_level: str,
         log_format: str) -> None:
     """Relay AMQP between clients and the broker, policing queues by the policies."""
@@ -315,7 +320,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             telemetry_interval=telemetry_interval, telemetry_file_bytes=telemetry_file_size,
             telemetry_file_age=telemetry_file_age, telemetry_total_bytes=telemetry_max_total,
             spool_dir=Path(spool_dir) if spool_dir else None, spool_total_max=spool_total_max,
-            spool_min_free=spool_min_free, connect_timeout=connect_timeout,
+            spool_min_free=spool_min_free, spool_max_message=spool_max_message,
+            connect_timeout=connect_timeout,
             handshake_timeout=handshake_timeout, drain_timeout=drain_timeout,
             event_loop=event_loop)
     except ConfigError as exc:

@@ -1,6 +1,7 @@
 """``make demo``: seed 000's scenario, a fast producer and a slow consumer, through floodwall.
 
-Everything runs on this machine: Debian's rabbitmq-server from a private directory, a
+Everything runs on this machine: Debian's rabbitmq-server from a private directory (the
+host's 3.10, or with ``--broker 4.0`` Debian 13's 4.0 from its root), a
 ``floodwall run`` child process with ``policies/demo.yaml``, and two pika clients that
 connect through the proxy: a producer at 100 msg/s (publisher confirms on, as a careful
 producer has them) and a consumer at 10 msg/s. Without floodwall the queue would grow by
@@ -28,7 +29,7 @@ from rich.live import Live
 from rich.table import Table
 
 from floodwall.control.policy import Policy, format_bytes, load_policies
-from floodwall.dev.devbroker import BrokerEndpoint, LocalBroker
+from floodwall.dev.devbroker import RELEASE_NAMES, BrokerEndpoint, LocalBroker, release_named
 from floodwall.dev.devproxy import ProxyProcess
 
 QUEUE = "demo.orders"
@@ -115,6 +116,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--policies", type=Path, default=Path("policies/demo.yaml"))
     parser.add_argument("--out", type=Path, default=Path("demo-output"))
+    parser.add_argument("--broker", choices=RELEASE_NAMES, default="3.10",
+                        help="the RabbitMQ to run: the host's package (3.10) or Debian 13's "
+                             "4.0 in its root (make rabbitmq4-root; make demo BROKER=4.0)")
     return parser.parse_args()
 
 
@@ -128,8 +132,10 @@ def main() -> None:
     policies = load_policies(args.policies)
     policy = policies.for_queue("/", QUEUE)
     capacity = policy.capacity if policy is not None else 0
-    console.print(f"[bold]floodwall demo[/]: starting RabbitMQ (logs in {out}/broker) ...")
-    node = LocalBroker(out / "broker")
+    release = release_named(args.broker)
+    console.print(f"[bold]floodwall demo[/]: starting RabbitMQ {release.full_version} "
+                  f"(logs in {out}/broker) ...")
+    node = LocalBroker(out / "broker", release=release)
     node.start()
     broker = node.endpoint
     proxy = ProxyProcess(f"127.0.0.1:{broker.amqp_port}", out / "floodwall.log",

@@ -8,6 +8,13 @@ can run side by side and nothing is left behind.
 amqps on its AMQP port and https on its management port (no plain listener at all); with
 ``require_client_cert`` it also wants a client certificate (``fail_if_no_peer_cert``) and
 offers SASL EXTERNAL (``rabbitmq_auth_mechanism_ssl``, the user is the certificate's CN).
+
+``LocalBroker(workdir, release=BrokerRelease(root))`` runs the RabbitMQ installed in a Debian
+root instead of the host's (``make rabbitmq4-root`` makes one with Debian 13's 4.0): the node
+runs chrooted in a private mount namespace of its own, where ``proc``, ``/dev`` and the node's
+``workdir`` (at the same path) are mounted. The mounts live and die with the node's processes:
+nothing is ever mounted in the host's namespace, so a crash leaves nothing to unmount and any
+number of nodes share one root, which is only read.
 """
 
 from __future__ import annotations
@@ -35,6 +42,16 @@ PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_amqp1_0",
            "rabbitmq_event_exchange")
 #: The plugin that offers SASL EXTERNAL (the user is the client certificate's subject).
 EXTERNAL_PLUGIN = "rabbitmq_auth_mechanism_ssl"
+#: Where the suite, the demo and the benchmarks find the Debian root with RabbitMQ 4
+#: (``make rabbitmq4-root`` makes it there); the variable names another.
+ROOT_ENV = "FLOODWALL_RABBITMQ4_ROOT"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "build" / "rabbitmq4-root"
+_ROOT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Mounts proc, /dev and the node's directory inside the root, then chroots: run by unshare in
+# a mount namespace of the node's own (private propagation), so they vanish with the node.
+_IN_ROOT = ('set -e; r="$1"; w="$2"; shift 2; mount -t proc proc "$r/proc"; '
+            'mount --rbind /dev "$r/dev"; mkdir -p "$r$w"; mount --bind "$w" "$r$w"; '
+            'exec chroot "$r" "$@"')
 # RabbitMQ's CLI tools take 35672-35682 for their own distribution ports.
 _CLI_PORTS = range(35672, 35683)
 
@@ -62,6 +79,105 @@ def server_script() -> str:
         "rabbitmq-server is not installed: `apt-get install rabbitmq-server` "
         "(make test and make demo do this)"
     )
+
+
+def rabbitmq4_root() -> Path:
+    """The Debian root with RabbitMQ 4 (``$FLOODWALL_RABBITMQ4_ROOT`` or build/rabbitmq4-root)."""
+    return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT).resolve()
+
+
+@dataclass(frozen=True)
+class BrokerRelease:
+    """Which RabbitMQ a node runs: the host's package (``root`` None) or the one installed
+    in a Debian root, run there by chroot in a mount namespace of the node's own."""
+
+    root: Path | None = None
+
+    def lib_dir(self) -> Path:
+        """The package's rabbitmq_server-X.Y.Z directory (its name gives the version)."""
+        base = Path(str(self.root) + "/usr/lib/rabbitmq/lib") if self.root else Path(
+            "/usr/lib/rabbitmq/lib")
+        found = sorted(base.glob("rabbitmq_server-*"))
+        if not found:
+            if self.root is not None:
+                raise BrokerError(f"no RabbitMQ in {self.root}: `make rabbitmq4-root "
+                                  f"RABBITMQ4_ROOT={self.root}` makes one")
+            raise BrokerError("rabbitmq-server is not installed: `apt-get install "
+                              "rabbitmq-server` (make test and make demo do this)")
+        return found[-1]
+
+    @property
+    def full_version(self) -> str:
+        """``3.10.8``, ``4.0.5``: from the installed package's directory."""
+        return self.lib_dir().name.removeprefix("rabbitmq_server-")
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """(major, minor): what tests compare where the brokers behave differently."""
+        major, minor = self.full_version.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
+    def name(self) -> str:
+        """``rabbitmq3.10``, ``rabbitmq4.0``: the suite's test ids."""
+        return "rabbitmq{}.{}".format(*self.version)
+
+    def server_script(self) -> str:
+        if self.root is None:
+            return server_script()
+        script = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+        if not os.access(str(self.root) + script, os.X_OK):
+            self.lib_dir()  # says how to make the root
+            raise BrokerError(f"{self.root}{script} is missing or not executable")
+        return script
+
+    def command(self, argv: list[str], workdir: Path, env: dict[str, str]) -> list[str]:
+        """``argv`` with ``env``, run by the host or chrooted into the root."""
+        if self.root is None:
+            return argv
+        ensure_epmd()
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _IN_ROOT,
+                "sh", str(self.root), str(workdir), "env", "-i", _ROOT_PATH, "LANG=C.UTF-8",
+                *(f"{k}={v}" for k, v in env.items()), *argv]
+
+    def forget(self, workdir: Path) -> None:
+        """Remove the empty directories that stood for ``workdir`` in the root (never the
+        root's own top-level directories such as /tmp)."""
+        if self.root is None:
+            return
+        inside = Path(str(self.root) + str(workdir))
+        with contextlib.suppress(OSError):
+            while inside.parent != self.root and inside.is_dir() and not any(inside.iterdir()):
+                inside.rmdir()
+                inside = inside.parent
+
+
+def ensure_epmd() -> None:
+    """Start the host's epmd (Erlang's port mapper, port 4369) if none runs, so that a node
+    in a root registers with it rather than leave a daemon of its own running in its mount
+    namespace. Nodes of either release share it (the protocol is the same); without the
+    host's Erlang the node starts its own, as it would anyway."""
+    epmd = shutil.which("epmd")
+    if epmd is None:
+        return
+    with contextlib.suppress(OSError):
+        with socket.create_connection(("127.0.0.1", 4369), 1):
+            return
+    subprocess.run([epmd, "-daemon"], check=False, timeout=10,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+HOST_RELEASE = BrokerRelease()
+#: What ``--broker`` / ``BROKER=`` take: the host's package or the root's RabbitMQ 4.
+RELEASE_NAMES = ("3.10", "4.0")
+
+
+def release_named(name: str) -> BrokerRelease:
+    """``3.10``: the host's package; ``4.0``: the root (``rabbitmq4_root()``)."""
+    if name not in RELEASE_NAMES:
+        raise BrokerError(f"broker {name!r}: expected one of {', '.join(RELEASE_NAMES)}")
+    return HOST_RELEASE if name == "3.10" else BrokerRelease(rabbitmq4_root())
 
 
 @dataclass(frozen=True)
@@ -114,6 +230,9 @@ class BrokerEndpoint:
     username: str = "guest"
     password: str = "guest"
     tls_ca: Path | None = None
+    #: (major, minor) of the RabbitMQ behind it: where the brokers behave differently, a test
+    #: branches on this (and says why in a comment).
+    version: tuple[int, int] = (3, 10)
 
     @property
     def management_url(self) -> str:
@@ -166,19 +285,22 @@ class LocalBroker:
     config_extra: str = ""
     plugins: tuple[str, ...] = PLUGINS
     tls: BrokerTls | None = None  # amqps and https only
+    release: BrokerRelease = HOST_RELEASE
     endpoint: BrokerEndpoint = field(init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()  # the node runs with cwd=workdir
         self.endpoint = BrokerEndpoint("127.0.0.1", free_port(), free_port(),
-                                       tls_ca=self.tls.ca if self.tls is not None else None)
+                                       tls_ca=self.tls.ca if self.tls is not None else None,
+                                       version=self.release.version)
         self.dist_port = free_port()
         self.prometheus_port = free_port()
         self.nodename = f"floodwall-{self.endpoint.amqp_port}@localhost"
 
     def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The node's own variables (with the caller's environment for the host's node)."""
+        env = dict(os.environ) if self.release.root is None else {}
         w = self.workdir
         env.update(
             HOME=str(w),
@@ -193,8 +315,20 @@ class LocalBroker:
         # Erlang's cookie lives in HOME; a private HOME gets a private cookie.
         return env
 
+    def _tls_inside(self, tls: BrokerTls) -> BrokerTls:
+        """``tls`` with its files copied into the node's directory (a node in a root sees
+        nothing else of the host)."""
+        if self.release.root is None:
+            return tls
+        directory = self.workdir / "tls"
+        directory.mkdir(exist_ok=True)
+        for name, path in (("ca.pem", tls.ca), ("cert.pem", tls.cert), ("key.pem", tls.key)):
+            shutil.copyfile(path, directory / name)
+        return BrokerTls(directory / "ca.pem", directory / "cert.pem", directory / "key.pem",
+                         require_client_cert=tls.require_client_cert)
+
     def start(self, timeout: float = 90.0) -> BrokerEndpoint:
-        script = server_script()
+        script = self.release.server_script()
         self.workdir.mkdir(parents=True, exist_ok=True)
         ep = self.endpoint
         if self.tls is None:
@@ -202,7 +336,7 @@ class LocalBroker:
                          f"management.tcp.port = {ep.management_port}\n"
                          "management.tcp.ip = 127.0.0.1\n")
         else:
-            listeners = self.tls.config(ep.amqp_port, ep.management_port)
+            listeners = self._tls_inside(self.tls).config(ep.amqp_port, ep.management_port)
         (self.workdir / "rabbitmq.conf").write_text(
             listeners +
             f"prometheus.tcp.port = {self.prometheus_port}\n"
@@ -216,10 +350,11 @@ class LocalBroker:
             plugins = (*plugins, EXTERNAL_PLUGIN)
         (self.workdir / "enabled_plugins").write_text("[" + ",".join(plugins) + "].\n")
         out = open(self.workdir / "server.out", "wb")
+        env = self._environment()
         self.process = subprocess.Popen(
-            [script],
+            self.release.command([script], self.workdir, env),
             cwd=self.workdir,  # crash dumps land here, not in the caller's directory
-            env=self._environment(),
+            env=env if self.release.root is None else None,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -257,10 +392,12 @@ class LocalBroker:
         The package's own script, not the /usr/sbin wrapper that switches user: the node's
         Erlang cookie is in the private HOME this environment points at.
         """
-        script = Path(server_script()).with_name("rabbitmqctl")
+        script = Path(self.release.server_script()).with_name("rabbitmqctl")
+        env = self._environment()
         proc = subprocess.run(
-            [str(script), "-n", self.nodename, *args], env=self._environment(),
-            cwd=self.workdir, capture_output=True, text=True, timeout=timeout, check=False)
+            self.release.command([str(script), "-n", self.nodename, *args], self.workdir, env),
+            env=env if self.release.root is None else None, cwd=self.workdir,
+            capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode != 0:
             raise BrokerError(f"rabbitmqctl {' '.join(args)} exited with {proc.returncode}: "
                               + (proc.stderr or proc.stdout).strip()[-2000:])
@@ -303,6 +440,7 @@ class LocalBroker:
         """Stop the node and every process it started (its own process group)."""
         proc = self.process
         if proc is None:
+            self.release.forget(self.workdir)
             return
         self.process = None
         if proc.poll() is None:
@@ -320,6 +458,7 @@ class LocalBroker:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self.release.forget(self.workdir)
 
     def remove(self) -> None:
         self.stop()

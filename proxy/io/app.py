@@ -512,7 +512,8 @@ def make_spool(settings: ProxySettings, flow: FlowSupervisor,
     return SpoolService(
         SpoolServiceSettings(settings.spool_dir, settings.upstream[0], settings.upstream[1],
                              settings.effective_amqp_credentials,
-                             SpoolLimits(settings.spool_total_max, settings.spool_min_free),
+                             SpoolLimits(settings.spool_total_max, settings.spool_min_free,
+                                         settings.spool_max_message),
                              connect_timeout=settings.connect_timeout, tls=tls),
         flow.board, flow.topology, ready=lambda: flow.readiness()[0],
         depth_known=lambda key: not flow.depth_unknown_now(key))

@@ -919,7 +919,8 @@ class SpoolCollector(Collector):
         full = CounterMetricFamily("floodwall_spool_full",
                                    "Appends the spool refused, by the limit that said no.",
                                    labels=["reason"])
-        for reason in ("queue_limit", "total_limit", "min_free", "draining"):
+        for reason in ("queue_limit", "total_limit", "min_free", "draining",
+                       "message_size"):
             full.add_metric([reason], svc.manager.full[reason])
         yield full
         fallbacks = CounterMetricFamily("floodwall_spool_fallbacks",

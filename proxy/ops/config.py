@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from floodwall.control.memory import DEFAULT_MEMORY_BUDGET
-from floodwall.spool.manager import DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
+from floodwall.spool.manager import DEFAULT_MAX_MESSAGE, DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
 
 
 class ConfigError(ValueError):
@@ -311,6 +311,7 @@ class ProxySettings:
     spool_dir: Path | None = None
     spool_total_max: int = DEFAULT_TOTAL_MAX  # bytes, all queues
     spool_min_free: int = DEFAULT_MIN_FREE  # bytes left free on the spool's filesystem
+    spool_max_message: int = DEFAULT_MAX_MESSAGE  # the broker's max_message_size
 
     @property
     def effective_management_url(self) -> str:

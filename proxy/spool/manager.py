@@ -4,6 +4,9 @@
 vhost or queue name is a safe directory name). Limits are checked before each append:
 the policy's per-queue ``spool.max_bytes``, a total across queues, and a minimum of free
 disk; past any of them ``append`` raises ``SpoolFull`` and the caller falls back to holding.
+So does a message larger than the broker's ``max_message_size`` (``max_message_bytes``): the
+broker would refuse it at replay, after the client was acked; held, it goes to the broker
+when the queue is released and the client hears the broker's own refusal.
 So does ``accepting = False`` (the proxy is draining, or has not recovered its spool yet).
 
 One process at a time: the running proxy (and ``floodwall spool replay|purge``) holds
@@ -29,6 +32,9 @@ QueueKey = tuple[str, str]
 
 DEFAULT_TOTAL_MAX = 10 * 1024**3
 DEFAULT_MIN_FREE = 512 * 1024**2
+#: RabbitMQ 4's ``max_message_size`` (3.x: 128 MiB): a larger message is not spooled, since
+#: the broker would refuse it at replay, after the client had its ack.
+DEFAULT_MAX_MESSAGE = 16 * 1024**2
 
 
 class SpoolFull(SpoolError):
@@ -54,6 +60,7 @@ def _decode(name: str) -> str:
 class SpoolLimits:
     total_max_bytes: int = DEFAULT_TOTAL_MAX
     min_free_bytes: int = DEFAULT_MIN_FREE
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE  # the broker's max_message_size
 
 
 class SpoolManager:
@@ -128,6 +135,11 @@ class SpoolManager:
         if not self.accepting:
             self.full["draining"] += 1
             raise SpoolFull("draining")
+        if len(record.body) > self.limits.max_message_bytes:
+            self.full["message_size"] += 1
+            raise SpoolFull(errno.EFBIG, f"a message of {len(record.body)} bytes is larger than "
+                                         f"the broker's max_message_size "
+                                         f"({self.limits.max_message_bytes} bytes)")
         size = record.size
         spool = self.spools.get(key)
         pending = spool.pending_bytes if spool is not None else 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from floodwall.dev.devbroker import LocalBroker
+from floodwall.dev.devbroker import BrokerRelease, LocalBroker
 from tests.chaos.faults import FaultyRelay
 from tests.integration.conftest import queues
 
@@ -19,11 +19,11 @@ __all__ = ["alive", "chaos_broker", "queues", "relay"]  # queues: the integratio
 
 
 @pytest.fixture(scope="module")
-def chaos_broker() -> Iterator[LocalBroker]:
+def chaos_broker(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     """A RabbitMQ for this module only: the tests freeze it, kill -9 it and start it again
     (on the same ports and data directory)."""
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-chaos-"))
-    node = LocalBroker(workdir / "rabbit")
+    node = LocalBroker(workdir / "rabbit", release=broker_release)
     node.start()
     try:
         yield node

@@ -33,6 +33,7 @@ from pamqp.heartbeat import Heartbeat
 from floodwall.dev.devbroker import (
     BrokerEndpoint,
     BrokerError,
+    BrokerRelease,
     LocalBroker,
     free_port,
     server_script,
@@ -441,14 +442,14 @@ def test_relay_goes_on_when_the_management_api_fails(
 
 # -- 10. a broker alarm, end to end ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def alarm_node() -> Iterator[LocalBroker]:
+def alarm_node(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     """A node of our own: its memory alarm must not block the shared broker's publishers."""
     try:
         server_script()
     except BrokerError as exc:
         pytest.skip(f"needs Debian's rabbitmq-server: {exc}")
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-it-alarm-"))
-    node = LocalBroker(workdir)
+    node = LocalBroker(workdir, release=broker_release)
     node.start()
     try:
         yield node

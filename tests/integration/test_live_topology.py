@@ -28,7 +28,14 @@ from pamqp import body as pamqp_body
 from pamqp import commands, frame
 from pamqp import header as pamqp_header
 
-from floodwall.dev.devbroker import PLUGINS, BrokerEndpoint, BrokerError, LocalBroker, server_script
+from floodwall.dev.devbroker import (
+    PLUGINS,
+    BrokerEndpoint,
+    BrokerError,
+    BrokerRelease,
+    LocalBroker,
+    server_script,
+)
 from tests.conftest import wait_for
 from tests.integration.support import (
     FlowProxy,
@@ -592,7 +599,7 @@ def test_management_load_does_not_grow_with_unpoliced_queues(
 
 # -- 10. a broker without the event plugin -----------------------------------------------------
 @pytest.fixture(scope="module")
-def plain_node() -> Iterator[LocalBroker]:
+def plain_node(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     """A node of our own without rabbitmq_event_exchange."""
     try:
         server_script()
@@ -600,7 +607,8 @@ def plain_node() -> Iterator[LocalBroker]:
         pytest.skip(f"needs Debian's rabbitmq-server: {exc}")
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-it-noevents-"))
     node = LocalBroker(workdir, plugins=tuple(p for p in PLUGINS
-                                              if p != "rabbitmq_event_exchange"))
+                                              if p != "rabbitmq_event_exchange"),
+                     release=broker_release)
     node.start()
     try:
         yield node

@@ -30,7 +30,7 @@ import pika
 import pytest
 import trustme
 
-from floodwall.dev.devbroker import BrokerEndpoint, BrokerTls, LocalBroker
+from floodwall.dev.devbroker import BrokerEndpoint, BrokerRelease, BrokerTls, LocalBroker
 
 PROXY_CN = "floodwall-proxy"
 APP_CN = "orders-app"
@@ -90,10 +90,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @contextlib.contextmanager
-def _tls_node(pki: Pki, require_client_cert: bool) -> Iterator[LocalBroker]:
+def _tls_node(pki: Pki, require_client_cert: bool, release: BrokerRelease
+              ) -> Iterator[LocalBroker]:
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-rabbit-tls-"))
     node = LocalBroker(workdir, tls=BrokerTls(pki.ca, pki.server_cert, pki.server_key,
-                                              require_client_cert))
+                                              require_client_cert), release=release)
     node.start()
     try:
         yield node
@@ -103,9 +104,9 @@ def _tls_node(pki: Pki, require_client_cert: bool) -> Iterator[LocalBroker]:
 
 
 @pytest.fixture(scope="session")
-def tls_node(pki: Pki) -> Iterator[LocalBroker]:
+def tls_node(pki: Pki, broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     """The node behind ``tls_broker`` (for ``ctl``)."""
-    with _tls_node(pki, require_client_cert=False) as node:
+    with _tls_node(pki, require_client_cert=False, release=broker_release) as node:
         yield node
 
 
@@ -116,9 +117,9 @@ def tls_broker(tls_node: LocalBroker) -> BrokerEndpoint:
 
 
 @pytest.fixture(scope="session")
-def mtls_broker(pki: Pki) -> Iterator[BrokerEndpoint]:
+def mtls_broker(pki: Pki, broker_release: BrokerRelease) -> Iterator[BrokerEndpoint]:
     """amqps with fail_if_no_peer_cert = true and SASL EXTERNAL; user floodwall-proxy."""
-    with _tls_node(pki, require_client_cert=True) as node:
+    with _tls_node(pki, require_client_cert=True, release=broker_release) as node:
         ep = node.endpoint
         quoted = urllib.parse.quote(PROXY_CN, safe="")
         ep.api("PUT", f"/api/users/{quoted}", {"password_hash": "", "tags": "monitoring"})

@@ -32,6 +32,7 @@ from floodwall.control.policy import parse_policies
 from floodwall.dev.devbroker import (
     BrokerEndpoint,
     BrokerError,
+    BrokerRelease,
     LocalBroker,
     free_port,
     server_script,
@@ -321,14 +322,15 @@ policies:
 
 
 @pytest.fixture(scope="module")
-def private_node() -> Iterator[LocalBroker]:
+def private_node(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     """A node of our own: the alarm test must not block the shared broker's publishers."""
     try:
         server_script()
     except BrokerError as exc:
         pytest.skip(f"needs Debian's rabbitmq-server for rabbitmqctl: {exc}")
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-alarm-"))
-    node = LocalBroker(workdir, config_extra="collect_statistics_interval = 500\n")
+    node = LocalBroker(workdir, config_extra="collect_statistics_interval = 500\n",
+                       release=broker_release)
     node.start()
     try:
         yield node

@@ -54,6 +54,19 @@ def test_per_queue_limit_total_limit_and_free_disk(tmp_path: Path) -> None:
     assert tight.full["min_free"] == 1 and not tight.spools  # nothing was created
 
 
+def test_a_message_larger_than_the_brokers_max_message_size_is_refused(tmp_path: Path) -> None:
+    """The broker would refuse it at replay (after the client had its ack): the spool says no
+    with the reason, writes nothing, and takes the next message that fits."""
+    m = SpoolManager(tmp_path, SpoolLimits(min_free_bytes=0, max_message_bytes=1000))
+    with pytest.raises(SpoolFull, match=r"1001 bytes is larger than the broker's "
+                                        r"max_message_size \(1000 bytes\)") as refused:
+        m.append(KEY, rec(0, size=1001), BIG)
+    assert refused.value.errno == errno.EFBIG
+    assert m.full == {"message_size": 1} and not m.spools
+    assert m.append(KEY, rec(1, size=1000), BIG) == 1
+    assert SpoolLimits().max_message_bytes == 16 * 1024 * 1024  # RabbitMQ 4's default
+
+
 def test_not_accepting_refuses_as_draining(tmp_path: Path) -> None:
     m = SpoolManager(tmp_path)
     m.append(KEY, rec(0), BIG)
