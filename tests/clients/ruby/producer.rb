@@ -17,9 +17,11 @@
 # rpc_ok, elapsed_s}.
 #
 # Bunny has no handler for a Channel.Flow from the server: Channel#handle_method raises "Do
-# not know how to handle #<AMQ::Protocol::Channel::Flow ...>" in the reader loop, which
-# reports it as Bunny::NetworkFailure to the thread that opened the session (here: the main
-# loop, an error event and exit 1). Automatic recovery is off, so that shows.
+# not know how to handle #<AMQ::Protocol::Channel::Flow ...>" in the reader loop's thread,
+# which ends (Ruby prints the exception on stderr). Publishing goes on, since basic_publish
+# only writes, but nothing is read any more: the next RPC (here the passive declare) times
+# out after Bunny's continuation timeout (15 s), an error event and exit 1. Automatic
+# recovery is off, so that shows.
 
 require 'bunny'
 require 'json'
