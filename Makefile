@@ -58,6 +58,31 @@ $(STAMPS)/java-client:
 	ls /usr/share/java/amqp-client.jar /usr/share/java/slf4j-api.jar /usr/share/java/slf4j-nop.jar
 	touch $@
 
+# The platform clients (tests/clients/{go,ruby,php,c}), Debian 12's packages: Go 1.19 with
+# amqp091-go 1.5 (built without modules from /usr/share/gocode), Ruby with Bunny 2.19, PHP's
+# CLI with php-amqplib 3.5, gcc with rabbitmq-c 0.11. The tests build the Go and C programs
+# once per session.
+$(STAMPS)/platform-clients:
+	@mkdir -p $(@D)
+	@pkgs=""; \
+	command -v go >/dev/null || pkgs="golang-go"; \
+	[ -d /usr/share/gocode/src/github.com/rabbitmq/amqp091-go ] \
+	  || pkgs="$$pkgs golang-github-rabbitmq-amqp091-go-dev"; \
+	command -v ruby >/dev/null || pkgs="$$pkgs ruby"; \
+	ruby -e "require 'bunny'" 2>/dev/null || pkgs="$$pkgs ruby-bunny"; \
+	command -v php >/dev/null || pkgs="$$pkgs php-cli"; \
+	[ -f /usr/share/php/PhpAmqpLib/autoload.php ] || pkgs="$$pkgs php-amqplib"; \
+	command -v gcc >/dev/null || pkgs="$$pkgs gcc libc6-dev"; \
+	[ -f /usr/include/amqp.h ] || pkgs="$$pkgs librabbitmq-dev"; \
+	if [ -n "$$pkgs" ]; then \
+	  echo "installing: $$pkgs"; \
+	  $(APT_UPDATE) && $(APT_INSTALL) $$pkgs || exit 1; \
+	fi
+	go version && ruby --version && php --version | head -1 && gcc --version | head -1
+	ruby -e "require 'bunny'; puts 'bunny ' + Bunny::VERSION"
+	ls /usr/share/php/PhpAmqpLib/autoload.php /usr/include/amqp.h
+	touch $@
+
 $(STAMPS)/node:
 	@mkdir -p $(@D)
 	@if ! command -v node >/dev/null; then \
@@ -119,7 +144,8 @@ $(NODE_CLIENTS)/node_modules/.installed: $(NODE_CLIENTS)/package.json \
 	cd $(NODE_CLIENTS) && npm ci --no-audit --no-fund
 	touch $@
 
-clients-deps: $(STAMPS)/java-client $(NODE_CLIENTS)/node_modules/.installed
+clients-deps: $(STAMPS)/java-client $(NODE_CLIENTS)/node_modules/.installed \
+		$(STAMPS)/platform-clients
 
 # The suite's second broker, RabbitMQ 4.0: Debian 13's rabbitmq-server in a root made by
 # mmdebstrap (installed when missing; ~25 s and 240 MB), made once and reused. The tests run

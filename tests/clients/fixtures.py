@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import pytest
 
 from tests.clients import harness
-from tests.clients.harness import ForeignClient, JavaProgram, ToolchainMissing
+from tests.clients.harness import BuiltProgram, ForeignClient, JavaProgram, ToolchainMissing
 
 
 def _unavailable(problem: ToolchainMissing) -> NoReturn:
@@ -114,6 +114,90 @@ def rhea_receiver() -> Iterator[Callable[..., ForeignClient]]:
 
     def start(host: str, port: int, address: str, **kwargs: Any) -> ForeignClient:
         return started.add(harness.start_rhea_receiver(host, port, address, **kwargs))
+
+    yield start
+    started.stop_all()
+
+
+@pytest.fixture(scope="session")
+def client_builds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the compiled clients (Go, C) are built, once per session."""
+    return Path(tmp_path_factory.mktemp("client-builds"))
+
+
+@pytest.fixture(scope="session")
+def go_program(client_builds: Path) -> BuiltProgram:
+    """go/producer.go built once per session (Debian's Go and amqp091-go, no modules)."""
+    try:
+        return harness.build_go(client_builds)
+    except ToolchainMissing as problem:
+        _unavailable(problem)
+
+
+@pytest.fixture(scope="session")
+def c_program(client_builds: Path) -> BuiltProgram:
+    """c/producer.c built once per session (gcc, rabbitmq-c)."""
+    try:
+        return harness.build_c(client_builds)
+    except ToolchainMissing as problem:
+        _unavailable(problem)
+
+
+@pytest.fixture
+def go_producer(go_program: BuiltProgram) -> Iterator[Callable[..., ForeignClient]]:
+    """``go_producer(host, port, queue, count=1000, rate=0, body_size=100, confirm=False,
+    connection_name=None)``: starts the amqp091-go producer; its ForeignClient."""
+    started = _Started()
+
+    def start(host: str, port: int, queue: str, **kwargs: Any) -> ForeignClient:
+        return started.add(harness.start_go_producer(go_program, host, port, queue, **kwargs))
+
+    yield start
+    started.stop_all()
+
+
+@pytest.fixture
+def c_producer(c_program: BuiltProgram) -> Iterator[Callable[..., ForeignClient]]:
+    """``c_producer(host, port, queue, count=1000, rate=0, body_size=100, confirm=False)``:
+    starts the rabbitmq-c producer; its ForeignClient."""
+    started = _Started()
+
+    def start(host: str, port: int, queue: str, **kwargs: Any) -> ForeignClient:
+        return started.add(harness.start_c_producer(c_program, host, port, queue, **kwargs))
+
+    yield start
+    started.stop_all()
+
+
+@pytest.fixture
+def ruby_producer() -> Iterator[Callable[..., ForeignClient]]:
+    """``ruby_producer(host, port, queue, count=1000, rate=0, body_size=100, confirm=False)``:
+    starts the Bunny producer; its ForeignClient."""
+    try:
+        harness.ruby_binary()
+    except ToolchainMissing as problem:
+        _unavailable(problem)
+    started = _Started()
+
+    def start(host: str, port: int, queue: str, **kwargs: Any) -> ForeignClient:
+        return started.add(harness.start_ruby_producer(host, port, queue, **kwargs))
+
+    yield start
+    started.stop_all()
+
+
+@pytest.fixture
+def php_producer() -> Iterator[Callable[..., ForeignClient]]:
+    """``php_producer(host, port, queue, count=1000, rate=0, body_size=100, confirm=False)``:
+    starts the php-amqplib producer; its ForeignClient."""
+    try:
+        harness.php_binary()
+    except ToolchainMissing as problem:
+        _unavailable(problem)
+    started = _Started()
+
+    def start(host: str, port: int, queue: str, **kwargs: Any) -> ForeignClient:
+        return started.add(harness.start_php_producer(host, port, queue, **kwargs))
 
     yield start
     started.stop_all()

@@ -7,15 +7,27 @@ Programs (see their headers for arguments and events):
   blocked on it.
 - ``node/producer.js``: amqplib (AMQP 0-9-1).
 - ``node/rhea_send.js``, ``node/rhea_receive.js``: rhea (AMQP 1.0).
+- ``go/producer.go``: amqp091-go 1.5 (Debian's golang-github-rabbitmq-amqp091-go-dev), built
+  once per session with Debian's Go without modules (``GO111MODULE=off
+  GOPATH=/usr/share/gocode``).
+- ``ruby/producer.rb``: Bunny 2.19 (ruby-bunny).
+- ``php/producer.php``: php-amqplib 3.5 (php-amqplib, php-cli).
+- ``c/producer.c``: rabbitmq-c 0.11 (librabbitmq-dev), built once per session with gcc.
 
-``make deps`` installs the toolchains (JDK, the jars, node, npm) and runs ``npm ci`` in
-``node/``. ``ToolchainMissing`` says what is absent; the fixtures turn it into a skip, or a
-failure on CI, where ``make test`` has installed everything.
+The 0-9-1 producers take the same arguments (HOST PORT QUEUE COUNT RATE BODY_SIZE [confirm]),
+send the same bodies and report the same events (ready, progress, flow where the client
+lets a program see Channel.Flow, error, done).
+
+``make deps`` installs the toolchains (JDK, the jars, node, npm, Go, Ruby, PHP, gcc and the
+client packages) and runs ``npm ci`` in ``node/``. ``ToolchainMissing`` says what is absent;
+the fixtures turn it into a skip, or a failure on CI, where ``make test`` has installed
+everything.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -33,6 +45,14 @@ JAVA_SOURCE = HERE / "java" / "FloodProducer.java"
 JAVA_MAIN_CLASS = "FloodProducer"
 NODE_DIR = HERE / "node"
 NODE_PACKAGES = ("amqplib", "rhea")
+GO_SOURCE = HERE / "go" / "producer.go"
+GO_PATH = Path("/usr/share/gocode")  # Debian's golang-*-dev packages put their sources here
+GO_CLIENT = GO_PATH / "src" / "github.com" / "rabbitmq" / "amqp091-go"
+C_SOURCE = HERE / "c" / "producer.c"
+C_HEADER = Path("/usr/include/amqp.h")
+RUBY_SCRIPT = HERE / "ruby" / "producer.rb"
+PHP_SCRIPT = HERE / "php" / "producer.php"
+PHP_CLIENT = Path("/usr/share/php/PhpAmqpLib/autoload.php")
 
 # Debian's librabbitmq-client-java puts the client at /usr/share/java/amqp-client.jar; it
 # needs slf4j-api (libslf4j-java, a dependency of the package); slf4j-nop keeps SLF4J quiet.
@@ -128,6 +148,94 @@ def compile_java(build_root: Path) -> JavaProgram:
         program = JavaProgram(java, classes, jars)
         _compiled[key] = program
         return program
+
+
+@dataclass(frozen=True)
+class BuiltProgram:
+    """A client program compiled once per session; ``command(args)`` is what runs it."""
+
+    binary: Path
+
+    def command(self, args: Sequence[object]) -> list[str]:
+        return [str(self.binary), *map(str, args)]
+
+
+_built: dict[tuple[str, Path], BuiltProgram] = {}
+
+
+def _build_once(source: Path, build_root: Path, tool: str,
+                build: Callable[[Path, Path], list[str]], env: Mapping[str, str]) -> BuiltProgram:
+    """Build ``source`` into ``build_root/<hash of source and tool>/`` with the command
+    ``build(tmp_dir, output)`` (once: reused in this process and from disk)."""
+    digest = hashlib.sha256(source.read_bytes() + tool.encode()).hexdigest()[:16]
+    key = (digest, build_root.resolve())
+    with _compile_lock:
+        if key in _built:
+            return _built[key]
+        folder = build_root / digest
+        binary = folder / source.stem
+        if not binary.is_file():
+            tmp = build_root / f"{digest}.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            result = subprocess.run(build(tmp, tmp / source.stem), capture_output=True,
+                                    text=True, timeout=600, check=False,
+                                    env={**os.environ, **env}, cwd=tmp)
+            if result.returncode != 0:
+                raise RuntimeError(f"building {source.name} failed ({result.returncode}):\n"
+                                   f"{result.stdout}{result.stderr}")
+            shutil.rmtree(folder, ignore_errors=True)
+            tmp.rename(folder)
+        program = BuiltProgram(binary)
+        _built[key] = program
+        return program
+
+
+def build_go(build_root: Path) -> BuiltProgram:
+    """go/producer.go built with Debian's Go and amqp091-go, without modules."""
+    go = _which("go")
+    if not GO_CLIENT.is_dir():
+        raise ToolchainMissing(f"amqp091-go is not in {GO_CLIENT}: apt-get install "
+                               "golang-github-rabbitmq-amqp091-go-dev (make deps does)")
+    version = subprocess.run([go, "version"], capture_output=True, text=True, timeout=60,
+                             check=False).stdout.strip()
+    env = {"GO111MODULE": "off", "GOPATH": str(GO_PATH), "GOFLAGS": "",
+           "GOCACHE": str(build_root / "go-cache")}
+    return _build_once(GO_SOURCE, build_root, version,
+                       lambda _tmp, out: [go, "build", "-o", str(out), str(GO_SOURCE)], env)
+
+
+def build_c(build_root: Path) -> BuiltProgram:
+    """c/producer.c built with gcc against rabbitmq-c."""
+    gcc = _which("gcc")
+    if not C_HEADER.is_file():
+        raise ToolchainMissing(f"{C_HEADER} is missing: apt-get install librabbitmq-dev "
+                               "(make deps does)")
+    return _build_once(C_SOURCE, build_root, gcc,
+                       lambda _tmp, out: [gcc, "-O2", "-Wall", "-Werror", "-o", str(out),
+                                          str(C_SOURCE), "-lrabbitmq"], {})
+
+
+@functools.cache
+def ruby_binary() -> str:
+    """Path of ``ruby`` once Bunny loads, or ToolchainMissing."""
+    ruby = _which("ruby")
+    loads = subprocess.run([ruby, "-e", "require 'bunny'"], capture_output=True, text=True,
+                           timeout=60, check=False)
+    if loads.returncode != 0:
+        raise ToolchainMissing("Bunny does not load (`ruby -e \"require 'bunny'\"`: "
+                               f"{loads.stderr.strip()[:200]}): apt-get install ruby-bunny "
+                               "(make deps does)")
+    return ruby
+
+
+def php_binary() -> str:
+    """Path of ``php`` once php-amqplib is installed, or ToolchainMissing."""
+    php = _which("php")
+    if not PHP_CLIENT.is_file():
+        raise ToolchainMissing(f"{PHP_CLIENT} is missing: apt-get install php-amqplib "
+                               "(make deps does)")
+    return php
 
 
 def node_binary() -> str:
@@ -328,7 +436,7 @@ class ForeignClient:
                 f"events={len(self.events)}>")
 
 
-# --- starting the four programs --------------------------------------------------------------
+# --- starting the programs ------------------------------------------------------------------
 
 def start_java_producer(program: JavaProgram, host: str, port: int, queue: str,
                         count: int = 1000, rate: float = 0, body_size: int = 100,
@@ -361,3 +469,47 @@ def start_rhea_receiver(host: str, port: int, address: str, count: int = 0,
     return ForeignClient.start(
         node_command("rhea_receive.js", [host, port, address, count, prefetch, rate]),
         name="rhea-receiver", cwd=NODE_DIR)
+
+
+def _producer_args(host: str, port: int, queue: str, count: int, rate: float, body_size: int,
+                   confirm: bool) -> list[object]:
+    args: list[object] = [host, port, queue, count, rate, body_size]
+    if confirm:
+        args.append("confirm")
+    return args
+
+
+def start_go_producer(program: BuiltProgram, host: str, port: int, queue: str,
+                      count: int = 1000, rate: float = 0, body_size: int = 100,
+                      confirm: bool = False, connection_name: str | None = None
+                      ) -> ForeignClient:
+    """``connection_name``: set the documented way (NewConnectionProperties), which leaves
+    out the library's product, version and platform."""
+    env = {"FLOODWALL_CONNECTION_NAME": connection_name or ""}
+    return ForeignClient.start(
+        program.command(_producer_args(host, port, queue, count, rate, body_size, confirm)),
+        name="go-producer", env=env)
+
+
+def start_c_producer(program: BuiltProgram, host: str, port: int, queue: str,
+                     count: int = 1000, rate: float = 0, body_size: int = 100,
+                     confirm: bool = False) -> ForeignClient:
+    return ForeignClient.start(
+        program.command(_producer_args(host, port, queue, count, rate, body_size, confirm)),
+        name="c-producer")
+
+
+def start_ruby_producer(host: str, port: int, queue: str, count: int = 1000, rate: float = 0,
+                        body_size: int = 100, confirm: bool = False) -> ForeignClient:
+    return ForeignClient.start(
+        [ruby_binary(), str(RUBY_SCRIPT),
+         *map(str, _producer_args(host, port, queue, count, rate, body_size, confirm))],
+        name="ruby-producer")
+
+
+def start_php_producer(host: str, port: int, queue: str, count: int = 1000, rate: float = 0,
+                       body_size: int = 100, confirm: bool = False) -> ForeignClient:
+    return ForeignClient.start(
+        [php_binary(), str(PHP_SCRIPT),
+         *map(str, _producer_args(host, port, queue, count, rate, body_size, confirm))],
+        name="php-producer")

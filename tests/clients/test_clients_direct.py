@@ -13,6 +13,8 @@ import pika
 import pytest
 
 from floodwall.dev.devbroker import BrokerEndpoint
+from floodwall.enforce.amqp091.clients import FlowReaction, flow_reaction
+from floodwall.wire.amqp091.hooks import ClientInfo
 from tests.clients.harness import ForeignClient
 from tests.conftest import wait_for
 
@@ -188,3 +190,83 @@ def test_a_failing_client_is_reported(broker: BrokerEndpoint, rhea_receiver: Sta
     error = client.wait_event("error", timeout=30)
     assert error["code"] == "amqp:not-found"
     assert client.wait_exit(timeout=30) != 0
+
+
+# -- the platform clients: amqp091-go, Bunny, php-amqplib, rabbitmq-c ----------------------
+PLATFORM_KINDS = ("go", "ruby", "php", "c")
+
+
+@pytest.fixture
+def platform_producer(request: pytest.FixtureRequest) -> Callable[[str], Starter]:
+    """``platform_producer(kind)``: the starter fixture of that client."""
+
+    def starter(kind: str) -> Starter:
+        start: Starter = request.getfixturevalue(f"{kind}_producer")
+        return start
+
+    return starter
+
+
+@pytest.mark.parametrize("confirm", [False, True], ids=["no-confirms", "confirms"])
+@pytest.mark.parametrize("kind", PLATFORM_KINDS)
+def test_platform_producer_publishes_to_the_broker(
+        broker: BrokerEndpoint, queue: str, platform_producer: Callable[[str], Starter],
+        kind: str, confirm: bool) -> None:
+    client = platform_producer(kind)(broker.host, broker.amqp_port, queue, count=500,
+                                     body_size=64, confirm=confirm)
+    done = client.finish(timeout=120)
+    assert done["published"] == 500 and done["confirmed"] is confirm
+    assert done["rpc_ok"] is True and done["nacked"] == 0
+    assert client.of("flow") == [], "no Channel.Flow from RabbitMQ"
+    # Without confirms the last publishes may still be on their way when the client exits.
+    wait_for(lambda: ready_count(broker, queue) == 500, timeout=10,
+             what=f"500 messages from {kind} in the queue")
+    check_bodies(drain(broker, queue), 500, 64)
+
+
+def _connections(broker: BrokerEndpoint) -> dict[str, dict[str, object]]:
+    found = broker.api("GET", "/api/connections?columns=name,client_properties")
+    assert isinstance(found, list)
+    return {c["name"]: c["client_properties"] for c in found}
+
+
+# What each client really sends in Connection.StartOk, as the broker recorded it, and how
+# floodwall's rules (proxy/enforce/amqp091/clients.py) classify it.
+STARTOK = {
+    "go": ({"product": "AMQP 0.9.1 Client", "version": "1.5.0", "platform": "golang"},
+           FlowReaction.TOLERATES),
+    "go-named": ({"connection_name": "floodwall-test go named"}, FlowReaction.UNKNOWN),
+    "ruby": ({"product": "Bunny", "version": "2.19.0"}, FlowReaction.BREAKS),
+    "php": ({"product": "AMQPLib", "version": "3.5.3", "platform": "PHP"},
+            FlowReaction.TOLERATES),
+    "c": ({"product": "rabbitmq-c", "version": "0.11.0", "platform": "Linux"},
+          FlowReaction.LEFT_TO_APPLICATION),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STARTOK))
+def test_platform_clients_startok_and_their_classification(
+        broker: BrokerEndpoint, queue: str, platform_producer: Callable[[str], Starter],
+        case: str) -> None:
+    kind, _, variant = case.partition("-")
+    extra = {"connection_name": "floodwall-test go named"} if variant == "named" else {}
+    before = set(_connections(broker))
+    # slow (100 a second for 60 s): still connected while the management API lists it
+    client = platform_producer(kind)(broker.host, broker.amqp_port, queue, count=6000,
+                                     rate=100, body_size=16, **extra)
+    client.wait_event("ready", timeout=60)
+
+    def ours() -> dict[str, object] | None:
+        new = [p for name, p in _connections(broker).items() if name not in before]
+        return new[0] if len(new) == 1 else None
+
+    sent = wait_for(ours, timeout=30, interval=0.5, what=f"{kind}'s connection listed")
+    client.stop()
+    assert isinstance(sent, dict)
+    want, reaction = STARTOK[case]
+    assert {k: sent.get(k) for k in want} == want, sent
+    if variant == "named":
+        assert not {"product", "version", "platform"} & set(sent), sent
+    info = ClientInfo.from_properties({k: v for k, v in sent.items()
+                                       if isinstance(v, str)})
+    assert flow_reaction(info) is reaction
