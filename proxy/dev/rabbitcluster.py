@@ -13,11 +13,16 @@ import json
 import secrets
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from floodwall.dev.devbroker import BrokerEndpoint, BrokerError, LocalBroker
+from floodwall.dev.devbroker import (
+    HOST_RELEASE,
+    BrokerEndpoint,
+    BrokerError,
+    BrokerRelease,
+    LocalBroker,
+)
 
 #: Seconds a node has to show every member running after the joins.
 JOIN_TIMEOUT = 120.0
@@ -31,14 +36,14 @@ class LocalCluster:
     size: int = 3
     # A node frozen long enough to be thought gone comes back into a partition: heal it.
     config_extra: str = "cluster_partition_handling = autoheal\n"
-    make_node: Callable[[Path, str], LocalBroker] = LocalBroker
+    release: BrokerRelease = HOST_RELEASE  # the host's RabbitMQ, or a root's (devbroker)
     nodes: list[LocalBroker] = field(init=False)
     frozen: set[str] = field(default_factory=set, init=False)  # node names SIGSTOPped
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
-        self.nodes = [self.make_node(self.workdir / f"node{i}", self.config_extra)
-                      for i in range(self.size)]
+        self.nodes = [LocalBroker(self.workdir / f"node{i}", self.config_extra,
+                                  release=self.release) for i in range(self.size)]
 
     @property
     def endpoints(self) -> list[BrokerEndpoint]:

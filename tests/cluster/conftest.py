@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from floodwall.dev.devbroker import BrokerRelease
 from floodwall.dev.devproxy import ProxyProcess
 from floodwall.dev.rabbitcluster import LocalCluster
 
 
 @pytest.fixture(scope="module")
-def rabbit_cluster() -> Iterator[LocalCluster]:
+def rabbit_cluster(broker_release: BrokerRelease) -> Iterator[LocalCluster]:
+    """Three nodes of the release under test (3.10 and 4.0, as every broker-facing test)."""
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-cluster-"))
-    cluster = LocalCluster(workdir)
+    cluster = LocalCluster(workdir, release=broker_release)
     cluster.start()
     try:
         yield cluster
