@@ -115,6 +115,8 @@ def decode_at(buf: bytes | memoryview, offset: int) -> tuple[SpoolRecord, int]:
         raise RecordError("checksum mismatch")
     try:
         seq, accepted_at, flags = _FIXED.unpack_from(payload, 0)
+        if flags & ~(FLAG_MANDATORY | FLAG_AMQP10):
+            raise RecordError(f"unknown flags 0x{flags:02x}: not a record this version wrote")
         pos = _FIXED.size
         n = payload[pos]
         exchange = payload[pos + 1:pos + 1 + n].decode()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,16 @@ def test_record_round_trip_and_every_truncation_is_refused() -> None:
     for cut in range(len(data)):
         with pytest.raises(RecordError):
             decode_at(data[:cut], 0)
+
+
+def test_a_record_with_flags_this_version_never_writes_is_refused() -> None:
+    """Every record that decodes encodes back to its bytes: unknown flag bits (a foreign or
+    damaged record whose checksum holds) are refused, not dropped on the way."""
+    payload = bytearray(SpoolRecord(7, 12.5, "ex", "rk", PROPS, b"x").encode()[12:])
+    payload[16] |= 0x60  # the flags byte, after seq (u64) and accepted_at (f64)
+    head = struct.pack(">4sII", b"FWR1", len(payload), zlib.crc32(payload))
+    with pytest.raises(RecordError, match="unknown flags 0x60"):
+        decode_at(head + payload, 0)
 
 
 @given(st.binary(max_size=200))
