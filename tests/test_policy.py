@@ -403,6 +403,22 @@ def test_render_round_trips() -> None:
         assert again.for_queue("/", "orders.us") == ps.for_queue("/", "orders.us")
 
 
+@pytest.mark.parametrize(("written", "queue"), [
+    (r"caf\u00e9", "caf\u00e9"), (r"\U0001F600 q", "\U0001f600 q"), (r"a\u2028b", "a\u2028b"),
+    (r"\uFEFFq", "\ufeffq"), (r'quo\"te\\s', 'quo"te\\s'), (r"tab\there", "tab\there"),
+    (r"\x85nel", "\x85nel"), (r"\ud800", "\ud800")])
+def test_render_round_trips_any_queue_name(written: str, queue: str) -> None:
+    """A name with characters beyond the BMP, line separators, a BOM, a lone surrogate or
+    escapes reads back as it was (JSON's surrogate pairs read as two lone surrogates in
+    YAML)."""
+    text = ('version: 1\npolicies:\n  - {name: p, match: {queue: "' + written
+            + '"}, capacity: 1KiB}\n')
+    ps = parse_policies(text)
+    assert ps.policies[0].queue == queue
+    again = parse_policies(render_policies(ps))
+    assert again == ps and again.policies[0].queue == queue
+
+
 # --- errors, with their line ----------------------------------------------------------
 
 BAD = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Final
 
 from floodwall.control.policy.model import FORMAT_VERSION, Policy, PolicySet
@@ -14,7 +13,24 @@ _COMMENT_COLUMN: Final = 32
 
 
 def _quote(text: str) -> str:
-    return json.dumps(text)  # a JSON string is a valid YAML double-quoted scalar
+    """``text`` as a YAML double-quoted scalar that reads back as ``text``: printable ASCII
+    as it is, every other character escaped by its code point (``\\xXX``, ``\\uXXXX``,
+    ``\\UXXXXXXXX``: one escape a character, so nothing beyond the BMP is split into a
+    surrogate pair, and no line break or BOM is left for YAML to fold or drop)."""
+    return '"' + "".join(_escape(c) for c in text) + '"'
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if c in '"\\':
+        return "\\" + c
+    if 0x20 <= code < 0x7F:
+        return c
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
 def _limit_lines(p: Policy) -> list[tuple[str, str]]:
