@@ -179,8 +179,9 @@ demo: deps
 
 test: deps lint
 	# pytest's exit code 5 (no tests collected) is a failure like any other non-zero code;
-	# -rs: every skipped test's reason is printed in the summary, not only counted.
-	$(PY) -m pytest -q -rs -p no:cacheprovider; rc=$$?; \
+	# -rs: every skipped test's reason is printed in the summary, not only counted;
+	# --durations: the 30 slowest steps, where the suite's time goes.
+	$(PY) -m pytest -q -rs --durations=30 -p no:cacheprovider; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; exit $$rc
 
 # --- parts ---------------------------------------------------------------------------
