@@ -419,6 +419,25 @@ def test_render_round_trips_any_queue_name(written: str, queue: str) -> None:
     assert again == ps and again.policies[0].queue == queue
 
 
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("capacity", "1e92000", "larger than 9223372036854775807"),
+    ("capacity", "1e1000000000", "larger than 9223372036854775807"),  # not computed
+    ("capacity", "9" * 30 + "KiB", "larger than 9223372036854775807"),
+    ("max_messages", "1e19", "larger than 9223372036854775807"),
+    ("deadline", "9" * 400 + "s", "longer than 2147483648s"),
+    ("deadline", "99999999999999999999h", "longer than 2147483648s"),
+])
+def test_a_number_too_large_to_mean_anything_is_a_problem_with_its_line(
+        field: str, value: str, reason: str) -> None:
+    """A size, count or duration past what the proxy can hold (a 92,000-digit capacity
+    crashed the rendering; a deadline of infinite seconds too) is refused where it stands."""
+    extra = "" if field == "capacity" else ", capacity: 1KiB"
+    with pytest.raises(PolicyError) as info:
+        parse_policies("version: 1\npolicies:\n  - {name: p, match: {queue: q}, "
+                       f"{field}: {value}{extra}}}\n", "p.yaml")
+    assert info.value.problems[0].line == 3 and reason in str(info.value)
+
+
 # --- errors, with their line ----------------------------------------------------------
 
 BAD = [

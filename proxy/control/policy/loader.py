@@ -212,7 +212,10 @@ class _Reader:
 
     def count(self, node: yaml.Node, where: str, minimum: int) -> int:
         """A whole number (also as Helm writes a large one: ``1e+06``)."""
-        value = whole_number(self._value(node))
+        try:
+            value = whole_number(self._value(node))
+        except ValueError as exc:
+            raise self.fail(node, f"{where}: {exc}") from None
         if value is None:
             raise self.fail(node, f"{where}: expected a whole number, got "
                                   f"{self.describe(node)}")

@@ -23,20 +23,47 @@ _QUANTITY = re.compile(r"\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*
 _EXPONENT = re.compile(r"\s*[0-9]+(?:\.[0-9]+)?[eE][-+]?[0-9]+\s*")
 
 
+#: The largest size or count taken (2^63 - 1 bytes, about 8 EiB): past it a value is refused
+#: before it is computed (``1e1000000000`` would be a number of a billion digits).
+MAX_WHOLE: Final = (1 << 63) - 1
+
+
+def _bounded(number: Decimal, value: object) -> Decimal:
+    """``number`` if its magnitude is at most ``MAX_WHOLE``; else a ValueError."""
+    if number.is_finite() and number.adjusted() <= 18 and abs(number) <= MAX_WHOLE:
+        return number
+    raise ValueError(f"{_short(value)} is larger than {MAX_WHOLE} (about 8 EiB), the "
+                     "largest taken")
+
+
+def _short(value: object) -> str:
+    """``value`` for a message, however long it is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a number of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def whole_number(value: object) -> int | None:
     """``value`` as a whole number, if it is one: an int, a float without a fraction, or a
     float written with an exponent as Helm writes large numbers (``6.7108864e+07``,
-    ``"1e+07"``); None otherwise (booleans included)."""
+    ``"1e+07"``); None otherwise (booleans included). ValueError for a whole number past
+    ``MAX_WHOLE``."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str) and _EXPONENT.fullmatch(value):
+        number = Decimal(value) if abs(value) <= MAX_WHOLE else Decimal("Infinity")
+    elif isinstance(value, float):
+        if not value.is_integer():
+            return None
+        number = Decimal(value)
+    elif isinstance(value, str) and _EXPONENT.fullmatch(value):
         number = Decimal(value.strip())
-        return int(number) if number == number.to_integral_value() else None
-    return None
+        if number.adjusted() <= 18 and number != number.to_integral_value():
+            return None
+    else:
+        return None
+    return int(_bounded(number, value))
 
 
 def _unit_hint(unit: str, known: Mapping[str, object]) -> str:
@@ -77,7 +104,7 @@ def parse_bytes(value: object) -> int:
     multiplier = _BYTE_UNITS[unit]
     if multiplier == 1 and number != number.to_integral_value():
         raise ValueError(f"{value!r} is not a whole number of bytes")
-    return int(number * multiplier)
+    return int(_bounded(number * multiplier, value))
 
 
 def parse_duration(value: object) -> float:
@@ -89,8 +116,8 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"expected a duration such as 30s, got {value!r}")
     if isinstance(value, int | float):
         if value < 0 or value != value or value == float("inf"):
-            raise ValueError(f"duration must be a finite number >= 0, got {value}")
-        return float(value)
+            raise ValueError(f"duration must be a finite number >= 0, got {_short(value)}")
+        return _seconds(value, value)
     if not isinstance(value, str):
         raise ValueError(f"expected a duration such as 30s, got {_describe(value)}")
     m = _QUANTITY.fullmatch(value)
@@ -100,9 +127,22 @@ def parse_duration(value: object) -> float:
     if unit not in _DURATION_UNITS:
         raise ValueError(f"{value!r}: {_unit_hint(unit, _DURATION_UNITS)}")
     try:
-        return float(Decimal(m["number"]) * _DURATION_UNITS[unit])
+        return _seconds(Decimal(m["number"]) * _DURATION_UNITS[unit], value)
     except InvalidOperation:  # pragma: no cover - the regex admits only decimals
         raise ValueError(f"{value!r} is not a duration") from None
+
+
+#: The longest duration taken (2^31 s, about 68 years): timers are set with it, and a
+#: longer one is a typo, not a wish.
+MAX_SECONDS: Final = float(1 << 31)
+
+
+def _seconds(seconds: float | Decimal, value: object) -> float:
+    """``seconds`` as a float, if at most ``MAX_SECONDS`` (compared before converting)."""
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{_short(value)} is longer than {MAX_SECONDS:.0f}s (about 68 "
+                         "years), the longest taken")
+    return float(seconds)
 
 
 def format_bytes(n: int) -> str:
