@@ -248,7 +248,7 @@ policies:
         overrides: dict[str, Any] = {
             "management_credentials": ManagementCredentials(broker.username, "wrong")}
     else:
-        overrides = {"management_url": f"http://127.0.0.1:{free_port()}"}
+        overrides = {"management_urls": (f"http://127.0.0.1:{free_port()}",)}
     settings = settings_for(broker, policies, **overrides)
 
     async def body() -> None:
@@ -541,7 +541,7 @@ def test_collector_output_and_state_shape() -> None:
         "resume": 512 * 1024, "max_messages": None, "resume_messages": None,
         "depth": {"estimate": {"bytes": 1536 * 1024, "messages": 3},
                   "broker": {"bytes": 1536 * 1024, "messages": 3},
-                  "ready_count": None, "known": True},
+                  "ready_count": None, "known": True, "source": "management"},
         "tripped": True, "tripped_seconds": 4.5, "trips": 1,
         "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None,
         # issue 14's pace: not counted by the probes here; tripped 4.5 s ago, so the lag
