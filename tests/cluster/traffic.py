@@ -21,6 +21,15 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 RECONNECT_PAUSE = 0.2
 
 
+def close_quietly(conn: pika.BlockingConnection) -> None:
+    """Close ``conn`` if it is open; a node gone meanwhile is no error here."""
+    if conn.is_open:
+        try:
+            conn.close()
+        except (pika.exceptions.AMQPError, OSError):
+            pass
+
+
 def live_endpoints(cluster: LocalCluster) -> list[BrokerEndpoint]:
     """The endpoints of the nodes that are running and not frozen by the test."""
     return [n.endpoint for n in cluster.answering]
@@ -61,11 +70,7 @@ class ConfirmedPublisher(threading.Thread):
                 ch.basic_publish("", self.queue, numbered(self.tag(seq), SIZE), PERSISTENT)
                 self.confirmed[seq] = time.monotonic()
         finally:
-            if conn.is_open:
-                try:
-                    conn.close()
-                except (pika.exceptions.AMQPError, OSError):
-                    pass
+            close_quietly(conn)
 
     def tag(self, seq: int) -> int:
         """The number a message carries: the producer's in its top digits."""
@@ -126,11 +131,7 @@ class PacedConsumer(threading.Thread):
                 if not self.drain.is_set():
                     time.sleep(1 / self.rate)
         finally:
-            if conn.is_open:
-                try:
-                    conn.close()
-                except (pika.exceptions.AMQPError, OSError):
-                    pass
+            close_quietly(conn)
 
 
 class DepthMax(threading.Thread):
@@ -167,11 +168,7 @@ class DepthMax(threading.Thread):
                 self.max_bytes = max(self.max_bytes, (ready + self.unacked) * SIZE)
                 self.stop.wait(0.05)
         finally:
-            if conn.is_open:
-                try:
-                    conn.close()
-                except (pika.exceptions.AMQPError, OSError):
-                    pass
+            close_quietly(conn)
 
 
 def stop_all(threads: Sequence[threading.Thread]) -> None:
