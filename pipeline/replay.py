@@ -353,7 +353,9 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
     r = _Replay(t, policy)
     step_ms = round(t.step * 1000)
     if t.buckets:
-        r.depth = float(t.buckets[0].depth_bytes or 0)
+        # The depth before the first bucket: its recorded depth at its end less what came
+        # in and went out during it, so the first bucket's replay ends where the record does.
+        r.depth = max(0.0, (t.buckets[0].depth_bytes or 0) - t.offered[0] + t.drain[0])
     for b, o, d, n in zip(t.buckets, t.offered, t.drain, t.spans, strict=True):
         p = policy if policy is not None else (b.policy.policy() if b.policy else None)
         start = (b.index - n + 1) * t.step

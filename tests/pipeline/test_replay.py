@@ -110,3 +110,15 @@ def test_a_bad_candidate_file_is_refused_before_spark_starts(tmp_path: Path) -> 
     assert f"{bad}:3:" in result.output and "resume" in result.output
     assert "missing.yaml: No such file" in result.output
     assert not (tmp_path / "o").exists()  # nothing started, nothing written
+
+
+def test_the_replay_starts_where_the_first_bucket_started() -> None:
+    # The first bucket's depth is its end: 20 KiB of its 22 KiB offered stayed. Replayed as
+    # recorded (nothing limited), every bucket ends at its recorded depth; counting the first
+    # bucket's load on top of its end would start 20 KiB high and drain late.
+    offered = [22, 30, 30, 0, 0, 0, 0, 0, 0]
+    depths = [20, 48, 76, 74, 72, 70, 68, 66, 64]
+    t = timeline("/", "q", 1.0, _buckets(offered, depths))
+    o = replay(t)
+    assert [round(d / KIB) for _, d in o.depth] == depths
+    assert o.depth_max == 76 * KIB
