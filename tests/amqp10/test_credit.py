@@ -189,6 +189,8 @@ def test_a_dropped_delivery_shifts_the_broker_numbering() -> None:
     assert c.transfer()
     c.dropped()  # settled by the proxy: the broker never saw it
     assert c.offset == MASK  # -1
+    assert c.broker_credit == 50  # the broker's grant untouched, before any new flow
+    assert c.client_flow(LinkFlow(1, 9)) == LinkFlow(0, 50)
     c.broker_flow(LinkFlow(0, 50))  # the broker still counts 0 deliveries
     assert c.broker_credit == 50  # the client at 1 may go to 51
     assert c.client_flow(LinkFlow(1, 9)) == LinkFlow(0, 50)

@@ -38,16 +38,12 @@ KIB = 1024
 
 def seq_in(body: bytes) -> int:
     """The number in a message a proton sender sent, as a 0-9-1 consumer gets it: RabbitMQ
-    3.10 hands over the encoded AMQP 1.0 body section (proton sends bytes as amqp-value)."""
+    hands over the encoded AMQP 1.0 body section (proton sends bytes as amqp-value)."""
     message = Message()
     message.decode(body)
     return seq_of(bytes(message.body))
 
 
-# RabbitMQ 4.0 fails this today (open): floodwall takes a queue.deleted topology event for
-# the policed queue its 1.0 link spools to (`policed_queue_gone seen_by=event`), stops
-# policing it and keeps the spool as unroutable. Runs on 3.10 until that is fixed.
-@pytest.mark.one_release("3.10")
 @pytest.mark.timeout(180)
 def test_amqp10_sender_to_a_tripped_queue_is_spooled_settled_and_replayed_in_order(
         start_floodwall: Callable[..., ProxyProcess], broker: BrokerEndpoint, queues: Any,
@@ -94,10 +90,6 @@ def test_amqp10_sender_to_a_tripped_queue_is_spooled_settled_and_replayed_in_ord
     assert [seq_in(b) for b in drain_direct(broker, free, count)] == list(range(count))
 
 
-# RabbitMQ 4.0 fails this today (open): floodwall takes a queue.deleted topology event for
-# the policed queue its 1.0 link spools to (`policed_queue_gone seen_by=event`), stops
-# policing it and keeps the spool as unroutable. Runs on 3.10 until that is fixed.
-@pytest.mark.one_release("3.10")
 @pytest.mark.timeout(180)
 def test_amqp10_deliveries_settled_from_the_spool_survive_kill_9(
         start_floodwall: Callable[..., ProxyProcess], broker: BrokerEndpoint, queues: Any,

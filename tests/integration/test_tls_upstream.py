@@ -268,17 +268,13 @@ def test_tripped_policy_holds_within_its_bound_over_tls(
 
 # -- the spool, replayed over TLS ---------------------------------------------------------
 def seq_in(body: bytes) -> int:
-    """The number in a proton sender's message as a 0-9-1 consumer gets it (RabbitMQ 3.10
-    hands over the encoded AMQP 1.0 body section)."""
+    """The number in a proton sender's message as a 0-9-1 consumer gets it (RabbitMQ hands
+    over the encoded AMQP 1.0 body section)."""
     message = Message()
     message.decode(body)
     return seq_of(bytes(message.body))
 
 
-# RabbitMQ 4.0 fails this today (open): floodwall takes a queue.deleted topology event for
-# the policed queue its 1.0 link spools to (`policed_queue_gone seen_by=event`), stops
-# policing it and keeps the spool as unroutable. Runs on 3.10 until that is fixed.
-@pytest.mark.one_release("3.10")
 def test_spool_replays_over_tls_by_the_proxy_and_by_the_cli(
         start_floodwall: Callable[..., ProxyProcess], tls_broker: BrokerEndpoint, pki: Pki,
         tmp_path: Path) -> None:

@@ -212,8 +212,14 @@ class SenderCredit:
         self.delivery_count = (self.delivery_count + count) & MASK
 
     def dropped(self) -> None:
-        """The proxy consumed (settled itself, never forwarded) the delivery just counted."""
+        """The proxy consumed (settled itself, never forwarded) the delivery just counted.
+
+        The broker never saw it, so its grant is untouched: the broker's limit, the same in
+        its numbering, lies one further in the client's (a broker that renews credit only as
+        deliveries reach it, as RabbitMQ 4 does, would otherwise never top the link up)."""
         self.offset = serial_add(self.offset, -1)
+        if self.broker_limit is not None:
+            self.broker_limit = serial_add(self.broker_limit, 1)
 
     def client_flow(self, flow: LinkFlow) -> LinkFlow:
         """A flow from the client (the sender), rewritten for the broker.
