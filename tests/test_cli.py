@@ -243,7 +243,9 @@ def test_every_run_flag_is_in_the_configuration_table() -> None:
             assert "off" in row[2], f"{flag}: default {row[2]!r}"
         elif isinstance(default, str | int | float) and not isinstance(default, bool):
             text = f"{default:g}" if isinstance(default, float) else str(default)
-            assert f"`{text}`" in row[2], f"{flag}: default {text!r}, docs/configuration.md says {row[2]!r}"
+            assert f"`{text}`" in row[2], (
+                f"{flag}: default {text!r}, docs/configuration.md says {row[2]!r}")
     documented = set(by_flag)
     known = {o for p in options for o in p.opts}
-    assert documented <= known, f"docs/configuration.md lists flags `floodwall run` lacks: {documented - known}"
+    assert documented <= known, (
+        f"docs/configuration.md lists flags `floodwall run` lacks: {documented - known}")

@@ -18,7 +18,7 @@ CITED = re.compile(r"(?<![\w/.-])((?:docs|policies|helm|tests|proxy|pipeline|ben
 DOCS = ["README.md", "CHANGELOG.md", "Dockerfile", "Makefile", "helm/floodwall/README.md",
         "docs/architecture.md", "docs/operations.md", "docs/telemetry.md", "docs/pipeline.md",
         "docs/configuration.md", "docs/kubernetes.md", "docs/performance.md",
-        "docs/development.md", "docs/compatibility.md", "docs/fuzzing.md"]
+        "docs/development.md", "docs/compatibility.md"]
 
 
 def test_license_is_the_apache_2_text() -> None:
