@@ -158,6 +158,25 @@ def test_schema_accepts_the_values_in_the_kubernetes_walkthrough() -> None:
         "floodwall"]["policies"]
 
 
+def test_the_readme_quick_start_values_and_policy_are_valid(tmp_path: Path) -> None:
+    """README.md's Kubernetes quick start passes the chart's schema, and its policy example
+    and the quick start's policies load."""
+    readme = (ROOT / "README.md").read_text()
+
+    def block(section: str) -> str:
+        text = readme[readme.index(section):]
+        text = text[text.index("```yaml") + len("```yaml"):]
+        return text[:text.index("```")]
+
+    doc = yaml.safe_load(block("## Quick start: Kubernetes sidecar"))
+    assert schema_errors(merged(values(), doc["floodwall"])) == []
+    (tmp_path / "chart.yaml").write_text(yaml.safe_dump(doc["floodwall"]["policies"]["config"]))
+    (tmp_path / "example.yaml").write_text(block("## A policy"))
+    for name in ("chart.yaml", "example.yaml"):
+        (p,) = load_policies(str(tmp_path / name)).policies
+        assert (p.capacity, p.resume) == (64 * 1024**2, 48 * 1024**2), name
+
+
 @pytest.mark.parametrize(("override", "fragment"), [
     ({"mdoe": "sidecar"}, "'mdoe' was unexpected"),
     ({"mode": "daemonset"}, "is not one of"),
