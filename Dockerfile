@@ -74,7 +74,7 @@ COPY --from=builder /opt/floodwall /opt/floodwall
 COPY policies/example.yaml policies/schema.json /etc/floodwall/examples/
 COPY LICENSE /usr/share/doc/floodwall/LICENSE
 
-# Every flag has a FLOODWALL_* variable (README "Run it"). FLOODWALL_SPOOL_DIR and
+# Every flag has a FLOODWALL_* variable (docs/configuration.md). FLOODWALL_SPOOL_DIR and
 # FLOODWALL_TELEMETRY_DIR name the volumes for the spool (overflow: spool) and the telemetry
 # (docs/telemetry.md); both are used only with --policies (FLOODWALL_POLICIES).
 # FLOODWALL_ADMIN: /metrics /healthz /readyz /state; kubelet probes and Prometheus reach it on
@@ -95,7 +95,7 @@ USER 10001:10001
 WORKDIR /var/lib/floodwall
 EXPOSE 5673 5671 9090
 
-# TLS (README "TLS"): FLOODWALL_UPSTREAM=amqps://..., FLOODWALL_UPSTREAM_TLS_CA/_CERT/_KEY,
+# TLS (docs/configuration.md, "TLS"): FLOODWALL_UPSTREAM=amqps://..., FLOODWALL_UPSTREAM_TLS_CA/_CERT/_KEY,
 # FLOODWALL_LISTEN_TLS with FLOODWALL_LISTEN_TLS_CERT/_KEY/_CLIENT_CA, files mounted from
 # Secrets (the root filesystem stays read-only: nothing is written for TLS). The admin
 # endpoint stays plain HTTP, so the HEALTHCHECK below and the chart's probes work unchanged.

@@ -200,11 +200,12 @@ def test_a_key_that_does_not_load_refuses_to_start(tmp_path: Path) -> None:
     assert "refusing to start: --listen-tls-cert/-key/-client-ca:" in result.output
 
 
-# --- the README's flag table (issue 18) ------------------------------------------------------
+# --- docs/configuration.md's flag table -----------------------------------------------------
 def _flag_table() -> list[list[str]]:
-    """The rows of README.md's `floodwall run` table, as cells (``\\|`` is a literal bar)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme[readme.index("| flag | variable | default | meaning |"):]
+    """The rows of docs/configuration.md's `floodwall run` table, as cells (``\\|`` is a
+    literal bar)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    table = doc[doc.index("| flag | variable | default | meaning |"):]
     table = table[:table.index("\n\n")]
     rows = []
     for line in table.splitlines()[2:]:
@@ -226,7 +227,7 @@ def _variables(cell: str) -> set[str]:
     return found
 
 
-def test_every_run_flag_is_in_the_readme_table() -> None:
+def test_every_run_flag_is_in_the_configuration_table() -> None:
     """Each option of `floodwall run` has a row: its flag, its variable, its default."""
     rows = _flag_table()
     assert all(len(r) == 4 for r in rows), [r for r in rows if len(r) != 4]
@@ -234,7 +235,7 @@ def test_every_run_flag_is_in_the_readme_table() -> None:
     options = [p for p in run.params if isinstance(p, click.Option)]
     for option in options:
         (flag,) = [o for o in option.opts if o.startswith("--")]
-        assert flag in by_flag, f"{flag} has no row in README.md's flag table"
+        assert flag in by_flag, f"{flag} has no row in docs/configuration.md's flag table"
         row = by_flag[flag]
         assert option.envvar in _variables(row[1]), f"{flag}: {option.envvar} not in {row[1]}"
         default = option.default
@@ -242,7 +243,9 @@ def test_every_run_flag_is_in_the_readme_table() -> None:
             assert "off" in row[2], f"{flag}: default {row[2]!r}"
         elif isinstance(default, str | int | float) and not isinstance(default, bool):
             text = f"{default:g}" if isinstance(default, float) else str(default)
-            assert f"`{text}`" in row[2], f"{flag}: default {text!r}, README says {row[2]!r}"
+            assert f"`{text}`" in row[2], (
+                f"{flag}: default {text!r}, docs/configuration.md says {row[2]!r}")
     documented = set(by_flag)
     known = {o for p in options for o in p.opts}
-    assert documented <= known, f"README lists flags `floodwall run` lacks: {documented - known}"
+    assert documented <= known, (
+        f"docs/configuration.md lists flags `floodwall run` lacks: {documented - known}")

@@ -323,8 +323,8 @@ def test_m_lo_stands_on_this_counts_round_trip_m_on_the_recent_longest() -> None
 def test_a_held_queue_keeps_up_though_some_counts_are_read_late(capacity_kib: int,
                                                                at_least: float) -> None:
     """The fast consumer of the next test, and one count in 150 (about one a second) read
-    40 ms late, as the test machine's loop and scheduler did (bench/RESULTS.md, issue 14's
-    fourth pass): 256 KiB keeps 0.89 of the consumer's rate in this simulation, 1 MiB 0.98
+    40 ms late, as the test machine's loop and scheduler did (bench/RESULTS.md's
+    history): 256 KiB keeps 0.89 of the consumer's rate in this simulation, 1 MiB 0.98
     (0.77 with the 64 KiB trust budget; with rtt_high halving per second: 0.43 and 0.93)."""
     rate, _, _ = simulate_held(capacity_kib, 0.002, 18000.0, 3.0, slow_every=150)
     assert rate >= at_least * 18000

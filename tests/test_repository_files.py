@@ -16,7 +16,9 @@ CITED = re.compile(r"(?<![\w/.-])((?:docs|policies|helm|tests|proxy|pipeline|ben
 #: Docs checked for stale citations (bench/RESULTS.md cites result files that `make bench`
 #: writes, and the files of past runs).
 DOCS = ["README.md", "CHANGELOG.md", "Dockerfile", "Makefile", "helm/floodwall/README.md",
-        "docs/architecture.md", "docs/operations.md", "docs/telemetry.md", "docs/pipeline.md"]
+        "docs/architecture.md", "docs/operations.md", "docs/telemetry.md", "docs/pipeline.md",
+        "docs/configuration.md", "docs/kubernetes.md", "docs/performance.md",
+        "docs/development.md", "docs/compatibility.md"]
 
 
 def test_license_is_the_apache_2_text() -> None:
@@ -49,3 +51,41 @@ def test_docs_cite_only_files_that_exist(doc: str) -> None:
 def test_the_citation_check_can_fail(tmp_path: Path) -> None:
     assert CITED.findall("see DESIGN.md and docs/nothing.md, not e.g. proxy") == [
         "DESIGN.md", "docs/nothing.md"]
+
+
+#: Markdown pages whose relative links must resolve.
+PAGES = ["README.md", "bench/README.md", "bench/RESULTS.md", "helm/floodwall/README.md",
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of a page's Markdown links that are paths, code blocks left out."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [t.split("#")[0] for t in LINK.findall(prose)
+            if not re.match(r"[a-z]+:", t) and t.split("#")[0]]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_resolve(page: str) -> None:
+    path = ROOT / page
+    broken = [t for t in relative_links(path.read_text()) if not (path.parent / t).exists()]
+    assert not broken, f"{page} links to paths that do not exist: {broken}"
+
+
+def test_the_link_check_can_fail() -> None:
+    text = "[a](docs/a.md) [b](https://x.org/b) [c](#here) [d](../d.md#s)\n```\n[e](e.md)\n```"
+    assert relative_links(text) == ["docs/a.md", "../d.md"]
+
+
+def test_the_readme_is_a_product_page() -> None:
+    """At most 200 lines, what floodwall is in the first ten, no issue numbers, and the two
+    commands it documents are the Makefile's."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, len(lines)
+    assert "sidecar proxy" in " ".join(lines[:10])
+    assert not [line for line in lines if re.search(r"\bissue \d+", line, re.I)]
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("demo", "test"):
+        assert f"make {target} " in "\n".join(lines)
+        assert re.search(rf"^{target}:", makefile, re.M), target

@@ -119,7 +119,7 @@ def test_a_link_holding_the_brokers_credit_gets_no_more_when_a_reload_polices_it
     take that credit back (a flow lowering the limit below what the client may have sent
     makes proton's credit wrap): the link gets no top-up until the queue's first figure,
     and the overshoot it can still cause is bounded by the broker's grant before the
-    reload (README, AMQP 1.0)."""
+    reload (docs/operations.md, "What clients see")."""
     link = Link("/amq/queue/audit")
     link.topology.declare_queue("/", "audit")
     link.core.receive_from_server(broker_flow(7, 0, 1000), link.now[0])

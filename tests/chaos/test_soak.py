@@ -7,7 +7,7 @@ It runs on RabbitMQ 4.0 only: what it measures is floodwall's RSS, fds and tasks
 minutes a release is the suite's longest test.
 
 The rate is what this suite's machines sustain with the spool in the path (1,500 msg/s of
-1 KiB, a 2 MiB capacity): bench/RESULTS.md has the figures of longer and faster runs.
+1 KiB, a 2 MiB capacity): docs/performance.md ("Soak") has the hour-long run's figures.
 """
 
 from __future__ import annotations

@@ -147,15 +147,34 @@ def test_schema_accepts_the_examples() -> None:
     assert schema_errors(merged(values(), load_yaml(STANDALONE_VALUES))) == []
 
 
-def test_schema_accepts_the_values_in_the_readme_walkthrough() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Deploy as a sidecar"):]
+def test_schema_accepts_the_values_in_the_kubernetes_walkthrough() -> None:
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    section = doc[doc.index("## Deploy as a sidecar"):]
     block = section[section.index("**The values**"):]
     block = block[block.index("```yaml") + len("```yaml"):]
     doc = yaml.safe_load(block[:block.index("```")])
     assert schema_errors(merged(values(), doc["floodwall"])) == []
     assert doc["floodwall"]["policies"] == load_yaml(SIDECAR_EXAMPLE / "values.yaml")[
         "floodwall"]["policies"]
+
+
+def test_the_readme_quick_start_values_and_policy_are_valid(tmp_path: Path) -> None:
+    """README.md's Kubernetes quick start passes the chart's schema, and its policy example
+    and the quick start's policies load."""
+    readme = (ROOT / "README.md").read_text()
+
+    def block(section: str) -> str:
+        text = readme[readme.index(section):]
+        text = text[text.index("```yaml") + len("```yaml"):]
+        return text[:text.index("```")]
+
+    doc = yaml.safe_load(block("## Quick start: Kubernetes sidecar"))
+    assert schema_errors(merged(values(), doc["floodwall"])) == []
+    (tmp_path / "chart.yaml").write_text(yaml.safe_dump(doc["floodwall"]["policies"]["config"]))
+    (tmp_path / "example.yaml").write_text(block("## A policy"))
+    for name in ("chart.yaml", "example.yaml"):
+        (p,) = load_policies(str(tmp_path / name)).policies
+        assert (p.capacity, p.resume) == (64 * 1024**2, 48 * 1024**2), name
 
 
 @pytest.mark.parametrize(("override", "fragment"), [
@@ -774,11 +793,11 @@ def test_plain_numbers_survive_helm_into_the_policies_file(tmp_path: Path) -> No
     assert p.spool.max_bytes == 10**10
 
 
-def test_the_readme_kubernetes_commands_run(tmp_path: Path) -> None:
-    """README "Run it in Kubernetes": its helm commands, as written, succeed from a copy of
-    helm/ (so `helm dependency build` writes nothing into the checkout)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Run it in Kubernetes"):]
+def test_the_documented_kubernetes_commands_run(tmp_path: Path) -> None:
+    """docs/kubernetes.md "Run it in Kubernetes": its helm commands, as written, succeed from
+    a copy of helm/ (so `helm dependency build` writes nothing into the checkout)."""
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    section = doc[doc.index("## Run it in Kubernetes"):]
     block = section[section.index("```sh") + 5:]
     commands = [line.split("#")[0].split()[1:] for line in block[:block.index("```")]
                 .splitlines() if line.startswith("build/bin/helm ")]

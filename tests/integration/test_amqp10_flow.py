@@ -375,7 +375,7 @@ def test_free_link_delivers_while_its_neighbour_is_held(
         # count's margin (2 x its round trip, at least 20 ms) once more, so the queue trips
         # anywhere past half its capacity of real messages (tests/test_depth.py). 64 KiB is
         # 63 of these 1,040-byte messages: 51-66 went before the second trip in most runs,
-        # 38-50 when the counts' round trips were long (bench/RESULTS.md, issue 19).
+        # 38-50 when the counts' round trips were long (bench/RESULTS.md's history).
         depth = flow.queue_state(qcap)
         assert depth is not None
         trips, estimate = depth["trips"], depth["depth"]["estimate"]

@@ -253,7 +253,7 @@ def test_three_sidecars_hold_one_queue_at_its_capacity_and_share_it_fairly(
         tmp_path: Path) -> None:
     """3 real sidecars, one bare producer each at full speed, one queue capped at 256 KiB.
     Alone, each lets about a capacity through before its count shows it the others' work
-    (bench/RESULTS.md "Fleet": 4 x capacity with 4). Sharing: the broker-side peak stays
+    (bench/RESULTS.md's history: 4 x capacity with 4). Sharing: the broker-side peak stays
     within 64 KiB of the capacity; while the queue is held and drained by a slow consumer,
     the three are admitted evenly (Jain's index of the messages delivered from each, while
     all three have a backlog, >= 0.9); after a full drain every message arrived, in each

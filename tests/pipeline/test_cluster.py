@@ -62,7 +62,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: The JVMs compile only with C1, the quick compiler: on telemetry this small, C2's
 #: compilations of Spark's planner and of the generated code are half the CPU of a run
 #: (a cold run here: 50 s of CPU with C2, 26 s without), and the figures do not depend on
-#: which compiler ran them. A real run keeps C2 (bench/RESULTS.md, "Pipeline").
+#: which compiler ran them. A real run keeps C2 (docs/performance.md, "Pipeline").
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 

@@ -5,7 +5,8 @@ The load: bursts of seeded sizes from a producer three times faster than the con
 takes a fixed rate straight from the broker; each burst overfills a small capacity, only the
 largest overfill the larger one, so A and B trip a different number of times. Targets
 (docs/pipeline.md, "What if"): predicted trips within 1 of measured, time tripped within 15 %
-(or 1.5 s), depth max within 15 %. Each error is printed (bench/RESULTS.md has them).
+(or 1.5 s), depth max within 15 %. Each error is printed (docs/performance.md, "What if",
+has the last run's).
 """
 
 from __future__ import annotations
