@@ -31,7 +31,7 @@ from floodwall.control.fleet import ShareRule
 from floodwall.control.fleet_rate import trip_share
 from floodwall.control.histogram import HoldTimes
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult, LookupTable
-from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, decide
+from floodwall.control.policy import EMPTY_POLICIES, Policy, PolicySet, UnknownDepth, should_trip
 from floodwall.control.routing.model import REPLY_TO_PREFIX
 from floodwall.control.trips import StampedAnswers, Trips
 
@@ -443,7 +443,7 @@ class FlowController(ChannelHolds):
         q = self.queues.get(key)
         if q is not None:
             self.admission.forget(key)  # no counts, no admission: on_unknown_depth decides
-            self._apply(q, decide(q.policy, None, None, q.tripped), now)
+            self._apply(q, should_trip(q.policy, None, None, q.tripped), now)
 
     def set_backlog(self, key: QueueKey, backlogged: bool, now: float | None = None) -> None:
         """The spool of ``key`` has records (True) or has drained (False).
@@ -482,9 +482,9 @@ class FlowController(ChannelHolds):
         if est is not None and q.tripped and q.share is not None:
             est = _as_if_all_forwarded_alike(q, est)
         if est is None:
-            self._apply(q, decide(q.policy, None, None, q.tripped), now)
+            self._apply(q, should_trip(q.policy, None, None, q.tripped), now)
         else:
-            self._apply(q, decide(q.policy, est.bytes, est.messages, q.tripped)
+            self._apply(q, should_trip(q.policy, est.bytes, est.messages, q.tripped)
                         or (not q.tripped and _over_share(q)), now)
         _arm(q)
 
@@ -542,7 +542,7 @@ class FlowController(ChannelHolds):
 def _arm(q: PolicedQueue) -> None:
     """Set ``q.quiet_*`` for its policy and its depth's current base.
 
-    Not tripped, with a known depth, ``decide`` trips only when bytes > capacity (if
+    Not tripped, with a known depth, ``should_trip`` trips only when bytes > capacity (if
     any) or messages > max_messages (if any): the ledger totals that keep both within
     are the depth's ``headroom``. With the depth unknown it ignores the ledger: an
     untripped queue stays so (on_unknown_depth keep or allow) or trips at once (block:
@@ -554,7 +554,7 @@ def _arm(q: PolicedQueue) -> None:
     headroom = depth.headroom(limits.capacity if limits.capacity > 0 else None,
                               limits.max_messages, trip_share(q, q.share))
     if headroom is None:
-        quiet = -1.0 if decide(limits, None, None, False) else math.inf
+        quiet = -1.0 if should_trip(limits, None, None, False) else math.inf
         headroom = (quiet, quiet)
     q.quiet_bytes, q.quiet_messages = headroom
     q.armed_rebases = depth.rebases

@@ -1,7 +1,7 @@
 """Which policed queues are tripped, as the gates see them: enforced (publishes wait on them)
 or in shadow mode (watched: a gate only counts what it would have done).
 
-A queue trips and releases by the same rule in both modes (``control.policy.decide``); its
+A queue trips and releases by the same rule in both modes (``control.policy.should_trip``); its
 policy's ``mode`` files the trip here. The broker alarm (``ALARM``) is filed as enforced
 while some policy enforces, else as shadow. Pure bookkeeping, owned by ``FlowController``.
 """

@@ -21,8 +21,8 @@ grants small windows and the replayer must neither stall nor overrun them:
 * link credit (2.6.7): ``delivery-count + link-credit`` from the broker's flow bounds the
   deliveries; a drain request is answered, when nothing is waiting to be sent, by advancing
   the delivery-count to the limit and a flow with credit 0;
-* both are pure arithmetic in ``SessionWindow`` and ``LinkCredit`` (serial numbers wrapping
-  at 2^32), tested without a broker.
+* both are pure arithmetic in ``SessionWindow`` and ``ReplayLinkCredit`` (serial numbers
+  wrapping at 2^32), tested without a broker.
 
 A message larger than the broker's max-frame-size goes out as several transfer frames with
 ``more=true``. Nothing is buffered without bound: ``send`` waits for credit, for the window
@@ -93,7 +93,7 @@ from floodwall.wire.amqp10.types import Array, Described, Symbol, UByte, UInt
 __all__ = [
     "Amqp10Client",
     "Amqp10Sender",
-    "LinkCredit",
+    "ReplayLinkCredit",
     "SessionWindow",
     "outcome_confirm",
     "transfer_frames",
@@ -181,7 +181,7 @@ class SessionWindow:
 
 
 @dataclass(slots=True)
-class LinkCredit:
+class ReplayLinkCredit:
     """One sender link's credit (2.6.7): how far its delivery-count may go.
 
     ``limit`` is the broker's ``delivery-count + link-credit`` (the broker's delivery-count is
@@ -318,7 +318,7 @@ class Amqp10Sender:
         self.name = name
         self.address = address
         self.remote_handle: int | None = None
-        self.credit = LinkCredit()
+        self.credit = ReplayLinkCredit()
         self.max_message_size: int | None = None
         self.closed_reason: str | None = None
         self._next_tag = 0

@@ -150,12 +150,13 @@ def encode_publish(channel: int, exchange: str, routing_key: str, properties: by
                    method: bytes | None = None) -> bytes:
     """basic.publish, its content header (``properties`` is the header frame's payload as
     a client sent it: class id, weight, body size, flags, property list) and body frames.
-    ``method`` is the method frame when the caller has it cached (``encode_method``)."""
+    ``method`` is the method frame when the caller has it cached
+    (``encode_publish_method``)."""
     if len(properties) < 14 or int.from_bytes(
             properties[_BODY_SIZE_AT:_BODY_SIZE_AT + 8], "big") != len(body):
         raise ValueError("content header does not match the body size")
     if method is None:
-        method = encode_method(channel, exchange, routing_key, mandatory)
+        method = encode_publish_method(channel, exchange, routing_key, mandatory)
     room = frame_max - 8
     if len(body) <= room:
         return b"".join((method, _FRAME_HEAD.pack(2, channel, len(properties)), properties,
@@ -170,7 +171,8 @@ def encode_publish(channel: int, exchange: str, routing_key: str, properties: by
     return b"".join(parts)
 
 
-def encode_method(channel: int, exchange: str, routing_key: str, mandatory: bool) -> bytes:
+def encode_publish_method(channel: int, exchange: str, routing_key: str,
+                          mandatory: bool) -> bytes:
     """The basic.publish method frame."""
     payload = b"".join((_PUBLISH_HEAD.pack(60, 40, 0), _shortstr(exchange),
                         _shortstr(routing_key), b"\x01" if mandatory else b"\x00"))
@@ -231,7 +233,7 @@ class Publisher:
         if method is None:
             if len(self._methods) > 1024:
                 self._methods.clear()
-            method = self._methods[key] = encode_method(self.channel, *key)
+            method = self._methods[key] = encode_publish_method(self.channel, *key)
         data = encode_publish(self.channel, exchange, routing_key, properties, body,
                               self.client.frame_max, mandatory, method)
         fut: asyncio.Future[Confirm] = self._loop.create_future()

@@ -147,8 +147,8 @@ def event_limited(limiter: LogLimiter, now: float, logger: logging.Logger, name:
 
 
 # -- typed events: the one place they become log lines -------------------------------------
-_gate_log = logging.getLogger("floodwall.flow")
-_control_log = logging.getLogger("floodwall.gate")
+_gate_log = logging.getLogger("floodwall.gate")  # the gates' events (enforce/)
+_control_log = logging.getLogger("floodwall.control")  # the flow controller's events (control/)
 
 
 def _link_fields(at: At) -> dict[str, Any]:

@@ -29,7 +29,7 @@ limit, never at an inherited resume level.
 """
 
 from floodwall.control.policy.engine import (
-    decide,
+    should_trip,
 )
 from floodwall.control.policy.loader import (
     PolicyStore,
@@ -92,7 +92,6 @@ __all__ = [
     "Signal",
     "SpoolSettings",
     "UnknownDepth",
-    "decide",
     "format_bytes",
     "format_bytes_approx",
     "format_duration",
@@ -104,4 +103,5 @@ __all__ = [
     "parse_policies",
     "policy_document",
     "render_policies",
+    "should_trip",
 ]

@@ -7,7 +7,7 @@ from floodwall.control.policy.model import Policy, QueueLimits, UnknownDepth
 
 # --- the engine -----------------------------------------------------------------------
 
-def decide(policy: Policy | QueueLimits, depth_bytes: int | None, depth_messages: int | None,
+def should_trip(policy: Policy | QueueLimits, depth_bytes: int | None, depth_messages: int | None,
            tripped: bool) -> bool:
     """Whether the queue should be tripped now, given its depth and whether it is tripped.
 
