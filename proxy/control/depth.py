@@ -146,7 +146,6 @@ class QueueDepth:
     forwarded_bytes_total: int = 0
     forwarded_messages_total: int = 0
     delivered_messages_total: int = 0
-    acked_messages_total: int = 0
     ready_margin: float = IN_FLIGHT_MARGIN
     ready_rtt: float | None = None  # the round trip of the newest ready count (None: unknown)
     # The longest round trip of the recent counts: the newest's, or the longest before it
@@ -194,9 +193,6 @@ class QueueDepth:
     def delivered(self, count: int = 1) -> None:
         """The broker delivered messages from this queue through the proxy (telemetry)."""
         self.delivered_messages_total += count
-
-    def acked(self, count: int = 1) -> None:
-        self.acked_messages_total += count
 
     def sampled_ready_count(self, requested_at: float, ready: int,
                             rtt: float | None = None) -> None:

@@ -555,7 +555,6 @@ class FleetTable:
     _hearing_since: float = -math.inf
     # The silent members (unheard for ``timeout``, still counted) and when each was last heard.
     _silent: dict[str, float] = field(default_factory=dict)
-    heard_total: int = 0
     ignored_total: int = 0  # stale (seq not newer), from an older start, or undecodable
     changes: list[FleetChange] = field(default_factory=list)
 
@@ -565,7 +564,6 @@ class FleetTable:
 
     def heard(self, a: Announcement, now: float) -> None:
         """An announcement arrived (this sidecar's own echo included)."""
-        self.heard_total += 1
         if a.member == self.me:
             if a.vhost in self._self_heard:
                 was_deaf = self.deaf(now)

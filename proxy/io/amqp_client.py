@@ -245,14 +245,6 @@ class Publisher:
         self.client.write_buffered(data)
         return fut
 
-    async def wait_confirmed(self, timeout: float | None = None) -> bool:
-        """Until every publish so far is answered; False at the timeout."""
-        futures = list(self._pending.values())
-        if not futures:
-            return True
-        done, _ = await asyncio.wait(futures, timeout=timeout)
-        return len(done) == len(futures)
-
     # -- frames from the broker --------------------------------------------------------
     def on_frame(self, value: Any) -> None:
         if isinstance(value, commands.Basic.Ack):

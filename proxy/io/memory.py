@@ -40,7 +40,6 @@ class MemoryReturn:
         self.held = held
         self.threshold = threshold
         self.high = 0
-        self.trims = 0
         self._trim = _malloc_trim()
 
     def check(self) -> bool:
@@ -55,5 +54,4 @@ class MemoryReturn:
         if self._trim is None:
             return False
         self._trim(0)
-        self.trims += 1
         return True

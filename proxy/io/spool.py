@@ -670,7 +670,6 @@ class SpoolService(SpoolReplayer):
         self.port = DiskSpoolPort(self.manager, self._appended, clock)
         self.manager.accepting = False  # until start() has recovered what is on disk
         self.replays: dict[QueueKey, QueueReplay] = {}
-        self.commit_errors = 0
         self.commits = 0
         self._clients: dict[str, AmqpClient] = {}
         self._clients10: dict[str, Amqp10Client] = {}
@@ -835,7 +834,6 @@ class SpoolService(SpoolReplayer):
         errors = self.manager.sync_errors
         for key, reason in errors.items():
             if self._sync_error_logged.get(key) != reason:
-                self.commit_errors += 1
                 event(log, "spool_sync_failed", logging.ERROR, vhost=key[0], queue=key[1],
                       reason=reason, action="records stay unacked; retrying")
         for key in [k for k in self._sync_error_logged if k not in errors]:

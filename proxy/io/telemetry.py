@@ -79,7 +79,6 @@ class TelemetryWriter:
         self._failing = False
         # Read by other threads for tests and logs (plain ints: no lock needed to read).
         self.records_written = 0
-        self.files_opened = 0
         self.files_deleted = 0
         self.write_errors = 0
 
@@ -147,7 +146,6 @@ class TelemetryWriter:
         self._file = open(path, "ab")  # kept open across batches
         self._size = path.stat().st_size
         self._opened_at = now
-        self.files_opened += 1
         self._enforce_total()
 
     def _close_file(self) -> None:

@@ -66,10 +66,6 @@ ZERO_WHEN_ABSENT = frozenset({
     "delivered_messages", "tripped", "trips", "blocked_publishers", "held_bytes",
     "held_messages", "spooled_bytes", "blocked_channels", "dropped_records",
 })
-RECORD_TYPES = ("sample", "sidecar", "event")
-#: Event names; spool and replay are reserved for the spool (not emitted by this build).
-EVENTS = ("trip", "release", "signal", "hold", "reject", "deadline", "spool", "replay",
-          "shadow")
 FILE_PREFIX = "telemetry"
 FILE_SUFFIX = ".ndjson"
 

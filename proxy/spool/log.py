@@ -101,7 +101,6 @@ class QueueSpool:
         self._retired: list[int] = []  # descriptors of rotated-out segments, not yet fsynced
         self._dir_dirty = False  # a segment was created since the last sync
         self._broken = False  # a failed write could not be cut back: next append rotates
-        self.cursor_error: str | None = None  # the last cursor write that failed, if any
         self.report = self._recover()
 
     # -- opening -----------------------------------------------------------------------
@@ -418,11 +417,10 @@ class QueueSpool:
         try:
             tmp.write_text(f"{seq}\n")
             os.replace(tmp, self.directory / "cursor")
-            self.cursor_error = None
-        except OSError as exc:
+        except OSError:
             # (disk full): an old cursor only means more duplicates after a crash; deleting
             # the confirmed segments below is what frees the space, so go on.
-            self.cursor_error = f"cursor not written: {exc.strerror or exc}"
+            pass
         while self.segments and self.segments[0].last_seq and \
                 self.segments[0].last_seq <= seq and len(self.segments) > 1:
             self.segments.pop(0).path.unlink(missing_ok=True)

@@ -68,6 +68,13 @@ def test_a_run_is_read_to_its_end_with_its_payload_and_unsettled_ids() -> None:
     assert unsettled == [i for i in range(10) if i % 3]
 
 
+def test_the_broker_s_runs_are_read_alike_without_collecting_unsettled_ids() -> None:
+    buf = b"".join(xfer(0, i, b"x" * 9) for i in range(100))  # the ones alike: in bulk
+    expected = scan(buf)
+    assert expected[3] == list(range(100))
+    assert scan_transfer_run(buf, 0, LIMIT, 0, 0, 0, 1000, float("inf"), None) == expected[:3]
+
+
 @pytest.mark.parametrize(("stopper", "why"), [
     (xfer(1, 3), "another link"),
     (xfer(0, 3, channel=1), "another session"),

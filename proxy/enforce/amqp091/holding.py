@@ -64,19 +64,6 @@ class HeldChannels(ShadowWatch):
         return ch
 
     @property
-    def needs_every_frame(self) -> bool:
-        """True while some channel must see each of its frames (slow path).
-
-        Asked before every method frame the core stops at: O(1) while no channel ever
-        left the fast path since the last time all were back on it.
-        """
-        if not self._maybe_slow:
-            return False
-        slow = any(ch.needs_every_frame for ch in self.channels.values())
-        self._maybe_slow = slow
-        return slow
-
-    @property
     def slow_channels(self) -> frozenset[int]:
         """The channels that must see each of their frames now (the rest stay on the
         core's scan). Asked at every method frame the core stops at: O(1) while no channel

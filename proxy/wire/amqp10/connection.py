@@ -623,13 +623,15 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
         for first, last in ranges:
             gate.on_server_settled(channel, True, first, last, now)
         return end
-    unsettled: list[int] = []
-    end, count, payload_bytes = scan_transfer_run(
-        buf, pos, stream.limit, channel, handle, next_id, most, most_bytes, unsettled)
+    client = stream.side is Side.CLIENT
+    unsettled: list[int] = []  # the client's (the broker's are not tracked)
+    end, count, payload_bytes = scan_transfer_run(buf, pos, stream.limit, channel, handle,
+                                                  next_id, most, most_bytes,
+                                                  unsettled if client else None)
     stream.resume = (channel, handle, (next_id + count) & 0xFFFFFFFF)
     if count:
         stream.counts.frames += count
-        if stream.side is Side.CLIENT:
+        if client:
             gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, now)
         else:
             gate.on_server_transfer_run(channel, handle, count)

@@ -148,7 +148,6 @@ SYMBOLIC_CODES: Final[dict[str, int]] = {
 """The symbolic descriptors ("amqp:open:list") a peer may use instead of the numeric code."""
 
 AMQP_PERFORMATIVES: Final = frozenset(range(OPEN, CLOSE + 1))
-SASL_PERFORMATIVES: Final = frozenset(range(SASL_MECHANISMS, SASL_OUTCOME + 1))
 
 SASL_OK: Final = 0
 """sasl-outcome code for successful authentication."""

@@ -37,7 +37,7 @@ _MASK: Final = 0xFFFFFFFF
 
 def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: int,
                       next_id: int, max_count: int, max_bytes: float,
-                      unsettled: list[int]) -> tuple[int, int, int]:
+                      unsettled: list[int] | None) -> tuple[int, int, int]:
     """From ``buf[pos]``, the complete transfer frames of a run; returns ``(end, count,
     payload_bytes)``: where the run ends, its deliveries, their payload bytes.
 
@@ -46,8 +46,8 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
     ``handle``; delivery-id ``next_id`` (then the next one, modulo 2^32); a binary
     delivery-tag; an uint or null message-format; settled as a boolean or null; and after
     them only ``more`` false or null, rcv-settle-mode, no state, resume and aborted false or
-    null, batchable. At most ``max_count`` deliveries and ``max_bytes`` of payload.
-    The delivery-ids of unsettled ones are appended to ``unsettled``.
+    null, batchable. At most ``max_count`` deliveries and ``max_bytes`` of payload. The
+    unsettled ones' delivery-ids are appended to ``unsettled`` (None: the broker's, untracked).
     """
     u32 = _U32.unpack_from
     size_of_buf = len(buf)
@@ -79,7 +79,7 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
                 break
             total += end - stop
             count += 1
-            if not settled:
+            if not settled and unsettled is not None:
                 unsettled.append(next_id)
             next_id = (next_id + 1) & _MASK
             if bulk and count < max_count:  # the ones alike (a miss costs a read of them)
@@ -87,7 +87,7 @@ def scan_transfer_run(buf: bytes, pos: int, limit: int, channel: int, handle: in
                            max_count - count, (max_bytes - total, end - stop))
                 bulk = n == ALIKE_MOST  # (more may follow: looked for after the next one)
                 if n:
-                    if not settled:
+                    if not settled and unsettled is not None:
                         unsettled.extend(range(next_id, next_id + n))
                     count, total = count + n, total + n * (end - stop)
                     next_id, end = next_id + n, end + n * (end - pos)
