@@ -200,7 +200,7 @@ def test_a_key_that_does_not_load_refuses_to_start(tmp_path: Path) -> None:
     assert "refusing to start: --listen-tls-cert/-key/-client-ca:" in result.output
 
 
-# --- the README's flag table (issue 18) ------------------------------------------------------
+# --- the README's flag table -----------------------------------------------------------------
 def _flag_table() -> list[list[str]]:
     """The rows of README.md's `floodwall run` table, as cells (``\\|`` is a literal bar)."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

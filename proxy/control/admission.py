@@ -1,4 +1,4 @@
-"""Admission while a queue is held (issue 14): a token bucket per tripped queue.
+"""Admission while a queue is held: a token bucket per tripped queue.
 
 A tripped queue's publishes are held (0-9-1) as before; what changes is how they leave. Not
 all at once when the queue falls to its ``resume`` level, but continuously, at the rate the
@@ -27,7 +27,7 @@ beyond ``m_lo`` (the trust budget below: held publishes leave in one offer per c
 count's allowance stands on its own (it is not added to the last one's), so a drain
 estimate that lags behind a stop does not add up: the bound holds at every count.
 
-The trust budget (one sidecar; issue 14's third pass). What was forwarded within ``m`` of a
+The trust budget (one sidecar). What was forwarded within ``m`` of a
 count is counted on top of it even when it is in it, and that double count, not the drain,
 capped a held queue's admitted rate at about ``capacity / (m + r)`` (0.69 of an 18,000 msg/s
 consumer at 256 KiB). So a count is trusted with part of it: with ``m_lo = max(2 x r,
@@ -41,8 +41,8 @@ that is, of what was forwarded between ``m_lo`` and ``m`` before the count, at m
 taken to be in it. If the true lag ``L`` is within ``m_lo`` that is exact; if it is not (a lag
 the counts cannot see: consumers hide it), the count holds ``S`` less than it is credited
 with, so the overshoot bound grows by at most ``S`` (and by no more than the offers of the
-counts within ``L - m_lo``), however long the lag. (A lower margin floor alone, 2 ms in the
-first pass, over-admitted by megabytes on a loaded machine: the budget is what bounds the
+counts within ``L - m_lo``), however long the lag. (A lower margin floor alone, 2 ms,
+over-admits by megabytes on a loaded machine: the budget is what bounds the
 cost of trusting the counts.)
 
 Steady state, admitting ``A`` = ``d``: ``A x (m + r) <= capacity + S - B + d x (h + r)``,
@@ -63,7 +63,7 @@ The margin ``m`` is ``max(2 x r_high, HOT_MIN_MARGIN, lag)``: ``r_high`` the lon
 trip of the recent counts (``QueueDepth.rtt_high``, halving every 0.1 s, ``RTT_HALF_LIFE``), ``lag``
 the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked
 for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
-flood still on its way into the queue, issue 11), so the first admissions wait until the
+flood still on its way into the queue), so the first admissions wait until the
 counts can hold it.
 
 Pure: every entry point takes ``now``; nothing here reads a clock.
@@ -92,10 +92,10 @@ HOT_INTERVAL = 0.005
 #: Longest the drain is credited after a count (seconds): the bound below holds with it.
 MAX_CREDIT_TIME = 0.01
 #: The trust budget ``S`` (module docstring): half the limit, at most 128 KiB, of what was
-#: forwarded between ``m_lo`` and ``m`` before a count. A quarter and 64 KiB until issue 14's
-#: fifth pass: at 256 KiB that held a queue near empty to 0.68 of a 20,000 msg/s consumer
-#: over the first second after a trip (0.81 with this budget; tests/test_pace.py's
-#: simulation), while the stopped-consumer bound it adds to stays within 256 KiB.
+#: forwarded between ``m_lo`` and ``m`` before a count. A quarter and 64 KiB would hold a
+#: 256 KiB queue near empty to 0.68 of a 20,000 msg/s consumer over the first second after
+#: a trip (0.81 with this budget; tests/test_pace.py's simulation), while the
+#: stopped-consumer bound it adds to stays within 256 KiB.
 TRUST_PART = 0.5
 TRUST_BYTES = 128 * 1024
 #: ``m_lo`` is at least this (seconds): publishes within ``LEDGER_BUCKET`` (5 ms) of each
@@ -167,8 +167,8 @@ def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:
     show (``SETTLE`` for the counts within ``SETTLE`` of a trip) and ``TRUST_FLOOR`` at
     least. This count's round trip, not the longest recent one (``rtt_high``, which the
     margin ``m`` keeps): ``rtt_high`` is a decaying maximum over some 200 counts a second,
-    so one count delayed by the proxy's own loop or the OS (bench/RESULTS.md, issue 14's
-    fourth pass: median 0.55 ms, but a 30-130 ms outlier every second or so on a 2-core
+    so one count delayed by the proxy's own loop or the OS (bench/RESULTS.md, "Pace":
+    median 0.55 ms, but a 30-130 ms outlier every second or so on a 2-core
     machine) held ``m_lo`` at ``m`` and the budget never engaged; what trusting a fast
     count too much can cost is the budget ``S`` whatever ``m_lo`` is."""
     return max(2 * rtt, depth.lag_at(at), TRUST_FLOOR)

@@ -166,7 +166,7 @@ class FlowController(ChannelHolds):
         self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
         self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
         # A fleet: a newly policed queue's share rule at once (``FleetService``), not at the
-        # next fleet tick: its first figure may come first (issue 15, the first fill).
+        # next fleet tick: its first figure may come first (a fresh queue's first fill).
         self.share_source: Callable[[QueueKey, float], ShareRule | None] | None = None
         self._now = 0.0  # the latest time given: a close (which has none) ends its hold there
         self.alarm_reason: str | None = None

@@ -54,7 +54,7 @@ DRAIN_SMOOTHING = 0.3
 # its consumers took all there was, so the rate is a floor of what they can take, not an
 # estimate of it. A held queue's drain estimate starts from nothing at the trip; with 0.3
 # throughout it took some 400 ms to reach a 20,000 msg/s consumer's rate while the queue sat
-# empty (bench.pace's admission trace, issue 14's fifth pass), admitting half of it meanwhile.
+# empty (bench.pace's admission trace), admitting half of it meanwhile.
 DRAIN_RISE = 0.7
 # The drain rate is measured between ready counts at least this far apart (seconds).
 DRAIN_SPAN = 0.05
@@ -62,16 +62,16 @@ DRAIN_SPAN = 0.05
 # on a loaded machine over-admitted by megabytes with a 2 ms floor (docs/architecture.md).
 HOT_MIN_MARGIN = MIN_MARGIN
 # While the counts show no lag, the enqueue-lag estimate halves every this many seconds
-# (1 s until issue 14's pace work: see docs/architecture.md, "Enqueue lag").
+# (docs/architecture.md, "Enqueue lag").
 LAG_HALF_LIFE = 5.0
 # The longest recent round trip of the counts (``rtt_high``) halves every this many seconds:
 # a round trip is seen at every count, so a slow broker keeps it up (a hot queue is counted
 # some 150-200 times a second), and one slow answer (the proxy's own loop or the OS: on the
 # 2-core test machine a 30-130 ms outlier every second or so while the median was 0.55 ms)
-# does not narrow admission for long. 1 s until issue 14's fourth pass: the margin then
-# stood on the worst outlier of the last seconds (11-19 ms median rtt_high, so m >= 22 ms
-# and m_lo >= m), and a 40 ms outlier a second held a simulated 256 KiB queue at 0.43 of
-# its consumer's rate (0.77 with 0.1 s; tests/test_pace.py, bench/RESULTS.md).
+# does not narrow admission for long. With 1 s the margin stands on the worst outlier of
+# the last seconds (11-19 ms median rtt_high, so m >= 22 ms and m_lo >= m), and a 40 ms
+# outlier a second holds a simulated 256 KiB queue at 0.43 of its consumer's rate (0.77
+# with 0.1 s; tests/test_pace.py, bench/RESULTS.md).
 RTT_HALF_LIFE = 0.1
 
 
@@ -227,9 +227,9 @@ class QueueDepth:
         trip: what went before it may be a flood on its way): counts asked for before
         ``now + lag`` are trusted with what was forwarded ``lag`` before them at most
         (``lag_at``); a count asked for later holds all of it, and its margin is the lag
-        the counts show (``enqueue_lag``). (It used to halve every second from the trip
-        on instead: 100 ms, 50 ms a second later, so a held queue admitted at most about
-        ``capacity / 70 ms`` over the first second after a trip: docs/architecture.md.)"""
+        the counts show (``enqueue_lag``). (Halving it every second from the trip on instead,
+        100 ms, 50 ms a second later, would admit a held queue at most about ``capacity /
+        70 ms`` over the first second after a trip: docs/architecture.md.)"""
         if now + lag > self._assumed_until:
             self._assumed_lag, self._assumed_until = lag, now + lag
 
@@ -246,14 +246,12 @@ class QueueDepth:
         ledger forwarded since the earlier count was asked for (up to now: any of it may be
         in the later count) means the earlier count missed publishes forwarded before it;
         how far back the ledger must go to hold that many is a lag seen. (Shifting both ends
-        by the fast margin instead, as until issue 14's pace work, read a lag wherever
-        publishes landed faster than that margin while the forwarding rate rose: a held
-        queue's first admissions after a trip read as a lag of 1 s, ``MAX_MARGIN``, and
-        its admission crawled in a simulation; ``bench/RESULTS.md``, "Pace".) A fleet
-        member reads it the same way (until issue 15's rate shares it kept the shifted
-        reading: the new one left 8 members' shares of a drain less even, as each was
-        admitted its share of the room per margin; ``floodwall.control.fleet_rate`` makes
-        them even per second whatever their margins). No rise beyond: the estimate
+        by the fast margin instead reads a lag wherever publishes land faster than that
+        margin while the forwarding rate rises: a held queue's first admissions after a
+        trip read as a lag of 1 s, ``MAX_MARGIN``, and its admission crawls in a
+        simulation; ``bench/RESULTS.md``, "Pace".) A fleet member reads it the same way
+        (``floodwall.control.fleet_rate`` keeps the members' shares of a drain even per
+        second whatever their margins). No rise beyond: the estimate
         halves per ``LAG_HALF_LIFE``. Consumers
         taking messages between the two counts hide a rise: the estimate errs low then, and
         ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").

@@ -1,4 +1,4 @@
-"""What one member polls for the whole fleet besides queue samples (issue 15, item 4): the
+"""What one member polls for the whole fleet besides queue samples: the
 broker's node alarms and a vhost's topology.
 
 - *Node alarms*: the fleet's alarm poller (``FleetTable.alarm_poller``) asks the management

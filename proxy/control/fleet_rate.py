@@ -1,6 +1,6 @@
-"""A fleet member's rate share while a queue is held (issue 15): a token bucket per held
-queue, fed at this member's max-min share of the queue's drain, so the fleet's members are
-admitted equal bytes per second, not equal parts of each count's room.
+"""A fleet member's rate share while a queue is held: a token bucket per held queue, fed
+at this member's max-min share of the queue's drain, so the fleet's members are admitted
+equal bytes per second, not equal parts of each count's room.
 
 Why: each count lets a member admit its share of the room that count shows
 (``floodwall.control.admission``, ``F(t - m) + share(room)``): what it forwarded within its

@@ -1,4 +1,4 @@
-"""How often each policed queue's depth is sampled (issue 14): hot or cold.
+"""How often each policed queue's depth is sampled: hot or cold.
 
 A queue is *hot* while it is tripped (its held publishers are admitted at each count:
 ``floodwall.control.admission``), or while it is predicted to reach a limit before the next

@@ -454,9 +454,9 @@ class Proxy:
 def freeze_start_up() -> int:
     """Move every object alive once the proxy has started (modules, policies, the routing
     model, listeners) out of the cyclic collector's generations, so that a full collection
-    walks only what connections made since (issue 19, latency: the ~47,500 objects of the
-    imported modules alone took a full collection 95-170 ms on the loaded 2-core test
-    machine, frozen under 0.1 ms; the p99.9 budget is 1 ms). Returns how many are frozen."""
+    walks only what connections made since (latency: the ~47,500 objects of the imported
+    modules alone take a full collection 95-170 ms on the loaded 2-core test machine,
+    frozen under 0.1 ms; the p99.9 budget is 1 ms). Returns how many are frozen."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -5,7 +5,7 @@ sidecar with ``RLIMIT_NOFILE`` soft limit ``S`` relays at most ``(S - FD_RESERVE
 connections; past that, accepting a client or connecting its upstream fails with EMFILE.
 Many runtimes start processes with a soft limit of 1,024 and a hard limit far above it, so
 the proxy raises its soft limit to the hard one at start (as Go's runtime and the JVM do),
-and says in its start-up line how many connections that allows (issue 19: 10,000
+and says in its start-up line how many connections that allows (10,000
 connections need a limit of at least 20,064).
 """
 

@@ -313,8 +313,8 @@ def sample_from_queue_doc(doc: Any, taken_at: float) -> ManagementSample | None:
 
     A queue whose statistics have not been emitted yet has no message figures at all: None,
     no sample. That is a queue just declared, but also every queue of a broker that has
-    just restarted, recovering its persistent messages: taking that for "empty" released
-    tripped queues into a full broker (issue 17); the passive declare's ready count decides
+    just restarted, recovering its persistent messages: taking that for "empty" would release
+    tripped queues into a full broker; the passive declare's ready count decides
     until the statistics are in. A stream has message counts but no byte figures:
     ``bytes_known`` is then False.
     """

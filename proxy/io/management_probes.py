@@ -206,8 +206,9 @@ class ManagementProbes:
     def _no_statistics(self, key: QueueKey, now: float) -> None:
         """The API answered, without figures for ``key`` (no statistics yet). A queue that
         never had any is new: empty, the ledger adds what was forwarded since. One that had
-        some is on a broker that restarted and is recovering its messages: not "empty"
-        (issue 17); the passive declare's ready count decides until the figures are back."""
+        some is on a broker that restarted and is recovering its messages: not "empty" (that
+        would release tripped queues into a full broker); the passive declare's ready count
+        decides until the figures are back."""
         self._sampled_at[key] = now
         if key not in self._had_figures:
             self.feed_management(key, ManagementSample(now, 0, 0, 0, 0, 0))

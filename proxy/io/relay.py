@@ -110,8 +110,8 @@ async def connect_to_broker(s: RelaySettings, side: Callable[[], UpstreamSide],
 async def connect_upstream(conn: RelayedConnection, loop: asyncio.AbstractEventLoop) -> None:
     """``conn``'s task: connect to the broker, or tell the client why not. A timer that
     cancels it (``_connect_too_slow``) is its deadline, not asyncio.timeout or wait_for: no
-    second task, no context manager, no get_running_loop() a connection (issue 19:
-    connections)."""
+    second task, no context manager, no get_running_loop() a connection (the cost of a
+    connection)."""
     s = conn.settings
     try:
         node = await connect_to_broker(s, lambda: UpstreamSide(conn), loop)
@@ -185,7 +185,7 @@ def _unreachable(conn: RelayedConnection, exc: OSError | TimeoutError) -> None:
 class Paused:
     """Why a client's socket is not read now: bits of an int, any of them stops it. Not an
     enum.Flag: its ``|``, ``&`` and ``~`` build Flag objects, 0.3-0.5 us each in Python 3.11
-    (an int's: 0.01), several a connection (issue 19: connections)."""
+    (an int's: 0.01), several a connection."""
 
     CONNECTING: Final = 1  # until the upstream is there
     UPSTREAM_BACKPRESSURE: Final = 2  # the broker's side does not take more
@@ -223,7 +223,7 @@ class RelayedConnection(asyncio.Protocol):
 
     Reading stops on one side while the other side's write buffer is over its high-water
     mark (explicit backpressure, never unbounded buffering). Either side closing closes the
-    other once what was queued for it has been written. Slots: one per connection (issue 19).
+    other once what was queued for it has been written. Slots: one per connection (memory).
     """
 
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
@@ -248,7 +248,7 @@ class RelayedConnection(asyncio.Protocol):
         # upstream's connect, or the client's part of being told the broker is unreachable.
         self._handshake_timer: asyncio.TimerHandle | None = None
         # connection_made's: asyncio.get_running_loop() is a getpid() syscall a call in
-        # Python 3.11, four a connection (issue 19: connections)
+        # Python 3.11, four a connection
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._server_spoke = False  # the broker's first bytes arrived (TLS: not refused)
@@ -778,7 +778,7 @@ def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
     if len(chunks) == 1:
         chunk = chunks[0]
         # One piece goes as it is: a read's bytes, or a view of at least half of one (the
-        # complete frames of a small read joined to the frame held before it: issue 19),
+        # complete frames of a small read joined to the frame held before it),
         # which keeps at most as many bytes alive as it writes.
         if type(chunk) is bytes or (type(chunk) is memoryview
                                     and 2 * chunk.nbytes >= len(cast(bytes, chunk.obj))):

@@ -2,11 +2,11 @@
 
 ``loop.create_connection(name, port)`` asks the system resolver for ``name`` every time: with
 a DNS name as ``--upstream`` (``rabbitmq.prod.svc``, where a pod's ``ndots: 5`` turns one
-lookup into several queries) each new client paid a lookup before its upstream could
-connect. Now one lookup serves every connection for ``ttl`` seconds (concurrent connects
+lookup into several queries) each new client would pay a lookup before its upstream could
+connect. So one lookup serves every connection for ``ttl`` seconds (concurrent connects
 wait on the same one), a failed connect forgets the answer so the next client looks up
-again (a broker that moved is found at once), and an IP address is never looked up
-(issue 19: the handshake at 1,000 new connections a second).
+again (a broker that moved is found at once), and an IP address is never looked up (the
+handshake at 1,000 new connections a second).
 """
 
 from __future__ import annotations

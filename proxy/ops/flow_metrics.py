@@ -410,7 +410,7 @@ def topology_state(controller: FlowController, stats: FlowStats, now: float
 
 def pace_of(controller: FlowController, stats: FlowStats, key: QueueKey, now: float
             ) -> dict[str, float | None]:
-    """A policed queue's pace (issue 14): the sampling interval in force, the lag in force,
+    """A policed queue's pace: the sampling interval in force, the lag in force,
     the longest recent count round trip (``rtt_high``: with the lag, what the margin ``m``
     stands on), the newest count's (``count_rtt``: what ``m_lo`` stands on), the drain
     rate (body bytes/s, from its ready counts and the ledger) and what the proxy forwarded

@@ -271,7 +271,7 @@ class Sampler:
 
 
 def _pace_fields(d: QueueDepth, sampling: float | None) -> dict[str, object]:
-    """A sample's issue 14 fields: the sampling interval in force, the drain estimate."""
+    """A sample's pace fields: the sampling interval in force, the drain estimate."""
     drain = drain_bytes_rate(d)
     return {"sampling_interval": sampling,
             "drain_bytes_per_second": None if drain is None else round(drain, 1)}

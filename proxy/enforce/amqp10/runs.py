@@ -1,4 +1,4 @@
-"""A sender link's run of whole deliveries booked at once (issue 12: the per-transfer cost).
+"""A sender link's run of whole deliveries booked at once (the per-transfer cost).
 
 ``on_client_transfer`` decides about each delivery: its credit, its queues, a trip, a spool,
 a shadow verdict, renumbering, the window. Most of the time, on a link far from its queues'

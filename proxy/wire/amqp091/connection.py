@@ -61,9 +61,9 @@ of the reads, not copied (``FrameRelay._keep``)."""
 JOINED_READ_MAX: Final = 16 * 1024
 """A read of at most this many bytes that completes the frame held from the previous read
 is joined to it and the whole relayed in one pass, one piece of output: copying a small read
-costs less than relaying the held frame on its own (issue 19: a consumer's reads on a quiet
-machine hold one or two deliveries, most cut inside a frame; the I/O layer joined the two
-pieces for its write anyway). A larger read completes the held frame by itself
+costs less than relaying the held frame on its own (a consumer's reads on a quiet machine
+hold one or two deliveries, most cut inside a frame; the I/O layer would join the two pieces
+for its write anyway). A larger read completes the held frame by itself
 (``_finish_tail``) and leaves in place, as a view. The join copies a held frame once more
 only when this read completes it, so copying stays linear however the stream is cut."""
 
@@ -132,7 +132,7 @@ Handler = Callable[[Any, int, Buffer, int, int], "int | None"]
 """(core, channel, buf, frame offset, base offset) -> None when the frame passes in place, or
 the offset up to which the handler took frames out of the stream (held, absorbed, replaced).
 A core's method, called unbound: a table serves every connection of its kind (``_TABLES``),
-none is built a connection (issue 19: connections)."""
+none is built a connection (the cost of a connection)."""
 
 Tables = tuple[dict[int, Handler], dict[int, Handler]]
 Table = tuple[dict[int, Handler], frozenset[int]]  # one direction's handlers, and their keys
@@ -158,7 +158,7 @@ class _Inbound:
 
     def read(self, table: Table) -> None:
         """Set what reads each method this direction stops at, and the set of them: both
-        shared by every connection of a kind (600 bytes each, issue 19)."""
+        shared by every connection of a kind (600 bytes each, not per connection)."""
         self.handlers, self.stop_at = table
 
 
@@ -284,7 +284,7 @@ class FrameRelay(CoreOutput):
             tail = inbound.tail
             if len(data) <= JOINED_READ_MAX and len(tail) >= HEADER_SIZE \
                     and frame_at(tail, 0)[2] + FRAME_OVERHEAD - len(tail) <= len(data):
-                # The held frame ends in this small read: one pass over both (issue 19).
+                # The held frame ends in this small read: one pass over both.
                 data = b"".join((tail, data))
                 inbound.tail = bytearray()
             else:
@@ -696,8 +696,8 @@ class Connection(FrameRelay):
                   header_end: int, body_size: int) -> int:
         """After the publish at ``buf[offset:end]`` was held with its content header (up to
         ``header_end``): its body and the run of whole publishes that follows, held at once
-        as far as the gate allows (``runs``; issue 14: a held producer at its consumers'
-        pace). Returns where the frames the gate took end."""
+        as far as the gate allows (``runs``: a held producer at its consumers' pace).
+        Returns where the frames the gate took end."""
         allowed = gate.hold_run(channel, buf, end, self._now)
         if allowed is None:
             return header_end

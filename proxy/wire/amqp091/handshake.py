@@ -1,4 +1,4 @@
-"""The connection-class methods every core reads, decoded by hand (issue 19: connections).
+"""The connection-class methods every core reads, decoded by hand (the cost of a connection).
 
 A handshake passes six of them (start-ok, tune, tune-ok, open, and a close each way); pamqp's
 generic decoder (``framing.decode_method``) walked each one's fields by name and type and cost

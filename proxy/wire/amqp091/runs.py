@@ -1,4 +1,4 @@
-"""Runs of whole publishes on one channel, read in one pass (issue 19: the policed publish).
+"""Runs of whole publishes on one channel, read in one pass (the policed publish's cost).
 
 A publisher at full speed puts tens of publishes of one channel into every read, each the same
 ``basic.publish`` (exchange, routing key, flags) followed by its content header and body

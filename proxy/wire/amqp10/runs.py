@@ -1,4 +1,4 @@
-"""Runs of whole deliveries on one sender link, read in one pass (issue 12's per-transfer cost).
+"""Runs of whole deliveries on one sender link, read in one pass (the per-transfer cost).
 
 A sender at full speed puts tens of transfers of one link into every read: the same channel,
 the same handle, delivery-ids one after another, each a whole message (``more`` false) in
