@@ -438,7 +438,7 @@ def test_a_greedy_producer_does_not_starve_a_modest_one_on_the_same_sidecar(
     """One sidecar, one queue held at its capacity (256 KiB) by a greedy producer at full
     speed (3,000 x 1 KiB: it holds a backlog of thousands), a modest one on another
     connection (30 msg/s). Round robin over the waiting channels: the modest one is admitted
-    at its rate (the issue: at least min(its demand, half the drain)), so its 60 messages
+    at its rate (the target: at least min(its demand, half the drain)), so its 60 messages
     all arrive while the greedy one still has most of its backlog, not after it (first
     come, first served would deliver them behind the greedy one's whole backlog)."""
     queue = unique("fleet-greedy")
