@@ -167,8 +167,8 @@ def test_queue_declared_at_the_broker_then_flooded_within_50ms(
         events: str) -> None:
     """A queue the proxy has not seen, as a new user tried it: policy on a queue the broker
     does not have yet, 3 MiB through the proxy against 1 MiB capacity, the queue declared
-    straight at the broker and the flood written within 50 ms. With the event plugin the model learns it
-    from the event; without, the first publish waits for a lookup."""
+    straight at the broker and the flood written within 50 ms. With the event plugin the
+    model learns it from the event; without, the first publish waits for a lookup."""
     if events == "on":
         needs_event_plugin(broker)
     q = queues("live")
