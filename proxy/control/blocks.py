@@ -1,7 +1,7 @@
 """Which channels (0-9-1) and sender links (1.0) are blocked, on which queues, since when.
 
 The controller's table of holds: a channel is blocked on a *set* of queues and freed only
-when the set is empty (seed 000). Pure bookkeeping; the controller decides when to add and
+when the set is empty. Pure bookkeeping; the controller decides when to add and
 drop, and ends each hold's time in ``HoldTimes``.
 """
 

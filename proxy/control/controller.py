@@ -1,6 +1,6 @@
 """Who may publish: tripped queues, the channels blocked on them, and the broker alarm.
 
-Seed 000's design, moved out of the broker: a channel that publishes to a full queue is
+Per-queue flow control, moved out of the broker: a channel that publishes to a full queue is
 blocked on that queue; a channel can be blocked on a *set* of queues and is released only
 when the set is empty. Pure: the I/O layer feeds it depth samples, alarms and policies,
 the gates ask it about each publish; every entry point that needs the time takes ``now``.
@@ -398,7 +398,7 @@ class FlowController(ChannelHolds):
     def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float) -> bool:
         """Block ``channel`` on ``queues``; True if it was not blocked before.
 
-        Re-checks at once (seed 000's race): any of the queues that released meanwhile is
+        Re-checks at once (a release may race the block): a queue that released meanwhile is
         dropped from the set again, and if none is left the channel is not blocked.
         """
         ref = (conn, channel)

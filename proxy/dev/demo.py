@@ -1,4 +1,4 @@
-"""``make demo``: seed 000's scenario, a fast producer and a slow consumer, through floodwall.
+"""``make demo``: the founding scenario, a fast producer and a slow consumer, through floodwall.
 
 Everything runs on this machine: Debian's rabbitmq-server from a private directory (the
 host's 3.10, or with ``--broker 4.0`` Debian 13's 4.0 from its root), a

@@ -13,7 +13,7 @@
   that is when confirm-mode clients are acked. ``fsync: always`` is therefore "fsync as
   soon as anything is pending": appends made during one fsync share the next (the
   classic group commit without a timer), never an fsync per record on the event loop.
-- **Replay** (seed 001's inhaler): one task per queue with backlog. It runs while the
+- **Replay** (the way back to the broker): one task per queue with backlog. It runs while the
   queue is not tripped, the broker has no alarm, and flow control has its first depth
   round; it reads records in order and publishes them on a confirm channel of its own
   connection to the queue's vhost (``Publisher``, a window of ``window`` unconfirmed). A

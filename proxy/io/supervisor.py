@@ -431,7 +431,7 @@ class FlowSupervisor(DepthProbes):
             self.log_holding()
 
     def log_holding(self) -> None:
-        """One line per blocked channel (seed 000: repeat until released)."""
+        """One line per blocked channel, repeated until it is released."""
         now = self.clock()
         for b in sorted(self.controller.blocked_channels(),
                         key=lambda b: (b.conn_id, b.channel)):

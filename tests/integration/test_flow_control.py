@@ -108,7 +108,7 @@ def paced(rate: float) -> Callable[[], None]:
     return wait
 
 
-# -- 1. seed 000's scenario with pika ------------------------------------------------------
+# -- 1. the founding scenario with pika ------------------------------------------------------
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("confirm", [False, True], ids=["no-confirms", "confirms"])
 def test_seed_scenario_pika(broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path,

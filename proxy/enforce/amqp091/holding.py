@@ -153,7 +153,7 @@ class HeldChannels(ShadowWatch):
             self._waiting_lookup.discard(ch.channel)
         if not newly:
             if not self.controller.is_blocked(self.conn_id, ch.channel):
-                # Released while we looked (seed 000's race): let it go at once.
+                # Released while we looked (the block/release race): let it go at once.
                 self.channel_released(ch.channel, now)
             return
         if only_lookups:
