@@ -78,7 +78,7 @@ def test_without_a_client_certificate_the_broker_refuses_and_it_is_said(
         status, body = http_status(proc.admin_url + "/readyz")
         error = str(json.loads(body).get("upstream_error", ""))
         # TLS 1.3: the broker's alert, or (when our header crossed it) a bare reset or EOF
-        # right after the handshake, named as the refusal it is (proxy/io/tls.py)
+        # right after the handshake, named as the refusal it is (floodwall/io/tls.py)
         return error if status == 503 and ("client certificate" in error
                                            or "handshake failure" in error) else None
 

@@ -1,4 +1,4 @@
-"""The fleet service's decisions without a broker (proxy/io/fleet.py): what it does with an
+"""The fleet service's decisions without a broker (floodwall/io/fleet.py): what it does with an
 announcement it hears, which queues the fleet's poller spares it, what it announces."""
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ credit cannot name one queue. Each message is routed by its ``to`` / ``subject``
 link's credit is always capped by the window when anything is policed (or a policy names
 the vhost), as is any link that may come to feed a policed queue (``_may_be_policed``).
 A destination the routing model does not know withholds the link's credit until the
-broker was asked (``_lookup``: proxy/lookups.py). A message to a
+broker was asked (``_lookup``: floodwall/control/lookups.py). A message to a
 tripped queue is forwarded (it was sent on credit; holding it would reorder the session's
 delivery-ids) and the link's credit is then withheld until every queue it hit drains; under
 ``overflow: reject`` the message is instead settled ``rejected`` with

@@ -1,7 +1,7 @@
 """The flow supervisor: feeds the FlowController with depth, topology, alarms and policies.
 
-Everything the pure ``FlowController`` (proxy/gate.py) needs from the outside world comes
-through here, on timers, independent of how many clients are connected:
+Everything the pure ``FlowController`` (floodwall/control/controller.py) needs from the
+outside world comes through here, on timers, independent of how many clients are connected:
 
 - policies: loaded at startup (a bad file refuses to start), reloaded on SIGHUP and when the
   file changes (a bad reload keeps the old set);

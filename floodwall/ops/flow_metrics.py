@@ -1,7 +1,7 @@
 """Flow control seen from outside: its Prometheus families and its ``/state`` section.
 
 Pure: everything is read off the ``FlowController`` and a ``FlowStats`` (what the flow
-supervisor in ``proxy/io/flow.py`` counts) at scrape or request time.
+supervisor in ``floodwall/io/supervisor.py`` counts) at scrape or request time.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class FlowStats:
     # ready counts fed per queue.
     sampling_interval: dict[QueueKey, float] = field(default_factory=dict)
     ready_counts: Counter[QueueKey] = field(default_factory=Counter)
-    # The routing model (proxy/io/topology.py): changes by source, events, lookups, syncs.
+    # The routing model (floodwall/io/topology.py): changes by source, events, lookups, syncs.
     changes: Counter[str] = field(default_factory=Counter)  # by ChangeSource value
     events_status: str = "off"  # off | starting | up | down: ... | unavailable: ...
     events_received: int = 0

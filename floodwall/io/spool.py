@@ -1,6 +1,6 @@
 """The spool at run time: recovery, group commit, the replayer, metrics, /state, the drain.
 
-``SpoolService`` owns the ``SpoolManager`` (proxy/spool/) of ``--spool-dir``; the relay's
+``SpoolService`` owns the ``SpoolManager`` (floodwall/spool/) of ``--spool-dir``; the relay's
 0-9-1 gate (``PublishFlow``) writes client publishes to it under ``overflow: spool``.
 
 - **Start**: takes ``SPOOL_DIR/.lock``, recovers every queue's spool (torn tails dropped,

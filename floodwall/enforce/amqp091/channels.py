@@ -28,8 +28,8 @@ _SHORT = struct.Struct(">H")
 BODY_SIZE = struct.Struct(">HHQH")  # class id, weight, body size, property flags
 DEFAULT_HOLD_BUDGET: Final = 8 * 1024 * 1024
 #: Held bytes past which a connection is not read while a channel of it waits for a lookup
-#: (proxy/lookups.py): a lookup takes a round trip, and a flood read meanwhile would only
-#: take the event loop from the answer.
+#: (floodwall/control/lookups.py): a lookup takes a round trip, and a flood read meanwhile
+#: would only take the event loop from the answer.
 LOOKUP_HOLD_BUDGET: Final = 256 * 1024
 
 # Methods that keep flowing on a channel while its publishes are held: they cannot

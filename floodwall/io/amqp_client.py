@@ -314,7 +314,7 @@ class AmqpClient(BatchedWrites):
                  on_blocked: Callable[[str | None], None] | None = None,
                  tls: UpstreamTlsContext | None = None) -> None:
         """``upstreams``: the broker's nodes (the first that takes the connection serves
-        it). ``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        it). ``tls``: amqps (floodwall/io/tls.py); with its ``sasl_external`` the login is SASL
         EXTERNAL (the broker takes the user from the client certificate), else PLAIN."""
         self.upstreams, self.vhost = upstreams, vhost
         self.endpoint: Endpoint | None = None  # the node connected to

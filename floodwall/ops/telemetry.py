@@ -1,8 +1,9 @@
 """Telemetry records: what a sidecar writes about its policed queues (schema in docs/telemetry.md).
 
 Pure: building records from a ``FlowController`` snapshot or a typed event (``event_fields``),
-the file names, and the rotation policy. Writing happens in ``proxy/io/telemetry.py``, off the event
-loop. One record is one JSON object on one line (NDJSON); three types share one schema:
+the file names, and the rotation policy. Writing happens in ``floodwall/io/telemetry.py``,
+off the event loop. One record is one JSON object on one line (NDJSON); three types share
+one schema:
 
 - ``sample``: one per policed queue per interval (depth, ingress, tripped, held ...);
 - ``sidecar``: one per interval for the sidecar as a whole (``vhost`` and ``queue`` are "");

@@ -539,7 +539,7 @@ def analyze(telemetry: tuple[str, ...], out: str, master: str | None, resolution
     raise SystemExit(code)
 
 
-# `floodwall spool ...` lives in proxy/spool_cli.py (registered here).
+# `floodwall spool ...` lives in floodwall/cli/spool.py (registered here).
 from floodwall.cli.spool import spool as _spool_group  # noqa: E402
 
 main.add_command(_spool_group)

@@ -72,7 +72,7 @@ def _readable(path: Path | None, setting: str) -> Path | None:
 @dataclass(frozen=True)
 class UpstreamTls:
     """How the proxy speaks TLS to the broker: relayed clients, depth probes, both spool
-    replayers and ``floodwall spool replay`` all use this one value (proxy/io/tls.py turns
+    replayers and ``floodwall spool replay`` all use this one value (floodwall/io/tls.py turns
     it into the ``ssl.SSLContext``).
 
     ``ca`` None: the system's trust store. ``cert``/``key``: the client certificate the
@@ -377,7 +377,7 @@ class ProxySettings:
     # The broker's Prometheus endpoint: queue depth when the management API has no figures
     # (statistics off). None: the management host on DEFAULT_PROMETHEUS_PORT; "" off.
     prometheus_url: str | None = None
-    # TLS (proxy/io/tls.py builds the contexts). None: plain.
+    # TLS (floodwall/io/tls.py builds the contexts). None: plain.
     upstream_tls: UpstreamTls | None = None
     listen_tls: tuple[str, int] | None = None  # a TLS listener beside (or instead of) listen
     listener_tls: ListenerTls | None = None  # its certificate, key, client CA
@@ -404,16 +404,16 @@ class ProxySettings:
     management_connections: int = 4  # pooled keep-alive connections to the management API
     topology_interval: float = 30.0  # management API exchanges/queues/bindings re-sync
     topology_events: bool = True  # consume the broker's topology events when it has them
-    fleet: str | None = "default"  # the fleet's name (proxy/io/fleet.py); None: off
+    fleet: str | None = "default"  # the fleet's name (floodwall/io/fleet.py); None: off
     policy_poll_interval: float = 2.0  # has the policy file changed?
     holding_log_interval: float = 5.0  # repeat the "publishes held" lines this often
-    # Telemetry (proxy/io/telemetry.py; needs ``policies``): None writes none.
+    # Telemetry (floodwall/io/telemetry.py; needs ``policies``): None writes none.
     telemetry_dir: Path | None = None
     telemetry_interval: float = 1.0
     telemetry_file_bytes: int = 16 * 1024 * 1024  # rotate past this size ...
     telemetry_file_age: float = 3600.0  # ... or this age (seconds)
     telemetry_total_bytes: int = 256 * 1024 * 1024  # oldest files deleted past this
-    # Spool (proxy/io/spool.py; needs ``policies``): None: ``overflow: spool`` acts as hold.
+    # Spool (floodwall/io/spool.py; needs ``policies``): None: ``overflow: spool`` acts as hold.
     spool_dir: Path | None = None
     spool_total_max: int = DEFAULT_TOTAL_MAX  # bytes, all queues
     spool_min_free: int = DEFAULT_MIN_FREE  # bytes left free on the spool's filesystem

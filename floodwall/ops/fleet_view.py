@@ -3,7 +3,7 @@
 shares the fleet's demands give (``FleetFigures``), the ``fleet`` section of ``GET /state``
 (``fleet_state``) and the ``floodwall_fleet_*`` metrics (``FleetCollector``).
 
-Pure (every entry point takes ``now``); the fleet's I/O is ``proxy/io/fleet.py``.
+Pure (every entry point takes ``now``); the fleet's I/O is ``floodwall/io/fleet.py``.
 """
 
 from __future__ import annotations

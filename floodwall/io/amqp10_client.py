@@ -693,7 +693,7 @@ class Amqp10Client(Amqp10Reading):
                  container_id: str = "floodwall-spool-replay", idle_timeout: float = 60.0,
                  tls: UpstreamTlsContext | None = None) -> None:
         """``upstreams``: the broker's nodes (the first that takes the connection serves
-        it). ``tls``: amqps (proxy/io/tls.py); with its ``sasl_external`` the login is SASL
+        it). ``tls``: amqps (floodwall/io/tls.py); with its ``sasl_external`` the login is SASL
         EXTERNAL (the user is the client certificate's), else PLAIN (ANONYMOUS without a
         username)."""
         self.upstreams, self.vhost = upstreams, vhost

@@ -38,19 +38,19 @@ class FlowSettings:
     # a real-time ready count taken meanwhile is never overruled by an older figure.
     management_stats_age: float = 5.0
     unknown_after: float | None = None  # None: 3 * management_interval + management_timeout
-    # The routing model's live feed (proxy/io/topology.py).
+    # The routing model's live feed (floodwall/io/topology.py).
     topology_events: bool = True  # consume amq.rabbitmq.event when the broker has it
     event_vhost: str = "/"  # where the rabbitmq_event_exchange plugin declares its exchange
     lookup_timeout: float = 2.0  # longest a publish waits for a lookup before on_unknown_depth
     lookup_ttl: float = 1.0  # how long "absent" (or "failed, allowed") is remembered
     lookup_retry: float = 1.0  # a failed lookup a policy blocks on is asked again this often
     sync_grace: float = 2.0  # how long changes in flight may explain a sync's difference
-    # The fleet (proxy/io/fleet.py): sidecars on this broker share what they see under this
+    # The fleet (floodwall/io/fleet.py): sidecars on this broker share what they see under this
     # name; None: off.
     fleet: str | None = "default"
     upstream_tls: UpstreamTlsContext | None = None  # amqps for the depth probes
     management_tls: ManagementTlsContext | None = None  # https to the management API
-    # The broker's Prometheus endpoint (proxy/io/prometheus.py): queue depth when the
+    # The broker's Prometheus endpoint (floodwall/io/prometheus.py): queue depth when the
     # management API has no figures (statistics off); None: not asked.
     prometheus_url: str | None = None
     shadow: bool = False  # --shadow: every policy in shadow mode (nothing held)

@@ -1,5 +1,5 @@
 """TLS for every connection the proxy makes or accepts: the ``ssl.SSLContext`` s built from the
-settings' frozen TLS values (proxy/config.py), re-read when their files change, and TLS
+settings' frozen TLS values (floodwall/ops/config.py), re-read when their files change, and TLS
 failures turned into one sentence an operator can act on.
 
 Three contexts per process, each built once and shared: the upstream's (relayed clients,

@@ -8,7 +8,7 @@ Where no registry answers, the base is Debian 12 made by mmdebstrap and imported
 
     python -m floodwall.dev.image             # build (or find) floodwall's image, print its tag
     python -m floodwall.dev.image rabbitmq 4.0
-    python3 proxy/dev/image.py containers-conf [PATH]   # podman's settings (stdlib only)
+    python3 floodwall/dev/image.py containers-conf [PATH]   # podman's settings (stdlib only)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ CACHE = ROOT / "build" / "images"
 #: The Dockerfile's default BASE (a registry's Python image pinned by digest).
 REGISTRY_BASE_PREFIX = "ARG BASE="
 #: What the build context holds (.dockerignore's allow list).
-CONTEXT = ("Dockerfile", "pyproject.toml", "setup.py", "README.md", "LICENSE", "proxy",
+CONTEXT = ("Dockerfile", "pyproject.toml", "setup.py", "README.md", "LICENSE", "floodwall",
            "policies/example.yaml", "policies/schema.json")
 #: Left out of a Debian root: no documentation, manual pages or translations in an image.
 SLIM_DPKG = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
@@ -194,9 +194,9 @@ def base_image() -> str:
 def _context_files() -> list[Path]:
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", *CONTEXT],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    # proxy/dev/ is sent but not installed (setup.py leaves it out of the wheel)
+    # floodwall/dev/ is sent but not installed (setup.py leaves it out of the wheel)
     return sorted(ROOT / p for p in listed.split() if "__pycache__" not in p
-                  and not p.startswith("proxy/dev/") and (ROOT / p).is_file())
+                  and not p.startswith("floodwall/dev/") and (ROOT / p).is_file())
 
 
 #: podman's build flags: Docker's image format, whose config keeps the HEALTHCHECK (OCI's

@@ -147,9 +147,10 @@ class FlowController(ChannelHolds):
         self._enforcing = bool(self._policy_vhosts)  # some policy holds (the alarm too)
         self._policy_loads = 0  # set_policies calls: part of ``generation``
         self.queues: dict[QueueKey, PolicedQueue] = {}
-        # Names a publish needs the broker's word on before it may go (proxy/lookups.py),
-        # and the policed queues still waiting for their first depth figure (a queue
-        # lookup: publishes to them wait, so the ledger starts from the broker's figure).
+        # Names a publish needs the broker's word on before it may go
+        # (floodwall/control/lookups.py), and the policed queues still waiting for their
+        # first depth figure (a queue lookup: publishes to them wait, so the ledger starts
+        # from the broker's figure).
         self.lookups = LookupTable()
         self._awaiting: dict[QueueKey, Lookup] = {}
         # policed(): the policed keys among a set of queue names, until ``queues`` changes.
@@ -259,7 +260,7 @@ class FlowController(ChannelHolds):
         publish names what the model does not know and a policy could match where it
         lands: the default exchange with a routing key that is no known queue but matches
         a policy, or an exchange the model has never seen, in a vhost with policies.
-        Answers are remembered (proxy/lookups.py), so a stream of publishes costs one.
+        Answers are remembered (floodwall/control/lookups.py), so a stream of publishes costs one.
         """
         if vhost not in self._policy_vhosts:
             return None
@@ -476,7 +477,7 @@ class FlowController(ChannelHolds):
 
     def _evaluate(self, q: PolicedQueue, now: float) -> None:
         self._now = now
-        # A tripped queue is released on the settled estimate (proxy/depth.py: a ready
+        # A tripped queue is released on the settled estimate (floodwall/control/depth.py: a ready
         # count taken while a burst is still reaching the queue must not release it).
         est = q.depth.estimate(settled=q.tripped)
         if est is not None and q.tripped and q.share is not None:
