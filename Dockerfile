@@ -27,7 +27,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 
 WORKDIR /src
 COPY pyproject.toml setup.py README.md LICENSE ./
-COPY proxy ./proxy
+COPY floodwall ./floodwall
 # /opt/tools holds pip; /opt/floodwall (what the final stage copies) is made without pip and
 # filled from outside (pip --python). The host's pip settings (a private index, a proxy's CA)
 # reach this step as read-only build mounts (`podman build -v`) and a file of its PIP_*

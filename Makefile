@@ -111,7 +111,7 @@ $(STAMPS)/promtool:
 
 # Containers (make image; the pod tests in tests/deploy/): podman, runc, buildah, skopeo and
 # mmdebstrap from Debian when podman is missing, and the settings podman needs here added to
-# the containers.conf it reads when absent (proxy/dev/image.py: runc, as crun refuses some
+# the containers.conf it reads when absent (floodwall/dev/image.py: runc, as crun refuses some
 # cgroup layouts, and ulimits under a sandbox's hard limits).
 CONTAINERS_CONF := /etc/containers/containers.conf
 $(STAMPS)/podman:
@@ -121,7 +121,7 @@ $(STAMPS)/podman:
 	  $(APT_UPDATE) && $(APT_INSTALL) podman runc buildah skopeo mmdebstrap uidmap \
 	    containernetworking-plugins || exit 1; \
 	fi
-	$(SUDO) $(PYTHON) proxy/dev/image.py containers-conf $(CONTAINERS_CONF)
+	$(SUDO) $(PYTHON) floodwall/dev/image.py containers-conf $(CONTAINERS_CONF)
 	podman --version
 	touch $@
 
@@ -192,10 +192,10 @@ integration: deps
 	$(PY) -m pytest -q tests/integration
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check proxy tests bench pipeline
+	$(VENV)/bin/ruff check floodwall tests bench pipeline
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	# the code's shape: no function over 60 lines in proxy/
+	# the code's shape: no function over 60 lines in floodwall/
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_code_shape.py
 
 bench: deps

@@ -1,9 +1,9 @@
 """Packaging beyond pyproject.toml: which folders install under which import names.
 
-The repository keeps its folders ``proxy/`` and ``pipeline/``; the wheel installs them as
-``floodwall`` and ``floodwall_pipeline`` (the names ``proxy`` and ``pipeline`` belong to
-other distributions on the package index: docs/architecture.md, "Names"). The dev tooling
-(``proxy/dev/``) stays out of the wheel. A folder that is not there (the Docker build
+The repository's folders ``floodwall/`` and ``pipeline/`` install as ``floodwall`` and
+``floodwall_pipeline`` (the name ``pipeline`` belongs to another distribution on the package
+index: docs/architecture.md, "Layers"). The dev tooling (``floodwall/dev/``) stays out of the
+wheel. A folder that is not there (the Docker build
 context has no ``pipeline/``) is simply not packaged.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
-FOLDERS = {"floodwall": "proxy", "floodwall_pipeline": "pipeline"}
+FOLDERS = {"floodwall": "floodwall", "floodwall_pipeline": "pipeline"}
 NOT_SHIPPED = ("floodwall.dev",)
 
 

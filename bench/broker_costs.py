@@ -1,4 +1,4 @@
-"""What the broker spends on a passive declare and on a fleet delivery (issue 15, item 2):
+"""What the broker spends on a passive declare and on a fleet delivery:
 whether a fleet should share its depth counts through the fanout or cap how often each
 member counts.
 

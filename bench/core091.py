@@ -15,7 +15,7 @@ of ``--repeat`` runs, for these set-ups:
 - ``publish-held-free``: policed, another channel (3) of the connection holds (its queue is
   tripped and it sent one publish, held); measured: publishes on channel 1, which is free;
 - ``publish-held``: the publisher's own queue (capacity 256 KiB) is tripped and admits at its
-  consumers' pace (issue 14): every publish is held, then let go by the admission. The relay
+  consumers' pace: every publish is held, then let go by the admission. The relay
   is emulated on a clock of its own: a read while the gate is within its hold budget, else a
   ready count (every 5.3 ms of that clock, the queue found empty: a fast consumer) and the
   ``ChannelAdmitted`` it hands out, carried out as the I/O layer does;
@@ -137,7 +137,7 @@ def make_core(gated: bool, policed: bool = True, held: bool = False
 
 def _taker(core: Connection, peer: str) -> Callable[[], list[Any]]:
     """What the relay does with the core's output for ``peer``: its pieces for one vectored
-    write (a checkout before issue 19 has no pieces: its joined bytes, as its relay wrote)."""
+    write (an older checkout may have no pieces: its joined bytes, as its relay writes)."""
     chunks = getattr(core, f"chunks_for_{peer}", None)
     if chunks is not None:
         return cast(Callable[[], list[Any]], chunks)

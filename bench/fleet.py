@@ -1,4 +1,4 @@
-"""The fleet benchmark (issue 15): N floodwall sidecars feeding one capped queue.
+"""The fleet benchmark: N floodwall sidecars feeding one capped queue.
 
 ``python -m bench.fleet [--cases 1:max,4:max,8:max,8:1000] [--seconds 10]
 [--variant NAME:ROOT:ARGS ...] [--rounds R] [--out FILE]``
@@ -253,7 +253,7 @@ def counts_member(fw: ProxyProcess, queue: str, member: str) -> bool:
 async def kill_one(victim: ProxyProcess, survivors: list[ProxyProcess], queue: str,
                    t0: float) -> dict[str, Any]:
     """SIGKILL ``victim``; how long until every survivor stopped counting it in the queue's
-    shares (the issue's takeover: within 3 s), polled on /state every 20 ms."""
+    shares (the takeover target: within 3 s), polled on /state every 20 ms."""
     member = str(fleet_doc(victim)["me"])
     assert victim.process is not None
     victim.process.send_signal(signal.SIGKILL)
@@ -393,7 +393,7 @@ def depth_profile(trace: Trace) -> list[list[int]]:
 def modest_figures(case: Case, rates: list[float], offered: list[float], drain: float
                    ) -> dict[str, Any]:
     """For each sidecar's least paced producer: its delivered rate while held against the
-    issue's target, min(its demand, half the drain), its demand being what it wrote in the
+    target, min(its demand, half the drain), its demand being what it wrote in the
     window (the bench's loop may fall behind its pace on a busy machine)."""
     per = len(case.rates)
     slowest = min((r for r in case.rates if r > 0), default=0.0)

@@ -1,5 +1,5 @@
 """Flow-control benchmarks: what policies cost, how far a queue overshoots, how fast a trip
-holds publishers, and how much the management API is asked (issue 3 and 4's targets).
+holds publishers, and how much the management API is asked (the flow control's targets).
 
 ``python -m bench.flow [--scenarios throughput,overshoot,trip,management] [--out FILE]``
 

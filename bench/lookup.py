@@ -1,4 +1,4 @@
-"""What a lookup adds to the first publish to a queue floodwall has not heard of (issue 11).
+"""What a lookup adds to the first publish to a queue floodwall has not heard of.
 
 ``python -m bench.lookup [--trials 200] [--out FILE]``
 

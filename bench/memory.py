@@ -1,4 +1,4 @@
-"""Memory under a flood of held publishes (issue 17's first target).
+"""Memory under a flood of held publishes.
 
 ``python -m bench.memory [--producers 40] [--size 64KiB] [--seconds 10] [--args ...]``
 
@@ -11,7 +11,7 @@ publishing ``--size`` messages without confirms as fast as the proxy reads them,
 a consumer drains the queue straight from the broker until every message the proxy held has
 arrived, and the RSS is read again a few seconds after the release.
 
-Target (issue 17): with default settings (40 producers, 64 KiB) RSS stays under 200 MiB,
+Target: with default settings (40 producers, 64 KiB) RSS stays under 200 MiB,
 and memory is returned after the release.
 """
 

@@ -1,4 +1,4 @@
-"""Held producers at their consumers' pace (issue 14).
+"""Held producers at their consumers' pace.
 
 ``python -m bench.pace [--rounds 2] [--messages 20000] [--out FILE]``
 
@@ -16,12 +16,12 @@ One private RabbitMQ, one ``floodwall run`` with three policies, then:
   lag) and the CPU seconds the broker and the proxy spent over the run.
 - ``--capacities 1GiB,32KiB``: other capacities (the first the unpoliced reference, the last
   the stopped run's): a small one shows the admission's ceiling with a consumer far below the
-  issue's 18,000 msg/s (a loaded machine's).
+  target's 18,000 msg/s (a loaded machine's).
 - **stopped**: the same at 256 KiB, but the consumer stops dead (no more acks) after 5,000
   messages while the producer goes on at full speed; the ready messages above capacity
   after the stop (the 200 unacknowledged are the consumer's, on top).
 - ``--base DIR``: the pace and stopped runs also through ``floodwall run`` from the checkout
-  DIR (main before issue 14), alternated with this one's, capacity by capacity.
+  DIR (an older main, say), alternated with this one's, capacity by capacity.
 - **cpu**: the broker's CPU with one queue held (no consumer, the producer held behind it)
   for 3 s, by the proxy's ``--hot-interval`` (1, 2, 5 ms) and with the hot schedule off
   (``--hot-interval 200ms``, the slow interval): the difference is what fast sampling costs
@@ -334,7 +334,7 @@ def variant_policies(st: Stack, names: dict[str, str], capacities: dict[str, int
 
 
 def base_floodwall(st: Stack, root: Path, policies: Path) -> ProxyProcess:
-    """``floodwall run`` from another checkout (``--base``: main before issue 14)."""
+    """``floodwall run`` from another checkout (``--base``: an older main, say)."""
     proc = ProxyProcess(upstream=st.upstream, logfile=st.workdir / "base.log",
                         extra_args=["--event-loop", "auto", "--log-format", "json",
                                     "--fleet", "off",
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
                         "reference, the last the stopped consumer's (default 1GiB,1MiB,256KiB)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--base", type=Path, default=None,
-                   help="another checkout (e.g. main before issue 14) run side by side")
+                   help="another checkout (e.g. an older main) run side by side")
     opts = p.parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     out = opts.out or REPO / "bench" / "out" / f"pace-{started:%Y%m%d-%H%M%S}.json"

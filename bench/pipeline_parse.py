@@ -1,4 +1,4 @@
-"""What reading the telemetry costs, scan by scan (issue 20, item 3): CPU seconds of one
+"""What reading the telemetry costs, scan by scan: CPU seconds of one
 ``local[1]`` JVM.
 
     .venv/bin/python -m bench.pipeline_parse                    # writes the telemetry first

@@ -1,5 +1,5 @@
 """The soak: a long run through floodwall with a queue tripping and releasing every few
-seconds and the spool on; is anything growing? (issue 17's sixth part).
+seconds and the spool on; is anything growing?
 
 ``python -m bench.soak [--minutes 60] [--rate 20000] [--sample 60] [--out FILE]``
 
@@ -16,7 +16,7 @@ Every ``--sample`` seconds: the proxy's RSS and open fds (psutil), its asyncio t
 confirmed and delivered, trips so far, spool bytes. At the end the consumer reads on until
 the spool is empty and every confirmed message was delivered.
 
-Verdict (issue 17's target): after the warm-up (the first fifth of the samples) RSS grows by
+Verdict: after the warm-up (the first fifth of the samples) RSS grows by
 less than 5%, open fds and tasks not at all (a small noise allowance: 2 fds, 2 tasks), and
 nothing confirmed is lost. The suite runs a 5-minute variant (tests/chaos/test_soak.py).
 """

@@ -14,7 +14,7 @@
   confirms, window 1,000, records deleted as confirmed. msg/s.
 - **replay10**: the same with AMQP 1.0 records (one data section of 1 KiB each, as an AMQP
   1.0 client's transfer would be spooled), replayed by the proxy's own AMQP 1.0 sender
-  (``proxy/io/amqp10_client.py``) to ``/amq/queue/Q``, each record deleted once settled
+  (``floodwall/io/amqp10_client.py``) to ``/amq/queue/Q``, each record deleted once settled
   ``accepted``.
 - **recovery**: a spool of ``--recovery-gib`` GiB of 1 KiB records (64 MiB segments), then
   ``SpoolManager.recover()`` in a fresh process state: warm (in the page cache) and, when

@@ -1,4 +1,4 @@
-"""Issue 12's two-link scenario: a python-qpid-proton sender at full speed, through floodwall.
+"""The two-link scenario: a python-qpid-proton sender at full speed, through floodwall.
 
 ``python -m bench.two_links [--rounds 3] [--rates 2500,250,0] [--count 6000]
 [--broker 3.10|4.0] [--address v1|v2|null]``
@@ -29,7 +29,7 @@ message accepted as it comes) and the free queue as fast as it can. Per round an
   sends share the client's one proton thread with the free link, so the ratio there also
   measures the client's own CPU.
 
-Targets (issue 12): 6,000/6,000 accepted on both links, 6,000 consumed, at most 256 KiB over
+Targets: 6,000/6,000 accepted on both links, 6,000 consumed, at most 256 KiB over
 capacity (goal 64 KiB), no link error, free-link ratio >= 0.95.
 """
 
@@ -380,7 +380,7 @@ def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
 
 
 def report(doc: dict[str, Any]) -> None:
-    print(f"\nfloodwall two-links benchmark (issue 12), {doc['meta']['started']} "
+    print(f"\nfloodwall two-links benchmark, {doc['meta']['started']} "
           f"({doc['meta']['command']})")
     for rate, s in doc["results"]["two_links"].items():
         if not isinstance(s, dict):

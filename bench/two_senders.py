@@ -1,5 +1,5 @@
-"""Seed 004's two-senders benchmark, through floodwall with policies loaded, for AMQP 1.0 and
-its 0-9-1 equivalent (issue 4's test, as a benchmark figure).
+"""The two-senders benchmark, through floodwall with policies loaded, for AMQP 1.0 and
+its 0-9-1 equivalent (the credit gate's test, as a benchmark figure).
 
 ``python -m bench.two_senders [--rounds 6] [--seconds 3] [--protocols amqp10,amqp091]``
 

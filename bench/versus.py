@@ -45,7 +45,7 @@ FIGURES = {"firehose": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_m
 
 
 def module_of(root: Path) -> str:
-    """The import name a checkout runs as: ``floodwall`` since issue 13, ``proxy`` before."""
+    """The import name a checkout runs as: ``floodwall``, or ``proxy`` in an old checkout."""
     return "floodwall" if (root / "floodwall" / "__main__.py").exists() else "proxy"
 
 
@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--size", type=int, default=1024,
-                   help="message body bytes (1048576: issue 19's 1 MiB target)")
+                   help="message body bytes (1048576: the 1 MiB target)")
     p.add_argument("--drain-messages", type=int, default=50_000)
     p.add_argument("--max-length", type=int, default=20_000,
                    help="x-max-length of the firehose queues")

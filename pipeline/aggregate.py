@@ -259,10 +259,10 @@ def sidecar_series(samples: DataFrame, resolution: float) -> DataFrame:
                coalesce(sum(ingress_bytes), 0) AS ingress_bytes,
                coalesce(sum(ingress_messages), 0) AS ingress_messages,
                coalesce(sum(held_bytes * {iv}), 0) AS held_bms,
-               -- issue 14: forwarded while held (admitted), and the drain estimate x time
+               -- the pace: forwarded while held (admitted), and the drain estimate x time
                coalesce(sum(CASE WHEN tripped THEN ingress_bytes END), 0) AS admitted_bytes,
                coalesce(sum(drain_bps * {iv}), 0) AS drain_bms,
-               -- issue 15: the fleet as this sidecar saw it (null with --fleet off)
+               -- the fleet as this sidecar saw it (null with --fleet off)
                max(fleet_members) AS fleet_members,
                sum(fleet_share * {iv}) AS share_bms,
                sum(CASE WHEN fleet_share IS NOT NULL THEN {iv} END) AS share_ms,

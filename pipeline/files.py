@@ -1,7 +1,7 @@
 """Which telemetry files a run reads: the date/sidecar layout, file names, and time ranges.
 
 The proxy names each file ``telemetry-<sidecar>-<UTC YYYYmmddTHHMMSS>-<n>.ndjson`` after the
-moment it opened it (proxy/telemetry.py ``file_name``). A fleet's files are kept in a layout
+moment it opened it (floodwall/ops/telemetry.py ``file_name``). A fleet's files are kept in a layout
 partitioned by date and sidecar (docs/pipeline.md, "Incremental runs")::
 
     ROOT/date=2026-11-21/sidecar=orders-api-7d9f-x2/telemetry-orders-api-...-000042.ndjson

@@ -7,7 +7,7 @@ deadline expiries, the policy in force); the output the figures of ``summary.jso
 per-queue entries as that policy would have made them (``Outcome``) and the depth over time.
 
 The decisions are the proxy's, called as the proxy calls them (docs/pipeline.md, "What
-if"): whether the queue trips or releases is ``floodwall.control.policy.decide`` (capacity,
+if"): whether the queue trips or releases is ``floodwall.control.policy.should_trip`` (capacity,
 resume, the count limits, ``on_unknown_depth``), held publishers keep a queue held at its
 resume level as ``floodwall.control.admission.Admission.busy`` says (they use every token
 they are offered), what happens to a publish to a tripped queue (hold, reject, spool, or
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from floodwall.control.depth import MIN_MARGIN
-from floodwall.control.policy import Mode, Overflow, Policy, decide
+from floodwall.control.policy import Mode, Overflow, Policy, should_trip
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
 from floodwall.enforce.ports import SpoolPort
@@ -339,7 +339,7 @@ class _Replay:
     def _decide(self, policy: Policy, lead: float = 0.0) -> None:
         """Trip or release on the depth (and ``lead``: what the estimate counts on top)."""
         depth = round(self.depth + lead)
-        now = decide(policy, depth, math.ceil(self.depth / self.t.body), self.tripped)
+        now = should_trip(policy, depth, math.ceil(self.depth / self.t.body), self.tripped)
         # Held publishers that use every token they are offered keep their queue held
         # (Admission.busy): a release would let their backlog go at once.
         if now != self.tripped and (now or not self.held):

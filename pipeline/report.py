@@ -245,7 +245,7 @@ def plot_queue(rows: Sequence[Row], resolution: float, title: str, path: Path,
              lw=1, label="ingress (publishes forwarded)")
     ax3.plot(t, [_f(r, "egress_bytes") / resolution / KIB for r in rows], color="#8c564b",
              lw=1, label="egress (derived)")
-    if any(_f(r, "tripped_seconds") > 0 for r in rows):  # issue 14: the pace while held
+    if any(_f(r, "tripped_seconds") > 0 for r in rows):  # the pace while held
         ax3.plot(t, [_f(r, "admitted_bytes") / resolution / KIB for r in rows],
                  color="#ff7f0e", lw=1, ls="--", label="admitted while held")
         ax3.plot(t, [_f(r, "drained_bytes") / resolution / KIB for r in rows],

@@ -49,7 +49,7 @@ _FIELDS: list[tuple[str, DataType]] = [
     ("blocked_publishers", LongType()), ("held_bytes", LongType()),
     ("held_messages", LongType()), ("spooled_bytes", LongType()),
     ("sampling_interval", DoubleType()), ("drain_bytes_per_second", DoubleType()),
-    # sample: the fleet (issue 15; absent with --fleet off)
+    # sample: the fleet (absent with --fleet off)
     ("fleet_members", LongType()), ("fleet_share_bytes", LongType()),
     ("fleet_demand_bytes_per_s", DoubleType()),
     # sidecar

@@ -5,7 +5,7 @@ Per second: each sidecar's producers want a rate with bursts; the consumers drai
 own rate; the fleet's policy trips above ``capacity`` and releases at ``resume``. While
 tripped a sidecar holds what its producers send (ingress 0) and flushes it on release;
 a publish held past ``deadline`` expires. Records have exactly the fields the proxy writes
-(proxy/ops/telemetry.py), files are named as the proxy names them and rotated every
+(floodwall/ops/telemetry.py), files are named as the proxy names them and rotated every
 ``file_age`` seconds (hourly, as the proxy's default); ``partitioned`` lays them out by date
 and sidecar (pipeline/files.py) instead of in one directory. ``version``: the schema version
 to write (docs/telemetry.md), the current one unless told; ``1`` writes the same samples

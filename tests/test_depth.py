@@ -46,7 +46,7 @@ def test_ready_count_is_fresher_than_management_and_uses_its_sizes() -> None:
 
 def test_capacity_counts_ready_messages_not_the_consumers_unacknowledged() -> None:
     """A consumer's prefetch (delivered, not yet acknowledged) is not depth: 200 unacked
-    x 1 KiB must not eat 200 KiB of a 256 KiB capacity (issue 14). From the management
+    x 1 KiB must not eat 200 KiB of a 256 KiB capacity. From the management
     API alone the estimate takes its ready figures; the broker's word is the same."""
     q = QueueDepth()
     q.sampled_management(_mgmt(10.0, ready=5, unacked=200, body=1024))

@@ -1,5 +1,5 @@
 """The fleet's pure parts: the announcement format, membership with expiry, and max-min fair
-shares of a queue's headroom (proxy/control/fleet.py)."""
+shares of a queue's headroom (floodwall/control/fleet.py)."""
 
 from __future__ import annotations
 

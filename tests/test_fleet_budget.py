@@ -1,4 +1,4 @@
-"""Issue 15, sans-IO: the fleet's shared budget enforced. Each member sizes its part of a
+"""Sans-IO: the fleet's shared budget enforced. Each member sizes its part of a
 queue's headroom with a ``ShareRule`` (max-min fair on the announced demands); it trips when
 it forwarded more than that part since its last count, and while held admits only that part
 of each count's room. Then N members on one queue, their counts staggered, together stay

@@ -1,6 +1,6 @@
-"""The alarms and the topology polled by one member for the fleet, pure parts (issue 15,
-item 4): the announcement's fields, the pollers, the digests and their watch
-(proxy/control/fleet.py, proxy/control/fleet_polls.py)."""
+"""The alarms and the topology polled by one member for the fleet, pure parts: the
+announcement's fields, the pollers, the digests and their watch
+(floodwall/control/fleet.py, floodwall/control/fleet_polls.py)."""
 
 from __future__ import annotations
 

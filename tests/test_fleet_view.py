@@ -1,4 +1,4 @@
-"""What a sidecar tells its fleet and shows of it (proxy/ops/fleet_view.py), from a real
+"""What a sidecar tells its fleet and shows of it (floodwall/ops/fleet_view.py), from a real
 FlowController: its reports, the figures, /state's fleet section, the metrics, telemetry."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lookups: the table (proxy/lookups.py) and the gate's use of it (FlowController)."""
+"""Lookups: the table (floodwall/control/lookups.py) and the gate's use of it (FlowController)."""
 
 from __future__ import annotations
 

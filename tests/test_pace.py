@@ -1,4 +1,4 @@
-"""Issue 14, sans-IO: the sampling schedule, the enqueue lag, admission while held (the token
+"""Pace, sans-IO: the sampling schedule, the enqueue lag, admission while held (the token
 bucket, its cap when the consumers stop dead, the round robin) and the release it defers."""
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def test_m_lo_stands_on_this_counts_round_trip_m_on_the_recent_longest() -> None
     """A count read 60 ms late (the proxy's loop or the OS), then fast ones: the margin m
     keeps twice the decaying longest round trip (rtt_high), but m_lo is twice this count's
     own (1 ms) or the 10 ms floor, so the trust budget engages at once; with rtt_high in
-    m_lo too (before issue 14's fourth pass) m_lo >= m and nothing was trusted."""
+    m_lo too, m_lo >= m and nothing would be trusted."""
     fc, t = held_queue()
     q = fc.queues[KEY]
     depth = q.depth
@@ -524,7 +524,7 @@ def stopped_bound(d: float, lag: float, budget: float, hot: float = HOT_INTERVAL
 @pytest.mark.parametrize(("capacity_kib", "at_least"), [(1024, 0.9), (256, 0.8)])
 def test_a_held_queue_keeps_up_with_a_fast_consumer(capacity_kib: int, at_least: float
                                                     ) -> None:
-    """Issue 14's scenario without the machine's noise: a consumer that takes 18,000 msg/s,
+    """The pace scenario without the machine's noise: a consumer that takes 18,000 msg/s,
     a 2 ms enqueue lag. The held producer is admitted >= 0.9 of the consumer's rate at
     1 MiB and >= 0.8 at 256 KiB (the targets; 0.99 and 0.97 here). At 256 KiB it is the
     trust budget that does it: without it the 20 ms margin and counts 6 ms apart capped it
@@ -540,7 +540,7 @@ def test_a_held_queue_reaches_its_consumers_pace_soon_after_its_trip(capacity_ki
                                                                       at_least: float) -> None:
     """``bench.pace``'s run as it is on a quiet machine: 20,000 x 1 KiB in about 1.1 s to a
     consumer taking 20,000 msg/s, the trip and the drain estimate starting from nothing
-    included: 0.86 at 256 KiB, 0.95 at 1 MiB (0.67 and 0.95 before issue 14's fifth pass,
+    included: 0.86 at 256 KiB, 0.95 at 1 MiB (0.67 and 0.95 with
     the drain estimate climbing at 0.3 a span and the trust budget 64 KiB)."""
     rate, _, _ = simulate_held(capacity_kib, 0.002, 20000.0, 1.1)
     assert rate >= at_least * 20000

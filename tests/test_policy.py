@@ -26,7 +26,6 @@ from floodwall.control.policy import (
     Signal,
     SpoolSettings,
     UnknownDepth,
-    decide,
     format_bytes,
     format_duration,
     glob_to_regex,
@@ -35,6 +34,7 @@ from floodwall.control.policy import (
     parse_duration,
     parse_policies,
     render_policies,
+    should_trip,
 )
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
@@ -194,8 +194,8 @@ BOTH = Policy(name="both", capacity=100, resume=80, max_messages=10, resume_mess
     (79, True, False), (0, True, False),
 ])
 def test_bytes_hysteresis(depth: int, tripped: bool, expected: bool) -> None:
-    assert decide(BYTES, depth, None, tripped) is expected  # messages unlimited: None ignored
-    assert decide(BYTES, depth, 10**9, tripped) is expected  # ... and any count ignored
+    assert should_trip(BYTES, depth, None, tripped) is expected  # messages unlimited: None ignored
+    assert should_trip(BYTES, depth, 10**9, tripped) is expected  # ... and any count ignored
 
 
 @pytest.mark.parametrize(("count", "tripped", "expected"), [
@@ -203,8 +203,8 @@ def test_bytes_hysteresis(depth: int, tripped: bool, expected: bool) -> None:
     (11, True, True), (10, True, True), (8, True, True), (7, True, False), (0, True, False),
 ])
 def test_message_hysteresis(count: int, tripped: bool, expected: bool) -> None:
-    assert decide(COUNT, None, count, tripped) is expected
-    assert decide(COUNT, 10**12, count, tripped) is expected
+    assert should_trip(COUNT, None, count, tripped) is expected
+    assert should_trip(COUNT, 10**12, count, tripped) is expected
 
 
 @pytest.mark.parametrize(("nbytes", "count", "tripped", "expected"), [
@@ -219,7 +219,7 @@ def test_message_hysteresis(count: int, tripped: bool, expected: bool) -> None:
 ])
 def test_either_limit_trips_both_must_be_low_to_release(nbytes: int, count: int, tripped: bool,
                                                         expected: bool) -> None:
-    assert decide(BOTH, nbytes, count, tripped) is expected
+    assert should_trip(BOTH, nbytes, count, tripped) is expected
 
 
 @pytest.mark.parametrize("mode", list(UnknownDepth))
@@ -227,27 +227,27 @@ def test_either_limit_trips_both_must_be_low_to_release(nbytes: int, count: int,
 def test_unknown_depth_follows_policy(mode: UnknownDepth, tripped: bool) -> None:
     p = Policy(name="u", capacity=100, resume=80, max_messages=10, on_unknown_depth=mode)
     want = {UnknownDepth.KEEP: tripped, UnknownDepth.BLOCK: True, UnknownDepth.ALLOW: False}[mode]
-    assert decide(p, None, None, tripped) is want
-    assert decide(p, None, 0, tripped) is want  # one unknown is enough
-    assert decide(p, 0, None, tripped) is want
+    assert should_trip(p, None, None, tripped) is want
+    assert should_trip(p, None, 0, tripped) is want  # one unknown is enough
+    assert should_trip(p, 0, None, tripped) is want
     # a known figure over its limit trips whatever the other one is
-    assert decide(p, 101, None, tripped) is True
-    assert decide(p, None, 11, tripped) is True
+    assert should_trip(p, 101, None, tripped) is True
+    assert should_trip(p, None, 11, tripped) is True
 
 
 def test_unlimited_policy_never_trips() -> None:
     p = Policy(name="free")
     for tripped in (False, True):
-        assert decide(p, 10**15, 10**9, tripped) is False
-        assert decide(p, None, None, tripped) is False
+        assert should_trip(p, 10**15, 10**9, tripped) is False
+        assert should_trip(p, None, None, tripped) is False
 
 
-def test_decide_accepts_queue_limits() -> None:
+def test_should_trip_accepts_queue_limits() -> None:
     limits = QueueLimits(capacity=100, resume=80)
     assert BYTES.limits == limits
-    assert decide(limits, 101, None, False) is True
-    assert decide(limits, 90, None, True) is True
-    assert decide(limits, 80, None, True) is False
+    assert should_trip(limits, 101, None, False) is True
+    assert should_trip(limits, 90, None, True) is True
+    assert should_trip(limits, 80, None, True) is False
 
 
 @given(nbytes=st.none() | st.integers(0, 300), count=st.none() | st.integers(0, 30),
@@ -256,7 +256,7 @@ def test_engine_invariants(nbytes: int | None, count: int | None, tripped: bool,
                            mode: UnknownDepth) -> None:
     p = Policy(name="b", capacity=100, resume=80, max_messages=10, resume_messages=7,
                on_unknown_depth=mode)
-    got = decide(p, nbytes, count, tripped)
+    got = should_trip(p, nbytes, count, tripped)
     over = (nbytes is not None and nbytes > 100) or (count is not None and count > 10)
     if over:
         assert got is True
@@ -274,7 +274,7 @@ def test_seed_scenario_trips_and_releases_once_each() -> None:
     p = Policy(name="demo", capacity=256, resume=192)
     tripped, changes = False, []
     for depth in [*range(0, 301), *range(300, -1, -1)]:
-        now = decide(p, depth, None, tripped)
+        now = should_trip(p, depth, None, tripped)
         if now != tripped:
             changes.append((depth, now))
         tripped = now

@@ -1,5 +1,5 @@
 """The files around the code: the licence, the changelog, and docs that cite only files the
-repository has (issue 18, item 7)."""
+repository has."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RabbitMQ's topology events read as model changes (proxy/topology_events.py).
+"""RabbitMQ's topology events read as model changes (floodwall/control/routing/events.py).
 
 The header values below are copied from events a RabbitMQ 3.10.8 broker sent (pika decoded
 them): the arguments arrive as arrays of Erlang terms printed as text.

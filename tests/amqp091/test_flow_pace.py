@@ -1,4 +1,4 @@
-"""Issue 14 at the 0-9-1 gate, driven by bytes: held publishes leave as a held queue's counts
+"""Pace at the 0-9-1 gate, driven by bytes: held publishes leave as a held queue's counts
 give it tokens, in channel order, round robin over the channels, without a Channel.Flow, and
 the channel stays held until its queue releases."""
 

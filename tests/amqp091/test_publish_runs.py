@@ -1,4 +1,4 @@
-"""Runs of one channel's whole publishes, read in one pass (issue 19: the policed publish).
+"""Runs of one channel's whole publishes, read in one pass (the policed publish's cost).
 
 The scanner (``floodwall.wire.amqp091.runs``) against the full decoder (pamqp), and the gate
 with runs against the gate a publish at a time: the broker gets the same bytes, the client
@@ -308,7 +308,7 @@ def _sent(step: tuple[Any, ...]) -> bytes:
 
 def _from_the_broker(a: Setup, b: Setup, step: tuple[Any, ...]) -> None:
     """An ``ack`` step (the broker confirms everything on a channel), a depth sample, or a
-    ready count 10 ms on (``count``: a held queue's tokens, issue 14's admission)."""
+    ready count 10 ms on (``count``: a held queue's tokens, admission while held)."""
     if step[0] in ("ack", "broker-ack"):
         for s in (a, b):
             s.core.receive_from_server(method(B.Ack(delivery_tag=1, multiple=True), step[1]),
@@ -390,7 +390,7 @@ def test_no_run_while_something_could_change_a_decision(condition: str) -> None:
     assert s.core.data_for_server().endswith(data)
 
 
-# -- one channel holds, another publishes (issue 19: the held connection's free channels) --
+# -- one channel holds, another publishes (a held connection's free channels) --------------
 
 TX = commands.Tx
 CH = commands.Channel
@@ -485,7 +485,7 @@ def test_the_free_channels_burst_is_a_run_and_passes_around_the_held_frames() ->
     assert s.core.data_for_server() == held + more
 
 
-# -- held runs (issue 14: a producer held at its consumers' pace) ----------------------------
+# -- held runs (a producer held at its consumers' pace) --------------------------------------
 
 def _both(a: Setup, b: Setup, step: tuple[Any, ...]) -> None:
     """One step (a whole read, confirm.select on channel 1, or the broker's) to both gates;

@@ -105,7 +105,7 @@ def test_a_link_to_an_exchange_that_becomes_policed_waits_for_the_first_figure()
     link.send()
     _, to_client = link.take()
     # Waits for the queue's first figure: no top-up, and no flow that takes back the limit
-    # the client holds (proton would wrap a negative credit; see proxy/amqp10/credit.py).
+    # the client holds (proton would wrap a negative credit; see floodwall/wire/amqp10/credit.py).
     assert flows(to_client, 7) == []
     link.fc.sampled_ready_count(("/", "orders.late"), link.now[0], 0, None, link.now[0])
     link.board.settle()

@@ -301,7 +301,7 @@ def test_interleavings_byte_at_a_time(actions: list[tuple[object, ...]], proton:
 
 @pytest.mark.parametrize("proton", [True, False], ids=["proton", "spec"])
 def test_a_trip_crossing_a_full_window_in_flight(proton: bool) -> None:
-    """The case of issue 12, step by step: the client has a window in flight when the queue
+    """A window in flight at a trip, step by step: the client has a window in flight when the queue
     trips; the proxy sends no flow that lowers its limit, forwards the window (overshoot) and
     the client stops at its limit by itself, proton included."""
     w = World(Setup(), proton, 100)

@@ -1,4 +1,4 @@
-"""Runs of one link's whole deliveries, read in one pass (issue 12's per-transfer cost).
+"""Runs of one link's whole deliveries, read in one pass (the per-transfer cost).
 
 The scanner (``floodwall.wire.amqp10.runs``) against the full decoder, and the gate with runs
 against the gate a transfer at a time: the broker gets the same bytes, the ledgers, counts,
@@ -66,6 +66,13 @@ def test_a_run_is_read_to_its_end_with_its_payload_and_unsettled_ids() -> None:
     end, count, total, unsettled = scan(b"".join(frames))
     assert (end, count, total) == (sum(map(len, frames)), 10, sum(range(1, 11)))
     assert unsettled == [i for i in range(10) if i % 3]
+
+
+def test_the_broker_s_runs_are_read_alike_without_collecting_unsettled_ids() -> None:
+    buf = b"".join(xfer(0, i, b"x" * 9) for i in range(100))  # the ones alike: in bulk
+    expected = scan(buf)
+    assert expected[3] == list(range(100))
+    assert scan_transfer_run(buf, 0, LIMIT, 0, 0, 0, 1000, float("inf"), None) == expected[:3]
 
 
 @pytest.mark.parametrize(("stopper", "why"), [

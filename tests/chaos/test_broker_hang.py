@@ -1,8 +1,8 @@
 """Chaos: the broker hangs (SIGSTOP) and wakes (SIGCONT).
 
 A frozen broker's kernel still completes TCP handshakes, so a readiness probe that only
-connects called it up for as long as it hung (issue 17). The probe now waits for the
-broker's connection.start: /readyz is 503 within 10 s of the freeze (5 s interval + 3 s
+connects would call it up for as long as it hung. So the probe waits for the broker's
+connection.start: /readyz is 503 within 10 s of the freeze (5 s interval + 3 s
 answer wait) and 200 within 2 s of the thaw (the probe in flight gets its answer at once).
 """
 
@@ -21,7 +21,7 @@ from tests.integration.support import http_status
 
 pytestmark = pytest.mark.broker
 
-#: The targets (issue 17): unready within 10 s of a hang, ready within 2 s of the recovery.
+#: The targets: unready within 10 s of a hang, ready within 2 s of the recovery.
 UNREADY_WITHIN = 10.0
 READY_WITHIN = 2.0
 

@@ -2,11 +2,10 @@
 and while its spool replays.
 
 After a restart RabbitMQ's management API answers before the queues' statistics are in
-(it says "empty" while persistent messages are recovered), and the proxy's own connection
-used to come back only after its backoff (up to 30 s). The proxy released on that zero and
-its spool replay pushed the queue to 165% of its capacity (issue 17). Now every figure from
-before the reconnects is stale until a ready count asked for afterwards arrives; the own
-connection retries every second at most.
+(it says "empty" while persistent messages are recovered); a proxy that released on that
+zero and came back only after its backoff (up to 30 s) would push the queue far past its
+capacity with its spool replay. So every figure from before the reconnects is stale until
+a ready count asked for afterwards arrives; the own connection retries every second at most.
 
 Each test asserts: nothing confirmed is lost, the queue stays within capacity + 256 KiB
 after the recovery, and the proxy recovers within the stated time.

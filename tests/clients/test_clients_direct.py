@@ -231,7 +231,7 @@ def _connections(broker: BrokerEndpoint) -> dict[str, dict[str, object]]:
 
 
 # What each client really sends in Connection.StartOk, as the broker recorded it, and how
-# floodwall's rules (proxy/enforce/amqp091/clients.py) classify it.
+# floodwall's rules (floodwall/enforce/amqp091/clients.py) classify it.
 STARTOK = {
     "go": ({"product": "AMQP 0.9.1 Client", "version": "1.5.0", "platform": "golang"},
            FlowReaction.TOLERATES),

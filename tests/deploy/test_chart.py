@@ -1,4 +1,4 @@
-"""The Helm chart helm/floodwall (issue 6, items 2 and 4).
+"""The Helm chart helm/floodwall.
 
 Three layers, each used where it can run:
 1. Always (no Helm): values.schema.json validates values.yaml and the examples (jsonschema);
@@ -666,7 +666,7 @@ def test_admin_host_is_a_value_and_loopback_is_refused(tmp_path: Path) -> None:
     assert not schema_errors(merged(values(), {"admin": {"host": "0.0.0.0"}}))
 
 
-# --- TLS (issue 16) ----------------------------------------------------------------------
+# --- TLS ---------------------------------------------------------------------------------
 def readme_tls_values() -> dict[str, Any]:
     """The TLS example in helm/floodwall/README.md, as values."""
     text = (CHART / "README.md").read_text()
@@ -731,7 +731,7 @@ def test_tls_settings_that_cannot_work_are_refused(overrides: dict[str, Any],
         render(CHART, merged(overrides, {"mode": "standalone"}))
 
 
-# --- the policies inside the values (issue 18) ---------------------------------------------
+# --- the policies inside the values --------------------------------------------------------
 def test_values_schema_carries_the_policy_schema() -> None:
     """values.schema.json's policies.config is policies/schema.json (as draft 7): a change to
     one is a change to both (``python -m tests.deploy.chart_schema`` rewrites the chart's)."""

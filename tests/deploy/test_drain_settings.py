@@ -1,4 +1,4 @@
-"""--drain-timeout / FLOODWALL_DRAIN_TIMEOUT (issue 6, item 3): parsed like every duration,
+"""--drain-timeout / FLOODWALL_DRAIN_TIMEOUT: parsed like every duration,
 0 allowed (do not wait), negative refused."""
 
 from __future__ import annotations

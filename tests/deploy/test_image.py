@@ -57,8 +57,8 @@ def test_the_content_hash_follows_the_context_and_the_base() -> None:
     assert image.context_digest("sha256:aaa") == one
     assert image.context_digest("sha256:bbb") != one
     files = {str(p.relative_to(image.ROOT)) for p in image._context_files()}
-    assert {"Dockerfile", "pyproject.toml", "proxy/cli/__init__.py"} <= files
-    assert not any(f.startswith(("tests/", "helm/", "bench/", "proxy/dev/")) for f in files)
+    assert {"Dockerfile", "pyproject.toml", "floodwall/cli/__init__.py"} <= files
+    assert not any(f.startswith(("tests/", "helm/", "bench/", "floodwall/dev/")) for f in files)
 
 
 def test_recipes_differ_per_broker_and_pin_the_suites() -> None:

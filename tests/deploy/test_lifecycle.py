@@ -1,4 +1,4 @@
-"""The pod lifecycle, with the real process and real signals (issue 6, item 3).
+"""The pod lifecycle, with the real process and real signals.
 
 SIGTERM (what Kubernetes sends) drains: new connections are refused, ``/readyz`` is 503 with
 reason ``draining``, open connections keep being relayed and held publishes keep being
@@ -236,7 +236,7 @@ def test_publishes_still_held_at_the_deadline_are_counted_in_the_last_line(
         f = fields(last_line(flow.proc))
         left = int(f["held_messages_left"])
         # Held publishes may still be admitted at the queue's pace until the proxy stops
-        # (issue 14's admission): the last line counts what was held then, which with
+        # (admission while held): the last line counts what was held then, which with
         # what reached the queue is every publish.
         wait_for(lambda: ready_count(broker, queue) + left == 100, 10,
                  what=f"{left} left held and the rest in the queue")

@@ -1,4 +1,4 @@
-"""The Grafana dashboard and the Prometheus alerts as tested artefacts (issue 18, item 2).
+"""The Grafana dashboard and the Prometheus alerts as tested artefacts.
 
 - Every metric the dashboard and the alerts name is exported by a running floodwall, with
   samples: a real proxy in front of the real broker, a queue tripped and spooling, /metrics

@@ -1,6 +1,6 @@
 """The wheel installs floodwall's two import names and nothing else (docs/architecture.md,
-"Names"): ``proxy`` and ``pipeline`` are other distributions' top-level names on the package
-index, so the repository's folders ``proxy/`` and ``pipeline/`` install as ``floodwall`` and
+"Layers"): ``pipeline`` is another distribution's top-level name on the package index, so
+the repository's folders ``floodwall/`` and ``pipeline/`` install as ``floodwall`` and
 ``floodwall_pipeline``; the dev tooling stays out."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for folder in ("proxy", "pipeline"):
+    for folder in ("floodwall", "pipeline"):
         shutil.copytree(ROOT / folder, src / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
@@ -49,7 +49,7 @@ def test_the_wheel_has_exactly_two_top_level_packages(wheel_names: list[str]) ->
 def test_every_module_of_the_checkout_is_in_the_wheel_but_the_dev_tooling(
         wheel_names: list[str]) -> None:
     shipped = {n for n in wheel_names if n.endswith(".py")}
-    for folder, name in (("proxy", "floodwall"), ("pipeline", "floodwall_pipeline")):
+    for folder, name in (("floodwall", "floodwall"), ("pipeline", "floodwall_pipeline")):
         for path in (ROOT / folder).rglob("*.py"):
             rel = path.relative_to(ROOT / folder).as_posix()
             wanted = f"{name}/{rel}"
@@ -58,4 +58,4 @@ def test_every_module_of_the_checkout_is_in_the_wheel_but_the_dev_tooling(
             else:
                 assert wanted in shipped, wanted
     assert "floodwall_pipeline/log4j2.properties" in wheel_names
-    assert not any(n.startswith(("proxy/", "pipeline/")) for n in wheel_names)
+    assert not any(n.startswith("pipeline/") for n in wheel_names)

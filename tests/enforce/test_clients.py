@@ -1,4 +1,4 @@
-"""Who gets Channel.Flow: the rules of proxy/enforce/amqp091/clients.py against the
+"""Who gets Channel.Flow: the rules of floodwall/enforce/amqp091/clients.py against the
 client_properties real clients send in Connection.StartOk.
 
 The tables below are what RabbitMQ 3.10's management API recorded for each client (Debian 12's

@@ -1,4 +1,4 @@
-"""Issue 4's credit gate end to end: a real ``floodwall run --policies --management`` in front
+"""The 1.0 credit gate end to end: a real ``floodwall run --policies --management`` in front
 of the real RabbitMQ 3.10 (amqp1_0 plugin), python-qpid-proton and rhea as senders and
 receivers. Depth at the broker is watched from a direct connection, never from the proxy.
 """
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.broker
 
 KIB = 1024
 CAPACITY = 64 * KIB
-TARGET = CAPACITY + 256 * KIB  # the issue's bound on broker-side depth
+TARGET = CAPACITY + 256 * KIB  # the flow control's bound on broker-side depth
 
 
 def declare(flow: FlowProxy, *names: str, bind: str | None = None) -> None:

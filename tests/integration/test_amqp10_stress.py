@@ -1,4 +1,4 @@
-"""Issue 12's stress harness: AMQP 1.0 senders at full speed through many trips and releases.
+"""A stress harness: AMQP 1.0 senders at full speed through many trips and releases.
 
 One python-qpid-proton connection and one rhea connection through ``floodwall run`` send as
 fast as their credit allows on several links per session and several sessions per
@@ -404,7 +404,7 @@ class NaiveSenders(MessagingHandler):  # type: ignore[misc]
 @pytest.mark.timeout(180)
 def test_issue_12_two_links_at_full_speed(broker: BrokerEndpoint, start_floodwall: Any,
                                           tmp_path: Path, queues: Any) -> None:
-    """The report of issue 12: one proton connection, two links written as a new user writes
+    """A user's report: one proton connection, two links written as a new user writes
     them, ``/queue/`` addresses (the links declare their queues), 1 KiB messages, a 512 KiB
     policy on one queue and none on the other, a consumer at 2,500 msg/s on the capped one.
     Before the fix the capped link was detached with transfer-limit-exceeded ~60 ms after the
@@ -434,7 +434,7 @@ def test_issue_12_two_links_at_full_speed(broker: BrokerEndpoint, start_floodwal
         sending.join(10)
     trips = flow.metric("floodwall_queue_trips_total", queue=qcap)
     over = max(0, watch.max_ready * KIB - 512 * KIB)
-    print(f"amqp10 issue 12 two links: accepted {[len(v) for v in senders.accepted.values()]}, "
+    print(f"amqp10 two links: accepted {[len(v) for v in senders.accepted.values()]}, "
           f"consumed {len(consumer.got['cap'])} + {len(consumer.got['free'])}, {trips:.0f} "
           f"trips, broker-side max {watch.max_ready} ready = {over // KIB} KiB over capacity, "
           f"overshoot counted {flow.metric('floodwall_queue_overshoot_messages_total')} msgs")

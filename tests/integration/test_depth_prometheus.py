@@ -25,7 +25,7 @@ pytestmark = pytest.mark.broker
 
 KIB = 1024
 CAPACITY = 1024 * KIB
-BOUND = CAPACITY + 256 * KIB  # the bound at the broker
+BOUND = CAPACITY + 256 * KIB  # the flow control's bound at the broker
 DIRECT = 60  # x 10 KiB published straight at the broker: 600 KiB
 FLOOD = 3072  # x 1 KiB through floodwall: 3 MiB
 

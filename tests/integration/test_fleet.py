@@ -1,4 +1,4 @@
-"""A fleet of real floodwall processes on one real broker finds itself (issue 15): every
+"""A fleet of real floodwall processes on one real broker finds itself: every
 sidecar sees the others, /state and the metrics show members, demands and shares, and a
 sidecar killed with SIGKILL stops counting within 3 s; one stopped cleanly at once."""
 
@@ -28,7 +28,7 @@ from tests.integration.support import (
     unique,
 )
 
-#: The issue's bound for a dead sidecar to stop counting.
+#: The fleet's bound for a dead sidecar to stop counting.
 GONE_WITHIN = 3.0
 
 
@@ -121,7 +121,7 @@ def test_sidecars_find_each_other_and_a_killed_one_drops_out(
         # (a request already in flight when the window opened may land in it)
         assert all(queue_requests(p) - b <= 1 for p, b in zip(others, before, strict=True))
 
-        # kill -9 one: the other two stop counting it within the issue's bound.
+        # kill -9 one: the other two stop counting it within the fleet's bound.
         victim, survivors = fleet[2], fleet[:2]
         assert victim.process is not None
         victim.process.send_signal(signal.SIGKILL)
@@ -169,12 +169,12 @@ def test_fleet_off_runs_nothing_of_it(broker: BrokerEndpoint,
     assert fleet_exchange(name).startswith("floodwall.fleet.")
 
 
-# -- the shared budget (issue 15, items 2 and 3) ----------------------------------------------
+# -- the shared budget ------------------------------------------------------------------------
 KIB = 1024
 SHARED_CAPACITY = 256 * KIB
 PER_PRODUCER = 600  # x 1 KiB: 2.3 capacities each
 #: The stated bound (docs/architecture.md, "A fleet of sidecars"): capacity + N x M
-#: + d x min(h + r, 10 ms) + R x max(0, W + L - m). Asserted: 64 KiB over (the issue's goal:
+#: + d x min(h + r, 10 ms) + R x max(0, W + L - m). Asserted: 64 KiB over (the fleet's goal:
 #: no worse than one sidecar), with the watch's own unacked prefetch on top.
 SHARED_OVER = 64 * KIB
 PREFETCH = 20
@@ -319,8 +319,8 @@ def test_three_sidecars_hold_one_queue_at_its_capacity_and_share_it_fairly(
         assert seqs == list(range(PER_PRODUCER)), f"producer {i}: lost or reordered"
 
 
-# -- a member killed while the queue is held (issue 15's takeover target) ---------------------
-#: The issue's bound for the others to take over a killed sidecar's share.
+# -- a member killed while the queue is held (the takeover) -----------------------------------
+#: The fleet's bound for the others to take over a killed sidecar's share.
 TAKEOVER_WITHIN = 3.0
 
 
@@ -425,7 +425,7 @@ def test_four_sidecars_one_killed_while_held_the_others_take_over_its_share(
     assert victims == list(range(len(victims)))  # what it forwarded before it died, in order
 
 
-# -- fair release inside one sidecar (issue 15 item 3) ----------------------------------------
+# -- fair release inside one sidecar ----------------------------------------------------------
 GREEDY = 3000
 MODEST = 60
 MODEST_RATE = 30.0  # msg/s: far below half of any drain the slow consumer makes
@@ -438,7 +438,7 @@ def test_a_greedy_producer_does_not_starve_a_modest_one_on_the_same_sidecar(
     """One sidecar, one queue held at its capacity (256 KiB) by a greedy producer at full
     speed (3,000 x 1 KiB: it holds a backlog of thousands), a modest one on another
     connection (30 msg/s). Round robin over the waiting channels: the modest one is admitted
-    at its rate (the issue: at least min(its demand, half the drain)), so its 60 messages
+    at its rate (the target: at least min(its demand, half the drain)), so its 60 messages
     all arrive while the greedy one still has most of its backlog, not after it (first
     come, first served would deliver them behind the greedy one's whole backlog)."""
     queue = unique("fleet-greedy")
@@ -513,7 +513,7 @@ def _fleet_of(start_floodwall: Any, broker: BrokerEndpoint, tmp_path: Path, kind
     return queue, conn, fleet
 
 
-# -- one member polls the alarms and the topology for the fleet (issue 15, item 4) ---------
+# -- one member polls the alarms and the topology for the fleet ----------------------------
 def api_requests(proc: ProxyProcess) -> dict[str, int]:
     """This sidecar's management API requests so far, by endpoint (/state)."""
     flow = proc.state()["flow"]

@@ -1,4 +1,4 @@
-"""Issue 3's flow control end to end: a real ``floodwall run --policies --management`` in front
+"""Flow control end to end: a real ``floodwall run --policies --management`` in front
 of the real broker, real clients (pika, aio-pika, kombu, amqplib, the RabbitMQ Java client).
 
 Depth at the broker is watched from a direct connection (passive declare every 50 ms, and
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.broker
 
 KIB = 1024
 CAPACITY = 64 * KIB
-TARGET = CAPACITY + 256 * KIB  # issue 3: never more than 256 KiB over capacity
+TARGET = CAPACITY + 256 * KIB  # the bound: never more than 256 KiB over capacity
 
 
 def declare(flow: FlowProxy, *names: str) -> None:
@@ -108,7 +108,7 @@ def paced(rate: float) -> Callable[[], None]:
     return wait
 
 
-# -- 1. seed 000's scenario with pika ------------------------------------------------------
+# -- 1. the founding scenario with pika ------------------------------------------------------
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("confirm", [False, True], ids=["no-confirms", "confirms"])
 def test_seed_scenario_pika(broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path,
@@ -272,7 +272,7 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
             print(f"B: {before_b:.0f}/s (control {before_control:.0f}/s) before A was held, "
                   f"{held_b:.0f}/s (control {held_control:.0f}/s) while A held")
             # A was held throughout (a few of its publishes may be admitted as the count
-            # shows room below capacity, issue 14); B's publishes all landed; C kept consuming
+            # shows room below capacity); B's publishes all landed; C kept consuming
             assert 0 < flow.held()["messages"] <= held_before
             assert flow.tripped(qa)
             assert [b["channel"] for b in flow.blocked_channels()] == [ch_a.channel_number]
@@ -289,7 +289,7 @@ def test_held_channel_does_not_slow_its_neighbours(broker: BrokerEndpoint,
             landed = drain_direct(broker, qa, 100, timeout=30)
         assert sorted(map(seq_of, landed)) == list(range(100)), "A's publishes lost or doubled"
         wait_for(lambda: flow.held()["messages"] == 0, 10, what="A's held publishes gone")
-        # (admitted while held, issue 14: the channel's hold ends at the queue's release, at
+        # (admitted while held: the channel's hold ends at the queue's release, at
         # the first count that finds its tokens unused)
         wait_for(lambda: not flow.blocked_channels(), 10, what="A released")
         ch_a.basic_publish("", qa, numbered(100))  # A's channel works on

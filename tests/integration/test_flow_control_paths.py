@@ -1,4 +1,4 @@
-"""Issue 3's refusal and robustness paths end to end, through a real ``floodwall run
+"""The refusal and robustness paths end to end, through a real ``floodwall run
 --policies --management``: overflow reject, deadline, hold budget, a client gone while held,
 reload, a sick management API, a broker alarm, and a flood into a queue just declared.
 
@@ -597,7 +597,7 @@ def test_broker_alarm_holds_amqp10_sends_at_the_proxy_and_receivers_go_on(
 @pytest.mark.timeout(60)
 def test_flood_right_after_declare_stays_within_target(
         broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path, queues: Any) -> None:
-    """Seed 000's target holds "at any publish rate": also before the first depth sample.
+    """The flow control's target holds "at any publish rate": also before the first depth sample.
     A raw client declares the queue and, on its declare-ok, writes 2000 publishes at once."""
     q = queues("flood")
     count = 2000

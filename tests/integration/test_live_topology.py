@@ -1,4 +1,4 @@
-"""Issue 11 end to end: queues, bindings and vhosts made by anyone after the proxy started are
+"""Live topology end to end: queues, bindings and vhosts made by anyone after the proxy started are
 policed from their first publish, through a real ``floodwall run --policies --management``
 in front of the real RabbitMQ 3.10 (with the rabbitmq_event_exchange plugin, and without).
 
@@ -60,7 +60,7 @@ pytestmark = pytest.mark.broker
 
 KIB = 1024
 MIB = 1024 * KIB
-OVER = 256 * KIB  # the issue's bound: broker-side depth never more than this over capacity
+OVER = 256 * KIB  # the flow control's bound: broker-side depth never more than this over capacity
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -165,10 +165,10 @@ def needs_event_plugin(broker: BrokerEndpoint) -> None:
 def test_queue_declared_at_the_broker_then_flooded_within_50ms(
         broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path, queues: Any,
         events: str) -> None:
-    """The issue's first target, as a new user tried it: policy on a queue the broker does not
-    have yet, 3 MiB through the proxy against 1 MiB capacity, the queue declared straight at
-    the broker and the flood written within 50 ms. With the event plugin the model learns it
-    from the event; without, the first publish waits for a lookup."""
+    """A queue the proxy has not seen, as a new user tried it: policy on a queue the broker
+    does not have yet, 3 MiB through the proxy against 1 MiB capacity, the queue declared
+    straight at the broker and the flood written within 50 ms. With the event plugin the
+    model learns it from the event; without, the first publish waits for a lookup."""
     if events == "on":
         needs_event_plugin(broker)
     q = queues("live")

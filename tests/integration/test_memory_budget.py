@@ -1,4 +1,4 @@
-"""Issue 17, the process-wide memory budget, through a real ``floodwall run --policies``:
+"""The process-wide memory budget, through a real ``floodwall run --policies``:
 many producers without confirms publishing 64 KiB messages to a tripped queue
 (``overflow: hold``) stop being read once held bytes of all of them reach
 ``--memory-budget``, while another connection keeps publishing and consuming; the clients

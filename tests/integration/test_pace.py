@@ -1,4 +1,4 @@
-"""Issue 14 against the real broker: a held queue's publishers are admitted at the rate its
+"""Pace against the real broker: a held queue's publishers are admitted at the rate its
 consumers take (not released in capacity-sized bursts per sample), and when the consumers stop
 dead the queue stays within 256 KiB of its capacity.
 
@@ -30,7 +30,7 @@ from tests.integration.support import (
 
 KIB = 1024
 CAPACITY = 256 * KIB
-OVER = 256 * KIB  # the issue's bound: broker-side depth never more than this over capacity
+OVER = 256 * KIB  # the flow control's bound: broker-side depth never more than this over capacity
 # (a capacity counts ready messages, not the consumer's 200 unacknowledged ones:
 # docs/architecture.md, "What capacity counts")
 PREFETCH = 200
@@ -126,8 +126,8 @@ def test_a_held_queue_admits_its_publishers_at_its_consumers_pace(
     print(f"pace: {trips} trips, {counts:.0f} counts in {seconds:.2f} s, "
           f"max ready {watch.max_ready}")
     assert trips >= 1
-    # Released in bursts (before issue 14) a release lets at most capacity - resume + one
-    # message go: 5,000 KiB through a 256 KiB queue with resume 128 KiB took >= 39 trips.
+    # Released in bursts, a release would let at most capacity - resume + one
+    # message go: 5,000 KiB through a 256 KiB queue with resume 128 KiB would take >= 39 trips.
     assert trips <= 5, f"{trips} trips: held publishers left in bursts, not admitted"
     # hot: counted far more often than every 200 ms (the cold interval) over the run
     assert counts > 10 * seconds / 0.2, f"{counts:.0f} counts in {seconds:.2f} s"

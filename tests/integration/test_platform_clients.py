@@ -49,7 +49,7 @@ TARGET = CAPACITY + 256 * KIB  # the promise: never more than 256 KiB over capac
 COUNT = 1500
 CONSUMER_RATE = 400  # messages a second: the producers are far faster
 
-# Which clients floodwall signals under ``signal: auto`` (proxy/enforce/amqp091/clients.py).
+# Which clients floodwall signals under ``signal: auto`` (floodwall/enforce/amqp091/clients.py).
 SIGNALLED = {"go": True, "php": True, "ruby": False, "c": False}
 KINDS = sorted(SIGNALLED)
 

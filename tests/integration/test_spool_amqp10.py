@@ -1,4 +1,4 @@
-"""Issue 5's AMQP 1.0 part end to end: ``overflow: spool`` in front of the real RabbitMQ 3.10.
+"""The spool's AMQP 1.0 part end to end: ``overflow: spool`` in front of the real RabbitMQ 3.10.
 
 A python-qpid-proton sender keeps its credit while its queue is tripped; what it sends is
 spooled, settled ``accepted`` by the proxy once durable, and replayed over AMQP 1.0 in order

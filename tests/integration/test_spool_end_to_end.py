@@ -1,4 +1,4 @@
-"""Issue 5 end to end: ``floodwall run --spool-dir`` with ``overflow: spool`` in front of the
+"""The spool end to end: ``floodwall run --spool-dir`` with ``overflow: spool`` in front of the
 real broker; pika producers in confirm mode keep going while their queue is tripped (acked
 from the spool), and every message reaches the broker in order per queue -- also across
 repeated ``kill -9`` of the proxy (at least once: duplicates are counted and printed)."""

@@ -1,4 +1,4 @@
-"""Issue 16, listener TLS: clients reach floodwall over TLS (``--listen-tls``), beside the
+"""Listener TLS: clients reach floodwall over TLS (``--listen-tls``), beside the
 plain listener; protocol detection works behind TLS (0-9-1 and 1.0 on one TLS port); client
 certificates are required and refused with ``--listen-tls-client-ca``; the certificate is
 rotated in place while a connection stays up.

@@ -1,4 +1,4 @@
-"""Issue 16, mutual TLS: a RabbitMQ with ``fail_if_no_peer_cert = true`` and the
+"""Mutual TLS: a RabbitMQ with ``fail_if_no_peer_cert = true`` and the
 ``rabbitmq_auth_mechanism_ssl`` plugin (EXTERNAL logs in as the certificate's common name).
 
 - Without a client certificate the broker refuses the proxy: /readyz and the log say so, a
@@ -78,7 +78,7 @@ def test_without_a_client_certificate_the_broker_refuses_and_it_is_said(
         status, body = http_status(proc.admin_url + "/readyz")
         error = str(json.loads(body).get("upstream_error", ""))
         # TLS 1.3: the broker's alert, or (when our header crossed it) a bare reset or EOF
-        # right after the handshake, named as the refusal it is (proxy/io/tls.py)
+        # right after the handshake, named as the refusal it is (floodwall/io/tls.py)
         return error if status == 503 and ("client certificate" in error
                                            or "handshake failure" in error) else None
 

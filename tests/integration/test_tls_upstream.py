@@ -1,4 +1,4 @@
-"""Issue 16, upstream TLS: clients speak plain AMQP to floodwall, floodwall speaks amqps to a
+"""Upstream TLS: clients speak plain AMQP to floodwall, floodwall speaks amqps to a
 RabbitMQ that has no plain listener (and https-only management), with certificates made at
 test time. pika, aio-pika, kombu and proton through it; a tripped policy held within its
 bound (the depth probes and the management API over TLS); the spool replayed over TLS, by
@@ -236,7 +236,7 @@ def test_tripped_policy_holds_within_its_bound_over_tls(
         start_floodwall: Callable[..., ProxyProcess], tls_broker: BrokerEndpoint, pki: Pki,
         tls_queue: str, tmp_path: Path) -> None:
     """Capacity 64 KiB, 600 publishes of 1 KiB and no consumer: the broker gets at most
-    capacity + 256 KiB (issue 3's bound), the rest is held at the proxy; a consumer drains
+    capacity + 256 KiB (the flow control's bound), the rest is held at the proxy; a consumer drains
     and everything arrives once, in order. The depth probes run on the proxy's own amqps
     connection, the management API is read over https."""
     policies = policy_file(tmp_path / "p.yaml", f'{{name: capped, match: {{queue: '

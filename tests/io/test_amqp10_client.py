@@ -26,7 +26,7 @@ from floodwall.io.amqp10_client import (
     RELEASED,
     Amqp10Client,
     Amqp10Sender,
-    LinkCredit,
+    ReplayLinkCredit,
     SessionWindow,
     outcome_confirm,
     transfer_frames,
@@ -118,7 +118,7 @@ def test_session_window_and_delivery_ids_wrap_at_2_32() -> None:
 
 
 def test_link_credit_limits_wrap_and_drain() -> None:
-    c = LinkCredit(initial_delivery_count=MASK - 1, delivery_count=MASK - 1)
+    c = ReplayLinkCredit(initial_delivery_count=MASK - 1, delivery_count=MASK - 1)
     assert c.credit == 0  # nothing granted yet
     c.receiver_flow(delivery_count=None, link_credit=3, drain=False)  # broker not synced yet
     assert c.credit == 3

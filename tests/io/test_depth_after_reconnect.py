@@ -1,4 +1,4 @@
-"""Issue 17: after a reconnect of the own connection or of the management API, a queue's
+"""After a reconnect of the own connection or of the management API, a queue's
 depth is unknown until a figure asked for after the reconnect arrives. After a broker
 restart its management API answers "empty" while the queues recover, and the own
 connection came back seconds later: the gate released on that zero and the spool replay

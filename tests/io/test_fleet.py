@@ -1,4 +1,4 @@
-"""The fleet service's decisions without a broker (proxy/io/fleet.py): what it does with an
+"""The fleet service's decisions without a broker (floodwall/io/fleet.py): what it does with an
 announcement it hears, which queues the fleet's poller spares it, what it announces."""
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def test_its_own_echo_measures_the_broker_round_trip() -> None:
 
 
 def test_a_newly_policed_queue_has_its_share_before_its_first_figure() -> None:
-    """Issue 15's first fill: a queue the whole fleet begins to police at once gets its
+    """The first fill: a queue the whole fleet begins to police at once gets its
     share rule when it is first seen, the vhost's other members counted as newcomers, not at
     the next fleet tick: its first figure (which lets publishes go) can come before that
     tick, and each member would forward the whole room."""

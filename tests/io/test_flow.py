@@ -544,7 +544,7 @@ def test_collector_output_and_state_shape() -> None:
                   "ready_count": None, "known": True, "source": "management"},
         "tripped": True, "tripped_seconds": 4.5, "trips": 1,
         "overshoot": {"messages": 0, "bytes": 0}, "drain_rate": None,
-        # issue 14's pace: not counted by the probes here; tripped 4.5 s ago, so the lag
+        # the pace: not counted by the probes here; tripped 4.5 s ago, so the lag
         # assumed at the trip (SETTLE) is over; nothing forwarded over the last second
         "sampling_interval": None, "enqueue_lag": 0.0, "rtt_high": 0.0, "count_rtt": None,
         "drain_rate_bytes": None, "admitted_rate_bytes": 0.0}
@@ -574,7 +574,7 @@ def test_policy_changes_are_named() -> None:
 
 
 def test_collector_sample_ages_unknown_depth_hold_times_and_latency() -> None:
-    """Issue 18's series: how old each broker figure is, whether depth is unknown, how long
+    """The operator's series: how old each broker figure is, whether depth is unknown, how long
     channels were held (by policy and outcome), the management API's latency."""
     now = [100.0]
     policies = parse_policies(GOOD, "policies.yaml")

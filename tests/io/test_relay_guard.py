@@ -1,6 +1,6 @@
 """Whatever a core or gate raises, the relay ends that one connection: both sides get the
 protocol's internal error, one rate-limited line says why, both sockets close and the
-connection leaves the live set (proxy/io/relay.py ``_core_failed``).
+connection leaves the live set (floodwall/io/relay.py ``_core_failed``).
 
 The cores raise only their protocol errors for any input (tests/amqp091, tests/amqp10); this
 is the net under a bug. The fault is injected with a core that raises on a marker frame, in

@@ -1,7 +1,7 @@
 """A client that floods the relay yields the event loop every ``READ_TURN_BYTES``
-(proxy/io/relay.py ``take_turn``): libuv reads a socket up to 32 times per wake-up, so a
-full-speed producer's whole hold budget (8 MiB) went through in one turn of the loop and no
-timer ran meanwhile (bench/RESULTS.md's history: members of a fleet fell silent)."""
+(floodwall/io/relay.py ``take_turn``): libuv reads a socket up to 32 times per wake-up, so a
+full-speed producer's whole hold budget (8 MiB) would go through in one turn of the loop and
+no timer would run meanwhile (members of a fleet would fall silent)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""proxy/io/tls.py without sockets: contexts built from files made by ``trustme``, TLS
+"""floodwall/io/tls.py without sockets: contexts built from files made by ``trustme``, TLS
 handshakes run in memory (``ssl.MemoryBIO``), failures explained, files re-read when they
 change, and the listener's context switched per handshake."""
 

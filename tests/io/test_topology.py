@@ -1,4 +1,4 @@
-"""The topology feed (proxy/io/topology.py) with the management API and the proxy's own
+"""The topology feed (floodwall/io/topology.py) with the management API and the proxy's own
 connection played by fakes: syncs never undo newer changes, differences are judged after
 the grace period, events and lookups reach the model with their source."""
 

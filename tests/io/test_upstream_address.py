@@ -1,4 +1,4 @@
-"""The broker's name is looked up once for many connections (issue 19), with the system
+"""The broker's name is looked up once for many connections, with the system
 resolver behind it (``localhost``), not once per client."""
 
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""Which channels (0-9-1) and sender links (1.0) are blocked, on which queues, since when.
+
+The controller's table of holds: a channel is blocked on a *set* of queues and freed only
+when the set is empty. Pure bookkeeping; the controller decides when to add and
+drop, and ends each hold's time in ``HoldTimes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+QueueKey = tuple[str, str]  # (vhost, queue)
+Ref = tuple[int, int]  # (connection id, channel or 1.0 link ref)
+_NOTHING: frozenset[QueueKey] = frozenset()
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """One blocked channel, for /state and logs."""
+
+    conn_id: int
+    channel: int
+    queues: frozenset[QueueKey]
+    since: float
+    starved_since: float | None = None  # 1.0: out of link credit since (None: has some)
+
+
+class BlockTable:
+    """Blocked refs: the queues each waits on, when it was blocked, when it starved."""
+
+    def __init__(self) -> None:
+        self._on: dict[Ref, set[QueueKey]] = {}
+        self._since: dict[Ref, float] = {}
+        self._starved_since: dict[Ref, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._on)
+
+    def __contains__(self, ref: object) -> bool:
+        return ref in self._on
+
+    def add(self, ref: Ref, queues: set[QueueKey], now: float) -> bool:
+        """Block ``ref`` on ``queues`` as well; True if it was not blocked before."""
+        blocked_on = self._on.get(ref)
+        if blocked_on is None:
+            self._on[ref] = queues
+            self._since[ref] = now
+            return True
+        blocked_on |= queues
+        return False
+
+    def remove(self, ref: Ref) -> float | None:
+        """``ref`` is blocked no more; when it was blocked (None: it was not)."""
+        self._on.pop(ref, None)
+        self._starved_since.pop(ref, None)
+        return self._since.pop(ref, None)
+
+    def on(self, ref: Ref) -> frozenset[QueueKey]:
+        return frozenset(self._on.get(ref, _NOTHING))
+
+    def of_connection(self, conn: int) -> list[Ref]:
+        return [r for r in self._on if r[0] == conn]
+
+    def starved(self, ref: Ref, since: float) -> None:
+        if ref in self._on:
+            self._starved_since[ref] = since
+
+    def drop_queue(self, key: QueueKey) -> list[Ref]:
+        """Drop ``key`` from every blocked set; the refs whose set emptied (still listed)."""
+        freed: list[Ref] = []
+        for ref, qs in self._on.items():
+            if key in qs:
+                qs.discard(key)
+                if not qs:
+                    freed.append(ref)
+        return freed
+
+    def waiting_on(self, key: QueueKey) -> Iterator[Ref]:
+        return (ref for ref, qs in self._on.items() if key in qs)
+
+    def views(self) -> list[Blocked]:
+        return [Blocked(ref[0], ref[1], frozenset(qs), self._since[ref],
+                        self._starved_since.get(ref))
+                for ref, qs in self._on.items()]

@@ -1,0 +1,171 @@
+"""A channel's run of whole publishes booked at once (the policed 0-9-1 publish's cost).
+
+``PublishFlow.on_publish`` decides about each publish: its route, its queues' trips, a lookup,
+a shadow verdict, the spool, what its channel holds, its confirm numbers, the ledger. Most of
+the time, on a channel far from its queues' capacities, every one of those answers is "as
+before", and working them out per publish is most of a policed publisher's cost in the
+proxy. So after a publish passed ``on_publish`` untouched, the core asks ``publish_run`` how
+many more publishes with the same method frame (exchange, routing key, flags) the gate could
+book with no decision at all, reads that many (or fewer) in one pass
+(``floodwall.wire.amqp091.runs.scan_publish_run``) and hands the totals to
+``on_publish_run``.
+
+A run is allowed only while nothing it books can change a decision (the conditions
+``PublishFlow._decide`` and ``on_publish`` test, each listed in docs/architecture.md, "With
+policies: the gate"): the channel holds nothing, fills nothing, awaits no content header,
+discards no content, is not being closed by the proxy and has no Channel.Flow of ours
+outstanding; the connection keeps no client connection.close back (other channels may hold:
+nothing ``_decide`` asks about one channel depends on another's held frames, and a run
+passes in place exactly as its publishes would one by one); no spool is configured; no
+shadow policy has a trip and the channel has no shadow hold; the first publish's content
+header carries no ``headers`` property (the route is then the one for ``None`` headers, for
+every publish of the run: the scan ends at a header that carries them); the route needs no
+lookup and none of its queues is blocking (a trip, a backlog, a first figure awaited, the
+alarm); and the run stays below the ledger totals at which the controller would evaluate
+any of its queues again (``floodwall.control.controller.quiet_room``). Within those bounds
+``on_publish_run`` books exactly what ``on_publish`` would, publish by publish: the confirm
+sequence numbers on both sides, and the body sizes and messages on each policed queue's
+ledger (at the same ``now``, so into the same ledger bucket).
+
+Held runs (a producer held at its consumers' pace has every publish held, then let go by
+the admission, and one at a time that costs ~10 us of the proxy's CPU per publish to hold).
+After ``on_publish`` held a publish with its content header, the core asks ``hold_run`` how
+many body bytes of the channel's next whole publishes with the same method
+frame the gate holds at once, reads them (``scan_publish_run`` with their ends) and hands
+them to ``on_hold_run``. Allowed while each of them would be held exactly as that publish
+was: it is held (not spooled, refused or left waiting for its content) and is the newest
+thing the channel holds; its content header carries no ``headers``; its route needs no
+lookup and no blocking queue's policy says ``reject`` (then ``decide`` holds every publish
+behind a held one); no shadow policy has a trip and the channel has no shadow hold; the
+connection keeps no client ``connection.close`` back; and the hold budget is not passed (the
+relay stops reading past it, as it would after the same publishes one at a time). Each
+publish of the run is held as its own ``HeldPublish`` (its method frame, shared, and its
+content header and body frames as one piece of bytes), with its confirm sequence number, so
+that its release, its deadline and its channel's close see what they would have seen.
+"""
+
+from __future__ import annotations
+
+from floodwall.control.controller import ALARM, forwarded_run, quiet_room
+from floodwall.control.lookups import is_pseudo
+from floodwall.control.policy import Overflow
+from floodwall.enforce.amqp091.channels import BODY_SIZE, HeldPublish
+from floodwall.enforce.amqp091.refusals import Refusing
+from floodwall.enforce.decision import strictest_overflow
+from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer
+from floodwall.wire.amqp091.runs import HEADERS_FLAG
+
+_NO_QUEUES: frozenset[str] = frozenset()
+
+
+class PublishRuns(Refusing):
+    """The gate's run booking (``PublishHooks.publish_run`` / ``on_publish_run``)."""
+
+    _run_queues: frozenset[str] = _NO_QUEUES  # the route of the run ``publish_run`` allowed
+
+    def publish_run(self, channel: int, buf: Buffer, header_offset: int, now: float
+                    ) -> tuple[float, float] | None:
+        """After the publish whose content header is at ``buf[header_offset]`` passed
+        ``on_publish`` untouched: how many more whole publishes of that channel with the same
+        method frame (at most), and how many body bytes, the gate books with
+        ``on_publish_run`` as it would one at a time; None when it would decide something
+        about the next one."""
+        # Another channel's held frames change nothing here (a held connection's free
+        # channels keep their runs): only this channel's state, the route's queues and the
+        # connection's kept-back close are asked, as ``_decide`` asks them.
+        if self._connection_close is not None or self.spool is not None:
+            return None
+        ch = self.channels.get(channel)
+        if ch is None or ch.needs_every_frame or ch.flow_replies or ch.signalled_off \
+                or ch.shadow.on or ch.last_publish is None:
+            return None
+        controller = self.controller
+        if controller.trips.shadow:
+            return None
+        if BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)[3] & HEADERS_FLAG:
+            return None
+        pub = ch.last_publish[1]
+        queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key, None)
+        if controller.blocking(self.vhost, queues):
+            return None
+        if not (queues and (pub.exchange or pub.routing_key in queues)) and \
+                controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues,
+                                      now) is not None:
+            return None
+        room = quiet_room(controller.queues, self.vhost, queues)
+        if room is None:
+            return None
+        room_bytes, room_messages = room
+        if room_messages < 1 or room_bytes < 0:
+            return None
+        self._run_queues = queues
+        return room_messages, room_bytes
+
+    def on_publish_run(self, channel: int, count: int, body_bytes: int, now: float) -> None:
+        """``count`` whole publishes of the channel, ``body_bytes`` of body in all, within
+        what ``publish_run`` allowed: passed untouched, booked as ``on_publish`` books each."""
+        confirms = self.channels[channel].confirms
+        if confirms is not None:
+            confirms.client_seq += count
+            confirms.forwarded(count)
+        forwarded_run(self.controller.queues, self.vhost, self._run_queues, body_bytes, count,
+                      now)
+
+    def hold_run(self, channel: int, buf: Buffer, header_offset: int, now: float
+                 ) -> float | None:
+        """After ``on_publish`` held the publish whose content header is at
+        ``buf[header_offset]``: at most how many body bytes of the channel's next whole
+        publishes with the same method frame ``on_hold_run`` holds at once, as they would be
+        held one at a time (module docstring); None when one of them could be decided
+        otherwise."""
+        if self._connection_close is not None:
+            return None
+        ch = self.channels.get(channel)
+        item = None if ch is None else ch.filling
+        if ch is None or item is None or item.spool_to is not None or item.received \
+                or not ch.held or ch.held[-1] is not item or ch.closing_by_proxy \
+                or ch.shadow.on:
+            return None
+        controller = self.controller
+        if controller.trips.shadow or item.generation != controller.generation:
+            return None
+        if BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)[3] & HEADERS_FLAG:
+            return None
+        blocking = controller.blocking(self.vhost, item.queues)
+        if any(is_pseudo(k) and k != ALARM for k in blocking) \
+                or strictest_overflow(controller.queues, blocking) is Overflow.REJECT:
+            return None
+        room = self.hold_budget - self.held_bytes
+        return room if room > 0 else None
+
+    def on_hold_run(self, channel: int, buf: Buffer, body_offset: int, body_end: int,
+                    ends: list[int], now: float) -> None:
+        """The held publish's body ``buf[body_offset:body_end]``, then the publishes ending
+        at ``ends`` (module docstring): held as ``on_content`` and ``on_publish`` hold them."""
+        ch = self.channels[channel]
+        item = ch.filling
+        assert item is not None
+        first = bytes(buf[body_offset:body_end])
+        item.frames.append(first)
+        item.received = item.body_size
+        ch.filling = None
+        method = item.frames[0]
+        m = len(method)
+        pub, queues, generation = item.publish, item.queues, item.generation
+        confirms = ch.confirms
+        seq = confirms.client_seq if confirms is not None else 0
+        held, unpack = ch.held, BODY_SIZE.unpack_from
+        nbytes, start = len(first), body_end
+        for stop in ends:
+            rest = bytes(buf[start + m:stop])
+            if confirms is not None:
+                seq += 1
+            body = unpack(rest, HEADER_SIZE)[2]
+            held.append(HeldPublish(pub, [method, rest], body, body, queues, now, seq,
+                                    None, generation))
+            nbytes += stop - start
+            start = stop
+        if confirms is not None:
+            confirms.client_seq = seq
+        self._grow(ch, nbytes)
+        self._account(0, len(ends))

@@ -1,0 +1,532 @@
+"""Per-connection credit gate for AMQP 1.0: the proxy issues the link credit a sender sees.
+
+The 0-9-1 gate (``floodwall.enforce.amqp091.gate``) holds publishes; AMQP 1.0 has a better
+lever. For a
+client *sender* link whose target routes to a policed queue, the broker's flow frames are
+rewritten on their way to the client: the credit the client sees is the broker's grant
+capped by a small window (``window_for``, paced to the queue's drain rate near capacity:
+``paced_window``) while the queue is under capacity, and no more once it is tripped. The proxy
+tops the client up itself as it sends (it never waits for the broker to repeat a grant it
+considers current), and sends the flow that restores credit when the ``FlowController``
+releases the link. Transfers are never held.
+
+A trip never lowers the limit the client already has (``SenderCredit.grant``: a lower limit
+crossing transfers in flight reads as negative credit, which proton-c wraps to about 2^32):
+the proxy stops topping up, and what the client still had credit for, at most one window,
+is forwarded (the broker's credit allows it: the window is below the broker's grant) and
+counted as overshoot (``PolicedQueue.overshoot_*``). Bound, per policed queue:
+``overshoot_messages <= sum over the links feeding it of their window``, so at most
+``links x policy_window(policy)`` of message bytes (a window is ``WINDOW_BYTES`` of the
+link's typical message, or ``capacity / WINDOW_PARTS`` of a large queue's, at most
+``MAX_WINDOW_BYTES``).
+
+The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
+off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
+hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
+against its window until the broker settles them (``_track``, ``_broker_settled``): credit
+plus unsettled stay within ``IN_FLIGHT_WINDOWS`` windows, which bounds what a broker slow to
+enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x`` the window in bytes. Far from
+capacity that bound would starve a fast link of the broker's pipe (every round trip a few
+messages: half the rate, twice the relay CPU per message), so beyond it the unsettled
+deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take up to
+``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``_in_flight_room``): the estimate is
+then short by at most that share of the headroom it shows, which (2 parts) never exceeds the
+true headroom, and near capacity the windows' bound is what is left. A squeezed link is
+topped up once half a window is free again, not per disposition. The broker's dispositions
+are read by role, first and last alone (``on_server_settled``, ``peek_disposition``) unless
+the session's delivery-ids are renumbered. Deliveries sent settled get no disposition and
+are not counted.
+
+A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
+0-9-1 publisher gets: it is detached with ``amqp:resource-limit-exceeded`` and a description
+naming the queue, counted in ``deadline_expiries``. How long each withheld link has had no
+credit is in ``/state`` (``FlowController.starved``).
+
+Arithmetic: ``floodwall.wire.amqp10.credit.SenderCredit`` (2.6.7, RFC-1982 serial numbers).
+Drain and
+echo are relayed with translated counts; session fields are left as the broker sent them
+(a flow the proxy makes repeats the broker's last session fields, so the session windows the
+client computes do not change).
+
+Links are identified to the ``FlowController`` (which knows "channels") by ``link_ref``: the
+client's session channel << 32 | the client's handle, a stable int per link.
+
+Anonymous terminus (null target) and per-message targets (``/exchange/X``, ``/queue``):
+credit cannot name one queue. Each message is routed by its ``to`` / ``subject``. Such a
+link's credit is always capped by the window when anything is policed (or a policy names
+the vhost), as is any link that may come to feed a policed queue (``_may_be_policed``).
+A destination the routing model does not know withholds the link's credit until the
+broker was asked (``_lookup``: floodwall/control/lookups.py). A message to a
+tripped queue is forwarded (it was sent on credit; holding it would reorder the session's
+delivery-ids) and the link's credit is then withheld until every queue it hit drains; under
+``overflow: reject`` the message is instead settled ``rejected`` with
+``amqp:resource-limit-exceeded`` by the proxy and never reaches the broker.
+
+Spool (``overflow: spool`` with ``--spool-dir``): a link whose messages land in exactly one
+queue keeps its credit while that queue is tripped, or has spooled backlog (FIFO), and its
+transfers go to the queue's spool instead of the broker: the proxy settles each such delivery
+``accepted`` once its record is durable (``spool_durable``; at once under ``fsync: never``;
+nothing for a delivery sent settled). The replayer (``floodwall.io.spool``) sends the record over
+AMQP 1.0 to the same address later. Not spooled: transactional transfers, and anything while
+the broker has an alarm or the spool refuses (limits, disk, draining): then the link's credit is
+withheld as under ``hold``, and a delivery the spool refused after the proxy took it is settled
+``rejected`` (amqp:resource-limit-exceeded) so the client knows it was not stored.
+
+A client that transfers beyond every limit the proxy ever granted gets that link detached
+with ``amqp:link:transfer-limit-exceeded`` (the broker's end of the link is detached too, both
+replies are absorbed, later transfers on it are dropped).
+
+Deliveries the proxy consumes (rejected, spooled, sent on a link it detached) never reach the
+broker, so the two peers' numbering is translated per session: transfer-ids (the
+``next-incoming-id`` / ``next-outgoing-id`` of flows on that session are shifted by the
+transfer frames dropped) and delivery-ids (``floodwall.wire.amqp10.credit.DeliveryIds``: forwarded
+transfers carry the broker's consecutive ids, dispositions are mapped range by range both
+ways, and a client disposition that names only consumed deliveries is absorbed).
+
+Receiver links pass untouched; their deliveries from a policed queue are counted in its
+ledger (``QueueDepth.delivered``).
+
+Output is a value: frames the proxy makes (grants, settlements, detaches), topology changes
+(a link that declared a queue), ``ReadEveryFrame`` and typed events go to ``outbox`` in order;
+every entry point that needs the time takes ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from floodwall.control.controller import QueueKey
+from floodwall.control.policy import Fsync
+from floodwall.enforce import events as ev
+from floodwall.enforce.amqp10.links import (
+    _ACCEPTED,
+    TRANSACTIONAL_STATE,
+    InFlight,
+    ReceiverLink,
+    SenderLink,
+    SessionGate,
+    SpoolCapture,
+    _flag,
+    _range,
+    _rejected,
+    _renumber_disposition,
+    _uint,
+    encode_performative_fields,
+)
+from floodwall.enforce.amqp10.runs import TransferRuns
+from floodwall.enforce.capture import capture_refusal
+from floodwall.enforce.commands import ReadEveryFrame
+from floodwall.enforce.decision import Verdict, decide
+from floodwall.enforce.ports import SpoolRefused
+from floodwall.spool.records import SpoolRecord
+from floodwall.wire.amqp10.credit import (
+    MODULUS,
+    serial_add,
+    serial_diff,
+)
+from floodwall.wire.amqp10.errors import DecodeError
+from floodwall.wire.amqp10.framing import frame
+from floodwall.wire.amqp10.performatives import (
+    TRANSFER,
+)
+from floodwall.wire.amqp10.performatives import (
+    DispositionFields as D,
+)
+from floodwall.wire.amqp10.performatives import (
+    TransferFields as T,
+)
+from floodwall.wire.amqp10.types import Described, UInt
+
+
+class CreditFlow(TransferRuns):
+    """The credit gate of one AMQP 1.0 connection; asked by its ``amqp10.Connection``
+    (``floodwall.wire.amqp10.hooks.TransferHooks``), released and expired by the I/O layer.
+
+    The core hands it the frames it needs (``on_*``); an ``on_*`` returning bytes means "send
+    these instead of the frame" (b"" drops it). Frames the proxy makes on its own, and events,
+    go to ``outbox`` (``take_output`` empties it).
+
+    The I/O layer reads ``holding``, ``held_bytes``, ``over_budget`` and calls ``expire`` as
+    it does for 0-9-1's ``PublishFlow``: this gate never holds a message, so they are inert.
+    """
+
+    holding: Final = False
+    held_bytes: Final = 0
+    over_budget: Final = False
+
+
+    # -- transfers ---------------------------------------------------------------------------
+    def on_client_transfer(self, channel: int, fields: list[object], payload: bytes,
+                           start: int, end: int, now: float) -> bytes | None:
+        session = self.sessions.get(channel)
+        if session is None:
+            return None
+        handle = fields[T.HANDLE] if fields else None  # (an uint: the common case inline)
+        if type(handle) is not UInt:
+            handle = _uint(fields, T.HANDLE, TRANSFER)
+        link = session.links.get(handle) if handle is not None else None
+        if not isinstance(link, SenderLink):  # a transaction coordinator's, say
+            return self._renumbered(session.ids.dropped, fields, payload, start, end, channel)
+        if link.detaching:
+            return self._dropped_frame(session, link, fields)
+        count = len(fields)  # most transfers end before more (5) and aborted (9)
+        more = count > T.MORE and _flag(fields, T.MORE, TRANSFER)
+        aborted = count > T.ABORTED and _flag(fields, T.ABORTED, TRANSFER)
+        delivery = link.delivery
+        first = not delivery.in_progress
+        replacement: bytes | None = None
+        if first:
+            if not link.credit.transfer():
+                session.dropped_frames += 1
+                self._drop_delivery(session, fields)
+                return self._transfer_limit_exceeded(session, link)
+            delivery.bytes = 0
+            delivery.dropping = False
+            queues = delivery.queues = self._route(link, payload, start, end, now)
+            if link.shadow.on or self.controller.trips.shadow:
+                self._shadow_transfer(link, queues)
+            if link.per_message or self.spool is not None:
+                blocking = self.controller.blocking(self.vhost, queues)
+                if blocking:
+                    self._consume(session, link, fields, blocking)
+            # The broker numbers it by the drops before it (also on other links meanwhile).
+            delivery.id_shift = session.ids.dropped
+        in_progress = delivery.in_progress = more and not aborted
+        if delivery.dropping:
+            session.dropped_frames, replacement = session.dropped_frames + 1, b""
+            if link.capture is not None:
+                if aborted:  # the client gave up on it: nothing to store or settle
+                    self._uncapture(link)
+                else:
+                    self._capture_part(session, link, payload[start:end], more)
+        else:
+            delivery.bytes += end - start
+            if delivery.id_shift:
+                replacement = self._renumbered(delivery.id_shift, fields, payload, start, end,
+                                               channel)
+            if first and link.windowed and not (count > T.SETTLED
+                                                 and _flag(fields, T.SETTLED, TRANSFER)):
+                self._track(session, link, fields)
+            elif aborted and delivery.tracked_id is not None:  # the broker will not settle
+                self._untrack(session, link)
+        if not in_progress:
+            self._delivered(link, aborted, now)
+        if first or not in_progress:  # (a first frame's queues were routed just now)
+            self._after_transfer(link, now, delivery.queues if first else None)
+        return replacement
+
+    def _dropped_frame(self, session: SessionGate, link: SenderLink,
+                       fields: list[object]) -> bytes:
+        """A frame of a link the proxy detached: dropped (b""), the session renumbered."""
+        session.dropped_frames += 1
+        if not link.delivery.in_progress:
+            self._drop_delivery(session, fields)
+        link.delivery.in_progress = _flag(fields, T.MORE, TRANSFER)
+        return b""
+
+    def _delivered(self, link: SenderLink, aborted: bool, now: float) -> None:
+        """A delivery's last frame: a forwarded one is booked on the queues it lands in."""
+        delivery = link.delivery
+        if not delivery.dropping and not aborted:
+            link.deliveries += 1
+            link.payload_bytes += delivery.bytes
+            controller = self.controller
+            if controller.any_tripped:  # sent on credit granted before a trip
+                self._overshoot(delivery.queues, delivery.bytes)
+            controller.forwarded(self.vhost, delivery.queues, delivery.bytes, now)
+            if link.per_message and controller.queues:
+                link.hit.update(q for q in delivery.queues
+                                if (self.vhost, q) in controller.queues)
+        delivery.dropping = False
+
+    def _track(self, session: SessionGate, link: SenderLink, fields: list[object]) -> None:
+        """Count a forwarded unsettled delivery of a windowed link until the broker settles
+        it: what the broker has not settled may not be in its queue yet (RabbitMQ's internal
+        flow control can hold hundreds of messages between the socket and the queue, and a
+        ready count does not see them), so it counts against the link's window."""
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
+        if delivery_id is None:
+            return
+        shift = link.delivery.id_shift
+        broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
+        entry = self._in_flight_entry(link)
+        for q in entry[1]:
+            q.in_flight += 1
+        session.in_flight[broker_id] = entry
+        link.delivery.tracked_id = broker_id
+        link.unsettled += 1
+        if not self.tracking:
+            self.tracking = True
+            self.outbox.append(ReadEveryFrame(broker_only=True))
+
+    def _untrack(self, session: SessionGate, link: SenderLink) -> None:
+        tracked = link.delivery.tracked_id
+        entry = session.in_flight.get(tracked) if tracked is not None else None
+        if entry is not None and entry[0] is link:
+            del session.in_flight[tracked]  # type: ignore[arg-type]
+            link.unsettled -= 1
+            for q in entry[1]:
+                q.in_flight -= 1
+        link.delivery.tracked_id = None
+
+    def _broker_settled(self, session: SessionGate, first: int, last: int, now: float) -> None:
+        """The broker settled deliveries ``first``..``last`` (its ids): their links' windows
+        have room again."""
+        in_flight = session.in_flight
+        span = serial_diff(last, first) + 1
+        ids: Iterable[int]
+        if span > 2 * len(in_flight):
+            ids = [i for i in in_flight if 0 <= serial_diff(i, first) < span]
+        elif first + span <= MODULUS:
+            ids = range(first, first + span)
+        else:
+            ids = [serial_add(first, i) for i in range(span)]
+        pop = in_flight.pop
+        runs: list[tuple[InFlight, int]] = []  # consecutive ids of one link share an entry
+        entry: InFlight | None = None
+        n = 0
+        for broker_id in ids:
+            found = pop(broker_id, None)
+            if found is None:
+                continue
+            if found is not entry:
+                if entry is not None:
+                    runs.append((entry, n))
+                entry, n = found, 0
+            n += 1
+        if entry is None:
+            return
+        runs.append((entry, n))
+        links: dict[int, SenderLink] = {}
+        for (link, counted), n in runs:
+            for q in counted:
+                q.in_flight -= n
+            link.unsettled -= n
+            tracked = link.delivery.tracked_id
+            if tracked is not None and 0 <= serial_diff(tracked, first) < span \
+                    and tracked not in in_flight:
+                link.delivery.tracked_id = None
+            if link.squeezed:  # (else its own transfers top it up, as they do)
+                links[id(link)] = link
+        for link in links.values():
+            if not link.detaching and not link.delivery.in_progress:
+                link.squeezed = False
+                self._after_transfer(link, now)
+
+    def _consume(self, session: SessionGate, link: SenderLink, fields: list[object],
+                 blocking: frozenset[QueueKey]) -> None:
+        """A delivery's first frame, to a tripped (or backlogged) queue: refuse it under
+        ``overflow: reject`` (per-message links), spool it under ``overflow: spool``, else
+        let it through (it was sent on credit; the link's credit is withheld after it)."""
+        state = fields[T.STATE] if len(fields) > T.STATE else None
+        transactional = isinstance(state, Described) and state.descriptor == TRANSACTIONAL_STATE
+        decision = decide(self.vhost, link.delivery.queues, blocking, self.controller.queues,
+                          self.spool, transactional=transactional, behind=link.spool_refused)
+        if decision.verdict is Verdict.REJECT and link.per_message:
+            link.delivery.dropping = True
+            link.credit.dropped()
+            self._drop_delivery(session, fields)
+            self._reject(session, link, fields, blocking)
+            return
+        if decision.not_spooled is not None:
+            link.spool_refused = True  # so its credit is withheld after this one
+            if not link.not_spooled_reported:
+                link.not_spooled_reported = True
+                self.outbox.append(ev.NotSpooled(self._at(link), next(iter(link.delivery.queues)),
+                                              "transactional transfer", "held by credit"))
+            return
+        key = decision.spool_to
+        if key is None:
+            return
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
+        link.delivery.dropping = True
+        link.capture = SpoolCapture(
+            key, link.delivery.message_to if link.anonymous else (link.address or ""),
+            None if _flag(fields, T.SETTLED, TRANSFER) else delivery_id,
+            _uint(fields, T.MESSAGE_FORMAT, TRANSFER) or 0)
+        link.credit.dropped()
+        self._drop_delivery(session, fields)
+
+    def _renumbered(self, shift: int, fields: list[object], payload: bytes, start: int,
+                    end: int, channel: int) -> bytes | None:
+        """A forwarded transfer with the broker's delivery-id, its client id less ``shift``
+        (None: unchanged)."""
+        if not shift or len(fields) <= T.DELIVERY_ID or fields[T.DELIVERY_ID] is None:
+            return None
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
+        assert delivery_id is not None
+        fields = list(fields)
+        fields[T.DELIVERY_ID] = UInt(serial_add(delivery_id, -shift))
+        return frame(encode_performative_fields(TRANSFER, fields) + payload[start:end], channel)
+
+    def on_server_transfer(self, channel: int, fields: list[object]) -> None:
+        """A transfer from the broker: the session's transfer-id, a counted delivery."""
+        session = self.by_server_channel.get(channel)
+        if session is None:
+            return
+        session.next_outgoing = serial_add(session.next_outgoing, 1)
+        handle = _uint(fields, T.HANDLE, TRANSFER)
+        link = session.by_server_handle.get(handle) if handle is not None else None
+        if not isinstance(link, ReceiverLink) or link.queue is None:
+            return
+        if not link.in_delivery:
+            q = self.controller.queues.get((self.vhost, link.queue))
+            if q is not None:
+                q.depth.delivered()
+        link.in_delivery = _flag(fields, T.MORE, TRANSFER) and not _flag(
+            fields, T.ABORTED, TRANSFER)
+
+    def _drop_delivery(self, session: SessionGate, fields: list[object]) -> None:
+        """The delivery whose first frame this is will not reach the broker: renumber."""
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
+        if delivery_id is None:
+            raise DecodeError("transfer.delivery-id is mandatory on a delivery's first frame")
+        session.ids.drop(delivery_id)
+        if not self.dropping:
+            self.dropping = True
+            self.outbox.append(ReadEveryFrame())
+
+    def on_server_disposition(self, channel: int, fields: list[object],
+                              now: float) -> bytes | None:
+        """The broker settles the client's deliveries (role receiver): its delivery-ids are
+        mapped to the client's, skipping those the proxy consumed."""
+        session = self.by_server_channel.get(channel)
+        if session is None or not fields or fields[D.ROLE] is not True:
+            return None
+        if session.in_flight:
+            first, last = _range(fields)
+            self._broker_settled(session, first, last, now)
+        return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
+
+    def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
+                          now: float) -> bool:
+        """``on_server_disposition`` from a disposition's role, first and last alone
+        (``peek_disposition``): True when that is all it needs (nothing to renumber);
+        False, having done nothing, when the frame must be decoded and renumbered."""
+        session = self.by_server_channel.get(channel)
+        if session is None or not receiver:
+            return True
+        if session.ids.dropped:
+            return False
+        if session.in_flight:
+            self._broker_settled(session, first, last, now)
+        return True
+
+    def server_settle_run(self, channel: int) -> bool:
+        """Whether the broker's settlements on ``channel`` that begin with the disposition
+        read now are bookkeeping only, and may be booked as ranges (``TransferHooks``): its
+        session's ids are not renumbered (``on_server_settled`` takes them as they are) and
+        none of its links is squeezed (only a squeezed link's credit is worked out again
+        when the broker settles; ``_broker_settled``)."""
+        session = self.by_server_channel.get(channel)
+        if session is None or session.ids.dropped:
+            return False
+        for link in session.links.values():
+            if type(link) is SenderLink and link.squeezed:
+                return False
+        return True
+
+    def _capture_part(self, session: SessionGate, link: SenderLink, part: bytes,
+                      more: bool) -> None:
+        """A transfer frame of a delivery to spool: kept (counted as held) while the whole
+        fits the spool and the budgets (``capture_refusal``), spooled with its last frame;
+        else the capture is dropped and the delivery rejected at once."""
+        capture = link.capture
+        assert capture is not None and self.spool is not None
+        q = self.controller.queues.get(capture.key)
+        why = capture_refusal(self.spool, capture.key, capture.size + len(part),
+                              q.policy.spool.max_bytes if q is not None else 1 << 30,
+                              len(part), self.captured_bytes, self.hold_budget,
+                              self.counters.held_bytes, self.shared.memory)
+        if why is not None:
+            self._capture_refused(session, link, why)
+            return
+        capture.parts.append(part)
+        capture.size += len(part)
+        self.captured_bytes += len(part)
+        self.counters.held_bytes += len(part)
+        if not more:
+            self._spool(session, link)
+
+    def _capture_refused(self, session: SessionGate, link: SenderLink, why: str) -> None:
+        """The delivery being captured cannot be spooled (``why``): what came of it is
+        dropped, and so is the rest as it comes; it is settled ``rejected``
+        (amqp:resource-limit-exceeded, naming the queue) now, and the link's credit is
+        withheld until the queue drains, as after a full spool."""
+        capture = self._uncapture(link)
+        assert capture is not None
+        self.counters.spool_fallbacks += 1
+        link.spool_refused = True
+        self.outbox.append(ev.SpoolFellBack(
+            self._at(link), capture.key[1], why,
+            "rejected; the link's credit is withheld until the queue drains"))
+        if capture.delivery_id is not None:
+            self._settle(session, capture.delivery_id, capture.delivery_id, _rejected(
+                f"floodwall: the message cannot be spooled for queue '{capture.key[1]}' "
+                f"({why})"))
+
+    def _spool(self, session: SessionGate, link: SenderLink) -> None:
+        """The last frame of a delivery to spool is in: write the record."""
+        capture = self._uncapture(link)
+        assert capture is not None and self.spool is not None
+        key = capture.key
+        q = self.controller.queues.get(key)
+        settings = q.policy.spool if q is not None else None
+        record = SpoolRecord.amqp10_message(0, 0.0, capture.address, capture.message_format,
+                                            b"".join(capture.parts))
+        delivery_id = capture.delivery_id
+        try:
+            seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
+        except SpoolRefused as exc:
+            self.counters.spool_fallbacks += 1
+            link.spool_refused = True
+            self.outbox.append(ev.SpoolFellBack(
+                self._at(link), key[1], str(exc),
+                "rejected; the link's credit is withheld until the queue drains"))
+            if delivery_id is not None:
+                self._settle(session, delivery_id, delivery_id, _rejected(
+                    f"floodwall: the spool of queue '{key[1]}' refused the message ({exc})"))
+            return
+        self.counters.spooled_records += 1
+        self.counters.spooled_bytes += record.size
+        if delivery_id is None:
+            return
+        if settings is not None and settings.fsync is Fsync.NEVER:
+            self._settle(session, delivery_id, delivery_id, _ACCEPTED)
+        else:
+            session.spool_acks.append((key, seq, delivery_id))
+
+    def spool_durable(self, durable: dict[QueueKey, int]) -> None:
+        """The spool synced: settle ``accepted`` the spooled deliveries now durable."""
+        for session in self.sessions.values():
+            acks = session.spool_acks
+            first = last = -1
+            while acks:
+                key, seq, delivery_id = acks[0]
+                if durable.get(key, 0) < seq:
+                    break
+                acks.popleft()
+                if first >= 0 and delivery_id == serial_add(last, 1):
+                    last = delivery_id
+                    continue
+                if first >= 0:
+                    self._settle(session, first, last, _ACCEPTED)
+                first = last = delivery_id
+            if first >= 0:
+                self._settle(session, first, last, _ACCEPTED)
+
+    def _reject(self, session: SessionGate, link: SenderLink, fields: list[object],
+                blocking: frozenset[QueueKey]) -> None:
+        """Settle the delivery ``rejected`` ourselves (it will not reach the broker)."""
+        self.counters.rejects += 1
+        names = ",".join(q for _, q in sorted(blocking))
+        self.outbox.append(ev.Refused(self._at(link), blocking, "over capacity (overflow: reject)",
+                                   ev.Answer.REJECTED, 0))
+        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
+        if _flag(fields, T.SETTLED, TRANSFER) or delivery_id is None:
+            return
+        self._settle(session, delivery_id, delivery_id,
+                     _rejected(f"floodwall: queue '{names}' is over capacity"))
+
+

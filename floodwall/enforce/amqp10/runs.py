@@ -1,0 +1,140 @@
+"""A sender link's run of whole deliveries booked at once (the per-transfer cost).
+
+``on_client_transfer`` decides about each delivery: its credit, its queues, a trip, a spool,
+a shadow verdict, renumbering, the window. Most of the time, on a link far from its queues'
+capacities, every one of those answers is "as before", and working them out per transfer is
+most of a policed 1.0 sender's cost in the proxy. So after a delivery went through
+``on_client_transfer``, the core asks ``transfer_run`` how many more deliveries of the same
+link could be booked with no decision at all, reads that many (or fewer) in one pass
+(``floodwall.wire.amqp10.runs.scan_transfer_run``) and hands the totals to
+``on_transfer_run``.
+
+A run is allowed only while nothing it books can change a decision: the link is not
+blocked, detaching, per-message (each message routed on its own), capturing or shadowed; no
+delivery of its session was consumed (no renumbering); none of its queues is blocking (a
+trip, a backlog, an alarm, a lookup); and the run stays within the client's credit (the
+highest limit granted: one more is a transfer-limit violation, read the usual way) and below
+the ledger totals at which the controller would evaluate any of its queues again
+(``floodwall.control.controller.quiet_room``). Within those bounds ``on_transfer_run`` books
+exactly what ``on_client_transfer`` would, delivery by delivery: the credit's delivery-count,
+the link's counts, the queues' ledgers, each unsettled delivery in flight. The one difference is the
+window: it is worked out once after the run instead of after each delivery, so the client
+gets at most one top-up flow per run (a flow states the credit absolutely: the later one
+grants what the earlier ones would have, and the window bounds it as before).
+"""
+
+from __future__ import annotations
+
+from floodwall.control.controller import forwarded_run, quiet_room
+from floodwall.enforce.amqp10.credit import LinkCredit
+from floodwall.enforce.amqp10.links import InFlight, ReceiverLink, SenderLink, SessionGate
+from floodwall.enforce.commands import ReadEveryFrame
+from floodwall.wire.amqp10.credit import serial_add
+
+
+class TransferRuns(LinkCredit):
+    """The credit gate's run booking (``TransferHooks.transfer_run`` / ``on_transfer_run``)."""
+
+    def transfer_run(self, channel: int, handle: int) -> tuple[int, float] | None:
+        """After a whole delivery of ``handle`` went through ``on_client_transfer`` (or, at
+        the start of a read, a run the last read ended with): how many more whole deliveries
+        of that link (at most), and how many payload bytes, the gate books with
+        ``on_transfer_run`` as it would one at a time; None when it would decide something
+        about the next one, or route it again (the routing model or policies changed since
+        its link's last delivery was routed)."""
+        session = self.sessions.get(channel)
+        if session is None or session.ids.dropped:
+            return None
+        link = session.links.get(handle)
+        if type(link) is not SenderLink or link.blocked or link.detaching or link.per_message \
+                or link.capture is not None or link.shadow.on:
+            return None
+        delivery = link.delivery
+        if delivery.in_progress or delivery.dropping:
+            return None
+        controller = self.controller
+        route = link.route  # (asked again by the next read: routed as its last delivery was)
+        if route is None or route[1] is not delivery.queues \
+                or route[0] != controller.generation:
+            return None
+        if controller.trips.shadow or controller.blocking(self.vhost, delivery.queues):
+            return None
+        count = link.credit.room()
+        if count <= 0:
+            return None
+        room = quiet_room(controller.queues, self.vhost, delivery.queues)
+        if room is None:
+            return None
+        room_bytes, room_messages = room
+        if room_messages < count:
+            count = int(room_messages)
+        if count <= 0 or room_bytes <= 0:
+            return None
+        return count, room_bytes
+
+    def on_transfer_run(self, channel: int, handle: int, count: int, payload_bytes: int,
+                        unsettled: list[int], now: float) -> None:
+        """``count`` whole deliveries of the link, ``payload_bytes`` in all, within what
+        ``transfer_run`` allowed; ``unsettled``: the delivery-ids of those sent unsettled."""
+        session = self.sessions[channel]
+        link = session.links[handle]
+        assert type(link) is SenderLink
+        link.credit.transferred(count)
+        link.deliveries += count
+        link.payload_bytes += payload_bytes
+        queues = link.delivery.queues
+        forwarded_run(self.controller.queues, self.vhost, queues, payload_bytes, count, now)
+        if unsettled and link.windowed:
+            self._track_run(session, link, unsettled)
+        self._after_transfer(link, now, queues)
+
+    # -- the broker's deliveries to the client ---------------------------------------------
+    def server_transfer_run(self, channel: int, handle: int) -> bool:
+        """After ``on_server_transfer`` took a whole delivery of the broker's ``handle``:
+        whether the following whole deliveries of that link are booked as a run (nothing is
+        decided about them: the session's transfer count and the queue's delivered count)."""
+        session = self.by_server_channel.get(channel)
+        if session is None:
+            return False
+        link = session.by_server_handle.get(handle)
+        return type(link) is ReceiverLink and not link.in_delivery
+
+    def on_server_transfer_run(self, channel: int, handle: int, count: int) -> None:
+        """``count`` whole deliveries of the broker's ``handle``, relayed unchanged: what
+        ``on_server_transfer`` books for each."""
+        session = self.by_server_channel[channel]
+        session.next_outgoing = serial_add(session.next_outgoing, count)
+        link = session.by_server_handle[handle]
+        assert type(link) is ReceiverLink
+        if link.queue is not None:
+            q = self.controller.queues.get((self.vhost, link.queue))
+            if q is not None:
+                q.depth.delivered(count)
+
+    def _track_run(self, session: SessionGate, link: SenderLink, ids: list[int]) -> None:
+        """``_track`` for each of ``ids`` (the broker's ids: nothing was renumbered)."""
+        entry = self._in_flight_entry(link)
+        n = len(ids)
+        for q in entry[1]:
+            q.in_flight += n
+        session.in_flight.update(dict.fromkeys(ids, entry))
+        link.delivery.tracked_id = ids[-1]
+        link.unsettled += n
+        if not self.tracking:
+            self.tracking = True
+            self.outbox.append(ReadEveryFrame(broker_only=True))
+
+    def _in_flight_entry(self, link: SenderLink) -> InFlight:
+        """The in-flight entry of the link's deliveries: the link and the policed queues they
+        count on (one tuple per link, made again when its queues or the policies change)."""
+        names = link.delivery.queues
+        controller = self.controller
+        entry = link.in_flight_entry
+        if entry is None or names != link.in_flight_names \
+                or link.in_flight_generation != controller.generation:
+            queues = controller.queues
+            link.in_flight_names = names
+            link.in_flight_generation = controller.generation
+            link.in_flight_queues = tuple(queues[k] for k in self._policed(link, names))
+            entry = link.in_flight_entry = (link, link.in_flight_queues)
+        return entry

@@ -1,0 +1,274 @@
+"""The management API side of the flow supervisor's depth (``ManagementProbes``, which
+``DepthProbes`` extends): each policed queue's management sample every
+``management_interval`` (or the fleet's poller's, ``shared_elsewhere``), the API's state,
+and the unknown-depth rules: no figures for too long, or none fresh since a reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.depth import ManagementSample
+from floodwall.io.flow_settings import FlowSettings
+from floodwall.io.management import (
+    NO_STATISTICS,
+    ManagementApi,
+    ManagementError,
+    NoStatistics,
+)
+from floodwall.io.prometheus import PrometheusEndpoint
+from floodwall.io.switchboard import Switchboard
+from floodwall.io.topology import TopologyFeed
+from floodwall.ops.flow_metrics import FlowStats
+from floodwall.ops.logs import event
+from floodwall.ops.supervision import depth_is_unknown, first_round_in
+
+log = logging.getLogger("floodwall.flow")
+
+T = TypeVar("T")
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception as one line for logs: its type, and its message if it has one."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class ManagementProbes:
+    """Management samples and the unknown-depth rules; ``DepthProbes`` adds the own
+    connections' ready counts and the alarms."""
+
+    settings: FlowSettings
+    clock: Callable[[], float]
+    controller: FlowController
+    board: Switchboard
+    api: ManagementApi
+    prometheus: PrometheusEndpoint | None
+    stats: FlowStats
+    feed: TopologyFeed
+    _sampled_at: dict[QueueKey, float]
+    _asked: set[QueueKey]
+    _probe_refused: dict[QueueKey, str]
+    _stale: dict[QueueKey, float]
+    _had_figures: set[QueueKey]
+    _warm: bool
+    _wake_management: asyncio.Event | None
+    _prometheus_kind: str | None = None  # the last failure's kind (logged once in a row)
+
+    def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
+        """A management sample of ``key``, dated back by the broker's statistics interval."""
+        if key not in self.controller.queues:
+            return
+        self._asked.add(key)
+        now = self._sampled_at[key] = self.clock()
+        if not self._fresh_figure(key, sample.taken_at, management=True):
+            return
+        self.controller.sampled_management(
+            key, replace(sample, taken_at=sample.taken_at - self.settings.management_stats_age),
+            now)
+        self.board.settle()
+
+    # -- the management API ------------------------------------------------------------
+    async def _ask(self, call: Callable[[], Awaitable[T]]) -> T:
+        """One management API call, counted, with the API's state logged when it changes."""
+        try:
+            result = await call()
+        except ManagementError as exc:
+            self._management_failed(exc)
+            raise
+        except Exception as exc:  # e.g. http.client's protocol errors
+            error = ManagementError("bad_reply", f"{self.api.url}: {error_text(exc)}")
+            self._management_failed(error)
+            raise error from exc
+        finally:
+            self.stats.management_requests = self.api.requests
+        self._management_ok()
+        return result
+
+    def _management_failed(self, exc: ManagementError) -> None:
+        self.stats.management_errors[exc.kind] += 1
+        status = self.stats.management
+        if status.ok is not False or status.kind != exc.kind:
+            event(log, "management_api_failed", logging.WARNING, kind=exc.kind,
+                  reason=str(exc), url=self.api.url,
+                  action=(f"depth of policed queues becomes unknown after "
+                          f"{self.settings.depth_unknown_after:g}s without figures; "
+                          "their policies' on_unknown_depth applies"))
+            if status.ok is not False:
+                status.since = self.clock()
+        status.ok, status.kind, status.error = False, exc.kind, str(exc)
+
+    def _management_ok(self) -> None:
+        status = self.stats.management
+        if status.ok is not True:
+            if status.ok is False:
+                event(log, "management_api_recovered", url=self.api.url,
+                      after_seconds=round(self.clock() - (status.since or self.clock()), 1))
+                self._mark_stale(list(self.controller.queues), "management API back")
+            status.since = self.clock()
+        status.ok, status.kind, status.error = True, None, None
+
+    def _wake_until_warm(self) -> None:
+        """Until the first round is complete, a topology answer triggers a depth round."""
+        if not self._warm and self._wake_management is not None:
+            self._wake_management.set()
+
+    # -- depth: management samples -----------------------------------------------------
+    async def _management_loop(self) -> None:
+        wake = self._wake_management
+        assert wake is not None
+        while True:
+            wake.clear()
+            await self.sample_management()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.settings.management_interval)
+
+    async def sample_management(self) -> None:
+        """One management sample of every policed queue (but those the fleet's poller
+        samples: ``shared_elsewhere``), then the unknown-depth rule."""
+        keys = sorted(k for k in self.controller.queues if not self.shared_elsewhere(k))
+        limit = asyncio.Semaphore(self.settings.management_connections)
+
+        async def one(key: QueueKey) -> ManagementSample | NoStatistics | ManagementError | None:
+            async with limit:
+                try:
+                    return await self._ask(functools.partial(self.api.queue_sample, *key))
+                except ManagementError as exc:
+                    return exc
+
+        results = await asyncio.gather(*(one(k) for k in keys))
+        now = self.clock()
+        without: list[QueueKey] = []
+        for key, result in zip(keys, results, strict=True):
+            if key not in self.controller.queues:
+                continue  # dropped while we asked
+            self._asked.add(key)
+            if isinstance(result, ManagementSample):
+                self._had_figures.add(key)
+                self.feed_management(key, result)
+                self._sampled_at[key] = now
+            elif result is NO_STATISTICS:
+                without.append(key)
+            # None: the API does not know it; the passive declare decides whether it is gone
+        if without:
+            await self._without_statistics(without)
+        self.apply_unknown_depth()
+        if not self._warm and first_round_in(self.feed.loaded or self.feed.error is not None,
+                                             self.controller.queues, self._asked):
+            self._warm = True
+            event(log, "flow_ready", policed_queues=len(self.controller.queues),
+                  management="ok" if self.stats.management.ok else
+                  f"failing ({self.stats.management.kind})")
+
+    async def _without_statistics(self, keys: list[QueueKey]) -> None:
+        """Queues the management API has no figures for: the broker's Prometheus endpoint
+        is asked for their vhosts (statistics off: ``management_agent.
+        disable_metrics_collector``); what it has no figures for either is ``_no_statistics``."""
+        found: dict[QueueKey, ManagementSample] = {}
+        if self.prometheus is not None:
+            for vhost in sorted({k[0] for k in keys}):
+                try:
+                    samples = await self.prometheus.vhost_samples(vhost)
+                except ManagementError as exc:
+                    self._prometheus_failed(exc)
+                    continue
+                finally:
+                    self.stats.prometheus_requests = self.prometheus.requests
+                found.update(((vhost, q), s) for q, s in samples.items())
+        now = self.clock()
+        for key in keys:
+            sample = found.get(key)
+            if key not in self.controller.queues:
+                continue
+            if sample is None:
+                self._no_statistics(key, now)
+                continue
+            self._had_figures.add(key)
+            self.feed_management(key, sample)
+            self._sampled_at[key] = now
+
+    def _prometheus_failed(self, exc: ManagementError) -> None:
+        """The Prometheus endpoint did not answer: counted, logged once per kind in a row."""
+        kind = exc.kind
+        if not self.stats.prometheus_errors or self._prometheus_kind != kind:
+            event(log, "prometheus_depth_failed", logging.WARNING, kind=kind, reason=str(exc),
+                  action="queues without management figures count as they would without "
+                         "it (the passive declare's ready count, the ledger's sizes)")
+        self._prometheus_kind = kind
+        self.stats.prometheus_errors[kind] += 1
+
+    def _no_statistics(self, key: QueueKey, now: float) -> None:
+        """The API answered, without figures for ``key`` (no statistics yet). A queue that
+        never had any is new: empty, the ledger adds what was forwarded since. One that had
+        some is on a broker that restarted and is recovering its messages: not "empty" (that
+        would release tripped queues into a full broker); the passive declare's ready count
+        decides until the figures are back."""
+        self._sampled_at[key] = now
+        if key not in self._had_figures:
+            self.feed_management(key, ManagementSample(now, 0, 0, 0, 0, 0))
+
+    def shared_elsewhere(self, key: QueueKey) -> bool:
+        """Whether another sidecar of the fleet samples ``key`` for this one (see
+        ``FlowSupervisor``); alone, never."""
+        return False
+
+    def depth_is_unknown(self, key: QueueKey, now: float | None = None) -> bool:
+        return depth_is_unknown(key in self._asked, self._sampled_at.get(key),
+                                self.clock() if now is None else now,
+                                self.settings.depth_unknown_after)
+
+    def apply_unknown_depth(self) -> None:
+        now = self.clock()
+        for key in list(self.controller.queues):
+            unknown = self.depth_unknown_now(key, now)
+            self.stats.depth_known[key] = not unknown
+            if unknown:
+                self.controller.depth_unknown(key, now)
+        self.board.settle()
+
+    # -- depth after a reconnect: unknown until a fresh figure ---------------------------
+    def depth_unknown_now(self, key: QueueKey, now: float | None = None) -> bool:
+        """Unknown: no management figure for too long, or none fresh since a reconnect."""
+        return key in self._stale or self.depth_is_unknown(key, now)
+
+    def _mark_stale(self, keys: list[QueueKey], why: str) -> None:
+        """The own connection or the management API came back (or went): whatever was known
+        of ``keys`` is from before, perhaps before a broker restart (whose management API
+        answers "empty" while the queues recover). Their depth is unknown (the policies'
+        on_unknown_depth applies, the spool does not replay) until a figure asked for after
+        now arrives (``_fresh_figure``)."""
+        now = self.clock()
+        keys = [k for k in keys if k in self.controller.queues]
+        if not keys:
+            return
+        newly = [k for k in keys if k not in self._stale]
+        for key in keys:
+            self._stale[key] = now
+            self.stats.depth_known[key] = False
+            self.controller.depth_unknown(key, now)
+        self.board.settle()
+        if newly:
+            event(log, "depth_unknown_until_fresh", logging.WARNING, reason=why,
+                  queues=len(newly), action="on_unknown_depth applies and the spool waits "
+                  "until a ready count asked for after this arrives")
+
+    def _fresh_figure(self, key: QueueKey, asked_at: float, management: bool = False) -> bool:
+        """Whether a figure asked for at ``asked_at`` may be fed: the depth is not stale, or
+        this figure was asked for after the reconnect (which ends the staleness). A
+        management figure ends it only for queues the passive declare cannot read."""
+        since = self._stale.get(key)
+        if since is None:
+            return True
+        if asked_at < since or (management and key not in self._probe_refused):
+            return False
+        del self._stale[key]
+        self.stats.depth_known[key] = True
+        event(log, "depth_known_again", vhost=key[0], queue=key[1],
+              unknown_seconds=round(self.clock() - since, 3))
+        return True
