@@ -9,7 +9,7 @@ same job counts each ``Kind`` of line and keeps the lines other than samples apa
 That pass is strict first (``load``): Spark's FAILFAST mode, without the corrupt-record
 column, which fails on the first line that PERMISSIVE mode would set aside as malformed and
 spares every other line Spark's copy into the corrupt-record layout (0.5 s of the 4.7 s
-read of the benchmark's hour, bench/RESULTS.md, "twelfth round"). Only telemetry with a
+read of the benchmark's hour, git log -p -- bench/RESULTS.md). Only telemetry with a
 malformed line is read a second time, in PERMISSIVE mode, to count and show each one.
 """
 

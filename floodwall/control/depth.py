@@ -71,7 +71,7 @@ LAG_HALF_LIFE = 5.0
 # does not narrow admission for long. With 1 s the margin stands on the worst outlier of
 # the last seconds (11-19 ms median rtt_high, so m >= 22 ms and m_lo >= m), and a 40 ms
 # outlier a second holds a simulated 256 KiB queue at 0.43 of its consumer's rate (0.77
-# with 0.1 s; tests/test_pace.py, bench/RESULTS.md).
+# with 0.1 s; tests/test_pace.py, docs/performance.md).
 RTT_HALF_LIFE = 0.1
 
 
@@ -249,7 +249,7 @@ class QueueDepth:
         by the fast margin instead reads a lag wherever publishes land faster than that
         margin while the forwarding rate rises: a held queue's first admissions after a
         trip read as a lag of 1 s, ``MAX_MARGIN``, and its admission crawls in a
-        simulation; ``bench/RESULTS.md``, "Pace".) A fleet member reads it the same way
+        simulation; docs/performance.md, "Held producers at their consumers' pace".) A fleet member reads it the same way
         (``floodwall.control.fleet_rate`` keeps the members' shares of a drain even per
         second whatever their margins). No rise beyond: the estimate
         halves per ``LAG_HALF_LIFE``. Consumers
@@ -372,7 +372,7 @@ class QueueDepth:
         counts and byte statistics are collected apart: a fresh queue can show the one
         before the other; see ``sample_from_queue_doc``) are not a mean of 0: a mean of 0
         made every count read as an empty queue in bytes, and a fleet member released on
-        it (bench/RESULTS.md "Fleet")."""
+        it (docs/performance.md, "Fleet")."""
         m = self.management
         if m is not None and m.messages_ready > 0 and m.bytes_known and m.message_bytes_ready:
             return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high

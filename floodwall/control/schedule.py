@@ -8,7 +8,7 @@ slow sample: ``estimate + ingress x slow_interval >= capacity`` (bytes, and mess
 one every ``hot_interval``; a cold one every ``slow_interval`` (the depth interval, 200 ms).
 
 Broker load: each hot queue costs at most ``1 / hot_interval`` passive declares a second
-(bench/pace.py measures the broker's CPU for them: bench/RESULTS.md).
+(bench/pace.py measures the broker's CPU for them: docs/performance.md).
 
 The trip itself needs no prediction for the proxy's own publishes: the ledger books each one
 as it is forwarded, so the estimate crosses the capacity exactly at the publish that crosses
