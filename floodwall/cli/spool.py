@@ -5,8 +5,9 @@ take the spool's lock, so they refuse while a proxy runs on it. ``replay`` publi
 straight to the broker with publisher confirms, via the default exchange to the queue the
 record was spooled for (``--original-routing``: to the record's exchange and routing key,
 which may reach other queues too), and deletes each record once confirmed: at least once,
-like the proxy's own replay. AMQP 1.0 records go over AMQP 1.0 to ``/amq/queue/QUEUE`` (with
-``--original-routing``: to the address the client sent them to), settled ``accepted``.
+like the proxy's own replay. AMQP 1.0 records go over AMQP 1.0 straight to the queue
+(``/queues/QUEUE`` on RabbitMQ 4, ``/amq/queue/QUEUE`` before; with ``--original-routing``: to
+the address the client sent them to), settled ``accepted``.
 """
 
 from __future__ import annotations
@@ -144,8 +145,8 @@ def _replay_run(qspool: QueueSpool, upstreams: Upstreams, credentials: AmqpCrede
     def target(rec: SpoolRecord) -> tuple[str, str]:
         return (rec.exchange, rec.routing_key) if original_routing else ("", queue)
 
-    def address(rec: SpoolRecord) -> str:  # an AMQP 1.0 record's
-        return rec.address if original_routing else f"/amq/queue/{queue}"
+    def address(rec: SpoolRecord) -> str | None:  # an AMQP 1.0 record's (None: the queue)
+        return rec.address if original_routing else None
 
     async def run() -> SessionResult:
         client = AmqpClient(upstreams, credentials.username, credentials.password, vhost,
@@ -160,7 +161,7 @@ def _replay_run(qspool: QueueSpool, upstreams: Upstreams, credentials: AmqpCrede
                 await client10.connect(10.0)
             return client10
 
-        records10 = Amqp10Records(connect10, address, 10.0)
+        records10 = Amqp10Records(connect10, queue, address, 10.0)
         await client.connect()
         try:
             publisher = await client.open_publisher(window)

@@ -167,7 +167,8 @@ def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:
     show (``SETTLE`` for the counts within ``SETTLE`` of a trip) and ``TRUST_FLOOR`` at
     least. This count's round trip, not the longest recent one (``rtt_high``, which the
     margin ``m`` keeps): ``rtt_high`` is a decaying maximum over some 200 counts a second,
-    so one count delayed by the proxy's own loop or the OS (docs/performance.md, "Held producers at their consumers' pace":
+    so one count delayed by the proxy's own loop or the OS (docs/performance.md, "Held producers
+    at their consumers' pace":
     median 0.55 ms, but a 30-130 ms outlier every second or so on a 2-core
     machine) held ``m_lo`` at ``m`` and the budget never engaged; what trusting a fast
     count too much can cost is the budget ``S`` whatever ``m_lo`` is."""

@@ -249,7 +249,8 @@ class QueueDepth:
         by the fast margin instead reads a lag wherever publishes land faster than that
         margin while the forwarding rate rises: a held queue's first admissions after a
         trip read as a lag of 1 s, ``MAX_MARGIN``, and its admission crawls in a
-        simulation; docs/performance.md, "Held producers at their consumers' pace".) A fleet member reads it the same way
+        simulation; docs/performance.md, "Held producers at their consumers' pace".)
+        A fleet member reads it the same way
         (``floodwall.control.fleet_rate`` keeps the members' shares of a drain even per
         second whatever their margins). No rise beyond: the estimate
         halves per ``LAG_HALF_LIFE``. Consumers

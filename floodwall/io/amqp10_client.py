@@ -45,6 +45,7 @@ from floodwall.io.tls import TlsFailure, UpstreamTlsContext, tls_error
 from floodwall.io.upstreams import Upstreams
 from floodwall.io.writes import BatchedWrites
 from floodwall.ops.logs import event
+from floodwall.wire.amqp10.addresses import queue_address
 from floodwall.wire.amqp10.credit import serial_add, serial_diff
 from floodwall.wire.amqp10.errors import ProtocolError
 from floodwall.wire.amqp10.framing import (
@@ -854,6 +855,10 @@ class Amqp10Client(Amqp10Reading):
                 raise AmqpClientError(f"undecodable frame from broker: {exc}") from None
 
     # -- links ---------------------------------------------------------------------------
+    def queue_address(self, queue: str) -> str:
+        """The target straight to ``queue`` on the broker connected to (its version's form)."""
+        return queue_address(queue, self.broker_open.version if self.broker_open else None)
+
     async def open_sender(self, address: str, timeout: float) -> Amqp10Sender:
         """Attach a sender link to ``address`` (mode unsettled/first).
 

@@ -317,19 +317,21 @@ class Amqp10Records:
     """Sends one queue's AMQP 1.0 records: a sender link per address, on the vhost's AMQP
     1.0 connection (asked for at the first 1.0 record, so a 0-9-1-only spool opens none)."""
 
-    def __init__(self, client: Callable[[], Awaitable[Amqp10Client]],
-                 address_for: Callable[[SpoolRecord], str], timeout: float) -> None:
+    def __init__(self, client: Callable[[], Awaitable[Amqp10Client]], queue: str,
+                 address_for: Callable[[SpoolRecord], str | None], timeout: float) -> None:
         self._client = client
-        self._address_for = address_for
+        self._queue = queue
+        self._address_for = address_for  # None: straight to the queue
         self._timeout = timeout
-        self.senders: dict[str, Amqp10Sender] = {}
+        self.senders: dict[str | None, Amqp10Sender] = {}
 
     async def __call__(self, rec: SpoolRecord) -> asyncio.Future[Confirm]:
         address = self._address_for(rec)
         sender = self.senders.get(address)
         if sender is None:
             client = await self._client()
-            sender = self.senders[address] = await client.open_sender(address, self._timeout)
+            target = address if address is not None else client.queue_address(self._queue)
+            sender = self.senders[address] = await client.open_sender(target, self._timeout)
         return await sender.send(rec.body, rec.message_format)
 
     async def close(self) -> None:
@@ -457,14 +459,15 @@ class SpoolReplayer:
 
         return target
 
-    def _address(self, key: QueueKey, replay: QueueReplay) -> Callable[[SpoolRecord], str]:
+    def _address(self, key: QueueKey, replay: QueueReplay
+                 ) -> Callable[[SpoolRecord], str | None]:
         """Where an AMQP 1.0 record goes: its own address when the routing model sends that
-        to exactly this queue, else straight to the queue (logged once per queue)."""
+        to exactly this queue, else straight to the queue (None; logged once per queue)."""
         vhost, queue = key
         just_this = frozenset({queue})
         direct: set[str] = set()  # addresses that name the queue itself (no lookup again)
 
-        def address(rec: SpoolRecord) -> str:
+        def address(rec: SpoolRecord) -> str | None:
             given = rec.address
             if given in direct:
                 return given
@@ -484,8 +487,8 @@ class SpoolReplayer:
                 event(log, "spool_replay_rerouted", logging.WARNING, vhost=vhost, queue=queue,
                       address=rec.address, protocol="amqp10",
                       reason="the routing model does not send that to exactly this queue "
-                             "(now)", action="sending to /amq/queue/ of the queue")
-            return f"/amq/queue/{queue}"
+                             "(now)", action="sending straight to the queue")
+            return None
 
         return address
 
@@ -606,7 +609,7 @@ class SpoolReplayer:
               records=spool.pending_records, bytes=spool.pending_bytes,
               session=replay.sessions)
         started = asyncio.get_running_loop().time()
-        records10 = Amqp10Records(lambda: self._client10(vhost),
+        records10 = Amqp10Records(lambda: self._client10(vhost), queue,
                                   self._address(key, replay), s.connect_timeout)
         try:
             result = await replay_session(

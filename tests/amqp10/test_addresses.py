@@ -13,6 +13,7 @@ from floodwall.wire.amqp10.addresses import (
     Destination,
     declared_queue,
     parse_target,
+    queue_address,
     queues_for,
     source_queue,
     vhost_of,
@@ -89,3 +90,15 @@ def test_v2_names_round_trip_through_percent_encoding(name: str) -> None:
     assert parse_target("/queues/" + quote(name, safe="")) == Destination("", name)
     assert parse_target(f"/exchanges/{quote(name, safe='')}/{quote(name, safe='')}") \
         == Destination("" if name == "amq.default" else name, name)
+
+
+@pytest.mark.parametrize(("version", "v2"), [
+    ("4.0.5", True), ("4.3.0", True), ("3.13.7", False), ("3.10.8", False), (None, False),
+    ("", False), ("x.y", False),
+])
+def test_the_queue_address_follows_the_brokers_version(version: str | None, v2: bool) -> None:
+    name = "a/b c" if v2 else "a b.c"  # (a v1 address cannot name a queue with a slash)
+    address = queue_address(name, version)
+    assert address == ("/queues/a%2Fb%20c" if v2 else "/amq/queue/a b.c")
+    # the proxy's routing model reads it back as the same queue
+    assert parse_target(address) == Destination("", name)

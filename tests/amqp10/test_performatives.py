@@ -55,6 +55,14 @@ def test_open_reads_its_limits() -> None:
     assert Open.from_fields(fields_of(body)) == Open("c", "h", 4096, 9, 60000)
 
 
+def test_open_reads_the_peers_version_property() -> None:
+    body = encode_performative(OPEN, container_id="c", properties={
+        Symbol("product"): "RabbitMQ", Symbol("version"): "4.0.5"})
+    assert Open.from_fields(fields_of(body)).version == "4.0.5"
+    odd = encode_performative(OPEN, container_id="c", properties={Symbol("version"): UInt(4)})
+    assert Open.from_fields(fields_of(odd)).version is None  # not a string: unknown
+
+
 def test_open_refuses_a_max_frame_size_of_the_wrong_wire_type() -> None:
     body = encode_performative(OPEN, container_id="c", max_frame_size=ULong(4096))
     with pytest.raises(DecodeError, match=r"open\.max-frame-size is ULong, expected UInt"):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final, Protocol
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 DEFAULT_EXCHANGE: Final = ""
 TOPIC_EXCHANGE: Final = "amq.topic"
@@ -104,6 +104,17 @@ def parse_target(address: str) -> Destination | None:
         key = _v2_segment(rest[1]) if rest[1] else ""
         return None if key is None else Destination(exchange, key)
     return None
+
+
+def queue_address(queue: str, broker_version: str | None) -> str:
+    """The target that sends straight to ``queue`` on a broker of ``broker_version`` (its
+    Open's ``version`` property): ``/queues/Q`` (v2, percent-encoded) from RabbitMQ 4, which
+    deprecates the v1 forms and refuses them by default from 4.3; ``/amq/queue/Q`` before
+    (and when the version is unknown or unreadable: the form every release takes)."""
+    major = (broker_version or "").split(".", 1)[0]
+    if major.isdigit() and int(major) >= 4:
+        return "/queues/" + quote(queue, safe="")
+    return f"/amq/queue/{queue}"
 
 
 def source_queue(address: str | None) -> str | None:

@@ -467,17 +467,21 @@ class Open:
     max_frame_size: int = 0xFFFFFFFF
     channel_max: int = 0xFFFF
     idle_time_out: int | None = None  # milliseconds
+    version: str | None = None  # the peer's ``version`` property (RabbitMQ: "4.0.5")
 
     @classmethod
     def from_fields(cls, fields: list[object]) -> Open:
         max_frame_size = _field(fields, "max-frame-size", OPEN, UInt)
         channel_max = _field(fields, "channel-max", OPEN, UShort)
+        properties = _field(fields, "properties", OPEN, dict)
+        version = properties.get(Symbol("version")) if properties else None
         return cls(
             container_id=_mandatory(fields, "container-id", OPEN, str),
             hostname=_field(fields, "hostname", OPEN, str),
             max_frame_size=0xFFFFFFFF if max_frame_size is None else int(max_frame_size),
             channel_max=0xFFFF if channel_max is None else int(channel_max),
             idle_time_out=_optional_int(_field(fields, "idle-time-out", OPEN, UInt)),
+            version=version if isinstance(version, str) else None,
         )
 
 
