@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -342,10 +343,15 @@ def test_spool_replays_over_tls_by_the_proxy_and_by_the_cli(
 # -- verification failures ---------------------------------------------------------------
 @pytest.fixture(scope="session")
 def expired_port(tls_node: LocalBroker, pki: Pki) -> int:
-    """A second amqps listener on the TLS broker, serving a certificate that expired."""
+    """A second amqps listener on the TLS broker, serving a certificate that expired. Its
+    files go in the node's work directory: the one host directory a node in a Debian root
+    (RabbitMQ 4.0) sees."""
     port = free_port()
+    cert, key = tls_node.workdir / "expired-cert.pem", tls_node.workdir / "expired-key.pem"
+    shutil.copyfile(pki.expired_cert, cert)
+    shutil.copyfile(pki.expired_key, key)
     tls_node.ctl("eval", f'rabbit_networking:start_ssl_listener({{"127.0.0.1", {port}}}, '
-                 f'[{{certfile, "{pki.expired_cert}"}}, {{keyfile, "{pki.expired_key}"}}, '
+                 f'[{{certfile, "{cert}"}}, {{keyfile, "{key}"}}, '
                  "{verify, verify_none}], 1, 1).")
     return port
 
@@ -363,10 +369,6 @@ FAILURES = {
 }
 
 
-# RabbitMQ 4.0 fails the expired case today (open): the second listener with an expired
-# certificate, started through rabbitmqctl eval, does not come up the 3.10 way. Runs on
-# 3.10 until the listener is made the 4.0 way.
-@pytest.mark.one_release("3.10")
 @pytest.mark.parametrize("case", list(FAILURES))
 def test_verification_failures_fail_fast_and_say_why(
         case: str, start_floodwall: Callable[..., ProxyProcess], tls_broker: BrokerEndpoint,
