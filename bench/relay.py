@@ -408,13 +408,20 @@ def wait_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"pump exited with {proc.returncode}")
+            raise RuntimeError(f"{_name(proc)} exited with {proc.returncode}")
         try:
             with socket.create_connection((host, port), 1):
                 return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"pump not listening on {port} after {timeout}s")
+    raise RuntimeError(f"{_name(proc)} not listening on {port} after {timeout}s")
+
+
+def _name(proc: subprocess.Popen[bytes]) -> str:
+    """The child's program, for a message (``bench.pump``, ``haproxy``)."""
+    args = proc.args if isinstance(proc.args, list) else [str(proc.args)]
+    program = [str(a) for a in args]
+    return program[2] if len(program) > 2 and program[1] == "-m" else Path(program[0]).name
 
 
 def beam_of(broker: LocalBroker) -> psutil.Process | None:
@@ -761,6 +768,42 @@ def start_pump(upstream: str, workdir: Path, tls_args: list[str] | None = None
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     wait_port("127.0.0.1", pport, pump)
     return pump, pport
+
+
+#: HAProxy in TCP mode as a platform team runs it in front of a broker: one frontend, one
+#: server, no checks, no logging; ``nbthread`` set (floodwall and the pump run one event loop:
+#: ``--haproxy-threads 1`` is like for like, Debian's default is a thread per CPU).
+HAPROXY_CONFIG = """global
+    nbthread {threads}
+    maxconn 20000
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+frontend amqp
+    bind 127.0.0.1:{port}
+    default_backend broker
+backend broker
+    server broker {upstream}
+"""
+
+
+def start_haproxy(upstream: str, workdir: Path, threads: int = 1
+                  ) -> tuple[subprocess.Popen[bytes], int]:
+    """Debian's ``haproxy`` in TCP mode relaying to ``upstream`` (host:port), in the
+    foreground; (process, port)."""
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(binary).exists():
+        raise SystemExit("haproxy is not installed: `apt-get install haproxy` (make deps does)")
+    port = free_port()
+    config = workdir / "haproxy.cfg"
+    config.write_text(HAPROXY_CONFIG.format(threads=threads, port=port, upstream=upstream))
+    with open(workdir / "haproxy.log", "wb") as log:
+        proc = subprocess.Popen([binary, "-db", "-f", str(config)], cwd=workdir,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    wait_port("127.0.0.1", port, proc)
+    return proc, port
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """Old vs new floodwall in one run: ``bench.relay``'s scenarios through two checkouts.
 
-``python -m bench.versus --base DIR [--rounds R] [--seconds N] [--pump] [--out FILE.json]``
+``python -m bench.versus --base DIR [--rounds R] [--seconds N] [--pump] [--haproxy]
+[--out FILE.json]``
 
 One private RabbitMQ; ``floodwall run`` from ``DIR`` (another checkout, e.g. a worktree of
 main before a change: its module is ``proxy`` or ``floodwall``, found from what the checkout
@@ -10,7 +11,8 @@ with policies that police the firehose queues, nothing tripped (``bench.flow``'s
 by round as ``bench.relay`` does, so that noise on a shared machine falls on both versions
 alike. The report is each figure side by side and new / old, paired by round. ``--pump``
 adds ``bench.pump`` (the byte pump, the floor a relay is measured against) as one more
-target in the same rounds.
+target in the same rounds, ``--haproxy`` Debian's HAProxy in TCP mode (the yardstick a
+platform team reaches for; ``--haproxy-threads``, default 1).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from floodwall.dev.devproxy import ProxyProcess
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ("firehose", "drain", "firehose10", "drain10", "latency")
 TARGETS = ("direct", "old", "new", "old-policed", "new-policed")
+#: What a relay is measured against, when asked for: the byte pump and HAProxy.
+YARDSTICKS = ("pump", "haproxy")
 PAIRS = (("new", "old"), ("new-policed", "old-policed"))
 FIGURES = {"firehose": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
            "drain": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
@@ -100,7 +104,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             continue
         med = results[scn]["median"]
         out[scn] = {"median": {t: {k: med.get(t, {}).get(k) for k in keys}
-                               for t in (*TARGETS, "pump") if t != "pump" or t in med},
+                               for t in (*TARGETS, *YARDSTICKS) if t in TARGETS or t in med},
                     "new_over_old_paired": {f"{n}/{o}": {k: paired(results[scn], n, o, k)
                                                          for k in keys} for n, o in PAIRS}}
     return out
@@ -140,6 +144,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-args", default="", help="more arguments for the new `floodwall run`")
     p.add_argument("--pump", action="store_true",
                    help="the byte pump (bench.pump) as one more target, alternated with the rest")
+    p.add_argument("--haproxy", action="store_true",
+                   help="Debian's HAProxy in TCP mode as one more target, alternated with the rest")
+    p.add_argument("--haproxy-threads", type=int, default=1,
+                   help="HAProxy's nbthread (1: one event loop, like floodwall and the pump)")
     p.add_argument("--targets", default=",".join(TARGETS[1:]),
                    help="which floodwall targets to run (direct always runs), comma-separated "
                         "subset of: " + ", ".join(TARGETS[1:]))
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = LocalBroker(workdir / "rabbit", config_extra=f"prometheus.tcp.port = {free_port()}\n")
     procs: dict[str, ProxyProcess] = {}
-    pump = None
+    pump = haproxy = None
     try:
         progress(f"starting RabbitMQ in {workdir}")
         endpoint = broker.start()
@@ -178,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.pump:
             pump, pport = relay.start_pump(f"{endpoint.host}:{endpoint.amqp_port}", workdir)
             targets["pump"] = relay.Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
+        if args.haproxy:
+            haproxy, hport = relay.start_haproxy(f"{endpoint.host}:{endpoint.amqp_port}",
+                                                 workdir, args.haproxy_threads)
+            targets["haproxy"] = relay.Target("haproxy", "127.0.0.1", hport,
+                                              psutil.Process(haproxy.pid))
         opts = relay.Options(seconds=args.seconds, rounds=args.rounds, quiet_budget=60.0,
                              size=args.size, drain_messages=args.drain_messages,
                              max_length=args.max_length,
@@ -201,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in procs.values():
             proc.stop()
-        if pump is not None:
-            pump.terminate()
-            pump.wait()
+        for child in (pump, haproxy):
+            if child is not None:
+                child.terminate()
+                child.wait()
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -32,3 +32,29 @@ def test_ratios_against_direct_and_the_pump() -> None:
     # a run that did not happen: not measured, never met or failed by default
     assert rows["1 MiB messages, drain (x direct)"]["met"] is None
     assert "not measured" in speed.report(list(rows.values()))
+
+
+def test_haproxy_beside_the_pump_and_its_own_targets() -> None:
+    docs = {"versus": _versus({
+        "firehose": {"direct": {"msgs_per_s": 1000.0},
+                     "new-policed": {"msgs_per_s": 960.0, "relay_cpu_us_per_msg": 1.6},
+                     "pump": {"msgs_per_s": 980.0, "relay_cpu_us_per_msg": 1.0},
+                     "haproxy": {"msgs_per_s": 990.0, "relay_cpu_us_per_msg": 0.7}},
+        "firehose10": {"direct": {"msgs_per_s": 100.0},
+                       "new-policed": {"msgs_per_s": 96.0, "relay_cpu_us_per_msg": 4.5},
+                       "haproxy": {"msgs_per_s": 99.0, "relay_cpu_us_per_msg": 1.5}}}),
+        "mib": _versus({"firehose": {"direct": {"msgs_per_s": 100.0},
+                                     "new": {"msgs_per_s": 67.0},
+                                     "haproxy": {"msgs_per_s": 70.0}}})}
+    rows = {r["target"]: r for r in (t.judge(docs) for t in speed.TARGETS)}
+    publish = rows["policed publish, 0-9-1 (x direct)"]
+    assert (publish["haproxy"], publish["met"]) == (0.99, True)
+    cpu = rows["policed CPU per message, 0-9-1 (x HAProxy's)"]
+    assert (round(cpu["value"], 3), cpu["met"]) == (2.286, False)  # at most 2x
+    stated = rows["policed CPU per message, 1.0 (x HAProxy's; stated)"]
+    assert (stated["value"], stated["met"]) == (3.0, True)
+    mib = rows["1 MiB messages, firehose (x HAProxy)"]
+    assert (round(mib["value"], 3), mib["met"]) == (0.957, False)  # at least HAProxy's
+    table = speed.report(list(rows.values()))
+    assert "| HAProxy, same run |" in table.splitlines()[0]
+    assert "| stated | 3.000 | - | - | stated |" in table
