@@ -1,9 +1,11 @@
-"""The relay benchmark: direct vs floodwall vs a plain byte pump, same broker, same client.
+"""The relay benchmark: direct vs floodwall vs a plain byte pump vs HAProxy, same broker,
+same client.
 
 ``python -m bench.relay [--seconds N] [--rounds R] [--size 1024] [--out FILE.json]``
 
-Starts one private RabbitMQ node, one ``floodwall run`` and one ``bench.pump`` child, then
-for each scenario alternates the targets (direct, floodwall, pump, direct, ...) for R
+Starts one private RabbitMQ node, one ``floodwall run``, one ``bench.pump`` child and
+Debian's HAProxy in TCP mode (one thread unless ``--haproxy-threads``), then for each
+scenario alternates the targets (direct, floodwall, pump, haproxy, direct, ...) for R
 rounds, so that noise on a small shared machine falls on all of them alike, and reports
 medians. See bench/README.md for what each scenario measures.
 """
@@ -41,7 +43,8 @@ from floodwall.dev.devbroker import BrokerEndpoint, BrokerTls, LocalBroker, free
 from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
-TARGETS = ("direct", "floodwall", "pump")
+TARGETS = ("direct", "floodwall", "pump", "haproxy")
+RELAYS = TARGETS[1:]  # what stands between the client and the broker
 FIREHOSE_QUEUE = "bench.firehose"
 DRAIN_QUEUE = "bench.drain"
 FIREHOSE10_QUEUE = "bench.firehose10"
@@ -551,7 +554,7 @@ def noise_adjusted(scenario: dict[str, Any]) -> dict[str, Any]:
     """
     groups = {t: [(float(r["other_cores"]), float(r["msgs_per_s"]))
                   for r in scenario["runs"].get(t, []) if "error" not in r
-                  and "other_cores" in r] for t in TARGETS}
+                  and "other_cores" in r] for t in TARGETS if scenario["runs"].get(t)}
     nan = {"msgs_per_s": dict.fromkeys(TARGETS, math.nan), "slope": math.nan}
     if any(len(g) < 2 for g in groups.values()):
         return nan
@@ -607,41 +610,44 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     for scn in ("firehose", "drain", "firehose10"):
         if scn not in results:
             continue
-        d, f, p = (med(scn, t, "msgs_per_s") for t in TARGETS)
-        fc, pc = med(scn, "floodwall", "relay_cpu_us_per_msg"), med(scn, "pump",
-                                                                      "relay_cpu_us_per_msg")
+        d = med(scn, "direct", "msgs_per_s")
         adj = noise_adjusted(results[scn])
         fit = adj["msgs_per_s"]
-        s[scn] = {"floodwall_over_direct": _ratio(f, d), "pump_over_direct": _ratio(p, d),
-                  "msgs_per_s_noise_adjusted": fit,
+        noise = [x for t in TARGETS if not math.isnan(x := med(scn, t, "other_cores"))]
+        s[scn] = {"msgs_per_s_noise_adjusted": fit,
                   "noise_slope_msgs_per_s_per_core": adj["slope"],
-                  "floodwall_over_direct_noise_adjusted": _ratio(fit["floodwall"], fit["direct"]),
-                  "pump_over_direct_noise_adjusted": _ratio(fit["pump"], fit["direct"]),
-                  "floodwall_over_direct_paired": _paired(results[scn], "floodwall"),
-                  "pump_over_direct_paired": _paired(results[scn], "pump"),
-                  "floodwall_over_direct_cpu_model": _cpu_model(results[scn], "floodwall"),
-                  "pump_over_direct_cpu_model": _cpu_model(results[scn], "pump"),
-                  "max_median_noise_cores": max(med(scn, t, "other_cores") for t in TARGETS),
-                  "floodwall_cpu_us_per_msg": fc, "pump_cpu_us_per_msg": pc,
-                  "cpu_ratio_floodwall_over_pump": _ratio(fc, pc)}
+                  "max_median_noise_cores": max(noise, default=math.nan)}
+        for t in RELAYS:
+            s[scn] |= {f"{t}_over_direct": _ratio(med(scn, t, "msgs_per_s"), d),
+                       f"{t}_over_direct_noise_adjusted": _ratio(fit.get(t, math.nan),
+                                                                         fit["direct"]),
+                       f"{t}_over_direct_paired": _paired(results[scn], t),
+                       f"{t}_over_direct_cpu_model": _cpu_model(results[scn], t),
+                       f"{t}_cpu_us_per_msg": med(scn, t, "relay_cpu_us_per_msg")}
+        fc = s[scn]["floodwall_cpu_us_per_msg"]
+        s[scn] |= {"cpu_ratio_floodwall_over_pump": _ratio(fc, s[scn]["pump_cpu_us_per_msg"]),
+                   "cpu_ratio_floodwall_over_haproxy": _ratio(
+                       fc, s[scn]["haproxy_cpu_us_per_msg"]),
+                   "floodwall_over_haproxy": _ratio(med(scn, "floodwall", "msgs_per_s"),
+                                                    med(scn, "haproxy", "msgs_per_s"))}
     if "latency" in results:
         lat: dict[str, Any] = {}
         pooled = results["latency"].get("pooled", {})
         for key in ("p50_us", "p99_us", "p999_us"):
             d = med("latency", "direct", key)
             lat[key] = {t: med("latency", t, key) for t in TARGETS}
-            lat["added_" + key] = {t: med("latency", t, key) - d for t in ("floodwall", "pump")}
+            lat["added_" + key] = {t: med("latency", t, key) - d for t in RELAYS}
             pd = pooled.get("direct", {}).get(key, math.nan)
             lat["added_pooled_" + key] = {t: pooled.get(t, {}).get(key, math.nan) - pd
-                                          for t in ("floodwall", "pump")}
+                                          for t in RELAYS}
         quiet = {t: _quiet_latency(results["latency"]["runs"].get(t, [])) for t in TARGETS}
         lat["quiet"] = quiet
         for key in ("p50_us", "p99_us", "p999_us"):
             lat["added_quiet_" + key] = {t: quiet[t][key] - quiet["direct"][key]
-                                         for t in ("floodwall", "pump")}
+                                         for t in RELAYS}
         s["latency"] = lat
     if "idle" in results:
-        s["idle"] = {t: med("idle", t, "bytes_per_connection") for t in ("floodwall", "pump")}
+        s["idle"] = {t: med("idle", t, "bytes_per_connection") for t in RELAYS}
     s["goals"] = _goals(s)
     return s
 
@@ -712,7 +718,8 @@ def _versions(endpoint: BrokerEndpoint) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="python -m bench.relay",
-                                description="direct vs floodwall vs byte pump, alternated")
+                                description="direct vs floodwall vs byte pump vs HAProxy, "
+                                            "alternated")
     p.add_argument("--seconds", type=float, default=3.0,
                    help="measured seconds per firehose / latency run (default 3)")
     p.add_argument("--warmup", type=float, default=0.5,
@@ -732,6 +739,8 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                         "and TLS upstream")
     p.add_argument("--max-length", type=int, default=20_000,
                    help="x-max-length of the firehose queues (200 for 1 MiB bodies)")
+    p.add_argument("--haproxy-threads", type=int, default=1,
+                   help="HAProxy's nbthread (1: one event loop, like floodwall and the pump)")
     p.add_argument("--pump-args", default="",
                    help="extra arguments for `bench.pump` (space separated), e.g. --splice")
     p.add_argument("--floodwall-args", default="",
@@ -791,8 +800,9 @@ backend broker
 
 def start_haproxy(upstream: str, workdir: Path, threads: int = 1
                   ) -> tuple[subprocess.Popen[bytes], int]:
-    """Debian's ``haproxy`` in TCP mode relaying to ``upstream`` (host:port), in the
-    foreground; (process, port)."""
+    """Debian's ``haproxy`` in TCP mode relaying to ``upstream`` (its ``server`` line's
+    address and options: ``host:port``, TLS options after it), in the foreground;
+    (process, port)."""
     binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(binary).exists():
         raise SystemExit("haproxy is not installed: `apt-get install haproxy` (make deps does)")
@@ -824,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
                          tls=tls)
     fw: ProxyProcess | None = None
     pump: subprocess.Popen[bytes] | None = None
+    haproxy: subprocess.Popen[bytes] | None = None
     try:
         progress(f"starting RabbitMQ in {workdir}")
         endpoint = broker.start()
@@ -849,6 +860,16 @@ def main(argv: list[str] | None = None) -> int:
             pump, pport = start_pump(upstream, workdir, [*tls_args, *args.pump_args.split()])
             targets["pump"] = Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
             progress(f"pump pid {pump.pid} on {pport}")
+        if "haproxy" in opts.targets:
+            server = f"{endpoint.host}:{endpoint.amqp_port}"
+            if tls is not None:
+                server = (f"localhost:{endpoint.amqp_port} ssl verify required "
+                          f"ca-file {tls.ca} sni str(localhost)")
+            haproxy, hport = start_haproxy(server, workdir, args.haproxy_threads)
+            targets["haproxy"] = Target("haproxy", "127.0.0.1", hport,
+                                        psutil.Process(haproxy.pid))
+            progress(f"haproxy pid {haproxy.pid} on {hport} ({args.haproxy_threads} "
+                     "thread(s))")
         rig = Rig(endpoint, targets, CpuMeter(beam_of(broker)), opts)
         meta: dict[str, Any] = {
             "started": started.isoformat(timespec="seconds"),
@@ -877,12 +898,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if fw is not None:
             fw.stop()
-        if pump is not None:
-            pump.terminate()
-            try:
-                pump.wait(10)
-            except subprocess.TimeoutExpired:
-                pump.kill()
+        for child in (pump, haproxy):
+            if child is not None:
+                child.terminate()
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 

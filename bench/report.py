@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-TARGETS = ("direct", "floodwall", "pump")
+TARGETS = ("direct", "floodwall", "pump", "haproxy")
 GOAL_TEXT = {
     "firehose_1k_floodwall_over_direct_ge_0.90":
         "1 KiB firehose through floodwall >= 0.90 x direct",
@@ -78,10 +78,13 @@ def print_report(doc: dict[str, Any]) -> None:
                   f"{_f(m.get('broker_cpu_us_per_msg'), '.2f'):>15}"
                   f"{_f(m.get('other_cores'), '.2f'):>13}{_errors(r['runs'].get(t, []))}")
         print(f"  CPU per message floodwall / pump: "
-              f"{_f(s.get('cpu_ratio_floodwall_over_pump'), '.2f')}x; relay ceiling on one "
+              f"{_f(s.get('cpu_ratio_floodwall_over_pump'), '.2f')}x, floodwall / HAProxy: "
+              f"{_f(s.get('cpu_ratio_floodwall_over_haproxy'), '.2f')}x; msgs/s floodwall / "
+              f"HAProxy: {_f(s.get('floodwall_over_haproxy'), '.3f')}; relay ceiling on one "
               f"core (1 / CPU per msg): floodwall "
               f"{_f(_div(1e6, s.get('floodwall_cpu_us_per_msg')), ',.0f')}, pump "
-              f"{_f(_div(1e6, s.get('pump_cpu_us_per_msg')), ',.0f')} msg/s")
+              f"{_f(_div(1e6, s.get('pump_cpu_us_per_msg')), ',.0f')}, HAProxy "
+              f"{_f(_div(1e6, s.get('haproxy_cpu_us_per_msg')), ',.0f')} msg/s")
         fit = s.get("msgs_per_s_noise_adjusted", {})
         print(f"  noise-adjusted msgs/s (zero foreign load, common slope "
               f"{_f(s.get('noise_slope_msgs_per_s_per_core'), ',.0f')} msg/s per core of noise):"
@@ -89,7 +92,9 @@ def print_report(doc: dict[str, Any]) -> None:
               f"{_f(fit.get('floodwall'), ',.0f')} "
               f"({_f(s.get('floodwall_over_direct_noise_adjusted'), '.3f')}), pump "
               f"{_f(fit.get('pump'), ',.0f')} "
-              f"({_f(s.get('pump_over_direct_noise_adjusted'), '.3f')})")
+              f"({_f(s.get('pump_over_direct_noise_adjusted'), '.3f')}), HAProxy "
+              f"{_f(fit.get('haproxy'), ',.0f')} "
+              f"({_f(s.get('haproxy_over_direct_noise_adjusted'), '.3f')})")
 
     if "latency" in results:
         r = results["latency"]
@@ -129,7 +134,7 @@ def print_report(doc: dict[str, Any]) -> None:
     if "idle" in results:
         r = results["idle"]
         print(f"\nidle: {r['title']} ({opts['idle_connections']} connections)")
-        for t in ("floodwall", "pump"):
+        for t in TARGETS[1:]:
             m = r["median"].get(t, {})
             if not m:
                 print(f"  {t:<10} n/a{_errors(r['runs'].get(t, []))}")
