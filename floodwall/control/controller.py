@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from floodwall.control.admission import Admission
-from floodwall.control.blocks import Blocked, BlockTable
+from floodwall.control.blocks import Blocked, BlockTable, Ref
 from floodwall.control.depth import SETTLE, Depth, ManagementSample, QueueDepth
 from floodwall.control.events import (
     AlarmCleared,
@@ -93,51 +93,41 @@ class Router(Protocol):
 
 
 class ChannelHolds:
-    """The held channels' side of ``FlowController``: which channels wait, on what, since
-    when (``BlockTable``), and where a hold ends (its time into ``holds``)."""
+    """The held channels and links: which wait, on what, since when (``BlockTable``), and
+    where each hold's time goes when it ends (``HoldTimes``, by policy). The controller owns
+    one and decides when a hold begins and ends; this keeps the books."""
 
-    _blocked: BlockTable
-    holds: HoldTimes
-    _now: float  # the latest time given: a close (which has none) ends its hold there
+    def __init__(self) -> None:
+        self.table = BlockTable()
+        self.times = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
 
-    def connection_closed(self, conn: int, now: float | None = None) -> None:
-        """Connection ``conn`` is gone: none of its channels is blocked any more.
+    def begin(self, ref: Ref, queues: set[QueueKey], policies: frozenset[str],
+              now: float) -> bool:
+        """``ref`` waits on ``queues`` as well (a hold under ``policies``); True if it did
+        not wait before."""
+        self.times.blocked(ref, policies)
+        return self.table.add(ref, queues, now)
 
-        ``now`` ends their holds (None: the latest time the controller was given)."""
-        for ref in self._blocked.of_connection(conn):
-            self._unblock(ref, "closed", self._now if now is None else now)
+    def end(self, ref: Ref, outcome: str, now: float) -> None:
+        """``ref`` waits no more (``outcome``: released, closed); its time goes into
+        ``times``."""
+        since = self.table.remove(ref)
+        self.times.ended(ref, None if since is None else now - since, outcome)
 
-    def _unblock(self, ref: tuple[int, int], outcome: str, now: float) -> None:
-        """Where a hold ends (a release, a close): ``ref`` is blocked no more, the hold's
-        time goes into ``holds``."""
-        since = self._blocked.remove(ref)
-        self.holds.ended(ref, None if since is None else now - since, outcome)
+    def end_connection(self, conn: int, now: float) -> None:
+        """Connection ``conn`` is gone: none of its channels waits any more."""
+        for ref in self.table.of_connection(conn):
+            self.end(ref, "closed", now)
 
-    def is_blocked(self, conn: int, channel: int) -> bool:
-        return (conn, channel) in self._blocked
-
-    def blocked_on(self, conn: int, channel: int) -> frozenset[QueueKey]:
-        """The queues ``channel`` waits on (empty when it is not blocked)."""
-        return self._blocked.on((conn, channel))
-
-    @property
-    def blocked_count(self) -> int:
-        return len(self._blocked)
-
-    def starved(self, conn: int, channel: int, since: float) -> None:
-        """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
-        self._blocked.starved((conn, channel), since)
-
-    def channel_closed(self, conn: int, channel: int, now: float | None = None) -> None:
-        """``channel`` is gone (closed, refused, its link detached): its hold ends at ``now``
-        (None: the latest time the controller was given)."""
-        self._unblock((conn, channel), "closed", self._now if now is None else now)
-
-    def blocked_channels(self) -> list[Blocked]:
-        return self._blocked.views()
+    def drop_queue(self, key: QueueKey, now: float) -> list[Ref]:
+        """``key`` drained: it leaves every wait; the refs whose waits ended (freed)."""
+        freed = self.table.drop_queue(key)
+        for ref in freed:
+            self.end(ref, "released", now)
+        return freed
 
 
-class FlowController(ChannelHolds):
+class FlowController:
     """The shared state behind every gate decision."""
 
     def __init__(self, router: Router, policies: PolicySet = EMPTY_POLICIES) -> None:
@@ -163,8 +153,7 @@ class FlowController(ChannelHolds):
         self._backlogged: set[QueueKey] = set()
         self._blocking_among = StampedAnswers(POLICED_CACHE_SIZE)  # blocking()'s, stamped
         self._waits_version = 0  # a backlog or an awaited first figure changed
-        self._blocked = BlockTable()
-        self.holds = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
+        self._holds = ChannelHolds()
         self.admission = Admission()  # held publishes leave at the drain rate (admission.py)
         # A fleet: a newly policed queue's share rule at once (``FleetService``), not at the
         # next fleet tick: its first figure may come first (a fresh queue's first fill).
@@ -172,6 +161,41 @@ class FlowController(ChannelHolds):
         self._now = 0.0  # the latest time given: a close (which has none) ends its hold there
         self.alarm_reason: str | None = None
         self.outbox: list[ControlOutput] = []  # for the I/O layer (``take_output``), in order
+
+    # -- held channels (``ChannelHolds``) ------------------------------------------------
+    @property
+    def holds(self) -> HoldTimes:
+        """How long holds lasted, by policy and outcome (``floodwall_hold_seconds``)."""
+        return self._holds.times
+
+    def connection_closed(self, conn: int, now: float | None = None) -> None:
+        """Connection ``conn`` is gone: none of its channels is blocked any more.
+
+        ``now`` ends their holds (None: the latest time the controller was given)."""
+        self._holds.end_connection(conn, self._now if now is None else now)
+
+    def channel_closed(self, conn: int, channel: int, now: float | None = None) -> None:
+        """``channel`` is gone (closed, refused, its link detached): its hold ends at ``now``
+        (None: the latest time the controller was given)."""
+        self._holds.end((conn, channel), "closed", self._now if now is None else now)
+
+    def is_blocked(self, conn: int, channel: int) -> bool:
+        return (conn, channel) in self._holds.table
+
+    def blocked_on(self, conn: int, channel: int) -> frozenset[QueueKey]:
+        """The queues ``channel`` waits on (empty when it is not blocked)."""
+        return self._holds.table.on((conn, channel))
+
+    @property
+    def blocked_count(self) -> int:
+        return len(self._holds.table)
+
+    def starved(self, conn: int, channel: int, since: float) -> None:
+        """The blocked 1.0 link ``channel`` has had no credit since ``since`` (for /state)."""
+        self._holds.table.starved((conn, channel), since)
+
+    def blocked_channels(self) -> list[Blocked]:
+        return self._holds.table.views()
 
     def take_output(self) -> list[ControlOutput]:
         """Everything that happened since the last call (events and freed channels), in
@@ -408,10 +432,9 @@ class FlowController(ChannelHolds):
                  or self.lookups.pending_key(k)}
         if not still:
             return False
-        self.holds.blocked(ref, frozenset(
+        return self._holds.begin(ref, still, frozenset(
             {self.queues[k].policy.name for k in still if k in self.queues}
-            | ({ALARM_LABEL} if ALARM in still else set())))
-        return self._blocked.add(ref, still, now)
+            | ({ALARM_LABEL} if ALARM in still else set())), now)
 
     def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
@@ -427,7 +450,8 @@ class FlowController(ChannelHolds):
             q.depth.sampled_ready_count(requested_at, ready, rtt)
             self._evaluate(q, now)
             if q.tripped and key not in self._backlogged:  # its tokens, to those waiting
-                self.outbox.extend(self.admission.tick(key, q, self._blocked.waiting_on(key), now))
+                waiting = self._holds.table.waiting_on(key)
+                self.outbox.extend(self.admission.tick(key, q, waiting, now))
             if self._awaiting:
                 self._first_figure(key, now)
 
@@ -520,12 +544,11 @@ class FlowController(ChannelHolds):
                 self._released(q.key, now)
 
     def _publishers_of(self, key: QueueKey) -> str:
-        return ",".join(f"{c}/{ch}" for c, ch in self._blocked.waiting_on(key))
+        return ",".join(f"{c}/{ch}" for c, ch in self._holds.table.waiting_on(key))
 
     def _released(self, key: QueueKey, now: float) -> None:
         """Drop ``key`` from every blocked set; a channel whose set empties is freed."""
-        for ref in self._blocked.drop_queue(key):
-            self._unblock(ref, "released", now)
+        for ref in self._holds.drop_queue(key, now):
             self.outbox.append(ChannelFreed(*ref))
 
     # -- views -------------------------------------------------------------------------
