@@ -89,6 +89,18 @@ def test_management_url_defaults_to_the_upstream_host() -> None:
     assert listed.effective_management_urls == ("http://a:15672", "http://b:1/")
 
 
+def test_prometheus_urls_default_to_each_management_host() -> None:
+    cluster = ProxySettings(None, (("a", 5672), ("b", 5672)))
+    assert cluster.effective_prometheus_urls == ("http://a:15692", "http://b:15692")
+    same_host = ProxySettings(None, (("a", 5672),),
+                              management_url="https://a:15671, https://a:15672")
+    assert same_host.effective_prometheus_urls == ("https://a:15692",)  # once per host
+    given = ProxySettings(None, (("a", 5672),), prometheus_url="http://p:1, http://q:2/")
+    assert given.effective_prometheus_urls == ("http://p:1", "http://q:2/")
+    assert ProxySettings(None, (("a", 5672),), prometheus_url="").effective_prometheus_urls \
+        == ()
+
+
 # -- TLS ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "expected"),

@@ -153,3 +153,14 @@ def test_fuzz_near_misses(text: str) -> None:
         parse_page(text.encode())
     except ExpositionError:
         pass
+
+
+def test_the_nodes_pages_merged_each_queue_from_the_node_that_runs_it() -> None:
+    from floodwall.io.prometheus import merged
+
+    a = {"q1": QueueFigures(5, 5000, 0, 0), "q2": QueueFigures(0, 0, 0, 0)}
+    b = {"q3": QueueFigures(1, 10, 0, 0), "q2": QueueFigures(7, 7000, 1, 100)}
+    both = merged([a, b])
+    assert both == {"q1": a["q1"], "q2": b["q2"], "q3": b["q3"]}  # q2: the higher figure
+    assert merged([b, a])["q2"] == b["q2"]  # whichever node answered first
+    assert merged([]) == {}

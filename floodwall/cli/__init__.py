@@ -176,9 +176,10 @@ def main() -> None:
                    "http://<upstream host>:15672 (https://<upstream host>:15671 with an "
                    "amqps upstream) when --policies is given.")
 @click.option("--prometheus", default=None, envvar="FLOODWALL_PROMETHEUS",
-              help="The broker's Prometheus endpoint, read for queue depth when the "
-                   "management API has no figures (statistics off); default: the management "
-                   "URL's scheme and host on port 15692; 'off' never reads it.")
+              help="The broker's Prometheus endpoints (comma-separated, one per node: each "
+                   "reports the queues it runs), read for queue depth when the management API "
+                   "has no figures (statistics off); default: each management URL's scheme "
+                   "and host on port 15692; 'off' never reads them.")
 @click.option("--management-tls-ca", type=click.Path(dir_okay=False), default=None,
               envvar="FLOODWALL_MANAGEMENT_TLS_CA",
               help="CA file (PEM) for an https management URL; default: --upstream-tls-ca, "
@@ -385,7 +386,7 @@ def _listeners(listen: str, listen_tls: str | None, cert: str | None, key: str |
 
 
 def _prometheus_setting(value: str | None) -> str | None:
-    """--prometheus: None (the default, beside the management API), "" for 'off', or a URL."""
+    """--prometheus: None (the default, beside the management API), "" for 'off', or URLs."""
     if value is None:
         return None
     return "" if value.lower() == "off" else value

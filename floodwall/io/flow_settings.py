@@ -50,9 +50,9 @@ class FlowSettings:
     fleet: str | None = "default"
     upstream_tls: UpstreamTlsContext | None = None  # amqps for the depth probes
     management_tls: ManagementTlsContext | None = None  # https to the management API
-    # The broker's Prometheus endpoint (floodwall/io/prometheus.py): queue depth when the
-    # management API has no figures (statistics off); None: not asked.
-    prometheus_url: str | None = None
+    # The broker's Prometheus endpoints, one per node (floodwall/io/prometheus.py): queue
+    # depth when the management API has no figures (statistics off); empty: not asked.
+    prometheus_urls: tuple[str, ...] = ()
     shadow: bool = False  # --shadow: every policy in shadow mode (nothing held)
 
     @property
@@ -88,6 +88,6 @@ class FlowSettings:
             fleet=s.fleet,
             upstream_tls=upstream_tls,
             management_tls=management_tls,
-            prometheus_url=s.effective_prometheus_url,
+            prometheus_urls=s.effective_prometheus_urls,
             shadow=s.shadow,
         )

@@ -180,6 +180,8 @@ class ManagementProbes:
                     continue
                 finally:
                     self.stats.prometheus_requests = self.prometheus.requests
+                for error in self.prometheus.node_errors:  # the others answered
+                    self._prometheus_failed(error, every_node=False)
                 found.update(((vhost, q), s) for q, s in samples.items())
         now = self.clock()
         for key in keys:
@@ -193,12 +195,14 @@ class ManagementProbes:
             self.feed_management(key, sample)
             self._sampled_at[key] = now
 
-    def _prometheus_failed(self, exc: ManagementError) -> None:
-        """The Prometheus endpoint did not answer: counted, logged once per kind in a row."""
+    def _prometheus_failed(self, exc: ManagementError, every_node: bool = True) -> None:
+        """The Prometheus endpoint (``every_node``; else one node of it) did not answer:
+        counted, logged once per kind in a row."""
         kind = exc.kind
         if not self.stats.prometheus_errors or self._prometheus_kind != kind:
+            which = "queues" if every_node else "the queues that node runs,"
             event(log, "prometheus_depth_failed", logging.WARNING, kind=kind, reason=str(exc),
-                  action="queues without management figures count as they would without "
+                  action=f"{which} without management figures count as they would without "
                          "it (the passive declare's ready count, the ledger's sizes)")
         self._prometheus_kind = kind
         self.stats.prometheus_errors[kind] += 1

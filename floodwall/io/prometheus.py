@@ -3,10 +3,11 @@ messages when the management API has no figures (statistics off).
 
 RabbitMQ with ``management_agent.disable_metrics_collector = true`` (or
 ``management.disable_stats``) answers ``/api/queues`` with names only. Its Prometheus
-plugin's detailed endpoint still has the figures; floodwall asks it for one vhost and the two
-families it needs (``/metrics/detailed?vhost=V&family=queue_coarse_metrics&
-family=queue_metrics``: RabbitMQ 4.0 filters by vhost and family, not by queue) and reads the
-page as it arrives with the sans-IO ``floodwall.wire.prometheus.ExpositionParser``, keeping
+plugin's detailed endpoint still has the figures; floodwall asks every node's (each reports
+the queues it runs) for one vhost and the two families it needs
+(``/metrics/detailed?vhost=V&family=queue_coarse_metrics&family=queue_metrics``: RabbitMQ
+4.0 filters by vhost and family, not by queue), all at once, and reads each page as it
+arrives with the sans-IO ``floodwall.wire.prometheus.ExpositionParser``, keeping
 only the queue metrics. The figures are the ones the queue emitted at its last statistics
 tick, as old as the management API's would be: they are dated back the same way.
 """
@@ -17,7 +18,7 @@ import asyncio
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 
@@ -52,26 +53,33 @@ def sample_of(figures: QueueFigures, taken_at: float) -> ManagementSample | None
 
 
 class PrometheusEndpoint:
-    """A client of the broker's ``/metrics/detailed``, on the event loop (one pooled
-    session, each request bounded by ``timeout``; https verified as the management API is)."""
+    """A client of the broker's ``/metrics/detailed``, on the event loop: one URL per node
+    (each node reports the queues it runs: a classic queue's node, a quorum queue's leader),
+    all asked at once and merged; one pooled session, each request bounded by ``timeout``;
+    https verified as the management API is."""
 
-    def __init__(self, url: str, timeout: float = 5.0, tls: ManagementTlsContext | None = None,
+    def __init__(self, urls: Sequence[str], timeout: float = 5.0,
+                 tls: ManagementTlsContext | None = None,
                  observe: Callable[[str, float], None] | None = None) -> None:
-        self.url = url.rstrip("/")
+        if not urls:
+            raise ValueError("a Prometheus endpoint needs a URL")
+        self.urls = tuple(url.rstrip("/") for url in urls)
         self.timeout = timeout
-        self.tls = tls if self.url.lower().startswith("https:") else None
+        self.tls = tls
         self._observe = observe
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests = 0
         self.failures: dict[str, int] = {}
+        self.node_errors: list[ManagementError] = []  # the last call's nodes that failed
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._session
         if session is None or session.closed or self._loop is not loop:
             session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=2, keepalive_timeout=KEEPALIVE_SECONDS),
+                connector=aiohttp.TCPConnector(limit=2 * len(self.urls),
+                                               keepalive_timeout=KEEPALIVE_SECONDS),
                 timeout=aiohttp.ClientTimeout(total=self.timeout), raise_for_status=False)
             self._session, self._loop = session, loop
         return session
@@ -86,51 +94,78 @@ class PrometheusEndpoint:
         return f"/metrics/detailed?vhost={urllib.parse.quote(vhost, safe='')}{families}"
 
     async def vhost_samples(self, vhost: str) -> dict[str, ManagementSample]:
-        """The depth samples of ``vhost``'s queues the endpoint has figures for;
-        ``ManagementError`` (kinds as the management API's) says why not."""
+        """The depth samples of ``vhost``'s queues the nodes have figures for, merged
+        (``merged``); ``ManagementError`` (kinds as the management API's) when no node
+        answered: the first node's reason. A node that does not answer leaves out only the
+        queues it runs (counted in ``failures``, its error in ``node_errors``)."""
         self.requests += 1
         started = time.monotonic()
         try:
-            figures = await self._figures(vhost)
-        except ManagementError as exc:
-            self.failures[exc.kind] = self.failures.get(exc.kind, 0) + 1
-            raise
+            answers = await asyncio.gather(*(self._figures(url, vhost) for url in self.urls),
+                                           return_exceptions=True)
         finally:
             if self._observe is not None:
                 self._observe("prometheus", time.monotonic() - started)
+        pages: list[dict[str, QueueFigures]] = []
+        errors: list[ManagementError] = []
+        for answer in answers:
+            if isinstance(answer, ManagementError):
+                self.failures[answer.kind] = self.failures.get(answer.kind, 0) + 1
+                errors.append(answer)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                pages.append(answer)
+        self.node_errors = errors if pages else []
+        if not pages:
+            raise errors[0]
         out: dict[str, ManagementSample] = {}
-        for queue, found in figures.items():
+        for queue, found in merged(pages).items():
             sample = sample_of(found, started)
             if sample is not None:
                 out[queue] = sample
         return out
 
-    async def _figures(self, vhost: str) -> dict[str, QueueFigures]:
+    async def _figures(self, url: str, vhost: str) -> dict[str, QueueFigures]:
         path = self.path_for(vhost)
-        context: ssl.SSLContext | bool = self.tls.context if self.tls is not None else True
+        tls = self.tls if url.lower().startswith("https:") else None
+        context: ssl.SSLContext | bool = tls.context if tls is not None else True
         parser = ExpositionParser(QUEUE_METRICS)
         samples = []
         try:
-            async with self._client().get(self.url + path, ssl=context) as resp:
+            async with self._client().get(url + path, ssl=context) as resp:
                 if resp.status >= 400:
                     kind = "not_found" if resp.status == 404 else "http"
-                    raise ManagementError(kind, f"{self.url}{path}: HTTP {resp.status}",
+                    raise ManagementError(kind, f"{url}{path}: HTTP {resp.status}",
                                           resp.status)
                 async for chunk in resp.content.iter_chunked(CHUNK):
                     samples += parser.feed(chunk)
             samples += parser.close()
         except ExpositionError as exc:
-            raise ManagementError("bad_reply", f"{self.url}{path}: not the Prometheus "
+            raise ManagementError("bad_reply", f"{url}{path}: not the Prometheus "
                                   f"text format ({exc})") from None
         except TimeoutError:
-            raise ManagementError("timeout", f"{self.url}{path}: no answer in "
+            raise ManagementError("timeout", f"{url}{path}: no answer in "
                                   f"{self.timeout:g}s") from None
         except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError,
                 ssl.SSLError) as exc:
-            name = urllib.parse.urlsplit(self.url).hostname
-            ca = self.tls.settings.ca if self.tls is not None else None
-            raise ManagementError("tls", f"{self.url}: {explain(exc, name, ca)}") from None
+            name = urllib.parse.urlsplit(url).hostname
+            ca = tls.settings.ca if tls is not None else None
+            raise ManagementError("tls", f"{url}: {explain(exc, name, ca)}") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise ManagementError("unreachable", f"{self.url}: {type(exc).__name__}: "
+            raise ManagementError("unreachable", f"{url}: {type(exc).__name__}: "
                                   f"{exc}") from None
         return queue_figures(samples, vhost)
+
+
+def merged(pages: Sequence[dict[str, QueueFigures]]) -> dict[str, QueueFigures]:
+    """The nodes' figures as one: a queue's from the node with the most ready bytes (each
+    queue is reported by the node that runs it; should two report it, during a leader
+    change, the higher figure errs on the side of a trip)."""
+    out: dict[str, QueueFigures] = {}
+    for page in pages:
+        for queue, found in page.items():
+            had = out.get(queue)
+            if had is None or (found.ready_bytes or 0) > (had.ready_bytes or 0):
+                out[queue] = found
+    return out

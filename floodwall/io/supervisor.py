@@ -130,8 +130,8 @@ class FlowSupervisor(DepthProbes):
                                  settings.management_timeout, settings.management_tls,
                                  settings.management_connections,
                                  observe=self.stats.observe_management)
-        self.prometheus = None if not settings.prometheus_url else PrometheusEndpoint(
-            settings.prometheus_url, settings.management_timeout, settings.management_tls,
+        self.prometheus = None if not settings.prometheus_urls else PrometheusEndpoint(
+            settings.prometheus_urls, settings.management_timeout, settings.management_tls,
             observe=self.stats.observe_management)
         self.collector = FlowCollector(self.controller, self.enforcement.counters, self.stats,
                                        clock)

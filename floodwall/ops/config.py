@@ -374,8 +374,9 @@ class ProxySettings:
     admin: tuple[str, int] | None = None
     admin_limits: AdminLimits = AdminLimits()
     management_url: str | None = None
-    # The broker's Prometheus endpoint: queue depth when the management API has no figures
-    # (statistics off). None: the management host on DEFAULT_PROMETHEUS_PORT; "" off.
+    # The broker's Prometheus endpoints (a comma-separated list: one per node): queue depth
+    # when the management API has no figures (statistics off). None: each management host
+    # on DEFAULT_PROMETHEUS_PORT; "" off.
     prometheus_url: str | None = None
     # TLS (floodwall/io/tls.py builds the contexts). None: plain.
     upstream_tls: UpstreamTls | None = None
@@ -437,12 +438,14 @@ class ProxySettings:
         return tuple(urls)
 
     @property
-    def effective_prometheus_url(self) -> str | None:
-        """``prometheus_url``, else the (first) management URL's scheme and host on port
-        15692 (``DEFAULT_PROMETHEUS_PORT``); None when turned off (``--prometheus off``)."""
+    def effective_prometheus_urls(self) -> tuple[str, ...]:
+        """``prometheus_url`` (a comma-separated list: each node reports the queues it
+        runs), else each management URL's scheme and host on port 15692
+        (``DEFAULT_PROMETHEUS_PORT``); none when turned off (``--prometheus off``)."""
         if self.prometheus_url is not None:
-            return self.prometheus_url or None
-        return prometheus_url_of(self.effective_management_urls[0])
+            return tuple(url.strip() for url in self.prometheus_url.split(",") if url.strip())
+        return tuple(dict.fromkeys(prometheus_url_of(url)
+                                   for url in self.effective_management_urls))
 
     @property
     def effective_management_tls(self) -> ManagementTls:

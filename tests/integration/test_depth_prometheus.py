@@ -1,8 +1,8 @@
 """Depth without management statistics: a RabbitMQ 4.0 node with
 ``management_agent.disable_metrics_collector = true`` answers ``/api/queues`` with names only;
 floodwall reads the policed queue's ready bytes and messages from the broker's Prometheus
-endpoint instead (``/metrics/detailed``), says so in ``/state`` and a metric, and holds the
-cap although 600 KiB of large messages were published straight at the broker first (the
+endpoint instead (``/metrics/detailed``; of each node listed, one of them not answering),
+says so in ``/state`` and a metric, and holds the cap although 600 KiB of large messages were published straight at the broker first (the
 ledger's own message size would have counted them a tenth of what they are)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from floodwall.dev.devbroker import BrokerRelease, LocalBroker, rabbitmq4_root
+from floodwall.dev.devbroker import BrokerRelease, LocalBroker, free_port, rabbitmq4_root
 from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import FlowProxy, capped, direct_params, policy_file, unique
@@ -62,7 +62,9 @@ def test_depth_from_prometheus_when_statistics_are_off(stats_off: LocalBroker,
     policies = policy_file(tmp_path / "p.yaml", capped("nostats", queue, "1MiB", "512KiB"))
     proc = ProxyProcess(ep.upstream, tmp_path / "floodwall.log", [
         "--policies", str(policies), "--management", ep.management_url,
-        "--prometheus", f"http://127.0.0.1:{stats_off.prometheus_port}",
+        # Two nodes' endpoints, the first one's port closed: the other's figures serve.
+        "--prometheus", f"http://127.0.0.1:{free_port()},"
+                        f"http://127.0.0.1:{stats_off.prometheus_port}",
         "--management-interval", "1s"]).start()
     flow = FlowProxy(proc, policies)
     try:
@@ -77,6 +79,7 @@ def test_depth_from_prometheus_when_statistics_are_off(stats_off: LocalBroker,
         assert flow.metric("floodwall_queue_depth_source", queue=queue,
                            source="prometheus") == 1
         assert flow.metric("floodwall_prometheus_requests_total") >= 1
+        assert flow.log("prometheus_depth_failed"), "the closed node's failure not logged"
 
         most = {"bytes": 0}
         stop = threading.Event()
