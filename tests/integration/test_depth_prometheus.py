@@ -2,8 +2,9 @@
 ``management_agent.disable_metrics_collector = true`` answers ``/api/queues`` with names only;
 floodwall reads the policed queue's ready bytes and messages from the broker's Prometheus
 endpoint instead (``/metrics/detailed``; of each node listed, one of them not answering),
-says so in ``/state`` and a metric, and holds the cap although 600 KiB of large messages were published straight at the broker first (the
-ledger's own message size would have counted them a tenth of what they are)."""
+says so in ``/state`` and a metric, and holds the cap although 600 KiB of large messages
+were published straight at the broker first (the ledger's own message size would have
+counted them a tenth of what they are)."""
 
 from __future__ import annotations
 
