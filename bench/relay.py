@@ -781,10 +781,12 @@ def start_pump(upstream: str, workdir: Path, tls_args: list[str] | None = None
 
 #: HAProxy in TCP mode as a platform team runs it in front of a broker: one frontend, one
 #: server, no checks, no logging; ``nbthread`` set (floodwall and the pump run one event loop:
-#: ``--haproxy-threads 1`` is like for like, Debian's default is a thread per CPU).
+#: ``--haproxy-threads 1`` is like for like, Debian's default is a thread per CPU); ``maxconn``
+#: within a 20,000-descriptor limit (HAProxy needs two per connection and refuses to start
+#: when it cannot raise its limit to that).
 HAPROXY_CONFIG = """global
     nbthread {threads}
-    maxconn 20000
+    maxconn 9000
 defaults
     mode tcp
     timeout connect 5s
