@@ -18,7 +18,14 @@ from floodwall.dev.devbroker import BrokerRelease, rabbitmq4_root
 from floodwall.dev.devproxy import ProxyProcess
 from floodwall.dev.rabbitcluster import LocalCluster
 from tests.conftest import wait_for
-from tests.integration.support import FlowProxy, capped, direct_params, policy_file, unique
+from tests.integration.support import (
+    FlowProxy,
+    capped,
+    direct_params,
+    from_prometheus,
+    policy_file,
+    unique,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -76,12 +83,8 @@ def test_a_queue_on_another_node_is_read_from_that_nodes_endpoint(
             "--management-interval", "1s"]).start()
         flow = FlowProxy(proc, policies)
         try:
-            def from_prometheus() -> object:
-                q = flow.queue_state(queue)
-                return q is not None and q["depth"]["source"] == "prometheus" \
-                    and q["depth"]["broker"] is not None \
-                    and q["depth"]["broker"]["bytes"] >= DIRECT * 10 * KIB
-            wait_for(from_prometheus, 60, 0.1, "the queue's depth from its node's endpoint")
+            wait_for(lambda: from_prometheus(flow, queue, DIRECT * 10 * KIB), 60, 0.1,
+                     "the queue's depth from its node's endpoint")
             assert flow.metric("floodwall_prometheus_errors_total") == 0, json.dumps(
                 flow.queue_state(queue))
         finally:

@@ -548,3 +548,11 @@ class DepthWatch(threading.Thread):
         self.join(10)
         if self.error is not None:
             raise AssertionError(f"depth watch failed: {self.error!r}") from self.error
+
+
+def from_prometheus(flow: FlowProxy, queue: str, at_least: int) -> bool:
+    """Whether ``/state`` says ``queue``'s broker figures come from a Prometheus endpoint,
+    with at least ``at_least`` bytes ready."""
+    q = flow.queue_state(queue)
+    return q is not None and q["depth"]["source"] == "prometheus" \
+        and q["depth"]["broker"] is not None and q["depth"]["broker"]["bytes"] >= at_least

@@ -20,7 +20,14 @@ import pytest
 from floodwall.dev.devbroker import BrokerRelease, LocalBroker, free_port, rabbitmq4_root
 from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
-from tests.integration.support import FlowProxy, capped, direct_params, policy_file, unique
+from tests.integration.support import (
+    FlowProxy,
+    capped,
+    direct_params,
+    from_prometheus,
+    policy_file,
+    unique,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -69,11 +76,8 @@ def test_depth_from_prometheus_when_statistics_are_off(stats_off: LocalBroker,
         "--management-interval", "1s"]).start()
     flow = FlowProxy(proc, policies)
     try:
-        def source() -> object:
-            q = flow.queue_state(queue)
-            return q is not None and q["depth"]["source"] == "prometheus" \
-                and q["depth"]["broker"] is not None and q["depth"]["broker"]["bytes"] > 0
-        wait_for(source, 60, 0.1, "the queue's depth from the Prometheus endpoint")
+        wait_for(lambda: from_prometheus(flow, queue, 1), 60, 0.1,
+                 "the queue's depth from the Prometheus endpoint")
         state = flow.queue_state(queue)
         assert state is not None
         assert state["depth"]["broker"]["bytes"] >= DIRECT * 10 * KIB
