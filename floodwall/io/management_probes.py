@@ -174,13 +174,13 @@ class ManagementProbes:
         if self.prometheus is not None:
             for vhost in sorted({k[0] for k in keys}):
                 try:
-                    samples = await self.prometheus.vhost_samples(vhost)
+                    samples, silent = await self.prometheus.vhost_samples(vhost)
                 except ManagementError as exc:
                     self._prometheus_failed(exc)
                     continue
                 finally:
                     self.stats.prometheus_requests = self.prometheus.requests
-                for error in self.prometheus.node_errors:  # the others answered
+                for error in silent:  # nodes that did not answer; the others did
                     self._prometheus_failed(error, every_node=False)
                 found.update(((vhost, q), s) for q, s in samples.items())
         now = self.clock()

@@ -70,8 +70,6 @@ class PrometheusEndpoint:
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests = 0
-        self.failures: dict[str, int] = {}
-        self.node_errors: list[ManagementError] = []  # the last call's nodes that failed
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -93,11 +91,12 @@ class PrometheusEndpoint:
         families = "".join(f"&family={f}" for f in FAMILIES)
         return f"/metrics/detailed?vhost={urllib.parse.quote(vhost, safe='')}{families}"
 
-    async def vhost_samples(self, vhost: str) -> dict[str, ManagementSample]:
+    async def vhost_samples(self, vhost: str
+                            ) -> tuple[dict[str, ManagementSample], list[ManagementError]]:
         """The depth samples of ``vhost``'s queues the nodes have figures for, merged
-        (``merged``); ``ManagementError`` (kinds as the management API's) when no node
-        answered: the first node's reason. A node that does not answer leaves out only the
-        queues it runs (counted in ``failures``, its error in ``node_errors``)."""
+        (``merged``), and why the nodes that did not answer did not (each leaves out only
+        the queues it runs); ``ManagementError`` (kinds as the management API's) when no
+        node answered: the first node's reason."""
         self.requests += 1
         started = time.monotonic()
         try:
@@ -110,13 +109,11 @@ class PrometheusEndpoint:
         errors: list[ManagementError] = []
         for answer in answers:
             if isinstance(answer, ManagementError):
-                self.failures[answer.kind] = self.failures.get(answer.kind, 0) + 1
                 errors.append(answer)
             elif isinstance(answer, BaseException):
                 raise answer
             else:
                 pages.append(answer)
-        self.node_errors = errors if pages else []
         if not pages:
             raise errors[0]
         out: dict[str, ManagementSample] = {}
@@ -124,7 +121,7 @@ class PrometheusEndpoint:
             sample = sample_of(found, started)
             if sample is not None:
                 out[queue] = sample
-        return out
+        return out, errors
 
     async def _figures(self, url: str, vhost: str) -> dict[str, QueueFigures]:
         path = self.path_for(vhost)
