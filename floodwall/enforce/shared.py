@@ -34,6 +34,49 @@ class Enforcement:
         return self.spool is not None
 
 
+class GateContext:
+    """What the parts of one connection's gate share: the process' enforcement, the
+    connection's id, vhost and hold budget, and the outbox (``floodwall.enforce.commands``):
+    what the gate made since ``take_output`` last emptied it, in order.
+
+    The gate and each part it owns (holding, refusals, runs, shadow, ...) keep a reference to
+    the one context; ``outbox`` is one list for the connection's life (``take_output`` empties
+    it in place), so a part may keep it too."""
+
+    __slots__ = (
+        "conn_id",
+        "controller",
+        "counters",
+        "hold_budget",
+        "outbox",
+        "shared",
+        "spool",
+        "vhost",
+    )
+
+    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int) -> None:
+        self.controller = shared.controller
+        self.counters = shared.counters
+        self.spool = shared.spool
+        self.shared = shared  # (its memory budget is set after the gates exist)
+        self.conn_id = conn_id
+        self.hold_budget = hold_budget
+        self.vhost = "/"
+        self.outbox: Outbox = []
+
+    def take_output(self) -> Outbox:
+        """What the gate made since the last call, in order; the outbox is empty after."""
+        out = self.outbox.copy()
+        self.outbox.clear()
+        return out
+
+    def to_server(self, data: bytes) -> None:
+        self.outbox.append(ToServer(data))
+
+    def to_client(self, data: bytes) -> None:
+        self.outbox.append(ToClient(data))
+
+
 class GateBase:
     """What every connection's gate has: the process' shared parts, its connection and
     vhost, and its outbox (``floodwall.enforce.commands``): what it made since
