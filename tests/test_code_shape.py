@@ -25,9 +25,6 @@ MAX_PROJECT_BASES = 2
 #: than the rule allows: to be recomposed as parts the gate owns. A class leaves this list
 #: when it is no longer deeper; none joins it.
 CHAINS_BEING_TAKEN_APART = {
-    "floodwall.enforce.amqp091.gate.PublishFlow": 5,
-    "floodwall.enforce.amqp091.runs.PublishRuns": 4,
-    "floodwall.enforce.amqp091.refusals.Refusing": 3,
     "floodwall.enforce.amqp10.gate.CreditFlow": 5,
     "floodwall.enforce.amqp10.runs.TransferRuns": 4,
     "floodwall.enforce.amqp10.credit.LinkCredit": 3,

@@ -44,6 +44,52 @@ CLOSING_PHASES: Final = frozenset({ChannelPhase.CLOSE_OKS_DUE, ChannelPhase.BROK
                                    ChannelPhase.CLIENT_CLOSE_OK_DUE})
 
 
+class PublishPhase(Enum):
+    """Where a 0-9-1 channel stands in its publishes' content, as its gate reads it: what its
+    next content frame is to the gate."""
+
+    READY = "ready"  # between publishes: a publish's content passes in place with it
+    AWAITING_HEADER = "awaiting header"  # a publish's method came alone: its header decides it
+    FILLING = "filling"  # a held (or spool-captured) publish's body arrives: it joins it
+    DISCARDING = "discarding"  # a refused publish's body arrives: dropped
+
+
+class PublishInput(Enum):
+    """What moves a channel's publish phase."""
+
+    METHOD_ALONE = "a basic.publish without its content header in the read"
+    HEADER_CAME = "the awaited content header"
+    TAKEN = "held or captured, its body still to come"
+    DROPPED = "refused (or its channel closing), its body still to come"
+    CONTENT_DONE = "the last body frame of the publish filled or dropped"
+    RELEASED = "the publish filling is let go: the rest of its body passes in place"
+    PROXY_CLOSES = "the proxy closes the channel: what is still to come of a body is dropped"
+
+
+_P, _PI = PublishPhase, PublishInput
+PUBLISH_PHASES: Final[dict[tuple[PublishPhase, PublishInput], PublishPhase]] = {
+    (_P.READY, _PI.METHOD_ALONE): _P.AWAITING_HEADER,
+    (_P.AWAITING_HEADER, _PI.HEADER_CAME): _P.READY,  # and is decided there
+    (_P.READY, _PI.TAKEN): _P.FILLING,
+    (_P.READY, _PI.DROPPED): _P.DISCARDING,
+    (_P.FILLING, _PI.CONTENT_DONE): _P.READY,
+    (_P.DISCARDING, _PI.CONTENT_DONE): _P.READY,
+    (_P.FILLING, _PI.RELEASED): _P.READY,
+    (_P.FILLING, _PI.PROXY_CLOSES): _P.DISCARDING,
+    **{(phase, _PI.PROXY_CLOSES): phase
+       for phase in (_P.READY, _P.AWAITING_HEADER, _P.DISCARDING)},
+}
+"""A publish is decided when its content header is in: it passes (the channel stays READY), is
+held or captured for the spool while its body comes (FILLING) or is refused and its body
+dropped (DISCARDING); a publish with no body, or held whole, leaves the channel READY. The
+core's scanner keeps a content's frames in order (a method amid a body is a 505 there), so no
+other pair can occur; one that does is a fault of the gate's, not of the client's.
+
+Orthogonal to it: whether the channel holds frames (``ChannelFlow.held``: every frame but
+``PASS_WHILE_HELD`` waits behind them) and its lifecycle (``CHANNEL_PHASES``). A channel is on
+the core's fast path (``ChannelFlow.on_fast_path``) when it is READY, OPEN and holds nothing."""
+
+
 class LinkPhase(Enum):
     """A 1.0 sender link's phase in its credit gate."""
 
@@ -93,8 +139,8 @@ drops its frames and absorbs both peers' detaches, then is forgotten."""
 DETACHING_PHASES: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.BROKER_DETACH_DUE,
                                      LinkPhase.CLIENT_DETACH_DUE, LinkPhase.GONE})
 
-P = TypeVar("P", ChannelPhase, LinkPhase)
-I = TypeVar("I", ChannelInput, LinkInput)  # noqa: E741
+P = TypeVar("P", ChannelPhase, PublishPhase, LinkPhase)
+I = TypeVar("I", ChannelInput, PublishInput, LinkInput)  # noqa: E741
 
 
 def step(table: dict[tuple[P, I], P], phase: P, event: I) -> P | None:

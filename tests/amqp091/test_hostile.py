@@ -258,7 +258,7 @@ def test_a_capture_counts_as_held_until_it_is_spooled(tmp_path: Path, one_byte: 
 
 def test_a_capture_larger_than_the_hold_budget_is_held(tmp_path: Path) -> None:
     s, _ = spool_setup(tmp_path, max_bytes="64MiB")
-    s.gate.hold_budget = 256 * 1024
+    s.gate.ctx.hold_budget = 256 * 1024
     s.core.receive_from_client(announce("capped", 300_000), s.clock.t)
     (why,) = fell_back(s)
     assert "does not fit the connection's hold budget (262144 bytes, 0 held)" in why.reason
@@ -271,14 +271,42 @@ def test_a_capture_that_does_not_fit_the_memory_budget_is_held(tmp_path: Path) -
     s.core.receive_from_client(announce("capped", 900 * 1024), s.clock.t)
     (why,) = fell_back(s)
     assert "does not fit the memory budget (1048576 bytes, 0 held)" in why.reason
+    chunk = frame.marshal(pamqp_body.ContentBody(b"m" * 100 * 1024), 1)
+    s.core.receive_from_client(chunk * 9, s.clock.t)  # its body, held as it comes
+    assert s.core.failure is None and s.gate.held_bytes > 900 * 1024
     s.core.receive_from_client(announce("capped", 500 * 1024), s.clock.t)
-    assert not fell_back(s)  # (behind the held one on its channel, but captured: it fits)
+    assert s.core.failure is None
+    assert not fell_back(s)  # behind the held one on its channel: held, never captured
+    assert s.counters.held_messages == 2
+
+
+@BYTES
+@pytest.mark.parametrize("amid", ["publish", "ack", "header"])
+def test_a_frame_amid_a_held_publishs_content_is_refused_505(tmp_path: Path, one_byte: bool,
+                                                             amid: str) -> None:
+    """A held publish's body is due on its channel: any other frame there breaks the spec's
+    content order. The proxy answers it as the broker would (505), relays once what came
+    before it, and keeps nothing."""
+    s, _ = spool_setup(tmp_path, max_bytes="64MiB")
+    s.board.enforcement.memory = MemoryBudget(1 << 20)
+    s.core.receive_from_client(announce("capped", 900 * 1024), s.clock.t)  # held, body due
+    assert fell_back(s) and s.core.failure is None
+    before = s.core.data_for_server()
+    wrong = {"publish": announce("capped", 10),
+             "ack": method(B.Ack(delivery_tag=1), 1),
+             "header": frame.marshal(header.ContentHeader(0, 10, B.Properties()), 1)}[amid]
+    free = b"".join(publish(2, b"f" * 10, "free"))  # another channel's: it goes, once
+    fed(s.core, free + wrong + free, one_byte)
+    failure = s.core.failure
+    assert failure is not None and failure.condition == "505 UNEXPECTED_FRAME"
+    assert "on channel 1 while its publish's content body is due" in failure.reason
+    assert before + s.core.data_for_server() == free
 
 
 def test_a_capture_that_outgrows_the_hold_budget_in_tiny_frames_becomes_a_hold(
         tmp_path: Path) -> None:
     s, manager = spool_setup(tmp_path, max_bytes="64MiB")
-    s.gate.hold_budget = 64 * 1024
+    s.gate.ctx.hold_budget = 64 * 1024
     s.core.receive_from_client(announce("capped", 32 * 1024), s.clock.t)
     assert not fell_back(s)
     tiny = frame.marshal(pamqp_body.ContentBody(b"t"), 1)  # 9 bytes a body byte

@@ -250,7 +250,7 @@ def _setup(runs: bool, policies: str | None = None, overflow: str = "hold",
         return s, record_calls(s.gate, "on_publish_run")
     s.gate.publish_run = lambda *a: None  # type: ignore[method-assign]
     s.gate.hold_run = lambda *a: None  # type: ignore[method-assign]
-    s.gate._release_run = lambda *a: False  # type: ignore[method-assign]
+    s.gate.held.release_run = lambda *a: False  # type: ignore[method-assign]
     return s, []
 
 
@@ -376,7 +376,7 @@ def test_no_run_while_something_could_change_a_decision(condition: str) -> None:
         s.trip()
         s.core.receive_from_client(b"".join(publish_frames(2, "capped", 10))
                                    + method(C.Close(200, "bye", 0, 0)), s.clock.t)
-        assert s.gate.held_bytes and s.gate._connection_close is not None
+        assert s.gate.held_bytes and s.gate.held.connection_close is not None
     elif condition == "headers":
         data = b"".join(f for _ in range(5) for f in publish_frames(
             1, "free", 10, props=B.Properties(headers={"a": 1})))
@@ -384,7 +384,7 @@ def test_no_run_while_something_could_change_a_decision(condition: str) -> None:
         s.sample("capped2", 5000)
         assert s.fc.trips.shadow and not s.fc.tripped
     else:  # a Channel.Flow of ours awaits its flow-ok on the channel
-        s.gate.channel(1).flow_replies = 1
+        s.gate.held.channel(1).flow_replies = 1
     s.core.receive_from_client(data, s.clock.t)
     assert not runs
     assert s.core.data_for_server().endswith(data)
@@ -538,7 +538,7 @@ def test_no_held_run_where_a_publish_could_be_decided_otherwise(condition: str) 
         s.sample("capped2", 5000)
         assert s.fc.trips.shadow
     if condition == "budget":
-        s.gate.hold_budget = 50
+        s.gate.ctx.hold_budget = 50
     s.core.receive_from_client(_sent(("send", [(1, "capped", 90, 10, props)])), s.clock.t)
     assert not any(ends for *_, ends, _ in held_runs)  # (the first one's body: at most)
     if condition != "reject":
@@ -556,13 +556,13 @@ def test_held_publishes_leave_in_runs_as_far_as_they_would_one_at_a_time() -> No
         ("count", "capped", 0), ("sample", "capped", 0), ("ack", 1)]
     a, _ = _setup(runs=True)
     released = [0]
-    run = a.gate._release_run
+    run = a.gate.held.release_run
 
     def counted(*args: Any) -> bool:
         went: bool = run(*args)
         released[0] += went
         return went
-    a.gate._release_run = counted  # type: ignore[method-assign]
+    a.gate.held.release_run = counted  # type: ignore[method-assign]
     b, _ = _setup(runs=False)
     for step in steps:
         _both(a, b, step)

@@ -128,7 +128,7 @@ def test_a_capture_counts_as_held_until_it_is_spooled(tmp_path: Path) -> None:
 
 def test_a_capture_past_the_hold_budget_is_rejected(tmp_path: Path) -> None:
     s = spooling(tmp_path)
-    s.gate.hold_budget = 16 * 1024
+    s.gate.ctx.hold_budget = 16 * 1024
     s.client(big_delivery(0, message(30_000), 8192))
     _, to_client = s.take()
     assert "does not fit the connection's hold budget (16384 bytes, 16384 held)" in \

@@ -10,15 +10,19 @@ from floodwall.enforce.states import (
     CLOSING_PHASES,
     DETACHING_PHASES,
     LINK_PHASES,
+    PUBLISH_PHASES,
     ChannelInput,
     ChannelPhase,
     LinkInput,
     LinkPhase,
+    PublishInput,
+    PublishPhase,
     step,
 )
 
 C, CI = ChannelPhase, ChannelInput
 L, LI = LinkPhase, LinkInput
+P, PI = PublishPhase, PublishInput
 
 CHANNEL_EXPECTED = {
     (C.OPEN, CI.PROXY_CLOSES): C.CLOSE_OKS_DUE,
@@ -26,6 +30,20 @@ CHANNEL_EXPECTED = {
     (C.CLOSE_OKS_DUE, CI.BROKER_CLOSE_OK): C.CLIENT_CLOSE_OK_DUE,
     (C.BROKER_CLOSE_OK_DUE, CI.BROKER_CLOSE_OK): C.GONE,
     (C.CLIENT_CLOSE_OK_DUE, CI.CLIENT_CLOSE_OK): C.GONE,
+}
+
+PUBLISH_EXPECTED = {
+    (P.READY, PI.METHOD_ALONE): P.AWAITING_HEADER,
+    (P.READY, PI.TAKEN): P.FILLING,
+    (P.READY, PI.DROPPED): P.DISCARDING,
+    (P.READY, PI.PROXY_CLOSES): P.READY,
+    (P.AWAITING_HEADER, PI.HEADER_CAME): P.READY,
+    (P.AWAITING_HEADER, PI.PROXY_CLOSES): P.AWAITING_HEADER,
+    (P.FILLING, PI.CONTENT_DONE): P.READY,
+    (P.FILLING, PI.RELEASED): P.READY,
+    (P.FILLING, PI.PROXY_CLOSES): P.DISCARDING,
+    (P.DISCARDING, PI.CONTENT_DONE): P.READY,
+    (P.DISCARDING, PI.PROXY_CLOSES): P.DISCARDING,
 }
 
 LINK_EXPECTED = {
@@ -56,6 +74,19 @@ def test_every_channel_pair_moves_as_expected_or_is_not_taken() -> None:
     assert CHANNEL_PHASES == CHANNEL_EXPECTED
 
 
+def test_every_publish_pair_moves_as_expected_or_is_not_taken() -> None:
+    for phase, event in itertools.product(PublishPhase, PublishInput):
+        assert step(PUBLISH_PHASES, phase, event) == PUBLISH_EXPECTED.get((phase, event)), (
+            phase, event)
+    assert PUBLISH_PHASES == PUBLISH_EXPECTED
+
+
+def test_a_publish_phase_returns_to_ready_from_every_phase() -> None:
+    # no phase a channel can reach keeps it off the fast path for good
+    for phase in PublishPhase:
+        assert P.READY in _reachable(PUBLISH_PHASES, phase)
+
+
 def test_every_link_pair_moves_as_expected_or_is_not_taken() -> None:
     for phase, event in itertools.product(LinkPhase, LinkInput):
         assert step(LINK_PHASES, phase, event) == LINK_EXPECTED.get((phase, event)), (
@@ -77,6 +108,7 @@ def _reachable(table: dict[tuple[object, object], object], start: object) -> set
 def test_every_phase_is_reachable_and_gone_is_final() -> None:
     assert _reachable(CHANNEL_PHASES, C.OPEN) == set(ChannelPhase)
     assert _reachable(LINK_PHASES, L.OPEN) == set(LinkPhase)
+    assert _reachable(PUBLISH_PHASES, P.READY) == set(PublishPhase)
     assert not any(src is C.GONE for src, _ in CHANNEL_PHASES)
     assert not any(src is L.GONE for src, _ in LINK_PHASES)
 

@@ -34,6 +34,7 @@ from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import PolicyError, PolicySet, parse_policies, render_policies
 from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.states import PublishPhase
 from floodwall.spool.log import SpoolError
 from floodwall.spool.records import MAGIC, RecordError, SpoolRecord, decode_at
 from floodwall.wire.amqp091.connection import Connection as Connection091
@@ -239,6 +240,12 @@ def _bounded_091(core: Connection091, gate: PublishFlow, world: Policed) -> None
                              f"frame limit is {limit}")
     counted = 0
     for ch in gate.channels.values():
+        phase = {PublishPhase.AWAITING_HEADER: ch.awaiting is not None,
+                 PublishPhase.FILLING: ch.filling is not None,
+                 PublishPhase.DISCARDING: ch.discard_content > 0}
+        if any(phase.values()) is (ch.publish is PublishPhase.READY) \
+                or (ch.publish is not PublishPhase.READY and not phase[ch.publish]):
+            raise RuleBroken(f"channel {ch.channel} is {ch.publish.value} with {phase}")
         item = ch.filling
         if item is not None and item.spool_to is not None:
             room = world.spool_limit(item.spool_to)

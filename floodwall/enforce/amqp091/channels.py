@@ -16,7 +16,10 @@ from floodwall.enforce import events as ev
 from floodwall.enforce.shadow import ShadowHold
 from floodwall.enforce.states import (
     CLOSING_PHASES,
+    PUBLISH_PHASES,
     ChannelPhase,
+    PublishInput,
+    PublishPhase,
 )
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, frame_at
 from floodwall.wire.amqp091.runs import HEADERS_FLAG
@@ -141,14 +144,19 @@ class ConfirmNumbers:
 
 @dataclass(slots=True)
 class ChannelFlow:
-    """One channel's publish state."""
+    """One channel's publish state: its phases (``enforce.states``: its publishes' content,
+    ``publish``; its lifecycle, ``phase``) with what each phase is about (the publish
+    ``awaiting`` its header, the one ``filling``, the body bytes ``discard_content`` drops), the
+    frames it ``held``, its confirm numbers and its Channel.Flow of ours."""
 
     channel: int
+    publish: PublishPhase = PublishPhase.READY
+    phase: ChannelPhase = ChannelPhase.OPEN
     held: deque[HeldItem] = field(default_factory=deque)
     held_bytes: int = 0
-    filling: HeldPublish | None = None  # held publish whose content is still arriving
-    awaiting: tuple[Publish, bytes] | None = None  # publish waiting for its content header
-    discard_content: int = 0  # body bytes still to drop (a refused publish's content)
+    filling: HeldPublish | None = None  # FILLING: the held or captured publish
+    awaiting: tuple[Publish, bytes] | None = None  # AWAITING_HEADER: the publish, its method
+    discard_content: int = 0  # DISCARDING: body bytes still to drop
     confirms: ConfirmNumbers | None = None
     transactional: bool = False  # tx.select seen: its publishes are never spooled
     spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
@@ -156,11 +164,19 @@ class ChannelFlow:
     not_spooled_reported: bool = False
     signalled_off: bool = False  # we sent channel.flow(active=false)
     flow_replies: int = 0  # replies to injected channel.flow still to absorb
-    phase: ChannelPhase = ChannelPhase.OPEN  # see floodwall.enforce.states
     reopen: list[bytes] = field(default_factory=list)  # client frames after its close-ok
     shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
     # The arguments of its last basic.publish as they came, and what they say (gate.py).
     last_publish: tuple[bytes, Publish] | None = None
+
+    def move(self, event: PublishInput) -> None:
+        """Step the publish phase (``PUBLISH_PHASES``); a pair the table does not hold is the
+        gate's own fault (the core keeps content in order) and raises."""
+        after = PUBLISH_PHASES.get((self.publish, event))
+        if after is None:
+            raise RuntimeError(f"channel {self.channel}: a {self.publish.value} channel "
+                               f"takes no {event.name}")
+        self.publish = after
 
     @property
     def closing_by_proxy(self) -> bool:
@@ -170,12 +186,22 @@ class ChannelFlow:
 
     @property
     def holding(self) -> bool:
+        """Frames wait at the proxy, or a publish's body is gathered here."""
         return bool(self.held) or self.filling is not None
 
     @property
-    def needs_every_frame(self) -> bool:
-        return (bool(self.held) or self.filling is not None or self.awaiting is not None
-                or self.discard_content > 0 or self.closing_by_proxy)
+    def on_fast_path(self) -> bool:
+        """The core may pass the channel's frames on its scan without showing them to the gate:
+        it is open, between publishes and holds nothing (``HeldChannels.slow_channels``)."""
+        return (self.publish is PublishPhase.READY and not self.held
+                and self.phase is ChannelPhase.OPEN)
+
+    @property
+    def may_run(self) -> bool:
+        """Its next publishes may be booked as a run (``enforce.amqp091.runs``): on the fast
+        path, no Channel.Flow of ours in force or unanswered, no would-be (shadow) hold."""
+        return (self.on_fast_path and not self.flow_replies and not self.signalled_off
+                and not self.shadow.on)
 
 
 def headers_of(header_frame: Buffer) -> dict[str, object] | None:

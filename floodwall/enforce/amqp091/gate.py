@@ -18,11 +18,11 @@ that needs the time takes ``now``. The core moves the outbox into its outgoing d
 
 from __future__ import annotations
 
+from typing import Final
+
 from pamqp import commands
 
 from floodwall.control.controller import QueueKey
-from floodwall.control.policy import Fsync
-from floodwall.enforce import events as ev
 from floodwall.enforce.amqp091.channels import (
     BODY_SIZE,
     DEFAULT_HOLD_BUDGET,
@@ -35,36 +35,123 @@ from floodwall.enforce.amqp091.channels import (
     headers_of,
     parse_publish,
 )
+from floodwall.enforce.amqp091.holding import HeldChannels
+from floodwall.enforce.amqp091.refusals import Refusals
 from floodwall.enforce.amqp091.runs import PublishRuns
-from floodwall.enforce.capture import capture_refusal
+from floodwall.enforce.amqp091.spooling import Spooling
+from floodwall.enforce.commands import Outbox
 from floodwall.enforce.decision import (
     PASS,
     Decision,
-    Unspoolable,
     Verdict,
     decide,
 )
-from floodwall.enforce.ports import SpoolRefused
+from floodwall.enforce.shadow import ShadowRecorder
+from floodwall.enforce.shared import Enforcement, GateContext
 from floodwall.enforce.states import (
     ChannelInput,
     ChannelPhase,
+    PublishInput,
+    PublishPhase,
 )
-from floodwall.spool.records import SpoolRecord
+from floodwall.wire.amqp091.errors import UnexpectedFrame
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer, encode_method, frame_at
 from floodwall.wire.amqp091.runs import HEADERS_FLAG
 
 _B = commands.Basic
 _CH = commands.Channel
+_NOTHING: frozenset[QueueKey] = frozenset()
 
 
-class PublishFlow(PublishRuns):
+class PublishFlow:
     """The gate for one connection's publishes; asked by its ``amqp091.Connection``
     (``floodwall.wire.amqp091.hooks.PublishHooks``), released and expired by the I/O layer.
 
-    What it makes goes to ``outbox`` (``take_output`` empties it): frames for either peer in
-    the order they must leave, ``ForgetChannel``, and typed events.
+    It decides each publish and owns the parts that act on the decisions, each handed the
+    one ``GateContext`` (the process' enforcement, the connection, the outbox): the channel
+    table and what it holds (``HeldChannels``), refusals (``Refusals``), runs
+    (``PublishRuns``), the spool (``Spooling``, with ``--spool-dir``) and shadow mode
+    (``ShadowRecorder``). What it makes goes to ``outbox`` (``take_output`` empties it): frames
+    for either peer in the order they must leave, ``ForgetChannel``, and typed events.
     """
 
+    def __init__(self, shared: Enforcement, conn_id: int,
+                 hold_budget: int = DEFAULT_HOLD_BUDGET) -> None:
+        ctx = self.ctx = GateContext(shared, conn_id, hold_budget)
+        self.controller = ctx.controller
+        self.counters = ctx.counters
+        self.outbox: Outbox = ctx.outbox
+        held = self.held = HeldChannels(ctx)
+        self.channels = held.channels
+        self.refusals = Refusals(ctx, held)
+        self.runs = PublishRuns(ctx, held)
+        self.spooling = None if ctx.spool is None else Spooling(ctx, held, ctx.spool)
+        self.shadow = ShadowRecorder(ctx)
+        # The hooks the core calls for a run of publishes, or per content frame of a held
+        # channel, are the parts' own methods, bound once here (no delegating call each).
+        self.publish_run = self.runs.publish_run
+        self.on_publish_run = self.runs.on_publish_run
+        self.hold_run = self.runs.hold_run
+        self.on_hold_run = self.runs.on_hold_run
+        self.channel_released = held.channel_released
+        self.expire = self.refusals.expire
+        self.on_broker_close_ok = self.refusals.on_broker_close_ok
+        self.on_channel_gone = held.on_channel_gone
+        self.client_identified = held.client_identified
+
+    # -- what the I/O layer and the core ask ------------------------------------------------
+    def take_output(self) -> Outbox:
+        """What the gate made since the last call, in order; the outbox is empty after."""
+        return self.ctx.take_output()
+
+    def vhost_opened(self, vhost: str) -> None:
+        self.ctx.vhost = vhost
+
+    @property
+    def vhost(self) -> str:
+        return self.ctx.vhost
+
+    @property
+    def hold_budget(self) -> int:
+        return self.ctx.hold_budget
+
+    @property
+    def slow_channels(self) -> frozenset[int]:
+        return self.held.slow_channels
+
+    @property
+    def held_bytes(self) -> int:
+        return self.held.held_bytes
+
+    @property
+    def holding(self) -> bool:
+        return self.held.holding
+
+    @property
+    def over_budget(self) -> bool:
+        return self.held.over_budget
+
+    @property
+    def waiting_for_lookup(self) -> bool:
+        return self.held.waiting_for_lookup
+
+    @property
+    def may_signal(self) -> bool:
+        return self.held.may_signal
+
+    def channel_admitted(self, channel: int, now: float) -> None:
+        """The controller: a held queue this channel waits on has tokens
+        (``floodwall.control.admission``): held publishes go while it admits them; the
+        channel stays blocked (no Channel.Flow, its hold goes on)."""
+        self.held.channel_released(channel, now)
+
+    def spool_durable(self, durable: dict[QueueKey, int]) -> None:
+        """The spool synced: ack spooled publishes that are now durable."""
+        if self.spooling is not None:
+            self.spooling.spool_durable(durable)
+
+    def close(self) -> None:
+        self.held.close()
 
     # -- client frames -----------------------------------------------------------------
     def on_publish(self, channel: int, buf: Buffer, offset: int, end: int,
@@ -76,13 +163,15 @@ class PublishFlow(PublishRuns):
         queues), else how far the gate took frames from ``buf`` (held, refused, or the
         method alone while it waits for a header that is not there yet).
         """
-        ch = self.channel(channel)
+        ch = self.held.channel(channel)
+        if ch.publish is not PublishPhase.READY:
+            raise _amid_content(ch, "basic.publish", offset)
         pub = _publish_of(ch, buf, offset, end)
         if ch.confirms is not None:
             ch.confirms.client_seq += 1
         if header_end is None or ch.closing_by_proxy:
             ch.awaiting = (pub, bytes(buf[offset:end]))
-            self._maybe_slow = True
+            self.held.move(ch, PublishInput.METHOD_ALONE)
             return end
         took = self._decide(ch, pub, None, buf, offset, end, header_end, now)
         return header_end if took else None
@@ -96,36 +185,40 @@ class PublishFlow(PublishRuns):
         header), else None: the method frame is ``buf[offset:header_offset]``.
         """
         _, _, body_size, flags = BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)
-        if ch.closing_by_proxy:
-            ch.discard_content = body_size
-            self._maybe_slow = True
+        if ch.closing_by_proxy:  # its content is dropped, as the channel's every frame
+            if body_size:
+                ch.discard_content = body_size
+                self.held.move(ch, PublishInput.DROPPED)
             return True
         controller = self.controller
+        vhost = self.ctx.vhost
         headers = headers_of(buf[header_offset:header_end]) if flags & HEADERS_FLAG else None
-        queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key, headers)
-        blocking = controller.blocking(self.vhost, queues)
+        queues = controller.destinations(vhost, pub.exchange, pub.routing_key, headers)
+        blocking = controller.blocking(vhost, queues)
         # Routed somewhere the model knows (the common case): no lookup can be needed.
         lookup = None if (queues and (pub.exchange or pub.routing_key in queues)) else \
-            controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues, now)
+            controller.lookup_for(vhost, pub.exchange, pub.routing_key, queues, now)
         if lookup is not None:  # the model does not know where it lands: ask first
             blocking = blocking | {lookup}
         would = self._shadow_wait(ch, queues)
-        decision = PASS if not blocking and not would and self.spool is None \
+        spooling = self.spooling
+        decision = PASS if not blocking and not would and spooling is None \
             and not ch.holding else self._verdict(ch, pub, queues, blocking, lookup, would)
         verdict = decision.verdict
         if verdict is Verdict.PASS:
-            controller.forwarded(self.vhost, queues, body_size, now)
+            controller.forwarded(vhost, queues, body_size, now)
             if ch.confirms is not None:
                 ch.confirms.forwarded()
             if method_bytes is not None:  # it waited for its header: it goes first
-                self._to_server(method_bytes)
+                self.ctx.to_server(method_bytes)
             return False
         if verdict is Verdict.REJECT:
-            self._refuse(ch, blocking, body_size, "over capacity (overflow: reject)")
+            self.refusals.refuse(ch, blocking, body_size, "over capacity (overflow: reject)")
             self.counters.rejects += 1
             return True
         if decision.not_spooled is not None:
-            self._not_spooled(ch, queues, decision.not_spooled)
+            assert spooling is not None
+            spooling.not_spooled(ch, queues, decision.not_spooled)
         if method_bytes is None:
             method_bytes = bytes(buf[offset:header_offset])
         header = bytes(buf[header_offset:header_end])
@@ -133,14 +226,15 @@ class PublishFlow(PublishRuns):
                            ch.confirms.client_seq if ch.confirms is not None else 0,
                            decision.spool_to, controller.generation)
         if verdict is Verdict.SPOOL:
+            assert spooling is not None
             if item.complete:
-                self._spool(ch, item, blocking, now)
+                spooling.spool(ch, item, blocking, now)
             else:
-                self._capture(ch, item, blocking, now)
+                spooling.capture(ch, item, blocking, now)
             return True
-        self._hold(ch, item)
+        self.held.hold(ch, item)
         if blocking:
-            self._block(ch, blocking, now)
+            self.held.block(ch, blocking, now)
         return True
 
     def _verdict(self, ch: ChannelFlow, pub: Publish, queues: frozenset[str],
@@ -148,11 +242,20 @@ class PublishFlow(PublishRuns):
                  would: frozenset[QueueKey]) -> Decision:
         """``decide`` for a publish that does not pass at once (``_decide`` takes the common
         case, ``decide``'s own first test, without the call); shadow mode recorded."""
-        decision = decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
-                          lookup=lookup is not None, transactional=ch.transactional,
-                          mandatory=pub.mandatory, behind=ch.holding, shadow=would)
-        self._shadowed(ch, decision.shadow, would)  # shadow mode: recorded, never acted on
+        decision = decide(self.ctx.vhost, queues, blocking, self.controller.queues,
+                          self.ctx.spool, lookup=lookup is not None,
+                          transactional=ch.transactional, mandatory=pub.mandatory,
+                          behind=ch.holding, shadow=would)
+        if decision.shadow is not None:  # shadow mode: recorded, never acted on
+            self.shadow.would_have(self.held.at(ch.channel), ch.shadow, decision.shadow, would,
+                                   self.held.may_signal)
         return decision
+
+    def _shadow_wait(self, ch: ChannelFlow, queues: frozenset[str]) -> frozenset[QueueKey]:
+        """The shadow queues a publish on ``ch`` to ``queues`` would wait on."""
+        if not ch.shadow.on and not self.controller.trips.shadow:
+            return _NOTHING
+        return self.shadow.would_wait_on(self.held.at(ch.channel), ch.shadow, queues)
 
     def on_content(self, channel: int, buf: Buffer, offset: int, end: int, now: float) -> bool:
         """A content header or body frame (slow path); True if the gate took it."""
@@ -160,33 +263,52 @@ class PublishFlow(PublishRuns):
         if ch is None:
             return False
         ftype, _, size = frame_at(buf, offset)
-        if ch.awaiting is not None and ftype == 2:
+        phase = ch.publish
+        if phase is PublishPhase.READY:
+            return False  # (a content frame without its method: the broker refuses it)
+        if (ftype == 2) is not (phase is PublishPhase.AWAITING_HEADER):
+            raise _amid_content(ch, "content header" if ftype == 2 else "content body", offset)
+        if phase is PublishPhase.AWAITING_HEADER:
+            assert ch.awaiting is not None
             pub, method_bytes = ch.awaiting
             ch.awaiting = None
+            ch.move(PublishInput.HEADER_CAME)
             return self._decide(ch, pub, method_bytes, buf, offset, offset, end, now)
+        if phase is PublishPhase.FILLING:
+            self._fill(ch, buf, offset, end, size, now)
+            return True
+        ch.discard_content -= size  # DISCARDING
+        if ch.discard_content <= 0:
+            ch.discard_content = 0
+            ch.move(PublishInput.CONTENT_DONE)
+        return True
+
+    def _fill(self, ch: ChannelFlow, buf: Buffer, offset: int, end: int, size: int,
+              now: float) -> None:
+        """A body frame of the publish the channel is filling (held, or captured for the
+        spool, which writes it once whole)."""
         item = ch.filling
-        if item is not None and ftype == 3:
-            data = bytes(buf[offset:end])
-            reserved = max(0, item.body_size - item.received)  # (a capture counted these)
-            item.frames.append(data)
-            item.received += size
-            if item.spool_to is None:
-                self._grow(ch, len(data))
-            else:
-                self._grow(ch, len(data) - min(size, reserved))
-                if not item.complete and self.held_bytes > self.hold_budget:
-                    self._capture_to_hold(ch, item, "it outgrew the connection's hold budget "
-                                          "while assembled for the spool", now)
-            if item.complete:
-                ch.filling = None
-                if item.spool_to is not None:
-                    self._spool(ch, item, self.controller.blocking(self.vhost, item.queues),
-                                now)
-            return True
-        if ch.discard_content > 0 and ftype == 3:
-            ch.discard_content -= size
-            return True
-        return False
+        assert item is not None
+        held = self.held
+        data = bytes(buf[offset:end])
+        reserved = max(0, item.body_size - item.received)  # (a capture counted these)
+        item.frames.append(data)
+        item.received += size
+        if item.spool_to is None:
+            held.grow(ch, len(data))
+        else:
+            held.grow(ch, len(data) - min(size, reserved))
+            if not item.complete and held.held_bytes > self.ctx.hold_budget:
+                assert self.spooling is not None
+                self.spooling.capture_to_hold(ch, item, "it outgrew the connection's hold "
+                                              "budget while assembled for the spool", now)
+        if item.complete:
+            ch.filling = None
+            ch.move(PublishInput.CONTENT_DONE)
+            if item.spool_to is not None:
+                assert self.spooling is not None
+                blocking = self.controller.blocking(self.ctx.vhost, item.queues)
+                self.spooling.spool(ch, item, blocking, now)
 
     def on_method_while_held(self, channel: int, key: int, buf: Buffer, offset: int,
                              end: int) -> bool:
@@ -200,20 +322,22 @@ class PublishFlow(PublishRuns):
                 # answered our close: that channel.open waits for the broker's close-ok.
                 ch.reopen.append(bytes(buf[offset:end]))
             elif key == _CH.CloseOk.index:  # the client's answer to our close
-                self._close_ok(ch, ChannelInput.CLIENT_CLOSE_OK)
+                self.refusals.close_ok(ch, ChannelInput.CLIENT_CLOSE_OK)
             return True  # the spec: frames after a close, other than close-ok, are dropped
+        if ch.publish is not PublishPhase.READY:
+            raise _amid_content(ch, "method", offset)
         if not ch.held or key in PASS_WHILE_HELD:
             return False
         data = bytes(buf[offset:end])
         ch.held.append(data)
-        self._grow(ch, len(data))
+        self.held.grow(ch, len(data))
         return True
 
     def hold_connection_close(self, frame: bytes) -> bool:
         """The client's connection.close: True if it must wait behind held publishes."""
-        if not self.holding:
+        if not self.held.holding:
             return False
-        self._connection_close = frame
+        self.held.connection_close = frame
         return True
 
     def on_flow_reply(self, channel: int) -> bool:
@@ -225,7 +349,7 @@ class PublishFlow(PublishRuns):
         return False
 
     def on_confirm_select(self, channel: int) -> None:
-        ch = self.channel(channel)
+        ch = self.held.channel(channel)
         if ch.confirms is None:
             ch.confirms = ConfirmNumbers()
 
@@ -244,113 +368,26 @@ class PublishFlow(PublishRuns):
         method.delivery_tag = confirms.to_client(tag)
         if method.multiple:
             confirms.acked_through(tag)
-        self._to_client(encode_method(method, channel))
+        self.ctx.to_client(encode_method(method, channel))
         return True
 
-    # -- spool -------------------------------------------------------------------------
-    def _not_spooled(self, ch: ChannelFlow, queues: frozenset[str], why: Unspoolable) -> None:
-        """A publish to a spooling queue is held instead: said once per channel."""
-        if not ch.not_spooled_reported:
-            ch.not_spooled_reported = True
-            reason = ("transactional channel" if why is Unspoolable.TRANSACTIONAL
-                      else "mandatory publish")
-            self.outbox.append(ev.NotSpooled(self._at(ch.channel), next(iter(queues)), reason,
-                                          "held"))
-
-    def _spool_limit(self, key: QueueKey) -> int:
-        """The queue's ``spool.max_bytes``."""
-        q = self.controller.queues.get(key)
-        return q.policy.spool.max_bytes if q is not None else 1 << 30
-
-    def _capture(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey],
-                 now: float) -> None:
-        """A publish to spool whose body is still to come: its frames are gathered in memory
-        (``ch.filling``) and spooled when all are in, if the whole announced message fits
-        the spool and, meanwhile, the hold and memory budgets (``capture_refusal``); its
-        announced size counts as held from now. Else it is held, as a full spool's is."""
-        assert self.spool is not None and item.spool_to is not None
-        size = item.nbytes + item.body_size
-        why = capture_refusal(self.spool, item.spool_to, size, self._spool_limit(item.spool_to),
-                              size, self.held_bytes, self.hold_budget,
-                              self.counters.held_bytes, self.shared.memory)
-        if why is not None:
-            self._spool_fell_back(ch, item, why, blocking, now)
-            return
-        ch.filling = item  # its body frames come next; spooled when all are in
-        self._grow(ch, size)
-        self._maybe_slow = True
-
-    def _capture_to_hold(self, ch: ChannelFlow, item: HeldPublish, why: str,
-                         now: float) -> None:
-        """A capture may not go on (``why``): what came of it is held from now on, and the
-        rest of its body with it, as any held publish's (counted as it arrives)."""
-        assert item.spool_to is not None
-        self._grow(ch, -max(0, item.body_size - item.received))  # no longer reserved
-        ch.held.append(item)
-        self._account(0, 1)
-        self.counters.spool_fallbacks += 1
-        self.outbox.append(ev.SpoolFellBack(self._at(ch.channel), item.spool_to[1], why,
-                                            "held"))
-        key, item.spool_to = item.spool_to, None
-        self._block(ch, self.controller.blocking(self.vhost, item.queues) or frozenset({key}),
-                    now)
-
-    def _spool_fell_back(self, ch: ChannelFlow, item: HeldPublish, why: str,
-                         blocking: frozenset[QueueKey], now: float) -> None:
-        """The spool cannot take the publish (``why``): it is held instead."""
-        assert item.spool_to is not None
-        self.counters.spool_fallbacks += 1
-        self.outbox.append(ev.SpoolFellBack(self._at(ch.channel), item.spool_to[1], why,
-                                            "held"))
-        key, item.spool_to = item.spool_to, None
-        self._hold(ch, item)
-        self._block(ch, blocking or frozenset({key}), now)
-
-    def _spool(self, ch: ChannelFlow, item: HeldPublish, blocking: frozenset[QueueKey],
-               now: float) -> None:
-        """Write a complete publish to its queue's spool; hold it if the spool says no. A
-        captured one (``_capture``) stops counting as held either way (held, it counts
-        again)."""
-        assert self.spool is not None and item.spool_to is not None
-        key = item.spool_to
-        q = self.controller.queues.get(key)
-        settings = q.policy.spool if q is not None else None
-        record = SpoolRecord(0, 0.0, item.publish.exchange, item.publish.routing_key,
-                             bytes(item.frames[1][HEADER_SIZE:-1]),
-                             b"".join(f[HEADER_SIZE:-1] for f in item.frames[2:]),
-                             item.publish.mandatory)
-        if item.body_size:  # captured (its body came after the decision): it was counted
-            self._grow(ch, -item.nbytes)
-        try:
-            seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
-        except SpoolRefused as exc:
-            self._spool_fell_back(ch, item, str(exc), blocking, now)
-            return
-        self.counters.spooled_records += 1
-        self.counters.spooled_bytes += record.size
-        if ch.confirms is None:
-            return
-        ch.confirms.answered_by_proxy()  # the broker will never number this one
-        if settings is not None and settings.fsync is Fsync.NEVER:
-            self._to_client(encode_method(_B.Ack(delivery_tag=item.client_seq), ch.channel))
-        else:
-            ch.spool_acks.append((key, seq, item.client_seq))
-
-    def spool_durable(self, durable: dict[QueueKey, int]) -> None:
-        """The spool synced: ack spooled publishes that are now durable."""
-        for ch in self.channels.values():
-            acks = ch.spool_acks
-            while acks:
-                key, seq, client_seq = acks[0]
-                if durable.get(key, 0) < seq:
-                    break
-                acks.popleft()
-                self._to_client(encode_method(_B.Ack(delivery_tag=client_seq), ch.channel))
-
     def on_tx_select(self, channel: int) -> None:
-        self.channel(channel).transactional = True
+        self.held.channel(channel).transactional = True
 
 
+def _amid_content(ch: ChannelFlow, what: str, offset: int) -> UnexpectedFrame:
+    """A frame the channel's publish phase does not take: the spec's 505 (the broker answers
+    it the same way; the proxy answers first, as it holds or reads that content)."""
+    return UnexpectedFrame(f"{what} frame on channel {ch.channel} while "
+                           f"{_EXPECTED[ch.publish]}", offset)
+
+
+_EXPECTED: Final = {
+    PublishPhase.READY: "no content is due",
+    PublishPhase.AWAITING_HEADER: "its publish's content header is due",
+    PublishPhase.FILLING: "its publish's content body is due",
+    PublishPhase.DISCARDING: "its publish's content body is due",
+}
 
 
 def _publish_of(ch: ChannelFlow, buf: Buffer, offset: int, end: int) -> Publish:

@@ -1,6 +1,6 @@
 """The 0-9-1 gate's refusals: a publish answered by the proxy (basic.nack in confirm mode, else
 a 406 channel.close on both sides, whose close-oks it absorbs) under ``overflow: reject`` or
-past its deadline."""
+past its deadline. A part the gate owns (``PublishFlow``), over its held channels."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ from floodwall.enforce.commands import ForgetChannel
 from floodwall.enforce.decision import (
     deadline_of,
 )
+from floodwall.enforce.shared import GateContext
 from floodwall.enforce.states import (
     CHANNEL_PHASES,
     ChannelInput,
     ChannelPhase,
+    PublishInput,
+    PublishPhase,
     step,
 )
 from floodwall.wire.amqp091.framing import encode_method
@@ -29,51 +32,67 @@ _B = commands.Basic
 _CH = commands.Channel
 
 
-class Refusing(HeldChannels):
-    """Refusals and the proxy's own channel closes, on top of the held channels."""
+class Refusals:
+    """Refusals and the proxy's own channel closes."""
+
+    def __init__(self, ctx: GateContext, held: HeldChannels) -> None:
+        self.ctx = ctx
+        self.held = held
+        self.counters = ctx.counters
+        self.outbox = ctx.outbox
 
     # -- refusals ----------------------------------------------------------------------
-    def _refuse(self, ch: ChannelFlow, blocking: frozenset[QueueKey], body_size: int,
-                why: str) -> None:
+    def refuse(self, ch: ChannelFlow, blocking: frozenset[QueueKey], body_size: int,
+               why: str) -> None:
         """Answer a publish the proxy will not forward: nack it, or close the channel."""
         names = ",".join(q for _, q in sorted(blocking)) or "?"
         if ch.confirms is not None:
-            self._to_client(encode_method(_B.Nack(delivery_tag=ch.confirms.client_seq), ch.channel))
+            nack = _B.Nack(delivery_tag=ch.confirms.client_seq)
+            self.ctx.to_client(encode_method(nack, ch.channel))
             ch.confirms.answered_by_proxy()
-            ch.discard_content = body_size
-            self._maybe_slow = True
-            self.outbox.append(ev.Refused(self._at(ch.channel), blocking, why, ev.Answer.NACK,
-                                       body_size))
+            self._drop_content(ch, body_size)
+            self.outbox.append(ev.Refused(self.held.at(ch.channel), blocking, why,
+                                          ev.Answer.NACK, body_size))
             return
-        self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' {why}")
-        self.outbox.append(ev.Refused(self._at(ch.channel), blocking, why, ev.Answer.CHANNEL_CLOSE,
-                                   body_size))
-        ch.discard_content = body_size
-        self._maybe_slow = True
+        self.close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' {why}")
+        self.outbox.append(ev.Refused(self.held.at(ch.channel), blocking, why,
+                                      ev.Answer.CHANNEL_CLOSE, body_size))
+        self._drop_content(ch, body_size)
 
-    def _close_channel(self, ch: ChannelFlow, text: str) -> None:
+    def _drop_content(self, ch: ChannelFlow, body_size: int) -> None:
+        """The refused publish's body, ``body_size`` bytes still to come, is dropped."""
+        if body_size:
+            ch.discard_content = body_size
+            self.held.move(ch, PublishInput.DROPPED)
+
+    def close_channel(self, ch: ChannelFlow, text: str) -> None:
         """Close a channel on both sides: 406 to the client, a plain close to the broker."""
-        self._maybe_slow = True
-        self.outbox.append(ev.EndedByProxy(self._at(ch.channel), text))
+        held = self.held
+        self.outbox.append(ev.EndedByProxy(held.at(ch.channel), text))
         dropped = [i for i in ch.held if isinstance(i, HeldPublish)]
-        self._account(-ch.held_bytes, -len(dropped))
+        held.account(-ch.held_bytes, -len(dropped))
         ch.held.clear()
         ch.held_bytes = 0
-        ch.filling = None
+        if ch.filling is not None:  # the rest of its body is dropped as it comes
+            ch.discard_content = max(0, ch.filling.body_size - ch.filling.received)
+            ch.filling = None
+        held.move(ch, PublishInput.PROXY_CLOSES)
+        if not ch.discard_content and ch.publish is PublishPhase.DISCARDING:
+            held.move(ch, PublishInput.CONTENT_DONE)
         ch.phase = step(CHANNEL_PHASES, ch.phase, ChannelInput.PROXY_CLOSES) or ch.phase
-        self._waiting_lookup.discard(ch.channel)
-        self.controller.channel_closed(self.conn_id, ch.channel)
+        held.waiting_lookup.discard(ch.channel)
+        self.ctx.controller.channel_closed(self.ctx.conn_id, ch.channel)
         reply = text.encode()[:255].decode("utf-8", "ignore")
-        self._to_client(encode_method(_CH.Close(reply_code=406, reply_text=reply,
-                                                class_id=60, method_id=40), ch.channel))
-        self._to_server(encode_method(_CH.Close(reply_code=200, reply_text="floodwall: "
-                                                "channel closed for its client",
-                                                class_id=0, method_id=0), ch.channel))
+        to_client = _CH.Close(reply_code=406, reply_text=reply, class_id=60, method_id=40)
+        to_server = _CH.Close(reply_code=200, class_id=0, method_id=0,
+                              reply_text="floodwall: channel closed for its client")
+        self.ctx.to_client(encode_method(to_client, ch.channel))
+        self.ctx.to_server(encode_method(to_server, ch.channel))
 
     def expire(self, now: float) -> int:
         """Refuse publishes held longer than their policy's deadline; returns how many."""
         refused = 0
-        for ch in list(self.channels.values()):
+        for ch in list(self.held.channels.values()):
             while ch.held and not ch.closing_by_proxy:
                 item = ch.held[0]
                 if not isinstance(item, HeldPublish):
@@ -87,40 +106,40 @@ class Refusing(HeldChannels):
                 answer = ev.Answer.NACK if ch.confirms is not None and item.complete \
                     else ev.Answer.CHANNEL_CLOSE
                 self.outbox.append(ev.DeadlineExpired(
-                    self._at(ch.channel), tuple(sorted(item.queues)), why, answer,
+                    self.held.at(ch.channel), tuple(sorted(item.queues)), why, answer,
                     item.body_size, round(now - item.held_at, 3)))
                 if ch.confirms is not None and item.complete:
                     ch.held.popleft()
                     nbytes = item.nbytes
                     ch.held_bytes -= nbytes
-                    self._account(-nbytes, -1)
+                    self.held.account(-nbytes, -1)
                     # Its client number, whatever was forwarded before it.
-                    self._to_client(encode_method(_B.Nack(delivery_tag=item.client_seq),
-                                                  ch.channel))
+                    nack = _B.Nack(delivery_tag=item.client_seq)
+                    self.ctx.to_client(encode_method(nack, ch.channel))
                     ch.confirms.answered_by_proxy()
                     continue
                 names = ",".join(sorted(item.queues)) or "?"
-                self._close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' "
-                                        f"{why}")
+                self.close_channel(ch, f"PRECONDITION_FAILED - floodwall: queue '{names}' "
+                                       f"{why}")
         return refused
 
     def _deadline_of(self, item: HeldPublish) -> float:
-        return deadline_of(self.controller.queues,
-                           ((self.vhost, name) for name in item.queues))
+        return deadline_of(self.ctx.controller.queues,
+                           ((self.ctx.vhost, name) for name in item.queues))
 
     def on_broker_close_ok(self, channel: int) -> bool:
         """A channel.close-ok answering a close the proxy sent: absorb it."""
-        ch = self.channels.get(channel)
+        ch = self.held.channels.get(channel)
         if ch is None or step(CHANNEL_PHASES, ch.phase, ChannelInput.BROKER_CLOSE_OK) is None:
             return False
-        self._close_ok(ch, ChannelInput.BROKER_CLOSE_OK)
+        self.close_ok(ch, ChannelInput.BROKER_CLOSE_OK)
         return True
 
-    def _close_ok(self, ch: ChannelFlow, answer: ChannelInput) -> None:
+    def close_ok(self, ch: ChannelFlow, answer: ChannelInput) -> None:
         ch.phase = step(CHANNEL_PHASES, ch.phase, answer) or ch.phase
         if ch.phase is ChannelPhase.GONE:  # both answered: the channel number is free again
-            self.channels.pop(ch.channel, None)
-            self.controller.channel_closed(self.conn_id, ch.channel)
+            self.held.channels.pop(ch.channel, None)
+            self.ctx.controller.channel_closed(self.ctx.conn_id, ch.channel)
             self.outbox.append(ForgetChannel(ch.channel))
             for frame in ch.reopen:
-                self._to_server(frame)
+                self.ctx.to_server(frame)

@@ -50,18 +50,25 @@ from floodwall.control.controller import ALARM, forwarded_run, quiet_room
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import Overflow
 from floodwall.enforce.amqp091.channels import BODY_SIZE, HeldPublish
-from floodwall.enforce.amqp091.refusals import Refusing
+from floodwall.enforce.amqp091.holding import HeldChannels
 from floodwall.enforce.decision import strictest_overflow
+from floodwall.enforce.shared import GateContext
+from floodwall.enforce.states import PublishInput, PublishPhase
 from floodwall.wire.amqp091.framing import HEADER_SIZE, Buffer
 from floodwall.wire.amqp091.runs import HEADERS_FLAG
 
 _NO_QUEUES: frozenset[str] = frozenset()
 
 
-class PublishRuns(Refusing):
-    """The gate's run booking (``PublishHooks.publish_run`` / ``on_publish_run``)."""
+class PublishRuns:
+    """The gate's run booking (``PublishHooks.publish_run`` / ``on_publish_run``, ``hold_run`` /
+    ``on_hold_run``), a part the gate owns, over its held channels."""
 
-    _run_queues: frozenset[str] = _NO_QUEUES  # the route of the run ``publish_run`` allowed
+    def __init__(self, ctx: GateContext, held: HeldChannels) -> None:
+        self.ctx = ctx
+        self.held = held
+        self.controller = ctx.controller
+        self._run_queues = _NO_QUEUES  # the route of the run ``publish_run`` allowed
 
     def publish_run(self, channel: int, buf: Buffer, header_offset: int, now: float
                     ) -> tuple[float, float] | None:
@@ -73,11 +80,11 @@ class PublishRuns(Refusing):
         # Another channel's held frames change nothing here (a held connection's free
         # channels keep their runs): only this channel's state, the route's queues and the
         # connection's kept-back close are asked, as ``_decide`` asks them.
-        if self._connection_close is not None or self.spool is not None:
+        held = self.held
+        if held.connection_close is not None or self.ctx.spool is not None:
             return None
-        ch = self.channels.get(channel)
-        if ch is None or ch.needs_every_frame or ch.flow_replies or ch.signalled_off \
-                or ch.shadow.on or ch.last_publish is None:
+        ch = held.channels.get(channel)
+        if ch is None or not ch.may_run or ch.last_publish is None:
             return None
         controller = self.controller
         if controller.trips.shadow:
@@ -85,14 +92,15 @@ class PublishRuns(Refusing):
         if BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)[3] & HEADERS_FLAG:
             return None
         pub = ch.last_publish[1]
-        queues = controller.destinations(self.vhost, pub.exchange, pub.routing_key, None)
-        if controller.blocking(self.vhost, queues):
+        vhost = self.ctx.vhost
+        queues = controller.destinations(vhost, pub.exchange, pub.routing_key, None)
+        if controller.blocking(vhost, queues):
             return None
         if not (queues and (pub.exchange or pub.routing_key in queues)) and \
-                controller.lookup_for(self.vhost, pub.exchange, pub.routing_key, queues,
+                controller.lookup_for(vhost, pub.exchange, pub.routing_key, queues,
                                       now) is not None:
             return None
-        room = quiet_room(controller.queues, self.vhost, queues)
+        room = quiet_room(controller.queues, vhost, queues)
         if room is None:
             return None
         room_bytes, room_messages = room
@@ -104,12 +112,12 @@ class PublishRuns(Refusing):
     def on_publish_run(self, channel: int, count: int, body_bytes: int, now: float) -> None:
         """``count`` whole publishes of the channel, ``body_bytes`` of body in all, within
         what ``publish_run`` allowed: passed untouched, booked as ``on_publish`` books each."""
-        confirms = self.channels[channel].confirms
+        confirms = self.held.channels[channel].confirms
         if confirms is not None:
             confirms.client_seq += count
             confirms.forwarded(count)
-        forwarded_run(self.controller.queues, self.vhost, self._run_queues, body_bytes, count,
-                      now)
+        forwarded_run(self.controller.queues, self.ctx.vhost, self._run_queues, body_bytes,
+                      count, now)
 
     def hold_run(self, channel: int, buf: Buffer, header_offset: int, now: float
                  ) -> float | None:
@@ -118,11 +126,13 @@ class PublishRuns(Refusing):
         publishes with the same method frame ``on_hold_run`` holds at once, as they would be
         held one at a time (module docstring); None when one of them could be decided
         otherwise."""
-        if self._connection_close is not None:
+        held = self.held
+        if held.connection_close is not None:
             return None
-        ch = self.channels.get(channel)
+        ch = held.channels.get(channel)
         item = None if ch is None else ch.filling
-        if ch is None or item is None or item.spool_to is not None or item.received \
+        if ch is None or item is None or ch.publish is not PublishPhase.FILLING \
+                or item.spool_to is not None or item.received \
                 or not ch.held or ch.held[-1] is not item or ch.closing_by_proxy \
                 or ch.shadow.on:
             return None
@@ -131,24 +141,25 @@ class PublishRuns(Refusing):
             return None
         if BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)[3] & HEADERS_FLAG:
             return None
-        blocking = controller.blocking(self.vhost, item.queues)
+        blocking = controller.blocking(self.ctx.vhost, item.queues)
         if any(is_pseudo(k) and k != ALARM for k in blocking) \
                 or strictest_overflow(controller.queues, blocking) is Overflow.REJECT:
             return None
-        room = self.hold_budget - self.held_bytes
+        room = self.ctx.hold_budget - held.held_bytes
         return room if room > 0 else None
 
     def on_hold_run(self, channel: int, buf: Buffer, body_offset: int, body_end: int,
                     ends: list[int], now: float) -> None:
         """The held publish's body ``buf[body_offset:body_end]``, then the publishes ending
         at ``ends`` (module docstring): held as ``on_content`` and ``on_publish`` hold them."""
-        ch = self.channels[channel]
+        ch = self.held.channels[channel]
         item = ch.filling
         assert item is not None
         first = bytes(buf[body_offset:body_end])
         item.frames.append(first)
         item.received = item.body_size
         ch.filling = None
+        ch.move(PublishInput.CONTENT_DONE)
         method = item.frames[0]
         m = len(method)
         pub, queues, generation = item.publish, item.queues, item.generation
@@ -167,5 +178,5 @@ class PublishRuns(Refusing):
             start = stop
         if confirms is not None:
             confirms.client_seq = seq
-        self._grow(ch, nbytes)
-        self._account(0, len(ends))
+        self.held.grow(ch, nbytes)
+        self.held.account(0, len(ends))

@@ -374,13 +374,14 @@ class FrameRelay(CoreOutput):
             while True:
                 slow = gate.slow_channels if gate is not None else _NO_CHANNELS
                 if slow:
-                    # Only the channels that must be read frame by frame leave the scan.
                     assert gate is not None
                     pos, frames, key = scan_watching(buf, pos, self._frame_limit, stop_at,
                                                      slow, base)
                     counts.frames += frames
-                    if key == WATCHED:
-                        pos, start = self._relay_one(inbound, gate, buf, pos, start, base)
+                    if key == WATCHED:  # what came before it goes first, once
+                        _emit(inbound, buf, start, pos)
+                        start = pos
+                        pos, start = self._relay_one(inbound, gate, buf, pos, base)
                         continue
                 else:
                     pos, frames, key = scan(buf, pos, self._frame_limit, stop_at, base)
@@ -401,8 +402,7 @@ class FrameRelay(CoreOutput):
                 # what came before the frame goes first.
                 _emit(inbound, buf, start, pos, queued)
                 if took is None:
-                    start = pos
-                    pos += size + FRAME_OVERHEAD
+                    start, pos = pos, pos + size + FRAME_OVERHEAD
                 else:
                     counts.frames += self._held_frames or count_frames(
                         buf, pos + size + FRAME_OVERHEAD, took)
@@ -418,7 +418,7 @@ class FrameRelay(CoreOutput):
         return pos
 
     def _relay_one(self, inbound: _Inbound, gate: PublishHooks, buf: Buffer, pos: int,
-                   start: int, base: int) -> tuple[int, int]:
+                   base: int) -> tuple[int, int]:
         """Take the complete, validated frame at ``pos`` (on a channel the gate must see
         frame by frame) through the gate; returns (next pos, next start)."""
         ftype, channel, size = frame_at(buf, pos)
@@ -426,7 +426,6 @@ class FrameRelay(CoreOutput):
         key = NEED_DATA
         if ftype == FRAME_METHOD:
             key = method_key(*method_ids(buf, pos))
-        _emit(inbound, buf, start, pos)
         inbound.counts.frames += 1
         took: int | None = None
         if key == NEED_DATA:  # content or heartbeat, already validated
