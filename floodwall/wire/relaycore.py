@@ -65,7 +65,7 @@ class ToServer:
 
 
 class GateOutputHooks(Protocol):
-    """A gate's outbox, as a core empties it (``floodwall.enforce.shared.GateBase``)."""
+    """A gate's outbox, as a core empties it (``floodwall.enforce.shared.GateContext``)."""
 
     @property
     def outbox(self) -> Sequence[object]: ...

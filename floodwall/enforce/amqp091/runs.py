@@ -12,12 +12,12 @@ book with no decision at all, reads that many (or fewer) in one pass
 
 A run is allowed only while nothing it books can change a decision (the conditions
 ``PublishFlow._decide`` and ``on_publish`` test, each listed in docs/architecture.md, "With
-policies: the gate"): the channel holds nothing, fills nothing, awaits no content header,
-discards no content, is not being closed by the proxy and has no Channel.Flow of ours
-outstanding; the connection keeps no client connection.close back (other channels may hold:
+policies: the gate"): the channel may run (``ChannelFlow.may_run``: on the fast path, READY,
+OPEN and holding nothing, with no Channel.Flow of ours in force or unanswered and no shadow
+hold); the connection keeps no client connection.close back (other channels may hold:
 nothing ``_decide`` asks about one channel depends on another's held frames, and a run
 passes in place exactly as its publishes would one by one); no spool is configured; no
-shadow policy has a trip and the channel has no shadow hold; the first publish's content
+shadow policy has a trip; the first publish's content
 header carries no ``headers`` property (the route is then the one for ``None`` headers, for
 every publish of the run: the scan ends at a header that carries them); the route needs no
 lookup and none of its queues is blocking (a trip, a backlog, a first figure awaited, the
