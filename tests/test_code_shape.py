@@ -28,9 +28,6 @@ CHAINS_BEING_TAKEN_APART = {
     "floodwall.enforce.amqp091.gate.PublishFlow": 5,
     "floodwall.enforce.amqp091.runs.PublishRuns": 4,
     "floodwall.enforce.amqp091.refusals.Refusing": 3,
-    "floodwall.enforce.amqp10.gate.CreditFlow": 5,
-    "floodwall.enforce.amqp10.runs.TransferRuns": 4,
-    "floodwall.enforce.amqp10.credit.LinkCredit": 3,
 }
 
 
