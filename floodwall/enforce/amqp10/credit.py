@@ -311,7 +311,7 @@ class LinkCredit:
     def shadow_transfer(self, link: SenderLink, queues: frozenset[str]) -> None:
         """A delivery's first frame, with shadow policies tripped (or the link's would-be
         hold to end): what enforcing them would have done (``enforce.shadow``). A fixed
-        link's refused delivery withholds its credit, as enforced (``_after_transfer``)."""
+        link's refused delivery withholds its credit, as enforced (``after_transfer``)."""
         at = self.lifecycle.at(link)
         would = self.shadow.would_wait_on(at, link.shadow, queues)
         if not would:

@@ -23,16 +23,16 @@ link's typical message, or ``capacity / WINDOW_PARTS`` of a large queue's, at mo
 The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
 off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
 hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
-against its window until the broker settles them (``_track``, ``_broker_settled``): credit
+against its window until the broker settles them (``InFlightDeliveries``): credit
 plus unsettled stay within ``IN_FLIGHT_WINDOWS`` windows, which bounds what a broker slow to
 enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x`` the window in bytes. Far from
 capacity that bound would starve a fast link of the broker's pipe (every round trip a few
 messages: half the rate, twice the relay CPU per message), so beyond it the unsettled
 deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take up to
-``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``_in_flight_room``): the estimate is
-then short by at most that share of the headroom it shows, which (2 parts) never exceeds the
-true headroom, and near capacity the windows' bound is what is left. A squeezed link is
-topped up once half a window is free again, not per disposition. The broker's dispositions
+``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``LinkCredit._in_flight_room``): the
+estimate is then short by at most that share of the headroom it shows, which (2 parts) never
+exceeds the true headroom, and near capacity the windows' bound is what is left. A squeezed
+link is topped up once half a window is free again, not per disposition. The broker's dispositions
 are read by role, first and last alone (``on_server_settled``, ``peek_disposition``) unless
 the session's delivery-ids are renumbered. Deliveries sent settled get no disposition and
 are not counted.

@@ -1,7 +1,7 @@
 """The 1.0 credit gate's deliveries in flight: a windowed link's forwarded unsettled deliveries,
 counted on the link and on its policed queues (``PolicedQueue.in_flight``) until the broker
 settles them, so that what the broker may hold unseen counts against the link's window
-(``credit.LinkCredit.in_flight_window``)."""
+(``credit.LinkCredit._in_flight_window``)."""
 
 from __future__ import annotations
 

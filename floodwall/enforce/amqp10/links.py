@@ -227,8 +227,9 @@ class SenderLink:
     in_flight_entry: tuple[SenderLink, tuple[PolicedQueue, ...]] | None = None
     squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
-    # The routing model's generation its window was last worked out at (``_after_transfer``
-    # skips the window while the client has over half its ceiling and this still holds).
+    # The routing model's generation its window was last worked out at
+    # (``LinkCredit.after_transfer`` skips the window while the client has over half its
+    # ceiling and this still holds).
     window_generation: int = -1
     window_bytes: int = WINDOW_BYTES  # its window in bytes, as last worked out (``_window``)
     not_spooled_reported: bool = False
