@@ -200,12 +200,12 @@ class CreditFlow:
         self.outbox = ctx.outbox  # one list for the connection's life; the core reads it
         self.sessions: dict[int, SessionGate] = {}  # by the client's channel
         self.by_server_channel: dict[int, SessionGate] = {}
-        withheld: dict[int, SenderLink] = {}  # links whose credit is withheld, by link_ref
+        self.withheld: dict[int, SenderLink] = {}  # links whose credit is withheld, by link_ref
         self.dropping = False  # a delivery was consumed: ReadEveryFrame was asked for
         self.shadow = ShadowRecorder(ctx)
         self.in_flight = in_flight = InFlightDeliveries(ctx)
         self.lifecycle = lifecycle = Sessions(ctx, self.sessions, self.by_server_channel,
-                                              withheld, in_flight)
+                                              self.withheld, in_flight)
         self.credit = credit = LinkCredit(ctx, lifecycle, self.shadow)
         self.runs = runs = TransferRuns(ctx, self.sessions, self.by_server_channel, credit,
                                         in_flight)
