@@ -95,7 +95,8 @@ DETACHING_PHASES: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.BROKER_DE
 
 LINK_RUN_PHASES: Final = frozenset({LinkPhase.OPEN, LinkPhase.RELEASED})
 """The link phases in which its deliveries may be booked in a run (``SenderLink.may_run``):
-neither blocked nor detached."""
+neither blocked nor detached (RELEASED lasts only while a release decides the link's credit
+again, which moves it on before any transfer is read)."""
 
 
 class DeliveryPhase(Enum):
