@@ -5,8 +5,9 @@ of the body, docstrings and comments included.
 Classes have no line limit: a class is split where the design has a seam, never to meet a
 count (a count split them into inheritance chains nobody could see whole). What is limited
 is how deep a class stands on the project's own classes: at most two in-project bases
-(composition over inheritance chains), but for the gates' chains named in
-``CHAINS_BEING_TAKEN_APART``, which may only shrink."""
+(composition over inheritance chains), and which of them hold state: a class takes state
+from a class of another module only where ``STATEFUL_BASES_ACROSS_MODULES`` says so (a list
+that may only shrink; exceptions and bases without ``__init__`` or fields are free)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "floodwall"
 MAX_FUNCTION_LINES = 60
 MAX_PROJECT_BASES = 2
-#: The two gates' chains (``GateBase`` -> ``ShadowWatch`` -> the parts -> the gate), deeper
-#: than the rule allows: to be recomposed as parts the gate owns. A class leaves this list
-#: when it is no longer deeper; none joins it.
-CHAINS_BEING_TAKEN_APART = {
-    "floodwall.enforce.amqp10.gate.CreditFlow": 5,
-    "floodwall.enforce.amqp10.runs.TransferRuns": 4,
-    "floodwall.enforce.amqp10.credit.LinkCredit": 3,
+#: Classes that take state (an ``__init__``, fields) from a class of another module: to be
+#: recomposed as parts they own. One leaves the list when it no longer does; none joins it.
+STATEFUL_BASES_ACROSS_MODULES = {
+    ("floodwall.control.fleet_rate.RateRule", "floodwall.control.depth.RoomShare"),
+    ("floodwall.io.amqp10_client.Amqp10Reading", "floodwall.io.writes.BatchedWrites"),
+    ("floodwall.io.amqp10_client.Amqp10Client", "floodwall.io.writes.BatchedWrites"),
+    ("floodwall.io.amqp_client.AmqpClient", "floodwall.io.writes.BatchedWrites"),
+    ("floodwall.io.fleet.FleetHost", "floodwall.io.fleet_polls.PollsHost"),
+    ("floodwall.io.probes.DepthProbes", "floodwall.io.management_probes.ManagementProbes"),
+    ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.probes.DepthProbes"),
+    ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.management_probes.ManagementProbes"),
+    ("floodwall.wire.amqp091.connection.FrameRelay", "floodwall.wire.relaycore.CoreOutput"),
+    ("floodwall.wire.amqp091.connection.Connection", "floodwall.wire.relaycore.CoreOutput"),
+    ("floodwall.wire.amqp10.connection.Connection", "floodwall.wire.relaycore.CoreOutput"),
 }
 
 
@@ -62,32 +70,48 @@ def test_nothing_is_longer_than_its_limit(kind: str, limit: int) -> None:
     assert not too_long, f"{kind}es over {limit} lines:\n" + "\n".join(too_long)
 
 
-def project_base_depths() -> dict[str, int]:
-    """Every class defined in floodwall/ (``module.Name``): how many of the project's own
-    classes it stands on (its method resolution order, itself aside)."""
+def _project_classes() -> list[tuple[str, type]]:
+    """Every class defined in floodwall/, as (``module.Name``, class)."""
     import floodwall
 
-    depths: dict[str, int] = {}
+    found: list[tuple[str, type]] = []
     for info in pkgutil.walk_packages(floodwall.__path__, "floodwall."):
         if info.name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
-        for name, cls in vars(module).items():
-            if inspect.isclass(cls) and cls.__module__ == module.__name__:
-                depths[f"{module.__name__}.{name}"] = sum(
-                    1 for base in cls.__mro__[1:] if base.__module__.startswith("floodwall."))
-    return depths
+        found.extend((f"{module.__name__}.{name}", cls) for name, cls in vars(module).items()
+                     if inspect.isclass(cls) and cls.__module__ == module.__name__)
+    return found
+
+
+def project_base_depths() -> dict[str, int]:
+    """Every class defined in floodwall/ (``module.Name``): how many of the project's own
+    classes it stands on (its method resolution order, itself aside)."""
+    return {name: sum(1 for base in cls.__mro__[1:] if base.__module__.startswith("floodwall."))
+            for name, cls in _project_classes()}
 
 
 def test_no_class_stands_on_more_than_two_of_the_projects_classes() -> None:
     depths = project_base_depths()
     assert len(depths) > 100  # (the walk found the package)
     deep = {name: n for name, n in depths.items() if n > MAX_PROJECT_BASES}
-    new = sorted(f"{name}: {n}" for name, n in deep.items()
-                 if n > CHAINS_BEING_TAKEN_APART.get(name, MAX_PROJECT_BASES))
-    assert not new, (f"classes on more than {MAX_PROJECT_BASES} of the project's classes "
-                     "(compose parts instead):\n" + "\n".join(new))
-    # The list only shrinks: a chain taken apart leaves it.
-    gone = sorted(name for name, n in CHAINS_BEING_TAKEN_APART.items()
-                  if depths.get(name, 0) < n)
-    assert not gone, f"shallower now, lower or drop them in CHAINS_BEING_TAKEN_APART: {gone}"
+    assert not deep, (f"classes on more than {MAX_PROJECT_BASES} of the project's classes "
+                      "(compose parts instead):\n" + "\n".join(sorted(deep)))
+
+
+def _holds_state(cls: type) -> bool:
+    return "__init__" in vars(cls) or bool(getattr(cls, "__dataclass_fields__", None)) \
+        or bool(vars(cls).get("__annotations__"))
+
+
+def test_no_class_takes_state_from_another_modules_class() -> None:
+    found = {(name, f"{base.__module__}.{base.__name__}")
+             for name, cls in _project_classes() if not issubclass(cls, BaseException)
+             for base in cls.__mro__[1:]
+             if base.__module__.startswith("floodwall.") and base.__module__ != cls.__module__
+             and _holds_state(base)}
+    assert not found - STATEFUL_BASES_ACROSS_MODULES, (
+        "state taken from another module's class (compose a part instead): "
+        f"{sorted(found - STATEFUL_BASES_ACROSS_MODULES)}")
+    gone = STATEFUL_BASES_ACROSS_MODULES - found
+    assert not gone, f"no longer so, drop them from STATEFUL_BASES_ACROSS_MODULES: {sorted(gone)}"

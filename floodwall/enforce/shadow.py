@@ -23,7 +23,7 @@ from floodwall.control.controller import QueueKey
 from floodwall.enforce import events as ev
 from floodwall.enforce.decision import Verdict, should_signal
 from floodwall.enforce.events import ShadowAction
-from floodwall.enforce.shared import GateBase, GateContext
+from floodwall.enforce.shared import GateContext
 
 _NOTHING: frozenset[QueueKey] = frozenset()
 _A = ShadowAction
@@ -37,66 +37,6 @@ class ShadowHold:
     on: frozenset[QueueKey] = _NOTHING
     signalled: bool = False
     spool_told: bool = False  # its first would-be spooled publish was told
-
-
-class ShadowWatch(GateBase):
-    """The shadow-mode part every gate shares."""
-
-    def _would_wait_on(self, at: ev.At, hold: ShadowHold,
-                       queues: frozenset[str]) -> frozenset[QueueKey]:
-        """The shadow queues a publish to ``queues`` would wait on: the tripped shadow queues
-        among them, and those its publisher would still be held on. A would-be hold whose
-        queues all released ends here."""
-        if hold.on:
-            still = self.controller.trips.still_shadow(hold.on)
-            if not still:
-                self._would_release(at, hold)
-            hold.on = still
-        found = self.controller.shadow_blocking(self.vhost, queues)
-        return found | hold.on if hold.on else found
-
-    def _would_have(self, at: ev.At, hold: ShadowHold, verdict: Verdict | None,
-                    would: frozenset[QueueKey], client_may_signal: bool | None) -> None:
-        """Record ``verdict``, what the decision would have been had ``would`` been enforced
-        (``Decision.shadow``; None: the same as acted upon, nothing to record).
-
-        ``client_may_signal``: 0-9-1, whether the client may be sent Channel.Flow (each
-        publish held counts ``held``); None for 1.0 (a link's credit is withheld, once per
-        would-be hold; the caller makes a fixed link's refused transfer a hold, as enforced).
-        """
-        if verdict is None:
-            return
-        if verdict is Verdict.REJECT:
-            self._record(at, _A.REJECTED, would, event=True)
-            return
-        if verdict is Verdict.SPOOL:  # told once per publisher, as NotSpooled is
-            self._record(at, _A.SPOOLED, would, event=not hold.spool_told)
-            hold.spool_told = True
-            return
-        if client_may_signal is not None:
-            self._record(at, _A.HELD, would, event=not hold.on)
-        if hold.on:
-            hold.on |= would
-            return
-        hold.on = would
-        if client_may_signal is None:
-            hold.signalled = True
-            self._record(at, _A.CREDIT_WITHHELD, would, event=True)
-        elif should_signal(self.controller.queues, would, client_may_signal):
-            hold.signalled = True
-            self._record(at, _A.FLOW_OFF, would, event=True)
-
-    def _would_release(self, at: ev.At, hold: ShadowHold) -> None:
-        if hold.signalled:
-            hold.signalled = False
-            action = _A.CREDIT_RESTORED if at.protocol is ev.ProtocolName.AMQP10 else _A.FLOW_ON
-            self._record(at, action, hold.on, event=True)
-
-    def _record(self, at: ev.At, action: ShadowAction, queues: frozenset[QueueKey],
-                event: bool) -> None:
-        self.counters.shadow[(at.protocol.value, action.value)] += 1
-        if event:
-            self.outbox.append(ev.WouldHave(at, action, queues))
 
 
 class ShadowRecorder:

@@ -77,36 +77,6 @@ class GateContext:
         self.outbox.append(ToClient(data))
 
 
-class GateBase:
-    """What every connection's gate has: the process' shared parts, its connection and
-    vhost, and its outbox (``floodwall.enforce.commands``): what it made since
-    ``take_output`` last emptied it, in order."""
-
-    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int) -> None:
-        self.controller = shared.controller
-        self.counters = shared.counters
-        self.spool = shared.spool
-        self.shared = shared  # (its spool and memory budget are set after the gates exist)
-        self.conn_id = conn_id
-        self.hold_budget = hold_budget
-        self.vhost = "/"
-        self.outbox: Outbox = []
-
-    def take_output(self) -> Outbox:
-        """What the gate made since the last call, in order; the outbox is empty after."""
-        out, self.outbox = self.outbox, []
-        return out
-
-    def vhost_opened(self, vhost: str) -> None:
-        self.vhost = vhost
-
-    def _to_server(self, data: bytes) -> None:
-        self.outbox.append(ToServer(data))
-
-    def _to_client(self, data: bytes) -> None:
-        self.outbox.append(ToClient(data))
-
-
 class ConnectionGate(Protocol):
     """A connection's gate, as the I/O layer drives it (``PublishFlow``, ``CreditFlow``): what
     it holds, and the calls made outside a read. Their output goes to the gate's outbox."""

@@ -1,5 +1,5 @@
-"""The phases of a 0-9-1 channel and of a 1.0 sender link as the gates see them: enums and
-transition tables (h11's ``_state.py`` is the model).
+"""The phases of a 0-9-1 channel, of a 1.0 sender link and of the delivery it is in the middle
+of, as the gates see them: enums and transition tables (h11's ``_state.py`` is the model).
 
 A gate moves a channel or link with ``step(TABLE, phase, input)``; a pair the table does not
 hold is an input that phase does not take, and ``step`` returns None: the caller leaves the
@@ -139,8 +139,53 @@ drops its frames and absorbs both peers' detaches, then is forgotten."""
 DETACHING_PHASES: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.BROKER_DETACH_DUE,
                                      LinkPhase.CLIENT_DETACH_DUE, LinkPhase.GONE})
 
-P = TypeVar("P", ChannelPhase, PublishPhase, LinkPhase)
-I = TypeVar("I", ChannelInput, PublishInput, LinkInput)  # noqa: E741
+LINK_RUN_PHASES: Final = frozenset({LinkPhase.OPEN, LinkPhase.RELEASED})
+"""The link phases in which its deliveries may be booked in a run (``SenderLink.may_run``):
+neither blocked nor detached (RELEASED lasts only while a release decides the link's credit
+again, which moves it on before any transfer is read)."""
+
+
+class DeliveryPhase(Enum):
+    """What becomes of the delivery a 1.0 sender link is in the middle of: decided by its
+    first frame, kept until its last."""
+
+    IDLE = "idle"  # between deliveries: the next frame starts one
+    FORWARDING = "forwarding"  # its frames go to the broker
+    DROPPING = "dropping"  # the proxy consumed it (refused, a refused capture, a detached link)
+    CAPTURING = "capturing"  # its frames are gathered for the spool (``SpoolCapture``)
+
+
+class DeliveryInput(Enum):
+    """What moves a delivery."""
+
+    FIRST_FRAME = "its first frame: forwarded unless the gate decides otherwise"
+    DROPPED_FIRST_FRAME = "its first frame, on a link the proxy detached: dropped"
+    REFUSED = "the gate refuses it (overflow: reject): settled rejected by the proxy"
+    SPOOLED = "the gate sends it to the spool"
+    CAPTURE_REFUSED = "its capture cannot be spooled: the rest is dropped"
+    LAST_FRAME = "its last frame, or an aborted one, was taken"
+    PROXY_DETACHES = "the proxy detaches its link"
+
+
+_D, _DI = DeliveryPhase, DeliveryInput
+DELIVERY_PHASES: Final[dict[tuple[DeliveryPhase, DeliveryInput], DeliveryPhase]] = {
+    (_D.IDLE, _DI.FIRST_FRAME): _D.FORWARDING,
+    (_D.IDLE, _DI.DROPPED_FIRST_FRAME): _D.DROPPING,
+    (_D.FORWARDING, _DI.REFUSED): _D.DROPPING,
+    (_D.FORWARDING, _DI.SPOOLED): _D.CAPTURING,
+    (_D.CAPTURING, _DI.CAPTURE_REFUSED): _D.DROPPING,
+    **{(phase, _DI.LAST_FRAME): _D.IDLE
+       for phase in (_D.FORWARDING, _D.DROPPING, _D.CAPTURING)},
+    **{(phase, _DI.PROXY_DETACHES): _D.IDLE
+       for phase in (_D.FORWARDING, _D.DROPPING, _D.CAPTURING)},
+}
+"""A delivery's first frame decides its fate (forwarded, refused, spooled; on a detached link
+dropped); a capture the spool cannot take drops the rest; its last frame (or the proxy
+detaching its link) ends it. A link takes the fast path only between deliveries
+(``SenderLink.may_run``)."""
+
+P = TypeVar("P", ChannelPhase, PublishPhase, LinkPhase, DeliveryPhase)
+I = TypeVar("I", ChannelInput, PublishInput, LinkInput, DeliveryInput)  # noqa: E741
 
 
 def step(table: dict[tuple[P, I], P], phase: P, event: I) -> P | None:

@@ -795,7 +795,7 @@ def test_a_release_before_the_deadline_restarts_the_wait() -> None:
 
 
 # -- the top-up shortcut -------------------------------------------------------------------
-# ``_after_transfer`` skips working out a window while the client has over half its
+# ``LinkCredit.after_transfer`` skips working out a window while the client has over half its
 # ceiling left: no window could top it up then. Whatever happens, the bytes both peers get
 # must be the ones the gate gives when it works the window out after every transfer.
 _STEPS = st.lists(st.one_of(

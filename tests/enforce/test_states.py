@@ -1,5 +1,5 @@
-"""Every (phase, input) pair of the channel and link tables: what it moves to, or that the
-phase does not take it (h11's ``_state.py`` tests are the model)."""
+"""Every (phase, input) pair of the channel, link and delivery tables: what it moves to, or
+that the phase does not take it (h11's ``_state.py`` tests are the model)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ import itertools
 from floodwall.enforce.states import (
     CHANNEL_PHASES,
     CLOSING_PHASES,
+    DELIVERY_PHASES,
     DETACHING_PHASES,
     LINK_PHASES,
+    LINK_RUN_PHASES,
     PUBLISH_PHASES,
     ChannelInput,
     ChannelPhase,
+    DeliveryInput,
+    DeliveryPhase,
     LinkInput,
     LinkPhase,
     PublishInput,
@@ -23,6 +27,7 @@ from floodwall.enforce.states import (
 C, CI = ChannelPhase, ChannelInput
 L, LI = LinkPhase, LinkInput
 P, PI = PublishPhase, PublishInput
+D, DI = DeliveryPhase, DeliveryInput
 
 CHANNEL_EXPECTED = {
     (C.OPEN, CI.PROXY_CLOSES): C.CLOSE_OKS_DUE,
@@ -66,6 +71,20 @@ LINK_EXPECTED = {
     (L.CLIENT_DETACH_DUE, LI.CLIENT_DETACH): L.GONE,
 }
 
+DELIVERY_EXPECTED = {
+    (D.IDLE, DI.FIRST_FRAME): D.FORWARDING,
+    (D.IDLE, DI.DROPPED_FIRST_FRAME): D.DROPPING,
+    (D.FORWARDING, DI.REFUSED): D.DROPPING,
+    (D.FORWARDING, DI.SPOOLED): D.CAPTURING,
+    (D.FORWARDING, DI.LAST_FRAME): D.IDLE,
+    (D.FORWARDING, DI.PROXY_DETACHES): D.IDLE,
+    (D.DROPPING, DI.LAST_FRAME): D.IDLE,
+    (D.DROPPING, DI.PROXY_DETACHES): D.IDLE,
+    (D.CAPTURING, DI.CAPTURE_REFUSED): D.DROPPING,
+    (D.CAPTURING, DI.LAST_FRAME): D.IDLE,
+    (D.CAPTURING, DI.PROXY_DETACHES): D.IDLE,
+}
+
 
 def test_every_channel_pair_moves_as_expected_or_is_not_taken() -> None:
     for phase, event in itertools.product(ChannelPhase, ChannelInput):
@@ -94,6 +113,13 @@ def test_every_link_pair_moves_as_expected_or_is_not_taken() -> None:
     assert LINK_PHASES == LINK_EXPECTED
 
 
+def test_every_delivery_pair_moves_as_expected_or_is_not_taken() -> None:
+    for phase, event in itertools.product(DeliveryPhase, DeliveryInput):
+        assert step(DELIVERY_PHASES, phase, event) == DELIVERY_EXPECTED.get((phase, event)), (
+            phase, event)
+    assert DELIVERY_PHASES == DELIVERY_EXPECTED
+
+
 def _reachable(table: dict[tuple[object, object], object], start: object) -> set[object]:
     seen, todo = {start}, [start]
     while todo:
@@ -109,6 +135,7 @@ def test_every_phase_is_reachable_and_gone_is_final() -> None:
     assert _reachable(CHANNEL_PHASES, C.OPEN) == set(ChannelPhase)
     assert _reachable(LINK_PHASES, L.OPEN) == set(LinkPhase)
     assert _reachable(PUBLISH_PHASES, P.READY) == set(PublishPhase)
+    assert _reachable(DELIVERY_PHASES, D.IDLE) == set(DeliveryPhase)
     assert not any(src is C.GONE for src, _ in CHANNEL_PHASES)
     assert not any(src is L.GONE for src, _ in LINK_PHASES)
 
@@ -124,3 +151,21 @@ def test_a_closing_channel_or_detaching_link_takes_only_the_peers_answers() -> N
     for phase in DETACHING_PHASES:
         for event in (LI.BLOCKED, LI.RELEASED, LI.GRANTED, LI.PROXY_DETACHES):
             assert step(LINK_PHASES, phase, event) is None
+
+
+def test_a_delivery_is_decided_by_its_first_frame_and_every_one_ends_idle() -> None:
+    # Only an idle link starts a delivery; only a forwarded one is refused or spooled.
+    for (phase, event) in DELIVERY_PHASES:
+        if event in (DI.FIRST_FRAME, DI.DROPPED_FIRST_FRAME):
+            assert phase is D.IDLE
+        if event in (DI.REFUSED, DI.SPOOLED):
+            assert phase is D.FORWARDING
+    for phase in DeliveryPhase:
+        if phase is not D.IDLE:
+            assert step(DELIVERY_PHASES, phase, DI.LAST_FRAME) is D.IDLE
+            assert step(DELIVERY_PHASES, phase, DI.PROXY_DETACHES) is D.IDLE
+
+
+def test_a_link_runs_only_while_neither_blocked_nor_detaching() -> None:
+    assert LINK_RUN_PHASES == {L.OPEN, L.RELEASED}
+    assert not LINK_RUN_PHASES & DETACHING_PHASES and L.WITHHELD not in LINK_RUN_PHASES

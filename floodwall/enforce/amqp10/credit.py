@@ -12,6 +12,7 @@ from floodwall.enforce.amqp10.links import (
     _DETACHING,
     _NO_KEYS,
     ASSUMED_MESSAGE_BYTES,
+    IDLE,
     IN_FLIGHT_HEADROOM_PARTS,
     IN_FLIGHT_WINDOWS,
     PACING_ROOM,
@@ -31,6 +32,8 @@ from floodwall.enforce.amqp10.links import (
 )
 from floodwall.enforce.amqp10.sessions import Sessions
 from floodwall.enforce.decision import Decision, Verdict, deadline_of, decide
+from floodwall.enforce.shadow import ShadowRecorder
+from floodwall.enforce.shared import GateContext
 from floodwall.enforce.states import LinkInput
 from floodwall.wire.amqp10.addresses import (
     Destination,
@@ -51,8 +54,23 @@ from floodwall.wire.amqp10.performatives import (
 from floodwall.wire.amqp10.types import UInt
 
 
-class LinkCredit(Sessions):
-    """The credit each sender link gets, on top of the sessions and links."""
+class LinkCredit:
+    """The credit each sender link gets: the part that rewrites the peers' flows, caps a
+    link's credit by its window, withholds it while a queue it feeds is tripped, restores it
+    on release and detaches a link without credit past its deadline.
+
+    It is handed the sessions part (their tables, and the frames it makes: grants, detaches),
+    the withheld links (``Sessions.withheld``) and the shadow part (a delivery's would-be
+    verdict)."""
+
+    def __init__(self, ctx: GateContext, lifecycle: Sessions, shadow: ShadowRecorder) -> None:
+        self.ctx = ctx
+        self.controller = ctx.controller  # (the process' one: read per transfer)
+        self.lifecycle = lifecycle
+        self.sessions = lifecycle.sessions
+        self.by_server_channel = lifecycle.by_server_channel
+        self.withheld = lifecycle.withheld
+        self.shadow = shadow
 
     def expire(self, now: float) -> int:
         """Withheld links: note since when each has had no credit (``now``, the caller's
@@ -60,13 +78,13 @@ class LinkCredit(Sessions):
         those out of credit for longer than their policy's ``deadline`` with
         ``amqp:resource-limit-exceeded``; returns how many were detached."""
         expired = 0
-        for link in list(self.withheld_links.values()):
-            if link.credit.client_credit > 0 or link.delivery.in_progress:
+        for link in list(self.withheld.values()):
+            if link.credit.client_credit > 0 or link.delivery.phase is not IDLE:
                 continue
             since = link.starved_since
             if since is None:
                 link.starved_since = now
-                self.controller.starved(self.conn_id, link.ref, now)
+                self.controller.starved(self.ctx.conn_id, link.ref, now)
                 continue
             deadline = self._deadline(link)
             if now - since < deadline:
@@ -75,14 +93,14 @@ class LinkCredit(Sessions):
             if session is None:
                 continue
             expired += 1
-            queues = sorted(q for _, q in self.controller.blocked_on(self.conn_id, link.ref)) \
+            queues = sorted(q for _, q in self.controller.blocked_on(self.ctx.conn_id, link.ref)) \
                 or [self.controller.alarm_reason or "?"]
             names = ",".join(queues)
-            self.counters.deadline_expiries += 1
+            self.ctx.counters.deadline_expiries += 1
             why = f"still over capacity after the {deadline:g}s deadline"
-            self.outbox.append(ev.DeadlineExpired(self._at(link), tuple(queues), why,
+            self.ctx.outbox.append(ev.DeadlineExpired(self.lifecycle.at(link), tuple(queues), why,
                                                ev.Answer.DETACHED, 0, round(now - since, 3)))
-            self._to_server(self._detach_by_proxy(
+            self.ctx.to_server(self.lifecycle.detach_by_proxy(
                 session, link, RESOURCE_LIMIT_EXCEEDED,
                 f"floodwall: queue '{names}' {why}: no link credit for {now - since:.1f}s"))
         return expired
@@ -90,7 +108,7 @@ class LinkCredit(Sessions):
     def _deadline(self, link: SenderLink) -> float:
         """The shortest ``deadline`` among the policies of the queues ``link`` waits on."""
         return deadline_of(self.controller.queues,
-                           self.controller.blocked_on(self.conn_id, link.ref))
+                           self.controller.blocked_on(self.ctx.conn_id, link.ref))
 
     # -- flow frames -----------------------------------------------------------------------
     def on_client_flow(self, channel: int, fields: list[object]) -> bytes | None:
@@ -178,17 +196,17 @@ class LinkCredit(Sessions):
         route = link.route
         if route is not None and route[0] == generation:
             return route[1]
-        queues = queues_for(self.controller, self.vhost, link.destination)
+        queues = queues_for(self.controller, self.ctx.vhost, link.destination)
         link.route = (generation, queues)
         return queues
 
-    def _route(self, link: SenderLink, payload: bytes, start: int, end: int,
+    def route(self, link: SenderLink, payload: bytes, start: int, end: int,
                now: float) -> frozenset[str]:
         if not link.per_message:
             if (route := link.route) is not None and route[0] == self.controller.generation:
                 return route[1]  # (``_fixed_queues``' answer inline: per transfer)
             return self._fixed_queues(link)
-        if not self.controller.queues and not self.controller.polices_vhost(self.vhost):
+        if not self.controller.queues and not self.controller.polices_vhost(self.ctx.vhost):
             return frozenset()
         found = message_routing(payload, start, end)
         if found is None:
@@ -198,7 +216,7 @@ class LinkCredit(Sessions):
         if link.anonymous:
             destination = parse_target(to) if to else None
             link.delivery.message_to = to or ""
-        queues = queues_for(self.controller, self.vhost, destination, subject)
+        queues = queues_for(self.controller, self.ctx.vhost, destination, subject)
         link.delivery.lookup = self._lookup(destination, queues, now, subject)
         return queues
 
@@ -211,7 +229,7 @@ class LinkCredit(Sessions):
         key = destination.routing_key if destination.routing_key is not None else subject
         if key is None:
             return _NO_KEYS
-        pending = self.controller.lookup_for(self.vhost, destination.exchange, key, queues, now)
+        pending = self.controller.lookup_for(self.ctx.vhost, destination.exchange, key, queues, now)
         return _NO_KEYS if pending is None else frozenset((pending,))
 
     def _policed(self, link: SenderLink,
@@ -222,7 +240,7 @@ class LinkCredit(Sessions):
             return _NO_KEYS
         if names is None:
             names = self._queues(link)
-        return self.controller.policed(self.vhost, names)
+        return self.controller.policed(self.ctx.vhost, names)
 
     def _window(self, link: SenderLink, names: frozenset[str] | None = None) -> int | None:
         """The link's credit cap, or None when nothing it sends to is policed (``names``:
@@ -265,10 +283,10 @@ class LinkCredit(Sessions):
                     n += 1
         return n or 1
 
-    def _overshoot(self, names: frozenset[str], body_bytes: int) -> None:
+    def overshoot(self, names: frozenset[str], body_bytes: int) -> None:
         """A delivery to ``names`` forwarded while some of them are tripped: count it on each."""
         queues = self.controller.queues
-        for key in self.controller.blocking(self.vhost, names):
+        for key in self.controller.blocking(self.ctx.vhost, names):
             q = queues.get(key)
             if q is not None and q.tripped:
                 q.overshoot_messages += 1
@@ -281,42 +299,42 @@ class LinkCredit(Sessions):
         when that happens is one window, not the broker's whole grant."""
         controller = self.controller
         if link.per_message:
-            return bool(controller.queues) or controller.polices_vhost(self.vhost)
+            return bool(controller.queues) or controller.polices_vhost(self.ctx.vhost)
         destination = link.destination
         if destination is None or destination.routing_key is None:
             return False
         if destination.exchange:
-            return controller.polices_vhost(self.vhost)
-        return controller.enforces(self.vhost, destination.routing_key)
+            return controller.polices_vhost(self.ctx.vhost)
+        return controller.enforces(self.ctx.vhost, destination.routing_key)
 
     # -- shadow mode -------------------------------------------------------------------------
-    def _shadow_transfer(self, link: SenderLink, queues: frozenset[str]) -> None:
+    def shadow_transfer(self, link: SenderLink, queues: frozenset[str]) -> None:
         """A delivery's first frame, with shadow policies tripped (or the link's would-be
         hold to end): what enforcing them would have done (``enforce.shadow``). A fixed
-        link's refused delivery withholds its credit, as enforced (``_after_transfer``)."""
-        at = self._at(link)
-        would = self._would_wait_on(at, link.shadow, queues)
+        link's refused delivery withholds its credit, as enforced (``after_transfer``)."""
+        at = self.lifecycle.at(link)
+        would = self.shadow.would_wait_on(at, link.shadow, queues)
         if not would:
             return
         lookups = link.delivery.lookup if link.per_message else _NO_KEYS
-        blocking = self.controller.blocking(self.vhost, queues) | lookups
-        verdict = decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
+        blocking = self.controller.blocking(self.ctx.vhost, queues) | lookups
+        verdict = decide(self.ctx.vhost, queues, blocking, self.controller.queues, self.ctx.spool,
                          lookup=bool(lookups), behind=link.spool_refused, shadow=would).shadow
         if verdict is Verdict.REJECT and not link.per_message:
             verdict = Verdict.HOLD
-        self._would_have(at, link.shadow, verdict, would, None)
+        self.shadow.would_have(at, link.shadow, verdict, would, None)
 
     # -- spool -------------------------------------------------------------------------------
     def _spooling(self, link: SenderLink, queues: frozenset[str],
                   blocking: frozenset[QueueKey], lookups: frozenset[QueueKey]) -> Decision:
         """What the decision says of ``link``'s next messages (spooled: its credit stays)."""
-        return decide(self.vhost, queues, blocking, self.controller.queues, self.spool,
+        return decide(self.ctx.vhost, queues, blocking, self.controller.queues, self.ctx.spool,
                       lookup=bool(lookups), behind=link.spool_refused)
 
     def _decide(self, link: SenderLink, window: int | None, now: float) -> LinkFlow:
         """The credit to give the client now: withheld while a queue it feeds is tripped."""
         queues = self._queues(link)
-        blocking = self.controller.blocking(self.vhost, queues)
+        blocking = self.controller.blocking(self.ctx.vhost, queues)
         lookups = _NO_KEYS if link.per_message else self._lookup(link.destination, queues, now)
         blocking |= lookups
         if blocking and self._spooling(link, queues, blocking, lookups).verdict \
@@ -366,7 +384,7 @@ class LinkCredit(Sessions):
                 return False
         return True
 
-    def _after_transfer(self, link: SenderLink, now: float,
+    def after_transfer(self, link: SenderLink, now: float,
                         routed: frozenset[str] | None = None) -> None:
         """After a client transfer: withhold credit if a queue tripped, else top it up.
 
@@ -384,7 +402,7 @@ class LinkCredit(Sessions):
             queues = fixed = routed if routed is not None else self._queues(link)
             lookups = _NO_KEYS
         controller = self.controller
-        blocking = controller.blocking(self.vhost, queues)
+        blocking = controller.blocking(self.ctx.vhost, queues)
         if lookups:
             blocking |= lookups
         if blocking:
@@ -411,25 +429,25 @@ class LinkCredit(Sessions):
                     return
                 window = room
         if link.credit.wants_top_up(window):
-            self._send_grant(link, link.credit.grant(window))
+            self.lifecycle.send_grant(link, link.credit.grant(window))
 
     def _block(self, link: SenderLink, blocking: frozenset[QueueKey], now: float) -> bool:
         """Block the link on ``blocking``; False when they all released meanwhile."""
         if link.blocked:
             return True
-        newly = self.controller.block(self.conn_id, link.ref, blocking, now)
-        if not newly and not self.controller.is_blocked(self.conn_id, link.ref):
+        newly = self.controller.block(self.ctx.conn_id, link.ref, blocking, now)
+        if not newly and not self.controller.is_blocked(self.ctx.conn_id, link.ref):
             return False
         link.move(LinkInput.BLOCKED)
         link.starved_since = None
-        self.withheld_links[link.ref] = link
-        self.outbox.append(ev.PublisherHeld(self._at(link), blocking, True))
+        self.withheld[link.ref] = link
+        self.ctx.outbox.append(ev.PublisherHeld(self.lifecycle.at(link), blocking, True))
         self._signalled(link, active=False)
         return True
 
     def _signalled(self, link: SenderLink, active: bool) -> None:
-        self.counters.signalled(PROTOCOL, active)
-        self.outbox.append(ev.Signalled(self._at(link), active))
+        self.ctx.counters.signalled(PROTOCOL, active)
+        self.ctx.outbox.append(ev.Signalled(self.lifecycle.at(link), active))
 
     def channel_admitted(self, channel: int, now: float) -> None:
         """A held queue the link waits on has tokens. A 1.0 link is not admitted while held:
@@ -444,10 +462,10 @@ class LinkCredit(Sessions):
             return
         link.move(LinkInput.RELEASED)
         link.starved_since = None
-        self.withheld_links.pop(link.ref, None)
+        self.withheld.pop(link.ref, None)
         link.spool_refused = False
         link.hit.clear()
         window = self._window(link)
         grant = self._decide(link, window, now)
         if not link.blocked:
-            self._send_grant(link, grant)
+            self.lifecycle.send_grant(link, grant)

@@ -23,16 +23,16 @@ link's typical message, or ``capacity / WINDOW_PARTS`` of a large queue's, at mo
 The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
 off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
 hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
-against its window until the broker settles them (``_track``, ``_broker_settled``): credit
+against its window until the broker settles them (``InFlightDeliveries``): credit
 plus unsettled stay within ``IN_FLIGHT_WINDOWS`` windows, which bounds what a broker slow to
 enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x`` the window in bytes. Far from
 capacity that bound would starve a fast link of the broker's pipe (every round trip a few
 messages: half the rate, twice the relay CPU per message), so beyond it the unsettled
 deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take up to
-``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``_in_flight_room``): the estimate is
-then short by at most that share of the headroom it shows, which (2 parts) never exceeds the
-true headroom, and near capacity the windows' bound is what is left. A squeezed link is
-topped up once half a window is free again, not per disposition. The broker's dispositions
+``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``LinkCredit._in_flight_room``): the
+estimate is then short by at most that share of the headroom it shows, which (2 parts) never
+exceeds the true headroom, and near capacity the windows' bound is what is left. A squeezed
+link is topped up once half a window is free again, not per disposition. The broker's dispositions
 are read by role, first and last alone (``on_server_settled``, ``peek_disposition``) unless
 the session's delivery-ids are renumbered. Deliveries sent settled get no disposition and
 are not counted.
@@ -93,16 +93,18 @@ every entry point that needs the time takes ``now``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Final
 
 from floodwall.control.controller import QueueKey
 from floodwall.control.policy import Fsync
 from floodwall.enforce import events as ev
+from floodwall.enforce.amqp10.credit import LinkCredit
+from floodwall.enforce.amqp10.inflight import InFlightDeliveries
 from floodwall.enforce.amqp10.links import (
     _ACCEPTED,
+    IDLE,
     TRANSACTIONAL_STATE,
-    InFlight,
     ReceiverLink,
     SenderLink,
     SessionGate,
@@ -115,20 +117,22 @@ from floodwall.enforce.amqp10.links import (
     encode_performative_fields,
 )
 from floodwall.enforce.amqp10.runs import TransferRuns
+from floodwall.enforce.amqp10.sessions import Sessions
 from floodwall.enforce.capture import capture_refusal
-from floodwall.enforce.commands import ReadEveryFrame
+from floodwall.enforce.commands import Outbox, ReadEveryFrame
 from floodwall.enforce.decision import Verdict, decide
 from floodwall.enforce.ports import SpoolRefused
+from floodwall.enforce.shadow import ShadowRecorder
+from floodwall.enforce.shared import Enforcement, GateContext
+from floodwall.enforce.states import DeliveryInput, DeliveryPhase
 from floodwall.spool.records import SpoolRecord
-from floodwall.wire.amqp10.credit import (
-    MODULUS,
-    serial_add,
-    serial_diff,
-)
+from floodwall.wire.amqp10.credit import serial_add
 from floodwall.wire.amqp10.errors import DecodeError
 from floodwall.wire.amqp10.framing import frame
 from floodwall.wire.amqp10.performatives import (
     TRANSFER,
+    Attach,
+    Begin,
 )
 from floodwall.wire.amqp10.performatives import (
     DispositionFields as D,
@@ -138,8 +142,11 @@ from floodwall.wire.amqp10.performatives import (
 )
 from floodwall.wire.amqp10.types import Described, UInt
 
+_FORWARDING: Final = DeliveryPhase.FORWARDING
+_CAPTURING: Final = DeliveryPhase.CAPTURING
 
-class CreditFlow(TransferRuns):
+
+class CreditFlow:
     """The credit gate of one AMQP 1.0 connection; asked by its ``amqp10.Connection``
     (``floodwall.wire.amqp10.hooks.TransferHooks``), released and expired by the I/O layer.
 
@@ -149,12 +156,103 @@ class CreditFlow(TransferRuns):
 
     The I/O layer reads ``holding``, ``held_bytes``, ``over_budget`` and calls ``expire`` as
     it does for 0-9-1's ``PublishFlow``: this gate never holds a message, so they are inert.
+
+    The gate owns its context (``GateContext``: the process' parts, the connection, the
+    outbox), the tables (``sessions`` and ``by_server_channel``: a connection's sessions by
+    either peer's channel, their links inside; the links whose credit is withheld) and its
+    parts, each handed the context and the tables it needs, none standing on another:
+    ``lifecycle`` (``Sessions``: sessions and links as the peers make and end them, spool
+    captures, the frames the proxy makes about a link), ``credit`` (``LinkCredit``: windows,
+    withholding, release, deadlines), ``runs`` (``TransferRuns``), ``in_flight``
+    (``InFlightDeliveries``) and ``shadow`` (``ShadowRecorder``). It keeps the transfers
+    themselves: a delivery's fate (forwarded, refused, spooled), renumbering, the broker's
+    settlements, the spool.
     """
 
     holding: Final = False
     held_bytes: Final = 0
     over_budget: Final = False
 
+    # The hooks the parts answer, bound in ``__init__`` (see there).
+    client_begin: Callable[[int, Begin], None]
+    server_begin: Callable[[int, Begin], None]
+    client_attach: Callable[[int, Attach], None]
+    server_attach: Callable[[int, Attach], None]
+    client_detach: Callable[[int, int], bytes | None]
+    server_detach: Callable[[int, int], bytes | None]
+    client_end: Callable[[int], None]
+    server_end: Callable[[int], None]
+    on_client_disposition: Callable[[int, list[object]], bytes | None]
+    on_client_flow: Callable[[int, list[object]], bytes | None]
+    on_server_flow: Callable[[int, list[object], float], bytes | None]
+    expire: Callable[[float], int]
+    channel_released: Callable[[int, float], None]
+    channel_admitted: Callable[[int, float], None]
+    transfer_run: Callable[[int, int], tuple[int, float] | None]
+    on_transfer_run: Callable[[int, int, int, int, list[int], float], None]
+    server_transfer_run: Callable[[int, int], bool]
+    on_server_transfer_run: Callable[[int, int, int], None]
+    take_output: Callable[[], Outbox]
+
+    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int = 0) -> None:
+        ctx = self.ctx = GateContext(shared, conn_id, hold_budget)
+        self.controller = ctx.controller  # (the process' one: read per transfer)
+        self.outbox = ctx.outbox  # one list for the connection's life; the core reads it
+        self.sessions: dict[int, SessionGate] = {}  # by the client's channel
+        self.by_server_channel: dict[int, SessionGate] = {}
+        self.withheld: dict[int, SenderLink] = {}  # links whose credit is withheld, by link_ref
+        self.dropping = False  # a delivery was consumed: ReadEveryFrame was asked for
+        self.shadow = ShadowRecorder(ctx)
+        self.in_flight = in_flight = InFlightDeliveries(ctx)
+        self.lifecycle = lifecycle = Sessions(ctx, self.sessions, self.by_server_channel,
+                                              self.withheld, in_flight)
+        self.credit = credit = LinkCredit(ctx, lifecycle, self.shadow)
+        self.runs = runs = TransferRuns(ctx, self.sessions, self.by_server_channel, credit,
+                                        in_flight)
+        # The hooks a part answers are that part's bound methods, set here rather than
+        # wrapped in a method of the gate that calls the part: the core calls the per-transfer
+        # ones (runs, flows) once per run or flow, and a wrapper would add a call to each.
+        # Tests may replace one on the gate, as they may a method.
+        self.take_output = ctx.take_output
+        self.client_begin, self.server_begin = lifecycle.client_begin, lifecycle.server_begin
+        self.client_attach = lifecycle.client_attach
+        self.server_attach = lifecycle.server_attach
+        self.client_detach = lifecycle.client_detach
+        self.server_detach = lifecycle.server_detach
+        self.client_end, self.server_end = lifecycle.client_end, lifecycle.server_end
+        self.on_client_disposition = lifecycle.on_client_disposition
+        self.on_client_flow, self.on_server_flow = credit.on_client_flow, credit.on_server_flow
+        self.expire = credit.expire
+        self.channel_released = credit.channel_released
+        self.channel_admitted = credit.channel_admitted
+        self.transfer_run, self.on_transfer_run = runs.transfer_run, runs.on_transfer_run
+        self.server_transfer_run = runs.server_transfer_run
+        self.on_server_transfer_run = runs.on_server_transfer_run
+        # The parts' methods the per-frame path calls, bound once for the same reason.
+        self._route, self._after_transfer = credit.route, credit.after_transfer
+        self._track = in_flight.track
+
+    # -- what the I/O layer and the core read ------------------------------------------------
+    @property
+    def hold_budget(self) -> int:
+        return self.ctx.hold_budget
+
+    @hold_budget.setter
+    def hold_budget(self, budget: int) -> None:
+        self.ctx.hold_budget = budget
+
+    @property
+    def captured_bytes(self) -> int:
+        """Bytes of its links' spool captures (counted as held)."""
+        return self.lifecycle.captured_bytes
+
+    def vhost_opened(self, vhost: str) -> None:
+        self.ctx.vhost = vhost
+
+    def close(self) -> None:
+        """The connection is gone: none of its links is blocked any more, nothing of it is
+        captured for the spool."""
+        self.lifecycle.close()
 
     # -- transfers ---------------------------------------------------------------------------
     def on_client_transfer(self, channel: int, fields: list[object], payload: bytes,
@@ -174,30 +272,29 @@ class CreditFlow(TransferRuns):
         more = count > T.MORE and _flag(fields, T.MORE, TRANSFER)
         aborted = count > T.ABORTED and _flag(fields, T.ABORTED, TRANSFER)
         delivery = link.delivery
-        first = not delivery.in_progress
+        first = delivery.phase is IDLE
         replacement: bytes | None = None
         if first:
             if not link.credit.transfer():
                 session.dropped_frames += 1
                 self._drop_delivery(session, fields)
-                return self._transfer_limit_exceeded(session, link)
+                return self.lifecycle.transfer_limit_exceeded(session, link)
             delivery.bytes = 0
-            delivery.dropping = False
             queues = delivery.queues = self._route(link, payload, start, end, now)
-            if link.shadow.on or self.controller.trips.shadow:
-                self._shadow_transfer(link, queues)
-            if link.per_message or self.spool is not None:
-                blocking = self.controller.blocking(self.vhost, queues)
-                if blocking:
-                    self._consume(session, link, fields, blocking)
+            # The link's own state has nothing to decide (as for a run) unless it says so;
+            # a shadow trip or the spool may still have.
+            plain = link.may_run
+            delivery.phase = _FORWARDING  # (DELIVERY_PHASES' FIRST_FRAME, inline: per transfer)
+            if not plain or self.controller.trips.shadow or self.ctx.spool is not None:
+                self._first_frame(session, link, fields, queues)
             # The broker numbers it by the drops before it (also on other links meanwhile).
             delivery.id_shift = session.ids.dropped
-        in_progress = delivery.in_progress = more and not aborted
-        if delivery.dropping:
+        in_progress = more and not aborted
+        if delivery.phase is not _FORWARDING:
             session.dropped_frames, replacement = session.dropped_frames + 1, b""
-            if link.capture is not None:
+            if delivery.phase is _CAPTURING:
                 if aborted:  # the client gave up on it: nothing to store or settle
-                    self._uncapture(link)
+                    self.lifecycle.uncapture(link)
                 else:
                     self._capture_part(session, link, payload[start:end], more)
         else:
@@ -209,108 +306,57 @@ class CreditFlow(TransferRuns):
                                                  and _flag(fields, T.SETTLED, TRANSFER)):
                 self._track(session, link, fields)
             elif aborted and delivery.tracked_id is not None:  # the broker will not settle
-                self._untrack(session, link)
+                self.in_flight.untrack(session, link)
         if not in_progress:
             self._delivered(link, aborted, now)
         if first or not in_progress:  # (a first frame's queues were routed just now)
             self._after_transfer(link, now, delivery.queues if first else None)
         return replacement
 
+    def _first_frame(self, session: SessionGate, link: SenderLink, fields: list[object],
+                     queues: frozenset[str]) -> None:
+        """A delivery's first frame, on a link that may not run, or with a shadow queue
+        tripped or a spool: what enforcing the shadow policies would do, and whether the
+        proxy refuses or spools it (``_consume``)."""
+        if link.shadow.on or self.controller.trips.shadow:
+            self.credit.shadow_transfer(link, queues)
+        if link.per_message or self.ctx.spool is not None:
+            blocking = self.controller.blocking(self.ctx.vhost, queues)
+            if blocking:
+                self._consume(session, link, fields, blocking)
+
     def _dropped_frame(self, session: SessionGate, link: SenderLink,
                        fields: list[object]) -> bytes:
         """A frame of a link the proxy detached: dropped (b""), the session renumbered."""
         session.dropped_frames += 1
-        if not link.delivery.in_progress:
+        delivery = link.delivery
+        if delivery.phase is IDLE:
             self._drop_delivery(session, fields)
-        link.delivery.in_progress = _flag(fields, T.MORE, TRANSFER)
+            delivery.move(DeliveryInput.DROPPED_FIRST_FRAME)
+        if not _flag(fields, T.MORE, TRANSFER):
+            delivery.move(DeliveryInput.LAST_FRAME)
         return b""
 
     def _delivered(self, link: SenderLink, aborted: bool, now: float) -> None:
         """A delivery's last frame: a forwarded one is booked on the queues it lands in."""
         delivery = link.delivery
-        if not delivery.dropping and not aborted:
+        if delivery.phase is _FORWARDING and not aborted:
             link.deliveries += 1
             link.payload_bytes += delivery.bytes
             controller = self.controller
             if controller.any_tripped:  # sent on credit granted before a trip
-                self._overshoot(delivery.queues, delivery.bytes)
-            controller.forwarded(self.vhost, delivery.queues, delivery.bytes, now)
+                self.credit.overshoot(delivery.queues, delivery.bytes)
+            controller.forwarded(self.ctx.vhost, delivery.queues, delivery.bytes, now)
             if link.per_message and controller.queues:
                 link.hit.update(q for q in delivery.queues
-                                if (self.vhost, q) in controller.queues)
-        delivery.dropping = False
-
-    def _track(self, session: SessionGate, link: SenderLink, fields: list[object]) -> None:
-        """Count a forwarded unsettled delivery of a windowed link until the broker settles
-        it: what the broker has not settled may not be in its queue yet (RabbitMQ's internal
-        flow control can hold hundreds of messages between the socket and the queue, and a
-        ready count does not see them), so it counts against the link's window."""
-        delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
-        if delivery_id is None:
-            return
-        shift = link.delivery.id_shift
-        broker_id = serial_add(delivery_id, -shift) if shift else delivery_id
-        entry = self._in_flight_entry(link)
-        for q in entry[1]:
-            q.in_flight += 1
-        session.in_flight[broker_id] = entry
-        link.delivery.tracked_id = broker_id
-        link.unsettled += 1
-        if not self.tracking:
-            self.tracking = True
-            self.outbox.append(ReadEveryFrame(broker_only=True))
-
-    def _untrack(self, session: SessionGate, link: SenderLink) -> None:
-        tracked = link.delivery.tracked_id
-        entry = session.in_flight.get(tracked) if tracked is not None else None
-        if entry is not None and entry[0] is link:
-            del session.in_flight[tracked]  # type: ignore[arg-type]
-            link.unsettled -= 1
-            for q in entry[1]:
-                q.in_flight -= 1
-        link.delivery.tracked_id = None
+                                if (self.ctx.vhost, q) in controller.queues)
+        delivery.phase = IDLE  # (DELIVERY_PHASES' LAST_FRAME, inline: per transfer)
 
     def _broker_settled(self, session: SessionGate, first: int, last: int, now: float) -> None:
         """The broker settled deliveries ``first``..``last`` (its ids): their links' windows
         have room again."""
-        in_flight = session.in_flight
-        span = serial_diff(last, first) + 1
-        ids: Iterable[int]
-        if span > 2 * len(in_flight):
-            ids = [i for i in in_flight if 0 <= serial_diff(i, first) < span]
-        elif first + span <= MODULUS:
-            ids = range(first, first + span)
-        else:
-            ids = [serial_add(first, i) for i in range(span)]
-        pop = in_flight.pop
-        runs: list[tuple[InFlight, int]] = []  # consecutive ids of one link share an entry
-        entry: InFlight | None = None
-        n = 0
-        for broker_id in ids:
-            found = pop(broker_id, None)
-            if found is None:
-                continue
-            if found is not entry:
-                if entry is not None:
-                    runs.append((entry, n))
-                entry, n = found, 0
-            n += 1
-        if entry is None:
-            return
-        runs.append((entry, n))
-        links: dict[int, SenderLink] = {}
-        for (link, counted), n in runs:
-            for q in counted:
-                q.in_flight -= n
-            link.unsettled -= n
-            tracked = link.delivery.tracked_id
-            if tracked is not None and 0 <= serial_diff(tracked, first) < span \
-                    and tracked not in in_flight:
-                link.delivery.tracked_id = None
-            if link.squeezed:  # (else its own transfers top it up, as they do)
-                links[id(link)] = link
-        for link in links.values():
-            if not link.detaching and not link.delivery.in_progress:
+        for link in self.in_flight.settled(session, first, last):
+            if not link.detaching and link.delivery.phase is IDLE:
                 link.squeezed = False
                 self._after_transfer(link, now)
 
@@ -321,10 +367,10 @@ class CreditFlow(TransferRuns):
         let it through (it was sent on credit; the link's credit is withheld after it)."""
         state = fields[T.STATE] if len(fields) > T.STATE else None
         transactional = isinstance(state, Described) and state.descriptor == TRANSACTIONAL_STATE
-        decision = decide(self.vhost, link.delivery.queues, blocking, self.controller.queues,
-                          self.spool, transactional=transactional, behind=link.spool_refused)
+        decision = decide(self.ctx.vhost, link.delivery.queues, blocking, self.controller.queues,
+                          self.ctx.spool, transactional=transactional, behind=link.spool_refused)
         if decision.verdict is Verdict.REJECT and link.per_message:
-            link.delivery.dropping = True
+            link.delivery.move(DeliveryInput.REFUSED)
             link.credit.dropped()
             self._drop_delivery(session, fields)
             self._reject(session, link, fields, blocking)
@@ -333,14 +379,15 @@ class CreditFlow(TransferRuns):
             link.spool_refused = True  # so its credit is withheld after this one
             if not link.not_spooled_reported:
                 link.not_spooled_reported = True
-                self.outbox.append(ev.NotSpooled(self._at(link), next(iter(link.delivery.queues)),
-                                              "transactional transfer", "held by credit"))
+                self.outbox.append(ev.NotSpooled(
+                    self.lifecycle.at(link), next(iter(link.delivery.queues)),
+                    "transactional transfer", "held by credit"))
             return
         key = decision.spool_to
         if key is None:
             return
         delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
-        link.delivery.dropping = True
+        link.delivery.move(DeliveryInput.SPOOLED)
         link.capture = SpoolCapture(
             key, link.delivery.message_to if link.anonymous else (link.address or ""),
             None if _flag(fields, T.SETTLED, TRANSFER) else delivery_id,
@@ -371,7 +418,7 @@ class CreditFlow(TransferRuns):
         if not isinstance(link, ReceiverLink) or link.queue is None:
             return
         if not link.in_delivery:
-            q = self.controller.queues.get((self.vhost, link.queue))
+            q = self.controller.queues.get((self.ctx.vhost, link.queue))
             if q is not None:
                 q.depth.delivered()
         link.in_delivery = _flag(fields, T.MORE, TRANSFER) and not _flag(
@@ -433,19 +480,16 @@ class CreditFlow(TransferRuns):
         fits the spool and the budgets (``capture_refusal``), spooled with its last frame;
         else the capture is dropped and the delivery rejected at once."""
         capture = link.capture
-        assert capture is not None and self.spool is not None
+        assert capture is not None and self.ctx.spool is not None
         q = self.controller.queues.get(capture.key)
-        why = capture_refusal(self.spool, capture.key, capture.size + len(part),
+        why = capture_refusal(self.ctx.spool, capture.key, capture.size + len(part),
                               q.policy.spool.max_bytes if q is not None else 1 << 30,
-                              len(part), self.captured_bytes, self.hold_budget,
-                              self.counters.held_bytes, self.shared.memory)
+                              len(part), self.captured_bytes, self.ctx.hold_budget,
+                              self.ctx.counters.held_bytes, self.ctx.shared.memory)
         if why is not None:
             self._capture_refused(session, link, why)
             return
-        capture.parts.append(part)
-        capture.size += len(part)
-        self.captured_bytes += len(part)
-        self.counters.held_bytes += len(part)
+        self.lifecycle.keep(capture, part)
         if not more:
             self._spool(session, link)
 
@@ -454,22 +498,23 @@ class CreditFlow(TransferRuns):
         dropped, and so is the rest as it comes; it is settled ``rejected``
         (amqp:resource-limit-exceeded, naming the queue) now, and the link's credit is
         withheld until the queue drains, as after a full spool."""
-        capture = self._uncapture(link)
+        capture = self.lifecycle.uncapture(link)
         assert capture is not None
-        self.counters.spool_fallbacks += 1
+        link.delivery.move(DeliveryInput.CAPTURE_REFUSED)
+        self.ctx.counters.spool_fallbacks += 1
         link.spool_refused = True
         self.outbox.append(ev.SpoolFellBack(
-            self._at(link), capture.key[1], why,
+            self.lifecycle.at(link), capture.key[1], why,
             "rejected; the link's credit is withheld until the queue drains"))
         if capture.delivery_id is not None:
-            self._settle(session, capture.delivery_id, capture.delivery_id, _rejected(
+            self.lifecycle.settle(session, capture.delivery_id, capture.delivery_id, _rejected(
                 f"floodwall: the message cannot be spooled for queue '{capture.key[1]}' "
                 f"({why})"))
 
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""
-        capture = self._uncapture(link)
-        assert capture is not None and self.spool is not None
+        capture = self.lifecycle.uncapture(link)
+        assert capture is not None and self.ctx.spool is not None
         key = capture.key
         q = self.controller.queues.get(key)
         settings = q.policy.spool if q is not None else None
@@ -477,23 +522,23 @@ class CreditFlow(TransferRuns):
                                             b"".join(capture.parts))
         delivery_id = capture.delivery_id
         try:
-            seq = self.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
+            seq = self.ctx.spool.append(key, record, settings.max_bytes if settings else 1 << 30)
         except SpoolRefused as exc:
-            self.counters.spool_fallbacks += 1
+            self.ctx.counters.spool_fallbacks += 1
             link.spool_refused = True
             self.outbox.append(ev.SpoolFellBack(
-                self._at(link), key[1], str(exc),
+                self.lifecycle.at(link), key[1], str(exc),
                 "rejected; the link's credit is withheld until the queue drains"))
             if delivery_id is not None:
-                self._settle(session, delivery_id, delivery_id, _rejected(
+                self.lifecycle.settle(session, delivery_id, delivery_id, _rejected(
                     f"floodwall: the spool of queue '{key[1]}' refused the message ({exc})"))
             return
-        self.counters.spooled_records += 1
-        self.counters.spooled_bytes += record.size
+        self.ctx.counters.spooled_records += 1
+        self.ctx.counters.spooled_bytes += record.size
         if delivery_id is None:
             return
         if settings is not None and settings.fsync is Fsync.NEVER:
-            self._settle(session, delivery_id, delivery_id, _ACCEPTED)
+            self.lifecycle.settle(session, delivery_id, delivery_id, _ACCEPTED)
         else:
             session.spool_acks.append((key, seq, delivery_id))
 
@@ -511,22 +556,22 @@ class CreditFlow(TransferRuns):
                     last = delivery_id
                     continue
                 if first >= 0:
-                    self._settle(session, first, last, _ACCEPTED)
+                    self.lifecycle.settle(session, first, last, _ACCEPTED)
                 first = last = delivery_id
             if first >= 0:
-                self._settle(session, first, last, _ACCEPTED)
+                self.lifecycle.settle(session, first, last, _ACCEPTED)
 
     def _reject(self, session: SessionGate, link: SenderLink, fields: list[object],
                 blocking: frozenset[QueueKey]) -> None:
         """Settle the delivery ``rejected`` ourselves (it will not reach the broker)."""
-        self.counters.rejects += 1
+        self.ctx.counters.rejects += 1
         names = ",".join(q for _, q in sorted(blocking))
-        self.outbox.append(ev.Refused(self._at(link), blocking, "over capacity (overflow: reject)",
-                                   ev.Answer.REJECTED, 0))
+        self.outbox.append(ev.Refused(self.lifecycle.at(link), blocking,
+                                      "over capacity (overflow: reject)", ev.Answer.REJECTED, 0))
         delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
         if _flag(fields, T.SETTLED, TRANSFER) or delivery_id is None:
             return
-        self._settle(session, delivery_id, delivery_id,
+        self.lifecycle.settle(session, delivery_id, delivery_id,
                      _rejected(f"floodwall: queue '{names}' is over capacity"))
 
 

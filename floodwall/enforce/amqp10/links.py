@@ -14,7 +14,17 @@ from floodwall.control.controller import PolicedQueue, QueueKey
 from floodwall.control.policy.model import Policy
 from floodwall.enforce import events as ev
 from floodwall.enforce.shadow import ShadowHold
-from floodwall.enforce.states import DETACHING_PHASES, LINK_PHASES, LinkInput, LinkPhase, step
+from floodwall.enforce.states import (
+    DELIVERY_PHASES,
+    DETACHING_PHASES,
+    LINK_PHASES,
+    LINK_RUN_PHASES,
+    DeliveryInput,
+    DeliveryPhase,
+    LinkInput,
+    LinkPhase,
+    step,
+)
 from floodwall.wire.amqp10.addresses import (
     Destination,
 )
@@ -76,6 +86,8 @@ REJECTED: Final = 0x25
 TRANSACTIONAL_STATE: Final = 0x34
 _NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
 _DETACHING_PHASES: Final = tuple(DETACHING_PHASES)
+_RUN_PHASES: Final = tuple(LINK_RUN_PHASES)
+IDLE: Final = DeliveryPhase.IDLE
 PROPERTIES: Final = MESSAGE_PROPERTIES
 _SMALLEST: Final = WINDOW_BYTES // MAX_WINDOW
 FIRST_BODY_SECTION: Final = 0x74  # application-properties and later: no ``to`` after them
@@ -147,10 +159,11 @@ CLIENT_DETACH_AWAITED: Final = frozenset({LinkPhase.DETACHES_DUE, LinkPhase.CLIE
 
 @dataclass(slots=True)
 class Delivery:
-    """The delivery a sender link is in the middle of (its first frame decided its fate)."""
+    """The delivery a sender link is in the middle of: its phase (``enforce.states.
+    DeliveryPhase``: its first frame decided its fate; IDLE between deliveries), its bytes so
+    far, where it lands."""
 
-    in_progress: bool = False  # more frames of it are to come
-    dropping: bool = False  # not forwarded (rejected or spooled by the proxy)
+    phase: DeliveryPhase = DeliveryPhase.IDLE
     bytes: int = 0
     queues: frozenset[str] = frozenset()  # where it lands
     # Lookups (control/lookups.py): the pseudo-queue its destination waits on (per-message
@@ -158,7 +171,12 @@ class Delivery:
     lookup: frozenset[QueueKey] = frozenset()
     message_to: str = ""  # an anonymous link's message: its ``to``
     id_shift: int = 0  # client - broker delivery-id
-    tracked_id: int | None = None  # its broker id while counted in flight (``_track``)
+    tracked_id: int | None = None  # its broker id while counted in flight (``track``)
+
+    def move(self, event: DeliveryInput) -> None:
+        """Take ``event`` (``enforce.states.DELIVERY_PHASES``); one its phase does not take
+        leaves it where it is."""
+        self.phase = step(DELIVERY_PHASES, self.phase, event) or self.phase
 
 
 @dataclass(slots=True)
@@ -209,8 +227,9 @@ class SenderLink:
     in_flight_entry: tuple[SenderLink, tuple[PolicedQueue, ...]] | None = None
     squeezed: bool = False  # its last top-up was cut by what it has unsettled
     windowed: bool = False  # its credit was last capped by a window (``_window``)
-    # The routing model's generation its window was last worked out at (``_after_transfer``
-    # skips the window while the client has over half its ceiling and this still holds).
+    # The routing model's generation its window was last worked out at
+    # (``LinkCredit.after_transfer`` skips the window while the client has over half its
+    # ceiling and this still holds).
     window_generation: int = -1
     window_bytes: int = WINDOW_BYTES  # its window in bytes, as last worked out (``_window``)
     not_spooled_reported: bool = False
@@ -248,6 +267,18 @@ class SenderLink:
     def detaching(self) -> bool:
         """The proxy detached it: its frames are dropped, both peers' detaches absorbed."""
         return self.phase in _DETACHING_PHASES  # (a tuple: an Enum's hash is a Python call)
+
+    @property
+    def may_run(self) -> bool:
+        """Whether the link's own state lets its next deliveries be booked in a run, with no
+        decision each (``enforce.amqp10.runs``; the per-frame path skips the same decisions
+        when this holds): open (``LINK_RUN_PHASES``: neither blocked nor detached), between
+        deliveries (nothing of one being dropped or captured), to a fixed destination (a
+        per-message link routes each message) and not held in shadow (each delivery's
+        would-be verdict is recorded). What its queues say (a trip, a backlog, a lookup, the
+        room before an evaluation) is asked apart, as it is not the link's."""
+        return (self.phase in _RUN_PHASES and self.delivery.phase is IDLE
+                and not self.per_message and not self.shadow.on)
 
     def move(self, event: LinkInput) -> None:
         """Take ``event`` (``enforce.states.LINK_PHASES``); one its phase does not take

@@ -9,10 +9,11 @@ link could be booked with no decision at all, reads that many (or fewer) in one 
 (``floodwall.wire.amqp10.runs.scan_transfer_run``) and hands the totals to
 ``on_transfer_run``.
 
-A run is allowed only while nothing it books can change a decision: the link is not
-blocked, detaching, per-message (each message routed on its own), capturing or shadowed; no
-delivery of its session was consumed (no renumbering); none of its queues is blocking (a
-trip, a backlog, an alarm, a lookup); and the run stays within the client's credit (the
+A run is allowed only while nothing it books can change a decision: the link's own state
+allows it (``SenderLink.may_run``: not blocked or detaching, between deliveries, not
+per-message, not held in shadow); no delivery of its session was consumed (no
+renumbering); none of its queues is blocking (a trip, a backlog, an alarm, a lookup) and no
+shadow queue is tripped; and the run stays within the client's credit (the
 highest limit granted: one more is a transfer-limit violation, read the usual way) and below
 the ledger totals at which the controller would evaluate any of its queues again
 (``floodwall.control.controller.quiet_room``). Within those bounds ``on_transfer_run`` books
@@ -27,13 +28,29 @@ from __future__ import annotations
 
 from floodwall.control.controller import forwarded_run, quiet_room
 from floodwall.enforce.amqp10.credit import LinkCredit
-from floodwall.enforce.amqp10.links import InFlight, ReceiverLink, SenderLink, SessionGate
-from floodwall.enforce.commands import ReadEveryFrame
+from floodwall.enforce.amqp10.inflight import InFlightDeliveries
+from floodwall.enforce.amqp10.links import ReceiverLink, SenderLink, SessionGate
+from floodwall.enforce.shared import GateContext
 from floodwall.wire.amqp10.credit import serial_add
 
 
-class TransferRuns(LinkCredit):
-    """The credit gate's run booking (``TransferHooks.transfer_run`` / ``on_transfer_run``)."""
+class TransferRuns:
+    """The credit gate's run booking (``TransferHooks.transfer_run`` / ``on_transfer_run``,
+    and the broker's side: ``server_transfer_run`` / ``on_server_transfer_run``).
+
+    It is handed the session tables, the credit part (a run ends as a delivery does: its
+    window worked out, ``LinkCredit.after_transfer``) and the deliveries in flight (a run's
+    unsettled deliveries count as each would)."""
+
+    def __init__(self, ctx: GateContext, sessions: dict[int, SessionGate],
+                 by_server_channel: dict[int, SessionGate], credit: LinkCredit,
+                 in_flight: InFlightDeliveries) -> None:
+        self.ctx = ctx
+        self.controller = ctx.controller  # (the process' one: read per run)
+        self.sessions = sessions
+        self.by_server_channel = by_server_channel
+        self.credit = credit
+        self.in_flight = in_flight
 
     def transfer_run(self, channel: int, handle: int) -> tuple[int, float] | None:
         """After a whole delivery of ``handle`` went through ``on_client_transfer`` (or, at
@@ -46,23 +63,21 @@ class TransferRuns(LinkCredit):
         if session is None or session.ids.dropped:
             return None
         link = session.links.get(handle)
-        if type(link) is not SenderLink or link.blocked or link.detaching or link.per_message \
-                or link.capture is not None or link.shadow.on:
+        if type(link) is not SenderLink or not link.may_run:
             return None
         delivery = link.delivery
-        if delivery.in_progress or delivery.dropping:
-            return None
         controller = self.controller
         route = link.route  # (asked again by the next read: routed as its last delivery was)
         if route is None or route[1] is not delivery.queues \
                 or route[0] != controller.generation:
             return None
-        if controller.trips.shadow or controller.blocking(self.vhost, delivery.queues):
+        vhost = self.ctx.vhost
+        if controller.trips.shadow or controller.blocking(vhost, delivery.queues):
             return None
         count = link.credit.room()
         if count <= 0:
             return None
-        room = quiet_room(controller.queues, self.vhost, delivery.queues)
+        room = quiet_room(controller.queues, vhost, delivery.queues)
         if room is None:
             return None
         room_bytes, room_messages = room
@@ -83,10 +98,10 @@ class TransferRuns(LinkCredit):
         link.deliveries += count
         link.payload_bytes += payload_bytes
         queues = link.delivery.queues
-        forwarded_run(self.controller.queues, self.vhost, queues, payload_bytes, count, now)
+        forwarded_run(self.controller.queues, self.ctx.vhost, queues, payload_bytes, count, now)
         if unsettled and link.windowed:
-            self._track_run(session, link, unsettled)
-        self._after_transfer(link, now, queues)
+            self.in_flight.track_run(session, link, unsettled)
+        self.credit.after_transfer(link, now, queues)
 
     # -- the broker's deliveries to the client ---------------------------------------------
     def server_transfer_run(self, channel: int, handle: int) -> bool:
@@ -107,34 +122,6 @@ class TransferRuns(LinkCredit):
         link = session.by_server_handle[handle]
         assert type(link) is ReceiverLink
         if link.queue is not None:
-            q = self.controller.queues.get((self.vhost, link.queue))
+            q = self.controller.queues.get((self.ctx.vhost, link.queue))
             if q is not None:
                 q.depth.delivered(count)
-
-    def _track_run(self, session: SessionGate, link: SenderLink, ids: list[int]) -> None:
-        """``_track`` for each of ``ids`` (the broker's ids: nothing was renumbered)."""
-        entry = self._in_flight_entry(link)
-        n = len(ids)
-        for q in entry[1]:
-            q.in_flight += n
-        session.in_flight.update(dict.fromkeys(ids, entry))
-        link.delivery.tracked_id = ids[-1]
-        link.unsettled += n
-        if not self.tracking:
-            self.tracking = True
-            self.outbox.append(ReadEveryFrame(broker_only=True))
-
-    def _in_flight_entry(self, link: SenderLink) -> InFlight:
-        """The in-flight entry of the link's deliveries: the link and the policed queues they
-        count on (one tuple per link, made again when its queues or the policies change)."""
-        names = link.delivery.queues
-        controller = self.controller
-        entry = link.in_flight_entry
-        if entry is None or names != link.in_flight_names \
-                or link.in_flight_generation != controller.generation:
-            queues = controller.queues
-            link.in_flight_names = names
-            link.in_flight_generation = controller.generation
-            link.in_flight_queues = tuple(queues[k] for k in self._policed(link, names))
-            entry = link.in_flight_entry = (link, link.in_flight_queues)
-        return entry

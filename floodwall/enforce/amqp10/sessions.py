@@ -1,9 +1,11 @@
 """The 1.0 credit gate's sessions and links: their lifecycle as both peers begin, attach, detach
-and end them; the frames the proxy makes for a link (grants, settlements, detaches)."""
+and end them; what a link's spool capture holds; the frames the proxy makes for a link
+(grants, settlements, detaches)."""
 
 from __future__ import annotations
 
 from floodwall.enforce import events as ev
+from floodwall.enforce.amqp10.inflight import InFlightDeliveries
 from floodwall.enforce.amqp10.links import (
     ANSWERS_AWAITED,
     CLIENT_DETACH_AWAITED,
@@ -17,9 +19,8 @@ from floodwall.enforce.amqp10.links import (
     _renumber_disposition,
     grant_flow_body,
 )
-from floodwall.enforce.shadow import ShadowWatch
-from floodwall.enforce.shared import Enforcement
-from floodwall.enforce.states import LinkInput
+from floodwall.enforce.shared import GateContext
+from floodwall.enforce.states import DeliveryInput, LinkInput
 from floodwall.wire.amqp10.addresses import (
     declared_queue,
     parse_target,
@@ -48,37 +49,44 @@ from floodwall.wire.amqp10.types import Described, Symbol, UInt
 from floodwall.wire.topology import ChangeKind, TopologyChange
 
 
-class Sessions(ShadowWatch):
-    """A connection's sessions and links as its credit gate keeps them."""
+class Sessions:
+    """A connection's sessions and links as its credit gate keeps them: the part that begins,
+    attaches, detaches and ends them (both peers' frames), and makes the frames the proxy
+    sends about a link.
 
-    def __init__(self, shared: Enforcement, conn_id: int, hold_budget: int = 0) -> None:
-        super().__init__(shared, conn_id, hold_budget)
-        self.sessions: dict[int, SessionGate] = {}  # by the client's channel
-        self.by_server_channel: dict[int, SessionGate] = {}
-        # The first delivery the proxy drops: the core starts reading the broker's dispositions.
-        self.dropping = False
-        # The first delivery counted in flight: the core starts reading the broker's
-        # dispositions.
-        self.tracking = False
-        self.withheld_links: dict[int, SenderLink] = {}  # blocked links by link_ref
+    It is handed the gate's tables: ``sessions`` (by the client's channel) and
+    ``by_server_channel`` (the same sessions by the broker's), ``withheld`` (the links whose
+    credit is withheld, by ``link_ref``: a link that goes is released from the controller)
+    and the deliveries in flight (a link or session that goes counts none)."""
+
+    def __init__(self, ctx: GateContext, sessions: dict[int, SessionGate],
+                 by_server_channel: dict[int, SessionGate], withheld: dict[int, SenderLink],
+                 in_flight: InFlightDeliveries) -> None:
+        self.ctx = ctx
+        self.sessions = sessions
+        self.by_server_channel = by_server_channel
+        self.withheld = withheld
+        self.in_flight = in_flight
         self.captured_bytes = 0  # bytes of its links' spool captures (counted as held)
 
     def close(self) -> None:
         """The connection is gone: none of its links is blocked any more, nothing of it is
         captured for the spool."""
-        self.controller.connection_closed(self.conn_id)
+        self.ctx.controller.connection_closed(self.ctx.conn_id)
         for session in self.sessions.values():
-            _uncount(session)
+            self.in_flight.forget_session(session)
             for link in session.links.values():
                 if isinstance(link, SenderLink):
-                    self._uncapture(link)
+                    self.uncapture(link)
         self.sessions.clear()
         self.by_server_channel.clear()
 
     # -- output ------------------------------------------------------------------------------
-    def _at(self, link: SenderLink) -> ev.At:
-        return ev.At(PROTOCOL, self.conn_id, self.vhost, link.ref,
-                  ev.LinkName(link.channel, link.handle, link.name))
+    def at(self, link: SenderLink) -> ev.At:
+        """Where an event about ``link`` happened."""
+        ctx = self.ctx
+        return ev.At(PROTOCOL, ctx.conn_id, ctx.vhost, link.ref,
+                     ev.LinkName(link.channel, link.handle, link.name))
 
     # -- sessions and links -----------------------------------------------------------------
     def client_begin(self, channel: int, begin: Begin) -> None:
@@ -101,7 +109,7 @@ class Sessions(ShadowWatch):
         session = self.sessions.pop(channel, None)
         if session is None:
             return
-        _uncount(session)
+        self.in_flight.forget_session(session)
         for link in session.links.values():
             self._link_gone(link)
         if session.server_channel is not None:
@@ -141,7 +149,8 @@ class Sessions(ShadowWatch):
         declared = session.declaring.pop(attach.name, None)
         answered = attach.source_address if attach.role is Role.SENDER else attach.target_address
         if declared is not None and answered is not None:  # the broker declared it for the link
-            self.outbox.append(TopologyChange(ChangeKind.DECLARE_QUEUE, self.vhost, declared))
+            self.ctx.outbox.append(TopologyChange(ChangeKind.DECLARE_QUEUE, self.ctx.vhost,
+                                                  declared))
         link = session.attaching.pop(attach.name, None)
         if link is None:
             return
@@ -180,28 +189,34 @@ class Sessions(ShadowWatch):
             del session.links[link.handle]
         if session.attaching.get(link.name) is link:
             del session.attaching[link.name]
-        if isinstance(link, SenderLink) and link.unsettled:
-            for broker_id in [i for i, (lk, _) in session.in_flight.items() if lk is link]:
-                for q in session.in_flight.pop(broker_id)[1]:
-                    q.in_flight -= 1
-            link.unsettled = 0
+        if isinstance(link, SenderLink):
+            self.in_flight.forget_link(session, link)
         self._link_gone(link)
 
-    def _uncapture(self, link: SenderLink) -> SpoolCapture | None:
+    # -- spool captures ----------------------------------------------------------------------
+    def keep(self, capture: SpoolCapture, part: bytes) -> None:
+        """A frame's payload of a delivery being captured: kept, counted as held."""
+        n = len(part)
+        capture.parts.append(part)
+        capture.size += n
+        self.captured_bytes += n
+        self.ctx.counters.held_bytes += n
+
+    def uncapture(self, link: SenderLink) -> SpoolCapture | None:
         """The link's spool capture, which stops counting as held (None: it had none)."""
         capture, link.capture = link.capture, None
         if capture is not None and capture.size:
             self.captured_bytes -= capture.size
-            self.counters.held_bytes -= capture.size
+            self.ctx.counters.held_bytes -= capture.size
         return capture
 
     def _link_gone(self, link: Link) -> None:
         if isinstance(link, SenderLink):
-            self._uncapture(link)
+            self.uncapture(link)
         if isinstance(link, SenderLink) and link.blocked:
             link.move(LinkInput.RELEASED)
-            self.withheld_links.pop(link.ref, None)
-            self.controller.channel_closed(self.conn_id, link.ref)
+            self.withheld.pop(link.ref, None)
+            self.ctx.controller.channel_closed(self.ctx.conn_id, link.ref)
 
     def on_client_disposition(self, channel: int, fields: list[object]) -> bytes | None:
         """The client settles its own deliveries (role sender): mapped to the broker's ids;
@@ -212,7 +227,7 @@ class Sessions(ShadowWatch):
         return _renumber_disposition(fields, session.ids, session.ids.broker_ranges, channel)
 
     # -- frames the proxy makes --------------------------------------------------------------
-    def _send_grant(self, link: SenderLink, grant: LinkFlow) -> None:
+    def send_grant(self, link: SenderLink, grant: LinkFlow) -> None:
         """A flow to the client for ``link``, with the broker's last session fields."""
         session = self.sessions.get(link.channel)
         if session is None or session.server_channel is None or link.server_handle is None:
@@ -220,48 +235,40 @@ class Sessions(ShadowWatch):
         next_incoming = session.next_incoming
         if next_incoming is not None and session.dropped_frames:
             next_incoming = serial_add(next_incoming, session.dropped_frames)
-        self._to_client(frame(grant_flow_body(
+        self.ctx.to_client(frame(grant_flow_body(
             next_incoming, session.incoming_window, session.next_outgoing,
             session.outgoing_window, link.server_handle, grant.delivery_count or 0,
             grant.link_credit, grant.drain), session.server_channel))
 
-    def _settle(self, session: SessionGate, first: int, last: int, state: Described) -> None:
+    def settle(self, session: SessionGate, first: int, last: int, state: Described) -> None:
         """Settle the client's deliveries ``first..last`` with ``state``, as the receiver."""
         if session.server_channel is None:
             return
-        self._to_client(frame(encode_performative(
+        self.ctx.to_client(frame(encode_performative(
             DISPOSITION, role=True, first=UInt(first),
             last=None if last == first else UInt(last), settled=True, state=state),
             session.server_channel))
 
-    def _transfer_limit_exceeded(self, session: SessionGate, link: SenderLink) -> bytes:
+    def transfer_limit_exceeded(self, session: SessionGate, link: SenderLink) -> bytes:
         """Detach the link on both sides; the broker's detach replaces the transfer."""
-        return self._detach_by_proxy(session, link, TRANSFER_LIMIT_EXCEEDED,
+        return self.detach_by_proxy(session, link, TRANSFER_LIMIT_EXCEEDED,
                                      "floodwall: transfer beyond the granted link credit")
 
-    def _detach_by_proxy(self, session: SessionGate, link: SenderLink, condition: str,
-                         description: str) -> bytes:
+    def detach_by_proxy(self, session: SessionGate, link: SenderLink, condition: str,
+                        description: str) -> bytes:
         """Detach ``link`` on both sides: the client's detach is queued, the broker's returned.
 
         Later frames of the link are dropped, both peers' answering detaches absorbed."""
-        link.delivery.in_progress = False
+        link.delivery.move(DeliveryInput.PROXY_DETACHES)
         self._link_gone(link)
-        self.outbox.append(ev.EndedByProxy(self._at(link), description, condition))
+        self.ctx.outbox.append(ev.EndedByProxy(self.at(link), description, condition))
         error = performative(ERROR, condition=Symbol(condition), description=description)
         if session.server_channel is not None and link.server_handle is not None:
             link.move(LinkInput.PROXY_DETACHES)  # both peers answer
-            self._to_client(frame(encode_performative(
+            self.ctx.to_client(frame(encode_performative(
                 DETACH, handle=UInt(link.server_handle), closed=True, error=error),
                 session.server_channel))
         else:  # the client has not heard of the broker's end: only the broker answers
             link.move(LinkInput.PROXY_DETACHES_BROKER_SIDE)
         return frame(encode_performative(DETACH, handle=UInt(link.handle), closed=True,
                                          error=error), link.channel)
-
-
-def _uncount(session: SessionGate) -> None:
-    """The session is gone: its deliveries no longer count in flight on their queues."""
-    for _, counted in session.in_flight.values():
-        for q in counted:
-            q.in_flight -= 1
-    session.in_flight.clear()
