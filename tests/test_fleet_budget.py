@@ -3,7 +3,7 @@ queue's headroom with a ``ShareRule`` (max-min fair on the announced demands); i
 it forwarded more than that part since its last count, and while held admits only that part
 of each count's room. Then N members on one queue, their counts staggered, together stay
 within ``capacity + R x max(0, W + L - m) + d x min(h + r, 10 ms) + N x M``
-(docs/architecture.md, "A fleet of sidecars"), where one member alone would let N
+(docs/design/fleet.md, "The bound"), where one member alone would let N
 capacities through; and members with equal demand are admitted equal parts of the drain."""
 
 from __future__ import annotations

@@ -510,7 +510,7 @@ policies:
 
 
 def stopped_bound(d: float, lag: float, budget: float, hot: float = HOT_INTERVAL) -> float:
-    """The stopped-consumer bound (docs/architecture.md, "Pace"): ``d x min(h + r, 10 ms)``
+    """The stopped-consumer bound (docs/design/pace.md, "Bounds"): ``d x min(h + r, 10 ms)``
     + what trusting the counts can cost for a true lag ``L`` beyond ``m_lo`` (at most ``S``,
     and at most the admissions of the counts within ``L - m_lo``: held publishes leave in
     one offer per count, ``h + r`` apart) + ``A x (L - m)`` + one message, ``A = d``."""
@@ -528,8 +528,8 @@ def test_a_held_queue_keeps_up_with_a_fast_consumer(capacity_kib: int, at_least:
     a 2 ms enqueue lag. The held producer is admitted >= 0.9 of the consumer's rate at
     1 MiB and >= 0.8 at 256 KiB (the targets; 0.99 and 0.97 here). At 256 KiB it is the
     trust budget that does it: without it the 20 ms margin and counts 6 ms apart capped it
-    at ~capacity / (m + r) (0.69; with the 64 KiB budget 0.87; docs/architecture.md,
-    "Pace"). Before the pace fixes: 863/s and 3,102/s (0.05 and 0.17)."""
+    at ~capacity / (m + r) (0.69; with the 64 KiB budget 0.87; docs/design/pace.md,
+    "Bounds"). Before the pace fixes: 863/s and 3,102/s (0.05 and 0.17)."""
     rate, peak, _ = simulate_held(capacity_kib, 0.002, 18000.0, 3.0)
     assert rate >= at_least * 18000
     assert peak * 1024 <= capacity_kib * 1024 + 64 * 1024  # the goal: 64 KiB over at most
@@ -553,7 +553,7 @@ def test_a_consumer_that_stops_dead_leaves_the_queue_within_256_kib(capacity_kib
     """The same, the consumer stopped dead after 1.5 s while the producer wants more: the
     queue stays within 256 KiB of its capacity, for a lag within m_lo (2 ms), one the
     counts hide between m_lo and m (15 ms: the trust budget's worst case) and one beyond m
-    (30 ms). Bound (docs/architecture.md, "Pace"): d x min(h + r, 10 ms) + min(S, A x (L -
+    (30 ms). Bound (docs/design/pace.md, "Bounds"): d x min(h + r, 10 ms) + min(S, A x (L -
     m_lo) in whole count intervals) + A x (L - m) + one message, d = A = 18,000 x 1 KiB/s
     here (``stopped_bound``). At a 6 ms hot interval each count admits more: the bound grows
     with ``h`` and holds, and the 256 KiB is the default's (at 6 ms a 30 ms lag hidden from

@@ -18,7 +18,8 @@ CITED = re.compile(r"(?<![\w/.-])((?:docs|policies|helm|tests|proxy|pipeline|ben
 DOCS = ["README.md", "CHANGELOG.md", "Dockerfile", "Makefile", "helm/floodwall/README.md",
         "docs/architecture.md", "docs/operations.md", "docs/telemetry.md", "docs/pipeline.md",
         "docs/configuration.md", "docs/kubernetes.md", "docs/performance.md",
-        "docs/development.md", "docs/compatibility.md"]
+        "docs/development.md", "docs/compatibility.md",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "design").glob("*.md"))]
 
 
 def test_license_is_the_apache_2_text() -> None:
@@ -55,7 +56,7 @@ def test_the_citation_check_can_fail(tmp_path: Path) -> None:
 
 #: Markdown pages whose relative links must resolve.
 PAGES = ["README.md", "bench/README.md", "bench/RESULTS.md", "helm/floodwall/README.md",
-         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

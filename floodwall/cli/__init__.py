@@ -206,7 +206,7 @@ def main() -> None:
                    "to fill before the next --depth-interval): counted back to back, one "
                    "passive declare in flight, at most one per this interval. Longer costs "
                    "the broker less and lets a consumer that stops dead leave its queue "
-                   "further over capacity (docs/architecture.md, \"Pace\").")
+                   "further over capacity (docs/design/pace.md, \"Bounds\").")
 @click.option("--management-interval", default="5s", callback=_duration, metavar="DURATION",
               show_default=True, envvar="FLOODWALL_MANAGEMENT_INTERVAL",
               help="How often each policed queue is sampled from the management API.")

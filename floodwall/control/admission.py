@@ -203,7 +203,7 @@ def paced(a: Allowance, depth: QueueDepth, hot_interval: float) -> Allowance:
     more than ``a``, so every bound of ``a`` holds. Why: what a count admits stays counted
     on top of the following counts for ``m``; taking all the headroom at one count left
     none for the next few, and the queue was fed in capacity-sized bursts every ``m`` that
-    its consumer ate in less (docs/architecture.md, "Pace"); paced, the window fills evenly
+    its consumer ate in less (docs/design/pace.md, "Admission"); paced, the window fills evenly
     and the admitted rate settles at the drain."""
     c = credit_time(hot_interval, depth.ready_rtt)
     part = min(1.0, 2 * c / (a.margin + (depth.ready_rtt or 0.0)))

@@ -59,10 +59,10 @@ DRAIN_RISE = 0.7
 # The drain rate is measured between ready counts at least this far apart (seconds).
 DRAIN_SPAN = 0.05
 # The in-flight margin of a count for admission while held, at least (seconds): bench/pace.py
-# on a loaded machine over-admitted by megabytes with a 2 ms floor (docs/architecture.md).
+# on a loaded machine over-admitted by megabytes with a 2 ms floor (docs/design/pace.md).
 HOT_MIN_MARGIN = MIN_MARGIN
 # While the counts show no lag, the enqueue-lag estimate halves every this many seconds
-# (docs/architecture.md, "Enqueue lag").
+# (docs/design/pace.md, "Enqueue lag").
 LAG_HALF_LIFE = 5.0
 # The longest recent round trip of the counts (``rtt_high``) halves every this many seconds:
 # a round trip is seen at every count, so a slow broker keeps it up (a hot queue is counted
@@ -93,7 +93,7 @@ class Depth:
     consumer). Delivered but unacknowledged messages are not counted: they are bounded by
     the consumers' prefetch, not by the producers, and no real-time count shows them (a
     passive declare counts ready messages only; the management API's unacknowledged
-    figure is seconds old). docs/architecture.md, "What capacity counts"."""
+    figure is seconds old). docs/design/pace.md, "What capacity counts"."""
 
     bytes: int
     messages: int
@@ -229,7 +229,7 @@ class QueueDepth:
         (``lag_at``); a count asked for later holds all of it, and its margin is the lag
         the counts show (``enqueue_lag``). (Halving it every second from the trip on instead,
         100 ms, 50 ms a second later, would admit a held queue at most about ``capacity /
-        70 ms`` over the first second after a trip: docs/architecture.md.)"""
+        70 ms`` over the first second after a trip: docs/design/pace.md.)"""
         if now + lag > self._assumed_until:
             self._assumed_lag, self._assumed_until = lag, now + lag
 
@@ -255,7 +255,7 @@ class QueueDepth:
         second whatever their margins). No rise beyond: the estimate
         halves per ``LAG_HALF_LIFE``. Consumers
         taking messages between the two counts hide a rise: the estimate errs low then, and
-        ``SETTLE`` at each trip covers what went before it (docs/architecture.md, "Pace").
+        ``SETTLE`` at each trip covers what went before it (docs/design/pace.md, "Enqueue lag").
         (Adding the drain estimate back was tried: a stale one, after consumers stop, reads
         as lag at every count.) In a fleet, what the other members forwarded between the
         two counts, at their announced rate (``others_rate``), is no lag; and as a rise

@@ -5,7 +5,7 @@ Pure: announcements are decoded from bytes (``decode``) and fed with ``now``
 (``FleetTable.heard``); nothing here reads a clock, a socket or a logger. Membership
 changes are handed back as values (``MemberJoined``, ``MemberLeft``; ``take_changes``).
 
-Rules (docs/architecture.md, "A fleet of sidecars"):
+Rules (docs/design/fleet.md):
 
 - A member is live while its last announcement on some vhost's channel is younger than
   ``timeout``; after that it is *silent*: it still counts, at an equal share (its demand
@@ -424,7 +424,7 @@ class ShareRule:
     for at least ``MIN_WANT`` of an equal share: it is nondecreasing in ``h`` and the
     members' shares of one ``h`` sum to at most ``h``, so members that sized their shares
     on different headrooms forward together at most the largest of them (the bound in
-    docs/architecture.md, "A fleet of sidecars"). Deaf (``fallback_size`` > 0): at most
+    docs/design/fleet.md, "The bound"). Deaf (``fallback_size`` > 0): at most
     ``h / fallback_size``. ``others_ingress``: what the other members forward into the
     queue (bytes/s, as announced), for the prediction that makes a queue hot."""
 

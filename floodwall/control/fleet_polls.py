@@ -137,7 +137,7 @@ def fleet_count_interval(hot: float, share: ShareRule | None, slow: float) -> fl
     """How often this member counts a hot queue itself: ``hot`` alone (no share rule, or
     the only member); ``A x hot`` with ``A`` active members (the rule's demands: those with
     a demand, or none measured yet), so the active ones count it about once per ``hot``
-    together (docs/architecture.md, "A fleet of sidecars": the bound with the stagger ``W``
+    together (docs/design/fleet.md, "The bound": the bound with the stagger ``W``
     up to ``A x hot``); ``slow`` for a member that forwards and holds nothing for it (demand
     0: its counts are of no use until it publishes, and then its demand makes it active at
     the next fleet tick)."""

@@ -32,7 +32,7 @@ estimate that errs low would otherwise run the queue dry, one that errs high wou
 until the room rules again). Over any ``T`` seconds held, a member is admitted at most
 ``integral of rate + rate x CATCH_UP + M``; and at least ``integral of rate - rate x
 CATCH_UP`` while it has publishes waiting and its share of the room is not what binds
-(``share x room >= rate x (m + r)``: docs/architecture.md, "A fleet of sidecars").
+(``share x room >= rate x (m + r)``: docs/design/fleet.md, "Fair per second").
 
 Pure: every entry point takes ``now``.
 """

@@ -79,7 +79,7 @@ class UpstreamTls:
     broker sees (mutual TLS); ``sasl_external``: the proxy's own connections log in with
     SASL EXTERNAL (the broker takes the user from that certificate) instead of PLAIN.
     ``relay_external``: relayed clients may choose SASL EXTERNAL too, and then log in as the
-    proxy's certificate, not as themselves (off: refused, see docs/architecture.md).
+    proxy's certificate, not as themselves (off: refused, see docs/design/tls.md).
     ``server_name`` None: the upstream host, for SNI and the name verified.
     ``insecure``: nothing is verified (warned at start-up and in /readyz).
     """

@@ -460,7 +460,7 @@ def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric
 def management_requests(stats: FlowStats) -> dict[str, int]:
     """The load this sidecar puts on the management API: requests so far by endpoint,
     answered or failed, and their total (a fleet's pollers spare the others:
-    docs/architecture.md, "A fleet of sidecars")."""
+    docs/design/fleet.md, "Node alarms and the topology")."""
     return {"total": stats.management_requests,
             **{endpoint: h.count for endpoint, h in sorted(stats.management_seconds.items())}}
 

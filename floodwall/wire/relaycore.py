@@ -15,7 +15,7 @@ from typing import Any, Protocol
 EXTERNAL_REFUSED = (
     "SASL EXTERNAL through floodwall would log in as the proxy's own TLS certificate, not "
     "the client's: refused (--upstream-tls-relay-external allows it)")
-"""Why both cores refuse a client's SASL EXTERNAL by default (docs/architecture.md, "TLS"):
+"""Why both cores refuse a client's SASL EXTERNAL by default (docs/design/tls.md, "SASL EXTERNAL"):
 RabbitMQ's EXTERNAL takes the user from the certificate on *its* side of the socket, which
 is the proxy's; a relayed EXTERNAL login would give every client the proxy's identity."""
 

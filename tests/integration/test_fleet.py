@@ -173,7 +173,7 @@ def test_fleet_off_runs_nothing_of_it(broker: BrokerEndpoint,
 KIB = 1024
 SHARED_CAPACITY = 256 * KIB
 PER_PRODUCER = 600  # x 1 KiB: 2.3 capacities each
-#: The stated bound (docs/architecture.md, "A fleet of sidecars"): capacity + N x M
+#: The stated bound (docs/design/fleet.md, "The bound"): capacity + N x M
 #: + d x min(h + r, 10 ms) + R x max(0, W + L - m). Asserted: 64 KiB over (the fleet's goal:
 #: no worse than one sidecar), with the watch's own unacked prefetch on top.
 SHARED_OVER = 64 * KIB

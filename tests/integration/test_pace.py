@@ -32,7 +32,7 @@ KIB = 1024
 CAPACITY = 256 * KIB
 OVER = 256 * KIB  # the flow control's bound: broker-side depth never more than this over capacity
 # (a capacity counts ready messages, not the consumer's 200 unacknowledged ones:
-# docs/architecture.md, "What capacity counts")
+# docs/design/pace.md, "What capacity counts")
 PREFETCH = 200
 
 

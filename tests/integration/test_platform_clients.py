@@ -8,7 +8,7 @@ php-amqplib (PHP) and rabbitmq-c (C), each a real program from tests/clients/.
    client ends cleanly. Under ``signal: auto`` the clients that tolerate Channel.Flow (Go,
    PHP) are signalled and the others (Bunny breaks on it; rabbitmq-c leaves it to the
    application) are only held.
-2. The Channel.Flow trial (docs/architecture.md's client table): a policy with ``signal:
+2. The Channel.Flow trial (docs/design/clients.md, the client table): a policy with ``signal:
    flow`` sends each client a Channel.Flow(active=false) when the queue trips, and the test
    checks what the client does with it while the queue stays full for 1.5 s.
 

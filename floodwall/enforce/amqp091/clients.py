@@ -1,6 +1,6 @@
 """Which 0-9-1 clients may be sent an unsolicited Channel.Flow, by what they call themselves.
 
-Read from their sources and tried against RabbitMQ (docs/architecture.md has the table, with
+Read from their sources and tried against RabbitMQ (docs/design/clients.md has the table, with
 the versions tried): some honour it, some tolerate it, some break on it and one leaves it to
 the application. Only the first two kinds are signalled under ``signal: auto``; publishes
 are held for every client either way. Products are matched exactly, whatever the version:

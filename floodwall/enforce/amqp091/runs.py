@@ -11,8 +11,8 @@ book with no decision at all, reads that many (or fewer) in one pass
 ``on_publish_run``.
 
 A run is allowed only while nothing it books can change a decision (the conditions
-``PublishFlow._decide`` and ``on_publish`` test, each listed in docs/architecture.md, "With
-policies: the gate"): the channel may run (``ChannelFlow.may_run``: on the fast path, READY,
+``PublishFlow._decide`` and ``on_publish`` test, each listed in docs/design/runs.md, "0-9-1:
+publish runs"): the channel may run (``ChannelFlow.may_run``: on the fast path, READY,
 OPEN and holding nothing, with no Channel.Flow of ours in force or unanswered and no shadow
 hold); the connection keeps no client connection.close back (other channels may hold:
 nothing ``_decide`` asks about one channel depends on another's held frames, and a run
