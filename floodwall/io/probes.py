@@ -11,8 +11,6 @@ import contextlib
 import functools
 import logging
 import zlib
-from collections.abc import Coroutine
-from typing import Any
 
 from floodwall.control.controller import QueueKey
 from floodwall.control.events import QueueTripped
@@ -25,7 +23,6 @@ from floodwall.io.management import (
     ManagementError,
 )
 from floodwall.io.management_probes import ManagementProbes, error_text
-from floodwall.io.tasks import spawn
 from floodwall.ops.logs import event
 from floodwall.ops.supervision import (
     broker_alarm,
@@ -43,7 +40,6 @@ class DepthProbes(ManagementProbes):
     parts (``__init__``) and adds policing, policies and the admin views."""
 
     topology: Topology
-    _tasks: set[asyncio.Task[Any]]
     _vhost_tasks: dict[str, asyncio.Task[None]]
     _clients: dict[str, AmqpClient]
     _client_up: dict[str, asyncio.Event]
@@ -52,9 +48,6 @@ class DepthProbes(ManagementProbes):
     _management_alarm: str | None
     _blocked_alarm: dict[str, str]
     _running: bool
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        return spawn(self._tasks, coro, name, log, "flow_task_failed", error_text)
 
     def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
                          rtt: float | None) -> None:
