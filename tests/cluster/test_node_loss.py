@@ -42,11 +42,9 @@ FAST = ("--depth-interval", "50ms", "--management-interval", "1s")
 #: A hung node is found by the readiness probe: its interval (5 s) + the answer it waits
 #: for (3 s), + slack for a loaded machine.
 NODE_LEFT_WITHIN = 5 + 3 + 4.0
-#: While a node is hung the management API of *every* node stalls on it (RabbitMQ gathers
-#: queue figures across the cluster) until the cluster counts it gone (``net_ticktime``,
-#: 60-75 s by default): a queue tripped then keeps its decision (``on_unknown_depth:
-#: keep``) until then. The bound is that, + 15 s.
-HUNG_RESUMES_WITHIN = 75 + RESUMES_WITHIN
+#: Seconds of load after a hang: past the time the depth would go unknown without figures
+#: (3 management intervals + the timeout: 8 s here), and past 15 s from there.
+HUNG_LOAD = 8 + RESUMES_WITHIN + 2
 
 
 def logged_at(line: str) -> float:
@@ -86,15 +84,25 @@ def readyz(proc: ProxyProcess) -> int:
         return 0
 
 
+def tripped(proc: ProxyProcess, queue: str) -> bool:
+    """Whether ``proc`` holds ``queue``'s publishers now."""
+    flow = proc.state().get("flow") or {}
+    return any(q["queue"] == queue and q["tripped"]
+               for q in flow.get("queues", []))  # type: ignore[union-attr]
+
+
 def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue: str,
                     fault: Callable[[], None], resumes_within: float = RESUMES_WITHIN,
-                    watch_ready: bool = True) -> dict[str, float]:
+                    watch_ready: bool = True, tripped_first: bool = False,
+                    watch_from: int = 0, load_after: float = 0.0) -> dict[str, float]:
     """Load through each of ``procs`` (a publisher each) into ``queue``, ``fault()`` after
-    1,500 confirms, and the figures the bounds are about; the assertions common to every
-    fault are made here (``resumes_within``: seconds from the fault to the next confirm on
-    every publisher)."""
-    consumer = PacedConsumer(cluster, queue, CONSUMER_RATE, PREFETCH)
-    depth = DepthMax(cluster, queue, PREFETCH)
+    1,500 confirms (``tripped_first``: and at a moment the first of ``procs`` holds the
+    queue), and the figures the bounds are about; the assertions common to every fault are
+    made here (``resumes_within``: seconds from the fault to the next confirm on every
+    publisher). The consumer and the depth watch start on node ``watch_from``; the load
+    goes on for 1,000 confirms after the fault, and ``load_after`` seconds at least."""
+    consumer = PacedConsumer(cluster, queue, CONSUMER_RATE, PREFETCH, first=watch_from)
+    depth = DepthMax(cluster, queue, PREFETCH, first=watch_from)
     publishers = [ConfirmedPublisher(proc.port, queue, producer=i)
                   for i, proc in enumerate(procs)]
     for thread in [consumer, depth, *publishers]:
@@ -105,6 +113,9 @@ def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue:
     try:
         wait_for(lambda: total() > 1500, timeout=60,
                  what="1,500 confirmed publishes before the fault")
+        if tripped_first:
+            wait_for(lambda: tripped(procs[0], queue), timeout=60, interval=0.05,
+                     what="the queue tripped")
         before = total()
         moment, wall = time.monotonic(), time.time()
         fault()
@@ -122,9 +133,11 @@ def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue:
             assert first is not None
             resumed_after = max(resumed_after,
                                 first - max(publisher.last_confirm_before(moment), moment))
-        wait_for(lambda: total() > before + 1000, timeout=90,
+        wait_for(lambda: total() > before + 1000
+                 and time.monotonic() > moment + load_after, timeout=90 + load_after,
                  what="1,000 more confirmed publishes after the fault")
         stop_all(publishers)
+        longest_pause = max(p.longest_pause_after(moment) for p in publishers)
         consumer.drain.set()
         confirmed = set().union(*(p.tagged() for p in publishers))
         wait_for(lambda: confirmed <= consumer.seen, timeout=120, interval=0.2,
@@ -139,7 +152,7 @@ def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue:
     if watch_ready:
         assert not not_ready, f"/readyz answered {not_ready} while two nodes answered"
     return {"resumed_after": resumed_after, "depth_max": depth.max_bytes,
-            "confirmed": len(confirmed), "fault_at": wall}
+            "confirmed": len(confirmed), "fault_at": wall, "longest_pause": longest_pause}
 
 
 def policies(tmp_path: Path, queue: str) -> Path:
@@ -172,23 +185,36 @@ def test_the_node_floodwall_uses_killed_under_load(cluster: LocalCluster, sideca
 
 def test_a_hung_node_is_left_and_its_connections_ended(cluster: LocalCluster, sidecar: Any,
                                                       tmp_path: Path) -> None:
-    """The first node (which every connection uses) frozen (SIGSTOP): the readiness probe
-    finds it silent, floodwall ends the connections on it (theirs would wait for
-    heartbeats) and new ones go to the next node. The quorum queue's leader is on the last
-    node: with the leader itself hung, no node confirms until the cluster sees the node
-    gone (``net_ticktime``: 60 s by default, docs/operations.md), whatever floodwall does."""
+    """The first node (which every connection uses) frozen (SIGSTOP) while the queue is
+    tripped: the readiness probe finds it silent, floodwall ends the connections on it
+    (theirs would wait for heartbeats) and new ones go to the next node. Every node's
+    management API stalls on the hung node (RabbitMQ gathers queue figures across the
+    cluster) until the cluster counts it gone (``net_ticktime``, 60-75 s): the depth rounds
+    read the live nodes' Prometheus endpoints meanwhile, so the tripped queue is released
+    on fresh figures and publishing resumes within 15 s. The quorum queue's leader is on
+    the last node (with the leader itself hung, no node confirms until the cluster counts
+    it gone, whatever floodwall does: docs/operations.md)."""
     first, _, last = cluster.nodes
     queue = unique("hung")
     declare(last.endpoint, queue, "quorum")
     proc = sidecar(cluster.upstream, "--policies", str(policies(tmp_path, queue)),
-                   "--management", cluster.management, *FAST)
+                   "--management", cluster.management, "--prometheus", cluster.prometheus,
+                   *FAST)
     figures = through_a_fault(cluster, [proc], queue, lambda: cluster.freeze(first),
-                              resumes_within=HUNG_RESUMES_WITHIN)
+                              tripped_first=True, watch_from=2, load_after=HUNG_LOAD)
+    print(f"hung node, queue tripped: publishing resumed {figures['resumed_after']:.1f}s "
+          f"after the hang, its longest pause {figures['longest_pause']:.1f}s, the queue at "
+          f"most {figures['depth_max'] // KIB:.0f} KiB")
+    assert figures["longest_pause"] <= RESUMES_WITHIN, (
+        f"publishing stopped for {figures['longest_pause']:.1f}s after the hang")
     assert proc.state()["upstream_nodes"][str(first.endpoint.upstream)] == "down"
-    left = [logged_at(line) - figures["fault_at"] for line in proc.logfile.read_text()
-            .splitlines() if "event=upstream_node_lost" in line]
+    lines = proc.logfile.read_text().splitlines()
+    left = [logged_at(line) - figures["fault_at"] for line in lines
+            if "event=upstream_node_lost" in line]
     assert left, "no connection was ended on the hung node"
     assert max(left) <= NODE_LEFT_WITHIN, f"connections left the hung node after {left}s"
+    switched = [line for line in lines if "event=depth_source_switched" in line]
+    assert switched and "source=prometheus" in switched[0], switched
 
 
 @pytest.fixture
