@@ -178,8 +178,9 @@ def main() -> None:
 @click.option("--prometheus", default=None, envvar="FLOODWALL_PROMETHEUS",
               help="The broker's Prometheus endpoints (comma-separated, one per node: each "
                    "reports the queues it runs), read for queue depth when the management API "
-                   "has no figures (statistics off); default: each management URL's scheme "
-                   "and host on port 15692; 'off' never reads them.")
+                   "has no figures (statistics off) or does not answer in time (a cluster "
+                   "with a hung node); default: each management URL's scheme and host on "
+                   "port 15692; 'off' never reads them.")
 @click.option("--management-tls-ca", type=click.Path(dir_okay=False), default=None,
               envvar="FLOODWALL_MANAGEMENT_TLS_CA",
               help="CA file (PEM) for an https management URL; default: --upstream-tls-ca, "
