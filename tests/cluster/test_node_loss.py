@@ -312,6 +312,47 @@ def test_a_fleet_on_three_nodes_holds_its_capacity_through_the_loss_of_one(
              what="the moved sidecar back in the fleet")
 
 
+def connection_nodes(proc: ProxyProcess) -> set[str]:
+    return {str(c.get("node")) for c in proc.state()["connections"]}  # type: ignore[union-attr]
+
+
+def test_a_node_back_takes_connections_again_in_its_place(cluster: LocalCluster,
+                                                         sidecar: Any) -> None:
+    """The first node killed: new connections go to the second; started again, the probe
+    finds it answering and new connections go to it again (the order given), while the
+    connection already on the second node stays there."""
+    first, second, _ = cluster.nodes
+    proc = sidecar(cluster.upstream, "--upstream-probe-interval", "1s")
+    wait_for(lambda: proc.state()["upstream_nodes"].get(first.endpoint.upstream) == "up",
+             timeout=30, what="the first node probed")
+
+    def client() -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", proc.port, connection_attempts=1, socket_timeout=5))
+    on_first = client()
+    assert connection_nodes(proc) == {first.endpoint.upstream}
+    first.kill()
+    wait_for(lambda: not on_first.is_open or _closed_by_peer(on_first), timeout=30,
+             what="the client's connection on the killed node ended")
+    on_second = client()
+    assert connection_nodes(proc) == {second.endpoint.upstream}
+    first.start()
+    wait_for(lambda: proc.state()["upstream_nodes"].get(first.endpoint.upstream) == "up",
+             timeout=60, what="the restarted node found answering")
+    again = client()
+    assert connection_nodes(proc) == {first.endpoint.upstream, second.endpoint.upstream}
+    for conn in (on_second, again):
+        conn.close()
+
+
+def _closed_by_peer(conn: pika.BlockingConnection) -> bool:
+    try:
+        conn.process_data_events(0.1)
+    except (pika.exceptions.AMQPError, OSError):
+        return True
+    return not conn.is_open
+
+
 def test_topology_made_at_any_node_is_learned_from_its_events(
         cluster: LocalCluster, sidecar: Any, tmp_path: Path) -> None:
     """floodwall on the first node; a queue that its policy matches is declared straight at
