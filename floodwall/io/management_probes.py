@@ -162,6 +162,7 @@ class ManagementProbes:
         off) and those it did not answer for in time are read from the Prometheus
         endpoints; when it answered for none, the rounds after read them too."""
         results = await self._management_samples(keys)
+        answered = any(not (isinstance(r, ManagementError) and r.node_down) for r in results)
         without: list[QueueKey] = []
         unanswered: list[QueueKey] = []
         for key, result in zip(keys, results, strict=True):
@@ -178,10 +179,10 @@ class ManagementProbes:
             # None: the API does not know it; the passive declare decides whether it is gone
         if without:
             await self._from_prometheus(without, statistics_off=True)
+        if results and not answered and self.prometheus is not None:
+            self._switch_depth_source(DepthSource.PROMETHEUS,
+                                      self.stats.management.error or "no answer")
         if unanswered and self.prometheus is not None:
-            if len(unanswered) == len(results):
-                self._switch_depth_source(DepthSource.PROMETHEUS,
-                                          self.stats.management.error or "no answer")
             await self._from_prometheus(unanswered, statistics_off=False)
 
     async def _management_samples(self, keys: list[QueueKey]
