@@ -55,15 +55,17 @@ class DepthProbes(ManagementProbes):
 
         A stream's count is the broker's statistics figure, up to its statistics interval
         old: it is dated back by ``management_stats_age``, so the ledger adds what was
-        forwarded since (the estimate errs high, never low).
+        forwarded since (the estimate errs high, never low); a stream does not drain.
         """
         if key not in self.controller.queues or not self._fresh_figure(key, requested_at):
             return
-        if self.topology.queue_type(*key) is QueueType.STREAM:
+        stream = self.topology.queue_type(*key) is QueueType.STREAM
+        if stream:
             requested_at -= self.settings.management_stats_age
             rtt = None
         self.stats.ready_counts[key] += 1
-        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock())
+        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock(),
+                                            drains=not stream)
         self.board.settle()
 
     async def client_for(self, vhost: str) -> AmqpClient:

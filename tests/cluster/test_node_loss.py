@@ -375,18 +375,20 @@ def test_a_stream_through_the_loss_of_the_node_floodwall_uses(
         resumed_after = resumed - max(publisher.last_confirm_before(moment), moment)
         wait_for(lambda: tripped(proc, queue), timeout=90, interval=0.1,
                  what="the stream tripped at capacity on the next node")
-        held_at = len(publisher.confirmed)
-        # Tripped, it stays tripped: a stream keeps what it is sent. (A pause, then the
-        # same: nothing more confirmed, the hold still on.)
+        # A stream keeps what it is sent: tripped, it stays tripped (held publishes are
+        # admitted only into room its estimate, which errs high, turns out to have). Time
+        # for a publisher not held to go past the bound (a second of this one's speed).
         time.sleep(3)
         assert tripped(proc, queue)
-        assert len(publisher.confirmed) <= held_at + 1
+        state = next(q for q in proc.state()["flow"]["queues"]  # type: ignore[index]
+                     if q["queue"] == queue)
     finally:
         stop_all([publisher])  # (a publish held by the tripped stream ends with the sidecar)
     confirmed = publisher.tagged()
     kept = read_stream(second.endpoint, queue)
     print(f"stream: publishing resumed {resumed_after:.1f}s after the kill; {len(confirmed)} "
-          f"confirmed, {len(kept)} in the stream ({len(kept) * SIZE // KIB} KiB)")
+          f"confirmed, {len(kept)} in the stream ({len(kept) * SIZE // KIB} KiB); floodwall's "
+          f"estimate {state['depth']['estimate']}, ready count {state['depth']['ready_count']}")
     assert resumed_after <= RESUMES_WITHIN, f"publishing resumed {resumed_after:.1f}s after"
     assert confirmed <= set(kept), f"{len(confirmed - set(kept))} confirmed messages lost"
     assert len(kept) * SIZE <= STREAM_CAPACITY + OVERSHOOT, f"{len(kept)} messages kept"
