@@ -245,6 +245,19 @@ def test_drain_rate_from_successive_ready_counts_and_the_ledger() -> None:
     assert d.drain_rate == pytest.approx(0.49 * 250.0)
 
 
+def test_a_stream_does_not_drain_whatever_its_lagging_counts_say() -> None:
+    """A stream's count is a statistics figure refreshed every few seconds: while it lags,
+    what was forwarded meanwhile looks gone between two counts. For a queue that would be a
+    drain rate (and publishes admitted while tripped); a stream drains nothing."""
+    for drains, expected in ((True, 150.0), (False, 0.0)):
+        d = QueueDepth()
+        d.sampled_ready_count(10.0, 100, rtt=0.005, drains=drains)
+        for i in range(30):  # forwarded, not in the stale figure yet
+            d.forwarded(10.05 + i * 0.001, 1024)
+        d.sampled_ready_count(10.2, 100, rtt=0.005, drains=drains)  # the same, not refreshed
+        assert d.drain_rate == pytest.approx(expected)
+
+
 def test_ready_messages_without_ready_bytes_are_not_a_mean_of_zero() -> None:
     """The management API can give a fresh queue's counts before its byte statistics: 800
     ready, 0 bytes. The mean body size then comes from the ledger, so a count of 800 reads as

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from floodwall.control.depth import ManagementSample
 from floodwall.wire.prometheus import (
     QUEUE_METRICS,
     ExpositionError,
@@ -156,11 +157,20 @@ def test_fuzz_near_misses(text: str) -> None:
 
 
 def test_the_nodes_pages_merged_each_queue_from_the_node_that_runs_it() -> None:
-    from floodwall.io.prometheus import merged
+    from floodwall.io.prometheus import PagesMerged, sample_of
 
-    a = {"q1": QueueFigures(5, 5000, 0, 0), "q2": QueueFigures(0, 0, 0, 0)}
-    b = {"q3": QueueFigures(1, 10, 0, 0), "q2": QueueFigures(7, 7000, 1, 100)}
-    both = merged([a, b])
-    assert both == {"q1": a["q1"], "q2": b["q2"], "q3": b["q3"]}  # q2: the higher figure
-    assert merged([b, a])["q2"] == b["q2"]  # whichever node answered first
-    assert merged([]) == {}
+    def page(figures: dict[str, QueueFigures]) -> dict[str, ManagementSample]:
+        out = {q: sample_of(f, 1.0) for q, f in figures.items()}
+        return {q: s for q, s in out.items() if s is not None}
+
+    a = page({"q1": QueueFigures(5, 5000, 0, 0), "q2": QueueFigures(0, 0, 0, 0)})
+    b = page({"q3": QueueFigures(1, 10, 0, 0), "q2": QueueFigures(7, 7000, 1, 100)})
+    merged = PagesMerged()
+    assert merged.take(a) == a  # the first page: all news
+    assert merged.take(b) == b  # q3 first seen, q2 higher
+    assert merged.samples == {"q1": a["q1"], "q2": b["q2"], "q3": b["q3"]}
+    other = PagesMerged()
+    assert other.take(b) == b
+    assert other.take(a) == {"q1": a["q1"]}  # q2 lower than the node before said: not news
+    assert other.samples["q2"] == b["q2"]  # whichever node answered first
+    assert PagesMerged().take({}) == {}

@@ -152,6 +152,11 @@ def main() -> None:
                    "(TLS, port 5671 by default); a cluster's nodes as a comma-separated "
                    "list (connections go to the first that answers; a DNS name's every "
                    "address is a node).")
+@click.option("--upstream-probe-interval", default="5s", callback=_duration,
+              metavar="DURATION", show_default=True, envvar="FLOODWALL_UPSTREAM_PROBE_INTERVAL",
+              help="How often every node is sent the AMQP header (readiness): a node that "
+                   "stops answering is left, and the connections on it ended, within this "
+                   "+ 3 s; one that answers again takes new connections again within this.")
 @upstream_tls_options
 @click.option("--upstream-tls-relay-external", is_flag=True, default=False,
               envvar="FLOODWALL_UPSTREAM_TLS_RELAY_EXTERNAL",
@@ -178,8 +183,9 @@ def main() -> None:
 @click.option("--prometheus", default=None, envvar="FLOODWALL_PROMETHEUS",
               help="The broker's Prometheus endpoints (comma-separated, one per node: each "
                    "reports the queues it runs), read for queue depth when the management API "
-                   "has no figures (statistics off); default: each management URL's scheme "
-                   "and host on port 15692; 'off' never reads them.")
+                   "has no figures (statistics off) or does not answer in time (a cluster "
+                   "with a hung node); default: each management URL's scheme and host on "
+                   "port 15692; 'off' never reads them.")
 @click.option("--management-tls-ca", type=click.Path(dir_okay=False), default=None,
               envvar="FLOODWALL_MANAGEMENT_TLS_CA",
               help="CA file (PEM) for an https management URL; default: --upstream-tls-ca, "
@@ -290,7 +296,8 @@ def main() -> None:
               show_default=True, envvar="FLOODWALL_LOG_FORMAT")
 def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         listen_tls_key: str | None, listen_tls_client_ca: str | None, listen_tls_min_version: str,
-        upstream: str, upstream_tls_relay_external: bool, admin: str,
+        upstream: str, upstream_probe_interval: float, upstream_tls_relay_external: bool,
+        admin: str,
         admin_max_connections: int, admin_timeout: float, management: str | None,
         prometheus: str | None, management_tls_ca: str | None, management_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
@@ -317,6 +324,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         budget, budget_source = _memory_budget(memory_budget)
         settings = ProxySettings(
             listen=plain_listener, upstreams=upstream_nodes, admin=admin_at, shadow=shadow,
+            upstream_probe_interval=upstream_probe_interval,
             admin_limits=AdminLimits(admin_max_connections, admin_timeout),
             management_url=parse_management_urls(management) if management else None,
             prometheus_url=_prometheus_setting(prometheus),

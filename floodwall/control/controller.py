@@ -444,10 +444,11 @@ class FlowController:
 
     # -- depth and alarms --------------------------------------------------------------
     def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,
-                            rtt: float | None, now: float) -> None:
+                            rtt: float | None, now: float, drains: bool = True) -> None:
+        """A ready count of ``key`` (``drains``: False for a stream, ``QueueDepth``)."""
         q = self.queues.get(key)
         if q is not None:
-            q.depth.sampled_ready_count(requested_at, ready, rtt)
+            q.depth.sampled_ready_count(requested_at, ready, rtt, drains)
             self._evaluate(q, now)
             if q.tripped and key not in self._backlogged:  # its tokens, to those waiting
                 waiting = self._holds.table.waiting_on(key)

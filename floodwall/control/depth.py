@@ -195,10 +195,13 @@ class QueueDepth:
         self.delivered_messages_total += count
 
     def sampled_ready_count(self, requested_at: float, ready: int,
-                            rtt: float | None = None) -> None:
+                            rtt: float | None = None, drains: bool = True) -> None:
         """A real-time count of ready messages, asked for at ``requested_at``.
 
         ``rtt``, the probe's round trip, sets the in-flight margin (fixed when None).
+        ``drains``: False for a stream, which consumers read without taking anything away:
+        its drain rate is 0 (a count that lags what was forwarded is a statistics figure
+        not refreshed yet, not messages gone), so nothing is admitted while it is tripped.
         """
         if self.ready_count_at is not None and requested_at < self.ready_count_at:
             return  # an older answer overtaken by a newer one
@@ -210,7 +213,9 @@ class QueueDepth:
             if self.ready_count is not None:
                 self._watch_lag(self.ready_count, self.ready_count_at, ready, requested_at, rtt)
         anchor = self._drain_anchor
-        if anchor is not None and requested_at - anchor[1] >= DRAIN_SPAN:
+        if not drains:
+            self.drain_rate, anchor = 0.0, None
+        elif anchor is not None and requested_at - anchor[1] >= DRAIN_SPAN:
             self._drained(anchor[0], anchor[1], ready, requested_at,
                           max(margin, self.lag_at(anchor[1])))
         if anchor is None or requested_at - anchor[1] >= DRAIN_SPAN:

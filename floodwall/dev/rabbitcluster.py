@@ -59,6 +59,13 @@ class LocalCluster:
         """What ``floodwall run --management`` takes for the whole cluster."""
         return ",".join(node.endpoint.management_url for node in self.nodes)
 
+    @property
+    def prometheus(self) -> str:
+        """What ``floodwall run --prometheus`` takes for the whole cluster (each node's
+        endpoint is on a port of its own here, not the default 15692)."""
+        return ",".join(f"http://{node.endpoint.host}:{node.prometheus_port}"
+                        for node in self.nodes)
+
     def start(self) -> LocalCluster:
         cookie = secrets.token_hex(20).upper()
         for node in self.nodes:

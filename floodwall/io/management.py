@@ -46,6 +46,12 @@ class ManagementError(RuntimeError):
         self.kind = kind  # auth | not_found | unreachable | timeout | tls | http | bad_reply
         self.status = status
 
+    @property
+    def node_down(self) -> bool:
+        """Failed as a node that is down (or hung) fails: unreachable, silent, or 5xx."""
+        return self.kind in ("unreachable", "timeout") or (
+            self.status is not None and self.status >= 500)
+
 
 @dataclass(frozen=True)
 class NodeAlarms:
@@ -172,9 +178,7 @@ class ManagementApi:
             try:
                 return await self._fetch_one(path)
             except ManagementError as exc:
-                node_down = exc.kind in ("unreachable", "timeout") or (
-                    exc.status is not None and exc.status >= 500)
-                if not node_down or attempt == len(self.urls) - 1:
+                if not exc.node_down or attempt == len(self.urls) - 1:
                     raise
                 self._current = (self._current + 1) % len(self.urls)
         raise AssertionError("unreachable")  # pragma: no cover: the loop returns or raises

@@ -1,7 +1,9 @@
 """The management API side of the flow supervisor's depth (``ManagementProbes``, which
 ``DepthProbes`` extends): each policed queue's management sample every
-``management_interval`` (or the fleet's poller's, ``shared_elsewhere``), the API's state,
-and the unknown-depth rules: no figures for too long, or none fresh since a reconnect."""
+``management_interval`` (or the fleet's poller's, ``shared_elsewhere``), the broker's
+Prometheus endpoints for what the API has no figures for or does not answer, the API's
+state, and the unknown-depth rules: no figures for too long, or none fresh since a
+reconnect."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from floodwall.control.controller import FlowController, QueueKey
-from floodwall.control.depth import ManagementSample
+from floodwall.control.depth import DepthSource, ManagementSample
 from floodwall.io.flow_settings import FlowSettings
 from floodwall.io.management import (
     NO_STATISTICS,
@@ -22,8 +24,9 @@ from floodwall.io.management import (
     ManagementError,
     NoStatistics,
 )
-from floodwall.io.prometheus import PrometheusEndpoint
+from floodwall.io.prometheus import PagesMerged, PrometheusEndpoint
 from floodwall.io.switchboard import Switchboard
+from floodwall.io.tasks import spawn
 from floodwall.io.topology import TopologyFeed
 from floodwall.ops.flow_metrics import FlowStats
 from floodwall.ops.logs import event
@@ -60,6 +63,12 @@ class ManagementProbes:
     _warm: bool
     _wake_management: asyncio.Event | None
     _prometheus_kind: str | None = None  # the last failure's kind (logged once in a row)
+    _tasks: set[asyncio.Task[Any]]
+    # While the rounds read Prometheus: the request that finds the management API back.
+    _management_back: asyncio.Task[None] | None = None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        return spawn(self._tasks, coro, name, log, "flow_task_failed", error_text)
 
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
         """A management sample of ``key``, dated back by the broker's statistics interval."""
@@ -130,34 +139,16 @@ class ManagementProbes:
                 await asyncio.wait_for(wake.wait(), self.settings.management_interval)
 
     async def sample_management(self) -> None:
-        """One management sample of every policed queue (but those the fleet's poller
-        samples: ``shared_elsewhere``), then the unknown-depth rule."""
+        """One depth round of every policed queue (but those the fleet's poller samples:
+        ``shared_elsewhere``), then the unknown-depth rule. The round asks the management
+        API; while the API does not answer, the broker's Prometheus endpoints
+        (``stats.depth_source``), until it answers again (``_ask_management_back``)."""
         keys = sorted(k for k in self.controller.queues if not self.shared_elsewhere(k))
-        limit = asyncio.Semaphore(self.settings.management_connections)
-
-        async def one(key: QueueKey) -> ManagementSample | NoStatistics | ManagementError | None:
-            async with limit:
-                try:
-                    return await self._ask(functools.partial(self.api.queue_sample, *key))
-                except ManagementError as exc:
-                    return exc
-
-        results = await asyncio.gather(*(one(k) for k in keys))
-        now = self.clock()
-        without: list[QueueKey] = []
-        for key, result in zip(keys, results, strict=True):
-            if key not in self.controller.queues:
-                continue  # dropped while we asked
-            self._asked.add(key)
-            if isinstance(result, ManagementSample):
-                self._had_figures.add(key)
-                self.feed_management(key, result)
-                self._sampled_at[key] = now
-            elif result is NO_STATISTICS:
-                without.append(key)
-            # None: the API does not know it; the passive declare decides whether it is gone
-        if without:
-            await self._without_statistics(without)
+        if self.stats.depth_source is DepthSource.PROMETHEUS and keys:
+            self._ask_management_back(keys[0])
+            await self._from_prometheus(keys, statistics_off=False)
+        else:
+            await self._management_round(keys)
         self.apply_unknown_depth()
         if not self._warm and first_round_in(self.feed.loaded or self.feed.error is not None,
                                              self.controller.queues, self._asked):
@@ -166,34 +157,142 @@ class ManagementProbes:
                   management="ok" if self.stats.management.ok else
                   f"failing ({self.stats.management.kind})")
 
-    async def _without_statistics(self, keys: list[QueueKey]) -> None:
-        """Queues the management API has no figures for: the broker's Prometheus endpoint
-        is asked for their vhosts (statistics off: ``management_agent.
-        disable_metrics_collector``); what it has no figures for either is ``_no_statistics``."""
-        found: dict[QueueKey, ManagementSample] = {}
+    async def _management_round(self, keys: list[QueueKey]) -> None:
+        """Each queue's management sample. The queues the API has no figures for (statistics
+        off) and those it did not answer for in time are read from the Prometheus
+        endpoints; when it answered for none, the rounds after read them too."""
+        results = await self._management_samples(keys)
+        answered = any(not (isinstance(r, ManagementError) and r.node_down) for r in results)
+        without: list[QueueKey] = []
+        unanswered: list[QueueKey] = []
+        for key, result in zip(keys, results, strict=True):
+            if key not in self.controller.queues:
+                continue  # dropped while we asked
+            self._asked.add(key)
+            if isinstance(result, ManagementSample):
+                self._had_figures.add(key)
+                self.feed_management(key, result)
+            elif result is NO_STATISTICS:
+                without.append(key)
+            elif isinstance(result, ManagementError) and result.node_down:
+                unanswered.append(key)
+            # None: the API does not know it; the passive declare decides whether it is gone
+        if without:
+            await self._from_prometheus(without, statistics_off=True)
+        if results and not answered and self.prometheus is not None:
+            self._switch_depth_source(DepthSource.PROMETHEUS,
+                                      self.stats.management.error or "no answer")
+        if unanswered and self.prometheus is not None:
+            await self._from_prometheus(unanswered, statistics_off=False)
+
+    async def _management_samples(self, keys: list[QueueKey]
+                                  ) -> list[ManagementSample | NoStatistics | ManagementError
+                                            | None]:
+        """Each key's management sample (or why not), in order. With Prometheus endpoints
+        to turn to, a request not answered within ``management_timeout`` is given up, and
+        the requests of the round not started yet with it: a hung node stalls every node's
+        API (RabbitMQ gathers queue figures across the cluster) until the cluster counts it
+        gone, so the next URL would not answer either."""
+        limit = asyncio.Semaphore(self.settings.management_connections)
+        deadline = None if self.prometheus is None else self.settings.management_timeout
+        silent: list[ManagementError] = []
+
+        async def one(key: QueueKey) -> ManagementSample | NoStatistics | ManagementError | None:
+            async with limit:
+                if silent:
+                    return silent[0]
+                try:
+                    async with asyncio.timeout(deadline):
+                        return await self._ask(functools.partial(self.api.queue_sample, *key))
+                except ManagementError as exc:
+                    return exc
+                except TimeoutError:
+                    error = ManagementError("timeout", f"{self.api.url}: no answer in "
+                                                       f"{deadline:g}s")
+                    if not silent:
+                        self._management_failed(error)
+                    silent.append(error)
+                    return error
+
+        return await asyncio.gather(*(one(k) for k in keys))
+
+    def _switch_depth_source(self, source: DepthSource, reason: str) -> None:
+        """The depth rounds read ``source`` from now on; logged when that is a change."""
+        if self.stats.depth_source is source:
+            return
+        self.stats.depth_source = source
+        self.stats.depth_source_switches += 1
+        if source is DepthSource.PROMETHEUS:
+            event(log, "depth_source_switched", logging.WARNING, source=source.value,
+                  reason=reason, urls=",".join(self.prometheus.urls if self.prometheus
+                                               else ()),
+                  action="each round reads every node's Prometheus endpoint (a queue on a "
+                         "node that does not answer has no figures); the management API "
+                         "is asked again meanwhile")
+        else:
+            event(log, "depth_source_switched", source=source.value, reason=reason,
+                  url=self.api.url)
+
+    def _ask_management_back(self, key: QueueKey) -> None:
+        """While the rounds read Prometheus: one management request at a time (every URL
+        tried, each within the API's timeout) finds when the API answers again."""
+        task = self._management_back
+        if task is None or task.done():
+            self._management_back = self._spawn(self._management_answers(key),
+                                                "flow-management-back")
+
+    async def _management_answers(self, key: QueueKey) -> None:
+        try:
+            await self._ask(functools.partial(self.api.queue_sample, *key))
+        except ManagementError as exc:
+            if exc.node_down:
+                return
+        self._switch_depth_source(DepthSource.MANAGEMENT, "the management API answers")
+        if self._wake_management is not None:
+            self._wake_management.set()
+
+    async def _from_prometheus(self, keys: list[QueueKey], *, statistics_off: bool) -> None:
+        """``keys``' figures from the broker's Prometheus endpoints, each fed as its node's
+        page arrives. ``statistics_off``: the management API answered without figures, and
+        a queue the endpoints have none for either is ``_no_statistics``; else the API did
+        not answer, and a queue no endpoint reports (its node is the one lost) gets none:
+        its depth becomes unknown in time."""
+        fed: set[QueueKey] = set()
         if self.prometheus is not None:
             for vhost in sorted({k[0] for k in keys}):
-                try:
-                    samples, silent = await self.prometheus.vhost_samples(vhost)
-                except ManagementError as exc:
-                    self._prometheus_failed(exc)
-                    continue
-                finally:
-                    self.stats.prometheus_requests = self.prometheus.requests
-                for error in silent:  # nodes that did not answer; the others did
-                    self._prometheus_failed(error, every_node=False)
-                found.update(((vhost, q), s) for q, s in samples.items())
-        now = self.clock()
-        for key in keys:
-            sample = found.get(key)
-            if key not in self.controller.queues:
-                continue
-            if sample is None:
-                self._no_statistics(key, now)
-                continue
-            self._had_figures.add(key)
-            self.feed_management(key, sample)
-            self._sampled_at[key] = now
+                fed |= await self._prometheus_pages(vhost, {k for k in keys if k[0] == vhost})
+        if statistics_off:
+            now = self.clock()
+            for key in keys:
+                if key in self.controller.queues and key not in fed:
+                    self._no_statistics(key, now)
+
+    async def _prometheus_pages(self, vhost: str, wanted: set[QueueKey]) -> set[QueueKey]:
+        """Each node's page of ``vhost`` as it arrives, the ``wanted`` queues it adds fed
+        (``PagesMerged``); the queues fed."""
+        assert self.prometheus is not None
+        merged = PagesMerged()
+        errors: list[ManagementError] = []
+        answered = False
+        try:
+            async with contextlib.aclosing(self.prometheus.vhost_pages(vhost)) as pages:
+                async for page in pages:
+                    if isinstance(page, ManagementError):
+                        errors.append(page)
+                        continue
+                    answered = True
+                    for queue, sample in merged.take(page).items():
+                        key = (vhost, queue)
+                        if key in wanted and key in self.controller.queues:
+                            self._had_figures.add(key)
+                            self.feed_management(key, sample)
+        finally:
+            self.stats.prometheus_requests = self.prometheus.requests
+        if not answered:
+            self._prometheus_failed(errors[0])
+        for error in errors if answered else ():  # nodes that did not answer; others did
+            self._prometheus_failed(error, every_node=False)
+        return {(vhost, queue) for queue in merged.samples} & wanted
 
     def _prometheus_failed(self, exc: ManagementError, every_node: bool = True) -> None:
         """The Prometheus endpoint (``every_node``; else one node of it) did not answer:

@@ -11,8 +11,6 @@ import contextlib
 import functools
 import logging
 import zlib
-from collections.abc import Coroutine
-from typing import Any
 
 from floodwall.control.controller import QueueKey
 from floodwall.control.events import QueueTripped
@@ -25,7 +23,6 @@ from floodwall.io.management import (
     ManagementError,
 )
 from floodwall.io.management_probes import ManagementProbes, error_text
-from floodwall.io.tasks import spawn
 from floodwall.ops.logs import event
 from floodwall.ops.supervision import (
     broker_alarm,
@@ -43,7 +40,6 @@ class DepthProbes(ManagementProbes):
     parts (``__init__``) and adds policing, policies and the admin views."""
 
     topology: Topology
-    _tasks: set[asyncio.Task[Any]]
     _vhost_tasks: dict[str, asyncio.Task[None]]
     _clients: dict[str, AmqpClient]
     _client_up: dict[str, asyncio.Event]
@@ -53,24 +49,23 @@ class DepthProbes(ManagementProbes):
     _blocked_alarm: dict[str, str]
     _running: bool
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        return spawn(self._tasks, coro, name, log, "flow_task_failed", error_text)
-
     def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
                          rtt: float | None) -> None:
         """A passive declare's (or declare-ok's) ready count of ``key``, if policed.
 
         A stream's count is the broker's statistics figure, up to its statistics interval
         old: it is dated back by ``management_stats_age``, so the ledger adds what was
-        forwarded since (the estimate errs high, never low).
+        forwarded since (the estimate errs high, never low); a stream does not drain.
         """
         if key not in self.controller.queues or not self._fresh_figure(key, requested_at):
             return
-        if self.topology.queue_type(*key) is QueueType.STREAM:
+        stream = self.topology.queue_type(*key) is QueueType.STREAM
+        if stream:
             requested_at -= self.settings.management_stats_age
             rtt = None
         self.stats.ready_counts[key] += 1
-        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock())
+        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock(),
+                                            drains=not stream)
         self.board.settle()
 
     async def client_for(self, vhost: str) -> AmqpClient:

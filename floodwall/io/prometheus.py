@@ -1,5 +1,7 @@
 """The broker's Prometheus endpoint as a depth source: each policed queue's ready bytes and
-messages when the management API has no figures (statistics off).
+messages when the management API has no figures (statistics off), or does not answer (a
+cluster with a hung node: every node's API waits on it for queue figures, while each live
+node's Prometheus endpoint answers from its own tables).
 
 RabbitMQ with ``management_agent.disable_metrics_collector = true`` (or
 ``management.disable_stats``) answers ``/api/queues`` with names only. Its Prometheus
@@ -8,7 +10,8 @@ the queues it runs) for one vhost and the two families it needs
 (``/metrics/detailed?vhost=V&family=queue_coarse_metrics&family=queue_metrics``: RabbitMQ
 4.0 filters by vhost and family, not by queue), all at once, and reads each page as it
 arrives with the sans-IO ``floodwall.wire.prometheus.ExpositionParser``, keeping
-only the queue metrics. The figures are the ones the queue emitted at its last statistics
+only the queue metrics; each node's figures are handed on as its page ends, merged with the
+pages before (``PagesMerged``). The figures are the ones the queue emitted at its last statistics
 tick, as old as the management API's would be: they are dated back the same way.
 """
 
@@ -18,7 +21,7 @@ import asyncio
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 import aiohttp
 
@@ -55,8 +58,8 @@ def sample_of(figures: QueueFigures, taken_at: float) -> ManagementSample | None
 class PrometheusEndpoint:
     """A client of the broker's ``/metrics/detailed``, on the event loop: one URL per node
     (each node reports the queues it runs: a classic queue's node, a quorum queue's leader),
-    all asked at once and merged; one pooled session, each request bounded by ``timeout``;
-    https verified as the management API is."""
+    all asked at once, each page handed on as it arrives; one pooled session, each request
+    bounded by ``timeout``; https verified as the management API is."""
 
     def __init__(self, urls: Sequence[str], timeout: float = 5.0,
                  tls: ManagementTlsContext | None = None,
@@ -91,37 +94,33 @@ class PrometheusEndpoint:
         families = "".join(f"&family={f}" for f in FAMILIES)
         return f"/metrics/detailed?vhost={urllib.parse.quote(vhost, safe='')}{families}"
 
-    async def vhost_samples(self, vhost: str
-                            ) -> tuple[dict[str, ManagementSample], list[ManagementError]]:
-        """The depth samples of ``vhost``'s queues the nodes have figures for, merged
-        (``merged``), and why the nodes that did not answer did not (each leaves out only
-        the queues it runs); ``ManagementError`` (kinds as the management API's) when no
-        node answered: the first node's reason."""
+    async def vhost_pages(self, vhost: str
+                          ) -> AsyncGenerator[dict[str, ManagementSample] | ManagementError, None]:
+        """Every node's depth samples of ``vhost``'s queues (the queues it runs), each as
+        its page arrives, or why that node did not answer (``ManagementError``, kinds as the
+        management API's): a node that answers is not kept waiting behind one that does
+        not (a hung node costs only its own page)."""
         self.requests += 1
         started = time.monotonic()
+        asks = [asyncio.ensure_future(self._figures(url, vhost)) for url in self.urls]
         try:
-            answers = await asyncio.gather(*(self._figures(url, vhost) for url in self.urls),
-                                           return_exceptions=True)
+            for arrived in asyncio.as_completed(asks):
+                try:
+                    figures = await arrived
+                except ManagementError as exc:
+                    yield exc
+                    continue
+                page: dict[str, ManagementSample] = {}
+                for queue, found in figures.items():
+                    sample = sample_of(found, started)
+                    if sample is not None:
+                        page[queue] = sample
+                yield page
         finally:
+            for ask in asks:
+                ask.cancel()
             if self._observe is not None:
                 self._observe("prometheus", time.monotonic() - started)
-        pages: list[dict[str, QueueFigures]] = []
-        errors: list[ManagementError] = []
-        for answer in answers:
-            if isinstance(answer, ManagementError):
-                errors.append(answer)
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                pages.append(answer)
-        if not pages:
-            raise errors[0]
-        out: dict[str, ManagementSample] = {}
-        for queue, found in merged(pages).items():
-            sample = sample_of(found, started)
-            if sample is not None:
-                out[queue] = sample
-        return out, errors
 
     async def _figures(self, url: str, vhost: str) -> dict[str, QueueFigures]:
         path = self.path_for(vhost)
@@ -155,14 +154,19 @@ class PrometheusEndpoint:
         return queue_figures(samples, vhost)
 
 
-def merged(pages: Sequence[dict[str, QueueFigures]]) -> dict[str, QueueFigures]:
-    """The nodes' figures as one: a queue's from the node with the most ready bytes (each
-    queue is reported by the node that runs it; should two report it, during a leader
-    change, the higher figure errs on the side of a trip)."""
-    out: dict[str, QueueFigures] = {}
-    for page in pages:
+class PagesMerged:
+    """One round's pages, merged as they arrive (each queue is reported by the node that runs
+    it; should two report it, during a leader change, the higher ready bytes err on the side
+    of a trip): ``take(page)`` returns what the page adds, the queues it reports first or
+    higher than the pages before it."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, ManagementSample] = {}
+
+    def take(self, page: dict[str, ManagementSample]) -> dict[str, ManagementSample]:
+        news: dict[str, ManagementSample] = {}
         for queue, found in page.items():
-            had = out.get(queue)
-            if had is None or (found.ready_bytes or 0) > (had.ready_bytes or 0):
-                out[queue] = found
-    return out
+            had = self.samples.get(queue)
+            if had is None or found.message_bytes_ready > had.message_bytes_ready:
+                self.samples[queue] = news[queue] = found
+        return news

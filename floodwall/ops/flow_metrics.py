@@ -19,7 +19,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from floodwall.control.controller import ALARM, FlowController, PolicedQueue, QueueKey
-from floodwall.control.depth import Depth
+from floodwall.control.depth import Depth, DepthSource
 from floodwall.control.histogram import HOLD_BUCKETS, Histogram
 from floodwall.control.lookups import is_pseudo
 from floodwall.control.policy import PolicySet
@@ -79,6 +79,10 @@ class FlowStats:
     # The broker's Prometheus endpoint, asked when the management API has no figures.
     prometheus_requests: int = 0
     prometheus_errors: Counter[str] = field(default_factory=Counter)  # by kind
+    # Where the depth rounds read the queues' figures: the management API, or, while it
+    # does not answer, the Prometheus endpoints; and how often that changed.
+    depth_source: DepthSource = DepthSource.MANAGEMENT
+    depth_source_switches: int = 0
     reloads: Counter[str] = field(default_factory=Counter)  # ok | error
     last_reload_error: str | None = None
     own_connections: dict[str, str] = field(default_factory=dict)  # vhost -> "up" | reason
@@ -308,9 +312,20 @@ class FlowCollector(Collector):
             errors.add_metric([kind], s.management_errors[kind])
         yield errors
         yield CounterMetricFamily("floodwall_prometheus_requests",
-                                  "Requests made to the broker's Prometheus endpoint for queue "
-                                  "depth (the management API had no figures)",
+                                  "Requests made to the broker's Prometheus endpoints for queue "
+                                  "depth (the management API had no figures or no answer)",
                                   value=s.prometheus_requests)
+        rounds = GaugeMetricFamily(
+            "floodwall_depth_source",
+            "1 for where the depth rounds read the queues' figures: management, or "
+            "prometheus while the management API does not answer", labels=["source"])
+        for source in DepthSource:
+            rounds.add_metric([source.value], 1 if s.depth_source is source else 0)
+        yield rounds
+        yield CounterMetricFamily("floodwall_depth_source_switches",
+                                  "Times the depth rounds changed source (to prometheus when "
+                                  "the management API stopped answering, and back)",
+                                  value=s.depth_source_switches)
         prometheus_errors = CounterMetricFamily(
             "floodwall_prometheus_errors",
             "Prometheus endpoint requests that failed, by kind", labels=["kind"])
@@ -525,6 +540,8 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
         },
         "management": stats.management.as_dict(now),
         "management_requests": management_requests(stats),
+        "depth_source": {"source": stats.depth_source.value,
+                         "switches": stats.depth_source_switches},
         "own_connections": dict(stats.own_connections),
         "topology": topology_state(c, stats, now),
         "alarm": c.alarm_reason,

@@ -187,3 +187,66 @@ def test_management_api_failing_then_back(broker: BrokerEndpoint, start_floodwal
     assert flow.log("depth_known_again")
     wait_for(lambda: flow.metric("floodwall_queue_depth_unknown") == 0, 5,
              what="the depth reported known")
+
+
+def prometheus_url(broker: BrokerEndpoint) -> str:
+    """The broker's Prometheus endpoint, from the listeners its management API names."""
+    overview = broker.api("GET", "/api/overview")
+    assert isinstance(overview, dict)
+    ports = [item["port"] for item in overview.get("listeners", [])
+             if item.get("protocol") == "http/prometheus"]
+    assert ports, "the broker has no Prometheus listener"
+    return f"http://{broker.host}:{ports[0]}"
+
+
+@pytest.mark.timeout(120)
+def test_management_api_silent_depth_from_prometheus_then_back(
+        broker: BrokerEndpoint, start_floodwall: Any, tmp_path: Path, queues: Any,
+        relay: Any) -> None:
+    """The management API goes silent (as every node's does in a cluster with a hung
+    node): within its timeout the depth rounds read the broker's Prometheus endpoint
+    instead (said once, in /state and a metric), the depth stays known (the policy keeps a
+    tripped queue tripped while it is unknown), so the queue tripped then is released on
+    those figures when it drains; when the API answers again the rounds go back to it."""
+    q = queues("mgmt-silent")
+    with pika.BlockingConnection(direct_params(broker)) as conn:
+        ch = conn.channel()
+        ch.queue_declare(q)
+        for _ in range(40):
+            ch.basic_publish("", q, b"x" * 1024)
+    mgmt = relay(broker.host, broker.management_port)
+    flow = start_flow(start_floodwall, broker,
+                      policy_file(tmp_path / "p.yaml",
+                                  capped("chaos", q, "16KiB", "8KiB")),
+                      *FAST, "--prometheus", prometheus_url(broker),
+                      management=f"http://{mgmt.address}")
+    wait_for(lambda: flow.tripped(q), 20, what="the 40 KiB queue tripped")
+    mgmt.set(Mode.SILENT)
+    silent_at = time.monotonic()
+    wait_for(lambda: flow.log("depth_source_switched"), 10, what="the rounds on Prometheus")
+    print(f"depth from Prometheus {time.monotonic() - silent_at:.1f}s after the API went "
+          "silent")
+    assert "source=prometheus" in flow.log("depth_source_switched")[0]
+    state = flow.proc.state()["flow"]
+    assert state["depth_source"]["source"] == "prometheus", state["depth_source"]
+    assert flow.metric("floodwall_depth_source", source="prometheus") == 1
+    # Longer than the depth would take to go unknown without figures (3 x 1 s + 1 s).
+    until = time.monotonic() + 6
+    while time.monotonic() < until:
+        assert flow.metric("floodwall_queue_depth_unknown") == 0, flow.queue_state(q)
+        time.sleep(0.2)
+    assert flow.tripped(q)  # (the queue is as full as before)
+    with pika.BlockingConnection(direct_params(broker)) as conn:
+        conn.channel().queue_purge(q)
+    wait_for(lambda: not flow.tripped(q), 15, what="released on Prometheus figures")
+    depth = (flow.queue_state(q) or {})["depth"]
+    assert depth["source"] == "prometheus" and depth["known"], depth
+    assert len(flow.log("depth_source_switched")) == 1  # once, not every round
+    mgmt.set(Mode.PASS)
+    wait_for(lambda: len(flow.log("depth_source_switched")) == 2, 20,
+             what="the rounds back on the management API")
+    assert "source=management" in flow.log("depth_source_switched")[1]
+    wait_for(lambda: (flow.queue_state(q) or {})["depth"]["source"] == "management", 15,
+             what="figures from the management API again")
+    assert flow.metric("floodwall_depth_source", source="management") == 1
+    assert flow.metric("floodwall_depth_source_switches_total") == 2

@@ -26,9 +26,16 @@ import pytest
 from floodwall.dev.devbroker import BrokerEndpoint, free_port
 from floodwall.dev.devproxy import ProxyProcess
 from floodwall.dev.rabbitcluster import LocalCluster
-from tests.cluster.traffic import ConfirmedPublisher, DepthMax, PacedConsumer, stop_all
+from tests.cluster.traffic import (
+    SIZE,
+    ConfirmedPublisher,
+    DepthMax,
+    PacedConsumer,
+    close_quietly,
+    stop_all,
+)
 from tests.conftest import wait_for
-from tests.integration.support import capped, direct_params, policy_file, unique
+from tests.integration.support import capped, direct_params, policy_file, seq_of, unique
 
 pytestmark = pytest.mark.broker
 
@@ -42,11 +49,9 @@ FAST = ("--depth-interval", "50ms", "--management-interval", "1s")
 #: A hung node is found by the readiness probe: its interval (5 s) + the answer it waits
 #: for (3 s), + slack for a loaded machine.
 NODE_LEFT_WITHIN = 5 + 3 + 4.0
-#: While a node is hung the management API of *every* node stalls on it (RabbitMQ gathers
-#: queue figures across the cluster) until the cluster counts it gone (``net_ticktime``,
-#: 60-75 s by default): a queue tripped then keeps its decision (``on_unknown_depth:
-#: keep``) until then. The bound is that, + 15 s.
-HUNG_RESUMES_WITHIN = 75 + RESUMES_WITHIN
+#: Seconds of load after a hang: past the time the depth would go unknown without figures
+#: (3 management intervals + the timeout: 8 s here), and past 15 s from there.
+HUNG_LOAD = 8 + RESUMES_WITHIN + 2
 
 
 def logged_at(line: str) -> float:
@@ -86,15 +91,25 @@ def readyz(proc: ProxyProcess) -> int:
         return 0
 
 
+def tripped(proc: ProxyProcess, queue: str) -> bool:
+    """Whether ``proc`` holds ``queue``'s publishers now."""
+    flow = proc.state().get("flow") or {}
+    return any(q["queue"] == queue and q["tripped"]
+               for q in flow.get("queues", []))  # type: ignore[union-attr]
+
+
 def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue: str,
                     fault: Callable[[], None], resumes_within: float = RESUMES_WITHIN,
-                    watch_ready: bool = True) -> dict[str, float]:
+                    watch_ready: bool = True, tripped_first: bool = False,
+                    watch_from: int = 0, load_after: float = 0.0) -> dict[str, float]:
     """Load through each of ``procs`` (a publisher each) into ``queue``, ``fault()`` after
-    1,500 confirms, and the figures the bounds are about; the assertions common to every
-    fault are made here (``resumes_within``: seconds from the fault to the next confirm on
-    every publisher)."""
-    consumer = PacedConsumer(cluster, queue, CONSUMER_RATE, PREFETCH)
-    depth = DepthMax(cluster, queue, PREFETCH)
+    1,500 confirms (``tripped_first``: and at a moment the first of ``procs`` holds the
+    queue), and the figures the bounds are about; the assertions common to every fault are
+    made here (``resumes_within``: seconds from the fault to the next confirm on every
+    publisher). The consumer and the depth watch start on node ``watch_from``; the load
+    goes on for 1,000 confirms after the fault, and ``load_after`` seconds at least."""
+    consumer = PacedConsumer(cluster, queue, CONSUMER_RATE, PREFETCH, first=watch_from)
+    depth = DepthMax(cluster, queue, PREFETCH, first=watch_from)
     publishers = [ConfirmedPublisher(proc.port, queue, producer=i)
                   for i, proc in enumerate(procs)]
     for thread in [consumer, depth, *publishers]:
@@ -105,6 +120,9 @@ def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue:
     try:
         wait_for(lambda: total() > 1500, timeout=60,
                  what="1,500 confirmed publishes before the fault")
+        if tripped_first:
+            wait_for(lambda: tripped(procs[0], queue), timeout=60, interval=0.05,
+                     what="the queue tripped")
         before = total()
         moment, wall = time.monotonic(), time.time()
         fault()
@@ -122,9 +140,11 @@ def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue:
             assert first is not None
             resumed_after = max(resumed_after,
                                 first - max(publisher.last_confirm_before(moment), moment))
-        wait_for(lambda: total() > before + 1000, timeout=90,
+        wait_for(lambda: total() > before + 1000
+                 and time.monotonic() > moment + load_after, timeout=90 + load_after,
                  what="1,000 more confirmed publishes after the fault")
         stop_all(publishers)
+        longest_pause = max(p.longest_pause_after(moment) for p in publishers)
         consumer.drain.set()
         confirmed = set().union(*(p.tagged() for p in publishers))
         wait_for(lambda: confirmed <= consumer.seen, timeout=120, interval=0.2,
@@ -139,7 +159,7 @@ def through_a_fault(cluster: LocalCluster, procs: Sequence[ProxyProcess], queue:
     if watch_ready:
         assert not not_ready, f"/readyz answered {not_ready} while two nodes answered"
     return {"resumed_after": resumed_after, "depth_max": depth.max_bytes,
-            "confirmed": len(confirmed), "fault_at": wall}
+            "confirmed": len(confirmed), "fault_at": wall, "longest_pause": longest_pause}
 
 
 def policies(tmp_path: Path, queue: str) -> Path:
@@ -172,23 +192,36 @@ def test_the_node_floodwall_uses_killed_under_load(cluster: LocalCluster, sideca
 
 def test_a_hung_node_is_left_and_its_connections_ended(cluster: LocalCluster, sidecar: Any,
                                                       tmp_path: Path) -> None:
-    """The first node (which every connection uses) frozen (SIGSTOP): the readiness probe
-    finds it silent, floodwall ends the connections on it (theirs would wait for
-    heartbeats) and new ones go to the next node. The quorum queue's leader is on the last
-    node: with the leader itself hung, no node confirms until the cluster sees the node
-    gone (``net_ticktime``: 60 s by default, docs/operations.md), whatever floodwall does."""
+    """The first node (which every connection uses) frozen (SIGSTOP) while the queue is
+    tripped: the readiness probe finds it silent, floodwall ends the connections on it
+    (theirs would wait for heartbeats) and new ones go to the next node. Every node's
+    management API stalls on the hung node (RabbitMQ gathers queue figures across the
+    cluster) until the cluster counts it gone (``net_ticktime``, 60-75 s): the depth rounds
+    read the live nodes' Prometheus endpoints meanwhile, so the tripped queue is released
+    on fresh figures and publishing resumes within 15 s. The quorum queue's leader is on
+    the last node (with the leader itself hung, no node confirms until the cluster counts
+    it gone, whatever floodwall does: docs/operations.md)."""
     first, _, last = cluster.nodes
     queue = unique("hung")
     declare(last.endpoint, queue, "quorum")
     proc = sidecar(cluster.upstream, "--policies", str(policies(tmp_path, queue)),
-                   "--management", cluster.management, *FAST)
+                   "--management", cluster.management, "--prometheus", cluster.prometheus,
+                   *FAST)
     figures = through_a_fault(cluster, [proc], queue, lambda: cluster.freeze(first),
-                              resumes_within=HUNG_RESUMES_WITHIN)
+                              tripped_first=True, watch_from=2, load_after=HUNG_LOAD)
+    print(f"hung node, queue tripped: publishing resumed {figures['resumed_after']:.1f}s "
+          f"after the hang, its longest pause {figures['longest_pause']:.1f}s, the queue at "
+          f"most {figures['depth_max'] // KIB:.0f} KiB")
+    assert figures["longest_pause"] <= RESUMES_WITHIN, (
+        f"publishing stopped for {figures['longest_pause']:.1f}s after the hang")
     assert proc.state()["upstream_nodes"][str(first.endpoint.upstream)] == "down"
-    left = [logged_at(line) - figures["fault_at"] for line in proc.logfile.read_text()
-            .splitlines() if "event=upstream_node_lost" in line]
+    lines = proc.logfile.read_text().splitlines()
+    left = [logged_at(line) - figures["fault_at"] for line in lines
+            if "event=upstream_node_lost" in line]
     assert left, "no connection was ended on the hung node"
     assert max(left) <= NODE_LEFT_WITHIN, f"connections left the hung node after {left}s"
+    switched = [line for line in lines if "event=depth_source_switched" in line]
+    assert switched and "source=prometheus" in switched[0], switched
 
 
 @pytest.fixture
@@ -284,6 +317,123 @@ def test_a_fleet_on_three_nodes_holds_its_capacity_through_the_loss_of_one(
     through_a_fault(cluster, fleet, queue, cluster.nodes[1].kill)
     wait_for(lambda: all(members(p) == 3 for p in fleet), timeout=60,
              what="the moved sidecar back in the fleet")
+
+
+#: The stream test's capacity: reached after the failover (a stream keeps what it is sent).
+STREAM_CAPACITY = 2048 * KIB
+
+
+def read_stream(ep: BrokerEndpoint, queue: str) -> list[int]:
+    """Every number in stream ``queue``, from its first offset, in order (read on ``ep``)."""
+    conn = pika.BlockingConnection(direct_params(ep))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=500)
+        got: list[int] = []
+        for method, _, body in ch.consume(queue, arguments={"x-stream-offset": "first"},
+                                          inactivity_timeout=3.0):
+            if method is None:
+                break
+            ch.basic_ack(method.delivery_tag)
+            got.append(seq_of(body))
+        ch.cancel()
+        return got
+    finally:
+        close_quietly(conn)
+
+
+def test_a_stream_through_the_loss_of_the_node_floodwall_uses(
+        cluster: LocalCluster, sidecar: Any, tmp_path: Path) -> None:
+    """A stream (its leader on the first node, replicas on the others) policed through
+    floodwall, a publisher with confirms at full speed; the first node, which every
+    connection uses, killed: publishing resumes within 15 s on the next node, the policy
+    still polices the stream there (a stream's depth is what it retains: consumers do not
+    shrink it, so at capacity it stays tripped), nothing confirmed is lost and the stream
+    holds within capacity + 256 KiB."""
+    first, second, _ = cluster.nodes
+    queue = unique("failover-stream")
+    declare(first.endpoint, queue, "stream")
+    proc = sidecar(cluster.upstream, "--policies",
+                   str(policy_file(tmp_path / "p.yaml",
+                                   capped("stream", queue, f"{STREAM_CAPACITY // KIB}KiB",
+                                          f"{STREAM_CAPACITY // 2 // KIB}KiB"))),
+                   "--management", cluster.management, "--prometheus", cluster.prometheus,
+                   *FAST)
+    assert leader_of(cluster, queue) == first.nodename
+    publisher = ConfirmedPublisher(proc.port, queue)
+    publisher.start()
+    try:
+        wait_for(lambda: len(publisher.confirmed) > 500, timeout=60,
+                 what="500 confirmed publishes before the fault")
+        moment = time.monotonic()
+        first.kill()
+        wait_for(lambda: publisher.first_confirm_after(moment + 0.5) is not None,
+                 timeout=RESUMES_WITHIN + 30, interval=0.2,
+                 what="a confirmed publish after the kill")
+        resumed = publisher.first_confirm_after(moment + 0.5)
+        assert resumed is not None
+        resumed_after = resumed - max(publisher.last_confirm_before(moment), moment)
+        wait_for(lambda: tripped(proc, queue), timeout=90, interval=0.1,
+                 what="the stream tripped at capacity on the next node")
+        # A stream keeps what it is sent: tripped, it stays tripped (held publishes are
+        # admitted only into room its estimate, which errs high, turns out to have). Time
+        # for a publisher not held to go past the bound (a second of this one's speed).
+        time.sleep(3)
+        assert tripped(proc, queue)
+        state = next(q for q in proc.state()["flow"]["queues"]  # type: ignore[index]
+                     if q["queue"] == queue)
+    finally:
+        stop_all([publisher])  # (a publish held by the tripped stream ends with the sidecar)
+    confirmed = publisher.tagged()
+    kept = read_stream(second.endpoint, queue)
+    print(f"stream: publishing resumed {resumed_after:.1f}s after the kill; {len(confirmed)} "
+          f"confirmed, {len(kept)} in the stream ({len(kept) * SIZE // KIB} KiB); floodwall's "
+          f"estimate {state['depth']['estimate']}, ready count {state['depth']['ready_count']}")
+    assert resumed_after <= RESUMES_WITHIN, f"publishing resumed {resumed_after:.1f}s after"
+    assert confirmed <= set(kept), f"{len(confirmed - set(kept))} confirmed messages lost"
+    assert len(kept) * SIZE <= STREAM_CAPACITY + OVERSHOOT, f"{len(kept)} messages kept"
+    assert proc.state()["upstream_nodes"][str(first.endpoint.upstream)] == "down"
+
+
+def connection_nodes(proc: ProxyProcess) -> set[str]:
+    return {str(c.get("node")) for c in proc.state()["connections"]}  # type: ignore[union-attr]
+
+
+def test_a_node_back_takes_connections_again_in_its_place(cluster: LocalCluster,
+                                                         sidecar: Any) -> None:
+    """The first node killed: new connections go to the second; started again, the probe
+    finds it answering and new connections go to it again (the order given), while the
+    connection already on the second node stays there."""
+    first, second, _ = cluster.nodes
+    proc = sidecar(cluster.upstream, "--upstream-probe-interval", "1s")
+    wait_for(lambda: proc.state()["upstream_nodes"].get(first.endpoint.upstream) == "up",
+             timeout=30, what="the first node probed")
+
+    def client() -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", proc.port, connection_attempts=1, socket_timeout=5))
+    on_first = client()
+    assert connection_nodes(proc) == {first.endpoint.upstream}
+    first.kill()
+    wait_for(lambda: not on_first.is_open or _closed_by_peer(on_first), timeout=30,
+             what="the client's connection on the killed node ended")
+    on_second = client()
+    assert connection_nodes(proc) == {second.endpoint.upstream}
+    first.start()
+    wait_for(lambda: proc.state()["upstream_nodes"].get(first.endpoint.upstream) == "up",
+             timeout=60, what="the restarted node found answering")
+    again = client()
+    assert connection_nodes(proc) == {first.endpoint.upstream, second.endpoint.upstream}
+    for conn in (on_second, again):
+        conn.close()
+
+
+def _closed_by_peer(conn: pika.BlockingConnection) -> bool:
+    try:
+        conn.process_data_events(0.1)
+    except (pika.exceptions.AMQPError, OSError):
+        return True
+    return not conn.is_open
 
 
 def test_topology_made_at_any_node_is_learned_from_its_events(

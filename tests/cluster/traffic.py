@@ -4,6 +4,7 @@ node answers, each recording what it saw for the assertions."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -85,6 +86,11 @@ class ConfirmedPublisher(threading.Thread):
     def first_confirm_after(self, moment: float) -> float | None:
         return min((t for t in self.confirmed.values() if t > moment), default=None)
 
+    def longest_pause_after(self, moment: float) -> float:
+        """The longest time without a confirm from ``moment`` to the last confirm."""
+        times = [moment, *sorted(t for t in self.confirmed.values() if t > moment)]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
 
 class PacedConsumer(threading.Thread):
     """Consumes ``queue`` straight from the cluster at about ``rate`` messages a second,
@@ -92,9 +98,10 @@ class PacedConsumer(threading.Thread):
     every number received (duplicates after a failover included once)."""
 
     def __init__(self, cluster: LocalCluster, queue: str, rate: float,
-                 prefetch: int = 20) -> None:
+                 prefetch: int = 20, first: int = 0) -> None:
         super().__init__(daemon=True, name=f"consumer-{queue}")
         self.cluster, self.queue, self.rate, self.prefetch = cluster, queue, rate, prefetch
+        self.first = first  # the node (its index among those running) tried first
         self.seen: set[int] = set()
         self.unacked_max = prefetch
         self.stop = threading.Event()
@@ -102,7 +109,7 @@ class PacedConsumer(threading.Thread):
         self.idle_since = time.monotonic()
 
     def run(self) -> None:
-        turn = 0
+        turn = self.first
         while not self.stop.is_set():
             endpoints = live_endpoints(self.cluster)
             if not endpoints:
@@ -139,16 +146,18 @@ class DepthMax(threading.Thread):
     converted to bytes (every body is ``SIZE``) plus what the consumer may hold unacked:
     the largest seen, and how many samples failed (a node lost, a leader elected)."""
 
-    def __init__(self, cluster: LocalCluster, queue: str, unacked: int) -> None:
+    def __init__(self, cluster: LocalCluster, queue: str, unacked: int, first: int = 0) -> None:
         super().__init__(daemon=True, name=f"depth-{queue}")
         self.cluster, self.queue, self.unacked = cluster, queue, unacked
+        self.first = first  # the node (its index among those running) tried first
         self.max_bytes = 0
         self.samples = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            for ep in live_endpoints(self.cluster):
+            live = live_endpoints(self.cluster)
+            for ep in live[self.first:] + live[:self.first]:
                 try:
                     self._watch(ep)
                 except (pika.exceptions.AMQPError, OSError):
