@@ -11,6 +11,7 @@ answers ready while a node answers.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -224,15 +225,30 @@ def test_a_hung_node_is_left_and_its_connections_ended(cluster: LocalCluster, si
     assert switched and "source=prometheus" in switched[0], switched
 
 
-@pytest.fixture
-def haproxy(cluster: LocalCluster, tmp_path: Path) -> Iterator[BrokerEndpoint]:
-    """HAProxy in TCP mode in front of the cluster, ``balance first`` with TCP health checks
-    (as a team would put it in front of RabbitMQ), on a port of its own."""
+#: HAProxy's health check as a team would put it in front of RabbitMQ: a TCP connect, which a
+#: hung node passes (its port still completes handshakes).
+TCP_CHECK = "    default-server check inter 1s fall 2 rise 2\n"
+#: A check that speaks AMQP: the protocol header out, the first bytes of ``connection.start``
+#: (a method frame on channel 0) back within 2 s; sessions to a node marked down are cut, so
+#: connections on a hung node end and reconnect to the next (docs/operations.md).
+AMQP_CHECK = """    option tcp-check
+    tcp-check connect
+    tcp-check send-binary 414d515000000901
+    tcp-check expect binary 010000
+    timeout check 2s
+    default-server check inter 1s fall 2 rise 2 on-marked-down shutdown-sessions
+"""
+
+
+@contextlib.contextmanager
+def _haproxy(cluster: LocalCluster, tmp_path: Path, check: str) -> Iterator[BrokerEndpoint]:
+    """HAProxy in TCP mode in front of the cluster, ``balance first`` with ``check``, on a
+    port of its own."""
     binary = shutil.which("haproxy")
     if binary is None:
         pytest.fail("haproxy is not installed: `make test` installs it (Debian's haproxy)")
     port = free_port()
-    servers = "\n".join(f"    server n{i} {ep.host}:{ep.amqp_port} check inter 1s fall 2 rise 2"
+    servers = "\n".join(f"    server n{i} {ep.host}:{ep.amqp_port}"
                         for i, ep in enumerate(cluster.endpoints))
     config = tmp_path / "haproxy.cfg"
     config.write_text(f"""global
@@ -247,7 +263,7 @@ frontend amqp
     default_backend rabbit
 backend rabbit
     balance first
-{servers}
+{check}{servers}
 """)
     proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -258,6 +274,18 @@ backend rabbit
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture
+def haproxy(cluster: LocalCluster, tmp_path: Path) -> Iterator[BrokerEndpoint]:
+    with _haproxy(cluster, tmp_path, TCP_CHECK) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def haproxy_amqp_check(cluster: LocalCluster, tmp_path: Path) -> Iterator[BrokerEndpoint]:
+    with _haproxy(cluster, tmp_path, AMQP_CHECK) as endpoint:
+        yield endpoint
 
 
 def _connects(host: str, port: int) -> bool:
@@ -281,6 +309,30 @@ def test_behind_a_load_balancer_the_node_behind_it_killed(
     # /readyz is not watched: behind a balancer floodwall's probe sees what the balancer
     # routes to, the dead node included until the balancer's own checks drop it
     through_a_fault(cluster, [proc], queue, first.kill, watch_ready=False)
+
+
+def test_behind_a_load_balancer_with_an_amqp_check_the_node_behind_it_hung(
+        cluster: LocalCluster, sidecar: Any, haproxy_amqp_check: BrokerEndpoint,
+        tmp_path: Path) -> None:
+    """floodwall's upstream is HAProxy; the node it sends everything to is frozen (SIGSTOP)
+    while the queue is tripped. A TCP check passes a hung node; HAProxy's AMQP check finds it
+    silent, marks it down and cuts the sessions to it, so floodwall's connections end and
+    reconnect through HAProxy to the next node; the depth comes from the live nodes'
+    Prometheus endpoints while every management API stalls on the hung node."""
+    first, _, last = cluster.nodes
+    queue = unique("balanced-hung")
+    declare(last.endpoint, queue, "quorum")
+    proc = sidecar(haproxy_amqp_check.upstream, "--policies",
+                   str(policies(tmp_path, queue)), "--management", cluster.management,
+                   "--prometheus", cluster.prometheus, *FAST)
+    figures = through_a_fault(cluster, [proc], queue, lambda: cluster.freeze(first),
+                              tripped_first=True, watch_from=2, load_after=HUNG_LOAD,
+                              watch_ready=False)
+    print(f"behind HAProxy, hung node, queue tripped: publishing resumed "
+          f"{figures['resumed_after']:.1f}s after the hang, its longest pause "
+          f"{figures['longest_pause']:.1f}s")
+    assert figures["longest_pause"] <= RESUMES_WITHIN, (
+        f"publishing stopped for {figures['longest_pause']:.1f}s after the hang")
 
 
 def test_a_bad_node_list_is_refused_at_start(tmp_path: Path) -> None:
