@@ -39,7 +39,14 @@ import psutil
 from bench import amqp091
 from bench.meters import CpuMeter, cpu_seconds, median, percentile, rss_bytes
 from bench.report import print_report
-from floodwall.dev.devbroker import BrokerEndpoint, BrokerTls, LocalBroker, free_port
+from floodwall.dev.devbroker import (
+    RELEASE_NAMES,
+    BrokerEndpoint,
+    BrokerTls,
+    LocalBroker,
+    free_port,
+    release_named,
+)
 from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -745,6 +752,9 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                    help="extra arguments for `bench.pump` (space separated), e.g. --splice")
     p.add_argument("--floodwall-args", default="",
                    help="extra arguments for `floodwall run` (space separated)")
+    p.add_argument("--broker", choices=RELEASE_NAMES, default="3.10",
+                   help="the RabbitMQ release (4.0: Debian 13's, in the root `make "
+                        "rabbitmq4-root` makes)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON file for the raw figures (default bench/out/relay-DATE.json)")
     a = p.parse_args(argv)
@@ -833,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     tls = make_tls(workdir / "pki") if args.tls else None
     broker = LocalBroker(workdir / "rabbit",
                          config_extra=f"prometheus.tcp.port = {free_port()}\n",
-                         tls=tls)
+                         tls=tls, release=release_named(args.broker))
     fw: ProxyProcess | None = None
     pump: subprocess.Popen[bytes] | None = None
     haproxy: subprocess.Popen[bytes] | None = None
