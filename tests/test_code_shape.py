@@ -25,11 +25,9 @@ MAX_PROJECT_BASES = 2
 #: Classes that take state (an ``__init__``, fields) from a class of another module: to be
 #: recomposed as parts they own. One leaves the list when it no longer does; none joins it.
 STATEFUL_BASES_ACROSS_MODULES = {
-    ("floodwall.control.fleet_rate.RateRule", "floodwall.control.depth.RoomShare"),
     ("floodwall.io.amqp10_client.Amqp10Reading", "floodwall.io.writes.BatchedWrites"),
     ("floodwall.io.amqp10_client.Amqp10Client", "floodwall.io.writes.BatchedWrites"),
     ("floodwall.io.amqp_client.AmqpClient", "floodwall.io.writes.BatchedWrites"),
-    ("floodwall.io.fleet.FleetHost", "floodwall.io.fleet_polls.PollsHost"),
     ("floodwall.io.probes.DepthProbes", "floodwall.io.management_probes.ManagementProbes"),
     ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.probes.DepthProbes"),
     ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.management_probes.ManagementProbes"),
@@ -100,6 +98,8 @@ def test_no_class_stands_on_more_than_two_of_the_projects_classes() -> None:
 
 
 def _holds_state(cls: type) -> bool:
+    if getattr(cls, "_is_protocol", False):  # an interface (typing gives it an __init__)
+        return False
     return "__init__" in vars(cls) or bool(getattr(cls, "__dataclass_fields__", None)) \
         or bool(vars(cls).get("__annotations__"))
 
