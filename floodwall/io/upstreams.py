@@ -119,16 +119,26 @@ class Upstreams:
         """The node at ``endpoint`` did not answer; True when that is news. A DNS name is
         looked up again for the next connection. ``probed``: the readiness probe found it
         so (connected or not, no connection.start in time), and the connections on it are
-        told (``watch``); a connect that one client's relay saw fail tells nobody."""
+        told (``watch``) if another node may take them: with one node, or every other found
+        down, they stay (their reconnects could only come back to it; a broker slow to
+        answer through a burst of handshakes is not hung, and a hung one's connections end
+        by their heartbeats). A connect that one client's relay saw fail tells nobody."""
         before = self.state(endpoint)
         self._states[endpoint] = NodeState.DOWN
         for names in self._names:
             if names.host == endpoint.host and names.port == endpoint.port:
                 names.failed()
-        if probed:
+        if probed and self._elsewhere(endpoint):
             for watcher in list(self._watchers.pop(endpoint, {}).values()):
                 watcher(reason)
         return before is not NodeState.DOWN
+
+    def _elsewhere(self, endpoint: Endpoint) -> bool:
+        """Whether another node may take connections: an address the probe did not find down,
+        or a node given that it has not probed yet."""
+        probed = {(ep.host, ep.port) for ep in self._states}
+        return any(state is not NodeState.DOWN for ep, state in self._states.items()
+                   if ep != endpoint) or any(node not in probed for node in self.nodes)
 
     def states(self) -> dict[str, str]:
         """Each address probed and what was found (for /state)."""

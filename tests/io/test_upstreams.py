@@ -72,3 +72,26 @@ def test_only_the_probe_ends_the_connections_on_a_node_and_only_once() -> None:
     assert told == ["one: no connection.start within 3s"]
     up.failed(first, "still silent", probed=True)  # each watch is told once
     assert told == ["one: no connection.start within 3s"]
+
+
+def test_a_silent_node_keeps_its_connections_when_no_other_may_take_them() -> None:
+    """One node, slow to answer through a burst of handshakes (or hung): ending its
+    connections would only bring them back to it. Two nodes, the other found down too: the
+    same. The other answering again: the next silence ends them."""
+    only = Endpoint("127.0.0.1", "127.0.0.1", 1)
+    up = Upstreams([("127.0.0.1", 1)])
+    told: list[str] = []
+    up.answered(only)
+    up.watch(only, told.append)
+    up.failed(only, "no connection.start within 3s", probed=True)
+    assert told == [] and up.state(only) is NodeState.DOWN
+    first, second = Endpoint("127.0.0.1", "127.0.0.1", 1), Endpoint("127.0.0.2", "127.0.0.2", 1)
+    up = Upstreams([("127.0.0.1", 1), ("127.0.0.2", 1)])
+    up.answered(first)
+    up.watch(first, told.append)
+    up.failed(second, "refused", probed=True)
+    up.failed(first, "silent", probed=True)
+    assert told == []
+    up.answered(second)
+    up.failed(first, "silent again", probed=True)
+    assert told == ["silent again"]
