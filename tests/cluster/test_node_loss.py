@@ -428,10 +428,12 @@ def test_a_stream_through_the_loss_of_the_node_floodwall_uses(
         wait_for(lambda: tripped(proc, queue), timeout=90, interval=0.1,
                  what="the stream tripped at capacity on the next node")
         # A stream keeps what it is sent: tripped, it stays tripped (held publishes are
-        # admitted only into room its estimate, which errs high, turns out to have). Time
-        # for a publisher not held to go past the bound (a second of this one's speed).
-        time.sleep(3)
-        assert tripped(proc, queue)
+        # admitted only into room its estimate, which errs high, turns out to have), at every
+        # look for 3 s (time for a publisher not held to go past the bound).
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            assert tripped(proc, queue)
+            time.sleep(0.1)
         state = next(q for q in proc.state()["flow"]["queues"]  # type: ignore[index]
                      if q["queue"] == queue)
     finally:

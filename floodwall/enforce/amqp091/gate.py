@@ -383,7 +383,6 @@ def _amid_content(ch: ChannelFlow, what: str, offset: int) -> UnexpectedFrame:
 
 
 _EXPECTED: Final = {
-    PublishPhase.READY: "no content is due",
     PublishPhase.AWAITING_HEADER: "its publish's content header is due",
     PublishPhase.FILLING: "its publish's content body is due",
     PublishPhase.DISCARDING: "its publish's content body is due",

@@ -23,7 +23,6 @@ from floodwall.enforce.states import (
     ChannelInput,
     ChannelPhase,
     PublishInput,
-    PublishPhase,
     step,
 )
 from floodwall.wire.amqp091.framing import encode_method
@@ -73,12 +72,10 @@ class Refusals:
         held.account(-ch.held_bytes, -len(dropped))
         ch.held.clear()
         ch.held_bytes = 0
-        if ch.filling is not None:  # the rest of its body is dropped as it comes
-            ch.discard_content = max(0, ch.filling.body_size - ch.filling.received)
+        if ch.filling is not None:  # the rest of its body (FILLING: some is due) is dropped
+            ch.discard_content = ch.filling.body_size - ch.filling.received
             ch.filling = None
         held.move(ch, PublishInput.PROXY_CLOSES)
-        if not ch.discard_content and ch.publish is PublishPhase.DISCARDING:
-            held.move(ch, PublishInput.CONTENT_DONE)
         ch.phase = step(CHANNEL_PHASES, ch.phase, ChannelInput.PROXY_CLOSES) or ch.phase
         held.waiting_lookup.discard(ch.channel)
         self.ctx.controller.channel_closed(self.ctx.conn_id, ch.channel)
