@@ -177,6 +177,78 @@ def test_release_decisions_do_not_trust_a_count_taken_right_after_a_burst() -> N
     assert q.estimate(settled=True) == q.estimate() == Depth(10 * q.average_body_bytes(), 10)
 
 
+@pytest.mark.parametrize("rtt", [0.001, 0.05, 0.4])
+def test_tracked_deliveries_count_once_whatever_the_round_trip(rtt: float) -> None:
+    """A queue fed by 1.0 deliveries the broker settles one by one: a count asked for with
+    ``unsettled`` of them not settled holds every other one forwarded before it, so the
+    estimate is the count, those unsettled and what came after, whatever the count's margin
+    (the margin alone would count every delivery of the last 2 x rtt twice)."""
+    q = QueueDepth()
+    q.forwarded(5.0, 100, tracked=1)
+    q.sampled_ready_count(6.0, ready=0, rtt=rtt)
+    for i in range(200):  # 200 over the second before the count, 5 ms apart
+        q.forwarded(9.0 + i * 0.005, 100, tracked=1)
+    q.count_asked(10.0, unsettled=7)
+    q.forwarded(10.002, 100, tracked=1)  # while the count is on its way
+    q.sampled_ready_count(10.0, ready=30, rtt=rtt)
+    assert q.estimate() == Depth(3800, 38)  # 30 counted + 7 unsettled + 1 after the ask
+    assert q.estimate(settled=True) == Depth(3800, 38)
+    untracked = QueueDepth()  # the same publishes, not tracked: the margin counts them again
+    untracked.forwarded(5.0, 100)
+    untracked.sampled_ready_count(6.0, ready=0, rtt=rtt)
+    for i in range(200):
+        untracked.forwarded(9.0 + i * 0.005, 100)
+    untracked.count_asked(10.0, unsettled=0)
+    untracked.forwarded(10.002, 100)
+    untracked.sampled_ready_count(10.0, ready=30, rtt=rtt)
+    margin = min(max(2 * rtt, 0.02), 1.0)
+    in_margin = sum(1 for i in range(200) if 9.0 + i * 0.005 >= 10.0 - margin)
+    est = untracked.estimate()
+    assert est is not None
+    assert abs(est.messages - (30 + in_margin + 1)) <= 2  # (the ledger's 5 ms entries)
+
+
+def test_untracked_publishes_inside_the_margin_still_count_beside_tracked_ones() -> None:
+    """Mixed: 0-9-1 publishes (untracked) forwarded within the margin may not be in the
+    count, whatever the tracked deliveries say; those before the margin are taken as in it."""
+    q = QueueDepth()
+    q.forwarded(1.0, 100, tracked=1)
+    q.sampled_ready_count(2.0, ready=0, rtt=0.01)  # margin 20 ms
+    q.forwarded(9.0, 100)  # untracked, long before: in the count
+    for i in range(10):
+        q.forwarded(9.99 + i * 0.001, 100, tracked=1)  # inside the margin, all settled
+    for i in range(4):
+        q.forwarded(9.995 + i * 0.001, 100)  # untracked, inside the margin
+    q.count_asked(10.0, unsettled=0)
+    q.sampled_ready_count(10.0, ready=11, rtt=0.01)
+    assert q.estimate() == Depth(1500, 15)  # the count + the 4 untracked of the margin
+
+
+def test_a_count_asked_without_a_note_keeps_the_margin() -> None:
+    """A count whose asker noted nothing (a stream's, dated back; a management sample) is
+    reconciled by the margin alone, tracked deliveries or not."""
+    noted, plain = QueueDepth(), QueueDepth()
+    for q in (noted, plain):
+        q.forwarded(9.995, 100, tracked=1)
+    noted.count_asked(10.0, unsettled=0)
+    noted.sampled_ready_count(10.0, ready=1, rtt=0.001)
+    plain.sampled_ready_count(10.0, ready=1, rtt=0.001)
+    assert noted.estimate() == Depth(100, 1)
+    assert plain.estimate() == Depth(200, 2)  # inside the 20 ms margin: counted again
+
+
+def test_unanswered_counts_are_forgotten() -> None:
+    q = QueueDepth()
+    q.forwarded(1.0, 100, tracked=1)
+    for i in range(20):  # counts that never come back
+        q.count_asked(2.0 + i, unsettled=1)
+    assert len(q._asked) <= 8
+    q.count_asked(30.0, unsettled=0)
+    q.sampled_ready_count(30.0, ready=1, rtt=0.001)
+    assert q._asked == {}
+    assert q.estimate() == Depth(100, 1)
+
+
 def test_a_stream_has_counts_without_bytes_so_bytes_come_from_the_ledger_mean() -> None:
     q = QueueDepth()
     for i in range(4):

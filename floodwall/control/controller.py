@@ -397,8 +397,10 @@ class FlowController:
         """What ``blocking`` would add were every shadow policy enforced (``Trips``)."""
         return self.trips.shadow_among(vhost, queues, ALARM)
 
-    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int, now: float) -> None:
-        """A publish went to the broker; book it on each policed queue it lands in.
+    def forwarded(self, vhost: str, queues: frozenset[str], body_bytes: int, now: float,
+                  tracked: int = 0) -> None:
+        """A publish went to the broker; book it on each policed queue it lands in
+        (``tracked``: 1 for a 1.0 delivery whose settlement the gate tracks).
 
         A queue that is not tripped is evaluated only when the publish takes its ledger past
         the totals at which the decision could change (``PolicedQueue.quiet_*``), or when
@@ -412,7 +414,7 @@ class FlowController:
             q = policed.get((vhost, name))
             if q is not None:
                 depth = q.depth
-                depth.forwarded(now, body_bytes)
+                depth.forwarded(now, body_bytes, 1, tracked)
                 if not q.tripped and (depth.forwarded_bytes_total > q.quiet_bytes
                                       or depth.forwarded_messages_total > q.quiet_messages
                                       or depth.rebases != q.armed_rebases
@@ -443,6 +445,13 @@ class FlowController:
                    and self.admission.admits(k, self.queues[k], now) for k in keys)
 
     # -- depth and alarms --------------------------------------------------------------
+    def count_asked(self, key: QueueKey, at: float) -> None:
+        """A ready count of ``key`` is asked for now (``at``): its tracked deliveries not
+        settled yet are noted with it (``QueueDepth.count_asked``)."""
+        q = self.queues.get(key)
+        if q is not None:
+            q.depth.count_asked(at, q.in_flight)
+
     def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,
                             rtt: float | None, now: float, drains: bool = True) -> None:
         """A ready count of ``key`` (``drains``: False for a stream, ``QueueDepth``)."""
@@ -654,10 +663,10 @@ def quiet_room(policed: Mapping[QueueKey, PolicedQueue], vhost: str,
 
 
 def forwarded_run(policed: Mapping[QueueKey, PolicedQueue], vhost: str, queues: frozenset[str],
-                  body_bytes: int, messages: int, now: float) -> None:
+                  body_bytes: int, messages: int, now: float, tracked: int = 0) -> None:
     """``messages`` publishes to ``queues``, ``body_bytes`` in all, within ``quiet_room``:
     booked as ``FlowController.forwarded`` books them one by one (none evaluates a queue)."""
     for name in queues:
         q = policed.get((vhost, name))
         if q is not None:
-            q.depth.forwarded(now, body_bytes, messages)
+            q.depth.forwarded(now, body_bytes, messages, tracked)

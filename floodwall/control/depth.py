@@ -15,6 +15,15 @@ the broker's responsiveness: twice the probe's round trip, within [20 ms, 1 s]; 
 slow to answer is slow to enqueue too. A management sample gets the fixed margin (and the
 supervisor dates it back by the broker's statistics interval).
 
+AMQP 1.0 deliveries the broker settles one by one (the credit gate tracks them: *tracked*)
+need no margin: a delivery settled before a count was asked for is in that count (or
+consumed already), one not settled may not be. When the count's asker noted the queue's
+unsettled deliveries (``count_asked``), the count is taken to hold everything forwarded
+before it less those unsettled and less the untracked publishes forwarded within the margin:
+exact for a queue fed by tracked deliveries alone, whatever the broker's round trip, and the
+margin's answer for one fed by untracked publishes alone. The settled estimate likewise, with
+``SETTLE`` for the untracked publishes.
+
 A burst the proxy forwarded can take the broker longer to enqueue than the probe's round
 trip says (the probe is answered on the proxy's own connection while the client's channel
 is still working through the burst; ~50 ms for 1,000 1 KiB messages on a busy 2-core
@@ -33,7 +42,7 @@ from __future__ import annotations
 
 import enum
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -177,11 +186,19 @@ class QueueDepth:
     # A fleet member (a share rule set): a lag seen is capped at SETTLE (``_watch_lag``),
     # also while the others' ingress is not announced yet (a fresh queue's first fill).
     in_fleet: bool = False
+    # Tracked deliveries (the module docstring): how many were forwarded, and the ledger of
+    # that total ((forwarded_at, cumulative messages), bucketed and trimmed as ``_ledger``).
+    tracked_messages_total: int = 0
+    _tracked: deque[tuple[float, int]] = field(default_factory=deque)
+    # Counts asked for and not answered yet: asked at -> (messages forwarded, tracked
+    # deliveries forwarded, tracked deliveries not settled), as they stood then.
+    _asked: dict[float, tuple[int, int, int]] = field(default_factory=dict)
 
     # -- inputs --------------------------------------------------------------------------
-    def forwarded(self, now: float, body_bytes: int, messages: int = 1) -> None:
+    def forwarded(self, now: float, body_bytes: int, messages: int = 1,
+                  tracked: int = 0) -> None:
         """The proxy forwarded one publish (or ``messages``, ``body_bytes`` in all, at once)
-        to this queue."""
+        to this queue; ``tracked`` of them are tracked deliveries."""
         total_bytes = self.forwarded_bytes_total = self.forwarded_bytes_total + body_bytes
         total_messages = self.forwarded_messages_total = self.forwarded_messages_total + messages
         ledger = self._ledger
@@ -189,6 +206,21 @@ class QueueDepth:
             ledger[-1] = (last, total_bytes, total_messages)
         else:
             ledger.append((now, total_bytes, total_messages))
+        if tracked:
+            total = self.tracked_messages_total = self.tracked_messages_total + tracked
+            log = self._tracked
+            if log and now - (last := log[-1][0]) < LEDGER_BUCKET:
+                log[-1] = (last, total)
+            else:
+                log.append((now, total))
+
+    def count_asked(self, at: float, unsettled: int) -> None:
+        """A ready count is asked for at ``at``, with ``unsettled`` tracked deliveries to
+        the queue not settled by the broker (the module docstring)."""
+        asked = self._asked
+        if len(asked) >= 8:  # (counts that never came back)
+            del asked[min(asked)]
+        asked[at] = (self.forwarded_messages_total, self.tracked_messages_total, unsettled)
 
     def delivered(self, count: int = 1) -> None:
         """The broker delivered messages from this queue through the proxy (telemetry)."""
@@ -396,15 +428,57 @@ class QueueDepth:
             since = self.ready_count_at - self.ready_margin
             settled = self.ready_count_at - max(self.ready_margin, SETTLE)
             self._base = Depth(self.ready_count * self.average_body_bytes(), self.ready_count)
+            noted = self._noted(self.ready_count_at)
         elif mgmt is not None:
             since = settled = mgmt.taken_at - IN_FLIGHT_MARGIN
             self._base = ready_depth(mgmt, self.average_body_bytes())
+            noted = None
         else:
             return
-        self._base_bytes_mark, self._base_messages_mark = self._totals_before(since)
-        self._settled_bytes_mark, self._settled_messages_mark = self._totals_before(settled)
+        self._base_bytes_mark, self._base_messages_mark = self._counted(noted, since)
+        self._settled_bytes_mark, self._settled_messages_mark = self._counted(noted, settled)
         self.rebases += 1
         self._trim(since - LEDGER_HORIZON)
+
+    def _noted(self, at: float) -> tuple[int, int, int] | None:
+        """What ``count_asked`` noted for the count asked for at ``at`` (None: nothing, or
+        no tracked deliveries to this queue ever), forgetting it and any older."""
+        asked = self._asked
+        noted = asked.pop(at, None)
+        for t in [t for t in asked if t < at]:
+            del asked[t]
+        return noted if self.tracked_messages_total else None
+
+    def _counted(self, noted: tuple[int, int, int] | None, since: float) -> tuple[int, int]:
+        """Ledger totals (bytes, messages) a ready count holds: those forwarded before
+        ``since`` (the count's time less its margin); with what its asker ``noted``,
+        everything forwarded before the count but the tracked deliveries not settled and the
+        untracked publishes forwarded after ``since`` (the module docstring)."""
+        marks = self._totals_before(since)
+        if noted is None:
+            return marks
+        forwarded, tracked, unsettled = noted
+        untracked = max(0, (forwarded - marks[1]) - (tracked - self._tracked_before(since)))
+        counted = max(0, forwarded - unsettled - untracked)
+        # its bytes: the ledger's, interpolated within the entry that holds the last of them
+        ledger = self._ledger
+        i = bisect_right(ledger, counted, key=lambda e: e[2])
+        below_bytes, below = (ledger[i - 1][1], ledger[i - 1][2]) if i else (
+            self._trimmed_bytes, self._trimmed_messages)
+        if counted <= below or i == len(ledger):
+            return (below_bytes if counted >= below
+                    else below_bytes * counted // max(1, below)), counted
+        _, above_bytes, above = ledger[i]
+        return below_bytes + (above_bytes - below_bytes) * (counted - below) // (above - below), \
+            counted
+
+    def _tracked_before(self, t: float) -> int:
+        """Tracked deliveries forwarded before time ``t``."""
+        log = self._tracked
+        i = bisect_left(log, t, key=lambda e: e[0])
+        if i == 0:
+            return self._trimmed_tracked if log else self.tracked_messages_total
+        return log[i - 1][1]
 
     def _totals_before(self, t: float) -> tuple[int, int]:
         """Ledger totals as they stood just before time ``t``."""
@@ -421,8 +495,12 @@ class QueueDepth:
 
     _trimmed_bytes: int = 0
     _trimmed_messages: int = 0
+    _trimmed_tracked: int = 0
 
     def _trim(self, before: float) -> None:
         ledger = self._ledger
         while len(ledger) > 1 and ledger[0][0] < before:
             _, self._trimmed_bytes, self._trimmed_messages = ledger.popleft()
+        log = self._tracked
+        while len(log) > 1 and log[0][0] < before:
+            _, self._trimmed_tracked = log.popleft()

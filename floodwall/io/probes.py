@@ -253,6 +253,7 @@ class DepthProbes(ManagementProbes):
             self.board.settle()
             return True
         requested_at = self.clock()
+        self.controller.count_asked(key, requested_at)
         try:
             counts = await client.queue_counts(key[1], self.settings.probe_timeout, lane)
         except TimeoutError:

@@ -350,6 +350,7 @@ def test_far_from_capacity_the_unsettled_take_a_share_of_the_headroom(chunker: C
     q = s.fc.queues[(VHOST, "capped")]
     assert sent > 4 * IN_FLIGHT_WINDOWS * window
     assert q.in_flight == sent and not s.fc.tripped
+    assert q.depth.tracked_messages_total == q.depth.forwarded_messages_total == sent
     # stopped at the share (a top-up is at most a window past where it was last allowed)
     assert sent * IN_FLIGHT_HEADROOM_PARTS * size <= capacity + 2 * window * size
     assert (sent + 2 * window) * IN_FLIGHT_HEADROOM_PARTS * size > capacity - sent * size
@@ -381,6 +382,8 @@ def test_deliveries_sent_settled_are_not_counted_in_flight() -> None:
     window = window_for(100 + 6)
     sent = _send_while_credit(s, 100, settled=True, most=3 * window)  # (81 KB < 100 KB)
     assert sent == 3 * window > IN_FLIGHT_WINDOWS * window
+    depth = s.fc.queues[(VHOST, "capped")].depth  # (their counts keep the margin)
+    assert depth.forwarded_messages_total == sent and depth.tracked_messages_total == 0
 
 
 def test_a_detached_link_leaves_nothing_in_flight() -> None:

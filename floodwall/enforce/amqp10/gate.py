@@ -346,7 +346,8 @@ class CreditFlow:
             controller = self.controller
             if controller.any_tripped:  # sent on credit granted before a trip
                 self.credit.overshoot(delivery.queues, delivery.bytes)
-            controller.forwarded(self.ctx.vhost, delivery.queues, delivery.bytes, now)
+            controller.forwarded(self.ctx.vhost, delivery.queues, delivery.bytes, now,
+                                 delivery.tracked_id is not None)
             if link.per_message and controller.queues:
                 link.hit.update(q for q in delivery.queues
                                 if (self.ctx.vhost, q) in controller.queues)

@@ -98,8 +98,10 @@ class TransferRuns:
         link.deliveries += count
         link.payload_bytes += payload_bytes
         queues = link.delivery.queues
-        forwarded_run(self.controller.queues, self.ctx.vhost, queues, payload_bytes, count, now)
-        if unsettled and link.windowed:
+        tracked = bool(unsettled) and link.windowed
+        forwarded_run(self.controller.queues, self.ctx.vhost, queues, payload_bytes, count, now,
+                      len(unsettled) if tracked else 0)
+        if tracked:
             self.in_flight.track_run(session, link, unsettled)
         self.credit.after_transfer(link, now, queues)
 
