@@ -276,6 +276,11 @@ def test_unsettled_deliveries_count_against_the_window_until_the_broker_settles(
     assert not s.fc.tripped  # no trip: 54 KB, below 100 KB
     link = s.gate.sessions[0].links[CAPPED_H]
     assert link.unsettled == sent  # type: ignore[union-attr]
+    (view,) = [v for v in s.gate.link_views() if v.handle == CAPPED_H]
+    assert (view.phase, view.windowed, view.window, view.queues) == ("open", True, window,
+                                                                      ("capped",))
+    assert view.unsettled == sent and view.deliveries == sent
+    assert view.credit == link.credit.client_credit  # type: ignore[union-attr]
     # the broker settles the first half window (RabbitMQ repeats ranges: once more)
     settle = amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(0), last=UInt(window // 2 - 1),
                   settled=True, state=Described(ULong(0x24), []))

@@ -400,6 +400,12 @@ def test_free_link_delivers_while_its_neighbour_is_held(
     blocked = state["flow"]["blocked_channels"]
     assert [(b["channel"] >> 32, b["channel"] & 0xFFFFFFFF) for b in blocked] == [(0, 1)]
     assert blocked[0]["queues"] == [{"vhost": "/", "queue": qcap}]
+    links = {v["address"]: v for c in state["connections"] for v in c.get("links", [])}
+    held_view, free_view = links[f"/amq/queue/{qcap}"], links[f"/amq/queue/{qfree}"]
+    assert held_view["phase"] == "withheld" and held_view["credit"] == 0
+    assert held_view["windowed"] and held_view["window"] and held_view["queues"] == [qcap]
+    assert free_view["phase"] == "open" and free_view["queues"] == [qfree]
+    assert free_view["deliveries"] == count and not free_view["windowed"]
 
 
 # -- 3. a per-message target under overflow: reject -------------------------------------------

@@ -105,6 +105,7 @@ from floodwall.enforce.amqp10.links import (
     _ACCEPTED,
     IDLE,
     TRANSACTIONAL_STATE,
+    LinkView,
     ReceiverLink,
     SenderLink,
     SessionGate,
@@ -245,6 +246,12 @@ class CreditFlow:
     def captured_bytes(self) -> int:
         """Bytes of its links' spool captures (counted as held)."""
         return self.lifecycle.captured_bytes
+
+    def link_views(self) -> list[LinkView]:
+        """The connection's sender links, as ``/state`` shows them."""
+        return [link.view() for session in self.sessions.values()
+                for link in session.links.values()
+                if isinstance(link, SenderLink) and not link.detaching]
 
     def vhost_opened(self, vhost: str) -> None:
         self.ctx.vhost = vhost

@@ -191,6 +191,32 @@ class SpoolCapture:
     size: int = 0  # bytes in parts, counted as held (``floodwall.enforce.capture``)
 
 
+@dataclass(frozen=True, slots=True)
+class LinkView:
+    """One sender link as ``/state`` shows it: where it sends, whether the proxy caps its
+    credit by a window (``window_bytes``: of messages; ``window``: that in messages at the
+    link's typical size), the credit the client has now (``credit``: what the proxy admitted
+    and the client has not used), its deliveries the broker has not settled, its phase."""
+
+    session: int
+    handle: int
+    name: str
+    address: str | None
+    queues: tuple[str, ...]
+    phase: str
+    windowed: bool
+    window_bytes: int | None
+    window: int | None
+    credit: int
+    broker_credit: int
+    unsettled: int
+    deliveries: int
+    payload_bytes: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
 @dataclass(eq=False, slots=True)
 class SenderLink:
     """A link on which the client sends: its credit as the proxy relays it, its phase
@@ -284,6 +310,20 @@ class SenderLink:
         """Take ``event`` (``enforce.states.LINK_PHASES``); one its phase does not take
         leaves it where it is."""
         self.phase = step(LINK_PHASES, self.phase, event) or self.phase
+
+    def view(self) -> LinkView:
+        """The link as ``/state`` shows it (``LinkView``)."""
+        credit = self.credit
+        windowed = self.windowed
+        queues = self.hit if self.per_message else (
+            self.route[1] if self.route is not None else frozenset())
+        return LinkView(
+            self.channel, self.handle, self.name, self.address, tuple(sorted(queues)),
+            self.phase.value, windowed, self.window_bytes if windowed else None,
+            window_for(self.typical_bytes or ASSUMED_MESSAGE_BYTES, self.window_bytes)
+            if windowed else None,
+            credit.client_credit, credit.broker_credit, self.unsettled, self.deliveries,
+            self.payload_bytes)
 
 
 @dataclass(eq=False, slots=True)
