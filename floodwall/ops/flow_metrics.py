@@ -424,21 +424,23 @@ def topology_state(controller: FlowController, stats: FlowStats, now: float
 
 
 def pace_of(controller: FlowController, stats: FlowStats, key: QueueKey, now: float
-            ) -> dict[str, float | None]:
+            ) -> dict[str, float | int | None]:
     """A policed queue's pace: the sampling interval in force, the lag in force,
     the longest recent count round trip (``rtt_high``: with the lag, what the margin ``m``
     stands on), the newest count's (``count_rtt``: what ``m_lo`` stands on), the drain
-    rate (body bytes/s, from its ready counts and the ledger) and what the proxy forwarded
+    rate (body bytes/s, from its ready counts and the ledger), what the proxy forwarded
     to it over the last second (bytes/s; while it is held, the rate held publishes were
-    admitted)."""
-    depth = controller.queues[key].depth
+    admitted) and its AMQP 1.0 deliveries the broker has not settled (``unsettled``)."""
+    q = controller.queues[key]
+    depth = q.depth
     drain = drain_bytes_rate(depth)
     return {"sampling_interval": stats.sampling_interval.get(key),
             "enqueue_lag": round(depth.lag_at(now), 4),
             "rtt_high": round(depth.rtt_high, 4),
             "count_rtt": None if depth.ready_rtt is None else round(depth.ready_rtt, 4),
             "drain_rate_bytes": None if drain is None else round(drain, 1),
-            "admitted_rate_bytes": round(ingress_rate(depth, now).bytes, 1)}
+            "admitted_rate_bytes": round(ingress_rate(depth, now).bytes, 1),
+            "unsettled": q.in_flight}
 
 
 def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric]:
@@ -460,6 +462,11 @@ def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric
     counts = CounterMetricFamily(
         "floodwall_queue_depth_samples", "Ready counts (passive declares) of the queue",
         labels=QUEUE_LABELS)
+    unsettled = GaugeMetricFamily(
+        "floodwall_queue_unsettled_deliveries",
+        "AMQP 1.0 deliveries the proxy forwarded to the queue unsettled (on links whose "
+        "credit it caps) that the broker has not settled yet",
+        labels=QUEUE_LABELS)
     for key in sorted(c.queues):
         labels = [key[0], key[1], c.queues[key].policy.name]
         pace = pace_of(c, s, key, now)
@@ -469,7 +476,8 @@ def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric
             drain.add_metric(labels, pace["drain_rate_bytes"])
         admitted.add_metric(labels, pace["admitted_rate_bytes"] or 0.0)
         counts.add_metric(labels, s.ready_counts[key])
-    yield from (interval, drain, admitted, counts)
+        unsettled.add_metric(labels, pace["unsettled"] or 0)
+    yield from (interval, drain, admitted, counts, unsettled)
 
 
 def management_requests(stats: FlowStats) -> dict[str, int]:

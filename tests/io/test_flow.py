@@ -547,7 +547,7 @@ def test_collector_output_and_state_shape() -> None:
         # the pace: not counted by the probes here; tripped 4.5 s ago, so the lag
         # assumed at the trip (SETTLE) is over; nothing forwarded over the last second
         "sampling_interval": None, "enqueue_lag": 0.0, "rtt_high": 0.0, "count_rtt": None,
-        "drain_rate_bytes": None, "admitted_rate_bytes": 0.0}
+        "drain_rate_bytes": None, "admitted_rate_bytes": 0.0, "unsettled": 0}
     assert state["blocked_channels"] == [
         {"conn": 5, "channel": 1, "queues": [{"vhost": "/", "queue": "orders.eu"}],
          "alarm": False, "lookups": [], "seconds": 0.0,
