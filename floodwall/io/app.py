@@ -427,8 +427,7 @@ class Proxy:
             "upstream_up": self.stats.upstream_up,
             "upstream_nodes": self.upstreams.states(),
             "connections": [
-                {"id": c.conn_id, "peer": c.peer, "protocol": c.protocol,
-                 "node": str(c.node) if c.node is not None else None}
+                c.state()
                 for c in sorted(self.stats.live, key=lambda c: getattr(c, "conn_id", 0))
                 if isinstance(c, RelayedConnection)
             ],

@@ -104,7 +104,6 @@ from floodwall.enforce.amqp10.inflight import InFlightDeliveries
 from floodwall.enforce.amqp10.links import (
     _ACCEPTED,
     IDLE,
-    TRANSACTIONAL_STATE,
     ReceiverLink,
     SenderLink,
     SessionGate,
@@ -116,6 +115,7 @@ from floodwall.enforce.amqp10.links import (
     _uint,
     encode_performative_fields,
 )
+from floodwall.enforce.amqp10.outcomes import BrokerOutcomes, counted
 from floodwall.enforce.amqp10.runs import TransferRuns
 from floodwall.enforce.amqp10.sessions import Sessions
 from floodwall.enforce.capture import capture_refusal
@@ -130,9 +130,11 @@ from floodwall.wire.amqp10.credit import serial_add
 from floodwall.wire.amqp10.errors import DecodeError
 from floodwall.wire.amqp10.framing import frame
 from floodwall.wire.amqp10.performatives import (
+    TRANSACTIONAL_STATE,
     TRANSFER,
     Attach,
     Begin,
+    Outcome,
 )
 from floodwall.wire.amqp10.performatives import (
     DispositionFields as D,
@@ -203,6 +205,7 @@ class CreditFlow:
         self.withheld: dict[int, SenderLink] = {}  # links whose credit is withheld, by link_ref
         self.dropping = False  # a delivery was consumed: ReadEveryFrame was asked for
         self.shadow = ShadowRecorder(ctx)
+        self.outcomes = BrokerOutcomes(ctx)
         self.in_flight = in_flight = InFlightDeliveries(ctx)
         self.lifecycle = lifecycle = Sessions(ctx, self.sessions, self.by_server_channel,
                                               self.withheld, in_flight)
@@ -436,26 +439,32 @@ class CreditFlow:
 
     def on_server_disposition(self, channel: int, fields: list[object],
                               now: float) -> bytes | None:
-        """The broker settles the client's deliveries (role receiver): its delivery-ids are
-        mapped to the client's, skipping those the proxy consumed."""
+        """The broker settles the client's deliveries (role receiver): its outcome counted
+        (``BrokerOutcomes``), its delivery-ids mapped to the client's, skipping those the
+        proxy consumed."""
         session = self.by_server_channel.get(channel)
         if session is None or not fields or fields[D.ROLE] is not True:
             return None
+        first, last = _range(fields)
+        if len(fields) > D.STATE:
+            self.outcomes.settled(session.channel, fields[D.STATE], first, last, now)
         if session.in_flight:
-            first, last = _range(fields)
             self._broker_settled(session, first, last, now)
         return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
 
     def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
-                          now: float) -> bool:
-        """``on_server_disposition`` from a disposition's role, first and last alone
-        (``peek_disposition``): True when that is all it needs (nothing to renumber);
-        False, having done nothing, when the frame must be decoded and renumbered."""
+                          state: int, now: float) -> bool:
+        """``on_server_disposition`` from a disposition's role, first, last and state code
+        alone (``peek_disposition``): True when that is all it needs (nothing to renumber,
+        the state an outcome counted as it is: not ``rejected``, whose error is read, nor a
+        transactional state); False, having done nothing, when the frame must be decoded."""
         session = self.by_server_channel.get(channel)
         if session is None or not receiver:
             return True
-        if session.ids.dropped:
+        if session.ids.dropped or state == Outcome.REJECTED or state == TRANSACTIONAL_STATE:
             return False
+        if counted(state):
+            self.outcomes.count(state, first, last)
         if session.in_flight:
             self._broker_settled(session, first, last, now)
         return True
