@@ -115,7 +115,7 @@ from floodwall.enforce.amqp10.links import (
     _uint,
     encode_performative_fields,
 )
-from floodwall.enforce.amqp10.outcomes import BrokerOutcomes, counted
+from floodwall.enforce.amqp10.outcomes import BrokerOutcomes
 from floodwall.enforce.amqp10.runs import TransferRuns
 from floodwall.enforce.amqp10.sessions import Sessions
 from floodwall.enforce.capture import capture_refusal
@@ -144,6 +144,8 @@ from floodwall.wire.amqp10.performatives import (
 )
 from floodwall.wire.amqp10.types import Described, UInt
 
+_FIRST_OUTCOME: Final = int(min(Outcome))
+_LAST_OUTCOME: Final = int(max(Outcome))
 _FORWARDING: Final = DeliveryPhase.FORWARDING
 _CAPTURING: Final = DeliveryPhase.CAPTURING
 
@@ -205,7 +207,7 @@ class CreditFlow:
         self.withheld: dict[int, SenderLink] = {}  # links whose credit is withheld, by link_ref
         self.dropping = False  # a delivery was consumed: ReadEveryFrame was asked for
         self.shadow = ShadowRecorder(ctx)
-        self.outcomes = BrokerOutcomes(ctx)
+        self.outcomes = outcomes = BrokerOutcomes(ctx)
         self.in_flight = in_flight = InFlightDeliveries(ctx)
         self.lifecycle = lifecycle = Sessions(ctx, self.sessions, self.by_server_channel,
                                               self.withheld, in_flight)
@@ -234,6 +236,7 @@ class CreditFlow:
         # The parts' methods the per-frame path calls, bound once for the same reason.
         self._route, self._after_transfer = credit.route, credit.after_transfer
         self._track = in_flight.track
+        self._outcome_counts, self._outcome_total = outcomes.counts, outcomes.total
 
     # -- what the I/O layer and the core read ------------------------------------------------
     @property
@@ -463,8 +466,10 @@ class CreditFlow:
             return True
         if session.ids.dropped or state == Outcome.REJECTED or state == TRANSACTIONAL_STATE:
             return False
-        if counted(state):
-            self.outcomes.count(state, first, last)
+        if _FIRST_OUTCOME <= state <= _LAST_OUTCOME:  # (``BrokerOutcomes.count``, inline)
+            n = 1 if first == last else ((last - first) & 0xFFFFFFFF) + 1
+            self._outcome_counts[state] += n
+            self._outcome_total[state] += n
         if session.in_flight:
             self._broker_settled(session, first, last, now)
         return True

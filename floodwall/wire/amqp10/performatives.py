@@ -301,6 +301,9 @@ def peek_disposition(buf: bytes, pos: int, end: int) -> tuple[bool, int, int, in
             last, p = found
         else:
             p += 1
+    if count > 4 and p + 3 < stop and buf[p] == 0x41 and buf[p + 1] == 0 \
+            and buf[p + 2] == 0x53:  # settled true and a state: RabbitMQ's (inline)
+        return role, value, last, buf[p + 3]
     state = peek_state(buf, p, stop, count - 3) if count > 3 else NO_STATE
     if state is None:
         return None
