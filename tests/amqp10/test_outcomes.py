@@ -9,6 +9,7 @@ at a time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
@@ -17,6 +18,8 @@ from floodwall.control.policy import parse_policies
 from floodwall.enforce.amqp10.outcomes import REJECT_EVENT_INTERVAL, rejected_error
 from floodwall.enforce.events import BrokerRejected
 from floodwall.ops.flow_metrics import FlowCollector, FlowStats
+from floodwall.ops.logs import log_event
+from floodwall.ops.telemetry import event_fields
 from floodwall.wire.amqp10.performatives import DISPOSITION, ERROR, performative
 from floodwall.wire.amqp10.types import Described, Symbol, UInt, ULong
 from tests.amqp10.streams import amqp, bytewise, whole
@@ -137,3 +140,22 @@ def test_a_rejected_error_without_info_or_malformed_reads_as_empty() -> None:
     assert rejected_error(rejected()) == ("amqp:resource-limit-exceeded", "queue full", {})
     assert rejected_error(Described(ULong(0x25), [])) == ("", "", {})
     assert rejected_error(Described(ULong(0x25), [b"junk"])) == ("", "", {})
+
+
+def test_a_broker_rejected_event_is_one_log_line_and_one_telemetry_record(
+        caplog: pytest.LogCaptureFixture) -> None:
+    told = BrokerRejected(3, "/", 0, 7, 9, 12, "amqp:resource-limit-exceeded", "full",
+                          "orders", "maxlen")
+    with caplog.at_level(logging.INFO, logger="floodwall.gate"):
+        log_event(told)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    fields = record.__dict__
+    assert (record.getMessage(), fields["conn"], fields["rejected"], fields["queue"],
+            fields["reason"], fields["condition"]) == (
+        "broker_rejected", 3, 12, "orders", "maxlen", "amqp:resource-limit-exceeded")
+    name, rec = event_fields(told)  # type: ignore[misc]
+    assert (name, rec["queue"], rec["count"], rec["reason"]) == (
+        "broker_rejected", "orders", 12, "maxlen")
+    without = BrokerRejected(3, "/", 0, 7, 7, 1, "", "", None, None)
+    assert event_fields(without)[1]["queue"] == ""  # type: ignore[index]
