@@ -36,7 +36,6 @@ SOURCE: Final = 0x28
 TARGET: Final = 0x29
 COORDINATOR: Final = 0x30
 # Delivery states (3.4): the outcomes, and the transactional state that wraps one.
-RECEIVED: Final = 0x23
 TRANSACTIONAL_STATE: Final = 0x34
 NO_STATE: Final = 0
 """``peek_disposition``'s state code for a disposition without a state (absent or null)."""
