@@ -33,8 +33,9 @@ deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take
 estimate is then short by at most that share of the headroom it shows, which (2 parts) never
 exceeds the true headroom, and near capacity the windows' bound is what is left. A squeezed
 link is topped up once half a window is free again, not per disposition. The broker's dispositions
-are read by role, first and last alone (``on_server_settled``, ``peek_disposition``) unless
-the session's delivery-ids are renumbered. Deliveries sent settled get no disposition and
+are read by role, first, last and state code alone (``on_server_settled``,
+``peek_disposition``; the outcome counted: ``BrokerOutcomes``) unless the session's
+delivery-ids are renumbered or the state is ``rejected`` (its error is read) or transactional. Deliveries sent settled get no disposition and
 are not counted.
 
 A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
