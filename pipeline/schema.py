@@ -62,6 +62,8 @@ _FIELDS: list[tuple[str, DataType]] = [
     ("event", StringType()), ("reason", StringType()), ("conn", LongType()),
     ("channel", LongType()), ("active", BooleanType()), ("body_bytes", LongType()),
     ("waited", DoubleType()), ("answer", StringType()), ("action", StringType()),
+    # event: broker_rejected (the broker's rejected outcomes for a 1.0 sender)
+    ("count", LongType()), ("condition", StringType()),
     # event: replay (a spool's replay session)
     ("replayed", LongType()), ("replayed_bytes", LongType()), ("seconds", DoubleType()),
     ("records_left", LongType()), ("bytes_left", LongType()),

@@ -30,6 +30,9 @@ class GateCounters:
     spool_fallbacks: int = 0  # the spool said no (limits, disk): held instead
     # Shadow mode: what the gates would have done, by (protocol, ShadowAction value).
     shadow: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # The broker's outcomes for 1.0 clients' deliveries, by ``Outcome`` code (delivery-ids
+    # its dispositions settled: ``floodwall.enforce.amqp10.outcomes``).
+    outcomes: Counter[int] = field(default_factory=Counter)
 
     def signalled(self, protocol: ProtocolName | str, active: bool) -> None:
         """A ``protocol`` gate told a client to stop (False) or resume (True) publishing."""

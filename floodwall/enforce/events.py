@@ -158,5 +158,25 @@ class WouldHave:
     queues: frozenset[QueueKey]
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerRejected:
+    """The broker settled a 1.0 client's deliveries ``rejected`` (relayed unchanged): the
+    latest range (the broker's delivery-ids ``first``..``last`` on the client's session
+    ``session``) and ``count``, the deliveries rejected since the connection's last such
+    event (they are rate-limited); the error's condition and description, and the queue
+    and reason of its info map where the broker gives them (RabbitMQ 4.3)."""
+
+    conn: int
+    vhost: str
+    session: int
+    first: int
+    last: int
+    count: int
+    condition: str
+    description: str
+    queue: str | None
+    reason: str | None
+
+
 GateEvent = (PublisherHeld | WaitingForLookup | Signalled | Refused | DeadlineExpired
-             | EndedByProxy | NotSpooled | SpoolFellBack | WouldHave)
+             | EndedByProxy | NotSpooled | SpoolFellBack | WouldHave | BrokerRejected)

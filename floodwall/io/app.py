@@ -38,7 +38,6 @@ from floodwall import __version__
 from floodwall.control.controller import QueueKey
 from floodwall.control.memory import MemoryBudget
 from floodwall.control.routing import Topology
-from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.io.admin import AdminEndpoints, serve_admin
 from floodwall.io.fds import FD_RESERVE, FEW_CONNECTIONS, FdLimit, raise_fd_limit
 from floodwall.io.fleet import FleetService
@@ -428,10 +427,7 @@ class Proxy:
             "upstream_up": self.stats.upstream_up,
             "upstream_nodes": self.upstreams.states(),
             "connections": [
-                {"id": c.conn_id, "peer": c.peer, "protocol": c.protocol,
-                 "node": str(c.node) if c.node is not None else None,
-                 **({"links": [v.as_dict() for v in c.gate.link_views()]}
-                    if isinstance(c.gate, CreditFlow) else {})}
+                c.state()
                 for c in sorted(self.stats.live, key=lambda c: getattr(c, "conn_id", 0))
                 if isinstance(c, RelayedConnection)
             ],

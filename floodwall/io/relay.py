@@ -270,6 +270,18 @@ class RelayedConnection(asyncio.Protocol):
         """Bytes of publishes held now (for the metrics: the hold budget's measure)."""
         return self.gate.held_bytes if self.gate is not None else 0
 
+    def state(self) -> dict[str, object]:
+        """The connection in ``GET /state``: its id, peer, protocol, node; for AMQP 1.0
+        through the credit gate, the broker's outcomes for its deliveries by kind and its
+        sender links (``LinkView``)."""
+        doc: dict[str, object] = {"id": self.conn_id, "peer": self.peer,
+                                  "protocol": self.protocol,
+                                  "node": str(self.node) if self.node is not None else None}
+        if isinstance(self.gate, CreditFlow):
+            doc["outcomes"] = self.gate.outcomes.as_dict()
+            doc["links"] = [v.as_dict() for v in self.gate.link_views()]
+        return doc
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
         self.client = transport = cast(asyncio.Transport, transport)

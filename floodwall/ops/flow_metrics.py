@@ -27,6 +27,7 @@ from floodwall.control.schedule import drain_bytes_rate, ingress_rate
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.events import ShadowAction
 from floodwall.ops.metrics import PROTOCOLS
+from floodwall.wire.amqp10.performatives import Outcome
 
 SHADOW_ACTIONS = tuple(a.value for a in ShadowAction)
 
@@ -292,6 +293,14 @@ class FlowCollector(Collector):
         yield signals
         yield CounterMetricFamily("floodwall_rejected_publishes",
                                   "Publishes refused under overflow: reject", value=g.rejects)
+        outcomes = CounterMetricFamily(
+            "floodwall_amqp10_outcomes",
+            "The broker's outcomes for AMQP 1.0 clients' deliveries, relayed unchanged "
+            "(delivery-ids its dispositions settled; unroutable: released on RabbitMQ 4)",
+            labels=["outcome"])
+        for o in Outcome:
+            outcomes.add_metric([o.label], g.outcomes[o])
+        yield outcomes
         yield CounterMetricFamily("floodwall_deadline_expiries",
                                   "Publishes refused because they were held past the deadline",
                                   value=g.deadline_expiries)

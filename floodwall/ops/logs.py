@@ -14,6 +14,7 @@ from floodwall.control.events import AlarmCleared, AlarmRaised, QueueReleased, Q
 from floodwall.enforce.events import (
     Answer,
     At,
+    BrokerRejected,
     DeadlineExpired,
     EndedByProxy,
     NotSpooled,
@@ -210,6 +211,12 @@ def log_event(ev: object) -> None:
             event(_gate_log, "spool_refused", logging.WARNING, conn=at.conn,
                   channel=at.channel, **_link_fields(at), queue=ev.queue, reason=ev.reason,
                   action=ev.action, **_protocol(at))
+        case BrokerRejected():
+            info = {k: v for k, v in (("queue", ev.queue), ("reason", ev.reason)) if v}
+            event(_gate_log, "broker_rejected", logging.WARNING, conn=ev.conn,
+                  vhost=ev.vhost, session=ev.session, first=ev.first, last=ev.last,
+                  rejected=ev.count, condition=ev.condition or "?",
+                  description=ev.description, **info, protocol="amqp10")
         case WouldHave(at=at):
             event(_gate_log, "shadow_" + ev.action.value, conn=at.conn, channel=at.channel,
                   **_link_fields(at), vhost=at.vhost, queues=_names(ev.queues),

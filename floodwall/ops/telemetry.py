@@ -35,6 +35,7 @@ from floodwall.control.policy import Mode, Policy
 from floodwall.control.schedule import drain_bytes_rate
 from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.events import (
+    BrokerRejected,
     DeadlineExpired,
     PublisherHeld,
     Refused,
@@ -334,6 +335,10 @@ def event_fields(ev: object) -> tuple[str, dict[str, object]] | None:
             return "deadline", {"vhost": at.vhost, "conn": at.conn, "channel": at.channel,
                                 "body_bytes": ev.body_bytes, "waited": ev.waited,
                                 "queues": list(ev.queues)}
+        case BrokerRejected():
+            return "broker_rejected", {"vhost": ev.vhost, "queue": ev.queue or "",
+                                       "conn": ev.conn, "count": ev.count,
+                                       "condition": ev.condition, "reason": ev.reason}
         case SpoolFilling(key=(vhost, queue)):
             return "spool", {"vhost": vhost, "queue": queue}
         case ReplayEnded(key=(vhost, queue)):
@@ -348,5 +353,5 @@ def event_fields(ev: object) -> tuple[str, dict[str, object]] | None:
 EVENT_FIELDS = frozenset({
     "policy", "depth_bytes", "depth_messages", "capacity", "resume", "reason", "conn",
     "channel", "active", "body_bytes", "waited", "answer", "replayed", "replayed_bytes",
-    "seconds", "records_left", "bytes_left", "mode", "action",
+    "seconds", "records_left", "bytes_left", "mode", "action", "count", "condition",
 })

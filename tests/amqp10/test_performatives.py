@@ -219,8 +219,9 @@ def test_named_field_positions_come_from_the_layouts() -> None:
 
 
 def test_peek_disposition_agrees_with_decode_composite_or_declines() -> None:
-    """Where the full decoder reads a disposition, the peek gives its role, first and last
-    (last = first when null or absent), or declines; never a value the bytes do not say."""
+    """Where the full decoder reads a disposition, the peek gives its role, first, last
+    (last = first when null or absent) and state's descriptor code (0: none), or declines;
+    never a value the bytes do not say."""
     from floodwall.wire.amqp10.performatives import DISPOSITION, peek_disposition
     from floodwall.wire.amqp10.types import Described, UByte, ULong, encode
 
@@ -228,7 +229,8 @@ def test_peek_disposition_agrees_with_decode_composite_or_declines() -> None:
     roles: list[object] = [True, False, None, UInt(1)]
     numbers: list[object] = [UInt(0), UInt(5), UInt(300), UInt(2**32 - 1), None, UByte(1),
                              ULong(3), b"x"]
-    tails: list[object] = [None, True, False, Described(ULong(0x24), []), "s"]
+    tails: list[object] = [None, True, False, Described(ULong(0x24), []), "s",
+                           Described(ULong(0x26), []), Described(ULong(0x25), [None])]
     samples = []
     for _ in range(3000):
         fields = [rng.choice(roles), rng.choice(numbers), rng.choice(numbers),
@@ -251,8 +253,11 @@ def test_peek_disposition_agrees_with_decode_composite_or_declines() -> None:
         peeked += 1
         assert code == DISPOSITION
         last = fields[2] if len(fields) > 2 and fields[2] is not None else fields[1]
-        assert fast == (fields[0], fields[1], last)
+        state = fields[4] if len(fields) > 4 else None
+        code = 0 if state is None else state.descriptor  # type: ignore[attr-defined]
+        assert fast == (fields[0], fields[1], last, code)
         assert isinstance(fields[0], bool) and isinstance(fields[1], UInt)
+        assert len(fields) < 4 or fields[3] is None or isinstance(fields[3], bool)
     assert peeked > 100
 
 
@@ -269,6 +274,20 @@ def test_peek_disposition_reads_the_brokers_encodings(first: int, last: int | No
 
     accepted = Described(ULong(0x24), [])
     expected = (role, first, first if last is None else last)
+    for body, state in (
+        (encode_performative(DISPOSITION, role=role, first=UInt(first),
+                             last=None if last is None else UInt(last), settled=True,
+                             state=accepted), 0x24),
+        (encode_performative(DISPOSITION, role=role, first=UInt(first),
+                             last=None if last is None else UInt(last)), 0),
+        (encode_performative(DISPOSITION, role=role, first=UInt(first),
+                             last=None if last is None else UInt(last), settled=True,
+                             state=accepted, batchable=True), 0x24),
+        (encode_performative(DISPOSITION, role=role, first=UInt(first),
+                             last=None if last is None else UInt(last), settled=True,
+                             state=Described(ULong(0x26), [])), 0x26),
+    ):
+        assert peek_disposition(body, 0, len(body)) == (*expected, state)
     for body in (
         encode_performative(DISPOSITION, role=role, first=UInt(first),
                             last=None if last is None else UInt(last), settled=True,
@@ -279,12 +298,12 @@ def test_peek_disposition_reads_the_brokers_encodings(first: int, last: int | No
                             last=None if last is None else UInt(last), settled=True,
                             state=accepted, batchable=True),
     ):
-        assert peek_disposition(body, 0, len(body)) == expected
+        assert peek_disposition(body, 0, len(body))[:3] == expected  # type: ignore[index]
     # role as the 2-byte boolean form
     body = encode_performative(DISPOSITION, role=role, first=UInt(first))
     two_byte = body[:6] + (b"\x56\x01" if role else b"\x56\x00") + body[7:]
     two_byte = two_byte[:4] + bytes((two_byte[4] + 1,)) + two_byte[5:]  # list8 size + 1
-    assert peek_disposition(two_byte, 0, len(two_byte)) == (role, first, first)
+    assert peek_disposition(two_byte, 0, len(two_byte)) == (role, first, first, 0)
     assert decode_composite(two_byte, 0, len(two_byte))[1][:2] == [role, UInt(first)]
 
 
@@ -299,7 +318,7 @@ def test_peek_disposition_declines_what_it_does_not_read() -> None:
 
     body = encode_performative(DISPOSITION, role=True, first=UInt(7), last=UInt(9),
                                settled=True)
-    assert peek_disposition(body, 0, len(body)) == (True, 7, 9)
+    assert peek_disposition(body, 0, len(body)) == (True, 7, 9, 0)
     for cut in range(len(body)):  # cut short anywhere: declined, never misread
         assert peek_disposition(body[:cut], 0, cut) is None
     flow = encode_performative(FLOW, next_incoming_id=UInt(1), incoming_window=UInt(2),

@@ -32,10 +32,11 @@ deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take
 ``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``LinkCredit._in_flight_room``): the
 estimate is then short by at most that share of the headroom it shows, which (2 parts) never
 exceeds the true headroom, and near capacity the windows' bound is what is left. A squeezed
-link is topped up once half a window is free again, not per disposition. The broker's dispositions
-are read by role, first and last alone (``on_server_settled``, ``peek_disposition``) unless
-the session's delivery-ids are renumbered. Deliveries sent settled get no disposition and
-are not counted.
+link is topped up once half a window is free again, not per disposition. The broker's
+dispositions are read by role, first, last and state code alone (``on_server_settled``,
+``peek_disposition``; the outcome counted: ``BrokerOutcomes``) unless the session's
+delivery-ids are renumbered or the state is ``rejected`` (its error is read) or
+transactional. Deliveries sent settled get no disposition and are not counted.
 
 A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
 0-9-1 publisher gets: it is detached with ``amqp:resource-limit-exceeded`` and a description
@@ -104,7 +105,6 @@ from floodwall.enforce.amqp10.inflight import InFlightDeliveries
 from floodwall.enforce.amqp10.links import (
     _ACCEPTED,
     IDLE,
-    TRANSACTIONAL_STATE,
     LinkView,
     ReceiverLink,
     SenderLink,
@@ -117,6 +117,7 @@ from floodwall.enforce.amqp10.links import (
     _uint,
     encode_performative_fields,
 )
+from floodwall.enforce.amqp10.outcomes import BrokerOutcomes
 from floodwall.enforce.amqp10.runs import TransferRuns
 from floodwall.enforce.amqp10.sessions import Sessions
 from floodwall.enforce.capture import capture_refusal
@@ -131,9 +132,11 @@ from floodwall.wire.amqp10.credit import serial_add
 from floodwall.wire.amqp10.errors import DecodeError
 from floodwall.wire.amqp10.framing import frame
 from floodwall.wire.amqp10.performatives import (
+    TRANSACTIONAL_STATE,
     TRANSFER,
     Attach,
     Begin,
+    Outcome,
 )
 from floodwall.wire.amqp10.performatives import (
     DispositionFields as D,
@@ -143,6 +146,8 @@ from floodwall.wire.amqp10.performatives import (
 )
 from floodwall.wire.amqp10.types import Described, UInt
 
+_FIRST_OUTCOME: Final = int(min(Outcome))
+_LAST_OUTCOME: Final = int(max(Outcome))
 _FORWARDING: Final = DeliveryPhase.FORWARDING
 _CAPTURING: Final = DeliveryPhase.CAPTURING
 
@@ -204,6 +209,7 @@ class CreditFlow:
         self.withheld: dict[int, SenderLink] = {}  # links whose credit is withheld, by link_ref
         self.dropping = False  # a delivery was consumed: ReadEveryFrame was asked for
         self.shadow = ShadowRecorder(ctx)
+        self.outcomes = outcomes = BrokerOutcomes(ctx)
         self.in_flight = in_flight = InFlightDeliveries(ctx)
         self.lifecycle = lifecycle = Sessions(ctx, self.sessions, self.by_server_channel,
                                               self.withheld, in_flight)
@@ -232,6 +238,7 @@ class CreditFlow:
         # The parts' methods the per-frame path calls, bound once for the same reason.
         self._route, self._after_transfer = credit.route, credit.after_transfer
         self._track = in_flight.track
+        self._outcome_counts, self._outcome_total = outcomes.counts, outcomes.total
 
     # -- what the I/O layer and the core read ------------------------------------------------
     @property
@@ -444,26 +451,34 @@ class CreditFlow:
 
     def on_server_disposition(self, channel: int, fields: list[object],
                               now: float) -> bytes | None:
-        """The broker settles the client's deliveries (role receiver): its delivery-ids are
-        mapped to the client's, skipping those the proxy consumed."""
+        """The broker settles the client's deliveries (role receiver): its outcome counted
+        (``BrokerOutcomes``), its delivery-ids mapped to the client's, skipping those the
+        proxy consumed."""
         session = self.by_server_channel.get(channel)
         if session is None or not fields or fields[D.ROLE] is not True:
             return None
+        first, last = _range(fields)
+        if len(fields) > D.STATE:
+            self.outcomes.settled(session.channel, fields[D.STATE], first, last, now)
         if session.in_flight:
-            first, last = _range(fields)
             self._broker_settled(session, first, last, now)
         return _renumber_disposition(fields, session.ids, session.ids.client_ranges, channel)
 
     def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
-                          now: float) -> bool:
-        """``on_server_disposition`` from a disposition's role, first and last alone
-        (``peek_disposition``): True when that is all it needs (nothing to renumber);
-        False, having done nothing, when the frame must be decoded and renumbered."""
+                          state: int, now: float) -> bool:
+        """``on_server_disposition`` from a disposition's role, first, last and state code
+        alone (``peek_disposition``): True when that is all it needs (nothing to renumber,
+        the state an outcome counted as it is: not ``rejected``, whose error is read, nor a
+        transactional state); False, having done nothing, when the frame must be decoded."""
         session = self.by_server_channel.get(channel)
         if session is None or not receiver:
             return True
-        if session.ids.dropped:
+        if session.ids.dropped or state == Outcome.REJECTED or state == TRANSACTIONAL_STATE:
             return False
+        if _FIRST_OUTCOME <= state <= _LAST_OUTCOME:  # (``BrokerOutcomes.count``, inline)
+            n = 1 if first == last else ((last - first) & 0xFFFFFFFF) + 1
+            self._outcome_counts[state] += n
+            self._outcome_total[state] += n
         if session.in_flight:
             self._broker_settled(session, first, last, now)
         return True

@@ -39,6 +39,7 @@ from floodwall.wire.amqp10.performatives import (
     ERROR,
     FLOW,
     MESSAGE_PROPERTIES,
+    Outcome,
     field_label,
     performative,
     uint_bytes,
@@ -81,9 +82,8 @@ ASSUMED_MESSAGE_BYTES: Final = 4096
 """Message size assumed before a link or its queue has shown one (window 16)."""
 TRANSFER_LIMIT_EXCEEDED: Final = "amqp:link:transfer-limit-exceeded"
 RESOURCE_LIMIT_EXCEEDED: Final = "amqp:resource-limit-exceeded"
-ACCEPTED: Final = 0x24
-REJECTED: Final = 0x25
-TRANSACTIONAL_STATE: Final = 0x34
+ACCEPTED: Final = Outcome.ACCEPTED
+REJECTED: Final = Outcome.REJECTED
 _NO_KEYS: Final[frozenset[QueueKey]] = frozenset()
 _DETACHING_PHASES: Final = tuple(DETACHING_PHASES)
 _RUN_PHASES: Final = tuple(LINK_RUN_PHASES)

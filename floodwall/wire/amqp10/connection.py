@@ -37,12 +37,14 @@ from floodwall.wire.amqp10.performatives import (
     SASL_OK,
     SASL_OUTCOME,
     SASL_RESPONSE,
+    TRANSACTIONAL_STATE,
     TRANSFER,
     Attach,
     Begin,
     Detach,
     Ending,
     Open,
+    Outcome,
     SaslInit,
     SaslOutcome,
     check_sasl_fields,
@@ -54,7 +56,12 @@ from floodwall.wire.amqp10.performatives import (
     peek_composite,
     peek_disposition,
 )
-from floodwall.wire.amqp10.runs import scan_settlements, scan_transfer_run, settle_template
+from floodwall.wire.amqp10.runs import (
+    scan_settlements,
+    scan_transfer_run,
+    settle_state,
+    settle_template,
+)
 from floodwall.wire.amqp10.types import UByte, UInt
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
@@ -94,7 +101,8 @@ class Phase(Enum):
 HOT_PERFORMATIVES: Final = (FLOW, DISPOSITION)
 """Frames passed by size alone on a plain relay: flow, transfer, disposition."""
 GATED_SKIP: Final = (DISPOSITION, DISPOSITION)
-"""With the credit gate, flow and transfer frames are read too; dispositions still pass."""
+"""With the credit gate, the client's flow and transfer frames are read too; its
+dispositions still pass (the broker's are read: their outcomes are counted)."""
 SKIP_NONE: Final = (1, 0)
 """Every frame read: both peers' dispositions once the proxy consumed a delivery itself."""
 
@@ -214,7 +222,7 @@ class Connection(CoreOutput):
         self.conn_id = conn_id
         self.gate = gate
         if gate is not None:
-            client.skip = server.skip = GATED_SKIP
+            client.skip, server.skip = GATED_SKIP, SKIP_NONE
 
     # -- the RelayCore interface ------------------------------------------------------------
 
@@ -617,11 +625,11 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     assert stream.run is not None
     channel, handle, next_id, most, most_bytes = stream.run
     stream.run = None
-    if handle == SETTLEMENTS:  # (next_id: where the disposition that begins it begins)
-        end, count, ranges = scan_settlements(buf, next_id, pos)
+    if handle == SETTLEMENTS:  # (next_id: where the disposition that begins it begins;
+        end, count, ranges = scan_settlements(buf, next_id, pos)  # most: its state)
         stream.counts.frames += count
         for first, last in ranges:
-            gate.on_server_settled(channel, True, first, last, now)
+            gate.on_server_settled(channel, True, first, last, most, now)
         return end
     client = stream.side is Side.CLIENT
     unsettled: list[int] = []  # the client's (the broker's are not tracked)
@@ -642,10 +650,14 @@ def _settlements_follow(stream: _Stream, gate: TransferHooks, channel: int, buf:
                         start: int, end: int) -> bool:
     """The broker's disposition ``buf[start:end]``: True, announcing the run of settlements
     it begins (``stream.run``), when frames follow it in the read, it has the shape such a
-    run is read with and the gate books them as ranges (``server_settle_run``)."""
-    if end < len(buf) and settle_template(buf, start, end) and gate.server_settle_run(channel):
-        stream.run = (channel, SETTLEMENTS, start, end - start, 0.0)
-        return True
+    run is read with, its state one the gate counts as it is (not ``rejected``, whose error
+    it reads) and the gate books them as ranges (``server_settle_run``)."""
+    if end < len(buf) and settle_template(buf, start, end):
+        state = settle_state(buf, start, end)
+        if state is not None and state != Outcome.REJECTED and state != TRANSACTIONAL_STATE \
+                and gate.server_settle_run(channel):
+            stream.run = (channel, SETTLEMENTS, start, state, 0.0)
+            return True
     return False
 
 

@@ -97,7 +97,7 @@ class TransferHooks(Protocol):
         nothing else (no renumbering, no link whose credit waits on settlements)."""
 
     def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
-                          now: float) -> bool:
-        """A broker disposition read by ``peek_disposition`` alone (its role, first and
-        last). True: the gate took it, the frame passes unchanged; False: the gate took
-        nothing, decode the frame and call ``on_server_disposition``."""
+                          state: int, now: float) -> bool:
+        """A broker disposition read by ``peek_disposition`` alone (its role, first, last
+        and state's descriptor code). True: the gate took it, the frame passes unchanged;
+        False: the gate took nothing, decode the frame and call ``on_server_disposition``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import Final, TypeVar
 
 from floodwall.wire.amqp10.errors import DecodeError
@@ -35,6 +35,10 @@ ERROR: Final = 0x1D
 SOURCE: Final = 0x28
 TARGET: Final = 0x29
 COORDINATOR: Final = 0x30
+# Delivery states (3.4): the outcomes, and the transactional state that wraps one.
+TRANSACTIONAL_STATE: Final = 0x34
+NO_STATE: Final = 0
+"""``peek_disposition``'s state code for a disposition without a state (absent or null)."""
 # SASL performatives (part 5):
 SASL_MECHANISMS: Final = 0x40
 SASL_INIT: Final = 0x41
@@ -125,6 +129,22 @@ class DispositionFields:
     ROLE: Final = field_at(DISPOSITION, "role")
     FIRST: Final = field_at(DISPOSITION, "first")
     LAST: Final = field_at(DISPOSITION, "last")
+    STATE: Final = field_at(DISPOSITION, "state")
+
+
+class Outcome(IntEnum):
+    """The terminal delivery states (3.4.2 to 3.4.5) by descriptor code: what a receiver
+    settles a delivery with."""
+
+    ACCEPTED = 0x24
+    REJECTED = 0x25
+    RELEASED = 0x26
+    MODIFIED = 0x27
+
+    @property
+    def label(self) -> str:
+        """The outcome's name in the spec (metrics, ``/state``)."""
+        return self.name.lower()
 
 
 MESSAGE_PROPERTIES: Final = 0x73
@@ -236,15 +256,17 @@ def peek_composite(buf: bytes, pos: int, end: int) -> tuple[list[object], int] |
     return fields, stop
 
 
-def peek_disposition(buf: bytes, pos: int, end: int) -> tuple[bool, int, int] | None:
-    """A disposition's role, first and last (``first`` when absent) from its usual encoding,
-    without decoding its other fields (settled, state, batchable).
+def peek_disposition(buf: bytes, pos: int, end: int) -> tuple[bool, int, int, int] | None:
+    """A disposition's role, first, last (``first`` when absent) and state from its usual
+    encoding, without decoding the state's fields.
 
     ``buf[pos:end]`` is the frame body. Reads a smallulong descriptor 0x15 and a list8 whose
-    role is a boolean and whose first and last are uints (last may be null or absent); the
-    fields after them are only skipped over by the list's size. Returns None for any other
-    (or malformed) encoding: the caller then decodes the frame in full, which also explains
-    what is wrong with it.
+    role is a boolean, whose first and last are uints (last may be null or absent), settled a
+    boolean or null, and whose state, if any, has a smallulong descriptor: the state is
+    given by that descriptor's code (``Outcome``, ``TRANSACTIONAL_STATE``, ...; ``NO_STATE``
+    when absent or null); batchable is not read. Returns None for any other (or malformed)
+    encoding: the caller then decodes the frame in full, which also explains what is wrong
+    with it.
     """
     if end - pos < 8 or buf[pos + 2] != 0x15:
         return None
@@ -275,8 +297,41 @@ def peek_disposition(buf: bytes, pos: int, end: int) -> tuple[bool, int, int] | 
             found = _peek_uint(buf, p, stop)
             if found is None:
                 return None
-            last = found[0]
-    return role, value, last
+            last, p = found
+        else:
+            p += 1
+    if count > 4 and p + 3 < stop and buf[p] == 0x41 and buf[p + 1] == 0 \
+            and buf[p + 2] == 0x53:  # settled true and a state: RabbitMQ's (inline)
+        return role, value, last, buf[p + 3]
+    state = peek_state(buf, p, stop, count - 3) if count > 3 else NO_STATE
+    if state is None:
+        return None
+    return role, value, last, state
+
+
+def peek_state(buf: bytes, p: int, stop: int, fields: int) -> int | None:
+    """A disposition's state from its settled field at ``buf[p]`` on (``fields`` of them
+    from there, settled first): the state's smallulong descriptor code, ``NO_STATE`` when
+    absent or null; None when settled is not a boolean or null, or the state is encoded
+    otherwise."""
+    if p >= stop:
+        return None
+    c = buf[p]
+    if c == 0x41 or c == 0x42 or c == 0x40:
+        p += 1
+    elif c == 0x56 and p + 1 < stop and buf[p + 1] <= 1:
+        p += 2
+    else:
+        return None
+    if fields < 2:
+        return NO_STATE
+    if p >= stop:
+        return None
+    if buf[p] == 0x40:
+        return NO_STATE
+    if p + 3 > stop or buf[p] != 0x00 or buf[p + 1] != 0x53:
+        return None
+    return buf[p + 2]
 
 
 def _peek_uint(buf: bytes, p: int, stop: int) -> tuple[int, int] | None:

@@ -28,7 +28,7 @@ import functools
 import struct
 from typing import Final
 
-from floodwall.wire.amqp10.performatives import TRANSFER
+from floodwall.wire.amqp10.performatives import NO_STATE, TRANSFER, peek_state
 
 _USUAL_START = struct.Struct(">IBBHBBB")  # size, doff, type, channel, 0x00 0x53 code
 _U32 = struct.Struct(">I")
@@ -286,7 +286,8 @@ def _tail(buf: bytes, p: int, fields: int) -> int:
 # receiver, first and last the delivery-id, settled, accepted), tens to a read. When the gate
 # says booking them is bookkeeping only (``TransferHooks.server_settle_run``), a disposition
 # and the frames after it that are that disposition again but for first and last are read
-# with ``scan_settlements`` and booked as ranges of consecutive ids.
+# with ``scan_settlements`` and booked as ranges of consecutive ids. Alike, they have one
+# state (``settle_state``): the ranges are counted as that outcome.
 
 _SETTLE_IDS = struct.Struct(">IxI")  # first, (0x70), last
 _SETTLE_HEAD: Final = 16  # frame header, descriptor, list8 size and count, role, 0x70
@@ -303,6 +304,15 @@ def settle_template(buf: bytes, start: int, end: int) -> bool:
         and buf.startswith(b"\x00\x53\x15\xc0", start + 8) and buf[start + 14] == 0x41 \
         and buf[start + 15] == 0x70 and buf[start + 20] == 0x70 \
         and _span(*_SETTLE_IDS.unpack_from(buf, start + _SETTLE_HEAD)) < SETTLE_SPAN
+
+
+def settle_state(buf: bytes, start: int, end: int) -> int | None:
+    """The state of the disposition ``buf[start:end]`` (``settle_template``): its
+    descriptor code (``peek_state``), the same for every frame of the run it begins (they are
+    alike but for first and last); None when not in the usual encoding."""
+    count = buf[start + 13]
+    return peek_state(buf, start + _SETTLE_TAIL, min(end, start + 13 + buf[start + 12]),
+                      count - 3) if count > 3 else NO_STATE
 
 
 def _span(first: int, last: int) -> int:
