@@ -63,10 +63,6 @@ class PolicedQueue:
     # 1.0 deliveries forwarded to it unsettled by windowed links, not yet settled by the
     # broker (so maybe not in a count yet): the 1.0 gate's in-flight allowance reads it.
     in_flight: int = 0
-    # 1.0 credit admitted to withheld links while the queue is tripped and not used yet
-    # (``SenderLink.admit``): admission's tokens less these (``admission_room``).
-    promised_bytes: int = 0
-    promised_messages: int = 0
     # A fleet: this sidecar's part of the queue's headroom (``set_share``; None: all of it).
     share: ShareRule | None = None
     # The publish path's shortcut (``FlowController.forwarded``): while the queue is not
@@ -441,24 +437,6 @@ class FlowController:
         return self._holds.begin(ref, still, frozenset(
             {self.queues[k].policy.name for k in still if k in self.queues}
             | ({ALARM_LABEL} if ALARM in still else set())), now)
-
-    def admission_room(self, keys: frozenset[QueueKey], now: float
-                       ) -> tuple[float, float] | None:
-        """The tokens held queues ``keys`` have now (``Admission.room``: body bytes and
-        messages, less the 1.0 credit admitted and not used yet; the least of theirs), or
-        None when one of them has none at all (it is not a tripped queue with tokens: an
-        alarm, a lookup, a spool backlog)."""
-        least: tuple[float, float] | None = None
-        for k in keys:
-            q = self.queues.get(k)
-            if q is None or k in self._backlogged:
-                return None
-            room = self.admission.room(k, q, now)
-            if room is None:
-                return None
-            room = (room[0] - q.promised_bytes, room[1] - q.promised_messages)
-            least = room if least is None else (min(least[0], room[0]), min(least[1], room[1]))
-        return least
 
     def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue

@@ -523,50 +523,6 @@ def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -
     assert s.counters.signals == {("amqp10", "flow_off"): 1, ("amqp10", "flow_on"): 1}
 
 
-@pytest.mark.parametrize("chunker", CHUNKERS)
-def test_a_withheld_link_is_admitted_credit_at_its_queues_pace(chunker: Chunker) -> None:
-    """While its queue stays tripped, each ready count offers a withheld link credit for the
-    tokens the queue has (``floodwall.control.admission``, the 0-9-1 channels' round robin):
-    at most its window; the link stays withheld, its transfers on that credit are admitted
-    (not overshoot), and what it leaves unused is withdrawn at the release."""
-    s = Setup(chunker=chunker)
-    s.server(broker_flow(7, 0, 1000))
-    _, to_client = s.take()
-    limit = credit_seen(to_client, 7, 0)
-    n = 0
-    while (VHOST, "capped") not in s.fc.tripped:
-        s.send(CAPPED_H, 20_000)
-        n += 1
-    for _ in range(limit - n):  # what it had credit for before the trip: overshoot
-        s.send(CAPPED_H, 20_000)
-    s.take()
-    ref, key = link_ref(0, CAPPED_H), (VHOST, "capped")
-    q = s.fc.queues[key]
-    link = s.gate.sessions[0].links[CAPPED_H]
-    over = q.overshoot_messages
-    assert over == limit - n and link.credit.client_credit == 0  # type: ignore[union-attr]
-
-    def count(ready: int) -> bytes:
-        s.clock.t += 1.0  # (past the trip's assumed lag and every margin)
-        s.fc.sampled_ready_count(key, s.clock.t, ready, 0.001, s.clock.t)
-        s.board.settle()
-        return s.take()[1]
-
-    size = q.depth.average_body_bytes()
-    offer = count(65_000 // size)  # above resume (50 KB), room below capacity (100 KB)
-    assert key in s.fc.tripped and s.fc.is_blocked(1, ref)
-    granted = credit_seen(offer, 7, limit)
-    assert 0 < granted <= window_for(size) and q.promised_messages == granted
-    for _ in range(granted):
-        s.send(CAPPED_H, size - 6)
-    assert q.overshoot_messages == over and q.promised_messages == q.promised_bytes == 0
-    assert count(65_000 // size)  # another count, another offer: the link is paced
-    again = link.credit.client_credit  # type: ignore[union-attr]
-    assert 0 < again <= window_for(size) and q.promised_messages == again
-    assert count(0) and key not in s.fc.tripped  # released: the promise is withdrawn
-    assert q.promised_messages == q.promised_bytes == 0 and not s.fc.is_blocked(1, ref)
-
-
 def test_a_link_attached_while_its_queue_is_tripped_gets_no_credit() -> None:
     s = Setup()
     s.sample("capped", 500_000)

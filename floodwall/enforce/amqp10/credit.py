@@ -284,8 +284,7 @@ class LinkCredit:
         return n or 1
 
     def overshoot(self, names: frozenset[str], body_bytes: int) -> None:
-        """A delivery to ``names`` forwarded while some of them are tripped, on credit granted
-        before the trip (not admitted): count it on each."""
+        """A delivery to ``names`` forwarded while some of them are tripped: count it on each."""
         queues = self.controller.queues
         for key in self.controller.blocking(self.ctx.vhost, names):
             q = queues.get(key)
@@ -451,33 +450,9 @@ class LinkCredit:
         self.ctx.outbox.append(ev.Signalled(self.lifecycle.at(link), active))
 
     def channel_admitted(self, channel: int, now: float) -> None:
-        """The controller: a held queue withheld link ``channel`` (a link_ref) waits on has
-        tokens (``floodwall.control.admission``, round robin with the 0-9-1 channels held
-        on it): the link gets credit for what they allow, at most its window, and stays
-        withheld. Its credit is only ever raised (a limit is never taken back), and what
-        it already has counts against the tokens; its transfers on this credit are
-        admitted, not overshoot (``SenderLink.admitted``)."""
-        session = self.sessions.get(channel >> 32)
-        link = session.links.get(channel & 0xFFFFFFFF) if session is not None else None
-        if not isinstance(link, SenderLink) or not link.blocked:
-            return
-        controller = self.controller
-        keys = controller.blocked_on(self.ctx.conn_id, link.ref)
-        room = controller.admission_room(keys, now)
-        if room is None:
-            return
-        size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
-        credit = link.credit
-        have = credit.client_credit  # (of it, ``link.admitted`` is promised already)
-        ceiling = min(window_for(size, link.window_bytes), credit.broker_credit)
-        more = int(min((room[0] + link.admitted * size) // size, room[1] + link.admitted,
-                       ceiling)) - have  # (a room is inf where the policy sets no limit)
-        if more <= 0:
-            return
-        grant = credit.grant(have + more)
-        queues = tuple(q for k in keys if (q := controller.queues.get(k)) is not None)
-        link.admit(link.admitted + credit.client_credit - have, size, queues)
-        self.lifecycle.send_grant(link, grant)
+        """A held queue the link waits on has tokens. A 1.0 link is not admitted while held:
+        it keeps waiting for the release (its credit near capacity is paced by
+        ``paced_window`` instead); nothing to do."""
 
     def channel_released(self, channel: int, now: float) -> None:
         """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
@@ -487,7 +462,6 @@ class LinkCredit:
             return
         link.move(LinkInput.RELEASED)
         link.starved_since = None
-        link.withdraw_admitted()
         self.withheld.pop(link.ref, None)
         link.spool_refused = False
         link.hit.clear()

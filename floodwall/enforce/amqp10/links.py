@@ -238,11 +238,6 @@ class SenderLink:
     deliveries: int = 0
     payload_bytes: int = 0
     starved_since: float | None = None  # withheld and out of credit since (expire's now)
-    # Credit admitted while withheld (``credit.LinkCredit.channel_admitted``) and not used
-    # yet, promised on these queues (``PolicedQueue.promised_*``), of this size each.
-    admitted: int = 0
-    admitted_on: tuple[PolicedQueue, ...] = ()
-    admitted_size: int = 0
     # The spool said no, or the link sent a transactional transfer: held by credit until
     # its queue is released.
     spool_refused: bool = False
@@ -315,34 +310,6 @@ class SenderLink:
         """Take ``event`` (``enforce.states.LINK_PHASES``); one its phase does not take
         leaves it where it is."""
         self.phase = step(LINK_PHASES, self.phase, event) or self.phase
-
-    def admit(self, n: int, size: int, queues: tuple[PolicedQueue, ...]) -> None:
-        """``n`` more transfers of about ``size`` bytes admitted on held ``queues``."""
-        self.withdraw_admitted()
-        self.admitted, self.admitted_on, self.admitted_size = n, queues, size
-        for q in queues:
-            q.promised_messages += n
-            q.promised_bytes += n * size
-
-    def used_admitted(self) -> bool:
-        """A transfer was forwarded: True if it used admitted credit (no longer promised)."""
-        if not self.admitted:
-            return False
-        self.admitted -= 1
-        for q in self.admitted_on:
-            q.promised_messages -= 1
-            q.promised_bytes -= self.admitted_size
-        return True
-
-    def withdraw_admitted(self) -> None:
-        """What was admitted and not used is promised no more (released, detached)."""
-        n = self.admitted
-        if n:
-            for q in self.admitted_on:
-                q.promised_messages -= n
-                q.promised_bytes -= n * self.admitted_size
-            self.admitted = 0
-        self.admitted_on = ()
 
     def view(self) -> LinkView:
         """The link as ``/state`` shows it (``LinkView``)."""

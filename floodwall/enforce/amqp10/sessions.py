@@ -78,7 +78,6 @@ class Sessions:
             for link in session.links.values():
                 if isinstance(link, SenderLink):
                     self.uncapture(link)
-                    link.withdraw_admitted()
         self.sessions.clear()
         self.by_server_channel.clear()
 
@@ -214,7 +213,6 @@ class Sessions:
     def _link_gone(self, link: Link) -> None:
         if isinstance(link, SenderLink):
             self.uncapture(link)
-            link.withdraw_admitted()
         if isinstance(link, SenderLink) and link.blocked:
             link.move(LinkInput.RELEASED)
             self.withheld.pop(link.ref, None)
