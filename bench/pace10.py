@@ -259,7 +259,8 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
             raise TimeoutError(f"sender: {len(sender.accepted[target])} of {count} accepted, "
                                f"{dict(sender.sent)} sent, errors {sender.errors}")
         if not mine.poll(60):
-            raise TimeoutError("consumer did not finish")
+            raise TimeoutError(f"consumer did not finish; sender: {len(sender.accepted[target])} "
+                               f"accepted, errors {sender.errors}")
         doc = mine.recv()
         cpu1 = cpu_seconds(beam), cpu_seconds(proxy)
         trips = metric_sum(fw, "floodwall_queue_trips_total") - trips0
