@@ -31,7 +31,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from floodwall.control.depth import MIN_MARGIN
+from floodwall.control.admission import held_room
+from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
+from floodwall.control.fleet import ShareRule, demand_of
 from floodwall.control.policy import Mode, Overflow, Policy, should_trip
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
@@ -91,6 +93,8 @@ class Bucket:
     sidecars: int
     policy: RecordedPolicy | None
     spooled_bytes: int = 0
+    # Each sidecar's offered bytes in the bucket, (sidecar, bytes) sorted by name.
+    members: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -109,6 +113,8 @@ class Outcome:
     wait_mean_seconds: float = 0.0  # of the bytes held and then admitted
     wait_max_seconds: float = 0.0
     depth: list[tuple[int, int]] = field(default_factory=list)  # (bucket end ms, bytes)
+    # A fleet: per sidecar, what it was admitted and how its publishers waited.
+    sidecars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def figures(self) -> dict[str, Any]:
         """The figures, rounded as ``summary.json`` rounds (whole bytes, ms)."""
@@ -119,7 +125,9 @@ class Outcome:
                 "deadline_expiries": self.deadline_expiries,
                 "admitted_bytes": self.admitted_bytes,
                 "wait_mean_seconds": round(self.wait_mean_seconds, 3),
-                "wait_max_seconds": round(self.wait_max_seconds, 3)}
+                "wait_max_seconds": round(self.wait_max_seconds, 3),
+                **({"sidecars": [{"sidecar": name, **f} for name, f in self.sidecars.items()]}
+                   if self.sidecars else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +145,9 @@ class Timeline:
     spooling: bool  # the recorded sidecars had a spool (--spool-dir)
     gap_seconds: float
     held_share: float  # of the offered bytes, the part offered while the queue was tripped
+    sidecars: tuple[str, ...] = ()  # every sidecar that sampled the queue, by name
+    # Per bucket, each sidecar's part of its offered load (a fleet: more than one sidecar).
+    parts: tuple[tuple[tuple[str, float], ...], ...] = ()
 
 
 def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Timeline:
@@ -184,9 +195,21 @@ def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Time
     total = sum(offered)
     held = sum(o for o, b in zip(offered, ordered, strict=True) if b.tripped)
     gaps = (ordered[-1].index - ordered[0].index + 1 - span) if ordered else 0
+    sidecars = tuple(sorted({name for b in ordered for name, _ in b.members}))
     return Timeline(vhost, queue, step, tuple(ordered), tuple(offered), tuple(drain),
                     tuple(spans), body, any(b.spooled_bytes > 0 for b in ordered), gaps * step,
-                    held / total if total else 0.0)
+                    held / total if total else 0.0, sidecars,
+                    tuple(_parts(b) if len(sidecars) > 1 else () for b in ordered))
+
+
+def _parts(b: Bucket) -> tuple[tuple[str, float], ...]:
+    """Each sidecar's part of the bucket's offered load (equal parts when none offered)."""
+    total = sum(max(0, o) for _, o in b.members)
+    if not b.members:
+        return ()
+    if total <= 0:
+        return tuple((name, 1 / len(b.members)) for name, _ in b.members)
+    return tuple((name, max(0, o) / total) for name, o in b.members)
 
 
 class _Spool:
@@ -211,6 +234,47 @@ class _Policed:
     policy: Policy
 
 
+@dataclass(slots=True)
+class _Member:
+    """One sidecar of the queue's fleet while the timeline plays (the only one, named "",
+    when the telemetry has one sidecar for the queue)."""
+
+    held: deque[list[float]] = field(default_factory=deque)  # [bytes, enqueued at]
+    held_bytes: float = 0.0
+    forwarded: float = 0.0  # bytes it forwarded this step while the queue was tripped
+    rate: float = 0.0  # bytes/s it forwarded over the last step: its ingress (its demand)
+    admitted: float = 0.0  # bytes that entered the queue from it while it was tripped
+    held_byte_seconds: float = 0.0
+    waited: float = 0.0  # byte-seconds of its held bytes that were admitted
+    admitted_held: float = 0.0
+    wait_max: float = 0.0
+    expired: float = 0.0  # bytes of its held publishes that passed their deadline
+
+    def figures(self, total_admitted: float, body: float) -> dict[str, Any]:
+        return {"admitted_bytes": round(self.admitted),
+                "admitted_share": (round(self.admitted / total_admitted, 4)
+                                   if total_admitted > 0 else None),
+                "held_byte_seconds": round(self.held_byte_seconds, 1),
+                "wait_mean_seconds": round(self.waited / self.admitted_held, 3)
+                if self.admitted_held > 0 else 0.0,
+                "wait_max_seconds": round(self.wait_max, 3),
+                "deadline_expiries": round(self.expired / body)}
+
+
+def admission_room(policy: Policy, depth: float, drained: float, body: float,
+                   share: RoomShare | None = None) -> float:
+    """Bytes a held queue at ``depth`` bytes may take over a step whose consumers take
+    ``drained`` bytes: the proxy's admission rule (``floodwall.control.admission.held_room``)
+    on a count of that depth (messages at ``body`` bytes each, rounded up as the trip
+    counts them), the step's drain credited, the smaller of its bytes and its messages;
+    in a fleet, ``share``'s part of it (``fleet.ShareRule``). The replay's ledger has
+    nothing in flight, so that room is the allowance less what the count holds."""
+    counted = Depth(round(depth), math.ceil(depth / body))
+    room_bytes, room_messages = held_room(policy, counted, drained / body, body, share)
+    return max(0.0, min(math.inf if room_bytes is None else room_bytes,
+                        math.inf if room_messages is None else room_messages * body))
+
+
 class _Replay:
     """The state of one queue under one policy while its timeline plays."""
 
@@ -220,77 +284,99 @@ class _Replay:
         self.fixed = policy
         self.depth = 0.0
         self.tripped = False
-        self.held: deque[list[float]] = deque()  # [bytes, enqueued at]
+        self.fleet = len(t.sidecars) > 1
+        self.members = {name: _Member() for name in (t.sidecars if self.fleet else ("",))}
+        self.parts: tuple[tuple[_Member, float], ...] = ((self.members[next(iter(
+            self.members))], 1.0),)
         self.held_total = 0.0
-        self.waited = 0.0  # byte-seconds of the bytes held and admitted
-        self.admitted_held = 0.0
+        self.free = 0.0  # bytes forwarded this step while the queue was not tripped
         self.out = Outcome()
         self.spool: _Spool | None = None
         self.rejected_bytes = 0.0
         self.expired_bytes = 0.0
         self.admitted = 0.0
 
+    def offer_to(self, parts: tuple[tuple[str, float], ...]) -> None:
+        """Whose the load offered from now on is (the bucket's sidecars and their parts)."""
+        if self.fleet and parts:
+            self.parts = tuple((self.members[name], f) for name, f in parts)
+
     # -- one step --------------------------------------------------------------------
     def step(self, policy: Policy | None, now: float, h: float, o: float, d: float) -> None:
         """``h`` seconds from ``now``: ``o`` bytes offered, ``d`` the consumers can take."""
-        body = self.t.body
         if policy is None or not policy.is_limited:
-            self._into_queue(o, d, tripped=False)
+            self._into_queue(o, d)
+            self._forwarded(o, tripped=False)
             self.tripped = False
+            self._end_step(h)
             self._watch(None)
             return
-        key, queues = self.key, {self.key: _Policed(policy)}
+        queues = {self.key: _Policed(policy)}
         spool = self._spool_for(policy)
-        passed = 0.0
-        if not self.tripped and policy.capacity > 0 and o > 0:
+        o, d = self._before_trip(policy, h, o, d)
+        if o > 0 or self.held_total > 0 or (spool is not None and spool.bytes > 0):
+            self._tripped_step(policy, now, h, o, d, spool, queues)
+        self._into_queue(0.0, d)
+        self._expire(now + h, queues)
+        self._decide(policy)
+        if self.tripped:
+            self.out.tripped_seconds += h
+        self._end_step(h)
+        if spool is not None:
+            self.out.spooled_bytes_max = max(self.out.spooled_bytes_max, round(spool.bytes))
+        self._watch(policy)
+
+    def _before_trip(self, policy: Policy, h: float, o: float, d: float
+                     ) -> tuple[float, float]:
+        """An untripped queue takes the offered load, up to the publish that trips it; the
+        load and drain left for the rest of the step."""
+        if self.tripped:
+            return o, d
+        if policy.capacity > 0 and o > 0:
             # Publishes go until one takes the queue over its capacity: it trips then. The
             # proxy's estimate counts what it forwarded within the in-flight margin before a
             # count on top of the count (floodwall.control.depth): at least MIN_MARGIN of
             # the offered load.
             lead = o / h * MIN_MARGIN
             room = policy.capacity - self.depth + d - lead
-            passed = min(o, max(0.0, room) + body)
-            self._into_queue(passed, d * passed / o, tripped=False)
+            passed = min(o, max(0.0, room) + self.t.body)
+            self._into_queue(passed, d * passed / o)
+            self._forwarded(passed, tripped=False)
             d -= d * passed / o
-            o -= passed
             self._decide(policy, lead)
-        elif not self.tripped:
-            self._into_queue(o, d, tripped=False)
-            o, d = 0.0, 0.0
-            self._decide(policy)
-        if o > 0 or self.held or (spool is not None and spool.bytes > 0):
-            blocking = frozenset({key}) if self.tripped else frozenset()
-            shadow = self.tripped and not policy.enforced
-            verdict = verdict_of(self.key[0], frozenset({self.key[1]}),
-                                 frozenset() if shadow else blocking, queues,
-                                 cast(SpoolPort | None, spool)).verdict
-            if o > 0:
-                if verdict is Verdict.HOLD:
-                    self.held.append([o, now])
-                    self.held_total += o
-                elif verdict is Verdict.REJECT:
-                    self.rejected_bytes += o
-                elif verdict is Verdict.SPOOL and spool is not None:
-                    spool.bytes += o
-                else:
-                    self._into_queue(o, 0.0, tripped=self.tripped)
-            room = max(0.0, policy.capacity - self.depth + d) if policy.capacity > 0 \
-                else max(0.0, (policy.max_messages or 0) * body - self.depth + d)
-            if self.tripped and self.held:
-                room -= self._admit(room, now + h)
-            if not self.tripped and spool is not None and spool.bytes > 0:
-                replayed = min(spool.bytes, room)
-                spool.bytes -= replayed
-                self._into_queue(replayed, 0.0, tripped=False)
-        self._into_queue(0.0, d, tripped=self.tripped)
-        self._expire(policy, now + h, queues)
+            return o - passed, d
+        self._into_queue(o, d)
+        self._forwarded(o, tripped=False)
         self._decide(policy)
-        if self.tripped:
-            self.out.tripped_seconds += h
-        self.out.held_byte_seconds += self.held_total * h
-        if spool is not None:
-            self.out.spooled_bytes_max = max(self.out.spooled_bytes_max, round(spool.bytes))
-        self._watch(policy)
+        return 0.0, 0.0
+
+    def _tripped_step(self, policy: Policy, now: float, h: float, o: float, d: float,
+                      spool: _Spool | None, queues: dict[Any, _Policed]) -> None:
+        """What ``decide`` makes of the load offered to a tripped queue, admission of the
+        held publishes, and the spool's replay once released."""
+        blocking = frozenset({self.key}) if self.tripped else frozenset()
+        shadow = self.tripped and not policy.enforced
+        verdict = verdict_of(self.key[0], frozenset({self.key[1]}),
+                             frozenset() if shadow else blocking, queues,
+                             cast(SpoolPort | None, spool)).verdict
+        if o > 0:
+            if verdict is Verdict.HOLD:
+                self._hold(o, now)
+            elif verdict is Verdict.REJECT:
+                self.rejected_bytes += o
+            elif verdict is Verdict.SPOOL and spool is not None:
+                spool.bytes += o
+            else:
+                self._into_queue(o, 0.0)
+                self._forwarded(o, tripped=self.tripped)
+        room = self._room(policy, d)
+        if self.tripped and self.held_total > 0:
+            room -= self._admit(policy, d, now + h)
+        if not self.tripped and spool is not None and spool.bytes > 0:
+            replayed = min(spool.bytes, room)
+            spool.bytes -= replayed
+            self._into_queue(replayed, 0.0)
+            self._forwarded(replayed, tripped=False)
 
     def _spool_for(self, policy: Policy) -> _Spool | None:
         if policy.effective_overflow(self.t.spooling or self.fixed is not None) \
@@ -300,10 +386,92 @@ class _Replay:
             self.spool = _Spool(self.key, policy.spool.max_bytes)
         return self.spool
 
-    def _into_queue(self, arrived: float, d: float, *, tripped: bool) -> None:
+    def _into_queue(self, arrived: float, d: float) -> None:
         self.depth = max(0.0, self.depth + arrived - d)
-        if tripped:
-            self.admitted += arrived
+
+    def _forwarded(self, x: float, *, tripped: bool) -> None:
+        """``x`` bytes of the offered load entered the queue (the bucket's sidecars' parts)."""
+        if not tripped:
+            self.free += x
+            return
+        self.admitted += x
+        for m, f in self.parts:
+            m.admitted += x * f
+            m.forwarded += x * f
+
+    def _hold(self, o: float, now: float) -> None:
+        for m, f in self.parts:
+            if o * f > 0:
+                m.held.append([o * f, now])
+                m.held_bytes += o * f
+        self.held_total += o
+
+    def _room(self, policy: Policy, d: float, share: RoomShare | None = None) -> float:
+        return admission_room(policy, self.depth, d, self.t.body, share)
+
+    def _admit(self, policy: Policy, d: float, now: float) -> float:
+        """Held publishes into the room the step leaves, each sidecar's oldest first (in a
+        fleet each takes its share of the room, ``fleet.ShareRule``, on the demands its
+        members announce: ``fleet.demand_of`` of their ingress and held bytes); what went."""
+        waiting = [(name, m) for name, m in self.members.items() if m.held]
+        if not self.fleet:
+            rooms = [(m, self._room(policy, d)) for _, m in waiting]
+        else:
+            present = {id(m) for m, _ in self.parts}
+            demands = tuple(sorted(
+                (name, demand_of(m.rate, round(m.held_bytes)))
+                for name, m in self.members.items() if m.held or id(m) in present))
+            rooms = [(m, self._room(policy, d, ShareRule(name, demands)))
+                     for name, m in waiting]
+        went = sum(self._admit_from(m, room, now) for m, room in rooms)
+        self.held_total = sum(m.held_bytes for _, m in waiting)
+        self.admitted += went
+        self._into_queue(went, 0.0)
+        return went
+
+    @staticmethod
+    def _admit_from(m: _Member, room: float, now: float) -> float:
+        """``m``'s held publishes into ``room`` bytes, oldest first; what went."""
+        went = 0.0
+        while m.held and room - went > 0:
+            chunk = m.held[0]
+            take = min(chunk[0], room - went)
+            chunk[0] -= take
+            went += take
+            m.waited += take * (now - chunk[1])
+            m.wait_max = max(m.wait_max, now - chunk[1])
+            if chunk[0] <= 1e-9:
+                m.held.popleft()
+        m.held_bytes = sum(c[0] for c in m.held)
+        m.admitted_held += went
+        m.admitted += went
+        m.forwarded += went
+        return went
+
+    def _expire(self, now: float, queues: dict[Any, _Policed]) -> None:
+        if self.held_total <= 0:
+            return
+        wait = deadline_of(queues, [self.key])
+        for m in self.members.values():
+            if m.held and now - m.held[0][1] > wait:
+                while m.held and now - m.held[0][1] > wait:
+                    chunk = m.held.popleft()
+                    m.expired += chunk[0]
+                    self.expired_bytes += chunk[0]
+                m.held_bytes = sum(c[0] for c in m.held)
+        self.held_total = sum(m.held_bytes for m in self.members.values())
+
+    def _end_step(self, h: float) -> None:
+        """Each sidecar's held byte-seconds and ingress over the step (per sidecar only
+        while the queue is tripped or holding: what a fleet's shares are sized on)."""
+        if self.tripped or self.held_total > 0:
+            for m in self.members.values():
+                m.held_byte_seconds += m.held_bytes * h
+                m.rate, m.forwarded = m.forwarded / h, 0.0
+            for m, f in self.parts:
+                m.rate += self.free * f / h
+        self.out.held_byte_seconds += self.held_total * h
+        self.free = 0.0
 
     def _watch(self, policy: Policy | None) -> None:
         """The depth figures, at the end of a step (as the telemetry samples it)."""
@@ -312,40 +480,33 @@ class _Replay:
         if policy is not None and policy.capacity > 0:
             self.out.peak_overshoot = max(self.out.peak_overshoot, depth - policy.capacity)
 
-    def _admit(self, room: float, now: float) -> float:
-        """Held publishes into ``room`` bytes, oldest first; what went."""
-        went = 0.0
-        while self.held and room - went > 0:
-            chunk = self.held[0]
-            take = min(chunk[0], room - went)
-            chunk[0] -= take
-            went += take
-            self.waited += take * (now - chunk[1])
-            self.out.wait_max_seconds = max(self.out.wait_max_seconds, now - chunk[1])
-            if chunk[0] <= 1e-9:
-                self.held.popleft()
-        self.held_total = sum(c[0] for c in self.held)
-        self.admitted_held += went
-        self._into_queue(went, 0.0, tripped=True)
-        return went
-
-    def _expire(self, policy: Policy, now: float, queues: dict[Any, _Policed]) -> None:
-        wait = deadline_of(queues, [self.key])
-        while self.held and now - self.held[0][1] > wait:
-            chunk = self.held.popleft()
-            self.expired_bytes += chunk[0]
-        self.held_total = sum(c[0] for c in self.held)
-
     def _decide(self, policy: Policy, lead: float = 0.0) -> None:
         """Trip or release on the depth (and ``lead``: what the estimate counts on top)."""
         depth = round(self.depth + lead)
         now = should_trip(policy, depth, math.ceil(self.depth / self.t.body), self.tripped)
         # Held publishers that use every token they are offered keep their queue held
         # (Admission.busy): a release would let their backlog go at once.
-        if now != self.tripped and (now or not self.held):
+        if now != self.tripped and (now or self.held_total <= 0):
             self.tripped = now
             if now:
                 self.out.trips += 1
+
+    def finish(self) -> Outcome:
+        """The outcome, once every bucket has played."""
+        out, t = self.out, self.t
+        out.admitted_bytes = round(self.admitted)
+        # publishes, at the mean body size (summed in bytes: a step's part of one rounds to 0)
+        out.rejects = round(self.rejected_bytes / t.body)
+        out.deadline_expiries = round(self.expired_bytes / t.body)
+        members = self.members.values()
+        admitted_held = sum(m.admitted_held for m in members)
+        if admitted_held > 0:
+            out.wait_mean_seconds = sum(m.waited for m in members) / admitted_held
+        out.wait_max_seconds = max((m.wait_max for m in members), default=0.0)
+        if self.fleet:
+            out.sidecars = {name: m.figures(self.admitted, t.body)
+                            for name, m in sorted(self.members.items())}
+        return out
 
 
 def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
@@ -356,24 +517,20 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
         # The depth before the first bucket: its recorded depth at its end less what came
         # in and went out during it, so the first bucket's replay ends where the record does.
         r.depth = max(0.0, (t.buckets[0].depth_bytes or 0) - t.offered[0] + t.drain[0])
-    for b, o, d, n in zip(t.buckets, t.offered, t.drain, t.spans, strict=True):
+    for b, o, d, n, parts in zip(t.buckets, t.offered, t.drain, t.spans, t.parts,
+                                 strict=True):
         p = policy if policy is not None else (b.policy.policy() if b.policy else None)
         start = (b.index - n + 1) * t.step
-        calm = (p is None or (not r.tripped and not r.held
+        r.offer_to(parts)
+        calm = (p is None or (not r.tripped and r.held_total <= 0
                               and (r.spool is None or r.spool.bytes <= 0)
                               and _far_below(p, r.depth + o, t.body)))
-        parts = n if calm else SUBSTEPS * n
-        h = t.step * n / parts
-        for i in range(parts):
-            r.step(p, start + i * h, h, o / parts, d / parts)
+        parts_n = n if calm else SUBSTEPS * n
+        h = t.step * n / parts_n
+        for i in range(parts_n):
+            r.step(p, start + i * h, h, o / parts_n, d / parts_n)
         r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))
-    r.out.admitted_bytes = round(r.admitted)
-    # publishes, at the mean body size (summed in bytes: a step's part of one rounds to 0)
-    r.out.rejects = round(r.rejected_bytes / t.body)
-    r.out.deadline_expiries = round(r.expired_bytes / t.body)
-    if r.admitted_held > 0:
-        r.out.wait_mean_seconds = r.waited / r.admitted_held
-    return r.out
+    return r.finish()
 
 
 def _far_below(p: Policy, depth: float, body: float) -> bool:
@@ -387,7 +544,7 @@ def _far_below(p: Policy, depth: float, body: float) -> bool:
 #: The columns of a bucket row (pipeline/whatif.py, ``series``), in ``Bucket``'s terms.
 ROW_FIELDS = ("vhost", "queue", "b", "offered", "offered_m", "fb", "fm", "held_end",
               "depth", "depth_msgs", "rejects", "expiries", "tripped", "sidecars", "pol",
-              "spool_end")
+              "spool_end", "member_names", "member_offered")
 
 
 def keyed(row: Any) -> tuple[tuple[str, str], Any]:
@@ -404,7 +561,8 @@ def bucket_of(row: Any) -> Bucket:
     return Bucket(row["b"], row["offered"] or 0, row["offered_m"] or 0, row["fb"] or 0,
                   row["fm"] or 0, row["held_end"] or 0, row["depth"], row["depth_msgs"],
                   row["rejects"] or 0, row["expiries"] or 0, bool(row["tripped"]),
-                  row["sidecars"] or 0, recorded, row["spool_end"] or 0)
+                  row["sidecars"] or 0, recorded, row["spool_end"] or 0,
+                  tuple(zip(row["member_names"] or (), row["member_offered"] or (), strict=True)))
 
 
 def replay_group(item: tuple[tuple[str, str], Any], step: float,

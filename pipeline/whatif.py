@@ -81,7 +81,8 @@ def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
     step_ms = max(1, round(step * 1000))
     newest = "struct(ts_ms, seq)"
     level1 = sql(f"""
-        SELECT q, sq, max(vhost) AS vhost, max(queue) AS queue, ts_ms div {step_ms} AS b,
+        SELECT q, sq, max(vhost) AS vhost, max(queue) AS queue, max(sidecar) AS sidecar,
+               ts_ms div {step_ms} AS b,
                coalesce(sum(ingress_bytes), 0) AS fb,
                coalesce(sum(ingress_messages), 0) AS fm,
                max_by(held_bytes, {newest}) AS held_end,
@@ -110,10 +111,14 @@ def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
                sum(fb) AS fb, sum(fm) AS fm, sum(held_end) AS held_end,
                max_by(depth, {newest_q}) AS depth, max_by(depth_msgs, {newest_q}) AS depth_msgs,
                max(tripped) AS tripped, count(1) AS sidecars,
-               max_by(pol, {newest_q}) AS pol, sum(spool_end) AS spool_end
+               max_by(pol, {newest_q}) AS pol, sum(spool_end) AS spool_end,
+               array_sort(collect_list(struct(sidecar, offered))) AS members
         FROM {{level1}} GROUP BY q, b""", level1=level1)
     return sql("""
-        SELECT s.*, coalesce(e.rejects, 0) AS rejects, coalesce(e.expiries, 0) AS expiries
+        SELECT s.* EXCEPT (members), coalesce(e.rejects, 0) AS rejects,
+               coalesce(e.expiries, 0) AS expiries,
+               transform(members, m -> m.sidecar) AS member_names,
+               transform(members, m -> m.offered) AS member_offered
         FROM {queue} s LEFT JOIN {counted} e
           ON s.vhost = e.vhost AND s.queue = e.queue AND s.b = e.b""",
                queue=queue, counted=counted)
