@@ -12,13 +12,25 @@ resume, the count limits, ``on_unknown_depth``), held publishers keep a queue he
 resume level as ``floodwall.control.admission.Admission.busy`` says (they use every token
 they are offered), what happens to a publish to a tripped queue (hold, reject, spool, or
 pass in shadow mode) is ``floodwall.enforce.decision.decide`` and how long a publish may
-wait ``floodwall.enforce.decision.deadline_of``. Admission while held is the one rule
-stated here rather than called (``floodwall.control.admission.allowance`` works on a
-ledger and ready counts every few milliseconds, which telemetry does not have): with the
-replay's exact ledger (no publish in flight, a count at every step) that allowance over a
-step is the room the depth leaves below the capacity plus what the consumers drain
-meanwhile, so a held queue is fed at its drain rate and stays at about its capacity, as the
-proxy keeps it.
+wait ``floodwall.enforce.decision.deadline_of``. What a held queue may take is the proxy's
+admission rule, ``floodwall.control.admission.held_room`` (which the proxy's ``allowance``
+calls at every count): the room a count of the queue leaves below its limits plus what
+its consumers take until the next count. The proxy counts every few milliseconds, keeps a
+ledger of what is in flight and credits the drain until its next count; the replay counts
+at every step, its ledger has nothing in flight, and it credits the step's drain
+(``admission_room``), so a held queue is fed at its drain rate and stays at about its
+limit, as the proxy keeps it.
+
+A fleet (the queue's buckets carry more than one sidecar): each sidecar's part of the
+offered load is its own (``Bucket.members``); while the queue is held each sidecar's held
+publishes wait in its own queue, and each takes its share of the room
+(``floodwall.control.fleet.ShareRule``, max-min fair on the demands the members announce,
+``fleet.demand_of`` of what each forwarded over the last step and what it holds), so the
+outcome says what each sidecar was admitted and how long its publishers waited. The trip
+and release are the queue's (every member sees the queue's depth); the proxy's members
+trip each on its own share and are paced by a rate bucket per member
+(``floodwall.control.fleet_rate``) that the replay does not model (docs/pipeline.md,
+"What if").
 
 The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
 evenly) while anything can happen in it, in one step while the queue is calm.

@@ -202,6 +202,13 @@ def caveats(replays: Sequence[Mapping[str, Any]], sidecars: Sequence[Mapping[str
         if r["gap_seconds"] > 0:
             out.append(f"{name}: {r['gap_seconds']:g}s of its timeline has no sample (a "
                        "telemetry gap): nothing is offered or drained there in the replay.")
+    fleets = [f"{r['queue']} (vhost {r['vhost']})" for r in replays if r["sidecars_max"] > 1]
+    if fleets:
+        out.append(f"{', '.join(fleets)}: policed by a fleet. Each sidecar's held publishes "
+                   "take its share of the room (the fleet's rule), but the members trip and "
+                   "release together on the queue's depth, and the per-member rate bucket "
+                   "(equal bytes per second) is not replayed: per-sidecar waits are the "
+                   "shares of the room's, not of the rate's.")
     seen = len(sidecars)
     most = max((int(q.get("fleet_members_max") or 0) for q in queues), default=0)
     if most > seen:
@@ -302,12 +309,37 @@ def section(doc: Mapping[str, Any], recorded: Sequence[Mapping[str, Any]],
                             f"<td class='t'>{html.escape(label)}</td>{cells}</tr>")
         parts.append("<div class='wide'><table><tr><th>queue</th><th></th>" + head + "</tr>"
                      + "".join(body) + "</table></div>")
+        parts.extend(_per_sidecar(q) for q in c["queues"] if q["predicted"].get("sidecars"))
         for q in c["queues"]:
             name = plots.get((q["vhost"], q["queue"]))
             if name:
                 parts.append(f"<img src='{html.escape(name)}' alt='depth of "
                              f"{html.escape(q['queue'])} under each candidate'>")
     return "\n".join(parts)
+
+
+def _per_sidecar(q: Mapping[str, Any]) -> str:
+    """A fleet's queue: each sidecar's part under the policy in force (replayed) and the
+    candidate (predicted), side by side."""
+    from floodwall_pipeline.report import fmt
+
+    replayed = {s["sidecar"]: s for s in q["replayed_recorded"].get("sidecars", ())}
+    rows = []
+    for s in q["predicted"]["sidecars"]:
+        r = replayed.get(s["sidecar"], {})
+        cells = "".join(
+            f"<td class='n'>{html.escape(fmt(x.get(k), kind))}</td>"
+            for x in (r, s) for k, kind in (("admitted_bytes", "bytes"),
+                                            ("admitted_share", "share"),
+                                            ("wait_mean_seconds", "seconds"),
+                                            ("wait_max_seconds", "seconds"),
+                                            ("deadline_expiries", "int")))
+        rows.append(f"<tr><td class='t'>{html.escape(s['sidecar'])}</td>{cells}</tr>")
+    head = "".join(f"<th>{k}</th>" for _ in range(2)
+                   for k in ("admitted", "share", "wait mean", "wait max", "expiries"))
+    return (f"<p>{html.escape(q['queue'])}, per sidecar (replayed | predicted):</p>"
+            "<div class='wide'><table><tr><th>sidecar</th>" + head + "</tr>" + "".join(rows)
+            + "</table></div>")
 
 
 def write(out: Path, doc: Mapping[str, Any]) -> Path:
