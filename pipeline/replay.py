@@ -45,7 +45,7 @@ from typing import Any, cast
 
 from floodwall.control.admission import held_room
 from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
-from floodwall.control.fleet import ShareRule, demand_of
+from floodwall.control.fleet import demand_of, fleet_shares
 from floodwall.control.policy import Mode, Overflow, Policy, should_trip
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
@@ -273,6 +273,46 @@ class _Member:
                 "deadline_expiries": round(self.expired / body)}
 
 
+class FleetShares:
+    """The members' ``fleet.ShareRule``s of one step, on the same demands: each member's
+    ``fraction`` is ``ShareRule(member, demands).fraction``, with the fleet's shares of a
+    room (``fleet.fleet_shares``, what every member's rule computes of it) computed once for
+    all members rather than once per member (a 64-member fleet: 64 times fewer;
+    tests/pipeline/test_replay_admission.py checks the two agree)."""
+
+    def __init__(self, demands: dict[str, float | None]) -> None:
+        self.demands = dict(sorted(demands.items()))  # as ShareRule keeps them
+        self._room = math.nan
+        self._shares: dict[str, float] = {}
+
+    def of(self, member: str) -> RoomShare:
+        return _MemberShare(self, member)
+
+    def share(self, member: str, headroom: float) -> float:
+        """``ShareRule.share``: the member's part of ``headroom`` bytes."""
+        if headroom <= 0:
+            return headroom
+        if headroom != self._room:
+            self._room, self._shares = headroom, fleet_shares(headroom, self.demands)
+        return self._shares.get(member, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _MemberShare:
+    """One member's ``ShareRule.fraction``, from its fleet's shares of the step."""
+
+    fleet: FleetShares
+    member: str
+
+    def fraction(self, room_bytes: float | None, room_messages: float | None,
+                 body_bytes: float) -> float:
+        h = room_bytes if room_bytes is not None else (
+            None if room_messages is None else room_messages * max(1, body_bytes))
+        if h is None or h <= 0 or not math.isfinite(h):
+            return 1.0
+        return min(1.0, self.fleet.share(self.member, h) / h)
+
+
 def admission_room(policy: Policy, depth: float, drained: float, body: float,
                    share: RoomShare | None = None) -> float:
     """Bytes a held queue at ``depth`` bytes may take over a step whose consumers take
@@ -430,11 +470,10 @@ class _Replay:
             rooms = [(m, self._room(policy, d)) for _, m in waiting]
         else:
             present = {id(m) for m, _ in self.parts}
-            demands = tuple(sorted(
-                (name, demand_of(m.rate, round(m.held_bytes)))
-                for name, m in self.members.items() if m.held or id(m) in present))
-            rooms = [(m, self._room(policy, d, ShareRule(name, demands)))
-                     for name, m in waiting]
+            shares = FleetShares({name: demand_of(m.rate, round(m.held_bytes))
+                                  for name, m in self.members.items()
+                                  if m.held or id(m) in present})
+            rooms = [(m, self._room(policy, d, shares.of(name))) for name, m in waiting]
         went = sum(self._admit_from(m, room, now) for m, room in rooms)
         self.held_total = sum(m.held_bytes for _, m in waiting)
         self.admitted += went

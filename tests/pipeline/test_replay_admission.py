@@ -8,12 +8,14 @@ import dataclasses
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from floodwall.control.admission import HOT_INTERVAL, allowance, credit_time
 from floodwall.control.controller import FlowController
 from floodwall.control.fleet import ShareRule
 from floodwall.control.policy import Policy, parse_policies
-from floodwall_pipeline.replay import Bucket, admission_room, replay, timeline
+from floodwall_pipeline.replay import Bucket, FleetShares, admission_room, replay, timeline
 from tests.test_gate import Router
 
 KEY = ("/", "orders.a")
@@ -118,3 +120,21 @@ def test_a_fleets_sidecars_share_the_room_and_the_queue_sees_what_one_would() ->
 def _one(b: Bucket) -> Bucket:
     """``b`` as one sidecar's telemetry (no fleet)."""
     return dataclasses.replace(b, sidecars=1, members=(("only", b.offered_bytes),))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from("abcdefgh"),
+                       st.none() | st.floats(0, 1e7, allow_nan=False), min_size=1),
+       st.lists(st.tuples(st.none() | st.floats(-1e6, 1e7, allow_nan=False),
+                          st.none() | st.floats(-100, 1e4, allow_nan=False)),
+                min_size=1, max_size=4),
+       st.integers(1, 10_000))
+def test_the_replays_fleet_shares_are_the_fleets_share_rules(
+        demands: dict[str, float | None], rooms: list[tuple[float | None, float | None]],
+        body: int) -> None:
+    shares = FleetShares(demands)  # one step's, asked for several rooms in turn
+    for room_bytes, room_messages in rooms:
+        for member in sorted(demands):
+            rule = ShareRule(member, tuple(sorted(demands.items())))
+            assert shares.of(member).fraction(room_bytes, room_messages, body) == \
+                rule.fraction(room_bytes, room_messages, body)
