@@ -45,7 +45,7 @@ from typing import Any, cast
 
 from floodwall.control.admission import held_room
 from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
-from floodwall.control.fleet import demand_of, fleet_shares
+from floodwall.control.fleet import demand_of, fleet_shares, max_min_shares
 from floodwall.control.policy import Mode, Overflow, Policy, should_trip
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
@@ -248,13 +248,11 @@ class _Policed:
 
 @dataclass(slots=True)
 class _Member:
-    """One sidecar of the queue's fleet while the timeline plays (the only one, named "",
-    when the telemetry has one sidecar for the queue)."""
+    """One sidecar of the queue's fleet while the timeline plays."""
 
-    held: deque[list[float]] = field(default_factory=deque)  # [bytes, enqueued at]
+    held: deque[list[float]] = field(default_factory=deque)  # [bytes, held at]
     held_bytes: float = 0.0
-    forwarded: float = 0.0  # bytes it forwarded this step while the queue was tripped
-    rate: float = 0.0  # bytes/s it forwarded over the last step: its ingress (its demand)
+    rate: float = 0.0  # bytes/s it forwarded over the last bucket: its ingress (its demand)
     admitted: float = 0.0  # bytes that entered the queue from it while it was tripped
     held_byte_seconds: float = 0.0
     waited: float = 0.0  # byte-seconds of its held bytes that were admitted
@@ -272,45 +270,116 @@ class _Member:
                 "wait_max_seconds": round(self.wait_max, 3),
                 "deadline_expiries": round(self.expired / body)}
 
+    def admit(self, take: float, at: float) -> None:
+        """``take`` bytes of its held publishes admitted at ``at``, oldest first."""
+        self.admitted_held += take
+        self.admitted += take
+        while self.held and take > 0:
+            chunk = self.held[0]
+            went = min(chunk[0], take)
+            chunk[0] -= went
+            take -= went
+            self.held_bytes -= went
+            self.waited += went * max(0.0, at - chunk[1])
+            self.wait_max = max(self.wait_max, at - chunk[1])
+            if chunk[0] <= 1e-9:
+                self.held.popleft()
+        if not self.held:
+            self.held_bytes = 0.0
 
-class FleetShares:
-    """The members' ``fleet.ShareRule``s of one step, on the same demands: each member's
-    ``fraction`` is ``ShareRule(member, demands).fraction``, with the fleet's shares of a
-    room (``fleet.fleet_shares``, what every member's rule computes of it) computed once for
-    all members rather than once per member (a 64-member fleet: 64 times fewer;
-    tests/pipeline/test_replay_admission.py checks the two agree)."""
-
-    def __init__(self, demands: dict[str, float | None]) -> None:
-        self.demands = dict(sorted(demands.items()))  # as ShareRule keeps them
-        self._room = math.nan
-        self._shares: dict[str, float] = {}
-
-    def of(self, member: str) -> RoomShare:
-        return _MemberShare(self, member)
-
-    def share(self, member: str, headroom: float) -> float:
-        """``ShareRule.share``: the member's part of ``headroom`` bytes."""
-        if headroom <= 0:
-            return headroom
-        if headroom != self._room:
-            self._room, self._shares = headroom, fleet_shares(headroom, self.demands)
-        return self._shares.get(member, 0.0)
+    def expire(self, now: float, wait: float) -> None:
+        while self.held and now - self.held[0][1] > wait:
+            chunk = self.held.popleft()
+            self.expired += chunk[0]
+            self.held_bytes = self.held_bytes - chunk[0] if self.held else 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class _MemberShare:
-    """One member's ``ShareRule.fraction``, from its fleet's shares of the step."""
+@dataclass(slots=True)
+class _BucketLoad:
+    """What the queue did with its held publishes over one bucket (the fleet's sums)."""
 
-    fleet: FleetShares
-    member: str
+    held: float = 0.0  # bytes newly held ...
+    held_at: float = 0.0  # ... x the time they were held
+    admitted: float = 0.0  # held bytes admitted ...
+    admitted_at: float = 0.0  # ... x the time they were admitted
+    passed: float = 0.0  # bytes that entered the queue while it was tripped, not held
+    free: float = 0.0  # bytes forwarded while it was not tripped
 
-    def fraction(self, room_bytes: float | None, room_messages: float | None,
-                 body_bytes: float) -> float:
-        h = room_bytes if room_bytes is not None else (
-            None if room_messages is None else room_messages * max(1, body_bytes))
-        if h is None or h <= 0 or not math.isfinite(h):
-            return 1.0
-        return min(1.0, self.fleet.share(self.member, h) / h)
+
+class _Fleet:
+    """A fleet's sidecars, each with its own held publishes, settled at each bucket's end:
+    each sidecar's part of what the bucket held is its part of the offered load, and of
+    what the queue admitted from its held publishes, its share by the fleet's rule
+    (``floodwall.control.fleet.fleet_shares``, what each member's ``ShareRule.share``
+    takes of a room, max-min fair on the demands the members announce,
+    ``fleet.demand_of`` of what each forwarded over the last bucket and what it holds); a
+    share beyond what a sidecar holds goes to those that still hold, as an unused share is
+    room again at the proxy's next count, milliseconds later."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.members = {name: _Member() for name in names}
+        self.busy = False  # a sidecar held publishes at the last bucket's end
+        # the last bucket, when nothing was held: its parts and the bytes/s forwarded
+        self.calm: tuple[tuple[tuple[str, float], ...], float] | None = None
+
+    def settle(self, parts: tuple[tuple[str, float], ...], load: _BucketLoad, end: float,
+               seconds: float, wait: float | None) -> None:
+        """The bucket ending at ``end`` (``seconds`` long), its sidecars' ``parts``."""
+        if not self.busy and load.held <= 0 and load.passed <= 0 and load.admitted <= 0:
+            self.calm = (parts, load.free / seconds)  # nothing per sidecar to settle
+            return
+        members = self.members
+        if self.calm is not None:  # the ingress each had over the calm bucket before
+            calm_parts, rate = self.calm
+            for m in members.values():
+                m.rate = 0.0
+            for name, f in calm_parts:
+                members[name].rate = rate * f
+            self.calm = None
+        if load.held > 0:
+            at = load.held_at / load.held
+            for name, f in parts:
+                if f > 0:
+                    m = members[name]
+                    m.held.append([load.held * f, at])
+                    m.held_bytes += load.held * f
+        forwarded = dict.fromkeys(members, 0.0)
+        for name, f in parts:
+            members[name].admitted += load.passed * f
+            forwarded[name] += (load.passed + load.free) * f
+        if load.admitted > 0:
+            for name, take in self._takes(load.admitted).items():
+                members[name].admit(take, load.admitted_at / load.admitted)
+                forwarded[name] += take
+        busy = False
+        for name, m in members.items():
+            if wait is not None and m.held:
+                m.expire(end, wait)
+            m.held_byte_seconds += m.held_bytes * seconds
+            m.rate = forwarded[name] / seconds
+            busy = busy or bool(m.held)
+        self.busy = busy
+
+    def _takes(self, admitted: float) -> dict[str, float]:
+        holding = {n: m for n, m in self.members.items() if m.held_bytes > 0}
+        shares = fleet_shares(admitted, {n: demand_of(m.rate, round(m.held_bytes))
+                                         for n, m in sorted(holding.items())})
+        takes = {n: min(shares[n], m.held_bytes) for n, m in holding.items()}
+        left = admitted - sum(takes.values())
+        while left > 1e-6:  # what some could not use, to those that still hold
+            rest = {n: m.held_bytes - takes[n] for n, m in holding.items()
+                    if m.held_bytes - takes[n] > 1e-9}
+            if not rest:
+                break
+            more = max_min_shares(left, rest)
+            for n, x in more.items():
+                takes[n] += min(x, rest[n])
+            left = admitted - sum(takes.values())
+        return takes
+
+    def figures(self, total_admitted: float, body: float) -> dict[str, dict[str, Any]]:
+        return {name: m.figures(total_admitted, body)
+                for name, m in sorted(self.members.items())}
 
 
 def admission_room(policy: Policy, depth: float, drained: float, body: float,
@@ -319,7 +388,7 @@ def admission_room(policy: Policy, depth: float, drained: float, body: float,
     ``drained`` bytes: the proxy's admission rule (``floodwall.control.admission.held_room``)
     on a count of that depth (messages at ``body`` bytes each, rounded up as the trip
     counts them), the step's drain credited, the smaller of its bytes and its messages;
-    in a fleet, ``share``'s part of it (``fleet.ShareRule``). The replay's ledger has
+    ``share``: a fleet member's part of it (``fleet.ShareRule``). The replay's ledger has
     nothing in flight, so that room is the allowance less what the count holds."""
     counted = Depth(round(depth), math.ceil(depth / body))
     room_bytes, room_messages = held_room(policy, counted, drained / body, body, share)
@@ -336,44 +405,40 @@ class _Replay:
         self.fixed = policy
         self.depth = 0.0
         self.tripped = False
-        self.fleet = len(t.sidecars) > 1
-        self.members = {name: _Member() for name in (t.sidecars if self.fleet else ("",))}
-        self.parts: tuple[tuple[_Member, float], ...] = ((self.members[next(iter(
-            self.members))], 1.0),)
+        self.held: deque[list[float]] = deque()  # [bytes, enqueued at]
         self.held_total = 0.0
-        self.free = 0.0  # bytes forwarded this step while the queue was not tripped
+        self.waited = 0.0  # byte-seconds of the bytes held and admitted
+        self.admitted_held = 0.0
         self.out = Outcome()
         self.spool: _Spool | None = None
         self.rejected_bytes = 0.0
         self.expired_bytes = 0.0
         self.admitted = 0.0
-
-    def offer_to(self, parts: tuple[tuple[str, float], ...]) -> None:
-        """Whose the load offered from now on is (the bucket's sidecars and their parts)."""
-        if self.fleet and parts:
-            self.parts = tuple((self.members[name], f) for name, f in parts)
+        self.fleet = _Fleet(t.sidecars) if len(t.sidecars) > 1 else None
+        self.load = _BucketLoad()
+        self.wait: float | None = None  # the deadline of the newest step's policy
 
     # -- one step --------------------------------------------------------------------
     def step(self, policy: Policy | None, now: float, h: float, o: float, d: float) -> None:
         """``h`` seconds from ``now``: ``o`` bytes offered, ``d`` the consumers can take."""
         if policy is None or not policy.is_limited:
             self._into_queue(o, d)
-            self._forwarded(o, tripped=False)
+            self.load.free += o
             self.tripped = False
-            self._end_step(h)
+            self.out.held_byte_seconds += self.held_total * h
             self._watch(None)
             return
         queues = {self.key: _Policed(policy)}
         spool = self._spool_for(policy)
         o, d = self._before_trip(policy, h, o, d)
-        if o > 0 or self.held_total > 0 or (spool is not None and spool.bytes > 0):
+        if o > 0 or self.held or (spool is not None and spool.bytes > 0):
             self._tripped_step(policy, now, h, o, d, spool, queues)
         self._into_queue(0.0, d)
         self._expire(now + h, queues)
         self._decide(policy)
         if self.tripped:
             self.out.tripped_seconds += h
-        self._end_step(h)
+        self.out.held_byte_seconds += self.held_total * h
         if spool is not None:
             self.out.spooled_bytes_max = max(self.out.spooled_bytes_max, round(spool.bytes))
         self._watch(policy)
@@ -393,12 +458,12 @@ class _Replay:
             room = policy.capacity - self.depth + d - lead
             passed = min(o, max(0.0, room) + self.t.body)
             self._into_queue(passed, d * passed / o)
-            self._forwarded(passed, tripped=False)
+            self.load.free += passed
             d -= d * passed / o
             self._decide(policy, lead)
             return o - passed, d
         self._into_queue(o, d)
-        self._forwarded(o, tripped=False)
+        self.load.free += o
         self._decide(policy)
         return 0.0, 0.0
 
@@ -413,22 +478,29 @@ class _Replay:
                              cast(SpoolPort | None, spool)).verdict
         if o > 0:
             if verdict is Verdict.HOLD:
-                self._hold(o, now)
+                self.held.append([o, now])
+                self.held_total += o
+                self.load.held += o
+                self.load.held_at += o * now
             elif verdict is Verdict.REJECT:
                 self.rejected_bytes += o
             elif verdict is Verdict.SPOOL and spool is not None:
                 spool.bytes += o
             else:
                 self._into_queue(o, 0.0)
-                self._forwarded(o, tripped=self.tripped)
-        room = self._room(policy, d)
-        if self.tripped and self.held_total > 0:
-            room -= self._admit(policy, d, now + h)
+                if self.tripped:
+                    self.admitted += o
+                    self.load.passed += o
+                else:
+                    self.load.free += o
+        room = admission_room(policy, self.depth, d, self.t.body)
+        if self.tripped and self.held:
+            room -= self._admit(room, now + h)
         if not self.tripped and spool is not None and spool.bytes > 0:
             replayed = min(spool.bytes, room)
             spool.bytes -= replayed
             self._into_queue(replayed, 0.0)
-            self._forwarded(replayed, tripped=False)
+            self.load.free += replayed
 
     def _spool_for(self, policy: Policy) -> _Spool | None:
         if policy.effective_overflow(self.t.spooling or self.fixed is not None) \
@@ -441,89 +513,6 @@ class _Replay:
     def _into_queue(self, arrived: float, d: float) -> None:
         self.depth = max(0.0, self.depth + arrived - d)
 
-    def _forwarded(self, x: float, *, tripped: bool) -> None:
-        """``x`` bytes of the offered load entered the queue (the bucket's sidecars' parts)."""
-        if not tripped:
-            self.free += x
-            return
-        self.admitted += x
-        for m, f in self.parts:
-            m.admitted += x * f
-            m.forwarded += x * f
-
-    def _hold(self, o: float, now: float) -> None:
-        for m, f in self.parts:
-            if o * f > 0:
-                m.held.append([o * f, now])
-                m.held_bytes += o * f
-        self.held_total += o
-
-    def _room(self, policy: Policy, d: float, share: RoomShare | None = None) -> float:
-        return admission_room(policy, self.depth, d, self.t.body, share)
-
-    def _admit(self, policy: Policy, d: float, now: float) -> float:
-        """Held publishes into the room the step leaves, each sidecar's oldest first (in a
-        fleet each takes its share of the room, ``fleet.ShareRule``, on the demands its
-        members announce: ``fleet.demand_of`` of their ingress and held bytes); what went."""
-        waiting = [(name, m) for name, m in self.members.items() if m.held]
-        if not self.fleet:
-            rooms = [(m, self._room(policy, d)) for _, m in waiting]
-        else:
-            present = {id(m) for m, _ in self.parts}
-            shares = FleetShares({name: demand_of(m.rate, round(m.held_bytes))
-                                  for name, m in self.members.items()
-                                  if m.held or id(m) in present})
-            rooms = [(m, self._room(policy, d, shares.of(name))) for name, m in waiting]
-        went = sum(self._admit_from(m, room, now) for m, room in rooms)
-        self.held_total = sum(m.held_bytes for _, m in waiting)
-        self.admitted += went
-        self._into_queue(went, 0.0)
-        return went
-
-    @staticmethod
-    def _admit_from(m: _Member, room: float, now: float) -> float:
-        """``m``'s held publishes into ``room`` bytes, oldest first; what went."""
-        went = 0.0
-        while m.held and room - went > 0:
-            chunk = m.held[0]
-            take = min(chunk[0], room - went)
-            chunk[0] -= take
-            went += take
-            m.waited += take * (now - chunk[1])
-            m.wait_max = max(m.wait_max, now - chunk[1])
-            if chunk[0] <= 1e-9:
-                m.held.popleft()
-        m.held_bytes = sum(c[0] for c in m.held)
-        m.admitted_held += went
-        m.admitted += went
-        m.forwarded += went
-        return went
-
-    def _expire(self, now: float, queues: dict[Any, _Policed]) -> None:
-        if self.held_total <= 0:
-            return
-        wait = deadline_of(queues, [self.key])
-        for m in self.members.values():
-            if m.held and now - m.held[0][1] > wait:
-                while m.held and now - m.held[0][1] > wait:
-                    chunk = m.held.popleft()
-                    m.expired += chunk[0]
-                    self.expired_bytes += chunk[0]
-                m.held_bytes = sum(c[0] for c in m.held)
-        self.held_total = sum(m.held_bytes for m in self.members.values())
-
-    def _end_step(self, h: float) -> None:
-        """Each sidecar's held byte-seconds and ingress over the step (per sidecar only
-        while the queue is tripped or holding: what a fleet's shares are sized on)."""
-        if self.tripped or self.held_total > 0:
-            for m in self.members.values():
-                m.held_byte_seconds += m.held_bytes * h
-                m.rate, m.forwarded = m.forwarded / h, 0.0
-            for m, f in self.parts:
-                m.rate += self.free * f / h
-        self.out.held_byte_seconds += self.held_total * h
-        self.free = 0.0
-
     def _watch(self, policy: Policy | None) -> None:
         """The depth figures, at the end of a step (as the telemetry samples it)."""
         depth = round(self.depth)
@@ -531,16 +520,54 @@ class _Replay:
         if policy is not None and policy.capacity > 0:
             self.out.peak_overshoot = max(self.out.peak_overshoot, depth - policy.capacity)
 
+    def _admit(self, room: float, now: float) -> float:
+        """Held publishes into ``room`` bytes, oldest first; what went."""
+        went = 0.0
+        while self.held and room - went > 0:
+            chunk = self.held[0]
+            take = min(chunk[0], room - went)
+            chunk[0] -= take
+            went += take
+            self.waited += take * (now - chunk[1])
+            self.out.wait_max_seconds = max(self.out.wait_max_seconds, now - chunk[1])
+            if chunk[0] <= 1e-9:
+                self.held.popleft()
+        # a running total (summing a held queue's chunks, thousands, at every step was
+        # most of the replay's time)
+        self.held_total = self.held_total - went if self.held else 0.0
+        self.admitted_held += went
+        self.admitted += went
+        self.load.admitted += went
+        self.load.admitted_at += went * now
+        self._into_queue(went, 0.0)
+        return went
+
+    def _expire(self, now: float, queues: dict[Any, _Policed]) -> None:
+        if not self.held:
+            return
+        wait = self.wait = deadline_of(queues, [self.key])
+        while self.held and now - self.held[0][1] > wait:
+            chunk = self.held.popleft()
+            self.expired_bytes += chunk[0]
+            self.held_total = self.held_total - chunk[0] if self.held else 0.0
+
     def _decide(self, policy: Policy, lead: float = 0.0) -> None:
         """Trip or release on the depth (and ``lead``: what the estimate counts on top)."""
         depth = round(self.depth + lead)
         now = should_trip(policy, depth, math.ceil(self.depth / self.t.body), self.tripped)
         # Held publishers that use every token they are offered keep their queue held
         # (Admission.busy): a release would let their backlog go at once.
-        if now != self.tripped and (now or self.held_total <= 0):
+        if now != self.tripped and (now or not self.held):
             self.tripped = now
             if now:
                 self.out.trips += 1
+
+    def end_bucket(self, parts: tuple[tuple[str, float], ...], end: float,
+                   seconds: float) -> None:
+        """A bucket played: a fleet's sidecars settle their parts of it."""
+        if self.fleet is not None and parts:
+            self.fleet.settle(parts, self.load, end, seconds, self.wait)
+        self.load = _BucketLoad()
 
     def finish(self) -> Outcome:
         """The outcome, once every bucket has played."""
@@ -549,14 +576,10 @@ class _Replay:
         # publishes, at the mean body size (summed in bytes: a step's part of one rounds to 0)
         out.rejects = round(self.rejected_bytes / t.body)
         out.deadline_expiries = round(self.expired_bytes / t.body)
-        members = self.members.values()
-        admitted_held = sum(m.admitted_held for m in members)
-        if admitted_held > 0:
-            out.wait_mean_seconds = sum(m.waited for m in members) / admitted_held
-        out.wait_max_seconds = max((m.wait_max for m in members), default=0.0)
-        if self.fleet:
-            out.sidecars = {name: m.figures(self.admitted, t.body)
-                            for name, m in sorted(self.members.items())}
+        if self.admitted_held > 0:
+            out.wait_mean_seconds = self.waited / self.admitted_held
+        if self.fleet is not None:
+            out.sidecars = self.fleet.figures(self.admitted, t.body)
         return out
 
 
@@ -572,14 +595,14 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
                                  strict=True):
         p = policy if policy is not None else (b.policy.policy() if b.policy else None)
         start = (b.index - n + 1) * t.step
-        r.offer_to(parts)
-        calm = (p is None or (not r.tripped and r.held_total <= 0
+        calm = (p is None or (not r.tripped and not r.held
                               and (r.spool is None or r.spool.bytes <= 0)
                               and _far_below(p, r.depth + o, t.body)))
-        parts_n = n if calm else SUBSTEPS * n
-        h = t.step * n / parts_n
-        for i in range(parts_n):
-            r.step(p, start + i * h, h, o / parts_n, d / parts_n)
+        steps = n if calm else SUBSTEPS * n
+        h = t.step * n / steps
+        for i in range(steps):
+            r.step(p, start + i * h, h, o / steps, d / steps)
+        r.end_bucket(parts, (b.index + 1) * t.step, t.step * n)
         r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))
     return r.finish()
 

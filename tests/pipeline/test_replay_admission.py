@@ -8,14 +8,12 @@ import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from floodwall.control.admission import HOT_INTERVAL, allowance, credit_time
 from floodwall.control.controller import FlowController
 from floodwall.control.fleet import ShareRule
 from floodwall.control.policy import Policy, parse_policies
-from floodwall_pipeline.replay import Bucket, FleetShares, admission_room, replay, timeline
+from floodwall_pipeline.replay import Bucket, admission_room, replay, timeline
 from tests.test_gate import Router
 
 KEY = ("/", "orders.a")
@@ -94,18 +92,15 @@ def _fleet(parts: dict[str, int], seconds: int = 20, drain: int = 10) -> list[Bu
     return out
 
 
-def test_a_fleets_sidecars_share_the_room_and_the_queue_sees_what_one_would() -> None:
+def test_a_fleets_sidecars_share_what_the_queue_admits() -> None:
     policy = Policy(name="p", queue="q", capacity=64 * KIB, resume=32 * KIB, deadline=600)
     fleet = timeline("/", "q", 1.0, _fleet({"a": 24, "b": 6}))
     assert fleet.sidecars == ("a", "b") and fleet.parts[0] == (("a", 0.8), ("b", 0.2))
     alone = timeline("/", "q", 1.0, [_one(b) for b in _fleet({"a": 24, "b": 6})])
     f, one = replay(fleet, policy).figures(), replay(alone, policy).figures()
     assert "sidecars" not in one
-    # the members' shares of each room sum to the room: the queue's figures are one sidecar's
-    for k in ("trips", "depth_max", "peak_overshoot", "deadline_expiries"):
-        assert f[k] == one[k], k
-    for k in ("tripped_seconds", "admitted_bytes", "held_byte_seconds"):
-        assert f[k] == pytest.approx(one[k], rel=0.03), k
+    # the queue is replayed as one: the sidecars only share out what it admitted
+    assert {k: v for k, v in f.items() if k != "sidecars"} == one
     a, b = f["sidecars"]
     assert (a["sidecar"], b["sidecar"]) == ("a", "b")
     assert a["admitted_bytes"] + b["admitted_bytes"] == pytest.approx(f["admitted_bytes"], abs=2)
@@ -122,19 +117,17 @@ def _one(b: Bucket) -> Bucket:
     return dataclasses.replace(b, sidecars=1, members=(("only", b.offered_bytes),))
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from("abcdefgh"),
-                       st.none() | st.floats(0, 1e7, allow_nan=False), min_size=1),
-       st.lists(st.tuples(st.none() | st.floats(-1e6, 1e7, allow_nan=False),
-                          st.none() | st.floats(-100, 1e4, allow_nan=False)),
-                min_size=1, max_size=4),
-       st.integers(1, 10_000))
-def test_the_replays_fleet_shares_are_the_fleets_share_rules(
-        demands: dict[str, float | None], rooms: list[tuple[float | None, float | None]],
-        body: int) -> None:
-    shares = FleetShares(demands)  # one step's, asked for several rooms in turn
-    for room_bytes, room_messages in rooms:
-        for member in sorted(demands):
-            rule = ShareRule(member, tuple(sorted(demands.items())))
-            assert shares.of(member).fraction(room_bytes, room_messages, body) == \
-                rule.fraction(room_bytes, room_messages, body)
+
+def test_a_fleets_equal_sidecars_are_admitted_equally_and_expire_their_own() -> None:
+    t = timeline("/", "q", 1.0, _fleet({"a": 15, "b": 15}))
+    f = replay(t, Policy(name="p", queue="q", capacity=64 * KIB, resume=32 * KIB,
+                         deadline=5)).figures()
+    a, b = f["sidecars"]
+    assert f["deadline_expiries"] > 100
+    assert a["admitted_bytes"] == pytest.approx(b["admitted_bytes"], rel=0.01)
+    assert a["admitted_share"] == pytest.approx(0.5, abs=0.01)
+    # each sidecar's held publishes expire at the deadline on their own (settled per
+    # bucket: within a bucket's load of the queue's count)
+    assert a["deadline_expiries"] + b["deadline_expiries"] == pytest.approx(
+        f["deadline_expiries"], abs=30)
+    assert a["wait_max_seconds"] <= 5 + 1 and b["wait_max_seconds"] <= 5 + 1
