@@ -21,16 +21,18 @@ at every step, its ledger has nothing in flight, and it credits the step's drain
 (``admission_room``), so a held queue is fed at its drain rate and stays at about its
 limit, as the proxy keeps it.
 
-A fleet (the queue's buckets carry more than one sidecar): each sidecar's part of the
-offered load is its own (``Bucket.members``); while the queue is held each sidecar's held
-publishes wait in its own queue, and each takes its share of the room
-(``floodwall.control.fleet.ShareRule``, max-min fair on the demands the members announce,
-``fleet.demand_of`` of what each forwarded over the last step and what it holds), so the
-outcome says what each sidecar was admitted and how long its publishers waited. The trip
-and release are the queue's (every member sees the queue's depth); the proxy's members
-trip each on its own share and are paced by a rate bucket per member
-(``floodwall.control.fleet_rate``) that the replay does not model (docs/pipeline.md,
-"What if").
+A fleet (the queue's buckets carry more than one sidecar): the queue is replayed as one
+(the members' shares of a room sum to the room, so the fleet admits what one sidecar
+would), and at each bucket's end its sidecars settle their parts (``_Fleet``): each holds
+its part of what the bucket held (its part of the offered load), is admitted its share of
+what the queue admitted from its held publishes by the fleet's own rule
+(``floodwall.control.fleet.fleet_shares``, what each member's ``ShareRule`` takes of a
+room: max-min fair on the demands the members announce, ``fleet.demand_of`` of what each
+forwarded over the last bucket and what it holds), oldest first, and expires its own at
+the deadline; so the outcome says, per sidecar, what it was admitted and how long its
+publishers waited. The proxy's members trip each on its own share, and are paced by a rate
+bucket per member (``floodwall.control.fleet_rate``): neither is replayed
+(docs/pipeline.md, "What if").
 
 The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
 evenly) while anything can happen in it, in one step while the queue is calm.

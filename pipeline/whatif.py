@@ -204,11 +204,10 @@ def caveats(replays: Sequence[Mapping[str, Any]], sidecars: Sequence[Mapping[str
                        "telemetry gap): nothing is offered or drained there in the replay.")
     fleets = [f"{r['queue']} (vhost {r['vhost']})" for r in replays if r["sidecars_max"] > 1]
     if fleets:
-        out.append(f"{', '.join(fleets)}: policed by a fleet. Each sidecar's held publishes "
-                   "take its share of the room (the fleet's rule), but the members trip and "
-                   "release together on the queue's depth, and the per-member rate bucket "
-                   "(equal bytes per second) is not replayed: per-sidecar waits are the "
-                   "shares of the room's, not of the rate's.")
+        out.append(f"{', '.join(fleets)}: policed by a fleet. Each sidecar is admitted its "
+                   "share (the fleet's rule) of what the queue admitted, settled per bucket, "
+                   "but the members trip and release together on the queue's depth, and the "
+                   "per-member rate bucket (equal bytes per second) is not replayed.")
     seen = len(sidecars)
     most = max((int(q.get("fleet_members_max") or 0) for q in queues), default=0)
     if most > seen:
