@@ -32,7 +32,9 @@ forwarded over the last bucket and what it holds), oldest first, and expires its
 the deadline; so the outcome says, per sidecar, what it was admitted and how long its
 publishers waited. The proxy's members trip each on its own share, and are paced by a rate
 bucket per member (``floodwall.control.fleet_rate``): neither is replayed
-(docs/pipeline.md, "What if").
+(docs/pipeline.md, "What if"). A fleet's held publishes wait in each sidecar's own queue,
+served by the shares, not oldest first across the fleet: the queue's held byte-seconds,
+waits and deadline expiries are its sidecars' sums (``_Fleet.outcome``).
 
 The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
 evenly) while anything can happen in it, in one step while the queue is calm.
@@ -379,9 +381,22 @@ class _Fleet:
             left = admitted - sum(takes.values())
         return takes
 
-    def figures(self, total_admitted: float, body: float) -> dict[str, dict[str, Any]]:
-        return {name: m.figures(total_admitted, body)
-                for name, m in sorted(self.members.items())}
+    def outcome(self, out: Outcome, body: float) -> None:
+        """The sidecars' figures into ``out``, and the queue's waits as theirs: a fleet's
+        held publishes wait in each sidecar's own queue, served by the shares, not in one
+        queue oldest first (those that offer less than their share wait less, the others
+        nearer the deadline), so the queue's held byte-seconds, waits and deadline
+        expiries are the sums of its sidecars'."""
+        members = self.members.values()
+        admitted = sum(m.admitted for m in members)
+        out.sidecars = {name: m.figures(admitted, body)
+                        for name, m in sorted(self.members.items())}
+        out.held_byte_seconds = sum(m.held_byte_seconds for m in members)
+        out.deadline_expiries = round(sum(m.expired for m in members) / body)
+        admitted_held = sum(m.admitted_held for m in members)
+        out.wait_mean_seconds = (sum(m.waited for m in members) / admitted_held
+                                 if admitted_held > 0 else 0.0)
+        out.wait_max_seconds = max((m.wait_max for m in members), default=0.0)
 
 
 def admission_room(policy: Policy, depth: float, drained: float, body: float,
@@ -581,7 +596,7 @@ class _Replay:
         if self.admitted_held > 0:
             out.wait_mean_seconds = self.waited / self.admitted_held
         if self.fleet is not None:
-            out.sidecars = self.fleet.figures(self.admitted, t.body)
+            self.fleet.outcome(out, t.body)
         return out
 
 
