@@ -77,7 +77,8 @@ def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
     """One row per (vhost, queue, bucket of ``step`` seconds), the fleet's sidecars summed
     (``replay.ROW_FIELDS``): offered = forwarded plus the growth of held publishes, per
     sidecar then summed; the newest depth and policy (ts, then the sidecar's id); rejects
-    and deadline expiries (their events)."""
+    and deadline expiries (their events); and each sidecar's own offered bytes
+    (``member_names``, ``member_offered``, by name: a fleet's breakdown)."""
     step_ms = max(1, round(step * 1000))
     newest = "struct(ts_ms, seq)"
     level1 = sql(f"""
