@@ -12,13 +12,29 @@ resume, the count limits, ``on_unknown_depth``), held publishers keep a queue he
 resume level as ``floodwall.control.admission.Admission.busy`` says (they use every token
 they are offered), what happens to a publish to a tripped queue (hold, reject, spool, or
 pass in shadow mode) is ``floodwall.enforce.decision.decide`` and how long a publish may
-wait ``floodwall.enforce.decision.deadline_of``. Admission while held is the one rule
-stated here rather than called (``floodwall.control.admission.allowance`` works on a
-ledger and ready counts every few milliseconds, which telemetry does not have): with the
-replay's exact ledger (no publish in flight, a count at every step) that allowance over a
-step is the room the depth leaves below the capacity plus what the consumers drain
-meanwhile, so a held queue is fed at its drain rate and stays at about its capacity, as the
-proxy keeps it.
+wait ``floodwall.enforce.decision.deadline_of``. What a held queue may take is the proxy's
+admission rule, ``floodwall.control.admission.held_room`` (which the proxy's ``allowance``
+calls at every count): the room a count of the queue leaves below its limits plus what
+its consumers take until the next count. The proxy counts every few milliseconds, keeps a
+ledger of what is in flight and credits the drain until its next count; the replay counts
+at every step, its ledger has nothing in flight, and it credits the step's drain
+(``admission_room``), so a held queue is fed at its drain rate and stays at about its
+limit, as the proxy keeps it.
+
+A fleet (the queue's buckets carry more than one sidecar): the queue is replayed as one
+(the members' shares of a room sum to the room, so the fleet admits what one sidecar
+would), and at each bucket's end its sidecars settle their parts (``_Fleet``): each holds
+its part of what the bucket held (its part of the offered load), is admitted its share of
+what the queue admitted from its held publishes by the fleet's own rule
+(``floodwall.control.fleet.fleet_shares``, what each member's ``ShareRule`` takes of a
+room: max-min fair on the demands the members announce, ``fleet.demand_of`` of what each
+forwarded over the last bucket and what it holds), oldest first, and expires its own at
+the deadline; so the outcome says, per sidecar, what it was admitted and how long its
+publishers waited. The proxy's members trip each on its own share, and are paced by a rate
+bucket per member (``floodwall.control.fleet_rate``): neither is replayed
+(docs/pipeline.md, "What if"). A fleet's held publishes wait in each sidecar's own queue,
+served by the shares, not oldest first across the fleet: the queue's held byte-seconds,
+waits and deadline expiries are its sidecars' sums (``_Fleet.outcome``).
 
 The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
 evenly) while anything can happen in it, in one step while the queue is calm.
@@ -31,7 +47,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from floodwall.control.depth import MIN_MARGIN
+from floodwall.control.admission import held_room
+from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
+from floodwall.control.fleet import demand_of, fleet_shares, max_min_shares
 from floodwall.control.policy import Mode, Overflow, Policy, should_trip
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
@@ -91,6 +109,8 @@ class Bucket:
     sidecars: int
     policy: RecordedPolicy | None
     spooled_bytes: int = 0
+    # Each sidecar's offered bytes in the bucket, (sidecar, bytes) sorted by name.
+    members: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -109,6 +129,8 @@ class Outcome:
     wait_mean_seconds: float = 0.0  # of the bytes held and then admitted
     wait_max_seconds: float = 0.0
     depth: list[tuple[int, int]] = field(default_factory=list)  # (bucket end ms, bytes)
+    # A fleet: per sidecar, what it was admitted and how its publishers waited.
+    sidecars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def figures(self) -> dict[str, Any]:
         """The figures, rounded as ``summary.json`` rounds (whole bytes, ms)."""
@@ -119,7 +141,9 @@ class Outcome:
                 "deadline_expiries": self.deadline_expiries,
                 "admitted_bytes": self.admitted_bytes,
                 "wait_mean_seconds": round(self.wait_mean_seconds, 3),
-                "wait_max_seconds": round(self.wait_max_seconds, 3)}
+                "wait_max_seconds": round(self.wait_max_seconds, 3),
+                **({"sidecars": [{"sidecar": name, **f} for name, f in self.sidecars.items()]}
+                   if self.sidecars else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +161,9 @@ class Timeline:
     spooling: bool  # the recorded sidecars had a spool (--spool-dir)
     gap_seconds: float
     held_share: float  # of the offered bytes, the part offered while the queue was tripped
+    sidecars: tuple[str, ...] = ()  # every sidecar that sampled the queue, by name
+    # Per bucket, each sidecar's part of its offered load (a fleet: more than one sidecar).
+    parts: tuple[tuple[tuple[str, float], ...], ...] = ()
 
 
 def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Timeline:
@@ -184,9 +211,21 @@ def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Time
     total = sum(offered)
     held = sum(o for o, b in zip(offered, ordered, strict=True) if b.tripped)
     gaps = (ordered[-1].index - ordered[0].index + 1 - span) if ordered else 0
+    sidecars = tuple(sorted({name for b in ordered for name, _ in b.members}))
     return Timeline(vhost, queue, step, tuple(ordered), tuple(offered), tuple(drain),
                     tuple(spans), body, any(b.spooled_bytes > 0 for b in ordered), gaps * step,
-                    held / total if total else 0.0)
+                    held / total if total else 0.0, sidecars,
+                    tuple(_parts(b) if len(sidecars) > 1 else () for b in ordered))
+
+
+def _parts(b: Bucket) -> tuple[tuple[str, float], ...]:
+    """Each sidecar's part of the bucket's offered load (equal parts when none offered)."""
+    total = sum(max(0, o) for _, o in b.members)
+    if not b.members:
+        return ()
+    if total <= 0:
+        return tuple((name, 1 / len(b.members)) for name, _ in b.members)
+    return tuple((name, max(0, o) / total) for name, o in b.members)
 
 
 class _Spool:
@@ -211,6 +250,169 @@ class _Policed:
     policy: Policy
 
 
+@dataclass(slots=True)
+class _Member:
+    """One sidecar of the queue's fleet while the timeline plays."""
+
+    held: deque[list[float]] = field(default_factory=deque)  # [bytes, held at]
+    held_bytes: float = 0.0
+    rate: float = 0.0  # bytes/s it forwarded over the last bucket: its ingress (its demand)
+    admitted: float = 0.0  # bytes that entered the queue from it while it was tripped
+    held_byte_seconds: float = 0.0
+    waited: float = 0.0  # byte-seconds of its held bytes that were admitted
+    admitted_held: float = 0.0
+    wait_max: float = 0.0
+    expired: float = 0.0  # bytes of its held publishes that passed their deadline
+
+    def figures(self, total_admitted: float, body: float) -> dict[str, Any]:
+        return {"admitted_bytes": round(self.admitted),
+                "admitted_share": (round(self.admitted / total_admitted, 4)
+                                   if total_admitted > 0 else None),
+                "held_byte_seconds": round(self.held_byte_seconds, 1),
+                "wait_mean_seconds": round(self.waited / self.admitted_held, 3)
+                if self.admitted_held > 0 else 0.0,
+                "wait_max_seconds": round(self.wait_max, 3),
+                "deadline_expiries": round(self.expired / body)}
+
+    def admit(self, take: float, at: float) -> None:
+        """``take`` bytes of its held publishes admitted at ``at``, oldest first."""
+        self.admitted_held += take
+        self.admitted += take
+        while self.held and take > 0:
+            chunk = self.held[0]
+            went = min(chunk[0], take)
+            chunk[0] -= went
+            take -= went
+            self.held_bytes -= went
+            self.waited += went * max(0.0, at - chunk[1])
+            self.wait_max = max(self.wait_max, at - chunk[1])
+            if chunk[0] <= 1e-9:
+                self.held.popleft()
+        if not self.held:
+            self.held_bytes = 0.0
+
+    def expire(self, now: float, wait: float) -> None:
+        while self.held and now - self.held[0][1] > wait:
+            chunk = self.held.popleft()
+            self.expired += chunk[0]
+            self.held_bytes = self.held_bytes - chunk[0] if self.held else 0.0
+
+
+@dataclass(slots=True)
+class _BucketLoad:
+    """What the queue did with its held publishes over one bucket (the fleet's sums)."""
+
+    held: float = 0.0  # bytes newly held ...
+    held_at: float = 0.0  # ... x the time they were held
+    admitted: float = 0.0  # held bytes admitted ...
+    admitted_at: float = 0.0  # ... x the time they were admitted
+    passed: float = 0.0  # bytes that entered the queue while it was tripped, not held
+    free: float = 0.0  # bytes forwarded while it was not tripped
+
+
+class _Fleet:
+    """A fleet's sidecars, each with its own held publishes, settled at each bucket's end:
+    each sidecar's part of what the bucket held is its part of the offered load, and of
+    what the queue admitted from its held publishes, its share by the fleet's rule
+    (``floodwall.control.fleet.fleet_shares``, what each member's ``ShareRule.share``
+    takes of a room, max-min fair on the demands the members announce,
+    ``fleet.demand_of`` of what each forwarded over the last bucket and what it holds); a
+    share beyond what a sidecar holds goes to those that still hold, as an unused share is
+    room again at the proxy's next count, milliseconds later."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.members = {name: _Member() for name in names}
+        self.busy = False  # a sidecar held publishes at the last bucket's end
+        # the last bucket, when nothing was held: its parts and the bytes/s forwarded
+        self.calm: tuple[tuple[tuple[str, float], ...], float] | None = None
+
+    def settle(self, parts: tuple[tuple[str, float], ...], load: _BucketLoad, end: float,
+               seconds: float, wait: float | None) -> None:
+        """The bucket ending at ``end`` (``seconds`` long), its sidecars' ``parts``."""
+        if not self.busy and load.held <= 0 and load.passed <= 0 and load.admitted <= 0:
+            self.calm = (parts, load.free / seconds)  # nothing per sidecar to settle
+            return
+        members = self.members
+        if self.calm is not None:  # the ingress each had over the calm bucket before
+            calm_parts, rate = self.calm
+            for m in members.values():
+                m.rate = 0.0
+            for name, f in calm_parts:
+                members[name].rate = rate * f
+            self.calm = None
+        if load.held > 0:
+            at = load.held_at / load.held
+            for name, f in parts:
+                if f > 0:
+                    m = members[name]
+                    m.held.append([load.held * f, at])
+                    m.held_bytes += load.held * f
+        forwarded = dict.fromkeys(members, 0.0)
+        for name, f in parts:
+            members[name].admitted += load.passed * f
+            forwarded[name] += (load.passed + load.free) * f
+        if load.admitted > 0:
+            for name, take in self._takes(load.admitted).items():
+                members[name].admit(take, load.admitted_at / load.admitted)
+                forwarded[name] += take
+        busy = False
+        for name, m in members.items():
+            if wait is not None and m.held:
+                m.expire(end, wait)
+            m.held_byte_seconds += m.held_bytes * seconds
+            m.rate = forwarded[name] / seconds
+            busy = busy or bool(m.held)
+        self.busy = busy
+
+    def _takes(self, admitted: float) -> dict[str, float]:
+        holding = {n: m for n, m in self.members.items() if m.held_bytes > 0}
+        shares = fleet_shares(admitted, {n: demand_of(m.rate, round(m.held_bytes))
+                                         for n, m in sorted(holding.items())})
+        takes = {n: min(shares[n], m.held_bytes) for n, m in holding.items()}
+        left = admitted - sum(takes.values())
+        while left > 1e-6:  # what some could not use, to those that still hold
+            rest = {n: m.held_bytes - takes[n] for n, m in holding.items()
+                    if m.held_bytes - takes[n] > 1e-9}
+            if not rest:
+                break
+            more = max_min_shares(left, rest)
+            for n, x in more.items():
+                takes[n] += min(x, rest[n])
+            left = admitted - sum(takes.values())
+        return takes
+
+    def outcome(self, out: Outcome, body: float) -> None:
+        """The sidecars' figures into ``out``, and the queue's waits as theirs: a fleet's
+        held publishes wait in each sidecar's own queue, served by the shares, not in one
+        queue oldest first (those that offer less than their share wait less, the others
+        nearer the deadline), so the queue's held byte-seconds, waits and deadline
+        expiries are the sums of its sidecars'."""
+        members = self.members.values()
+        admitted = sum(m.admitted for m in members)
+        out.sidecars = {name: m.figures(admitted, body)
+                        for name, m in sorted(self.members.items())}
+        out.held_byte_seconds = sum(m.held_byte_seconds for m in members)
+        out.deadline_expiries = round(sum(m.expired for m in members) / body)
+        admitted_held = sum(m.admitted_held for m in members)
+        out.wait_mean_seconds = (sum(m.waited for m in members) / admitted_held
+                                 if admitted_held > 0 else 0.0)
+        out.wait_max_seconds = max((m.wait_max for m in members), default=0.0)
+
+
+def admission_room(policy: Policy, depth: float, drained: float, body: float,
+                   share: RoomShare | None = None) -> float:
+    """Bytes a held queue at ``depth`` bytes may take over a step whose consumers take
+    ``drained`` bytes: the proxy's admission rule (``floodwall.control.admission.held_room``)
+    on a count of that depth (messages at ``body`` bytes each, rounded up as the trip
+    counts them), the step's drain credited, the smaller of its bytes and its messages;
+    ``share``: a fleet member's part of it (``fleet.ShareRule``). The replay's ledger has
+    nothing in flight, so that room is the allowance less what the count holds."""
+    counted = Depth(round(depth), math.ceil(depth / body))
+    room_bytes, room_messages = held_room(policy, counted, drained / body, body, share)
+    return max(0.0, min(math.inf if room_bytes is None else room_bytes,
+                        math.inf if room_messages is None else room_messages * body))
+
+
 class _Replay:
     """The state of one queue under one policy while its timeline plays."""
 
@@ -229,61 +431,27 @@ class _Replay:
         self.rejected_bytes = 0.0
         self.expired_bytes = 0.0
         self.admitted = 0.0
+        self.fleet = _Fleet(t.sidecars) if len(t.sidecars) > 1 else None
+        self.load = _BucketLoad()
+        self.wait: float | None = None  # the deadline of the newest step's policy
 
     # -- one step --------------------------------------------------------------------
     def step(self, policy: Policy | None, now: float, h: float, o: float, d: float) -> None:
         """``h`` seconds from ``now``: ``o`` bytes offered, ``d`` the consumers can take."""
-        body = self.t.body
         if policy is None or not policy.is_limited:
-            self._into_queue(o, d, tripped=False)
+            self._into_queue(o, d)
+            self.load.free += o
             self.tripped = False
+            self.out.held_byte_seconds += self.held_total * h
             self._watch(None)
             return
-        key, queues = self.key, {self.key: _Policed(policy)}
+        queues = {self.key: _Policed(policy)}
         spool = self._spool_for(policy)
-        passed = 0.0
-        if not self.tripped and policy.capacity > 0 and o > 0:
-            # Publishes go until one takes the queue over its capacity: it trips then. The
-            # proxy's estimate counts what it forwarded within the in-flight margin before a
-            # count on top of the count (floodwall.control.depth): at least MIN_MARGIN of
-            # the offered load.
-            lead = o / h * MIN_MARGIN
-            room = policy.capacity - self.depth + d - lead
-            passed = min(o, max(0.0, room) + body)
-            self._into_queue(passed, d * passed / o, tripped=False)
-            d -= d * passed / o
-            o -= passed
-            self._decide(policy, lead)
-        elif not self.tripped:
-            self._into_queue(o, d, tripped=False)
-            o, d = 0.0, 0.0
-            self._decide(policy)
+        o, d = self._before_trip(policy, h, o, d)
         if o > 0 or self.held or (spool is not None and spool.bytes > 0):
-            blocking = frozenset({key}) if self.tripped else frozenset()
-            shadow = self.tripped and not policy.enforced
-            verdict = verdict_of(self.key[0], frozenset({self.key[1]}),
-                                 frozenset() if shadow else blocking, queues,
-                                 cast(SpoolPort | None, spool)).verdict
-            if o > 0:
-                if verdict is Verdict.HOLD:
-                    self.held.append([o, now])
-                    self.held_total += o
-                elif verdict is Verdict.REJECT:
-                    self.rejected_bytes += o
-                elif verdict is Verdict.SPOOL and spool is not None:
-                    spool.bytes += o
-                else:
-                    self._into_queue(o, 0.0, tripped=self.tripped)
-            room = max(0.0, policy.capacity - self.depth + d) if policy.capacity > 0 \
-                else max(0.0, (policy.max_messages or 0) * body - self.depth + d)
-            if self.tripped and self.held:
-                room -= self._admit(room, now + h)
-            if not self.tripped and spool is not None and spool.bytes > 0:
-                replayed = min(spool.bytes, room)
-                spool.bytes -= replayed
-                self._into_queue(replayed, 0.0, tripped=False)
-        self._into_queue(0.0, d, tripped=self.tripped)
-        self._expire(policy, now + h, queues)
+            self._tripped_step(policy, now, h, o, d, spool, queues)
+        self._into_queue(0.0, d)
+        self._expire(now + h, queues)
         self._decide(policy)
         if self.tripped:
             self.out.tripped_seconds += h
@@ -291,6 +459,65 @@ class _Replay:
         if spool is not None:
             self.out.spooled_bytes_max = max(self.out.spooled_bytes_max, round(spool.bytes))
         self._watch(policy)
+
+    def _before_trip(self, policy: Policy, h: float, o: float, d: float
+                     ) -> tuple[float, float]:
+        """An untripped queue takes the offered load, up to the publish that trips it; the
+        load and drain left for the rest of the step."""
+        if self.tripped:
+            return o, d
+        if policy.capacity > 0 and o > 0:
+            # Publishes go until one takes the queue over its capacity: it trips then. The
+            # proxy's estimate counts what it forwarded within the in-flight margin before a
+            # count on top of the count (floodwall.control.depth): at least MIN_MARGIN of
+            # the offered load.
+            lead = o / h * MIN_MARGIN
+            room = policy.capacity - self.depth + d - lead
+            passed = min(o, max(0.0, room) + self.t.body)
+            self._into_queue(passed, d * passed / o)
+            self.load.free += passed
+            d -= d * passed / o
+            self._decide(policy, lead)
+            return o - passed, d
+        self._into_queue(o, d)
+        self.load.free += o
+        self._decide(policy)
+        return 0.0, 0.0
+
+    def _tripped_step(self, policy: Policy, now: float, h: float, o: float, d: float,
+                      spool: _Spool | None, queues: dict[Any, _Policed]) -> None:
+        """What ``decide`` makes of the load offered to a tripped queue, admission of the
+        held publishes, and the spool's replay once released."""
+        blocking = frozenset({self.key}) if self.tripped else frozenset()
+        shadow = self.tripped and not policy.enforced
+        verdict = verdict_of(self.key[0], frozenset({self.key[1]}),
+                             frozenset() if shadow else blocking, queues,
+                             cast(SpoolPort | None, spool)).verdict
+        if o > 0:
+            if verdict is Verdict.HOLD:
+                self.held.append([o, now])
+                self.held_total += o
+                self.load.held += o
+                self.load.held_at += o * now
+            elif verdict is Verdict.REJECT:
+                self.rejected_bytes += o
+            elif verdict is Verdict.SPOOL and spool is not None:
+                spool.bytes += o
+            else:
+                self._into_queue(o, 0.0)
+                if self.tripped:
+                    self.admitted += o
+                    self.load.passed += o
+                else:
+                    self.load.free += o
+        room = admission_room(policy, self.depth, d, self.t.body)
+        if self.tripped and self.held:
+            room -= self._admit(room, now + h)
+        if not self.tripped and spool is not None and spool.bytes > 0:
+            replayed = min(spool.bytes, room)
+            spool.bytes -= replayed
+            self._into_queue(replayed, 0.0)
+            self.load.free += replayed
 
     def _spool_for(self, policy: Policy) -> _Spool | None:
         if policy.effective_overflow(self.t.spooling or self.fixed is not None) \
@@ -300,10 +527,8 @@ class _Replay:
             self.spool = _Spool(self.key, policy.spool.max_bytes)
         return self.spool
 
-    def _into_queue(self, arrived: float, d: float, *, tripped: bool) -> None:
+    def _into_queue(self, arrived: float, d: float) -> None:
         self.depth = max(0.0, self.depth + arrived - d)
-        if tripped:
-            self.admitted += arrived
 
     def _watch(self, policy: Policy | None) -> None:
         """The depth figures, at the end of a step (as the telemetry samples it)."""
@@ -324,17 +549,24 @@ class _Replay:
             self.out.wait_max_seconds = max(self.out.wait_max_seconds, now - chunk[1])
             if chunk[0] <= 1e-9:
                 self.held.popleft()
-        self.held_total = sum(c[0] for c in self.held)
+        # a running total (summing a held queue's chunks, thousands, at every step was
+        # most of the replay's time)
+        self.held_total = self.held_total - went if self.held else 0.0
         self.admitted_held += went
-        self._into_queue(went, 0.0, tripped=True)
+        self.admitted += went
+        self.load.admitted += went
+        self.load.admitted_at += went * now
+        self._into_queue(went, 0.0)
         return went
 
-    def _expire(self, policy: Policy, now: float, queues: dict[Any, _Policed]) -> None:
-        wait = deadline_of(queues, [self.key])
+    def _expire(self, now: float, queues: dict[Any, _Policed]) -> None:
+        if not self.held:
+            return
+        wait = self.wait = deadline_of(queues, [self.key])
         while self.held and now - self.held[0][1] > wait:
             chunk = self.held.popleft()
             self.expired_bytes += chunk[0]
-        self.held_total = sum(c[0] for c in self.held)
+            self.held_total = self.held_total - chunk[0] if self.held else 0.0
 
     def _decide(self, policy: Policy, lead: float = 0.0) -> None:
         """Trip or release on the depth (and ``lead``: what the estimate counts on top)."""
@@ -347,6 +579,26 @@ class _Replay:
             if now:
                 self.out.trips += 1
 
+    def end_bucket(self, parts: tuple[tuple[str, float], ...], end: float,
+                   seconds: float) -> None:
+        """A bucket played: a fleet's sidecars settle their parts of it."""
+        if self.fleet is not None and parts:
+            self.fleet.settle(parts, self.load, end, seconds, self.wait)
+        self.load = _BucketLoad()
+
+    def finish(self) -> Outcome:
+        """The outcome, once every bucket has played."""
+        out, t = self.out, self.t
+        out.admitted_bytes = round(self.admitted)
+        # publishes, at the mean body size (summed in bytes: a step's part of one rounds to 0)
+        out.rejects = round(self.rejected_bytes / t.body)
+        out.deadline_expiries = round(self.expired_bytes / t.body)
+        if self.admitted_held > 0:
+            out.wait_mean_seconds = self.waited / self.admitted_held
+        if self.fleet is not None:
+            self.fleet.outcome(out, t.body)
+        return out
+
 
 def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
     """``t`` played through ``policy`` (None: through the policy recorded in each bucket)."""
@@ -356,24 +608,20 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
         # The depth before the first bucket: its recorded depth at its end less what came
         # in and went out during it, so the first bucket's replay ends where the record does.
         r.depth = max(0.0, (t.buckets[0].depth_bytes or 0) - t.offered[0] + t.drain[0])
-    for b, o, d, n in zip(t.buckets, t.offered, t.drain, t.spans, strict=True):
+    for b, o, d, n, parts in zip(t.buckets, t.offered, t.drain, t.spans, t.parts,
+                                 strict=True):
         p = policy if policy is not None else (b.policy.policy() if b.policy else None)
         start = (b.index - n + 1) * t.step
         calm = (p is None or (not r.tripped and not r.held
                               and (r.spool is None or r.spool.bytes <= 0)
                               and _far_below(p, r.depth + o, t.body)))
-        parts = n if calm else SUBSTEPS * n
-        h = t.step * n / parts
-        for i in range(parts):
-            r.step(p, start + i * h, h, o / parts, d / parts)
+        steps = n if calm else SUBSTEPS * n
+        h = t.step * n / steps
+        for i in range(steps):
+            r.step(p, start + i * h, h, o / steps, d / steps)
+        r.end_bucket(parts, (b.index + 1) * t.step, t.step * n)
         r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))
-    r.out.admitted_bytes = round(r.admitted)
-    # publishes, at the mean body size (summed in bytes: a step's part of one rounds to 0)
-    r.out.rejects = round(r.rejected_bytes / t.body)
-    r.out.deadline_expiries = round(r.expired_bytes / t.body)
-    if r.admitted_held > 0:
-        r.out.wait_mean_seconds = r.waited / r.admitted_held
-    return r.out
+    return r.finish()
 
 
 def _far_below(p: Policy, depth: float, body: float) -> bool:
@@ -387,7 +635,7 @@ def _far_below(p: Policy, depth: float, body: float) -> bool:
 #: The columns of a bucket row (pipeline/whatif.py, ``series``), in ``Bucket``'s terms.
 ROW_FIELDS = ("vhost", "queue", "b", "offered", "offered_m", "fb", "fm", "held_end",
               "depth", "depth_msgs", "rejects", "expiries", "tripped", "sidecars", "pol",
-              "spool_end")
+              "spool_end", "member_names", "member_offered")
 
 
 def keyed(row: Any) -> tuple[tuple[str, str], Any]:
@@ -404,7 +652,8 @@ def bucket_of(row: Any) -> Bucket:
     return Bucket(row["b"], row["offered"] or 0, row["offered_m"] or 0, row["fb"] or 0,
                   row["fm"] or 0, row["held_end"] or 0, row["depth"], row["depth_msgs"],
                   row["rejects"] or 0, row["expiries"] or 0, bool(row["tripped"]),
-                  row["sidecars"] or 0, recorded, row["spool_end"] or 0)
+                  row["sidecars"] or 0, recorded, row["spool_end"] or 0,
+                  tuple(zip(row["member_names"] or (), row["member_offered"] or (), strict=True)))
 
 
 def replay_group(item: tuple[tuple[str, str], Any], step: float,

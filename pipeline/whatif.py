@@ -77,11 +77,13 @@ def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
     """One row per (vhost, queue, bucket of ``step`` seconds), the fleet's sidecars summed
     (``replay.ROW_FIELDS``): offered = forwarded plus the growth of held publishes, per
     sidecar then summed; the newest depth and policy (ts, then the sidecar's id); rejects
-    and deadline expiries (their events)."""
+    and deadline expiries (their events); and each sidecar's own offered bytes
+    (``member_names``, ``member_offered``, by name: a fleet's breakdown)."""
     step_ms = max(1, round(step * 1000))
     newest = "struct(ts_ms, seq)"
     level1 = sql(f"""
-        SELECT q, sq, max(vhost) AS vhost, max(queue) AS queue, ts_ms div {step_ms} AS b,
+        SELECT q, sq, max(vhost) AS vhost, max(queue) AS queue, max(sidecar) AS sidecar,
+               ts_ms div {step_ms} AS b,
                coalesce(sum(ingress_bytes), 0) AS fb,
                coalesce(sum(ingress_messages), 0) AS fm,
                max_by(held_bytes, {newest}) AS held_end,
@@ -110,10 +112,14 @@ def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
                sum(fb) AS fb, sum(fm) AS fm, sum(held_end) AS held_end,
                max_by(depth, {newest_q}) AS depth, max_by(depth_msgs, {newest_q}) AS depth_msgs,
                max(tripped) AS tripped, count(1) AS sidecars,
-               max_by(pol, {newest_q}) AS pol, sum(spool_end) AS spool_end
+               max_by(pol, {newest_q}) AS pol, sum(spool_end) AS spool_end,
+               array_sort(collect_list(struct(sidecar, offered))) AS members
         FROM {{level1}} GROUP BY q, b""", level1=level1)
     return sql("""
-        SELECT s.*, coalesce(e.rejects, 0) AS rejects, coalesce(e.expiries, 0) AS expiries
+        SELECT s.* EXCEPT (members), coalesce(e.rejects, 0) AS rejects,
+               coalesce(e.expiries, 0) AS expiries,
+               transform(members, m -> m.sidecar) AS member_names,
+               transform(members, m -> m.offered) AS member_offered
         FROM {queue} s LEFT JOIN {counted} e
           ON s.vhost = e.vhost AND s.queue = e.queue AND s.b = e.b""",
                queue=queue, counted=counted)
@@ -197,6 +203,12 @@ def caveats(replays: Sequence[Mapping[str, Any]], sidecars: Sequence[Mapping[str
         if r["gap_seconds"] > 0:
             out.append(f"{name}: {r['gap_seconds']:g}s of its timeline has no sample (a "
                        "telemetry gap): nothing is offered or drained there in the replay.")
+    fleets = [f"{r['queue']} (vhost {r['vhost']})" for r in replays if r["sidecars_max"] > 1]
+    if fleets:
+        out.append(f"{', '.join(fleets)}: policed by a fleet. Each sidecar is admitted its "
+                   "share (the fleet's rule) of what the queue admitted, settled per bucket, "
+                   "but the members trip and release together on the queue's depth, and the "
+                   "per-member rate bucket (equal bytes per second) is not replayed.")
     seen = len(sidecars)
     most = max((int(q.get("fleet_members_max") or 0) for q in queues), default=0)
     if most > seen:
@@ -297,12 +309,37 @@ def section(doc: Mapping[str, Any], recorded: Sequence[Mapping[str, Any]],
                             f"<td class='t'>{html.escape(label)}</td>{cells}</tr>")
         parts.append("<div class='wide'><table><tr><th>queue</th><th></th>" + head + "</tr>"
                      + "".join(body) + "</table></div>")
+        parts.extend(_per_sidecar(q) for q in c["queues"] if q["predicted"].get("sidecars"))
         for q in c["queues"]:
             name = plots.get((q["vhost"], q["queue"]))
             if name:
                 parts.append(f"<img src='{html.escape(name)}' alt='depth of "
                              f"{html.escape(q['queue'])} under each candidate'>")
     return "\n".join(parts)
+
+
+def _per_sidecar(q: Mapping[str, Any]) -> str:
+    """A fleet's queue: each sidecar's part under the policy in force (replayed) and the
+    candidate (predicted), side by side."""
+    from floodwall_pipeline.report import fmt
+
+    replayed = {s["sidecar"]: s for s in q["replayed_recorded"].get("sidecars", ())}
+    rows = []
+    for s in q["predicted"]["sidecars"]:
+        r = replayed.get(s["sidecar"], {})
+        cells = "".join(
+            f"<td class='n'>{html.escape(fmt(x.get(k), kind))}</td>"
+            for x in (r, s) for k, kind in (("admitted_bytes", "bytes"),
+                                            ("admitted_share", "share"),
+                                            ("wait_mean_seconds", "seconds"),
+                                            ("wait_max_seconds", "seconds"),
+                                            ("deadline_expiries", "int")))
+        rows.append(f"<tr><td class='t'>{html.escape(s['sidecar'])}</td>{cells}</tr>")
+    head = "".join(f"<th>{k}</th>" for _ in range(2)
+                   for k in ("admitted", "share", "wait mean", "wait max", "expiries"))
+    return (f"<p>{html.escape(q['queue'])}, per sidecar (replayed | predicted):</p>"
+            "<div class='wide'><table><tr><th>sidecar</th>" + head + "</tr>" + "".join(rows)
+            + "</table></div>")
 
 
 def write(out: Path, doc: Mapping[str, Any]) -> Path:

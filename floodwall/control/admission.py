@@ -79,7 +79,9 @@ from typing import Protocol
 from floodwall.control.depth import (
     HOT_MIN_MARGIN,
     LEDGER_BUCKET,
+    Depth,
     QueueDepth,
+    RoomShare,
     shared,
 )
 from floodwall.control.events import ChannelAdmitted
@@ -146,19 +148,34 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
         before = _trusted(depth, policy, at, rtt, before)
     before_bytes, before_messages = before
     credit = (depth.drain_rate or 0.0) * credit_time(hot_interval, rtt)
-    body = depth.average_body_bytes()
+    room_bytes, room_messages = held_room(policy, base, credit, depth.average_body_bytes(),
+                                          q.share)
+    return Allowance(math.inf if room_bytes is None else before_bytes + room_bytes,
+                     math.inf if room_messages is None else before_messages + room_messages,
+                     margin, at)
+
+
+def held_room(policy: Policy, counted: Depth, drained: float, body: float,
+              share: RoomShare | None = None) -> tuple[float | None, float | None]:
+    """The admission rule: what a held queue may take (bytes, messages) on top of what a
+    count of ``counted`` already holds, until its next count: the room the count leaves
+    below ``policy``'s limits plus what its consumers take meanwhile (``drained``
+    messages, at ``body`` bytes each), and in a fleet (``share``: ``fleet.ShareRule``)
+    only this sidecar's part of that room. None: the policy sets no such limit.
+
+    The proxy counts every few milliseconds and credits the drain over ``credit_time``
+    (``allowance`` adds the ledger total the count holds); the what-if replay
+    (``floodwall_pipeline.replay``) counts at every step of its telemetry's buckets, with a
+    ledger that has nothing in flight, and credits that step's drain."""
     room_bytes = (None if policy.capacity <= 0
-                  else policy.capacity - base.bytes + credit * body)
+                  else policy.capacity - counted.bytes + drained * body)
     room_messages = (None if policy.max_messages is None
-                     else policy.max_messages - base.messages + credit)
-    share = q.share
+                     else policy.max_messages - counted.messages + drained)
     if share is not None:  # a fleet: this sidecar's part of the room (fleet.ShareRule)
         f = share.fraction(room_bytes, room_messages, body)
         room_bytes = None if room_bytes is None else shared(room_bytes, f)
         room_messages = None if room_messages is None else shared(room_messages, f)
-    return Allowance(math.inf if room_bytes is None else before_bytes + room_bytes,
-                     math.inf if room_messages is None else before_messages + room_messages,
-                     margin, at)
+    return room_bytes, room_messages
 
 
 def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:

@@ -88,7 +88,7 @@ class RoomShare(Protocol):
     """The part of a queue's room this sidecar may fill (a fleet's ``ShareRule``)."""
 
     def fraction(self, room_bytes: float | None, room_messages: float | None,
-                 body_bytes: int) -> float: ...
+                 body_bytes: float) -> float: ...
 
 
 def shared(room: float, fraction: float) -> float:

@@ -456,7 +456,7 @@ class ShareRule:
         return got
 
     def fraction(self, room_bytes: float | None, room_messages: float | None,
-                 body_bytes: int) -> float:
+                 body_bytes: float) -> float:
         """This member's part (0..1) of a queue's room: of its bytes (a byte capacity), else
         of its messages taken at ``body_bytes`` each; 1 when there is no room to share."""
         h = room_bytes if room_bytes is not None else (

@@ -117,7 +117,7 @@ class _ShareBeyondTarget:
     reserve: float
 
     def fraction(self, room_bytes: float | None, room_messages: float | None,
-                 body_bytes: int) -> float:
+                 body_bytes: float) -> float:
         h = room_bytes if room_bytes is not None else (
             None if room_messages is None else room_messages * max(1, body_bytes))
         if h is None or h <= 0 or not math.isfinite(h):

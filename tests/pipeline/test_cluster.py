@@ -129,6 +129,15 @@ def test_same_bytes_on_local_one_local_all_and_the_cluster(
         q["replayed_recorded"]["trips"] for q in tight["queues"])
     assert sum(q["predicted"]["tripped_seconds"] for q in loose["queues"]) < sum(
         q["replayed_recorded"]["tripped_seconds"] for q in loose["queues"])
+    # the four sidecars are a fleet: each one's part of what the queue admitted
+    for q in tight["queues"]:
+        p = q["predicted"]
+        assert [s["sidecar"] for s in p["sidecars"]] == sorted(
+            s["sidecar"] for s in summary["sidecars"])
+        if p["admitted_bytes"] > 0:
+            assert sum(s["admitted_share"] for s in p["sidecars"]) == pytest.approx(1, abs=1e-3)
+            assert sum(s["admitted_bytes"] for s in p["sidecars"]) == pytest.approx(
+                p["admitted_bytes"], rel=0.02)
     timings = [json.loads((o / "timings.json").read_text()) for o in outs]
     assert [t["master"] for t in timings] == ["local[1]", "local[*]", cluster.url]
     # the work was split three ways: input splits and shuffle partitions

@@ -1,0 +1,145 @@
+"""One model: the what-if replay's admission while held is the proxy's, for the same inputs
+(a count of the queue, its drain, a fleet member's share), and a fleet's sidecars replayed
+each with its share of the room."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from floodwall.control.admission import HOT_INTERVAL, allowance, credit_time
+from floodwall.control.controller import FlowController
+from floodwall.control.fleet import ShareRule
+from floodwall.control.policy import Policy, parse_policies
+from floodwall_pipeline.replay import Bucket, admission_room, replay, timeline
+from tests.test_gate import Router
+
+KEY = ("/", "orders.a")
+RTT = 0.001
+BODY = 1000
+LIMITS = {
+    "bytes": "capacity: 10000, resume: 5000",
+    "messages": "max_messages: 10, resume_messages: 5",
+    "both": "capacity: 12000, resume: 6000, max_messages: 8, resume_messages: 4",
+}
+SHARES = {
+    "alone": None,
+    "member": ShareRule("me", (("b", 1000.0), ("c", None), ("me", 3000.0))),
+    "deaf": ShareRule("me", (("b", 9000.0), ("me", 9000.0)), fallback_size=3),
+}
+
+
+def held(limits: str, ready: int, share: ShareRule | None) -> tuple[FlowController, float]:
+    """orders.a counted empty, 15 publishes of BODY forwarded (over every limit: tripped),
+    counted full, then ``ready`` left 0.2 s later: nothing in flight at the last count."""
+    policies = parse_policies(f"version: 1\npolicies:\n  - {{name: orders, match: "
+                              f"{{queue: \"orders.*\"}}, {limits}}}\n")
+    fc = FlowController(Router(), policies)
+    t = 100.0
+    fc.queue_seen(KEY, t)
+    fc.sampled_ready_count(KEY, t, 0, RTT, t + RTT)
+    for _ in range(15):
+        fc.forwarded("/", frozenset({"orders.a"}), BODY, t + 0.5)
+    assert KEY in fc.tripped
+    fc.set_share(KEY, share, t + 0.6)
+    for at, n in ((t + 1.0, 15), (t + 1.2, ready)):
+        fc.sampled_ready_count(KEY, at, n, RTT, at + RTT)
+    return fc, t + 1.2 + RTT
+
+
+@pytest.mark.parametrize("share", SHARES)
+@pytest.mark.parametrize("ready", [0, 3, 6, 9, 12, 15])
+@pytest.mark.parametrize("limits", LIMITS)
+def test_the_replay_admits_what_the_proxy_admits(limits: str, ready: int, share: str) -> None:
+    fc, now = held(LIMITS[limits], ready, SHARES[share])
+    q = fc.queues[KEY]
+    depth = q.depth
+    a = allowance(q, now, HOT_INTERVAL)
+    assert a is not None
+    # the proxy: the allowance less what the count holds (everything was forwarded before it)
+    by_bytes = a.bytes - depth.forwarded_bytes_total
+    by_messages = (a.messages - depth.forwarded_messages_total) * BODY
+    proxy = max(0.0, min(by_bytes, by_messages))
+    # the replay: the same count as a depth in bytes, the drain the proxy credits
+    drained = (depth.drain_rate or 0.0) * credit_time(HOT_INTERVAL, depth.ready_rtt) * BODY
+    replayed = admission_room(q.policy, ready * BODY, drained, BODY, q.share)
+    assert replayed == pytest.approx(proxy, abs=1e-6)
+    if ready == 15 or (limits != "bytes" and ready >= 10):
+        assert replayed <= drained + 1e-6  # full: the drain only (a share of it in a fleet)
+    if share == "alone" and ready == 0 and drained == 0:
+        assert replayed == min(x for x in (q.policy.capacity or math.inf,
+                                           (q.policy.max_messages or math.inf) * BODY))
+
+
+# -- a fleet's sidecars --------------------------------------------------------------------
+KIB = 1024
+
+
+def _fleet(parts: dict[str, int], seconds: int = 20, drain: int = 10) -> list[Bucket]:
+    """Sidecars offering ``parts`` KiB/s each for ``seconds``, nothing held in the record,
+    the consumers at ``drain`` KiB/s: the recorded depth grows by the difference."""
+    offered = sum(parts.values())
+    out = []
+    for i in range(seconds + 80):
+        o = offered if i < seconds else 0
+        peak = (offered - drain) * seconds
+        d = (offered - drain) * (i + 1) if i < seconds else max(0, peak - drain * (i + 1 - seconds))
+        members = tuple(sorted((n, (p if i < seconds else 0) * KIB) for n, p in parts.items()))
+        out.append(Bucket(i, o * KIB, o, o * KIB, o, 0, d * KIB, d, 0, 0, False, len(parts),
+                          None, 0, members))
+    return out
+
+
+def test_a_fleets_sidecars_share_what_the_queue_admits() -> None:
+    policy = Policy(name="p", queue="q", capacity=64 * KIB, resume=32 * KIB, deadline=600)
+    fleet = timeline("/", "q", 1.0, _fleet({"a": 24, "b": 6}))
+    assert fleet.sidecars == ("a", "b") and fleet.parts[0] == (("a", 0.8), ("b", 0.2))
+    alone = timeline("/", "q", 1.0, [_one(b) for b in _fleet({"a": 24, "b": 6})])
+    f, one = replay(fleet, policy).figures(), replay(alone, policy).figures()
+    assert "sidecars" not in one
+    # the queue is replayed as one: the sidecars share out what it admitted ...
+    for k in ("trips", "tripped_seconds", "depth_max", "peak_overshoot", "admitted_bytes"):
+        assert f[k] == one[k], k
+    # ... and its publishers wait in each sidecar's queue (the fleet's held bytes are its
+    # sidecars'): nothing expires, so as much is held as in one sidecar's queue (settled per
+    # bucket), only shared differently
+    assert f["held_byte_seconds"] == pytest.approx(one["held_byte_seconds"], rel=0.01)
+    assert f["held_byte_seconds"] == pytest.approx(
+        sum(s["held_byte_seconds"] for s in f["sidecars"]), abs=1)
+    a, b = f["sidecars"]
+    assert (a["sidecar"], b["sidecar"]) == ("a", "b")
+    assert a["admitted_bytes"] + b["admitted_bytes"] == pytest.approx(f["admitted_bytes"], abs=2)
+    # both held, each admitted its share of the room: b, offering a quarter of a's load,
+    # needs less than an equal share and is served first; its publishers wait less
+    assert a["admitted_bytes"] > 3 * b["admitted_bytes"]
+    assert b["wait_mean_seconds"] < a["wait_mean_seconds"] / 2
+    assert b["held_byte_seconds"] < a["held_byte_seconds"] / 4
+    assert a["deadline_expiries"] == b["deadline_expiries"] == 0
+
+
+def _one(b: Bucket) -> Bucket:
+    """``b`` as one sidecar's telemetry (no fleet)."""
+    return dataclasses.replace(b, sidecars=1, members=(("only", b.offered_bytes),))
+
+
+
+def test_a_fleets_equal_sidecars_are_admitted_equally_and_expire_their_own() -> None:
+    t = timeline("/", "q", 1.0, _fleet({"a": 15, "b": 15}))
+    f = replay(t, Policy(name="p", queue="q", capacity=64 * KIB, resume=32 * KIB,
+                         deadline=5)).figures()
+    a, b = f["sidecars"]
+    assert f["deadline_expiries"] > 100
+    assert a["admitted_bytes"] == pytest.approx(b["admitted_bytes"], rel=0.01)
+    assert a["admitted_share"] == pytest.approx(0.5, abs=0.01)
+    # each sidecar's held publishes expire at the deadline on their own (settled per
+    # bucket: within a bucket's load of the queue's count)
+    assert a["deadline_expiries"] + b["deadline_expiries"] == pytest.approx(
+        f["deadline_expiries"], abs=1)
+    # equal sidecars, served equally: as one queue, oldest first (within a bucket's load)
+    one = replay(timeline("/", "q", 1.0, [_one(b) for b in _fleet({"a": 15, "b": 15})]),
+                 Policy(name="p", queue="q", capacity=64 * KIB, resume=32 * KIB,
+                        deadline=5)).figures()
+    assert f["deadline_expiries"] == pytest.approx(one["deadline_expiries"], abs=30)
+    assert a["wait_max_seconds"] <= 5 + 1 and b["wait_max_seconds"] <= 5 + 1
