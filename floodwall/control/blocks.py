@@ -24,6 +24,7 @@ class Blocked:
     queues: frozenset[QueueKey]
     since: float
     starved_since: float | None = None  # 1.0: out of link credit since (None: has some)
+    wants_bytes: int = 0  # 1.0: the message bytes its credit window would let it send
 
 
 class BlockTable:
@@ -33,6 +34,7 @@ class BlockTable:
         self._on: dict[Ref, set[QueueKey]] = {}
         self._since: dict[Ref, float] = {}
         self._starved_since: dict[Ref, float] = {}
+        self._wants: dict[Ref, int] = {}  # 1.0 links: their window's bytes (``Blocked``)
 
     def __len__(self) -> int:
         return len(self._on)
@@ -40,9 +42,12 @@ class BlockTable:
     def __contains__(self, ref: object) -> bool:
         return ref in self._on
 
-    def add(self, ref: Ref, queues: set[QueueKey], now: float) -> bool:
-        """Block ``ref`` on ``queues`` as well; True if it was not blocked before."""
+    def add(self, ref: Ref, queues: set[QueueKey], now: float, wants: int = 0) -> bool:
+        """Block ``ref`` on ``queues`` as well; True if it was not blocked before.
+        ``wants``: a 1.0 link's window in bytes (what it would send if it had credit)."""
         blocked_on = self._on.get(ref)
+        if wants:
+            self._wants[ref] = wants
         if blocked_on is None:
             self._on[ref] = queues
             self._since[ref] = now
@@ -54,6 +59,7 @@ class BlockTable:
         """``ref`` is blocked no more; when it was blocked (None: it was not)."""
         self._on.pop(ref, None)
         self._starved_since.pop(ref, None)
+        self._wants.pop(ref, None)
         return self._since.pop(ref, None)
 
     def on(self, ref: Ref) -> frozenset[QueueKey]:
@@ -81,5 +87,5 @@ class BlockTable:
 
     def views(self) -> list[Blocked]:
         return [Blocked(ref[0], ref[1], frozenset(qs), self._since[ref],
-                        self._starved_since.get(ref))
+                        self._starved_since.get(ref), self._wants.get(ref, 0))
                 for ref, qs in self._on.items()]

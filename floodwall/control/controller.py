@@ -102,11 +102,11 @@ class ChannelHolds:
         self.times = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
 
     def begin(self, ref: Ref, queues: set[QueueKey], policies: frozenset[str],
-              now: float) -> bool:
+              now: float, wants: int = 0) -> bool:
         """``ref`` waits on ``queues`` as well (a hold under ``policies``); True if it did
         not wait before."""
         self.times.blocked(ref, policies)
-        return self.table.add(ref, queues, now)
+        return self.table.add(ref, queues, now, wants)
 
     def end(self, ref: Ref, outcome: str, now: float) -> None:
         """``ref`` waits no more (``outcome``: released, closed); its time goes into
@@ -422,8 +422,10 @@ class FlowController:
                     self._evaluate(q, now)
 
     # -- blocking ----------------------------------------------------------------------
-    def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float) -> bool:
-        """Block ``channel`` on ``queues``; True if it was not blocked before.
+    def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float,
+              wants: int = 0) -> bool:
+        """Block ``channel`` on ``queues``; True if it was not blocked before. ``wants``: a
+        1.0 link's window in bytes (it holds nothing: what it would send is its demand).
 
         Re-checks at once (a release may race the block): a queue that released meanwhile is
         dropped from the set again, and if none is left the channel is not blocked.
@@ -436,7 +438,7 @@ class FlowController:
             return False
         return self._holds.begin(ref, still, frozenset(
             {self.queues[k].policy.name for k in still if k in self.queues}
-            | ({ALARM_LABEL} if ALARM in still else set())), now)
+            | ({ALARM_LABEL} if ALARM in still else set())), now, wants)
 
     def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue

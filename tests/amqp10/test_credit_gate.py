@@ -498,6 +498,8 @@ def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -
     assert s.fc.is_blocked(1, link_ref(0, CAPPED_H))
     blocked = s.fc.blocked_channels()
     assert [(b.conn_id, b.channel) for b in blocked] == [(1, link_ref(0, CAPPED_H))]
+    # what it would send with credit (its window) is its demand to a fleet: it holds nothing
+    assert blocked[0].wants_bytes == policy_window(s.fc.queues[(VHOST, "capped")].policy)
     # the free link on the same session goes on, byte for byte
     free = b"".join(s.send(FREE_H, 20_000) for _ in range(5))
     to_server, to_client = s.take()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from floodwall.control.controller import QueueKey
+from floodwall.control.controller import PolicedQueue, QueueKey
 from floodwall.enforce import events as ev
 from floodwall.enforce.amqp10.links import (
     _DETACHING,
@@ -268,7 +268,7 @@ class LinkCredit:
             interval = depth.sample_interval
             share = None
             if drain is not None and interval is not None:
-                share = drain * interval / self._feeders(key[1])
+                share = drain * interval * drain_part(q) / self._feeders(key[1])
             window = min(window, paced_window(ceiling, share))
         return window
 
@@ -435,7 +435,8 @@ class LinkCredit:
         """Block the link on ``blocking``; False when they all released meanwhile."""
         if link.blocked:
             return True
-        newly = self.controller.block(self.ctx.conn_id, link.ref, blocking, now)
+        newly = self.controller.block(self.ctx.conn_id, link.ref, blocking, now,
+                                      link.window_bytes)
         if not newly and not self.controller.is_blocked(self.ctx.conn_id, link.ref):
             return False
         link.move(LinkInput.BLOCKED)
@@ -469,3 +470,18 @@ class LinkCredit:
         grant = self._decide(link, window, now)
         if not link.blocked:
             self.lifecycle.send_grant(link, grant)
+
+
+def drain_part(q: PolicedQueue) -> float:
+    """This sidecar's part (0..1) of ``q``'s drain: 1 alone; in a fleet, its rate share of
+    the drain (``ShareRule.rate_share``: max-min fair on the members' announced demands),
+    as a held 0-9-1 channel's admission has it, so N members pacing their links near
+    capacity feed the queue at its drain together, not N times it."""
+    rule = q.share
+    if rule is None:
+        return 1.0
+    depth = q.depth
+    drain = (depth.drain_rate or 0.0) * (depth.average_body_bytes() or ASSUMED_MESSAGE_BYTES)
+    if drain <= 0:
+        return 1.0
+    return min(1.0, rule.rate_share(drain) / drain)
