@@ -35,6 +35,8 @@ class BlockTable:
         self._since: dict[Ref, float] = {}
         self._starved_since: dict[Ref, float] = {}
         self._wants: dict[Ref, int] = {}  # 1.0 links: their window's bytes (``Blocked``)
+        # Held 1.0 links' admitted credit not used yet: (messages, body bytes) each.
+        self._reserved: dict[Ref, tuple[int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._on)
@@ -60,6 +62,7 @@ class BlockTable:
         self._on.pop(ref, None)
         self._starved_since.pop(ref, None)
         self._wants.pop(ref, None)
+        self._reserved.pop(ref, None)
         return self._since.pop(ref, None)
 
     def on(self, ref: Ref) -> frozenset[QueueKey]:
@@ -81,6 +84,31 @@ class BlockTable:
                 if not qs:
                     freed.append(ref)
         return freed
+
+    def reserve(self, ref: Ref, messages: int, body_bytes: int) -> None:
+        """Blocked 1.0 link ``ref`` has ``messages`` (``body_bytes``) of admitted credit
+        left (0: none): counted against the tokens of every queue it waits on
+        (``reserved_on``) until it says less or its block ends."""
+        if ref not in self._on:
+            return
+        if messages > 0:
+            self._reserved[ref] = (messages, body_bytes)
+        else:
+            self._reserved.pop(ref, None)
+
+    @property
+    def reserving(self) -> bool:
+        return bool(self._reserved)
+
+    def reserved_on(self, key: QueueKey, but: Ref | None = None) -> tuple[int, int]:
+        """(body bytes, messages) of admitted credit not used yet on ``key``, ``but``'s
+        own left out."""
+        b = m = 0
+        for ref, (messages, body_bytes) in self._reserved.items():
+            if ref != but and key in self._on[ref]:
+                b += body_bytes
+                m += messages
+        return b, m
 
     def waiting_on(self, key: QueueKey) -> Iterator[Ref]:
         return (ref for ref, qs in self._on.items() if key in qs)

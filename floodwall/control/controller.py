@@ -442,9 +442,41 @@ class FlowController:
 
     def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
-        with tokens (no alarm, lookup or spool backlog among them)."""
+        with tokens (no alarm, lookup or spool backlog among them), less what held 1.0
+        links were admitted and have not sent yet (``reserve``)."""
+        if self._holds.table.reserving:
+            room = self.held_room(keys, now)
+            return room is not None and room[0] > 0 and room[1] > 0
         return all(k in self.queues and k not in self._backlogged
                    and self.admission.admits(k, self.queues[k], now) for k in keys)
+
+    def held_room(self, keys: frozenset[QueueKey], now: float, conn: int = 0,
+                  channel: int | None = None) -> tuple[float, float] | None:
+        """The tokens (body bytes, publishes) the held queues ``keys`` have left for
+        blocked ref ``(conn, channel)`` (None: for a publish), its own reservation left
+        out: the least over them of what admission offers less every other held 1.0
+        link's reservation; None when one of them admits nothing (an alarm, a lookup, a
+        spool backlog, no figure)."""
+        table = self._holds.table
+        but = None if channel is None else (conn, channel)
+        room_bytes = room_messages = math.inf
+        for k in keys:
+            q = self.queues.get(k)
+            if q is None or k in self._backlogged:
+                return None
+            room = self.admission.room(k, q, now)
+            if room is None:
+                return None
+            reserved_bytes, reserved_messages = table.reserved_on(k, but)
+            room_bytes = min(room_bytes, room[0] - reserved_bytes)
+            room_messages = min(room_messages, room[1] - reserved_messages)
+        return room_bytes, room_messages
+
+    def reserve(self, conn: int, channel: int, messages: int, body_bytes: int) -> None:
+        """Blocked 1.0 link ``channel`` has ``messages`` (``body_bytes``) of credit that
+        its held queues' tokens admitted and it has not used yet: counted against their
+        tokens (``held_room``, ``admits``) until it says less or its block ends."""
+        self._holds.table.reserve((conn, channel), messages, body_bytes)
 
     # -- depth and alarms --------------------------------------------------------------
     def count_asked(self, key: QueueKey, at: float) -> None:

@@ -393,6 +393,8 @@ class LinkCredit:
         fixed destination's queues, when the caller has just routed them (``_queues(link)``).
         """
         if link.blocked:
+            if link.admitted_credit:
+                self._admitted_sent(link)
             return
         fixed: frozenset[str] | None = None
         if link.per_message:
@@ -450,17 +452,54 @@ class LinkCredit:
         self.ctx.counters.signalled(PROTOCOL, active)
         self.ctx.outbox.append(ev.Signalled(self.lifecycle.at(link), active))
 
-    def channel_admitted(self, channel: int, now: float) -> None:
-        """A held queue the link waits on has tokens. A 1.0 link is not admitted while held:
-        it keeps waiting for the release (its credit near capacity is paced by
-        ``paced_window`` instead); nothing to do."""
-
-    def channel_released(self, channel: int, now: float) -> None:
-        """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
+    def _link_of(self, channel: int) -> SenderLink | None:
+        """The sender link of link_ref ``channel`` (None: gone, or detached by the proxy)."""
         session = self.sessions.get(channel >> 32)
         link = session.links.get(channel & 0xFFFFFFFF) if session is not None else None
         if not isinstance(link, SenderLink) or link.detaching:
+            return None
+        return link
+
+    def channel_admitted(self, channel: int, now: float) -> None:
+        """The controller: a held queue link ``channel`` (a link_ref) waits on has tokens
+        (``floodwall.control.admission``), its turn in the round robin with the 0-9-1
+        channels waiting on it. The link gets credit for what the tokens left hold (less
+        what other held links were admitted and have not sent: ``held_room``), at most its
+        window; that credit is reserved on the tokens until its transfers come
+        (``FlowController.reserve``), so a 0-9-1 channel later in the round is not
+        admitted on it too. The link stays blocked (its hold goes on)."""
+        link = self._link_of(channel)
+        if link is None or not link.blocked:
             return
+        controller, conn = self.controller, self.ctx.conn_id
+        keys = controller.blocked_on(conn, link.ref)
+        room = controller.held_room(keys, now, conn, link.ref) if keys else None
+        if room is None:
+            return
+        size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
+        window = window_for(size, link.window_bytes)
+        admitted = min(window, int(min(room[0] // size, room[1])))
+        if admitted <= link.credit.client_credit:
+            return
+        grant = link.credit.grant(admitted)
+        link.admitted_credit = left = link.credit.client_credit
+        controller.reserve(conn, link.ref, left, left * size)
+        link.starved_since = None  # (its deadline counts from when it is out of credit again)
+        self.lifecycle.send_grant(link, grant)
+
+    def _admitted_sent(self, link: SenderLink) -> None:
+        """A held link sent on admitted credit: its reservation is what it has left."""
+        left = min(link.admitted_credit, link.credit.client_credit)
+        link.admitted_credit = left
+        self.controller.reserve(self.ctx.conn_id, link.ref, left,
+                                left * (link.typical_bytes or ASSUMED_MESSAGE_BYTES))
+
+    def channel_released(self, channel: int, now: float) -> None:
+        """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
+        link = self._link_of(channel)
+        if link is None:
+            return
+        link.admitted_credit = 0  # (its reservation ended with its hold)
         link.move(LinkInput.RELEASED)
         link.starved_since = None
         self.withheld.pop(link.ref, None)
