@@ -478,7 +478,7 @@ class LinkCredit:
             return
         size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
         window = window_for(size, link.window_bytes)
-        admitted = min(window, int(min(room[0] // size, room[1])))
+        admitted = int(min(window, room[0] // size, room[1]))  # (a room may be inf)
         if admitted <= link.credit.client_credit:
             return
         grant = link.credit.grant(admitted)
