@@ -110,6 +110,10 @@ class BlockTable:
                 m += messages
         return b, m
 
+    def channels_waiting(self, key: QueueKey) -> bool:
+        """Whether a 0-9-1 channel (a ref that is not a 1.0 link's) waits on ``key``."""
+        return any(key in qs for ref, qs in self._on.items() if ref not in self._wants)
+
     def waiting_on(self, key: QueueKey) -> Iterator[Ref]:
         return (ref for ref, qs in self._on.items() if key in qs)
 

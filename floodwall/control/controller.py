@@ -472,6 +472,20 @@ class FlowController:
             room_messages = min(room_messages, room[1] - reserved_messages)
         return room_bytes, room_messages
 
+    def held_by_others(self, keys: frozenset[QueueKey]) -> bool:
+        """Whether something besides held 1.0 links keeps one of ``keys`` held: a 0-9-1
+        channel of this sidecar waits on it (its held publishes use the tokens, so the queue
+        stays held: ``Admission.busy``), or other fleet members forward into it. Only then
+        is a held 1.0 link admitted (``LinkCredit.channel_admitted``); alone, links wait for
+        the release, their credit near capacity paced to the drain."""
+        table = self._holds.table
+        for k in keys:
+            q = self.queues.get(k)
+            if table.channels_waiting(k) or (q is not None and q.share is not None
+                                             and q.share.others_ingress > 0):
+                return True
+        return False
+
     def reserve(self, conn: int, channel: int, messages: int, body_bytes: int) -> None:
         """Blocked 1.0 link ``channel`` has ``messages`` (``body_bytes``) of credit that
         its held queues' tokens admitted and it has not used yet: counted against their

@@ -568,6 +568,25 @@ def test_a_held_link_is_admitted_in_its_turn_and_its_credit_reserved_on_the_toke
     assert q.overshoot_messages == overshoot and s.fc.is_blocked(1, ref)
 
 
+def test_links_alone_on_a_held_queue_wait_for_its_release() -> None:
+    """No 0-9-1 channel waits on the held queue (nor other fleet members feed it): its links
+    are not admitted while it is held (they wait for the release at the resume level)."""
+    s = Setup()
+    key = (VHOST, "capped")
+    s.server(broker_flow(7, 0, 1000))
+    limit = credit_seen(s.take()[1], 7, 0)
+    for _ in range(limit):
+        s.send(CAPPED_H, 20_000)
+    s.take()
+    t = s.clock.t
+    for i in range(1, 10):
+        s.clock.t = t + i * 0.05
+        s.fc.sampled_ready_count(key, s.clock.t - 0.001, 3, 0.001, s.clock.t)
+        s.board.settle()
+        assert flows(s.take()[1], 7) == []
+    assert s.board.admitted and key in s.fc.tripped  # (its turns came: it took none)
+
+
 def test_a_link_attached_while_its_queue_is_tripped_gets_no_credit() -> None:
     s = Setup()
     s.sample("capped", 500_000)

@@ -463,7 +463,11 @@ class LinkCredit:
     def channel_admitted(self, channel: int, now: float) -> None:
         """The controller: a held queue link ``channel`` (a link_ref) waits on has tokens
         (``floodwall.control.admission``), its turn in the round robin with the 0-9-1
-        channels waiting on it. The link gets credit for what the tokens left hold (less
+        channels waiting on it. Only while something else keeps the queue held (a 0-9-1
+        channel waiting here, other fleet members forwarding: ``held_by_others``); links
+        alone on it wait for the release, as their credit near capacity is paced to the
+        drain (``paced_window``), and the queue cycles through its resume level. The link
+        gets credit for what the tokens left hold (less
         what other held links were admitted and have not sent: ``held_room``), at most its
         window; that credit is reserved on the tokens until its transfers come
         (``FlowController.reserve``), so a 0-9-1 channel later in the round is not
@@ -473,7 +477,9 @@ class LinkCredit:
             return
         controller, conn = self.controller, self.ctx.conn_id
         keys = controller.blocked_on(conn, link.ref)
-        room = controller.held_room(keys, now, conn, link.ref) if keys else None
+        if not keys or not controller.held_by_others(keys):
+            return
+        room = controller.held_room(keys, now, conn, link.ref)
         if room is None:
             return
         size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
