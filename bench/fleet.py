@@ -1,7 +1,8 @@
 """The fleet benchmark: N floodwall sidecars feeding one capped queue.
 
 ``python -m bench.fleet [--cases 1:max,4:max,8:max,8:1000] [--seconds 10]
-[--variant NAME:ROOT:ARGS ...] [--rounds R] [--out FILE]``
+[--protocol 0-9-1|1.0|mixed] [--broker 3.10|4.0] [--variant NAME:ROOT:ARGS ...] [--rounds R]
+[--out FILE]``
 
 Starts one private RabbitMQ and the largest N of the cases' floodwall processes (JSON logs,
 uvloop, one policy: ``fleet.*`` capped at 1 MiB, resume 512 KiB), then for each case
@@ -9,9 +10,12 @@ uvloop, one policy: ``fleet.*`` capped at 1 MiB, resume 512 KiB), then for each 
 
 - a fresh queue ``fleet.<id>``, declared straight on the broker; the case waits until each
   of its N sidecars polices it (topology events);
-- one *bare* producer per sidecar (``bench.flow.raw_producer``'s kind: pre-encoded 1 KiB
-  publishes, no confirms, Channel.Flow never read: the proxy must hold what it sends), the
-  body's first two bytes its producer number;
+- one *bare* producer per sidecar and RATE (``bench.flow.raw_producer``'s kind: pre-encoded
+  1 KiB publishes, no confirms, Channel.Flow never read: the proxy must hold what it sends),
+  the body's first two bytes its producer number; with ``--protocol 1.0`` raw AMQP 1.0
+  senders instead (``bench.amqp10``: 1 KiB unsettled transfers as fast as the link credit
+  allows, into ``/amq/queue/Q`` on 3.10, ``/queues/Q`` on 4.0), with ``mixed`` every other
+  producer (0-9-1 first: ``1:max/max`` is one of each through one sidecar);
 - one consumer straight on the broker, prefetch 20, acking ``--consumer-rate`` msg/s;
 - the broker-side depth: a passive declare on a direct connection every 20 ms, plus the
   consumer's unacked messages, times 1 KiB; the peak is reported (and the management API's
@@ -21,7 +25,8 @@ After ``--seconds`` the producers stop writing (their connections stay open, so 
 sidecars hold is released, not dropped), the consumer acks as fast as it can until it has
 every message that was written (or ``--drain-timeout``): delivered vs sent, nothing lost.
 Fairness: Jain's index of the producers' delivered counts in the second half of the window
-(the queue held at capacity), ``(sum x)^2 / (n sum x^2)``; 1.0 is perfectly even.
+(the queue held at capacity), ``(sum x)^2 / (n sum x^2)``; 1.0 is perfectly even; with
+more than one protocol, per protocol too.
 
 First, for each variant, the sidecars' cost with no traffic (``--idle-seconds``): their CPU,
 the broker's, and the fleet exchange's publishes and deliveries per second.
@@ -55,7 +60,7 @@ from typing import Any
 
 import psutil
 
-from bench import amqp091, relay
+from bench import amqp091, amqp10, relay
 from bench.flow import (
     KIB,
     MIB,
@@ -77,6 +82,19 @@ from floodwall.dev.devproxy import ProxyProcess
 SIZE = 1024
 CAPACITY = MIB
 _ID = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+#: A 1.0 producer's own bound on unsettled deliveries (``bench.amqp10.firehose``'s): the
+#: proxy's credit is what paces it.
+MAX_UNSETTLED = 10_000
+PROTOCOLS = ("0-9-1", "1.0", "mixed")
+
+
+def protocol_of(pid: int, protocol: str) -> str:
+    """Producer ``pid``'s protocol: ``mixed`` alternates, 0-9-1 first (a sidecar with two
+    producers has one of each; N sidecars with one each, every other one)."""
+    if protocol != "mixed":
+        return protocol
+    return "1.0" if pid % 2 else "0-9-1"
 
 
 @dataclass
@@ -144,6 +162,48 @@ async def producer(port: int, queue: str, pid: int, rate: float, stop: asyncio.E
         await gone.wait()
     finally:
         client.abort()
+
+
+async def producer10(port: int, address: str, pid: int, rate: float, stop: asyncio.Event,
+                     counts: dict[int, int], gone: asyncio.Event) -> None:
+    """A raw AMQP 1.0 sender through one sidecar (``bench.amqp10``: pre-encoded unsettled
+    transfers, 1 KiB bodies, the first two bytes its producer number): as fast as its link
+    credit allows (rate 0), else paced on a 1 ms timer within it. Stays connected until
+    ``gone`` (its last deliveries settle)."""
+    loop = asyncio.get_running_loop()
+    _, client = await asyncio.wait_for(
+        loop.create_connection(amqp10.Amqp10Client, "127.0.0.1", port), 10)
+    counts[pid] = 0
+    try:
+        await client.open_sender(address)
+        template, id_at, tag_at = amqp10.transfer_template(_ID.pack(pid) + b"\xab" * (SIZE - 2))
+        batch, step = bytearray(template * amqp10.BATCH), len(template)
+        start = time.perf_counter()
+        while not stop.is_set() and not client.lost.done() and client.error is None:
+            n = min(amqp10.BATCH, client.sendable(MAX_UNSETTLED))
+            if rate > 0:
+                n = min(n, max(0, int((time.perf_counter() - start) * rate) - counts[pid]))
+            if n == 0:
+                client.flowed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(client.flowed.wait(), 0.001 if rate > 0 else 0.1)
+                continue
+            d = client.next_delivery
+            for i in range(n):
+                _U32.pack_into(batch, i * step + id_at, d + i)
+                _U32.pack_into(batch, i * step + tag_at, d + i)
+            client.write(bytes(batch[:n * step]))
+            client.next_delivery = d + n
+            counts[pid] += n
+            if not client._writable.is_set():
+                await client._writable.wait()
+            else:
+                await asyncio.sleep(0)
+        if client.error is not None:
+            raise amqp10.Amqp10Error(client.error)
+        await gone.wait()
+    finally:
+        await client.close(1.0)
 
 
 def jain(xs: list[float]) -> float:
@@ -289,6 +349,9 @@ class CaseRun:
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     producers: list[asyncio.Task[Any]] = field(default_factory=list)
     owner: list[int] = field(default_factory=list)  # producer -> sidecar index
+    protocol: str = "0-9-1"  # --protocol: 0-9-1, 1.0 or mixed (``protocol_of``)
+    address: str = ""  # the 1.0 producers' target: /amq/queue/Q (3.10), /queues/Q (4.0)
+    protocols: list[str] = field(default_factory=list)  # producer -> its protocol
 
     def start(self, t0: float) -> None:
         self.tasks = [
@@ -300,6 +363,12 @@ class CaseRun:
             for rate in self.case.rates:
                 pid = len(self.owner)
                 self.owner.append(i)
+                self.protocols.append(protocol_of(pid, self.protocol))
+                if self.protocols[-1] == "1.0":
+                    self.producers.append(asyncio.create_task(producer10(
+                        fw.port, self.address, pid, rate, self.stop_producing, self.sent,
+                        self.gone)))
+                    continue
                 self.producers.append(asyncio.create_task(producer(
                     fw.port, self.queue, pid, rate, self.stop_producing, self.sent,
                     self.gone)))
@@ -319,7 +388,8 @@ async def run_case(st: Stack, sidecars: list[ProxyProcess], case: Case,
     consumer = Consumer(consumer_client, opts.consumer_rate)
     await consumer_client.consume(queue, no_ack=False)
     stop_consuming = asyncio.Event()
-    run = CaseRun(st, sidecars, case, queue, consumer)
+    run = CaseRun(st, sidecars, case, queue, consumer, protocol=opts.protocol,
+                  address=("/queues/" if st.release.root is not None else "/amq/queue/") + queue)
     offsets = log_sizes(sidecars)
     t0 = time.perf_counter()
     consuming = asyncio.create_task(consumer.run(stop_consuming))
@@ -363,6 +433,12 @@ async def run_case(st: Stack, sidecars: list[ProxyProcess], case: Case,
         "max_at_s": round(run.trace.max_at, 2),
         "delivered_rates_second_half": [round(r, 1) for r in rates],
         "jain": jain([rates[pid] for pid in live]),
+        "protocols": run.protocols,
+        "jain_by_protocol": {p: jain([rates[pid] for pid in live if run.protocols[pid] == p])
+                             for p in sorted(set(run.protocols))},
+        "delivered_by_protocol": {p: round(sum(rates[pid] for pid in live
+                                               if run.protocols[pid] == p), 1)
+                                  for p in sorted(set(run.protocols))},
         "pace": sum(rates[pid] for pid in live) / opts.consumer_rate,
         "fleet_events": fleet_events(sidecars, offsets),
         "sidecar_cpu_cores": side_d / cpu_d["wall_s"] if cpu_d["wall_s"] else math.nan,
@@ -559,10 +635,22 @@ async def start_sidecars(st: Stack, variant: Variant, n: int, policies: Path,
     return sidecars
 
 
+def _by_protocol(res: dict[str, Any]) -> str:
+    """`` (0-9-1 0.998 at 500 msg/s, 1.0 0.990 at 480 msg/s)``: each protocol's Jain index
+    and delivered rate while held, when the producers speak more than one."""
+    by = res.get("jain_by_protocol") or {}
+    if len(by) < 2:
+        return ""
+    rates = res.get("delivered_by_protocol") or {}
+    return " (" + ", ".join(f"{p} {j:.3f} at {rates.get(p, 0):g} msg/s"
+                            for p, j in by.items()) + ")"
+
+
 def case_line(variant: str, res: dict[str, Any]) -> str:
     line = (f"   {variant} {res['case']:<12} peak {res['max_depth_bytes'] / KIB:7.0f} KiB "
             f"({res['overshoot_bytes'] / KIB:+.0f}), sent {res['sent']}, delivered "
-            f"{res['delivered']}, lost {res['lost']}, jain {res['jain']:.3f}, pace "
+            f"{res['delivered']}, lost {res['lost']}, jain {res['jain']:.3f}"
+            f"{_by_protocol(res)}, pace "
             f"{res['pace']:.2f}, noise {res['other_cores']:.2f}, fleet {res['fleet_events']}")
     if "kill" in res:
         k = res["kill"]
@@ -621,6 +709,7 @@ async def fleet(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict
                 {"name": v.name, "root": str(v.root) if v.root else None, "args": v.args}
                 for v in opts.variants],
             "consumer_rate": opts.consumer_rate, "prefetch": opts.prefetch,
+            "protocol": opts.protocol,
             "seconds": opts.seconds}
 
 
@@ -631,7 +720,8 @@ def report(res: dict[str, Any]) -> None:
     f = res["results"].get("fleet")
     if not f:
         return
-    print(f"one queue capped at 1 MiB, bare producers (1 KiB, no confirms, one per sidecar), "
+    print(f"one queue capped at 1 MiB, {f.get('protocol', '0-9-1')} producers (1 KiB, 0-9-1 bare: "
+          "no confirms; 1.0 raw: unsettled, as fast as credit allows), "
           f"consumer {f['consumer_rate']:g} msg/s, {f['seconds']:g} s per case; noise: CPU "
           "of everything else on the machine (sidecars and broker excluded)")
     for v in f["variants"]:
@@ -660,6 +750,7 @@ def report(res: dict[str, Any]) -> None:
                 m = r["modest"]
                 extra.append(f"modest {m['delivered']} msg/s (target {m['target']}, "
                              f"{'met' if m['met'] else 'NOT met'})")
+            extra.append(_by_protocol(r).strip(" ()"))
             print(f"  {p['variant']:<8}{p['round']:>6} {r['case']:<14}"
                   f"{r['max_depth_bytes'] / KIB:>6.0f} KiB{r['overshoot_bytes'] / KIB:>+7.0f} KiB"
                   f"{r['sent']:>8}{r['delivered']:>10}{r['lost']:>5}{r['jain']:>7.3f}"
@@ -714,6 +805,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over the variants, alternated (default 1)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--protocol", choices=PROTOCOLS, default="0-9-1",
+                   help="the producers: bare 0-9-1 publishers, raw AMQP 1.0 senders, or "
+                        "mixed (every other producer 1.0, 0-9-1 first); Jain's index is "
+                        "reported per protocol and overall")
     p.add_argument("--broker", choices=RELEASE_NAMES, default="3.10",
                    help="the RabbitMQ to run on: the host's 3.10 or the 4.0 root")
     p.add_argument("--logs", type=Path, default=None,

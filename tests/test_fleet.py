@@ -36,6 +36,7 @@ from floodwall.control.fleet import (
     max_min_shares,
     member_queue,
     poller_of,
+    withheld_by_queue,
 )
 
 Q = ("/", "orders")
@@ -413,3 +414,11 @@ def test_announcements_are_frequent_only_while_hot() -> None:
     assert announce_due(0.0, 0.1, hot=True) and not announce_due(0.0, 0.05, hot=True)
     assert announce_due(0.0, 0.09, hot=True)  # a tick's jitter
     assert MEMBER_TIMEOUT > 2 * COLD_INTERVAL  # one lost cold announcement is no departure
+
+
+def test_withheld_links_windows_are_shared_over_the_queues_each_waits_on() -> None:
+    other = ("/", "other")
+    got = withheld_by_queue([(frozenset({Q}), 4000), (frozenset({Q, other}), 2000),
+                             (frozenset({other}), 0)])
+    assert got == {Q: 5000, other: 1000}
+    assert withheld_by_queue([]) == {}

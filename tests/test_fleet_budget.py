@@ -30,6 +30,7 @@ from floodwall.control.fleet_polls import fleet_count_interval
 from floodwall.control.fleet_rate import CATCH_UP, RateShares
 from floodwall.control.policy import parse_policies
 from floodwall.control.schedule import predicted_full
+from floodwall.enforce.amqp10.credit import drain_part
 from tests.test_gate import Router
 
 CAPACITY = 1_000_000
@@ -479,3 +480,21 @@ def test_a_rate_share_admits_its_rate_plus_at_most_its_bank(
         for _ in range(int((top - forwarded) * use // M)):
             q.depth.forwarded(now, M)
         assert q.depth.forwarded_bytes_total <= rate * (now + CATCH_UP) + M
+
+
+def test_a_members_1_0_links_pace_to_its_rate_share_of_the_drain() -> None:
+    """Near capacity a 1.0 link's window is the drain per probe interval; in a fleet, this
+    member's part of it (``drain_part``: its rate share, as held 0-9-1 admission has it), so
+    N members pacing their links feed the queue at its drain together, not N times it."""
+    fc = member(rule("me", {"me": 5e6, "b": 5e6, "c": 5e6, "d": 5e6}))
+    q = fc.queues[KEY]
+    q.depth.drain_rate = 100.0  # messages/s
+    assert drain_part(q) == pytest.approx(0.25)
+    modest = member(rule("me", {"me": 1.0, "b": 5e6}))  # it needs 1 B/s of the drain
+    modest.queues[KEY].depth.drain_rate = 100.0
+    assert 0 < drain_part(modest.queues[KEY]) < 0.01
+    alone = member(None)
+    alone.queues[KEY].depth.drain_rate = 100.0
+    assert drain_part(alone.queues[KEY]) == 1.0
+    q.depth.drain_rate = 0.0  # nothing drains: nothing to share (the window is paced to 0)
+    assert drain_part(q) == 1.0

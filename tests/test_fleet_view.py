@@ -71,6 +71,26 @@ def test_held_bytes_are_demand() -> None:
     assert r[Q].held == 3000 and r[Q].demand == pytest.approx(3000.0)
 
 
+def test_a_withheld_links_window_is_demand_and_takes_no_part_of_the_held_bytes() -> None:
+    """A 1.0 sender link holds no publishes while its credit is withheld: its window (what
+    it would send) is its demand, so a member whose links wait is not sized on its ingress
+    alone; the 0-9-1 held bytes stay the 0-9-1 channels'."""
+    fc, meter = _controller(), IngressMeter()
+    other = ("/", "orders.b")
+    fc.queue_seen(other, 0.0)
+    fc.sampled_management(other, ManagementSample(0.0, 10, 0, 1000, 1000, 0), 0.0)
+    fc.forwarded("/", frozenset({"orders.a", "orders.b"}), 20_000, 0.5)  # both tripped
+    assert fc.block(1, 1, frozenset({Q}), 1.0)  # a 0-9-1 channel
+    assert fc.block(2, 1 << 32, frozenset({Q, other}), 1.0, wants=65_536)  # a 1.0 link
+    counters = GateCounters(held_bytes=3000)
+    my_reports(fc, counters, meter, 1.0)
+    r = my_reports(fc, counters, meter, 1.1)
+    assert r[Q].held == 3000 + 32_768 and r[Q].demand == pytest.approx(35_768.0)
+    assert r[other].held == 32_768
+    fc.connection_closed(2, 1.2)  # the link's hold ends with it: its window is demand no more
+    assert my_reports(fc, counters, meter, 1.3)[other].held == 0
+
+
 def test_figures_state_and_metrics_show_every_member() -> None:
     fc = _controller()
     table = FleetTable("me")

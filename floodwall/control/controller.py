@@ -102,11 +102,11 @@ class ChannelHolds:
         self.times = HoldTimes()  # by policy (ALARM_LABEL); lookups alone are not holds
 
     def begin(self, ref: Ref, queues: set[QueueKey], policies: frozenset[str],
-              now: float) -> bool:
+              now: float, wants: int = 0) -> bool:
         """``ref`` waits on ``queues`` as well (a hold under ``policies``); True if it did
         not wait before."""
         self.times.blocked(ref, policies)
-        return self.table.add(ref, queues, now)
+        return self.table.add(ref, queues, now, wants)
 
     def end(self, ref: Ref, outcome: str, now: float) -> None:
         """``ref`` waits no more (``outcome``: released, closed); its time goes into
@@ -422,8 +422,10 @@ class FlowController:
                     self._evaluate(q, now)
 
     # -- blocking ----------------------------------------------------------------------
-    def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float) -> bool:
-        """Block ``channel`` on ``queues``; True if it was not blocked before.
+    def block(self, conn: int, channel: int, queues: frozenset[QueueKey], now: float,
+              wants: int = 0) -> bool:
+        """Block ``channel`` on ``queues``; True if it was not blocked before. ``wants``: a
+        1.0 link's window in bytes (it holds nothing: what it would send is its demand).
 
         Re-checks at once (a release may race the block): a queue that released meanwhile is
         dropped from the set again, and if none is left the channel is not blocked.
@@ -436,13 +438,59 @@ class FlowController:
             return False
         return self._holds.begin(ref, still, frozenset(
             {self.queues[k].policy.name for k in still if k in self.queues}
-            | ({ALARM_LABEL} if ALARM in still else set())), now)
+            | ({ALARM_LABEL} if ALARM in still else set())), now, wants)
 
     def admits(self, keys: frozenset[QueueKey], now: float) -> bool:
         """Whether a held publish blocked on ``keys`` may go now: each is a tripped queue
-        with tokens (no alarm, lookup or spool backlog among them)."""
+        with tokens (no alarm, lookup or spool backlog among them), less what held 1.0
+        links were admitted and have not sent yet (``reserve``)."""
+        if self._holds.table.reserving:
+            room = self.admission_room(keys, now)
+            return room is not None and room[0] > 0 and room[1] > 0
         return all(k in self.queues and k not in self._backlogged
                    and self.admission.admits(k, self.queues[k], now) for k in keys)
+
+    def admission_room(self, keys: frozenset[QueueKey], now: float, conn: int = 0,
+                  channel: int | None = None) -> tuple[float, float] | None:
+        """The tokens (body bytes, publishes) the held queues ``keys`` have left for
+        blocked ref ``(conn, channel)`` (None: for a publish), its own reservation left
+        out: the least over them of what admission offers less every other held 1.0
+        link's reservation; None when one of them admits nothing (an alarm, a lookup, a
+        spool backlog, no figure)."""
+        table = self._holds.table
+        but = None if channel is None else (conn, channel)
+        room_bytes = room_messages = math.inf
+        for k in keys:
+            q = self.queues.get(k)
+            if q is None or k in self._backlogged:
+                return None
+            room = self.admission.room(k, q, now)
+            if room is None:
+                return None
+            reserved_bytes, reserved_messages = table.reserved_on(k, but)
+            room_bytes = min(room_bytes, room[0] - reserved_bytes)
+            room_messages = min(room_messages, room[1] - reserved_messages)
+        return room_bytes, room_messages
+
+    def held_by_others(self, keys: frozenset[QueueKey]) -> bool:
+        """Whether something besides held 1.0 links keeps one of ``keys`` held: a 0-9-1
+        channel of this sidecar waits on it (its held publishes use the tokens, so the queue
+        stays held: ``Admission.busy``), or other fleet members forward into it. Only then
+        is a held 1.0 link admitted (``LinkCredit.channel_admitted``); alone, links wait for
+        the release, their credit near capacity paced to the drain."""
+        table = self._holds.table
+        for k in keys:
+            q = self.queues.get(k)
+            if table.channels_waiting(k) or (q is not None and q.share is not None
+                                             and q.share.others_ingress > 0):
+                return True
+        return False
+
+    def reserve(self, conn: int, channel: int, messages: int, body_bytes: int) -> None:
+        """Blocked 1.0 link ``channel`` has ``messages`` (``body_bytes``) of credit that
+        its held queues' tokens admitted and it has not used yet: counted against their
+        tokens (``admission_room``, ``admits``) until it says less or its block ends."""
+        self._holds.table.reserve((conn, channel), messages, body_bytes)
 
     # -- depth and alarms --------------------------------------------------------------
     def count_asked(self, key: QueueKey, at: float) -> None:

@@ -356,6 +356,22 @@ def held_by_queue(blocked: Iterable[frozenset[QueueKey]], held_bytes: int
     return {k: held_bytes * n // len(sets) for k, n in per.items()}
 
 
+def withheld_by_queue(blocked: Iterable[tuple[frozenset[QueueKey], int]]
+                      ) -> dict[QueueKey, int]:
+    """The bytes the sidecar's withheld 1.0 sender links would send if they had credit
+    (each its window, ``Blocked.wants_bytes``), shared out over the queues each waits on: a
+    link holds no publishes, so without them a member whose links are withheld announces a
+    demand of its ingress alone, which shrinks its share as it waits (0-9-1 channels hold
+    their publishes: ``held_by_queue``)."""
+    per: dict[QueueKey, int] = {}
+    for queues, wants in blocked:
+        if wants and queues:
+            part = wants // len(queues)
+            for key in queues:
+                per[key] = per.get(key, 0) + part
+    return per
+
+
 def last_sample(depth: QueueDepth, now: float) -> tuple[int, float] | None:
     """(bytes, age) of the queue's last ready count, as the estimate took it: ready
     messages times the mean body size (a capacity counts ready messages only)."""

@@ -23,6 +23,7 @@ from floodwall.control.fleet import (
     held_by_queue,
     is_fleet_queue,
     last_sample,
+    withheld_by_queue,
 )
 from floodwall.enforce.counters import GateCounters
 
@@ -52,12 +53,13 @@ def my_reports(controller: FlowController, counters: GateCounters, meter: Ingres
     queue's demand is None until its ingress has been measured once (a newcomer)."""
     keys = [k for k in controller.queues if not is_fleet_queue(k[1])]
     meter.update({k: controller.queues[k].depth.forwarded_bytes_total for k in keys}, now)
-    held = held_by_queue((b.queues for b in controller.blocked_channels()),
-                         counters.held_bytes)
+    blocked = controller.blocked_channels()
+    held = held_by_queue((b.queues for b in blocked if not b.wants_bytes), counters.held_bytes)
+    withheld = withheld_by_queue((b.queues, b.wants_bytes) for b in blocked)
     out: dict[QueueKey, QueueReport] = {}
     for key in keys:
         rate = meter.rates.get(key)
-        h = held.get(key, 0)
+        h = held.get(key, 0) + withheld.get(key, 0)
         sample = last_sample(controller.queues[key].depth, now)
         out[key] = QueueReport(rate or 0.0, h, None if rate is None else demand_of(rate, h),
                                sample[0] if sample else None, sample[1] if sample else None)

@@ -498,6 +498,8 @@ def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -
     assert s.fc.is_blocked(1, link_ref(0, CAPPED_H))
     blocked = s.fc.blocked_channels()
     assert [(b.conn_id, b.channel) for b in blocked] == [(1, link_ref(0, CAPPED_H))]
+    # what it would send with credit (its window) is its demand to a fleet: it holds nothing
+    assert blocked[0].wants_bytes == policy_window(s.fc.queues[(VHOST, "capped")].policy)
     # the free link on the same session goes on, byte for byte
     free = b"".join(s.send(FREE_H, 20_000) for _ in range(5))
     to_server, to_client = s.take()
@@ -521,6 +523,68 @@ def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -
     assert credit_seen(to_client, 7, n) > 0
     assert s.fc.blocked_channels() == []
     assert s.counters.signals == {("amqp10", "flow_off"): 1, ("amqp10", "flow_on"): 1}
+
+
+def test_a_held_link_is_admitted_in_its_turn_and_its_credit_reserved_on_the_tokens() -> None:
+    """While its queue is held, a withheld link is admitted in the round robin with the 0-9-1
+    channels waiting on the queue: credit for what the tokens hold (at most its window),
+    reserved on them until its transfers come, so a publish later in the round is not
+    admitted on the same tokens; what it sends on that credit is admitted, not overshoot,
+    and the link stays blocked."""
+    s = Setup()
+    key, ref = (VHOST, "capped"), link_ref(0, CAPPED_H)
+    s.server(broker_flow(7, 0, 1000))
+    _, to_client = s.take()
+    limit = credit_seen(to_client, 7, 0)
+    for _ in range(limit):  # 5 trip it, the rest on the credit the client had: overshoot
+        s.send(CAPPED_H, 20_000)
+    q = s.fc.queues[key]
+    assert key in s.fc.tripped and s.fc.is_blocked(1, ref)
+    overshoot = q.overshoot_messages
+    assert s.fc.block(2, 1, frozenset({key}), s.clock.t)  # a 0-9-1 channel waits on it too
+    s.take()
+    t = s.clock.t
+    granted: list[list[object]] = []
+    for i in range(1, 10):  # counts: 3 messages ready (60 KB, above resume), draining
+        s.clock.t = t + i * 0.05
+        s.fc.sampled_ready_count(key, s.clock.t - 0.001, 3, 0.001, s.clock.t)
+        s.board.settle()
+        granted = flows(s.take()[1], 7)
+        if granted:
+            break
+    assert granted, "never admitted"
+    admitted = num(granted[-1][5]) + num(granted[-1][6]) - limit
+    assert 0 < admitted <= window_for(20_000, policy_window(q.policy))
+    mine = s.fc.admission_room(frozenset({key}), s.clock.t, 1, ref)
+    theirs = s.fc.admission_room(frozenset({key}), s.clock.t)
+    assert mine is not None and theirs is not None
+    assert theirs[1] == mine[1] - admitted and theirs[0] < mine[0]
+    assert s.fc.is_blocked(1, ref) and s.counters.signals.get(("amqp10", "flow_on")) is None
+    for _ in range(admitted):
+        s.send(CAPPED_H, 20_000)
+    s.take()
+    assert s.fc.admission_room(frozenset({key}), s.clock.t) == \
+        s.fc.admission_room(frozenset({key}), s.clock.t, 1, ref)  # nothing reserved any more
+    assert q.overshoot_messages == overshoot and s.fc.is_blocked(1, ref)
+
+
+def test_links_alone_on_a_held_queue_wait_for_its_release() -> None:
+    """No 0-9-1 channel waits on the held queue (nor other fleet members feed it): its links
+    are not admitted while it is held (they wait for the release at the resume level)."""
+    s = Setup()
+    key = (VHOST, "capped")
+    s.server(broker_flow(7, 0, 1000))
+    limit = credit_seen(s.take()[1], 7, 0)
+    for _ in range(limit):
+        s.send(CAPPED_H, 20_000)
+    s.take()
+    t = s.clock.t
+    for i in range(1, 10):
+        s.clock.t = t + i * 0.05
+        s.fc.sampled_ready_count(key, s.clock.t - 0.001, 3, 0.001, s.clock.t)
+        s.board.settle()
+        assert flows(s.take()[1], 7) == []
+    assert s.board.admitted and key in s.fc.tripped  # (its turns came: it took none)
 
 
 def test_a_link_attached_while_its_queue_is_tripped_gets_no_credit() -> None:

@@ -5,8 +5,6 @@ connection's hold accounting. A part the gate owns (``PublishFlow``), shared wit
 
 from __future__ import annotations
 
-import math
-
 from pamqp import commands
 
 from floodwall.control.controller import ALARM, QueueKey, forwarded_run, quiet_room
@@ -239,14 +237,12 @@ class HeldChannels:
         if blocking:
             if any((vhost, n) in policed and (vhost, n) not in blocking for n in queues):
                 return False
-            room_bytes = room_messages = math.inf
-            for k in blocking:  # each admits (``_release`` asked): the least room of them
-                q = policed.get(k)
-                room = None if q is None else controller.admission.room(k, q, now)
-                if room is None:
-                    return False
-                room_bytes, room_messages = min(room_bytes, room[0]), min(room_messages, room[1])
-            whole = 0
+            # each admits (``_release`` asked): the least room of them, less what held 1.0
+            # links were admitted and have not sent yet
+            room = controller.admission_room(blocking, now)
+            if room is None:
+                return False
+            (room_bytes, room_messages), whole = room, 0
         else:
             quiet = quiet_room(policed, vhost, queues)
             if quiet is None:

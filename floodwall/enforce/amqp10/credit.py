@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from floodwall.control.controller import QueueKey
+from floodwall.control.controller import PolicedQueue, QueueKey
 from floodwall.enforce import events as ev
 from floodwall.enforce.amqp10.links import (
     _DETACHING,
@@ -268,7 +268,7 @@ class LinkCredit:
             interval = depth.sample_interval
             share = None
             if drain is not None and interval is not None:
-                share = drain * interval / self._feeders(key[1])
+                share = drain * interval * drain_part(q) / self._feeders(key[1])
             window = min(window, paced_window(ceiling, share))
         return window
 
@@ -393,6 +393,8 @@ class LinkCredit:
         fixed destination's queues, when the caller has just routed them (``_queues(link)``).
         """
         if link.blocked:
+            if link.admitted_credit:
+                self._admitted_sent(link)
             return
         fixed: frozenset[str] | None = None
         if link.per_message:
@@ -435,7 +437,8 @@ class LinkCredit:
         """Block the link on ``blocking``; False when they all released meanwhile."""
         if link.blocked:
             return True
-        newly = self.controller.block(self.ctx.conn_id, link.ref, blocking, now)
+        newly = self.controller.block(self.ctx.conn_id, link.ref, blocking, now,
+                                      link.window_bytes)
         if not newly and not self.controller.is_blocked(self.ctx.conn_id, link.ref):
             return False
         link.move(LinkInput.BLOCKED)
@@ -449,17 +452,60 @@ class LinkCredit:
         self.ctx.counters.signalled(PROTOCOL, active)
         self.ctx.outbox.append(ev.Signalled(self.lifecycle.at(link), active))
 
-    def channel_admitted(self, channel: int, now: float) -> None:
-        """A held queue the link waits on has tokens. A 1.0 link is not admitted while held:
-        it keeps waiting for the release (its credit near capacity is paced by
-        ``paced_window`` instead); nothing to do."""
-
-    def channel_released(self, channel: int, now: float) -> None:
-        """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
+    def _link_of(self, channel: int) -> SenderLink | None:
+        """The sender link of link_ref ``channel`` (None: gone, or detached by the proxy)."""
         session = self.sessions.get(channel >> 32)
         link = session.links.get(channel & 0xFFFFFFFF) if session is not None else None
         if not isinstance(link, SenderLink) or link.detaching:
+            return None
+        return link
+
+    def channel_admitted(self, channel: int, now: float) -> None:
+        """The controller: a held queue link ``channel`` (a link_ref) waits on has tokens
+        (``floodwall.control.admission``), its turn in the round robin with the 0-9-1
+        channels waiting on it. Only while something else keeps the queue held (a 0-9-1
+        channel waiting here, other fleet members forwarding: ``held_by_others``); links
+        alone on it wait for the release, as their credit near capacity is paced to the
+        drain (``paced_window``), and the queue cycles through its resume level. The link
+        gets credit for what the tokens left hold (less
+        what other held links were admitted and have not sent: ``admission_room``), at most its
+        window; that credit is reserved on the tokens until its transfers come
+        (``FlowController.reserve``), so a 0-9-1 channel later in the round is not
+        admitted on it too. The link stays blocked (its hold goes on)."""
+        link = self._link_of(channel)
+        if link is None or not link.blocked:
             return
+        controller, conn = self.controller, self.ctx.conn_id
+        keys = controller.blocked_on(conn, link.ref)
+        if not keys or not controller.held_by_others(keys):
+            return
+        room = controller.admission_room(keys, now, conn, link.ref)
+        if room is None:
+            return
+        size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
+        window = window_for(size, link.window_bytes)
+        admitted = int(min(window, room[0] // size, room[1]))  # (a room may be inf)
+        if admitted <= link.credit.client_credit:
+            return
+        grant = link.credit.grant(admitted)
+        link.admitted_credit = left = link.credit.client_credit
+        controller.reserve(conn, link.ref, left, left * size)
+        link.starved_since = None  # (its deadline counts from when it is out of credit again)
+        self.lifecycle.send_grant(link, grant)
+
+    def _admitted_sent(self, link: SenderLink) -> None:
+        """A held link sent on admitted credit: its reservation is what it has left."""
+        left = min(link.admitted_credit, link.credit.client_credit)
+        link.admitted_credit = left
+        self.controller.reserve(self.ctx.conn_id, link.ref, left,
+                                left * (link.typical_bytes or ASSUMED_MESSAGE_BYTES))
+
+    def channel_released(self, channel: int, now: float) -> None:
+        """The controller: every queue link ``channel`` (a link_ref) waited on has drained."""
+        link = self._link_of(channel)
+        if link is None:
+            return
+        link.admitted_credit = 0  # (its reservation ended with its hold)
         link.move(LinkInput.RELEASED)
         link.starved_since = None
         self.withheld.pop(link.ref, None)
@@ -469,3 +515,18 @@ class LinkCredit:
         grant = self._decide(link, window, now)
         if not link.blocked:
             self.lifecycle.send_grant(link, grant)
+
+
+def drain_part(q: PolicedQueue) -> float:
+    """This sidecar's part (0..1) of ``q``'s drain: 1 alone; in a fleet, its rate share of
+    the drain (``ShareRule.rate_share``: max-min fair on the members' announced demands),
+    as a held 0-9-1 channel's admission has it, so N members pacing their links near
+    capacity feed the queue at its drain together, not N times it."""
+    rule = q.share
+    if rule is None:
+        return 1.0
+    depth = q.depth
+    drain = (depth.drain_rate or 0.0) * (depth.average_body_bytes() or ASSUMED_MESSAGE_BYTES)
+    if drain <= 0:
+        return 1.0
+    return min(1.0, rule.rate_share(drain) / drain)

@@ -358,8 +358,8 @@ class CreditFlow:
             link.deliveries += 1
             link.payload_bytes += delivery.bytes
             controller = self.controller
-            if controller.any_tripped:  # sent on credit granted before a trip
-                self.credit.overshoot(delivery.queues, delivery.bytes)
+            if controller.any_tripped and not link.admitted_credit:  # (credit granted
+                self.credit.overshoot(delivery.queues, delivery.bytes)  # before a trip)
             controller.forwarded(self.ctx.vhost, delivery.queues, delivery.bytes, now,
                                  delivery.tracked_id is not None)
             if link.per_message and controller.queues:

@@ -238,6 +238,10 @@ class SenderLink:
     deliveries: int = 0
     payload_bytes: int = 0
     starved_since: float | None = None  # withheld and out of credit since (expire's now)
+    # Withheld, the credit a held queue's tokens admitted that the client has not used yet
+    # (``LinkCredit.channel_admitted``; reserved on the queues' tokens in the controller):
+    # its deliveries on it are admitted, not overshoot.
+    admitted_credit: int = 0
     # The spool said no, or the link sent a transactional transfer: held by credit until
     # its queue is released.
     spool_refused: bool = False
