@@ -31,9 +31,6 @@ STATEFUL_BASES_ACROSS_MODULES = {
     ("floodwall.io.probes.DepthProbes", "floodwall.io.management_probes.ManagementProbes"),
     ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.probes.DepthProbes"),
     ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.management_probes.ManagementProbes"),
-    ("floodwall.wire.amqp091.connection.FrameRelay", "floodwall.wire.relaycore.CoreOutput"),
-    ("floodwall.wire.amqp091.connection.Connection", "floodwall.wire.relaycore.CoreOutput"),
-    ("floodwall.wire.amqp10.connection.Connection", "floodwall.wire.relaycore.CoreOutput"),
 }
 
 

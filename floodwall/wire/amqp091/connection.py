@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
@@ -176,7 +176,7 @@ def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: 
     return encode_method(method, 0)
 
 
-class FrameRelay(CoreOutput):
+class FrameRelay:
     """The relay half of a 0-9-1 core: both byte streams, the methods every core reads
     (tuning, open, close, channel lifecycle), failures. ``Connection`` adds the publish gate's
     and the topology watch's methods (``_handlers``)."""
@@ -209,14 +209,13 @@ class FrameRelay(CoreOutput):
         self.channels: dict[int, ChannelState] = {}
 
         self._frame_limit = FRAME_MIN_SIZE  # what scan() enforces; never below FRAME_MIN_SIZE
-        self._to_server: list[Buffer] = []
-        self._to_client: list[Buffer] = []
-        self._events: list[object] = []  # topology changes, the gate's events
+        self.output = CoreOutput(self._own)  # frames for each peer, events for the I/O layer
+        self._take = self.output.take  # (bound once: taken per frame the gate answers)
         self._now = 0.0  # the time the current receive call was given
         self._passed = 0  # where a run of publishes that passes in place ended (runs.py)
         self._held_frames = 0  # frames a held run took after its publish's method (runs.py)
-        self._client_in = _Inbound(Side.CLIENT, self.from_client, self._to_server)
-        self._server_in = _Inbound(Side.SERVER, self.from_server, self._to_client)
+        self._client_in = _Inbound(Side.CLIENT, self.from_client, self.output.to_server)
+        self._server_in = _Inbound(Side.SERVER, self.from_server, self.output.to_client)
         self.gate = gate
         self.topology = TopologyWatch() if watch_topology else None
         kind = (type(self), gate is not None, watch_topology)
@@ -230,6 +229,11 @@ class FrameRelay(CoreOutput):
         """What each direction stops at, and what reads each method (``Connection``): the
         same for every core of one class with the same gate and topology settings."""
         raise NotImplementedError
+
+    def _own(self, command: object) -> bool:
+        """Carry out a command of the gate meant for the core itself; False for anything
+        else (``Connection``)."""
+        return False
 
     # --- RelayCore -------------------------------------------------------------------
 
@@ -247,11 +251,23 @@ class FrameRelay(CoreOutput):
 
     def data_for_server(self) -> bytes:
         """Everything queued for the broker (b"" if nothing), and forget it."""
-        return _drain(self._to_server)
+        return _drain(self.output.to_server)
 
     def data_for_client(self) -> bytes:
         """Everything queued for the client (b"" if nothing), and forget it."""
-        return _drain(self._to_client)
+        return _drain(self.output.to_client)
+
+    def chunks_for_server(self) -> list[Any]:
+        """``data_for_server`` as the pieces it would join, for a vectored write."""
+        return self.output.chunks_for_server()
+
+    def chunks_for_client(self) -> list[Any]:
+        """``data_for_client`` as the pieces it would join, for a vectored write."""
+        return self.output.chunks_for_client()
+
+    def events(self) -> Sequence[object]:
+        """What the core and its gate made besides frames, in order (and forget it)."""
+        return self.output.take_events()
 
     # --- state for the rest of the proxy ----------------------------------------------
 
@@ -456,14 +472,14 @@ class FrameRelay(CoreOutput):
             inbound.tail = bytearray()
             inbound.parts, inbound.parts_len = [], 0
         if side is Side.CLIENT:
-            self._to_client.append(
+            self.output.to_client.append(
                 close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
             )
             return
-        self._to_server.append(
+        self.output.to_server.append(
             close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
         )
-        self._to_client.append(
+        self.output.to_client.append(
             close_frame(
                 INTERNAL_ERROR,
                 f"INTERNAL_ERROR - upstream broker sent a malformed frame: "
@@ -771,7 +787,7 @@ class Connection(FrameRelay):
                | buf[offset + 10])
         change = self.topology.request(key, channel, buf, offset, base)
         if change is not None:
-            self._events.append(change)
+            self.output.events.append(change)
 
     def _on_topology_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         assert self.topology is not None
@@ -779,7 +795,7 @@ class Connection(FrameRelay):
                | buf[offset + 10])
         change = self.topology.reply(key, channel, buf, offset, base)
         if change is not None:
-            self._events.append(change)
+            self.output.events.append(change)
 
     def collect(self) -> None:
         """Take what the gate made outside a receive call (held frames released, expiries,
@@ -799,12 +815,11 @@ class Connection(FrameRelay):
         for inbound in (self._client_in, self._server_in):
             inbound.tail = bytearray()
             inbound.parts, inbound.parts_len = [], 0
-        self._to_server.clear()
-        self._to_client.clear()
+        self.output.clear()
         text = f"INTERNAL_ERROR - {reason}"
-        self._to_client.append(close_frame(INTERNAL_ERROR, text))
+        self.output.to_client.append(close_frame(INTERNAL_ERROR, text))
         if self.closing is None:
-            self._to_server.append(close_frame(INTERNAL_ERROR, text))
+            self.output.to_server.append(close_frame(INTERNAL_ERROR, text))
 
     def _own(self, command: object) -> bool:
         if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone

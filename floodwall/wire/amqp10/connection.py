@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from floodwall.wire.amqp10.addresses import vhost_of
 from floodwall.wire.amqp10.endpoints import Peer
@@ -160,7 +161,7 @@ def _clip(text: str) -> str:
     return raw[: DESCRIPTION_LIMIT - 3].decode("utf-8", "ignore") + "..."
 
 
-class Connection(CoreOutput):
+class Connection:
     """The AMQP 1.0 ``RelayCore``: relays both directions unchanged and tracks the connection.
 
     Built with the client's first protocol header, which the I/O layer has already read and
@@ -198,12 +199,13 @@ class Connection(CoreOutput):
         self.failure = None
         self.from_client = FrameCounts()
         self.from_server = FrameCounts()
-        self._to_server: list[bytes] = []
-        self._to_client: list[bytes] = []
-        self._events: list[object] = []  # what the gate made besides frames
+        self.output = CoreOutput(self._own)  # frames for each peer, events for the I/O layer
+        self._take = self.output.take  # (bound once: taken per frame the gate answers)
         self._now = 0.0  # the time the current receive call was given
-        self._client = _Stream(Side.CLIENT, client_phase, self.from_client, self._to_server)
-        self._server = _Stream(Side.SERVER, server_phase, self.from_server, self._to_client)
+        self._client = _Stream(Side.CLIENT, client_phase, self.from_client,
+                               self.output.to_server)
+        self._server = _Stream(Side.SERVER, server_phase, self.from_server,
+                               self.output.to_client)
         client, server = self._client, self._server
         client.on_amqp = lambda c, ch, buf, st, b, e: self._amqp_frame(
             client, server, c, ch, buf, st, b, e)
@@ -229,10 +231,19 @@ class Connection(CoreOutput):
             self._receive(self._server, data)
 
     def data_for_server(self) -> bytes:
-        return _drain(self._to_server)
+        return _drain(self.output.to_server)
 
     def data_for_client(self) -> bytes:
-        return _drain(self._to_client)
+        return _drain(self.output.to_client)
+
+    def chunks_for_server(self) -> list[Any]:
+        return self.output.chunks_for_server()
+
+    def chunks_for_client(self) -> list[Any]:
+        return self.output.chunks_for_client()
+
+    def events(self) -> Sequence[object]:
+        return self.output.take_events()
 
     @property
     def pending_bytes(self) -> int:
@@ -530,7 +541,7 @@ class Connection(CoreOutput):
         self._client.tail = bytearray()
         self._server.tail = bytearray()
         if refused:  # the client waits for a sasl-outcome; the broker for a sasl-init
-            self._to_client.append(frame(encode_performative(SASL_OUTCOME, code=UByte(
+            self.output.to_client.append(frame(encode_performative(SASL_OUTCOME, code=UByte(
                 SASL_AUTH)), 0, SASL_FRAME))
             return
         blame = f"floodwall closed the connection: the {stream.side.value} sent bad data"
@@ -544,8 +555,7 @@ class Connection(CoreOutput):
     def abort(self, reason: str) -> None:
         """The proxy failed: all held and queued is dropped, each peer told internal-error."""
         self._client.tail, self._server.tail = bytearray(), bytearray()
-        self._to_server.clear()
-        self._to_client.clear()
+        self.output.clear()
         self._close("amqp:internal-error", reason, "amqp:internal-error", reason)
 
     def _close(self, client_condition: str, client_description: str,
@@ -554,11 +564,11 @@ class Connection(CoreOutput):
         to_client = close_for_client(self._client, self._server, client_condition,
                                      client_description)
         if to_client:
-            self._to_client.append(to_client)
+            self.output.to_client.append(to_client)
         to_server = close_for_server(self._client, self._server, server_condition,
                                      server_description)
         if to_server:
-            self._to_server.append(to_server)
+            self.output.to_server.append(to_server)
 
 
 def close_for_client(client: _Stream, server: _Stream, condition: str,
