@@ -28,9 +28,6 @@ STATEFUL_BASES_ACROSS_MODULES = {
     ("floodwall.io.amqp10_client.Amqp10Reading", "floodwall.io.writes.BatchedWrites"),
     ("floodwall.io.amqp10_client.Amqp10Client", "floodwall.io.writes.BatchedWrites"),
     ("floodwall.io.amqp_client.AmqpClient", "floodwall.io.writes.BatchedWrites"),
-    ("floodwall.io.probes.DepthProbes", "floodwall.io.management_probes.ManagementProbes"),
-    ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.probes.DepthProbes"),
-    ("floodwall.io.supervisor.FlowSupervisor", "floodwall.io.management_probes.ManagementProbes"),
 }
 
 
