@@ -83,9 +83,10 @@ class CoreOutput:
     typed values besides them (``events``: topology changes, the gate's events).
 
     ``take`` moves a gate's output in at the point the gate made it: frames into the queues,
-    commands meant for the core itself to ``own`` (the core's method: True when it carried one
-    out), the rest into ``events``. A core binds ``take`` once (a gate's output is taken per
-    frame on the hot path)."""
+    commands meant for the core itself to ``own`` (True when it carried one out: a function
+    of the core's state, not a method of the core, which the core's output would keep alive),
+    the rest into ``events``. A core binds ``take`` once (a gate's output is taken per frame
+    on the hot path) and empties the queues with ``take_all``."""
 
     __slots__ = ("events", "own", "to_client", "to_server")
 
@@ -101,16 +102,6 @@ class CoreOutput:
             return ()
         out, self.events = self.events, []
         return out
-
-    def chunks_for_server(self) -> list[Any]:
-        """What the core's ``data_for_server`` would return, as the pieces it would join
-        (bytes, or views of bytes that never change), and forget it: for a vectored write, no
-        copy."""
-        return _take_all(self.to_server)
-
-    def chunks_for_client(self) -> list[Any]:
-        """What ``data_for_client`` would return, as pieces (see ``chunks_for_server``)."""
-        return _take_all(self.to_client)
 
     def take(self, gate: GateOutputHooks) -> None:
         """Move the gate's output into the queues, in order; keep its events."""
@@ -128,7 +119,10 @@ class CoreOutput:
         self.to_client.clear()
 
 
-def _take_all(queue: list[Any]) -> list[Any]:
+def take_all(queue: list[Any]) -> list[Any]:
+    """A core's ``chunks_for_server`` / ``chunks_for_client``: what its ``data_for_server``
+    (``data_for_client``) would return, as the pieces it would join (bytes, or views of bytes
+    that never change), and forget it: for a vectored write, no copy."""
     if not queue:
         return []
     out = queue[:]  # the queue itself stays: the core's directions hold it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from floodwall.wire.relaycore import (
     Failure,
     FrameCounts,
     Side,
+    take_all,
 )
 
 INTERNAL_ERROR: Final = 541
@@ -209,7 +211,8 @@ class FrameRelay:
         self.channels: dict[int, ChannelState] = {}
 
         self._frame_limit = FRAME_MIN_SIZE  # what scan() enforces; never below FRAME_MIN_SIZE
-        self.output = CoreOutput(self._own)  # frames for each peer, events for the I/O layer
+        # Frames for each peer, events for the I/O layer; the gate's ForgetChannel, carried out.
+        self.output = CoreOutput(functools.partial(_forget_channel, self.channels))
         self._take = self.output.take  # (bound once: taken per frame the gate answers)
         self._now = 0.0  # the time the current receive call was given
         self._passed = 0  # where a run of publishes that passes in place ended (runs.py)
@@ -229,12 +232,6 @@ class FrameRelay:
         """What each direction stops at, and what reads each method (``Connection``): the
         same for every core of one class with the same gate and topology settings."""
         raise NotImplementedError
-
-    def _own(self, command: object) -> bool:
-        """Carry out a command of the gate meant for the core itself; False for anything
-        else (``Connection``)."""
-        return False
-
     # --- RelayCore -------------------------------------------------------------------
 
     def receive_from_client(self, data: bytes, now: float) -> None:
@@ -259,11 +256,11 @@ class FrameRelay:
 
     def chunks_for_server(self) -> list[Any]:
         """``data_for_server`` as the pieces it would join, for a vectored write."""
-        return self.output.chunks_for_server()
+        return take_all(self.output.to_server)
 
     def chunks_for_client(self) -> list[Any]:
         """``data_for_client`` as the pieces it would join, for a vectored write."""
-        return self.output.chunks_for_client()
+        return take_all(self.output.to_client)
 
     def events(self) -> Sequence[object]:
         """What the core and its gate made besides frames, in order (and forget it)."""
@@ -821,11 +818,13 @@ class Connection(FrameRelay):
         if self.closing is None:
             self.output.to_server.append(close_frame(INTERNAL_ERROR, text))
 
-    def _own(self, command: object) -> bool:
-        if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone
-            self.channels.pop(command.channel, None)
-            return True
-        return False
+
+def _forget_channel(channels: dict[int, ChannelState], command: object) -> bool:
+    """The core's own command (``CoreOutput.own``): a channel the proxy closed is gone."""
+    if isinstance(command, ForgetChannel):
+        channels.pop(command.channel, None)
+        return True
+    return False
 
 
 def frame_limit(server: TuneParams | None, client: TuneParams | None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from enum import Enum
@@ -63,6 +64,7 @@ from floodwall.wire.relaycore import (
     Failure,
     FrameCounts,
     Side,
+    take_all,
 )
 
 RUN_MOST: Final = 1 << 31
@@ -199,7 +201,7 @@ class Connection:
         self.failure = None
         self.from_client = FrameCounts()
         self.from_server = FrameCounts()
-        self.output = CoreOutput(self._own)  # frames for each peer, events for the I/O layer
+        self.output = CoreOutput()  # frames for each peer, events for the I/O layer
         self._take = self.output.take  # (bound once: taken per frame the gate answers)
         self._now = 0.0  # the time the current receive call was given
         self._client = _Stream(Side.CLIENT, client_phase, self.from_client,
@@ -213,6 +215,7 @@ class Connection:
             server, client, c, ch, buf, st, b, e)
         client.on_sasl = self._client_sasl_frame
         server.on_sasl = self._server_sasl_frame
+        self.output.own = functools.partial(_read_every_frame, client, server)
         self.conn_id = conn_id
         self.gate = gate
         if gate is not None:
@@ -237,10 +240,10 @@ class Connection:
         return _drain(self.output.to_client)
 
     def chunks_for_server(self) -> list[Any]:
-        return self.output.chunks_for_server()
+        return take_all(self.output.to_server)
 
     def chunks_for_client(self) -> list[Any]:
-        return self.output.chunks_for_client()
+        return take_all(self.output.to_client)
 
     def events(self) -> Sequence[object]:
         return self.output.take_events()
@@ -255,12 +258,6 @@ class Connection:
         acknowledgement) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
             self._take(self.gate)
-
-    def _own(self, command: object) -> bool:
-        if isinstance(command, ReadEveryFrame):
-            (self._read_server_dispositions if command.broker_only else self._read_dispositions)()
-            return True
-        return False
 
     # -- what the frames said -----------------------------------------------------------------
 
@@ -524,14 +521,6 @@ class Connection:
             _replace(stream, buf, start, end, replacement)
         return False
 
-    def _read_dispositions(self) -> None:
-        """The gate consumed a delivery: both peers' dispositions are renumbered from now."""
-        self._server.skip = self._client.skip = SKIP_NONE
-
-    def _read_server_dispositions(self) -> None:
-        """The gate counts a windowed link's deliveries until the broker settles them."""
-        self._server.skip = SKIP_NONE
-
     # -- failing ----------------------------------------------------------------------------------
 
     def _fail(self, stream: _Stream, exc: ProtocolError) -> None:
@@ -603,6 +592,18 @@ def _sasl_fields(
     if code not in allowed:
         raise DecodeError(f"{name_of(code)} is not a SASL frame the {side.value} may send")
     return fields
+
+
+def _read_every_frame(client: _Stream, server: _Stream, command: object) -> bool:
+    """The core's own command (``CoreOutput.own``): the gate consumed a delivery (both peers'
+    dispositions are renumbered from now), or counts a windowed link's deliveries until the
+    broker settles them (``broker_only``: the broker's)."""
+    if isinstance(command, ReadEveryFrame):
+        server.skip = SKIP_NONE
+        if not command.broker_only:
+            client.skip = SKIP_NONE
+        return True
+    return False
 
 
 def _resumed(stream: _Stream, gate: TransferHooks | None
