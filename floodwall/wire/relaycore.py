@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 EXTERNAL_REFUSED = (
     "SASL EXTERNAL through floodwall would log in as the proxy's own TLS certificate, not "
@@ -73,28 +73,30 @@ class GateOutputHooks(Protocol):
     def take_output(self) -> Sequence[object]: ...
 
 
-def _not_own(command: object) -> bool:
-    return False
+S = TypeVar("S")
 
 
-class CoreOutput:
+class CoreOutput(Generic[S]):
     """What a core has made for the I/O layer, a part each core owns: the bytes for each peer
     (``to_server``, ``to_client``: whole frames, or views of bytes that never change) and the
     typed values besides them (``events``: topology changes, the gate's events).
 
     ``take`` moves a gate's output in at the point the gate made it: frames into the queues,
-    commands meant for the core itself to ``own`` (True when it carried one out: a function
-    of the core's state, not a method of the core, which the core's output would keep alive),
-    the rest into ``events``. A core binds ``take`` once (a gate's output is taken per frame
-    on the hot path) and empties the queues with ``take_all``."""
+    commands meant for the core itself to ``own`` (called with ``core_state``, the part of
+    the core's state it changes, and the command; True when it carried it out), the rest into
+    ``events``. ``own`` is a function shared by every core of a kind, not a method of the
+    core: nothing per connection is made for it, and the output keeps no reference back to
+    its core (a 0-9-1 core is freed by its last reference). A core empties the queues with
+    ``take_all``."""
 
-    __slots__ = ("events", "own", "to_client", "to_server")
+    __slots__ = ("core_state", "events", "own", "to_client", "to_server")
 
-    def __init__(self, own: Callable[[object], bool] = _not_own) -> None:
+    def __init__(self, own: Callable[[S, object], bool], core_state: S) -> None:
         self.to_server: list[Any] = []
         self.to_client: list[Any] = []
         self.events: list[object] = []
         self.own = own
+        self.core_state = core_state
 
     def take_events(self) -> Sequence[object]:
         """What the gate made besides frames, in order (and forget it)."""
@@ -110,7 +112,7 @@ class CoreOutput:
                 self.to_server.append(command.data)
             elif isinstance(command, ToClient):
                 self.to_client.append(command.data)
-            elif not self.own(command):
+            elif not self.own(self.core_state, command):
                 self.events.append(command)
 
     def clear(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import struct
 from collections.abc import Callable, Sequence
@@ -212,8 +211,7 @@ class FrameRelay:
 
         self._frame_limit = FRAME_MIN_SIZE  # what scan() enforces; never below FRAME_MIN_SIZE
         # Frames for each peer, events for the I/O layer; the gate's ForgetChannel, carried out.
-        self.output = CoreOutput(functools.partial(_forget_channel, self.channels))
-        self._take = self.output.take  # (bound once: taken per frame the gate answers)
+        self.output = CoreOutput(_forget_channel, self.channels)
         self._now = 0.0  # the time the current receive call was given
         self._passed = 0  # where a run of publishes that passes in place ended (runs.py)
         self._held_frames = 0  # frames a held run took after its publish's method (runs.py)
@@ -452,7 +450,7 @@ class FrameRelay:
                                                                       end):
                 took = end
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         if took is None:
             if self._passed:  # a run of publishes passes in place with it (runs)
                 end, self._passed = self._passed, 0
@@ -674,7 +672,7 @@ class Connection(FrameRelay):
             raise MethodSyntaxError(f"cannot decode basic.publish on channel {channel}: {exc}",
                                     offset, 60, 40) from None
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
             if took is None:
                 return None  # (it made output: no run after it)
         # Passed or held with its content header: a run of whole publishes may follow (runs).
@@ -763,7 +761,7 @@ class Connection(FrameRelay):
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         replaced = gate.on_broker_confirm(channel, buf, offset, end, nack)
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         return end if replaced else None
 
     def _on_broker_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int
@@ -772,7 +770,7 @@ class Connection(FrameRelay):
         assert gate is not None
         absorbed = gate.on_broker_close_ok(channel)
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         if absorbed:
             return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         self._on_channel_close_ok(channel, buf, offset, base)
@@ -798,7 +796,7 @@ class Connection(FrameRelay):
         """Take what the gate made outside a receive call (held frames released, expiries,
         spool acknowledgements) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
-            self._take(self.gate)
+            self.output.take(self.gate)
 
     @property
     def pending_bytes(self) -> int:

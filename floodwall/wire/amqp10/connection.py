@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from enum import Enum
@@ -201,13 +200,16 @@ class Connection:
         self.failure = None
         self.from_client = FrameCounts()
         self.from_server = FrameCounts()
-        self.output = CoreOutput()  # frames for each peer, events for the I/O layer
-        self._take = self.output.take  # (bound once: taken per frame the gate answers)
         self._now = 0.0  # the time the current receive call was given
+        # Frames for each peer, events for the I/O layer; the gate's ReadEveryFrame, carried out
+        # on the two streams (client's, server's: in once made).
+        streams: list[_Stream] = []
+        self.output = CoreOutput(_read_every_frame, streams)
         self._client = _Stream(Side.CLIENT, client_phase, self.from_client,
                                self.output.to_server)
         self._server = _Stream(Side.SERVER, server_phase, self.from_server,
                                self.output.to_client)
+        streams += (self._client, self._server)
         client, server = self._client, self._server
         client.on_amqp = lambda c, ch, buf, st, b, e: self._amqp_frame(
             client, server, c, ch, buf, st, b, e)
@@ -215,7 +217,6 @@ class Connection:
             server, client, c, ch, buf, st, b, e)
         client.on_sasl = self._client_sasl_frame
         server.on_sasl = self._server_sasl_frame
-        self.output.own = functools.partial(_read_every_frame, client, server)
         self.conn_id = conn_id
         self.gate = gate
         if gate is not None:
@@ -257,7 +258,7 @@ class Connection:
         """Take what the gate made outside a receive call (a release, an expiry, a spool
         acknowledgement) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
-            self._take(self.gate)
+            self.output.take(self.gate)
 
     # -- what the frames said -----------------------------------------------------------------
 
@@ -308,7 +309,7 @@ class Connection:
                     if stream.run is not None and self.gate is not None:
                         pos = _read_run(stream, self.gate, buf, pos, self._now)
                         if self.gate.outbox:
-                            self._take(self.gate)
+                            self.output.take(self.gate)
                         continue
                     pos, frames, need = scan_frames(
                         buf, pos, stream.limit, AMQP_FRAME, stream.on_amqp, stream.skip
@@ -421,7 +422,7 @@ class Connection:
                 settled = peek_disposition(buf, body, end)
                 if settled is not None and gate.on_server_settled(channel, *settled, self._now):
                     if gate.outbox:
-                        self._take(gate)
+                        self.output.take(gate)
                     return False
             peeked = peek_composite(buf, body, end)
             if peeked is None:
@@ -430,12 +431,12 @@ class Connection:
                 fields, payload = peeked
             run = self._gate_frame(gate, stream, code, channel, fields, buf, start, payload, end)
             if gate.outbox:
-                self._take(gate)
+                self.output.take(gate)
             return run
         _, fields, _ = decode_composite(buf, body, end)
         replacement = self._lifecycle(stream, other, code, channel, fields)
         if gate is not None and gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         if replacement is not None:
             _replace(stream, buf, start, end, replacement)
         return False
@@ -594,11 +595,12 @@ def _sasl_fields(
     return fields
 
 
-def _read_every_frame(client: _Stream, server: _Stream, command: object) -> bool:
+def _read_every_frame(streams: list[_Stream], command: object) -> bool:
     """The core's own command (``CoreOutput.own``): the gate consumed a delivery (both peers'
     dispositions are renumbered from now), or counts a windowed link's deliveries until the
     broker settles them (``broker_only``: the broker's)."""
     if isinstance(command, ReadEveryFrame):
+        client, server = streams
         server.skip = SKIP_NONE
         if not command.broker_only:
             client.skip = SKIP_NONE
