@@ -378,7 +378,7 @@ class Amqp10Sender:
                         client._write(data)
                         session.sent_frame()
                         written += 1
-                        if client.write_backlog() > WRITE_HIGH_WATER:
+                        if client.writes.backlog() > WRITE_HIGH_WATER:
                             await client.drain()
                 except asyncio.CancelledError:
                     if 0 < written < len(frames):
@@ -452,13 +452,13 @@ class Amqp10Sender:
         self.lost("closed")
 
 
-class Amqp10Reading(BatchedWrites):
+class Amqp10Reading:
     """What the proxy's own 1.0 connection does with what the broker sends (``Amqp10Client``
     extends it): flows, dispositions, detaches, the close; a broken connection fails every
     sender and every delivery waiting for its outcome."""
 
     _reader: asyncio.StreamReader | None
-    _writer: asyncio.StreamWriter | None
+    writes: BatchedWrites
     _unwatch: Callable[[], None] | None  # forgets the watch on the node (``Upstreams``)
     _idle_timeout: float
     max_frame_size: int
@@ -647,8 +647,8 @@ class Amqp10Reading(BatchedWrites):
         """The readiness probe found this connection's node no longer answering: end it now
         (a hung node's would wait for the idle timeout)."""
         self._unwatch = None
-        if self._writer is not None:
-            self._writer.transport.abort()
+        if self.writes.writer is not None:
+            self.writes.writer.transport.abort()
         self._fail(f"the broker node stopped answering: {reason}")
 
     def _fail(self, reason: str) -> None:
@@ -673,9 +673,9 @@ class Amqp10Reading(BatchedWrites):
             if not pending.future.done():
                 pending.future.set_result(Confirm.LOST)
         self._unsettled.clear()
-        self._flush()  # a last end or close goes out before the socket closes
-        if self._writer is not None:
-            self._writer.close()
+        self.writes.flush()  # a last end or close goes out before the socket closes
+        if self.writes.writer is not None:
+            self.writes.writer.close()
         self._notify()
 
     # -- waiting -------------------------------------------------------------------------
@@ -705,7 +705,8 @@ class Amqp10Client(Amqp10Reading):
         self._username, self._password = username, password
         self._idle_timeout = idle_timeout  # ours: the broker must send something this often
         self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        # The socket's writer once connected, and what is written to it, a loop turn at a time.
+        self.writes = BatchedWrites(self._can_write)
         self._read_task: asyncio.Task[None] | None = None
         self._beat_task: asyncio.Task[None] | None = None
         self.max_frame_size = MIN_MAX_FRAME_SIZE  # the broker's, once it opened
@@ -717,7 +718,6 @@ class Amqp10Client(Amqp10Reading):
         self._by_remote: dict[int, Amqp10Sender] = {}  # by the broker's handle
         self._unsettled: dict[int, _Pending] = {}  # by delivery-id
         self._changed = asyncio.Event()
-        self._init_writes()
         self._closing = False
         self._peer_closed: asyncio.Event | None = None
         self.closed_reason: str | None = None
@@ -725,7 +725,7 @@ class Amqp10Client(Amqp10Reading):
 
     @property
     def connected(self) -> bool:
-        return (self._writer is not None and self.closed_reason is None
+        return (self.writes.writer is not None and self.closed_reason is None
                 and not self._closing and self.broker_begin is not None)
 
     # -- connecting ----------------------------------------------------------------------
@@ -736,7 +736,7 @@ class Amqp10Client(Amqp10Reading):
         try:
             async with asyncio.timeout(timeout):
                 reader, writer, endpoint = await self.upstreams.open(self.tls, timeout)
-                self._reader, self._writer, self.host = reader, writer, endpoint.host
+                self._reader, self.writes.writer, self.host = reader, writer, endpoint.host
                 try:
                     await self._sasl()
                     await self._open()
@@ -748,8 +748,8 @@ class Amqp10Client(Amqp10Reading):
                             "broker closed the connection during the handshake") from None
                     raise failure from None
         except BaseException:
-            if self._writer is not None:
-                self._writer.close()
+            if self.writes.writer is not None:
+                self.writes.writer.close()
             self.closed_reason = self.closed_reason or "connect failed"
             raise
         self._peer_closed = asyncio.Event()
@@ -776,8 +776,8 @@ class Amqp10Client(Amqp10Reading):
             raise AmqpClientError(f"broker answered protocol header {got!r}, not {expected!r}")
 
     async def _sasl(self) -> None:
-        assert self._writer is not None
-        self._writer.write(SASL_HEADER)
+        assert self.writes.writer is not None
+        self.writes.writer.write(SASL_HEADER)
         await self._header(SASL_HEADER)
         self._greeted = True
         code, fields = await self._read_frame(MIN_MAX_FRAME_SIZE, SASL_FRAME)
@@ -790,7 +790,7 @@ class Amqp10Client(Amqp10Reading):
             raise AmqpClientError(f"broker does not offer SASL {mechanism} (offers {offered})")
         response = (f"\0{self._username}\0{self._password}".encode()
                     if mechanism == "PLAIN" else b"")
-        self._writer.write(frame(encode_performative(
+        self.writes.writer.write(frame(encode_performative(
             SASL_INIT, mechanism=Symbol(mechanism), initial_response=response,
             hostname=self.host), 0, SASL_FRAME))
         code, fields = await self._read_frame(MIN_MAX_FRAME_SIZE, SASL_FRAME)
@@ -810,8 +810,8 @@ class Amqp10Client(Amqp10Reading):
         """Open, then begin once the broker's open is in: RabbitMQ 4 refuses an unknown vhost
         with a close and closes the socket at once, and a begin sent after it would turn that
         into a reset that discards its close (and reason) unread."""
-        assert self._writer is not None
-        self._writer.write(AMQP_HEADER + frame(encode_performative(
+        assert self.writes.writer is not None
+        self.writes.writer.write(AMQP_HEADER + frame(encode_performative(
             OPEN, container_id=self.container_id, hostname=f"vhost:{self.vhost}",
             max_frame_size=UInt(MAX_FRAME_SIZE),
             idle_time_out=UInt(int(self._idle_timeout * 1000)) if self._idle_timeout else None,
@@ -834,7 +834,7 @@ class Amqp10Client(Amqp10Reading):
                     self.broker_open = Open.from_fields(fields)
                     self.max_frame_size = max(MIN_MAX_FRAME_SIZE,
                                               self.broker_open.max_frame_size)
-                    self._writer.write(frame(encode_performative(
+                    self.writes.writer.write(frame(encode_performative(
                         BEGIN, next_outgoing_id=UInt(INITIAL_OUTGOING_ID),
                         incoming_window=UInt(INCOMING_WINDOW),
                         outgoing_window=UInt(OUTGOING_WINDOW))))
@@ -905,13 +905,17 @@ class Amqp10Client(Amqp10Reading):
         """Queue bytes for the socket: written at the end of this loop turn, or at once past
         64 KiB. One write per turn instead of one per frame (a syscall each) is most of the
         replay rate for small messages. Every frame takes this path, so order holds."""
-        if self._writer is None or self.closed_reason is not None:
+        if self.writes.writer is None or self.closed_reason is not None:
             raise AmqpClientError(self.closed_reason or "not connected")
-        self.write_buffered(data)
+        self.writes.write(data)
 
     def _can_write(self) -> bool:
         # Also once closed_reason is set: a last end or close still goes out.
-        return self._writer is not None and not self._writer.is_closing()
+        return self.writes.writer is not None and not self.writes.writer.is_closing()
+
+    async def drain(self) -> None:
+        """Until the socket took what was written (or the connection is gone)."""
+        await self.writes.drain(self.closed_reason is None)
 
     def _send(self, body: bytes) -> None:
         self._write(frame(body, 0))
@@ -955,7 +959,7 @@ class Amqp10Client(Amqp10Reading):
         """Close cleanly: send close and wait briefly (``CLOSE_WAIT``) for the broker's;
         deliveries it settles meanwhile resolve as usual, the rest become LOST. Never raises."""
         try:
-            if self._writer is not None and self.closed_reason is None and not self._closing:
+            if self.writes.writer is not None and self.closed_reason is None and not self._closing:
                 # Deliveries stay pending until the broker's close: a disposition that
                 # arrives before it still resolves them (fewer LOST, fewer duplicates).
                 self._closing = True
@@ -973,9 +977,9 @@ class Amqp10Client(Amqp10Reading):
                 if task is not None:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
-            if self._writer is not None:
+            if self.writes.writer is not None:
                 with contextlib.suppress(OSError, ConnectionError):
-                    await self._writer.wait_closed()
+                    await self.writes.writer.wait_closed()
         except Exception as exc:  # close never raises: log and move on
             event(log, "own_connection_close_failed", logging.WARNING, protocol="amqp10",
                   reason=repr(exc))

@@ -218,7 +218,7 @@ class Publisher:
         while len(self._pending) >= self.window and self.closed_reason is None:
             self._room.clear()
             await self._room.wait()
-        if self.client.write_backlog() > WRITE_HIGH_WATER:
+        if self.client.writes.backlog() > WRITE_HIGH_WATER:
             await self.client.drain()
         return self.publish_nowait(exchange, routing_key, properties, body, mandatory)
 
@@ -242,7 +242,7 @@ class Publisher:
         self._pending[tag] = fut
         self._order.append(tag)
         self.published += 1
-        self.client.write_buffered(data)
+        self.client.writes.write(data)
         return fut
 
     # -- frames from the broker --------------------------------------------------------
@@ -306,7 +306,7 @@ class Publisher:
                 await self.client.close_channel(self.channel, timeout)
 
 
-class AmqpClient(BatchedWrites):
+class AmqpClient:
     """One connection; ``await connect()``, then RPCs; ``close()`` when done."""
 
     def __init__(self, upstreams: Upstreams, username: str, password: str, vhost: str = "/",
@@ -324,7 +324,8 @@ class AmqpClient(BatchedWrites):
         self._heartbeat = heartbeat_seconds
         self.on_blocked = on_blocked  # called with a reason when blocked, None when unblocked
         self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        # The socket's writer once connected, and what is written to it, a loop turn at a time.
+        self.writes = BatchedWrites(lambda: self.connected)
         self._read_task: asyncio.Task[None] | None = None
         self._beat_task: asyncio.Task[None] | None = None
         self._waiters: dict[int, asyncio.Future[Any]] = {}
@@ -336,7 +337,6 @@ class AmqpClient(BatchedWrites):
         self._publishers: dict[int, Publisher] = {}
         self._consumers: dict[int, Consumer] = {}
         self._plain: set[int] = set()  # channels for publishes without confirms (the fleet)
-        self._init_writes()
         self.closed_reason: str | None = None
         self._lost: asyncio.Event | None = None
         self._greeted = False  # the broker's connection.start arrived
@@ -347,12 +347,16 @@ class AmqpClient(BatchedWrites):
 
     @property
     def connected(self) -> bool:
-        return self._writer is not None and self.closed_reason is None
+        return self.writes.writer is not None and self.closed_reason is None
+
+    async def drain(self) -> None:
+        """Until the socket took what was written (or the connection is gone)."""
+        await self.writes.drain(self.closed_reason is None)
 
     async def connect(self, timeout: float = 10.0) -> None:
         self._lost = asyncio.Event()
         reader, writer, endpoint = await self.upstreams.open(self.tls, timeout)
-        self._reader, self._writer, self.endpoint = reader, writer, endpoint
+        self._reader, self.writes.writer, self.endpoint = reader, writer, endpoint
         writer.write(frame.marshal(ProtocolHeader(), 0))
         self._greeted = False
         try:
@@ -383,7 +387,7 @@ class AmqpClient(BatchedWrites):
         return channel, value
 
     async def _handshake(self) -> None:
-        assert self._writer is not None
+        assert self.writes.writer is not None
         _, start = await self._next_frame()
         self._greeted = True
         if not isinstance(start, commands.Connection.Start):
@@ -422,10 +426,11 @@ class AmqpClient(BatchedWrites):
             raise AmqpClientError(f"expected connection.open-ok, got {opened!r}")
 
     def _send(self, channel: int, value: Any) -> None:
-        if self._writer is None:
+        writer = self.writes.writer
+        if writer is None:
             raise AmqpClientError("not connected")
-        self._flush()
-        self._writer.write(frame.marshal(value, channel))
+        self.writes.flush()
+        writer.write(frame.marshal(value, channel))
 
     async def _read_forever(self) -> None:
         try:
@@ -484,8 +489,8 @@ class AmqpClient(BatchedWrites):
             consumer.lost(reason)
         if self._lost is not None:
             self._lost.set()
-        if self._writer is not None:
-            self._writer.close()
+        if self.writes.writer is not None:
+            self.writes.writer.close()
 
     async def _beat_forever(self) -> None:
         interval = max(self._heartbeat / 2, 1)
@@ -618,7 +623,7 @@ class AmqpClient(BatchedWrites):
         if channel not in self._plain or not self.connected:
             raise AmqpClientError(self.closed_reason or f"channel {channel} is closed")
         header_payload = _BARE_HEADER.pack(60, 0, len(body), 0)
-        self.write_buffered(encode_publish(channel, exchange, routing_key, header_payload,
+        self.writes.write(encode_publish(channel, exchange, routing_key, header_payload,
                                            body, self._frame_max))
 
     async def bind_queue(self, queue: str, exchange: str, routing_key: str,
@@ -686,7 +691,7 @@ class AmqpClient(BatchedWrites):
             reopening.cancel()
         for publisher in list(self._publishers.values()):
             publisher.lost("connection closing")
-        self._flush()
+        self.writes.flush()
         for task in (self._read_task, self._beat_task):
             if task is not None:
                 task.cancel()
@@ -696,14 +701,15 @@ class AmqpClient(BatchedWrites):
                     await task
         if self._lost is not None:
             self._lost.set()
-        if self._writer is not None:
+        writer = self.writes.writer
+        if writer is not None:
             if self.closed_reason is None:
                 with contextlib.suppress(OSError, AmqpClientError):
                     self._send(0, commands.Connection.Close(reply_code=200, class_id=0, method_id=0,
                                                             reply_text="floodwall closing"))
-            self._writer.close()
+            writer.close()
             with contextlib.suppress(OSError):
-                await self._writer.wait_closed()
+                await writer.wait_closed()
         self.closed_reason = self.closed_reason or "closed"
 
 
@@ -712,8 +718,8 @@ def _node_lost(client: AmqpClient, reason: str) -> None:
     now (a hung node's would wait for heartbeats), so its owner reconnects to the next
     node. Aborted: a hung node never takes what is buffered for it."""
     client._unwatch = None
-    if client._writer is not None:
-        client._writer.transport.abort()
+    if client.writes.writer is not None:
+        client.writes.writer.transport.abort()
     client._fail(f"the broker node stopped answering: {reason}")
 
 

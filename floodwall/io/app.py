@@ -524,7 +524,7 @@ def make_spool(settings: ProxySettings, flow: FlowSupervisor, upstreams: Upstrea
                                          settings.spool_max_message),
                              connect_timeout=settings.connect_timeout, tls=tls),
         flow.board, flow.topology, ready=lambda: flow.readiness()[0],
-        depth_known=lambda key: not flow.depth_unknown_now(key))
+        depth_known=lambda key: not flow.depth.depth_unknown_now(key))
 
 
 def run_proxy(settings: ProxySettings) -> None:

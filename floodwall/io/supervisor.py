@@ -34,10 +34,9 @@ and ``FlowController.depth_unknown`` is called instead.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from floodwall.control.controller import FlowController, QueueKey
@@ -48,12 +47,16 @@ from floodwall.control.routing import ChangeKind, Topology, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.amqp_client import AmqpClient
+from floodwall.io.broker_alarms import BrokerAlarms
+from floodwall.io.depth_feed import DepthFeed
 from floodwall.io.fleet import FleetService, FleetSettings
 from floodwall.io.flow_settings import FlowSettings
-from floodwall.io.management import ManagementApi
-from floodwall.io.probes import DepthProbes
+from floodwall.io.management import ManagementApi, ManagementError
+from floodwall.io.management_sampling import ManagementSampling, error_text
+from floodwall.io.own_connections import OwnConnections
 from floodwall.io.prometheus import PrometheusEndpoint
 from floodwall.io.switchboard import Switchboard
+from floodwall.io.tasks import spawn
 from floodwall.io.topology import TOPOLOGY_PATHS, TopologyFeed
 from floodwall.ops.flow_metrics import (
     FlowCollector,
@@ -69,8 +72,7 @@ from floodwall.ops.supervision import (
     readiness,
 )
 
-__all__ = ["TOPOLOGY_PATHS", "DepthProbes", "FlowSettings", "FlowSupervisor",
-           "describe_policy_changes"]
+__all__ = ["TOPOLOGY_PATHS", "FlowSettings", "FlowSupervisor", "describe_policy_changes"]
 
 log = logging.getLogger("floodwall.flow")
 
@@ -104,8 +106,17 @@ def _short_list(keys: list[QueueKey]) -> str:
     return ",".join(labels[:LOG_LIST_LIMIT]) + (f",... ({more} more)" if more > 0 else "")
 
 
-class FlowSupervisor(DepthProbes):
+class FlowSupervisor:
     """Owns the FlowController, the Topology and every timer that feeds them.
+
+    Its parts: the ``TopologyFeed`` (``feed``), the depth figures and their unknown-depth
+    rules (``depth``: ``DepthFeed``), the management API's depth rounds (``sampling``:
+    ``ManagementSampling``), the own connection of each vhost and its passive declares
+    (``own_connections``: ``OwnConnections``), the broker's alarms (``alarms``:
+    ``BrokerAlarms``) and the fleet (``fleet``); each is handed what it needs, and what it
+    needs of the supervisor is a small protocol (``Policing``, ``SamplingHost``,
+    ``OwnConnectionsHost``, ``FleetHost``). The supervisor adds policing (which queues, from
+    the topology's changes), policies and the admin views.
 
     Construct (loads the policies: ``PolicyError`` on a bad file), ``await start()``,
     ``await stop()``. The relay reaches ``controller`` and ``topology``.
@@ -122,7 +133,6 @@ class FlowSupervisor(DepthProbes):
         # hands back is carried out.
         self.enforcement = Enforcement(self.controller)
         self.board = Switchboard(self.enforcement, clock)
-        self.board.observe(self._on_flow_event)
         self.controller.admission.hot_interval = settings.hot_interval
         self.stats = FlowStats(self.store.current, self.store.generation,
                                ManagementStatus(",".join(settings.management_urls)))
@@ -138,21 +148,17 @@ class FlowSupervisor(DepthProbes):
         self.feed = TopologyFeed(settings, self.topology, self.board, self.api,
                                  self.stats, self, clock)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._vhost_tasks: dict[str, asyncio.Task[None]] = {}
-        self._clients: dict[str, AmqpClient] = {}
-        self._client_up: dict[str, asyncio.Event] = {}  # vhost -> set while connected
-        self._vhost_kick: dict[str, asyncio.Event] = {}  # vhost -> retry connecting now
-        self._probe_wake: dict[str, asyncio.Event] = {}  # vhost -> a queue tripped: hot now
-        self._sampled_at: dict[QueueKey, float] = {}  # last good management sample
-        self._asked: set[QueueKey] = set()  # the management API was asked about these
-        self._probe_refused: dict[QueueKey, str] = {}  # passive declare refused (not 404)
-        self._stale: dict[QueueKey, float] = {}  # figures from before a reconnect (since)
-        self._had_figures: set[QueueKey] = set()  # the management API gave real figures
-        self._warm = False
-        self._management_alarm: str | None = None
-        self._blocked_alarm: dict[str, str] = {}  # vhost -> connection.blocked reason
-        self._wake_management: asyncio.Event | None = None
-        self._running = False
+        self.running = False  # between start and stop
+        self.depth = DepthFeed(settings, clock, self.controller, self.board, self.stats,
+                               self.topology)
+        self.alarms = BrokerAlarms(self.controller, self.board, clock)
+        self.sampling = ManagementSampling(settings, clock, self.controller, self.api,
+                                           self.prometheus, self.stats, self.depth, self.feed,
+                                           self, self._spawn)
+        self.own_connections = OwnConnections(settings, clock, self.controller, self.board,
+                                              self.stats, self.depth, self.alarms, self.feed,
+                                              self, self._spawn)
+        self.board.observe(self.own_connections.on_flow_event)
         # The fleet through the broker (--fleet NAME; None: off, nothing of it runs).
         self.fleet = (FleetService(FleetSettings(
             settings.fleet, sample_stale_after=(2 * settings.management_interval
@@ -166,8 +172,7 @@ class FlowSupervisor(DepthProbes):
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         """Start every timer; returns at once (readiness says when the first round is in)."""
-        self._running = True
-        self._wake_management = asyncio.Event()
+        self.running = True
         event(log, "flow_started", policies=self.store.path, entries=len(self.store.current),
               management=",".join(self.settings.management_urls),
               upstream=self.settings.upstreams.label,
@@ -177,16 +182,16 @@ class FlowSupervisor(DepthProbes):
               topology_events="on" if self.settings.topology_events else "off",
               mode="shadow" if self.store.shadow else "enforce")
         self.feed.start()
-        self._spawn(self._management_loop(), "flow-management")
+        self.sampling.start()
         self._spawn(self._alarm_loop(), "flow-alarms")
         self._spawn(self._policy_watch_loop(), "flow-policy-watch")
         self._spawn(self._holding_log_loop(), "flow-holding-log")
-        self._reconcile_vhosts()  # queues policed before start (the topology adds more)
+        self.own_connections.reconcile()  # queues policed before start (the topology adds more)
         if self.fleet is not None:
             self.fleet.start()
 
     async def stop(self) -> None:
-        self._running = False
+        self.running = False
         if self.fleet is not None:
             await self.fleet.stop()
         await self.feed.stop()
@@ -194,11 +199,7 @@ class FlowSupervisor(DepthProbes):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._vhost_tasks.clear()
-        for client in list(self._clients.values()):
-            with contextlib.suppress(Exception):
-                await client.close()
-        self._clients.clear()
+        await self.own_connections.close()
         await self.api.close()
         if self.prometheus is not None:
             await self.prometheus.close()
@@ -229,7 +230,7 @@ class FlowSupervisor(DepthProbes):
         elif kind is ChangeKind.BIND_QUEUE:
             self._queues_appeared([(c.vhost, c.name)], source)
         elif kind is ChangeKind.DECLARE_VHOST:
-            self._kick(c.name)
+            self.own_connections.kick(c.name)
         elif kind is ChangeKind.DELETE_VHOST:
             for key in [k for k in self.controller.queues if k[0] == c.name]:
                 self._gone(key, source)
@@ -245,7 +246,7 @@ class FlowSupervisor(DepthProbes):
 
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
         """A management sample this sidecar asked for: fed, and offered to the fleet."""
-        super().feed_management(key, sample)
+        self.depth.feed_management(key, sample)
         if self.fleet is not None and key in self.controller.queues:
             self.fleet.own_sample(key, sample)
 
@@ -253,23 +254,49 @@ class FlowSupervisor(DepthProbes):
         """A management sample the fleet's poller of ``key`` asked for: as good as one of
         this sidecar's own (while they come, the depth is known)."""
         if key in self.controller.queues:
-            self._had_figures.add(key)  # (a later "no statistics" is a restart, not a new queue)
-        super().feed_management(key, sample)
+            self.depth.had_figures.add(key)  # (a later "no statistics": a restart, not a new queue)
+        self.depth.feed_management(key, sample)
+
+    def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
+                         rtt: float | None) -> None:
+        """A passive declare's (or declare-ok's) ready count of ``key``, if policed."""
+        self.depth.feed_ready_count(key, requested_at, ready, rtt)
+
+    async def client_for(self, vhost: str) -> AmqpClient:
+        """The vhost's own connection, once it is up (the caller bounds the wait)."""
+        return await self.own_connections.client_for(vhost)
 
     def shared_elsewhere(self, key: QueueKey) -> bool:
+        """Whether another sidecar of the fleet samples ``key`` for this one."""
         return self.fleet is not None and self.fleet.covered(key)
+
+    # -- broker alarms -----------------------------------------------------------------
+    async def _alarm_loop(self) -> None:
+        while True:
+            if not self.alarms_shared_elsewhere():
+                await self.poll_alarms()
+            await asyncio.sleep(self.settings.alarm_interval)
+
+    async def poll_alarms(self) -> None:
+        """Ask the management API for node alarms; an error keeps the last answer."""
+        try:
+            alarms = await self.sampling.ask(self.api.alarms)
+        except ManagementError:
+            return
+        self.node_alarms(alarms.memory, alarms.disk)
 
     def node_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
         """Node alarms this sidecar read on the API: applied, and offered to the fleet."""
-        super().node_alarms(memory, disk)
+        self.alarms.node_alarms(memory, disk)
         if self.fleet is not None:
             self.fleet.own_alarms(memory, disk)
 
     def feed_shared_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
         """The node alarms the fleet's alarm poller read: as good as this sidecar's own."""
-        super().node_alarms(memory, disk)
+        self.alarms.node_alarms(memory, disk)
 
     def alarms_shared_elsewhere(self) -> bool:
+        """Whether another sidecar of the fleet polls the node alarms for this one."""
         return self.fleet is not None and self.fleet.polls.alarms_covered()
 
     def topology_covered(self) -> bool:
@@ -318,36 +345,30 @@ class FlowSupervisor(DepthProbes):
         is forgotten once the broker confirms it is gone."""
         self._queues_appeared(sorted(listed), ChangeSource.SYNC)
         for key in sorted(set(self.controller.queues) - listed):
-            if await self._confirm_gone(key):
+            if await self.own_connections.confirm_gone(key):
                 self._gone(key, ChangeSource.SYNC)
-        self._reconcile_vhosts()
-        self._wake_until_warm()
+        self.own_connections.reconcile()
+        self.sampling.wake_until_warm()
 
     async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
         """One management API call, counted (for the topology feed)."""
-        return await self._ask(call)
+        return await self.sampling.ask(call)
 
     def _forget(self, key: QueueKey) -> None:
         if key in self.controller.queues:
             self.controller.queue_deleted(key, self.clock())
             self.board.settle()
-        self._sampled_at.pop(key, None)
-        self._asked.discard(key)
-        self._probe_refused.pop(key, None)
-        self._stale.pop(key, None)
-        self._had_figures.discard(key)
-        self.stats.depth_known.pop(key, None)
+        self.depth.forget(key)
         self.stats.sampling_interval.pop(key, None)
-        self.stats.ready_counts.pop(key, None)
         self._after_queue_change()
 
     def _after_queue_change(self) -> None:
-        if not self._running:
+        if not self.running:
             return
-        self._reconcile_vhosts()
+        self.own_connections.reconcile()
         # A new queue's first figure is its lookup (a passive declare, at once); its bytes
         # come with the next management round. Until warm, a round at once.
-        self._wake_until_warm()
+        self.sampling.wake_until_warm()
 
     def known_queues(self) -> set[QueueKey]:
         """Every queue the topology knows, plus those policed now."""
@@ -421,7 +442,7 @@ class FlowSupervisor(DepthProbes):
     async def sync_topology(self) -> bool:
         """One full sync of the routing model now (``TopologyFeed.sync``)."""
         ok = await self.feed.sync()
-        self._wake_until_warm()
+        self.sampling.wake_until_warm()
         return ok
 
     # -- the repeating "publishes held" lines ------------------------------------------
@@ -439,17 +460,23 @@ class FlowSupervisor(DepthProbes):
                   queues=",".join(key_label(k) for k in sorted(b.queues)),
                   seconds=round(now - b.since, 1))
 
+    # -- tasks ---------------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Start a task the supervisor keeps until it ends (and cancels on stop); a failure
+        is logged as ``flow_task_failed``."""
+        return spawn(self._tasks, coro, name, log, "flow_task_failed", error_text)
+
     # -- admin views -------------------------------------------------------------------
     def readiness(self) -> tuple[bool, dict[str, object]]:
         """Ready once the startup round is in (``ops.supervision.readiness``)."""
         now = self.clock()
         return readiness(SupervisorView(
-            warm=self._warm,
+            warm=self.sampling.warm,
             policies={"source": self.store.path, "generation": self.store.generation,
                       "entries": len(self.store.current)},
             management=self.stats.management.as_dict(now),
-            policed=self.controller.queues, asked=self._asked,
-            unknown=[k for k in self.controller.queues if self.depth_unknown_now(k, now)],
+            policed=self.controller.queues, asked=self.depth.asked,
+            unknown=[k for k in self.controller.queues if self.depth.depth_unknown_now(k, now)],
             topology_error=self.feed.error,
             topology=(None if self.stats.events_status == "up"
                       else topology_state(self.controller, self.stats, now)),

@@ -30,3 +30,8 @@ def spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, T], name: str
 
     task.add_done_callback(done)
     return task
+
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
+"""How a part starts a task with the ``spawn`` its owner hands it: the owner keeps the task
+(and cancels it on stop), a failure is logged under the owner's event name."""

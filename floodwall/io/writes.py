@@ -1,4 +1,4 @@
-"""Write batching shared by the proxy's own upstream clients (0-9-1 and AMQP 1.0).
+"""Write batching for the proxy's own upstream clients (0-9-1 and AMQP 1.0).
 
 A frame per ``StreamWriter.write`` is a syscall per frame; the spool's replayers send
 thousands of small publishes a second. ``BatchedWrites`` gathers what a loop turn writes and
@@ -10,53 +10,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 FLUSH_AT = 65536
 
 
 class BatchedWrites:
-    """Mixed into a client that has ``_writer`` and ``closed_reason``; call ``_init_writes``
-    in its ``__init__``. ``_can_write`` says whether a flush may still write."""
+    """A client's socket and what is written to it, a part each client owns: ``writer`` is
+    the socket's once the client connected (None before); ``can_write`` (the client's) says
+    whether a flush may still write to it."""
 
-    _writer: asyncio.StreamWriter | None
-    closed_reason: str | None
-
-    def _init_writes(self) -> None:
+    def __init__(self, can_write: Callable[[], bool]) -> None:
+        self.writer: asyncio.StreamWriter | None = None
+        self.can_write = can_write
         self._out: list[bytes] = []  # bytes not yet handed to the socket
         self._out_bytes = 0
         self._flush_scheduled = False
 
-    def _can_write(self) -> bool:
-        return self._writer is not None and self.closed_reason is None
-
-    def write_buffered(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         """Queue bytes for the socket: written at the end of this loop turn (or at once
         past ``FLUSH_AT``)."""
         self._out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes >= FLUSH_AT:
-            self._flush()
+            self.flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self.flush)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Hand what is queued to the socket now (dropped when it may not be written)."""
         self._flush_scheduled = False
         if not self._out:
             return
         data, self._out, self._out_bytes = b"".join(self._out), [], 0
-        if self._writer is not None and self._can_write():
-            self._writer.write(data)
+        if self.writer is not None and self.can_write():
+            self.writer.write(data)
 
-    def write_backlog(self) -> int:
+    def backlog(self) -> int:
         """Bytes written but not yet sent."""
-        if self._writer is None:
+        if self.writer is None:
             return 0
-        return self._out_bytes + self._writer.transport.get_write_buffer_size()
+        return self._out_bytes + self.writer.transport.get_write_buffer_size()
 
-    async def drain(self) -> None:
-        """Until the socket took what was written (or the connection is gone)."""
-        self._flush()
-        if self._writer is not None and self.closed_reason is None:
+    async def drain(self, still_open: bool) -> None:
+        """Until the socket took what was written (or, not ``still_open``, the connection is
+        gone: nothing to wait for)."""
+        self.flush()
+        if self.writer is not None and still_open:
             with contextlib.suppress(OSError, ConnectionError):
-                await self._writer.drain()
+                await self.writer.drain()

@@ -7,10 +7,10 @@ into its outgoing data in order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 EXTERNAL_REFUSED = (
     "SASL EXTERNAL through floodwall would log in as the proxy's own TLS certificate, not "
@@ -73,47 +73,58 @@ class GateOutputHooks(Protocol):
     def take_output(self) -> Sequence[object]: ...
 
 
-class CoreOutput:
-    """What both cores do with what their gate made: frames into the outgoing queues at the
-    point the gate made them, the core's own commands (``_own``), and the rest (topology
-    changes, typed events) kept for the I/O layer (``events``)."""
+S = TypeVar("S")
 
-    _to_server: list[Any]
-    _to_client: list[Any]
-    _events: list[object]
 
-    def events(self) -> Sequence[object]:
+class CoreOutput(Generic[S]):
+    """What a core has made for the I/O layer, a part each core owns: the bytes for each peer
+    (``to_server``, ``to_client``: whole frames, or views of bytes that never change) and the
+    typed values besides them (``events``: topology changes, the gate's events).
+
+    ``take`` moves a gate's output in at the point the gate made it: frames into the queues,
+    commands meant for the core itself to ``own`` (called with ``core_state``, the part of
+    the core's state it changes, and the command; True when it carried it out), the rest into
+    ``events``. ``own`` is a function shared by every core of a kind, not a method of the
+    core: nothing per connection is made for it, and the output keeps no reference back to
+    its core (a 0-9-1 core is freed by its last reference). A core empties the queues with
+    ``take_all``."""
+
+    __slots__ = ("core_state", "events", "own", "to_client", "to_server")
+
+    def __init__(self, own: Callable[[S, object], bool], core_state: S) -> None:
+        self.to_server: list[Any] = []
+        self.to_client: list[Any] = []
+        self.events: list[object] = []
+        self.own = own
+        self.core_state = core_state
+
+    def take_events(self) -> Sequence[object]:
         """What the gate made besides frames, in order (and forget it)."""
-        if not self._events:
+        if not self.events:
             return ()
-        out, self._events = self._events, []
+        out, self.events = self.events, []
         return out
 
-    def chunks_for_server(self) -> list[Any]:
-        """What ``data_for_server`` would return, as the pieces it would join (bytes, or
-        views of bytes that never change), and forget it: for a vectored write, no copy."""
-        return _take_all(self._to_server)
-
-    def chunks_for_client(self) -> list[Any]:
-        """What ``data_for_client`` would return, as pieces (see ``chunks_for_server``)."""
-        return _take_all(self._to_client)
-
-    def _take(self, gate: GateOutputHooks) -> None:
+    def take(self, gate: GateOutputHooks) -> None:
         """Move the gate's output into the queues, in order; keep its events."""
         for command in gate.take_output():
             if isinstance(command, ToServer):
-                self._to_server.append(command.data)
+                self.to_server.append(command.data)
             elif isinstance(command, ToClient):
-                self._to_client.append(command.data)
-            elif not self._own(command):
-                self._events.append(command)
+                self.to_client.append(command.data)
+            elif not self.own(self.core_state, command):
+                self.events.append(command)
 
-    def _own(self, command: object) -> bool:
-        """Carry out a command meant for the core itself; False for anything else."""
-        return False
+    def clear(self) -> None:
+        """Drop the bytes queued for both peers (the core aborts)."""
+        self.to_server.clear()
+        self.to_client.clear()
 
 
-def _take_all(queue: list[Any]) -> list[Any]:
+def take_all(queue: list[Any]) -> list[Any]:
+    """A core's ``chunks_for_server`` / ``chunks_for_client``: what its ``data_for_server``
+    (``data_for_client``) would return, as the pieces it would join (bytes, or views of bytes
+    that never change), and forget it: for a vectored write, no copy."""
     if not queue:
         return []
     out = queue[:]  # the queue itself stays: the core's directions hold it

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import struct
+import weakref
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -643,3 +645,22 @@ def test_mutated_streams_relay_or_fail_the_same_under_any_chunking(
 ) -> None:
     data, side = case
     assert run(data, side, chunks) == run(data, side, [])
+
+
+def test_a_core_is_freed_by_its_last_reference() -> None:
+    """No reference cycle through the core's parts (its ``CoreOutput`` carries out the gate's
+    commands on the channel table, not through the core): a closed connection's core is gone
+    at once, not at the collector's next pass."""
+    core = Connection(watch_topology=True)
+    core.receive_from_client(method(commands.Connection.StartOk(
+        client_properties={}, mechanism="PLAIN", response="\0u\0p")), 0.0)
+    assert core.data_for_server()
+    gone = weakref.ref(core)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del core
+        assert gone() is None
+    finally:
+        if was_enabled:
+            gc.enable()

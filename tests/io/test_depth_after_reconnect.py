@@ -53,8 +53,8 @@ def test_figures_from_before_a_reconnect_do_not_release(
             flow.feed_management(KEY, sample(before, 100 * KIB, 100))
             assert KEY in flow.controller.tripped
             asked_before_restart = time.monotonic()
-            flow._mark_stale([KEY], "own connection to vhost / lost: broker restart")
-            assert flow.depth_unknown_now(KEY)
+            flow.depth.mark_stale([KEY], "own connection to vhost / lost: broker restart")
+            assert flow.depth.depth_unknown_now(KEY)
             assert flow.stats.depth_known[KEY] is False
             assert flow.readiness()[1]["depth_unknown"] == ["orders@/"]
             # the restarted broker's management API: "empty" while the queue recovers
@@ -62,10 +62,10 @@ def test_figures_from_before_a_reconnect_do_not_release(
             # a ready count asked for before the restart, answered late
             flow.feed_ready_count(KEY, asked_before_restart, 0, 0.001)
             assert KEY in flow.controller.tripped, "released on a figure from before"
-            assert flow.depth_unknown_now(KEY)
+            assert flow.depth.depth_unknown_now(KEY)
             # the first ready count asked for after the reconnect: the real figure
             flow.feed_ready_count(KEY, time.monotonic(), 90, 0.001)
-            assert not flow.depth_unknown_now(KEY)
+            assert not flow.depth.depth_unknown_now(KEY)
             assert KEY in flow.controller.tripped  # 90 messages: still full
             flow.feed_ready_count(KEY, time.monotonic() + 1, 0, 0.001)
             assert KEY not in flow.controller.tripped  # and now really empty: released
@@ -83,14 +83,14 @@ def test_management_back_makes_depth_unknown_until_a_fresh_ready_count(tmp_path:
         try:
             flow.feed_management(KEY, sample(time.monotonic(), 100 * KIB, 100))
             flow.stats.management.ok = False  # it had failed
-            flow._management_ok()  # and answers again
-            assert flow.depth_unknown_now(KEY)
+            flow.sampling._management_ok()  # and answers again
+            assert flow.depth.depth_unknown_now(KEY)
             flow.feed_management(KEY, sample(time.monotonic(), 0, 0))
             assert KEY in flow.controller.tripped
             # a queue the passive declare cannot read: a fresh management figure will do
-            flow._probe_refused[KEY] = "exclusive"
+            flow.depth.probe_refused[KEY] = "exclusive"
             flow.feed_management(KEY, sample(time.monotonic(), 0, 0))
-            assert not flow.depth_unknown_now(KEY)
+            assert not flow.depth.depth_unknown_now(KEY)
             assert KEY not in flow.controller.tripped
         finally:
             await flow.stop()

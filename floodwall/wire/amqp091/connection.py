@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
@@ -49,6 +49,7 @@ from floodwall.wire.relaycore import (
     Failure,
     FrameCounts,
     Side,
+    take_all,
 )
 
 INTERNAL_ERROR: Final = 541
@@ -176,7 +177,7 @@ def close_frame(reply_code: int, reply_text: str, class_id: int = 0, method_id: 
     return encode_method(method, 0)
 
 
-class FrameRelay(CoreOutput):
+class FrameRelay:
     """The relay half of a 0-9-1 core: both byte streams, the methods every core reads
     (tuning, open, close, channel lifecycle), failures. ``Connection`` adds the publish gate's
     and the topology watch's methods (``_handlers``)."""
@@ -209,14 +210,13 @@ class FrameRelay(CoreOutput):
         self.channels: dict[int, ChannelState] = {}
 
         self._frame_limit = FRAME_MIN_SIZE  # what scan() enforces; never below FRAME_MIN_SIZE
-        self._to_server: list[Buffer] = []
-        self._to_client: list[Buffer] = []
-        self._events: list[object] = []  # topology changes, the gate's events
+        # Frames for each peer, events for the I/O layer; the gate's ForgetChannel, carried out.
+        self.output = CoreOutput(_forget_channel, self.channels)
         self._now = 0.0  # the time the current receive call was given
         self._passed = 0  # where a run of publishes that passes in place ended (runs.py)
         self._held_frames = 0  # frames a held run took after its publish's method (runs.py)
-        self._client_in = _Inbound(Side.CLIENT, self.from_client, self._to_server)
-        self._server_in = _Inbound(Side.SERVER, self.from_server, self._to_client)
+        self._client_in = _Inbound(Side.CLIENT, self.from_client, self.output.to_server)
+        self._server_in = _Inbound(Side.SERVER, self.from_server, self.output.to_client)
         self.gate = gate
         self.topology = TopologyWatch() if watch_topology else None
         kind = (type(self), gate is not None, watch_topology)
@@ -230,7 +230,6 @@ class FrameRelay(CoreOutput):
         """What each direction stops at, and what reads each method (``Connection``): the
         same for every core of one class with the same gate and topology settings."""
         raise NotImplementedError
-
     # --- RelayCore -------------------------------------------------------------------
 
     def receive_from_client(self, data: bytes, now: float) -> None:
@@ -247,11 +246,23 @@ class FrameRelay(CoreOutput):
 
     def data_for_server(self) -> bytes:
         """Everything queued for the broker (b"" if nothing), and forget it."""
-        return _drain(self._to_server)
+        return _drain(self.output.to_server)
 
     def data_for_client(self) -> bytes:
         """Everything queued for the client (b"" if nothing), and forget it."""
-        return _drain(self._to_client)
+        return _drain(self.output.to_client)
+
+    def chunks_for_server(self) -> list[Any]:
+        """``data_for_server`` as the pieces it would join, for a vectored write."""
+        return take_all(self.output.to_server)
+
+    def chunks_for_client(self) -> list[Any]:
+        """``data_for_client`` as the pieces it would join, for a vectored write."""
+        return take_all(self.output.to_client)
+
+    def events(self) -> Sequence[object]:
+        """What the core and its gate made besides frames, in order (and forget it)."""
+        return self.output.take_events()
 
     # --- state for the rest of the proxy ----------------------------------------------
 
@@ -439,7 +450,7 @@ class FrameRelay(CoreOutput):
                                                                       end):
                 took = end
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         if took is None:
             if self._passed:  # a run of publishes passes in place with it (runs)
                 end, self._passed = self._passed, 0
@@ -456,14 +467,14 @@ class FrameRelay(CoreOutput):
             inbound.tail = bytearray()
             inbound.parts, inbound.parts_len = [], 0
         if side is Side.CLIENT:
-            self._to_client.append(
+            self.output.to_client.append(
                 close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
             )
             return
-        self._to_server.append(
+        self.output.to_server.append(
             close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
         )
-        self._to_client.append(
+        self.output.to_client.append(
             close_frame(
                 INTERNAL_ERROR,
                 f"INTERNAL_ERROR - upstream broker sent a malformed frame: "
@@ -661,7 +672,7 @@ class Connection(FrameRelay):
             raise MethodSyntaxError(f"cannot decode basic.publish on channel {channel}: {exc}",
                                     offset, 60, 40) from None
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
             if took is None:
                 return None  # (it made output: no run after it)
         # Passed or held with its content header: a run of whole publishes may follow (runs).
@@ -750,7 +761,7 @@ class Connection(FrameRelay):
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         replaced = gate.on_broker_confirm(channel, buf, offset, end, nack)
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         return end if replaced else None
 
     def _on_broker_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int
@@ -759,7 +770,7 @@ class Connection(FrameRelay):
         assert gate is not None
         absorbed = gate.on_broker_close_ok(channel)
         if gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         if absorbed:
             return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         self._on_channel_close_ok(channel, buf, offset, base)
@@ -771,7 +782,7 @@ class Connection(FrameRelay):
                | buf[offset + 10])
         change = self.topology.request(key, channel, buf, offset, base)
         if change is not None:
-            self._events.append(change)
+            self.output.events.append(change)
 
     def _on_topology_reply(self, channel: int, buf: Buffer, offset: int, base: int) -> None:
         assert self.topology is not None
@@ -779,13 +790,13 @@ class Connection(FrameRelay):
                | buf[offset + 10])
         change = self.topology.reply(key, channel, buf, offset, base)
         if change is not None:
-            self._events.append(change)
+            self.output.events.append(change)
 
     def collect(self) -> None:
         """Take what the gate made outside a receive call (held frames released, expiries,
         spool acknowledgements) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
-            self._take(self.gate)
+            self.output.take(self.gate)
 
     @property
     def pending_bytes(self) -> int:
@@ -799,18 +810,19 @@ class Connection(FrameRelay):
         for inbound in (self._client_in, self._server_in):
             inbound.tail = bytearray()
             inbound.parts, inbound.parts_len = [], 0
-        self._to_server.clear()
-        self._to_client.clear()
+        self.output.clear()
         text = f"INTERNAL_ERROR - {reason}"
-        self._to_client.append(close_frame(INTERNAL_ERROR, text))
+        self.output.to_client.append(close_frame(INTERNAL_ERROR, text))
         if self.closing is None:
-            self._to_server.append(close_frame(INTERNAL_ERROR, text))
+            self.output.to_server.append(close_frame(INTERNAL_ERROR, text))
 
-    def _own(self, command: object) -> bool:
-        if isinstance(command, ForgetChannel):  # a channel the proxy closed is gone
-            self.channels.pop(command.channel, None)
-            return True
-        return False
+
+def _forget_channel(channels: dict[int, ChannelState], command: object) -> bool:
+    """The core's own command (``CoreOutput.own``): a channel the proxy closed is gone."""
+    if isinstance(command, ForgetChannel):
+        channels.pop(command.channel, None)
+        return True
+    return False
 
 
 def frame_limit(server: TuneParams | None, client: TuneParams | None) -> int:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from floodwall.wire.amqp10.addresses import vhost_of
 from floodwall.wire.amqp10.endpoints import Peer
@@ -69,6 +70,7 @@ from floodwall.wire.relaycore import (
     Failure,
     FrameCounts,
     Side,
+    take_all,
 )
 
 RUN_MOST: Final = 1 << 31
@@ -168,7 +170,7 @@ def _clip(text: str) -> str:
     return raw[: DESCRIPTION_LIMIT - 3].decode("utf-8", "ignore") + "..."
 
 
-class Connection(CoreOutput):
+class Connection:
     """The AMQP 1.0 ``RelayCore``: relays both directions unchanged and tracks the connection.
 
     Built with the client's first protocol header, which the I/O layer has already read and
@@ -206,12 +208,16 @@ class Connection(CoreOutput):
         self.failure = None
         self.from_client = FrameCounts()
         self.from_server = FrameCounts()
-        self._to_server: list[bytes] = []
-        self._to_client: list[bytes] = []
-        self._events: list[object] = []  # what the gate made besides frames
         self._now = 0.0  # the time the current receive call was given
-        self._client = _Stream(Side.CLIENT, client_phase, self.from_client, self._to_server)
-        self._server = _Stream(Side.SERVER, server_phase, self.from_server, self._to_client)
+        # Frames for each peer, events for the I/O layer; the gate's ReadEveryFrame, carried out
+        # on the two streams (client's, server's: in once made).
+        streams: list[_Stream] = []
+        self.output = CoreOutput(_read_every_frame, streams)
+        self._client = _Stream(Side.CLIENT, client_phase, self.from_client,
+                               self.output.to_server)
+        self._server = _Stream(Side.SERVER, server_phase, self.from_server,
+                               self.output.to_client)
+        streams += (self._client, self._server)
         client, server = self._client, self._server
         client.on_amqp = lambda c, ch, buf, st, b, e: self._amqp_frame(
             client, server, c, ch, buf, st, b, e)
@@ -237,10 +243,19 @@ class Connection(CoreOutput):
             self._receive(self._server, data)
 
     def data_for_server(self) -> bytes:
-        return _drain(self._to_server)
+        return _drain(self.output.to_server)
 
     def data_for_client(self) -> bytes:
-        return _drain(self._to_client)
+        return _drain(self.output.to_client)
+
+    def chunks_for_server(self) -> list[Any]:
+        return take_all(self.output.to_server)
+
+    def chunks_for_client(self) -> list[Any]:
+        return take_all(self.output.to_client)
+
+    def events(self) -> Sequence[object]:
+        return self.output.take_events()
 
     @property
     def pending_bytes(self) -> int:
@@ -251,13 +266,7 @@ class Connection(CoreOutput):
         """Take what the gate made outside a receive call (a release, an expiry, a spool
         acknowledgement) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
-            self._take(self.gate)
-
-    def _own(self, command: object) -> bool:
-        if isinstance(command, ReadEveryFrame):
-            (self._read_server_dispositions if command.broker_only else self._read_dispositions)()
-            return True
-        return False
+            self.output.take(self.gate)
 
     # -- what the frames said -----------------------------------------------------------------
 
@@ -308,7 +317,7 @@ class Connection(CoreOutput):
                     if stream.run is not None and self.gate is not None:
                         pos = _read_run(stream, self.gate, buf, pos, self._now)
                         if self.gate.outbox:
-                            self._take(self.gate)
+                            self.output.take(self.gate)
                         continue
                     pos, frames, need = scan_frames(
                         buf, pos, stream.limit, AMQP_FRAME, stream.on_amqp, stream.skip
@@ -421,7 +430,7 @@ class Connection(CoreOutput):
                 settled = peek_disposition(buf, body, end)
                 if settled is not None and gate.on_server_settled(channel, *settled, self._now):
                     if gate.outbox:
-                        self._take(gate)
+                        self.output.take(gate)
                     return False
             peeked = peek_composite(buf, body, end)
             if peeked is None:
@@ -430,12 +439,12 @@ class Connection(CoreOutput):
                 fields, payload = peeked
             run = self._gate_frame(gate, stream, code, channel, fields, buf, start, payload, end)
             if gate.outbox:
-                self._take(gate)
+                self.output.take(gate)
             return run
         _, fields, _ = decode_composite(buf, body, end)
         replacement = self._lifecycle(stream, other, code, channel, fields)
         if gate is not None and gate.outbox:
-            self._take(gate)
+            self.output.take(gate)
         if replacement is not None:
             _replace(stream, buf, start, end, replacement)
         return False
@@ -521,14 +530,6 @@ class Connection(CoreOutput):
             _replace(stream, buf, start, end, replacement)
         return False
 
-    def _read_dispositions(self) -> None:
-        """The gate consumed a delivery: both peers' dispositions are renumbered from now."""
-        self._server.skip = self._client.skip = SKIP_NONE
-
-    def _read_server_dispositions(self) -> None:
-        """The gate counts a windowed link's deliveries until the broker settles them."""
-        self._server.skip = SKIP_NONE
-
     # -- failing ----------------------------------------------------------------------------------
 
     def _fail(self, stream: _Stream, exc: ProtocolError) -> None:
@@ -538,7 +539,7 @@ class Connection(CoreOutput):
         self._client.tail = bytearray()
         self._server.tail = bytearray()
         if refused:  # the client waits for a sasl-outcome; the broker for a sasl-init
-            self._to_client.append(frame(encode_performative(SASL_OUTCOME, code=UByte(
+            self.output.to_client.append(frame(encode_performative(SASL_OUTCOME, code=UByte(
                 SASL_AUTH)), 0, SASL_FRAME))
             return
         blame = f"floodwall closed the connection: the {stream.side.value} sent bad data"
@@ -552,8 +553,7 @@ class Connection(CoreOutput):
     def abort(self, reason: str) -> None:
         """The proxy failed: all held and queued is dropped, each peer told internal-error."""
         self._client.tail, self._server.tail = bytearray(), bytearray()
-        self._to_server.clear()
-        self._to_client.clear()
+        self.output.clear()
         self._close("amqp:internal-error", reason, "amqp:internal-error", reason)
 
     def _close(self, client_condition: str, client_description: str,
@@ -562,11 +562,11 @@ class Connection(CoreOutput):
         to_client = close_for_client(self._client, self._server, client_condition,
                                      client_description)
         if to_client:
-            self._to_client.append(to_client)
+            self.output.to_client.append(to_client)
         to_server = close_for_server(self._client, self._server, server_condition,
                                      server_description)
         if to_server:
-            self._to_server.append(to_server)
+            self.output.to_server.append(to_server)
 
 
 def close_for_client(client: _Stream, server: _Stream, condition: str,
@@ -601,6 +601,19 @@ def _sasl_fields(
     if code not in allowed:
         raise DecodeError(f"{name_of(code)} is not a SASL frame the {side.value} may send")
     return fields
+
+
+def _read_every_frame(streams: list[_Stream], command: object) -> bool:
+    """The core's own command (``CoreOutput.own``): the gate consumed a delivery (both peers'
+    dispositions are renumbered from now), or counts a windowed link's deliveries until the
+    broker settles them (``broker_only``: the broker's)."""
+    if isinstance(command, ReadEveryFrame):
+        client, server = streams
+        server.skip = SKIP_NONE
+        if not command.broker_only:
+            client.skip = SKIP_NONE
+        return True
+    return False
 
 
 def _resumed(stream: _Stream, gate: TransferHooks | None

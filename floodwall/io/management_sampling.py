@@ -1,9 +1,8 @@
-"""The management API side of the flow supervisor's depth (``ManagementProbes``, which
-``DepthProbes`` extends): each policed queue's management sample every
-``management_interval`` (or the fleet's poller's, ``shared_elsewhere``), the broker's
-Prometheus endpoints for what the API has no figures for or does not answer, the API's
-state, and the unknown-depth rules: no figures for too long, or none fresh since a
-reconnect."""
+"""The flow supervisor's management sampling (``ManagementSampling``, a part the supervisor
+owns): each policed queue's management sample every ``management_interval`` (but those the
+fleet's poller samples: ``shared_elsewhere``), the broker's Prometheus endpoints for what the
+API has no figures for or does not answer, and the API's state (every call counted, a change
+logged once)."""
 
 from __future__ import annotations
 
@@ -11,12 +10,12 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import replace
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.depth import DepthSource, ManagementSample
+from floodwall.io.depth_feed import DepthFeed
 from floodwall.io.flow_settings import FlowSettings
 from floodwall.io.management import (
     NO_STATISTICS,
@@ -25,12 +24,11 @@ from floodwall.io.management import (
     NoStatistics,
 )
 from floodwall.io.prometheus import PagesMerged, PrometheusEndpoint
-from floodwall.io.switchboard import Switchboard
-from floodwall.io.tasks import spawn
+from floodwall.io.tasks import Spawn
 from floodwall.io.topology import TopologyFeed
 from floodwall.ops.flow_metrics import FlowStats
 from floodwall.ops.logs import event
-from floodwall.ops.supervision import depth_is_unknown, first_round_in
+from floodwall.ops.supervision import first_round_in
 
 log = logging.getLogger("floodwall.flow")
 
@@ -43,48 +41,48 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class ManagementProbes:
-    """Management samples and the unknown-depth rules; ``DepthProbes`` adds the own
-    connections' ready counts and the alarms."""
-
-    settings: FlowSettings
-    clock: Callable[[], float]
-    controller: FlowController
-    board: Switchboard
-    api: ManagementApi
-    prometheus: PrometheusEndpoint | None
-    stats: FlowStats
-    feed: TopologyFeed
-    _sampled_at: dict[QueueKey, float]
-    _asked: set[QueueKey]
-    _probe_refused: dict[QueueKey, str]
-    _stale: dict[QueueKey, float]
-    _had_figures: set[QueueKey]
-    _warm: bool
-    _wake_management: asyncio.Event | None
-    _prometheus_kind: str | None = None  # the last failure's kind (logged once in a row)
-    _tasks: set[asyncio.Task[Any]]
-    # While the rounds read Prometheus: the request that finds the management API back.
-    _management_back: asyncio.Task[None] | None = None
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        return spawn(self._tasks, coro, name, log, "flow_task_failed", error_text)
+class SamplingHost(Protocol):
+    """What the sampling needs of the flow supervisor."""
 
     def feed_management(self, key: QueueKey, sample: ManagementSample) -> None:
-        """A management sample of ``key``, dated back by the broker's statistics interval."""
-        if key not in self.controller.queues:
-            return
-        self._asked.add(key)
-        now = self._sampled_at[key] = self.clock()
-        if not self._fresh_figure(key, sample.taken_at, management=True):
-            return
-        self.controller.sampled_management(
-            key, replace(sample, taken_at=sample.taken_at - self.settings.management_stats_age),
-            now)
-        self.board.settle()
+        """A sample this sidecar asked for: fed (and offered to the fleet)."""
+
+    def shared_elsewhere(self, key: QueueKey) -> bool:
+        """Whether another sidecar of the fleet samples ``key`` for this one."""
+
+
+class ManagementSampling:
+    """The depth rounds (``sample_management``) and every management API call (``ask``);
+    ``warm`` once the first round is in. Figures go to the owner (``SamplingHost``), which
+    feeds them through the ``DepthFeed``; each round ends with its unknown-depth rules."""
+
+    def __init__(self, settings: FlowSettings, clock: Callable[[], float],
+                 controller: FlowController, api: ManagementApi,
+                 prometheus: PrometheusEndpoint | None, stats: FlowStats, depth: DepthFeed,
+                 feed: TopologyFeed, host: SamplingHost, spawn: Spawn) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.controller = controller
+        self.api = api
+        self.prometheus = prometheus
+        self.stats = stats
+        self.depth = depth
+        self.feed = feed
+        self.host = host
+        self._spawn = spawn
+        self.warm = False  # the first round is in
+        self._wake: asyncio.Event | None = None  # set: a round at once (made by start)
+        self._prometheus_kind: str | None = None  # the last failure's kind (logged once in a row)
+        # While the rounds read Prometheus: the request that finds the management API back.
+        self._management_back: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the rounds: one at once, then every ``management_interval``."""
+        self._wake = asyncio.Event()
+        self._spawn(self._management_loop(), "flow-management")
 
     # -- the management API ------------------------------------------------------------
-    async def _ask(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def ask(self, call: Callable[[], Awaitable[T]]) -> T:
         """One management API call, counted, with the API's state logged when it changes."""
         try:
             result = await call()
@@ -119,18 +117,18 @@ class ManagementProbes:
             if status.ok is False:
                 event(log, "management_api_recovered", url=self.api.url,
                       after_seconds=round(self.clock() - (status.since or self.clock()), 1))
-                self._mark_stale(list(self.controller.queues), "management API back")
+                self.depth.mark_stale(list(self.controller.queues), "management API back")
             status.since = self.clock()
         status.ok, status.kind, status.error = True, None, None
 
-    def _wake_until_warm(self) -> None:
+    def wake_until_warm(self) -> None:
         """Until the first round is complete, a topology answer triggers a depth round."""
-        if not self._warm and self._wake_management is not None:
-            self._wake_management.set()
+        if not self.warm and self._wake is not None:
+            self._wake.set()
 
     # -- depth: management samples -----------------------------------------------------
     async def _management_loop(self) -> None:
-        wake = self._wake_management
+        wake = self._wake
         assert wake is not None
         while True:
             wake.clear()
@@ -143,16 +141,16 @@ class ManagementProbes:
         ``shared_elsewhere``), then the unknown-depth rule. The round asks the management
         API; while the API does not answer, the broker's Prometheus endpoints
         (``stats.depth_source``), until it answers again (``_ask_management_back``)."""
-        keys = sorted(k for k in self.controller.queues if not self.shared_elsewhere(k))
+        keys = sorted(k for k in self.controller.queues if not self.host.shared_elsewhere(k))
         if self.stats.depth_source is DepthSource.PROMETHEUS and keys:
             self._ask_management_back(keys[0])
             await self._from_prometheus(keys, statistics_off=False)
         else:
             await self._management_round(keys)
-        self.apply_unknown_depth()
-        if not self._warm and first_round_in(self.feed.loaded or self.feed.error is not None,
-                                             self.controller.queues, self._asked):
-            self._warm = True
+        self.depth.apply_unknown_depth()
+        if not self.warm and first_round_in(self.feed.loaded or self.feed.error is not None,
+                                            self.controller.queues, self.depth.asked):
+            self.warm = True
             event(log, "flow_ready", policed_queues=len(self.controller.queues),
                   management="ok" if self.stats.management.ok else
                   f"failing ({self.stats.management.kind})")
@@ -168,10 +166,10 @@ class ManagementProbes:
         for key, result in zip(keys, results, strict=True):
             if key not in self.controller.queues:
                 continue  # dropped while we asked
-            self._asked.add(key)
+            self.depth.asked.add(key)
             if isinstance(result, ManagementSample):
-                self._had_figures.add(key)
-                self.feed_management(key, result)
+                self.depth.had_figures.add(key)
+                self.host.feed_management(key, result)
             elif result is NO_STATISTICS:
                 without.append(key)
             elif isinstance(result, ManagementError) and result.node_down:
@@ -203,7 +201,7 @@ class ManagementProbes:
                     return silent[0]
                 try:
                     async with asyncio.timeout(deadline):
-                        return await self._ask(functools.partial(self.api.queue_sample, *key))
+                        return await self.ask(functools.partial(self.api.queue_sample, *key))
                 except ManagementError as exc:
                     return exc
                 except TimeoutError:
@@ -243,13 +241,13 @@ class ManagementProbes:
 
     async def _management_answers(self, key: QueueKey) -> None:
         try:
-            await self._ask(functools.partial(self.api.queue_sample, *key))
+            await self.ask(functools.partial(self.api.queue_sample, *key))
         except ManagementError as exc:
             if exc.node_down:
                 return
         self._switch_depth_source(DepthSource.MANAGEMENT, "the management API answers")
-        if self._wake_management is not None:
-            self._wake_management.set()
+        if self._wake is not None:
+            self._wake.set()
 
     async def _from_prometheus(self, keys: list[QueueKey], *, statistics_off: bool) -> None:
         """``keys``' figures from the broker's Prometheus endpoints, each fed as its node's
@@ -284,8 +282,8 @@ class ManagementProbes:
                     for queue, sample in merged.take(page).items():
                         key = (vhost, queue)
                         if key in wanted and key in self.controller.queues:
-                            self._had_figures.add(key)
-                            self.feed_management(key, sample)
+                            self.depth.had_figures.add(key)
+                            self.host.feed_management(key, sample)
         finally:
             self.stats.prometheus_requests = self.prometheus.requests
         if not answered:
@@ -312,66 +310,6 @@ class ManagementProbes:
         some is on a broker that restarted and is recovering its messages: not "empty" (that
         would release tripped queues into a full broker); the passive declare's ready count
         decides until the figures are back."""
-        self._sampled_at[key] = now
-        if key not in self._had_figures:
-            self.feed_management(key, ManagementSample(now, 0, 0, 0, 0, 0))
-
-    def shared_elsewhere(self, key: QueueKey) -> bool:
-        """Whether another sidecar of the fleet samples ``key`` for this one (see
-        ``FlowSupervisor``); alone, never."""
-        return False
-
-    def depth_is_unknown(self, key: QueueKey, now: float | None = None) -> bool:
-        return depth_is_unknown(key in self._asked, self._sampled_at.get(key),
-                                self.clock() if now is None else now,
-                                self.settings.depth_unknown_after)
-
-    def apply_unknown_depth(self) -> None:
-        now = self.clock()
-        for key in list(self.controller.queues):
-            unknown = self.depth_unknown_now(key, now)
-            self.stats.depth_known[key] = not unknown
-            if unknown:
-                self.controller.depth_unknown(key, now)
-        self.board.settle()
-
-    # -- depth after a reconnect: unknown until a fresh figure ---------------------------
-    def depth_unknown_now(self, key: QueueKey, now: float | None = None) -> bool:
-        """Unknown: no management figure for too long, or none fresh since a reconnect."""
-        return key in self._stale or self.depth_is_unknown(key, now)
-
-    def _mark_stale(self, keys: list[QueueKey], why: str) -> None:
-        """The own connection or the management API came back (or went): whatever was known
-        of ``keys`` is from before, perhaps before a broker restart (whose management API
-        answers "empty" while the queues recover). Their depth is unknown (the policies'
-        on_unknown_depth applies, the spool does not replay) until a figure asked for after
-        now arrives (``_fresh_figure``)."""
-        now = self.clock()
-        keys = [k for k in keys if k in self.controller.queues]
-        if not keys:
-            return
-        newly = [k for k in keys if k not in self._stale]
-        for key in keys:
-            self._stale[key] = now
-            self.stats.depth_known[key] = False
-            self.controller.depth_unknown(key, now)
-        self.board.settle()
-        if newly:
-            event(log, "depth_unknown_until_fresh", logging.WARNING, reason=why,
-                  queues=len(newly), action="on_unknown_depth applies and the spool waits "
-                  "until a ready count asked for after this arrives")
-
-    def _fresh_figure(self, key: QueueKey, asked_at: float, management: bool = False) -> bool:
-        """Whether a figure asked for at ``asked_at`` may be fed: the depth is not stale, or
-        this figure was asked for after the reconnect (which ends the staleness). A
-        management figure ends it only for queues the passive declare cannot read."""
-        since = self._stale.get(key)
-        if since is None:
-            return True
-        if asked_at < since or (management and key not in self._probe_refused):
-            return False
-        del self._stale[key]
-        self.stats.depth_known[key] = True
-        event(log, "depth_known_again", vhost=key[0], queue=key[1],
-              unknown_seconds=round(self.clock() - since, 3))
-        return True
+        self.depth.sampled_at[key] = now
+        if key not in self.depth.had_figures:
+            self.host.feed_management(key, ManagementSample(now, 0, 0, 0, 0, 0))

@@ -1,8 +1,8 @@
-"""The depth and alarm side of the flow supervisor (``DepthProbes``, which ``FlowSupervisor``
-extends): management API samples of every policed queue, one own AMQP connection per vhost
-passive-declaring them every ``depth_interval`` (a hot queue back to back, at most one
-every ``hot_interval``: ``floodwall.control.schedule``), and the broker's alarms (the API's node
-alarms, the own connections' connection.blocked)."""
+"""The flow supervisor's own AMQP connections (``OwnConnections``, a part the supervisor
+owns): one per vhost with policed queues or a policy, passive-declaring each policed queue
+every ``depth_interval`` (a hot queue back to back, at most one every ``hot_interval``:
+``floodwall.control.schedule``), answering the topology feed's lookups, and reporting the
+broker's connection.blocked notices."""
 
 from __future__ import annotations
 
@@ -11,23 +11,25 @@ import contextlib
 import functools
 import logging
 import zlib
+from collections.abc import Callable
+from typing import Protocol
 
-from floodwall.control.controller import QueueKey
+from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.events import QueueTripped
 from floodwall.control.fleet_polls import fleet_count_interval
-from floodwall.control.routing import ChangeKind, QueueType, Topology, TopologyChange
+from floodwall.control.routing import ChangeKind, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
 from floodwall.control.schedule import sampling_interval
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
-from floodwall.io.management import (
-    ManagementError,
-)
-from floodwall.io.management_probes import ManagementProbes, error_text
+from floodwall.io.broker_alarms import BrokerAlarms
+from floodwall.io.depth_feed import DepthFeed
+from floodwall.io.flow_settings import FlowSettings
+from floodwall.io.management_sampling import error_text
+from floodwall.io.switchboard import Switchboard
+from floodwall.io.tasks import Spawn
+from floodwall.io.topology import TopologyFeed
+from floodwall.ops.flow_metrics import FlowStats
 from floodwall.ops.logs import event
-from floodwall.ops.supervision import (
-    broker_alarm,
-    management_alarm,
-)
 
 log = logging.getLogger("floodwall.flow")
 
@@ -35,38 +37,46 @@ log = logging.getLogger("floodwall.flow")
 HOT_LANES = 8
 
 
-class DepthProbes(ManagementProbes):
-    """What feeds the controller depth and alarms, on timers; ``FlowSupervisor`` builds the
-    parts (``__init__``) and adds policing, policies and the admin views."""
+class OwnConnectionsHost(Protocol):
+    """What the own connections need of the flow supervisor."""
 
-    topology: Topology
-    _vhost_tasks: dict[str, asyncio.Task[None]]
-    _clients: dict[str, AmqpClient]
-    _client_up: dict[str, asyncio.Event]
-    _vhost_kick: dict[str, asyncio.Event]
-    _probe_wake: dict[str, asyncio.Event]
-    _management_alarm: str | None
-    _blocked_alarm: dict[str, str]
-    _running: bool
+    @property
+    def running(self) -> bool:
+        """Between start and stop: a vhost's connection may be opened."""
 
-    def feed_ready_count(self, key: QueueKey, requested_at: float, ready: int,
-                         rtt: float | None) -> None:
-        """A passive declare's (or declare-ok's) ready count of ``key``, if policed.
 
-        A stream's count is the broker's statistics figure, up to its statistics interval
-        old: it is dated back by ``management_stats_age``, so the ledger adds what was
-        forwarded since (the estimate errs high, never low); a stream does not drain.
-        """
-        if key not in self.controller.queues or not self._fresh_figure(key, requested_at):
-            return
-        stream = self.topology.queue_type(*key) is QueueType.STREAM
-        if stream:
-            requested_at -= self.settings.management_stats_age
-            rtt = None
-        self.stats.ready_counts[key] += 1
-        self.controller.sampled_ready_count(key, requested_at, ready, rtt, self.clock(),
-                                            drains=not stream)
-        self.board.settle()
+class OwnConnections:
+    """The own connection of each vhost (``reconcile``, ``client_for``) and the ready counts
+    its passive declares feed through the ``DepthFeed``; a connection lost makes its queues'
+    depth stale, its connection.blocked goes to the ``BrokerAlarms``."""
+
+    def __init__(self, settings: FlowSettings, clock: Callable[[], float],
+                 controller: FlowController, board: Switchboard, stats: FlowStats,
+                 depth: DepthFeed, alarms: BrokerAlarms, feed: TopologyFeed,
+                 host: OwnConnectionsHost, spawn: Spawn) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.controller = controller
+        self.board = board
+        self.stats = stats
+        self.depth = depth
+        self.alarms = alarms
+        self.feed = feed
+        self.host = host
+        self._spawn = spawn
+        self._vhost_tasks: dict[str, asyncio.Task[None]] = {}
+        self._clients: dict[str, AmqpClient] = {}
+        self._client_up: dict[str, asyncio.Event] = {}  # vhost -> set while connected
+        self._vhost_kick: dict[str, asyncio.Event] = {}  # vhost -> retry connecting now
+        self._probe_wake: dict[str, asyncio.Event] = {}  # vhost -> a queue tripped: hot now
+
+    async def close(self) -> None:
+        """Close every own connection (the owner has cancelled the tasks)."""
+        self._vhost_tasks.clear()
+        for client in list(self._clients.values()):
+            with contextlib.suppress(Exception):
+                await client.close()
+        self._clients.clear()
 
     async def client_for(self, vhost: str) -> AmqpClient:
         """The vhost's own connection, waiting for it (and asking it to retry now) if it is
@@ -74,10 +84,10 @@ class DepthProbes(ManagementProbes):
         client = self._clients.get(vhost)
         if client is not None and client.connected:
             return client
-        if vhost not in self._vhost_tasks and self._running:
+        if vhost not in self._vhost_tasks and self.host.running:
             self._vhost_tasks[vhost] = self._spawn(self._own_connection_loop(vhost),
                                                    f"flow-own-{vhost}")
-        self._kick(vhost)
+        self.kick(vhost)
         up = self._client_up.setdefault(vhost, asyncio.Event())
         while True:
             await up.wait()
@@ -86,13 +96,13 @@ class DepthProbes(ManagementProbes):
                 return client
             up.clear()
 
-    def _kick(self, vhost: str) -> None:
+    def kick(self, vhost: str) -> None:
         """Let the vhost's connection loop retry at once (the vhost may exist now)."""
         kick = self._vhost_kick.get(vhost)
         if kick is not None:
             kick.set()
 
-    async def _confirm_gone(self, key: QueueKey) -> bool:
+    async def confirm_gone(self, key: QueueKey) -> bool:
         """Missing from a topology listing: ask the broker itself if we can."""
         client = self._clients.get(key[0])
         if client is None or not client.connected:
@@ -103,7 +113,7 @@ class DepthProbes(ManagementProbes):
             return False
 
     # -- depth: own connections, one per vhost -----------------------------------------
-    def _reconcile_vhosts(self) -> None:
+    def reconcile(self) -> None:
         """One own connection per vhost with policed queues or a policy (lookups and the
         first figures of new queues need it at once)."""
         wanted = {k[0] for k in self.controller.queues} | self.controller.policies.vhosts
@@ -129,7 +139,7 @@ class DepthProbes(ManagementProbes):
             while True:
                 client = AmqpClient(s.upstreams, s.amqp_credentials.username,
                                     s.amqp_credentials.password, vhost,
-                                    on_blocked=functools.partial(self._on_blocked, vhost),
+                                    on_blocked=functools.partial(self.alarms.blocked, vhost),
                                     tls=s.upstream_tls)
                 try:
                     await client.connect(s.connect_timeout)
@@ -160,13 +170,12 @@ class DepthProbes(ManagementProbes):
                 finally:
                     self._client_up[vhost].clear()
                     self._clients.pop(vhost, None)
-                    if self._blocked_alarm.pop(vhost, None) is not None:
-                        self._update_alarm()
+                    self.alarms.connection_lost(vhost)
                     with contextlib.suppress(Exception):
                         await client.close()
                 reason = client.closed_reason or "closed"
-                self._mark_stale([k for k in self.controller.queues if k[0] == vhost],
-                                 f"own connection to vhost {vhost} lost: {reason}")
+                self.depth.mark_stale([k for k in self.controller.queues if k[0] == vhost],
+                                      f"own connection to vhost {vhost} lost: {reason}")
                 self.stats.own_connections[vhost] = f"down: {reason}"
                 self.stats.own_connection_failures += 1
                 event(log, "own_connection_reconnecting", logging.WARNING, vhost=vhost,
@@ -180,7 +189,7 @@ class DepthProbes(ManagementProbes):
         """Passive-declare each cold policed queue of ``vhost`` every depth interval; a hot
         one (``floodwall.control.schedule``: held, or about to fill) gets a task of its own
         that counts it back to back on a channel of its own (``_probe_hot``), so several
-        hot queues are counted side by side. A trip wakes the loop (``_on_flow_event``)."""
+        hot queues are counted side by side. A trip wakes the loop (``on_flow_event``)."""
         loop = asyncio.get_running_loop()
         interval = self.settings.depth_interval
         wake = self._probe_wake.setdefault(vhost, asyncio.Event())
@@ -238,7 +247,7 @@ class DepthProbes(ManagementProbes):
             fleet_count_interval(interval, q.share, s.depth_interval) if hot else interval)
         return hot
 
-    def _on_flow_event(self, item: object) -> None:
+    def on_flow_event(self, item: object) -> None:
         """A queue tripped between two slow rounds: its loop makes it hot at once."""
         if isinstance(item, QueueTripped):
             wake = self._probe_wake.get(item.key[0])
@@ -248,7 +257,7 @@ class DepthProbes(ManagementProbes):
     async def _probe_once(self, client: AmqpClient, key: QueueKey, lane: str = "probe") -> bool:
         """One passive declare of ``key`` fed to the controller; False when the connection
         cannot be used any more (it is gone, or did not answer in time)."""
-        if self.depth_is_unknown(key):
+        if self.depth.depth_is_unknown(key):
             self.controller.depth_unknown(key, self.clock())
             self.board.settle()
             return True
@@ -265,7 +274,7 @@ class DepthProbes(ManagementProbes):
                 return False
             self._refused(key, str(exc))
             return True
-        if self._probe_refused.pop(key, None) is not None:
+        if self.depth.probe_refused.pop(key, None) is not None:
             event(log, "queue_probe_ok", vhost=key[0], queue=key[1])
         if counts is None:
             if key in self.controller.queues:
@@ -273,48 +282,11 @@ class DepthProbes(ManagementProbes):
                                 ChangeSource.LOOKUP)
         elif key in self.controller.queues:
             rtt = self.clock() - requested_at
-            self.feed_ready_count(key, requested_at, counts.messages, rtt)
+            self.depth.feed_ready_count(key, requested_at, counts.messages, rtt)
         return True
 
     def _refused(self, key: QueueKey, reason: str) -> None:
-        if self._probe_refused.get(key) != reason:
+        if self.depth.probe_refused.get(key) != reason:
             event(log, "queue_probe_refused", logging.WARNING, vhost=key[0], queue=key[1],
                   reason=reason, action="depth from management samples only")
-        self._probe_refused[key] = reason
-
-    # -- broker alarms -----------------------------------------------------------------
-    def _on_blocked(self, vhost: str, reason: str | None) -> None:
-        if reason is None:
-            self._blocked_alarm.pop(vhost, None)
-        else:
-            self._blocked_alarm[vhost] = f"connection.blocked: {reason}"
-        self._update_alarm()
-
-    def _update_alarm(self) -> None:
-        self.controller.set_alarm(broker_alarm(self._management_alarm, self._blocked_alarm),
-                                 self.clock())
-        self.board.settle()
-
-    async def _alarm_loop(self) -> None:
-        while True:
-            if not self.alarms_shared_elsewhere():
-                await self.poll_alarms()
-            await asyncio.sleep(self.settings.alarm_interval)
-
-    async def poll_alarms(self) -> None:
-        """Ask the management API for node alarms; an error keeps the last answer."""
-        try:
-            alarms = await self._ask(self.api.alarms)
-        except ManagementError:
-            return
-        self.node_alarms(alarms.memory, alarms.disk)
-
-    def node_alarms(self, memory: tuple[str, ...], disk: tuple[str, ...]) -> None:
-        """The nodes in a memory and in a disk alarm, as the management API said."""
-        self._management_alarm = management_alarm(memory, disk)
-        self._update_alarm()
-
-    def alarms_shared_elsewhere(self) -> bool:
-        """Whether another sidecar of the fleet polls the node alarms for this one (see
-        ``FlowSupervisor``); alone, never."""
-        return False
+        self.depth.probe_refused[key] = reason
