@@ -290,7 +290,7 @@ async def firehose(host: str, port: int, address: str, size: int, warmup: float,
 # -- a receiver: the consumer drain ------------------------------------------------------------
 def disposition_frame(first: int, last: int) -> bytes:
     """The receiver settles deliveries ``first``..``last``: accepted."""
-    return frame(DISPOSITION, [True, uint(first), uint(last), True,
+    return frame(DISPOSITION, [True, uint(first & 0xFFFFFFFF), uint(last & 0xFFFFFFFF), True,
                                Described(ulong(ACCEPTED), [])])
 
 
@@ -345,9 +345,10 @@ class Amqp10Receiver(Amqp10Client):
 
     def grant(self, credit: int) -> None:
         """Link credit for ``credit`` more deliveries from the ones received so far."""
-        self.write(frame(FLOW, [uint(self.incoming_next + self.deliveries), uint(1 << 20),
-                                uint(0), uint(1 << 20), uint(0),
-                                uint(self.initial_count + self.deliveries), uint(credit)]))
+        self.write(frame(FLOW, [uint((self.incoming_next + self.deliveries) & 0xFFFFFFFF),
+                                uint(1 << 20), uint(0), uint(1 << 20), uint(0),
+                                uint((self.initial_count + self.deliveries) & 0xFFFFFFFF),
+                                uint(credit)]))
 
 
 async def drain(host: str, port: int, address: str, total: int, prefetch: int,
