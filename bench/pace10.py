@@ -92,6 +92,9 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
             self.receiver.flow(PREFETCH)
         event.container.schedule(0.002, self)
 
+    def on_link_opened(self, event: Any) -> None:
+        self.out.send({"attached": True})  # (the run's sender starts now)
+
     def on_message(self, event: Any) -> None:
         self.got += 1
         self.last = time.monotonic()
@@ -187,6 +190,7 @@ async def consume_fast(broker: BrokerEndpoint, source: str, total: int, stop_aft
     client.on_delivery = on_delivery
     try:
         await client.open_receiver(source, PREFETCH)
+        out.send({"attached": True})  # (the run's sender starts now)
         await asyncio.wait([done, client.lost], timeout=600,
                            return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -224,7 +228,7 @@ def back_to_speed(times: list[float], stopped: float, restarted: float) -> float
     return None
 
 
-def opts_timeout(count: int) -> float:
+def send_timeout(count: int) -> float:
     """Long enough for ``count`` messages at 200 msg/s, and at least 30 s."""
     return max(30.0, count / 200)
 
@@ -253,9 +257,11 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
     cpu0 = cpu_seconds(beam), cpu_seconds(proxy)
     sender = NaiveSender(fw.port, [target], count)
     try:
-        time.sleep(0.3)  # the consumer is attached
+        if not mine.poll(30):
+            raise TimeoutError("the consumer did not attach")
+        mine.recv()  # attached: what it is sent from now on, it consumes
         t_sender = thread(sender)
-        if not sender.done.wait(opts_timeout(count)):
+        if not sender.done.wait(send_timeout(count)):
             raise TimeoutError(f"sender: {len(sender.accepted[target])} of {count} accepted, "
                                f"{dict(sender.sent)} sent, errors {sender.errors}")
         if not mine.poll(60):
