@@ -96,10 +96,16 @@ class Stack:
     endpoint: BrokerEndpoint = field(init=False)
     proxies: list[ProxyProcess] = field(default_factory=list)
     release: BrokerRelease = HOST_RELEASE  # which RabbitMQ (``--broker 4.0``)
+    #: False: the broker's management statistics off
+    #: (``management_agent.disable_metrics_collector``); floodwall reads depth from the
+    #: broker's Prometheus endpoint (``--prometheus``)
+    statistics: bool = True
 
     def start(self) -> BrokerEndpoint:
-        self.broker = LocalBroker(self.workdir / "rabbit", release=self.release)
-        self.endpoint = self.broker.start()
+        extra = "" if self.statistics else "management_agent.disable_metrics_collector = true\n"
+        self.broker = LocalBroker(self.workdir / "rabbit", release=self.release,
+                                  config_extra=extra)
+        self.endpoint = self.broker.start(timeout=240)
         return self.endpoint
 
     @property
@@ -113,6 +119,8 @@ class Stack:
         args = ["--event-loop", "auto", "--log-format", "json", *extra]
         if policies is not None:
             args += ["--policies", str(policies), "--management", self.endpoint.management_url]
+            if not self.statistics:
+                args += ["--prometheus", f"http://127.0.0.1:{self.broker.prometheus_port}"]
         proc = ProxyProcess(upstream=self.upstream, logfile=self.workdir / f"{name}.log",
                             extra_args=args)
         proc.start()
@@ -133,11 +141,13 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(progress: Progress, release: BrokerRelease = HOST_RELEASE) -> Iterator[Stack]:
+def stack(progress: Progress, release: BrokerRelease = HOST_RELEASE,
+          statistics: bool = True) -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="floodwall-flowbench-"))
-    s = Stack(workdir, release=release)
+    s = Stack(workdir, release=release, statistics=statistics)
     try:
-        progress(f"starting RabbitMQ in {workdir}")
+        progress(f"starting RabbitMQ in {workdir}"
+                 + ("" if statistics else " (management statistics off)"))
         s.start()
         yield s
     finally:

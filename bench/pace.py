@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,8 @@ from bench.flow import (
     write_policies,
 )
 from bench.meters import cpu_seconds
-from bench.relay import beam_of
+from bench.relay import beam_of, parse_releases
+from floodwall.dev.devbroker import release_named
 from floodwall.dev.devproxy import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,6 +142,15 @@ class BrokerDepth(threading.Thread):
     def max_ready(self, since: float = 0.0) -> int:
         return max((n for t, n in self.samples if t >= since), default=0)
 
+    def peak_at(self, since: float) -> float | None:
+        """Seconds from ``since`` to the first count that found the most ready (None: no
+        count): near 0, the flood before the first trip; later, the held queue's admission."""
+        after = [(t, n) for t, n in self.samples if t >= since]
+        if not after:
+            return None
+        most = max(n for _, n in after)
+        return round(next(t for t, n in after if n == most) - since, 3)
+
     def ready_between(self, start: float, end: float) -> dict[str, Any]:
         """How full the queue was while the consumer consumed: the share of counts that
         found it empty (nothing ready: the consumer can only take what it already has)
@@ -204,6 +215,18 @@ async def wait_policed(fw: Any, queue: str) -> None:
     raise TimeoutError(f"{queue} not policed")
 
 
+async def wait_source(fw: Any, queue: str, timeout: float = 30.0) -> str:
+    """The queue's depth source once the proxy has had the broker's figures of it (its
+    first slow sample: ``--management-interval``, 5 s by default)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        q = await asyncio.to_thread(queue_state, fw, queue)
+        if q and q["depth"]["source"]:
+            return str(q["depth"]["source"])
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{queue}: no broker figures (management or Prometheus) in {timeout:g} s")
+
+
 async def poll_state(fw: Any, queue: str, seen: list[dict[str, Any]]) -> None:
     """The proxy's /state of ``queue`` every 250 ms (sampling interval, drain, admitted)."""
     while True:
@@ -212,6 +235,13 @@ async def poll_state(fw: Any, queue: str, seen: list[dict[str, Any]]) -> None:
             if q:
                 seen.append(q)
         await asyncio.sleep(0.25)
+
+
+def depth_source(seen: list[dict[str, Any]]) -> str | None:
+    """Where the proxy's broker figures of the queue came from (``management`` or
+    ``prometheus``), by its last /state sample that says."""
+    sources = [q["depth"]["source"] for q in seen if q["depth"].get("source")]
+    return sources[-1] if sources else None
 
 
 def held_pace(seen: list[dict[str, Any]]) -> dict[str, Any]:
@@ -235,6 +265,10 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
                   stop_after: int = 0) -> dict[str, Any]:
     declare(st, queue)
     await wait_policed(fw, queue)
+    # the run starts once the proxy has had the broker's figures of the queue, from the
+    # source its statistics setting gives (management or Prometheus): the depth it polices
+    # by is then that source's, as on a queue policed for longer than a run lasts
+    await wait_source(fw, queue)
     ep = st.endpoint
     ctx = multiprocessing.get_context("fork")
     mine, theirs = ctx.Pipe()
@@ -246,6 +280,7 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
     beam, proxy = beam_of(st.broker), fw.process and psutil.Process(fw.process.pid)
     cpu0 = cpu_seconds(beam), cpu_seconds(proxy)
     await asyncio.sleep(0.3)  # the consumer is up
+    began = time.monotonic()
     producer = asyncio.ensure_future(produce("127.0.0.1", fw.port, queue, messages))
     seen: list[dict[str, Any]] = []
     poller = asyncio.ensure_future(poll_state(fw, queue, seen))
@@ -259,6 +294,7 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
             result.update(stopped_after=doc["got"],
                           max_ready_after_stop=watch.max_ready(stopped),
                           tripped=bool(state and state["tripped"]),
+                          depth_source=state and state["depth"]["source"],
                           over_capacity_bytes=watch.max_ready(stopped) * SIZE - capacity)
         else:
             doc = await asyncio.to_thread(mine.recv)
@@ -272,7 +308,9 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
                           ready=watch.ready_between(doc["first"], doc["last"]),
                           control_rtt=watch.round_trips(doc["first"], doc["last"]),
                           over_capacity_bytes=ready * SIZE - capacity,
+                          peak_at_s=watch.peak_at(began),
                           held=held_pace(seen),
+                          depth_source=depth_source(seen),
                           cpu_seconds={"broker": round(cpu1[0] - cpu0[0], 2),
                                        "proxy": round(cpu1[1] - cpu0[1], 2)})
     finally:
@@ -287,7 +325,18 @@ async def one_run(st: Stack, fw: Any, queue: str, capacity: int, messages: int,
     return result
 
 
-async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
+@dataclass
+class PaceRig:
+    """The pace scenario's proxies on one broker and the queue names of its capacities."""
+
+    st: Stack
+    capacities: dict[str, int]
+    names: dict[str, str]
+    proxies: dict[str, ProxyProcess]
+
+
+def pace_rig(st: Stack, opts: argparse.Namespace) -> PaceRig:
+    """This checkout's proxy (``new``) and, with ``--base``, the other one's, on ``st``."""
     capacities = {label: size_of(label) for label in opts.capacities}
     names = {label: f"pace-{label}-{uuid.uuid4().hex[:6]}" for label in capacities}
     proxies = {"new": st.floodwall("pace", variant_policies(st, names, capacities, "new"),
@@ -295,31 +344,63 @@ async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, 
     if opts.base is not None:  # the same scenario through another checkout, side by side
         proxies["base"] = base_floodwall(st, opts.base,
                                          variant_policies(st, names, capacities, "base"))
-    rounds: list[dict[str, Any]] = []
-    for r in range(opts.rounds):
-        row: dict[str, Any] = {}
-        for label, cap in capacities.items():
-            for variant, fw in proxies.items():
-                q = f"{names[label]}-{variant}{r}"
-                row[f"{variant} {label}"] = res = await one_run(st, fw, q, cap, opts.messages)
-                progress(f"round {r} {variant} {label}: {res}")
-        reference = opts.capacities[0]  # the unpoliced run (1 GiB never trips)
-        for variant in proxies:
-            base = row[f"{variant} {reference}"].get("rate")
-            for label in capacities:
-                rate = row[f"{variant} {label}"].get("rate")
-                row[f"{variant} {label}"]["ratio"] = (round(rate / base, 3)
-                                                      if rate and base else None)
-        rounds.append(row)
+    return PaceRig(st, capacities, names, proxies)
+
+
+async def pace_round(rig: PaceRig, r: int, opts: argparse.Namespace,
+                     progress: Any) -> dict[str, Any]:
+    """Round ``r``: every capacity through every proxy in turn; rates against the first
+    capacity's (the unpoliced run: 1 GiB never trips) through the same proxy."""
+    row: dict[str, Any] = {}
+    for label, cap in rig.capacities.items():
+        for variant, fw in rig.proxies.items():
+            q = f"{rig.names[label]}-{variant}{r}"
+            row[f"{variant} {label}"] = res = await one_run(rig.st, fw, q, cap, opts.messages)
+            progress(f"round {r} {variant} {label}: {res}")
+    reference = opts.capacities[0]
+    for variant in rig.proxies:
+        base = row[f"{variant} {reference}"].get("rate")
+        for label in rig.capacities:
+            rate = row[f"{variant} {label}"].get("rate")
+            row[f"{variant} {label}"]["ratio"] = (round(rate / base, 3)
+                                                  if rate and base else None)
+    return row
+
+
+async def pace_stopped(rig: PaceRig, opts: argparse.Namespace,
+                       progress: Any) -> dict[str, Any]:
+    """The stopped consumer at the last capacity through every proxy; the proxies stopped."""
     stopped = {}
-    for variant, fw in proxies.items():
-        last = opts.capacities[-1]  # 256 KiB by default
-        stopped[variant] = await one_run(st, fw, f"{names[last]}-{variant}stop",
-                                         capacities[last], opts.messages, stop_after=5000)
+    last = opts.capacities[-1]  # 256 KiB by default
+    for variant, fw in rig.proxies.items():
+        stopped[variant] = await one_run(rig.st, fw, f"{rig.names[last]}-{variant}stop",
+                                         rig.capacities[last], opts.messages, stop_after=5000)
         progress(f"stopped {variant}: {stopped[variant]}")
-    for fw in proxies.values():
-        st.stop_proxy(fw)
-    return {"rounds": rounds, "stopped": stopped}
+    for fw in rig.proxies.values():
+        rig.st.stop_proxy(fw)
+    return stopped
+
+
+async def pace(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    rig = pace_rig(st, opts)
+    rounds = [await pace_round(rig, r, opts, progress) for r in range(opts.rounds)]
+    return {"rounds": rounds, "stopped": await pace_stopped(rig, opts, progress)}
+
+
+async def pace_side_by_side(stacks: dict[str, Stack], opts: argparse.Namespace,
+                            progress: Any) -> dict[str, dict[str, Any]]:
+    """The pace scenario on every configuration, alternated: each round on every broker in
+    turn, then the stopped consumer on each."""
+    rigs = {cfg: pace_rig(st, opts) for cfg, st in stacks.items()}
+    out: dict[str, dict[str, Any]] = {cfg: {"rounds": []} for cfg in stacks}
+    for r in range(opts.rounds):
+        for cfg, rig in rigs.items():
+            out[cfg]["rounds"].append(await pace_round(
+                rig, r, opts, lambda m, cfg=cfg: progress(f"{cfg}: {m}")))
+    for cfg, rig in rigs.items():
+        out[cfg]["stopped"] = await pace_stopped(rig, opts,
+                                                 lambda m, cfg=cfg: progress(f"{cfg}: {m}"))
+    return out
 
 
 def variant_policies(st: Stack, names: dict[str, str], capacities: dict[str, int],
@@ -339,55 +420,90 @@ def base_floodwall(st: Stack, root: Path, policies: Path) -> ProxyProcess:
                         extra_args=["--event-loop", "auto", "--log-format", "json",
                                     "--fleet", "off",
                                     "--policies", str(policies),
-                                    "--management", st.endpoint.management_url],
+                                    "--management", st.endpoint.management_url,
+                                    *([] if st.statistics else [
+                                        "--prometheus",
+                                        f"http://127.0.0.1:{st.broker.prometheus_port}"])],
                         root=root.resolve())
     proc.start()
     st.proxies.append(proc)
     return proc
 
 
-async def cpu(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
+#: ``--hot-interval`` of the cpu scenario; the first is the slow interval (the hot schedule off)
+HOT_INTERVALS = ("200ms", "5ms", "2ms", "1ms")
+
+
+async def cpu_one(st: Stack, label: str, opts: argparse.Namespace) -> dict[str, Any]:
+    """The broker's cores over ``--cpu-seconds`` with one queue held by a proxy at
+    ``--hot-interval label``, the proxy's depth counts per second, and where its broker
+    figures of the queue came from (``depth_source``: management or prometheus)."""
     beam = beam_of(st.broker)
-    out: dict[str, Any] = {}
-    for label in ("200ms", "5ms", "2ms", "1ms"):
-        name = f"cpu-{label}-{uuid.uuid4().hex[:6]}"
-        policies = write_policies(st.workdir / f"cpu-{label}.yaml",
-                                  policy_entry("cpu", name, "256KiB", "128KiB"))
-        fw = st.floodwall(f"cpu-{label}", policies, ("--hot-interval", label))
-        try:
-            declare(st, name)
-            await wait_policed(fw, name)
-            producer = asyncio.ensure_future(produce("127.0.0.1", fw.port, name, 2000))
-            deadline = time.monotonic() + 20
-            while not await asyncio.to_thread(tripped, fw, name):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("not tripped")
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
-            before_probes = await asyncio.to_thread(
-                metric_sum, fw, "floodwall_queue_depth_samples_total")
-            c0, t0 = cpu_seconds(beam), time.monotonic()
-            await asyncio.sleep(opts.cpu_seconds)
-            c1, t1 = cpu_seconds(beam), time.monotonic()
-            after_probes = await asyncio.to_thread(
-                metric_sum, fw, "floodwall_queue_depth_samples_total")
-            out[label] = {"broker_cores": round((c1 - c0) / (t1 - t0), 4),
-                          "counts_per_s": round((after_probes - before_probes) / (t1 - t0), 1)}
-            progress(f"cpu {label}: {out[label]}")
-            producer.cancel()
-            with contextlib.suppress(BaseException):
-                await producer
-        finally:
-            st.stop_proxy(fw)
-            with contextlib.suppress(Exception):
-                declare(st, name, True)
-    base = out["200ms"]["broker_cores"]
-    for label in ("5ms", "2ms", "1ms"):
+    name = f"cpu-{label}-{uuid.uuid4().hex[:6]}"
+    policies = write_policies(st.workdir / f"cpu-{label}.yaml",
+                              policy_entry("cpu", name, "256KiB", "128KiB"))
+    fw = st.floodwall(f"cpu-{label}", policies, ("--hot-interval", label))
+    try:
+        declare(st, name)
+        await wait_policed(fw, name)
+        producer = asyncio.ensure_future(produce("127.0.0.1", fw.port, name, 2000))
+        deadline = time.monotonic() + 20
+        while not await asyncio.to_thread(tripped, fw, name):
+            if time.monotonic() > deadline:
+                raise TimeoutError("not tripped")
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        await wait_source(fw, name)
+        before_probes = await asyncio.to_thread(
+            metric_sum, fw, "floodwall_queue_depth_samples_total")
+        c0, t0 = cpu_seconds(beam), time.monotonic()
+        await asyncio.sleep(opts.cpu_seconds)
+        c1, t1 = cpu_seconds(beam), time.monotonic()
+        after_probes = await asyncio.to_thread(
+            metric_sum, fw, "floodwall_queue_depth_samples_total")
+        state = await asyncio.to_thread(queue_state, fw, name)
+        producer.cancel()
+        with contextlib.suppress(BaseException):
+            await producer
+        return {"broker_cores": round((c1 - c0) / (t1 - t0), 4),
+                "counts_per_s": round((after_probes - before_probes) / (t1 - t0), 1),
+                "depth_source": state and state["depth"]["source"]}
+    finally:
+        st.stop_proxy(fw)
+        with contextlib.suppress(Exception):
+            declare(st, name, True)
+
+
+def added_cores(out: dict[str, Any]) -> dict[str, Any]:
+    """Each hot interval's broker cores above the slow interval's (the first's)."""
+    base = out[HOT_INTERVALS[0]]["broker_cores"]
+    for label in HOT_INTERVALS[1:]:
         out[label]["added_cores"] = round(out[label]["broker_cores"] - base, 4)
     return out
 
 
+async def cpu(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label in HOT_INTERVALS:
+        out[label] = await cpu_one(st, label, opts)
+        progress(f"cpu {label}: {out[label]}")
+    return added_cores(out)
+
+
+async def cpu_side_by_side(stacks: dict[str, Stack], opts: argparse.Namespace,
+                           progress: Any) -> dict[str, dict[str, Any]]:
+    """The cpu scenario on every configuration, alternated: each hot interval on each
+    broker in turn (the brokers all up), so that drifting noise falls on all alike."""
+    out: dict[str, dict[str, Any]] = {cfg: {} for cfg in stacks}
+    for label in HOT_INTERVALS:
+        for cfg, st in stacks.items():
+            out[cfg][label] = await cpu_one(st, label, opts)
+            progress(f"cpu {cfg} {label}: {out[cfg][label]}")
+    return {cfg: added_cores(o) for cfg, o in out.items()}
+
+
 SCENARIOS = {"pace": pace, "cpu": cpu}
+SIDE_BY_SIDE = {"pace": pace_side_by_side, "cpu": cpu_side_by_side}
 
 
 def ms(seconds: float | None) -> str:
@@ -398,7 +514,8 @@ def report(doc: dict[str, Any]) -> None:
     res = doc["results"]
     if "pace" in res:
         print("\n| round | capacity | consumed msg/s | ratio to the first | max ready "
-              "(over capacity) | found empty | median ready | held: admitted / drain MB/s, "
+              "(over capacity), peak s after the start | found empty | median ready | "
+              "held: admitted / drain MB/s, "
               "lag ms, rtt_high ms | count rtt ms: proxy median / control p50, p99 "
               "| CPU s broker / proxy |")
         print("|---|---|---|---|---|---|---|---|---|---|")
@@ -416,7 +533,8 @@ def report(doc: dict[str, Any]) -> None:
                 rtts = (f"{'-' if own is None else f'{own * 1000:.1f}'} / "
                         f"{ms(ctl.get('p50'))}, {ms(ctl.get('p99'))}")
                 print(f"| {i} | {label} | {r.get('rate')} | {r.get('ratio')} | "
-                      f"{r.get('max_ready')} ({over:.0f} KiB) | {ready.get('empty')} | "
+                      f"{r.get('max_ready')} ({over:.0f} KiB), {r.get('peak_at_s')} | "
+                      f"{ready.get('empty')} | "
                       f"{ready.get('median_ready')} | {pace} | {rtts} | "
                       f"{cpu.get('broker')} / {cpu.get('proxy')} |")
         for variant, s in res["pace"]["stopped"].items():
@@ -426,15 +544,128 @@ def report(doc: dict[str, Any]) -> None:
                   f"{s.get('over_capacity_bytes', 0) / KIB:.0f} KiB, still tripped "
                   f"{s.get('tripped')}")
     if "cpu" in res:
-        print("\n| --hot-interval | broker cores | added per tripped queue | counts/s |")
-        print("|---|---|---|---|")
+        print("\n| --hot-interval | broker cores | added per tripped queue | counts/s "
+              "| depth source |")
+        print("|---|---|---|---|---|")
         for label, r in res["cpu"].items():
             if isinstance(r, dict):
                 print(f"| {label} | {r['broker_cores']} | {r.get('added_cores', '-')} | "
-                      f"{r['counts_per_s']} |")
+                      f"{r['counts_per_s']} | {r.get('depth_source')} |")
 
 
-def main(argv: list[str] | None = None) -> int:
+STATISTICS = {"on": (True,), "off": (False,), "both": (True, False)}
+
+
+def configurations(releases: tuple[str, ...], statistics: str
+                   ) -> dict[str, tuple[str, bool]]:
+    """Label -> (release, management statistics on) of each broker of the run: the release
+    alone when statistics are on throughout, else with ``stats on`` / ``stats off``."""
+    out: dict[str, tuple[str, bool]] = {}
+    for release in releases:
+        for on in STATISTICS[statistics]:
+            label = release if statistics == "on" else f"{release} stats {'on' if on else 'off'}"
+            out[label] = (release, on)
+    return out
+
+
+def expected_source(statistics_on: bool) -> str:
+    """Where floodwall must read depth from: management with statistics on, else the
+    broker's Prometheus endpoint."""
+    return "management" if statistics_on else "prometheus"
+
+
+def wrong_sources(results: dict[str, Any], statistics_on: bool) -> list[str]:
+    """Every run whose proxy read depth from another source than the configuration's (a
+    figure that measured the wrong path): ``scenario what: source``."""
+    want, bad = expected_source(statistics_on), []
+    runs: list[tuple[str, dict[str, Any]]] = []
+    for i, row in enumerate(results.get("pace", {}).get("rounds", [])):
+        runs += [(f"pace round {i} {k}", r) for k, r in row.items()]
+    runs += [(f"pace stopped {k}", r)
+             for k, r in results.get("pace", {}).get("stopped", {}).items()]
+    runs += [(f"cpu {k}", r) for k, r in results.get("cpu", {}).items() if isinstance(r, dict)]
+    for what, r in runs:
+        if r.get("depth_source") != want:
+            bad.append(f"{what}: {r.get('depth_source')} (expected {want})")
+    return bad
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "-"
+    over = (r.get("over_capacity_bytes") or 0) / KIB
+    return f"{r.get('rate')} ({r.get('ratio')}), {over:.0f} KiB, {r.get('depth_source')}"
+
+
+def side_by_side_lines(doc: dict[str, Any]) -> list[str]:
+    """The tables of a run over several configurations (releases, statistics on / off):
+    a column per configuration; ratios are within a configuration."""
+    configs: dict[str, Any] = doc["meta"]["configurations"]
+    res: dict[str, dict[str, Any]] = doc["results"]
+    names = list(configs)
+    head = " | ".join(f"{n} ({configs[n].get('rabbitmq') or '?'})" for n in names)
+    lines: list[str] = []
+    if any("pace" in res[n] for n in names):
+        lines += ["\npace: consumed msg/s (ratio to the first capacity), max ready over "
+                  "capacity, the proxy's depth source",
+                  f"| round | capacity | {head} |", "|---|---|" + "---|" * len(names)]
+        rounds = max(len(res[n].get("pace", {}).get("rounds", [])) for n in names)
+        for i in range(rounds):
+            keys = dict.fromkeys(k for n in names
+                                 for row in res[n].get("pace", {}).get("rounds", [])[i:i + 1]
+                                 for k in row)
+            for k in keys:
+                cells = []
+                for n in names:
+                    got = res[n].get("pace", {}).get("rounds", [])
+                    cells.append(_cell(got[i].get(k) if i < len(got) else None))
+                lines.append(f"| {i} | {k} | " + " | ".join(cells) + " |")
+        stopped = dict.fromkeys(k for n in names for k in res[n].get("pace", {}).get(
+            "stopped", {}))
+        for k in stopped:
+            cells = []
+            for n in names:
+                st = res[n].get("pace", {}).get("stopped", {}).get(k)
+                cells.append("-" if not st else
+                             f"{(st.get('over_capacity_bytes') or 0) / KIB:.0f} KiB, tripped "
+                             f"{st.get('tripped')}, {st.get('depth_source')}")
+            lines.append(f"| stopped | {k} | " + " | ".join(cells) + " |")
+    if any("cpu" in res[n] for n in names):
+        lines += ["\ncpu: broker cores with one queue held; added per tripped queue (above "
+                  f"--hot-interval {HOT_INTERVALS[0]} on the same broker); the proxy's depth "
+                  "counts/s; its depth source",
+                  f"| --hot-interval | {head} |", "|---|" + "---|" * len(names)]
+        for label in HOT_INTERVALS:
+            cells = []
+            for n in names:
+                r = res[n].get("cpu", {}).get(label)
+                cells.append("-" if not r else
+                             f"{r['broker_cores']} / {r.get('added_cores', '-')} / "
+                             f"{r['counts_per_s']} / {r.get('depth_source')}")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _run_one(st: Stack, opts: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name in opts.scenarios:
+        progress(f"== {name}")
+        results[name] = asyncio.run(SCENARIOS[name](st, opts, progress))
+    return results
+
+
+def _run_side_by_side(stacks: dict[str, Stack], opts: argparse.Namespace,
+                      progress: Any) -> dict[str, dict[str, Any]]:
+    """Each scenario alternated over the configurations (``SIDE_BY_SIDE``)."""
+    results: dict[str, dict[str, Any]] = {cfg: {} for cfg in stacks}
+    for name in opts.scenarios:
+        progress(f"== {name}, alternated over " + ", ".join(stacks))
+        for cfg, r in asyncio.run(SIDE_BY_SIDE[name](stacks, opts, progress)).items():
+            results[cfg][name] = r
+    return results
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench.pace")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--messages", type=int, default=20000)
@@ -443,10 +674,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacities", type=lambda s: s.split(","), default=list(CAPACITIES),
                    help="policy capacities, comma-separated: the first is the unpoliced "
                         "reference, the last the stopped consumer's (default 1GiB,1MiB,256KiB)")
+    p.add_argument("--broker", type=parse_releases, default=("3.10",),
+                   help="the RabbitMQ release, or a comma list (3.10,4.0): a broker each, "
+                        "reported side by side (default 3.10)")
+    p.add_argument("--statistics", choices=tuple(STATISTICS), default="on",
+                   help="the brokers' management statistics: on (floodwall reads depth from "
+                        "the management API), off (management_agent.disable_metrics_collector:"
+                        " from the Prometheus endpoint), both (a broker of each, side by "
+                        "side; default on)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--base", type=Path, default=None,
                    help="another checkout (e.g. an older main) run side by side")
     opts = p.parse_args(argv)
+    for name in opts.scenarios:
+        if name not in SCENARIOS:
+            p.error(f"unknown scenario {name!r}: expected {', '.join(SCENARIOS)}")
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     out = opts.out or REPO / "bench" / "out" / f"pace-{started:%Y%m%d-%H%M%S}.json"
     t0 = time.monotonic()
@@ -455,20 +702,49 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the broker is stopped on exit
-    results: dict[str, Any] = {}
-    meta = {"started": started.isoformat(timespec="seconds"), "loadavg": os.getloadavg(),
-            "command": "python -m bench.pace " + " ".join(sys.argv[1:] if argv is None else argv)}
-    with stack(progress) as st:
-        for name in opts.scenarios:
-            progress(f"== {name}")
-            results[name] = asyncio.run(SCENARIOS[name](st, opts, progress))
+    configs = configurations(opts.broker, opts.statistics)
+    meta: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"), "loadavg": os.getloadavg(),
+        "command": "python -m bench.pace " + " ".join(sys.argv[1:] if argv is None else argv)}
+    with contextlib.ExitStack() as brokers:
+        stacks = {cfg: brokers.enter_context(stack(progress, release_named(release), on))
+                  for cfg, (release, on) in configs.items()}
+        if len(stacks) == 1:
+            (cfg, (release, on)), = configs.items()
+            meta |= {"broker": release, "statistics": "on" if on else "off",
+                     "rabbitmq": _version(stacks[cfg])}
+            results: dict[str, Any] = _run_one(stacks[cfg], opts, progress)
+            wrong = wrong_sources(results, on)
+        else:
+            meta["configurations"] = {
+                cfg: {"broker": release, "statistics": "on" if on else "off",
+                      "rabbitmq": _version(stacks[cfg])}
+                for cfg, (release, on) in configs.items()}
+            results = _run_side_by_side(stacks, opts, progress)
+            wrong = [f"{cfg}: {w}" for cfg, (_, on) in configs.items()
+                     for w in wrong_sources(results[cfg], on)]
     meta["loadavg_after"] = os.getloadavg()
+    meta["elapsed_s"] = round(time.monotonic() - t0, 1)
+    meta["wrong_depth_source"] = wrong
     doc = {"meta": meta, "results": results}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=str))
-    report(doc)
+    if len(configs) == 1:
+        report(doc)
+    else:
+        print("\n".join(side_by_side_lines(doc)))
+    for w in wrong:
+        print(f"WRONG DEPTH SOURCE, the figure does not measure this configuration: {w}")
     print(f"\nraw figures: {out}")
-    return 0
+    return 1 if wrong else 0
+
+
+def _version(st: Stack) -> str | None:
+    with contextlib.suppress(Exception):
+        ov = st.endpoint.api("GET", "/api/overview")
+        assert isinstance(ov, dict)
+        return str(ov.get("rabbitmq_version"))
+    return None
 
 
 if __name__ == "__main__":

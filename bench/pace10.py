@@ -122,8 +122,10 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
                 self.receiver.flow(PREFETCH)
         elif self.rate is not None:
             self.budget = min(self.budget + (now - self.tick) * self.rate, 8)
-            if self.budget > 0 and self.receiver.credit == 0:
-                self.receiver.flow(max(1, int(self.budget)))
+            # RabbitMQ 4.0 may deliver past the credit it was given (proton's credit then
+            # reads below 0): top it up to the budget from wherever it is, not only from 0.
+            if self.budget > 0 and self.receiver.credit <= 0:
+                self.receiver.flow(max(1, int(self.budget)) - self.receiver.credit)
         self.tick = now
         event.container.schedule(0.002, self)
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ import psutil
 
 from bench import amqp091
 from bench.meters import CpuMeter, cpu_seconds, median, percentile, rss_bytes
-from bench.report import print_report
+from bench.report import print_releases, print_report
 from floodwall.dev.devbroker import (
     RELEASE_NAMES,
     BrokerEndpoint,
@@ -456,6 +456,12 @@ async def probe(target: Target) -> str | None:
 
 # -- the run --------------------------------------------------------------------------------------
 async def run_all(rig: Rig, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Every scenario on one rig: the targets alternated within each round."""
+    return (await run_interleaved({"": rig}, progress))[""]
+
+
+async def prepare(rig: Rig, progress: Callable[[str], None], label: str = "") -> None:
+    """The rig's control connection and queues; a target that cannot connect is skipped."""
     opts = rig.opts
     rig.control = await amqp091.connect(rig.endpoint.host, rig.endpoint.amqp_port,
                                         ssl=rig.targets["direct"].ssl)
@@ -466,42 +472,66 @@ async def run_all(rig: Rig, progress: Callable[[str], None]) -> dict[str, Any]:
     for t in rig.targets.values():
         t.broken = await probe(t)
         if t.broken:
-            progress(f"target {t.name} unusable, skipped: {t.broken}")
+            progress(f"target {label}{t.name} unusable, skipped: {t.broken}")
             rig.notes.append(f"{t.name} skipped: {t.broken}")
-    results: dict[str, Any] = {}
+
+
+async def measure(rig: Rig, name: str, target: Target) -> dict[str, Any]:
+    """One run of scenario ``name`` through ``target``, after a lull; its figures, or
+    ``error``."""
+    fn = SCENARIOS[name][1]
+    quiet = await rig.wait_quiet()
+    try:
+        res = await asyncio.wait_for(fn(rig, target), rig.opts.seconds * 4 + 120)
+    except Exception as exc:
+        res = {"error": f"{type(exc).__name__}: {exc}"}
+        if target.process is not None and not target.process.is_running():
+            target.broken = "process died"
+    res.update(quiet)
+    if "other_cpu_s" in res:
+        res["other_cores"] = res["other_cpu_s"] / res["wall_s"]
+    return res
+
+
+async def run_interleaved(rigs: dict[str, Rig], progress: Callable[[str], None]
+                          ) -> dict[str, dict[str, Any]]:
+    """Every scenario on every rig (a broker of a release and its relays, all up): in each
+    round the rigs in turn, each one's targets in turn, so that drifting noise falls on
+    every release and target alike. Results per rig, as ``run_all`` gives them."""
+    opts = next(iter(rigs.values())).opts
+    for label, rig in rigs.items():
+        await prepare(rig, progress, f"{label} " if label else "")
+    results: dict[str, dict[str, Any]] = {label: {} for label in rigs}
     for name in opts.scenarios:
-        title, fn, alternate = SCENARIOS[name]
+        title, _, alternate = SCENARIOS[name]
         progress(f"== {name}: {title}")
-        per_target: dict[str, list[dict[str, Any]]] = {t: [] for t in rig.targets}
-        pooled: dict[str, list[float]] = {t: [] for t in rig.targets}
+        per_target = {label: {t: [] for t in rig.targets} for label, rig in rigs.items()}
+        pooled: dict[str, dict[str, list[float]]] = {
+            label: {t: [] for t in rig.targets} for label, rig in rigs.items()}
         rounds = opts.rounds if alternate else 1
-        names = [t for t in rig.targets if alternate or rig.targets[t].process is not None]
         for r in range(rounds):
-            for tname in names:
-                target = rig.targets[tname]
-                if target.broken:
-                    continue
-                quiet = await rig.wait_quiet()
-                t0 = time.monotonic()
-                try:
-                    res = await asyncio.wait_for(fn(rig, target), opts.seconds * 4 + 120)
-                except Exception as exc:
-                    res = {"error": f"{type(exc).__name__}: {exc}"}
-                    if target.process is not None and not target.process.is_running():
-                        target.broken = "process died"
-                pooled[tname].extend(res.pop("_samples", []))
-                res["round"] = r
-                res.update(quiet)
-                if "other_cpu_s" in res:
-                    res["other_cores"] = res["other_cpu_s"] / res["wall_s"]
-                per_target[tname].append(res)
-                progress(f"   round {r + 1}/{rounds} {tname:<9} {_one_line(name, res)} "
-                         f"({time.monotonic() - t0:.1f}s)")
-        results[name] = {"title": title, "runs": per_target,
-                         "median": {t: _medians(runs) for t, runs in per_target.items()}}
-        if any(pooled.values()):
-            results[name]["pooled"] = {t: _pooled(v) for t, v in pooled.items() if v}
-    await rig.control.close()
+            for label, rig in rigs.items():
+                for tname, target in rig.targets.items():
+                    if target.broken or not (alternate or target.process is not None):
+                        continue
+                    t0 = time.monotonic()
+                    res = await measure(rig, name, target)
+                    pooled[label][tname].extend(res.pop("_samples", []))
+                    res["round"] = r
+                    per_target[label][tname].append(res)
+                    who = f"{label} {tname:<9}" if label else f"{tname:<9}"
+                    progress(f"   round {r + 1}/{rounds} {who} {_one_line(name, res)} "
+                             f"({time.monotonic() - t0:.1f}s)")
+        for label in rigs:
+            runs = per_target[label]
+            results[label][name] = {"title": title, "runs": runs,
+                                    "median": {t: _medians(v) for t, v in runs.items()}}
+            if any(pooled[label].values()):
+                results[label][name]["pooled"] = {t: _pooled(v)
+                                                  for t, v in pooled[label].items() if v}
+    for rig in rigs.values():
+        assert rig.control is not None
+        await rig.control.close()
     return results
 
 
@@ -752,9 +782,11 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
                    help="extra arguments for `bench.pump` (space separated), e.g. --splice")
     p.add_argument("--floodwall-args", default="",
                    help="extra arguments for `floodwall run` (space separated)")
-    p.add_argument("--broker", choices=RELEASE_NAMES, default="3.10",
-                   help="the RabbitMQ release (4.0: Debian 13's, in the root `make "
-                        "rabbitmq4-root` makes)")
+    p.add_argument("--broker", type=parse_releases, default=("3.10",),
+                   help="the RabbitMQ release, or a comma list run one after the other "
+                        "(each its own broker) and reported side by side, e.g. 3.10,4.0 "
+                        "(4.0: Debian 13's, in the root `make rabbitmq4-root` makes; "
+                        "default 3.10)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON file for the raw figures (default bench/out/relay-DATE.json)")
     a = p.parse_args(argv)
@@ -828,28 +860,95 @@ def start_haproxy(upstream: str, workdir: Path, threads: int = 1
     return proc, port
 
 
+def parse_releases(text: str) -> tuple[str, ...]:
+    """``--broker``: one release or a comma list (``3.10,4.0``), each once, in order given."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("no release given")
+    for n in names:
+        if n not in RELEASE_NAMES:
+            raise argparse.ArgumentTypeError(
+                f"unknown release {n!r}: expected a comma list of {', '.join(RELEASE_NAMES)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     opts, args = parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     out = args.out or REPO / "bench" / "out" / f"relay-{started:%Y%m%d-%H%M%S}.json"
-    workdir = Path(tempfile.mkdtemp(prefix="floodwall-bench-"))
+    t_start = time.monotonic()
 
     def progress(msg: str) -> None:
         print(f"[{time.monotonic() - t_start:6.1f}s] {msg}", flush=True)
 
-    t_start = time.monotonic()
+    command = " ".join([Path(sys.executable).name, "-m", "bench.relay",
+                        *(sys.argv[1:] if argv is None else argv)])
+    releases: tuple[str, ...] = args.broker
+    rigs: dict[str, Rig] = {}
+    proxies: dict[str, ProxyProcess | None] = {}
+    with contextlib.ExitStack() as up:  # every release's broker and relays, all up
+        for name in releases:
+            rigs[name], proxies[name] = up.enter_context(open_rig(opts, args, name, progress))
+        metas: dict[str, dict[str, Any]] = {name: {
+            "started": started.isoformat(timespec="seconds"), "command": command,
+            "broker": name, "options": opts.__dict__, "tls": args.tls,
+            "environment": _versions(rig.endpoint), "loadavg_before": os.getloadavg()}
+            for name, rig in rigs.items()}
+        import uvloop
+
+        one = len(releases) == 1
+        got = uvloop.run(run_interleaved({"": rigs[releases[0]]} if one else rigs, progress))
+        results = {releases[0]: got[""]} if one else got
+        docs: dict[str, dict[str, Any]] = {}
+        for name, rig in rigs.items():
+            meta = metas[name]
+            meta["loadavg_after"] = os.getloadavg()
+            meta["elapsed_s"] = round(time.monotonic() - t_start, 1)
+            meta["notes"] = rig.notes
+            fw = proxies[name]
+            if fw is not None:
+                meta["floodwall_log_tail"] = fw.log_tail(20)
+                loops = [w.split("=", 1)[1] for w in fw.log_tail(200).split()
+                         if w.startswith("event_loop=")]
+                meta["floodwall_event_loop"] = loops[0] if loops else "unknown"
+            docs[name] = {"meta": meta, "results": results[name],
+                          "summary": summarize(results[name])}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if len(releases) == 1:
+        doc = docs[releases[0]]
+        out.write_text(json.dumps(_finite(doc), indent=1, default=_json_default,
+                                  allow_nan=False))
+        print_report(doc)
+    else:
+        both = {"meta": {"started": started.isoformat(timespec="seconds"),
+                         "command": command, "releases": list(releases),
+                         "elapsed_s": round(time.monotonic() - t_start, 1)},
+                "releases": docs}
+        out.write_text(json.dumps(_finite(both), indent=1, default=_json_default,
+                                  allow_nan=False))
+        print_releases(_finite(both))
+    print(f"\nraw figures: {out}")
+    return 0
+
+
+@contextlib.contextmanager
+def open_rig(opts: Options, args: argparse.Namespace, release: str,
+             progress: Callable[[str], None]) -> Iterator[tuple[Rig, ProxyProcess | None]]:
+    """A private broker of ``release`` and the relays of ``opts.targets`` in front of it:
+    the rig and the floodwall process; all stopped on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix="floodwall-bench-"))
     # rabbitmq_prometheus listens on 15692 unless told otherwise: another node on this
     # machine (a test run) would make ours fail to boot.
     tls = make_tls(workdir / "pki") if args.tls else None
     broker = LocalBroker(workdir / "rabbit",
                          config_extra=f"prometheus.tcp.port = {free_port()}\n",
-                         tls=tls, release=release_named(args.broker))
+                         tls=tls, release=release_named(release))
     fw: ProxyProcess | None = None
     pump: subprocess.Popen[bytes] | None = None
     haproxy: subprocess.Popen[bytes] | None = None
     try:
-        progress(f"starting RabbitMQ in {workdir}")
-        endpoint = broker.start()
+        progress(f"starting RabbitMQ {release} in {workdir}")
+        endpoint = broker.start(timeout=240)
         upstream = f"{endpoint.host}:{endpoint.amqp_port}"
         tls_args: list[str] = []
         direct_ssl = None
@@ -882,31 +981,7 @@ def main(argv: list[str] | None = None) -> int:
                                         psutil.Process(haproxy.pid))
             progress(f"haproxy pid {haproxy.pid} on {hport} ({args.haproxy_threads} "
                      "thread(s))")
-        rig = Rig(endpoint, targets, CpuMeter(beam_of(broker)), opts)
-        meta: dict[str, Any] = {
-            "started": started.isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, "-m", "bench.relay",
-                                 *(sys.argv[1:] if argv is None else argv)]),
-            "options": opts.__dict__, "tls": args.tls, "environment": _versions(endpoint),
-            "loadavg_before": os.getloadavg()}
-        import uvloop
-
-        results: dict[str, Any] = uvloop.run(run_all(rig, progress))
-        meta["loadavg_after"] = os.getloadavg()
-        meta["elapsed_s"] = round(time.monotonic() - t_start, 1)
-        meta["notes"] = rig.notes
-        if fw is not None:
-            meta["floodwall_log_tail"] = fw.log_tail(20)
-            loops = [w.split("=", 1)[1] for w in fw.log_tail(200).split()
-                     if w.startswith("event_loop=")]
-            meta["floodwall_event_loop"] = loops[0] if loops else "unknown"
-        doc = {"meta": meta, "results": results, "summary": summarize(results)}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(_finite(doc), indent=1, default=_json_default,
-                                  allow_nan=False))
-        print_report(doc)
-        print(f"\nraw figures: {out}")
-        return 0
+        yield Rig(endpoint, targets, CpuMeter(beam_of(broker)), opts), fw
     finally:
         if fw is not None:
             fw.stop()

@@ -154,3 +154,109 @@ def print_report(doc: dict[str, Any]) -> None:
         print(f"  {verdict:<13}{GOAL_TEXT.get(key, key)}: {shown} ({g['estimate']})")
     print(f"\nelapsed {meta.get('elapsed_s')} s; load average after "
           f"{meta['loadavg_after'][0]:.2f}")
+
+
+# -- several releases side by side (``--broker 3.10,4.0``) -------------------------------------
+def _group(cells: list[str], widths: tuple[int, ...]) -> str:
+    return " |" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+
+
+def _verdict(goal: dict[str, Any] | None) -> str:
+    if goal is None:
+        return "-"
+    ok = goal.get("met")
+    return "met" if ok is True else "NOT MET" if ok is False else "not measured"
+
+
+def release_lines(both: dict[str, Any]) -> list[str]:
+    """The side-by-side table of a run over several releases: per scenario a row per target,
+    a column group per release (ratios are against direct on the same release's broker)."""
+    docs: dict[str, dict[str, Any]] = both["releases"]
+    names = list(docs)
+    first = docs[names[0]]["meta"]
+    opts = first["options"]
+    versions = ", ".join(f"{n} ({docs[n]['meta']['environment'].get('rabbitmq', '?')})"
+                         for n in names)
+    lines = [f"floodwall relay benchmark, {both['meta']['started']}: RabbitMQ {versions}, a "
+             "private broker per release, all up",
+             f"{opts['rounds']} rounds, each alternating the releases and within a release the "
+             "targets, "
+             f"{opts['seconds']:g} s measured per run after {opts['warmup']:g} s warm-up, "
+             f"{opts['size']} B bodies; medians; x direct: against direct on the same release"]
+    for n in names:
+        for note in docs[n]["meta"].get("notes", []):
+            lines.append(f"note ({n}): {note}")
+    rate_w = (10, 9, 8, 9, 10, 7)
+
+    def ran(scn: str) -> list[str]:  # the targets of the scenario on any release
+        return [t for t in TARGETS if any(docs[n]["results"].get(scn, {}).get("runs", {})
+                                          .get(t) for n in names)]
+    for scn in ("firehose", "drain", "firehose10", "drain10"):
+        if not any(scn in docs[n]["results"] for n in names):
+            continue
+        title = next(docs[n]["results"][scn]["title"] for n in names
+                     if scn in docs[n]["results"])
+        lines.append(f"\n{scn}: {title}")
+        lines.append(f"  {'':<10}" + "".join(
+            f" |{n + ': msgs/s':>10}{'x direct':>9}{'paired':>8}{'relay us':>9}"
+            f"{'broker us':>10}{'noise':>7}" for n in names))
+        for t in ran(scn):
+            row = f"  {t:<10}"
+            for n in names:
+                r = docs[n]["results"].get(scn, {})
+                m = r.get("median", {}).get(t, {})
+                s = docs[n]["summary"].get(scn, {})
+                direct = r.get("median", {}).get("direct", {}).get("msgs_per_s")
+                rate = m.get("msgs_per_s")
+                row += _group([
+                    _f(rate, ",.0f", "n/a"), _f(_div(rate, direct), ".3f"),
+                    _f(s.get(f"{t}_over_direct_paired") if t != "direct" else None, ".3f"),
+                    _f(m.get("relay_cpu_us_per_msg") if t != "direct" else None, ".2f"),
+                    _f(m.get("broker_cpu_us_per_msg"), ".2f"),
+                    _f(m.get("other_cores"), ".2f")], rate_w)
+            lines.append(row)
+    if any("latency" in docs[n]["results"] for n in names):
+        lines.append(f"\nlatency: 0-9-1 round trip at {opts['latency_rate']:,} msg/s "
+                     "(median of per-run percentiles, us; + is above direct)")
+        lines.append(f"  {'':<10}" + "".join(
+            f" |{n + ': p50':>9}{'p99':>7}{'+p99':>7}{'quiet +p99':>11}{'relay us':>9}"
+            for n in names))
+        for t in ran("latency"):
+            row = f"  {t:<10}"
+            for n in names:
+                m = docs[n]["results"].get("latency", {}).get("median", {}).get(t, {})
+                lat = docs[n]["summary"].get("latency", {})
+                row += _group([
+                    _f(m.get("p50_us"), ".0f", "n/a"), _f(m.get("p99_us"), ".0f"),
+                    _f(lat.get("added_p99_us", {}).get(t), "+.0f"),
+                    _f(lat.get("added_quiet_p99_us", {}).get(t), "+.0f"),
+                    _f(m.get("relay_cpu_us_per_msg") if t != "direct" else None, ".1f")],
+                    (9, 7, 7, 11, 9))
+            lines.append(row)
+    if any("idle" in docs[n]["results"] for n in names):
+        lines.append(f"\nidle: KiB per idle 0-9-1 connection ({opts['idle_connections']} "
+                     "connections)")
+        lines.append(f"  {'':<10}" + "".join(f" |{n:>9}" for n in names))
+        for t in ran("idle"):
+            lines.append(f"  {t:<10}" + "".join(_group([_f(_div(
+                docs[n]["results"].get("idle", {}).get("median", {}).get(t, {}).get(
+                    "bytes_per_connection"), 1024), ".1f", "n/a")], (9,)) for n in names))
+    lines.append("\ngoals" + "".join(f" | {n}" for n in names))
+    keys = list(dict.fromkeys(k for n in names for k in docs[n]["summary"].get("goals", {})))
+    for key in keys:
+        cells = []
+        for n in names:
+            g = docs[n]["summary"].get("goals", {}).get(key)
+            value = None if g is None else g.get("value")
+            shown = (_f(_div(value, 1024), ".1f") + " KiB" if key.startswith("idle")
+                     else _f(value, "+.0f") + " us" if key.startswith("added")
+                     else _f(value, ".3f"))
+            cells.append(f"{_verdict(g)} {shown}")
+        lines.append(f"  {GOAL_TEXT.get(key, key)}" + "".join(f" | {c}" for c in cells))
+    lines.append(f"\nelapsed {both['meta'].get('elapsed_s')} s")
+    return lines
+
+
+def print_releases(both: dict[str, Any]) -> None:
+    print()
+    print("\n".join(release_lines(both)))

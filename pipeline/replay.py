@@ -21,20 +21,22 @@ at every step, its ledger has nothing in flight, and it credits the step's drain
 (``admission_room``), so a held queue is fed at its drain rate and stays at about its
 limit, as the proxy keeps it.
 
-A fleet (the queue's buckets carry more than one sidecar): the queue is replayed as one
-(the members' shares of a room sum to the room, so the fleet admits what one sidecar
-would), and at each bucket's end its sidecars settle their parts (``_Fleet``): each holds
-its part of what the bucket held (its part of the offered load), is admitted its share of
-what the queue admitted from its held publishes by the fleet's own rule
-(``floodwall.control.fleet.fleet_shares``, what each member's ``ShareRule`` takes of a
-room: max-min fair on the demands the members announce, ``fleet.demand_of`` of what each
-forwarded over the last bucket and what it holds), oldest first, and expires its own at
-the deadline; so the outcome says, per sidecar, what it was admitted and how long its
-publishers waited. The proxy's members trip each on its own share, and are paced by a rate
-bucket per member (``floodwall.control.fleet_rate``): neither is replayed
-(docs/pipeline.md, "What if"). A fleet's held publishes wait in each sidecar's own queue,
-served by the shares, not oldest first across the fleet: the queue's held byte-seconds,
-waits and deadline expiries are its sidecars' sums (``_Fleet.outcome``).
+A fleet (the queue's buckets carry more than one sidecar) trips by its own rule: when the
+first member passes its share of the room beyond the fleet's room target (each member's
+``floodwall.control.fleet.ShareRule.share`` of it, ``fleet.fleet_shares``, as
+``fleet_rate.trip_share`` trips a member at a count), and while it is held its members
+admit together at most the fleet's feed (``fleet_rate.feed``) and the admission rule's
+room. At each bucket's end its sidecars settle their parts (``_Fleet``): each holds its
+part of what the bucket held (its part of the offered load), is admitted its share of what
+the queue admitted from its held publishes by the fleet's own rule
+(``floodwall.control.fleet.fleet_shares``: max-min fair on the demands the members
+announce, ``fleet.demand_of`` of what each forwarded over the last bucket and what it
+holds), oldest first, and expires its own at the deadline; so the outcome says, per
+sidecar, what it was admitted and how long its publishers waited. The first member to trip
+holds the whole fleet in the replay (docs/pipeline.md, "What if"). A fleet's held
+publishes wait in each sidecar's own queue, served by the shares, not oldest first across
+the fleet: the queue's held byte-seconds, waits and deadline expiries are its sidecars'
+sums (``_Fleet.outcome``).
 
 The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
 evenly) while anything can happen in it, in one step while the queue is calm.
@@ -50,6 +52,7 @@ from typing import Any, cast
 from floodwall.control.admission import held_room
 from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
 from floodwall.control.fleet import demand_of, fleet_shares, max_min_shares
+from floodwall.control.fleet_rate import feed, room_and_target
 from floodwall.control.policy import Mode, Overflow, Policy, should_trip
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
@@ -164,6 +167,7 @@ class Timeline:
     sidecars: tuple[str, ...] = ()  # every sidecar that sampled the queue, by name
     # Per bucket, each sidecar's part of its offered load (a fleet: more than one sidecar).
     parts: tuple[tuple[tuple[str, float], ...], ...] = ()
+    drain_rate: float = 0.0  # bytes/s: the consumers' take over backlogged buckets
 
 
 def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Timeline:
@@ -215,7 +219,7 @@ def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Time
     return Timeline(vhost, queue, step, tuple(ordered), tuple(offered), tuple(drain),
                     tuple(spans), body, any(b.spooled_bytes > 0 for b in ordered), gaps * step,
                     held / total if total else 0.0, sidecars,
-                    tuple(_parts(b) if len(sidecars) > 1 else () for b in ordered))
+                    tuple(_parts(b) if len(sidecars) > 1 else () for b in ordered), rate / step)
 
 
 def _parts(b: Bucket) -> tuple[tuple[str, float], ...]:
@@ -364,6 +368,16 @@ class _Fleet:
             busy = busy or bool(m.held)
         self.busy = busy
 
+    def demands(self) -> dict[str, float | None]:
+        """Each sidecar's demand as the fleet announces it (``fleet.demand_of`` of what it
+        forwarded over the last bucket and what it holds), by name."""
+        rates = {n: m.rate for n, m in self.members.items()}
+        if self.calm is not None:
+            calm_parts, rate = self.calm
+            rates = dict.fromkeys(self.members, 0.0) | {n: rate * f for n, f in calm_parts}
+        return {n: demand_of(rates[n], round(m.held_bytes))
+                for n, m in sorted(self.members.items())}
+
     def _takes(self, admitted: float) -> dict[str, float]:
         holding = {n: m for n, m in self.members.items() if m.held_bytes > 0}
         shares = fleet_shares(admitted, {n: demand_of(m.rate, round(m.held_bytes))
@@ -432,6 +446,7 @@ class _Replay:
         self.expired_bytes = 0.0
         self.admitted = 0.0
         self.fleet = _Fleet(t.sidecars) if len(t.sidecars) > 1 else None
+        self.parts: tuple[tuple[str, float], ...] = ()  # a fleet's, of the bucket playing
         self.load = _BucketLoad()
         self.wait: float | None = None  # the deadline of the newest step's policy
 
@@ -470,19 +485,54 @@ class _Replay:
             # Publishes go until one takes the queue over its capacity: it trips then. The
             # proxy's estimate counts what it forwarded within the in-flight margin before a
             # count on top of the count (floodwall.control.depth): at least MIN_MARGIN of
-            # the offered load.
+            # the offered load. A fleet trips when the first member passes its share.
             lead = o / h * MIN_MARGIN
             room = policy.capacity - self.depth + d - lead
-            passed = min(o, max(0.0, room) + self.t.body)
+            limit = max(0.0, room)
+            over_share = False
+            if self.fleet is not None and self.parts:
+                first = self._first_over_share(policy, room)
+                if first < limit:
+                    limit, over_share = first, True
+            passed = min(o, limit + self.t.body)
             self._into_queue(passed, d * passed / o)
             self.load.free += passed
             d -= d * passed / o
-            self._decide(policy, lead)
+            self._decide(policy, lead, over_share and passed < o)
             return o - passed, d
         self._into_queue(o, d)
         self.load.free += o
         self._decide(policy)
         return 0.0, 0.0
+
+    def _reserve(self, policy: Policy) -> tuple[float, float]:
+        """(room, ``R0``) in bytes: what the queue has below its nearest limit, and the room
+        a fleet keeps there (``floodwall.control.fleet_rate.room_and_target``)."""
+        body = self.t.body
+        counted = Depth(round(self.depth), math.ceil(self.depth / body))
+        room = room_and_target(policy, counted, body, self.t.drain_rate / body)
+        return (math.inf, 0.0) if room is None else (room[0] * body, room[1] * body)
+
+    def _first_over_share(self, policy: Policy, room: float) -> float:
+        """A fleet: the bytes of the step's load forwarded when the first member passes
+        its share of ``room`` beyond the fleet's room target: each member's
+        ``ShareRule.share`` of it (``fleet.fleet_shares`` on the demands the members
+        announce), as ``fleet_rate.trip_share`` trips a member at a count. The shares of
+        one room are computed once for all members."""
+        assert self.fleet is not None
+        beyond = room - self._reserve(policy)[1]
+        if beyond <= 0:
+            return 0.0
+        shares = fleet_shares(beyond, self.fleet.demands())
+        return min((max(0.0, shares.get(name, 0.0)) / f for name, f in self.parts if f > 0),
+                   default=math.inf)
+
+    def _fleet_feed(self, policy: Policy, h: float) -> float:
+        """A fleet: the bytes its members' rate buckets admit over ``h`` seconds, all shares
+        together (``floodwall.control.fleet_rate``: the drain, corrected towards the room
+        target)."""
+        room, reserve = self._reserve(policy)
+        return feed(self.t.drain_rate, room, reserve) * h if math.isfinite(room) else math.inf
 
     def _tripped_step(self, policy: Policy, now: float, h: float, o: float, d: float,
                       spool: _Spool | None, queues: dict[Any, _Policed]) -> None:
@@ -512,6 +562,8 @@ class _Replay:
                     self.load.free += o
         room = admission_room(policy, self.depth, d, self.t.body)
         if self.tripped and self.held:
+            if self.fleet is not None:
+                room = min(room, self._fleet_feed(policy, h))
             room -= self._admit(room, now + h)
         if not self.tripped and spool is not None and spool.bytes > 0:
             replayed = min(spool.bytes, room)
@@ -568,10 +620,12 @@ class _Replay:
             self.expired_bytes += chunk[0]
             self.held_total = self.held_total - chunk[0] if self.held else 0.0
 
-    def _decide(self, policy: Policy, lead: float = 0.0) -> None:
-        """Trip or release on the depth (and ``lead``: what the estimate counts on top)."""
+    def _decide(self, policy: Policy, lead: float = 0.0, over_share: bool = False) -> None:
+        """Trip or release on the depth (and ``lead``: what the estimate counts on top); a
+        fleet member ``over_share`` trips its queue though the depth may not."""
         depth = round(self.depth + lead)
-        now = should_trip(policy, depth, math.ceil(self.depth / self.t.body), self.tripped)
+        now = should_trip(policy, depth, math.ceil(self.depth / self.t.body),
+                          self.tripped) or (over_share and not self.tripped)
         # Held publishers that use every token they are offered keep their queue held
         # (Admission.busy): a release would let their backlog go at once.
         if now != self.tripped and (now or not self.held):
@@ -617,6 +671,7 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
                               and _far_below(p, r.depth + o, t.body)))
         steps = n if calm else SUBSTEPS * n
         h = t.step * n / steps
+        r.parts = parts
         for i in range(steps):
             r.step(p, start + i * h, h, o / steps, d / steps)
         r.end_bucket(parts, (b.index + 1) * t.step, t.step * n)

@@ -205,10 +205,10 @@ def caveats(replays: Sequence[Mapping[str, Any]], sidecars: Sequence[Mapping[str
                        "telemetry gap): nothing is offered or drained there in the replay.")
     fleets = [f"{r['queue']} (vhost {r['vhost']})" for r in replays if r["sidecars_max"] > 1]
     if fleets:
-        out.append(f"{', '.join(fleets)}: policed by a fleet. Each sidecar is admitted its "
-                   "share (the fleet's rule) of what the queue admitted, settled per bucket, "
-                   "but the members trip and release together on the queue's depth, and the "
-                   "per-member rate bucket (equal bytes per second) is not replayed.")
+        out.append(f"{', '.join(fleets)}: policed by a fleet. The fleet trips when its first "
+                   "member passes its share of the room (the fleet's rule) and is fed at the "
+                   "fleet's rate; each sidecar is admitted its share of what the queue "
+                   "admitted, settled per bucket, but the members trip and release together.")
     seen = len(sidecars)
     most = max((int(q.get("fleet_members_max") or 0) for q in queues), default=0)
     if most > seen:

@@ -41,6 +41,7 @@ from floodwall.ops.config import (
     DEFAULT_ADMIN_TIMEOUT,
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HOLD_BUDGET,
+    DEFAULT_SPLICE_THRESHOLD,
     AdminLimits,
     AmqpCredentials,
     ConfigError,
@@ -243,6 +244,12 @@ def main() -> None:
 @click.option("--hold-budget", default=format_bytes(DEFAULT_HOLD_BUDGET), callback=_size,
               metavar="SIZE", show_default=True, envvar="FLOODWALL_HOLD_BUDGET",
               help="Bytes of held publishes per connection before the proxy stops reading it.")
+@click.option("--splice-threshold", default=format_bytes(DEFAULT_SPLICE_THRESHOLD),
+              callback=_size_or_zero, metavar="SIZE", show_default=True,
+              envvar="FLOODWALL_SPLICE_THRESHOLD",
+              help="AMQP 0-9-1 body bytes of one frame still to come from which they move "
+                   "socket to socket with splice(2), never read by the proxy (plain TCP on "
+                   "both sides, Linux). 0: off, bodies are copied.")
 @click.option("--memory-budget", default="auto", metavar="SIZE", show_default=True,
               envvar="FLOODWALL_MEMORY_BUDGET",
               help="Bytes of held publishes of all connections together; at it the proxy "
@@ -303,7 +310,8 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
         management_tls_key: str | None, policies: str | None, shadow: bool, depth_interval: float,
         hot_interval: float, management_interval: float, topology_interval: float,
         topology_events: str, fleet: str | None, alarm_interval: float, management_timeout: float,
-        management_connections: int, hold_budget: int, memory_budget: str,
+        management_connections: int, hold_budget: int, splice_threshold: int,
+        memory_budget: str,
         telemetry_dir: str | None, telemetry_interval: float, telemetry_file_size: int,
         telemetry_file_age: float, telemetry_max_total: int, spool_dir: str | None,
         spool_total_max: int, spool_min_free: int, spool_max_message: int,
@@ -336,6 +344,7 @@ def run(listen: str, listen_tls: str | None, listen_tls_cert: str | None,
             topology_interval=topology_interval, topology_events=topology_events == "on",
             fleet=fleet, alarm_interval=alarm_interval, management_timeout=management_timeout,
             hold_budget=hold_budget, management_connections=management_connections,
+            splice_threshold=splice_threshold,
             memory_budget=budget, memory_budget_source=budget_source,
             telemetry_dir=Path(telemetry_dir) if telemetry_dir else None,
             telemetry_interval=telemetry_interval, telemetry_file_bytes=telemetry_file_size,

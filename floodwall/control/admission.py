@@ -59,7 +59,9 @@ together admits at most the largest room any member's count showed; and no more 
 rate share (``floodwall.control.fleet_rate``: a token bucket fed at its share of the drain),
 so members are admitted equal bytes per second, not equal parts of each count's room.
 
-The margin ``m`` is ``max(2 x r_high, HOT_MIN_MARGIN, lag)``: ``r_high`` the longest round
+The margin ``m`` is ``max(2 x r_high, floor, lag)`` (``margin_floor``: 20 ms for a small
+capacity, up to 40 ms for 1 MiB and more, the longest that keeps the steady-state ceiling
+above at ``CEILING_BYTES_PER_S``): ``r_high`` the longest round
 trip of the recent counts (``QueueDepth.rtt_high``, halving every 0.1 s, ``RTT_HALF_LIFE``), ``lag``
 the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked
 for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
@@ -104,6 +106,14 @@ TRUST_BYTES = 128 * 1024
 #: other share one ledger entry, stamped with the first, so ``F(x)`` may hold publishes
 #: forwarded up to 5 ms after ``x``.
 TRUST_FLOOR = 2 * LEDGER_BUCKET
+#: The margin ``m``'s floor (``margin_floor``) is the largest, up to ``MAX_MARGIN_FLOOR``, that
+#: keeps the admission's steady-state ceiling ``(capacity + S) / (m - h)`` at this rate at
+#: least (bytes a second: about twice the consumers bench/pace.py measures on this machine).
+CEILING_BYTES_PER_S = 32e6
+#: The highest floor (seconds): with 40 ms a 1 MiB queue held on RabbitMQ 4.0 under CPU
+#: contention stayed within its bound in six runs of six, against four of six beyond it with
+#: 20 ms (docs/performance.md, "Held producers at their consumers' pace").
+MAX_MARGIN_FLOOR = 0.04
 
 Ref = tuple[int, int]  # (connection id, channel)
 QueueKey = tuple[str, str]  # (vhost, queue)
@@ -140,9 +150,10 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
     if base is None or at is None:
         return None
     rtt = depth.ready_rtt
-    margin = max(depth.ready_margin if rtt is None
-                 else max(2 * max(rtt, depth.rtt_high), HOT_MIN_MARGIN), depth.lag_at(at))
     policy = q.policy
+    margin = max(depth.ready_margin if rtt is None
+                 else max(2 * max(rtt, depth.rtt_high), margin_floor(policy, hot_interval)),
+                 depth.lag_at(at))
     before: tuple[float, float] = depth.totals_before(at - margin)
     if rtt is not None and q.share is None:  # one sidecar: the trust budget
         before = _trusted(depth, policy, at, rtt, before)
@@ -176,6 +187,21 @@ def held_room(policy: Policy, counted: Depth, drained: float, body: float,
         room_bytes = None if room_bytes is None else shared(room_bytes, f)
         room_messages = None if room_messages is None else shared(room_messages, f)
     return room_bytes, room_messages
+
+
+def margin_floor(policy: Policy, hot_interval: float) -> float:
+    """The least margin ``m`` for a queue under ``policy``: a lag the counts do not show
+    (consumers taking messages between two counts hide it) puts ``A x (L - m)`` over the
+    capacity, so ``m`` should be long; but a held queue's admitted rate cannot pass ``(capacity
+    + S) / (m - h)`` (``h`` the hot interval), so it may not be long for a small capacity.
+    The floor is the longest that keeps that ceiling at ``CEILING_BYTES_PER_S``, within
+    ``[HOT_MIN_MARGIN, MAX_MARGIN_FLOOR]``: 20 ms for 256 KiB, 40 ms for 1 MiB and more;
+    ``HOT_MIN_MARGIN`` for a policy without a byte capacity."""
+    if policy.capacity <= 0:
+        return HOT_MIN_MARGIN
+    room = policy.capacity + trust_budget(policy)[0]
+    return min(MAX_MARGIN_FLOOR,
+               max(HOT_MIN_MARGIN, room / CEILING_BYTES_PER_S + hot_interval))
 
 
 def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:

@@ -171,6 +171,9 @@ class QueueDepth:
     # seconds between those counts, both averaged (DRAIN_SMOOTHING); None before two counts.
     drain_rate: float | None = None
     sample_interval: float | None = None
+    # Since when the ready counts have not moved and nothing was forwarded (``still_since``):
+    # (when, the forwarded total then); None before the first count.
+    _still: tuple[float, int] | None = None
     _drain_anchor: tuple[int, float] | None = None  # (ready, at): where the drain span starts
     # How long a forwarded publish may take to show in a ready count, as the counts show it
     # (``_watch_lag``). ``lag_at`` adds what the controller assumes at each trip.
@@ -255,9 +258,23 @@ class QueueDepth:
         if rtt is not None:
             since = 0.0 if self.ready_count_at is None else requested_at - self.ready_count_at
             self.rtt_high = max(rtt, self.rtt_high * 0.5 ** (since / RTT_HALF_LIFE))
+        still = self._still
+        if still is None or ready != self.ready_count \
+                or still[1] != self.forwarded_messages_total:
+            self._still = (requested_at, self.forwarded_messages_total)
         self.ready_count, self.ready_count_at = ready, requested_at
         self.ready_margin, self.ready_rtt = margin, rtt
         self._rebase()
+
+    def still_since(self) -> float | None:
+        """Since when every count has shown the same ready count with nothing forwarded in
+        between (nobody takes from the queue, nobody is admitted to it), as of the newest
+        count; None while the newest count moved or anything was forwarded since it."""
+        still = self._still
+        if still is None or still[1] != self.forwarded_messages_total \
+                or still[0] == self.ready_count_at:
+            return None
+        return still[0]
 
     def expect_lag(self, lag: float, now: float) -> None:
         """Assume what was forwarded until ``now`` may take ``lag`` to show in a count (a

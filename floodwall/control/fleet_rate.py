@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from floodwall.control.depth import QueueDepth, RoomShare
+from floodwall.control.depth import Depth, QueueDepth, RoomShare
 from floodwall.control.policy import Policy
 
 #: Seconds of its rate a member may bank while it cannot admit (late loop, late counts).
@@ -80,24 +80,37 @@ class _Bucket:
     messages: float
 
 
-def _room(depth: QueueDepth, policy: Policy) -> tuple[float, float] | None:
-    """(room, target) in messages: what the newest count leaves below the nearest limit,
-    and ``R0`` (None: no count, or no limit)."""
-    base = depth.counted_base
-    if base is None:
-        return None
-    body = max(1, depth.average_body_bytes())
+def room_and_target(policy: Policy, counted: Depth, body: float, drain_rate: float
+                    ) -> tuple[float, float] | None:
+    """(room, target) in messages: what a count of ``counted`` leaves below the nearest limit
+    of ``policy``, and ``R0`` for a queue that drains ``drain_rate`` messages a second
+    (messages of ``body`` bytes; None: no limit)."""
+    body = max(1.0, body)
     limits = []  # (limit - resume, room), in messages
     if policy.capacity > 0:
         limits.append(((policy.capacity - policy.resume) / body,
-                       (policy.capacity - base.bytes) / body))
+                       (policy.capacity - counted.bytes) / body))
     if policy.max_messages is not None:
         limits.append((float(policy.max_messages - (policy.resume_messages or 0)),
-                       float(policy.max_messages - base.messages)))
+                       float(policy.max_messages - counted.messages)))
     if not limits:
         return None
     band, room = min(limits, key=lambda lr: lr[1])
-    return room, min((depth.drain_rate or 0.0) * ROOM_TARGET, band * ROOM_PART)
+    return room, min(max(0.0, drain_rate) * ROOM_TARGET, band * ROOM_PART)
+
+
+def feed(drain_rate: float, room: float, target: float) -> float:
+    """The fleet's feed (a rate, in the units of its arguments): the drain, corrected
+    towards the room target."""
+    return max(0.0, drain_rate + (room - target) / REFILL_TIME)
+
+
+def _room(depth: QueueDepth, policy: Policy) -> tuple[float, float] | None:
+    """``room_and_target`` of the newest count (None: no count, or no limit)."""
+    base = depth.counted_base
+    if base is None:
+        return None
+    return room_and_target(policy, base, depth.average_body_bytes(), depth.drain_rate or 0.0)
 
 
 def feed_rate(depth: QueueDepth, policy: Policy) -> float:
@@ -106,7 +119,7 @@ def feed_rate(depth: QueueDepth, policy: Policy) -> float:
     room = _room(depth, policy)
     if room is None:
         return d
-    return max(0.0, d + (room[0] - room[1]) / REFILL_TIME)
+    return feed(d, *room)
 
 
 @dataclass(frozen=True, slots=True)

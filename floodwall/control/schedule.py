@@ -28,6 +28,11 @@ from floodwall.control.policy import Policy
 
 #: Seconds over which the ingress (and, while held, admitted) rate is measured.
 RATE_WINDOW = 1.0
+#: A held queue whose counts have not moved for this long, nothing forwarded to it (its
+#: consumers stopped), is counted every ``STILL_INTERVAL`` instead of every hot interval.
+STILL_AFTER = 0.2
+#: ... at most this much later than hot: a consumer's restart shows within it.
+STILL_INTERVAL = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,22 @@ def predicted_full(depth: QueueDepth, policy: Policy, now: float, horizon: float
         return True
     return policy.max_messages is not None \
         and estimate.messages + fleet * ingress.messages * horizon >= policy.max_messages
+
+
+def still_interval(depth: QueueDepth, tripped: bool, now: float, hot: float) -> float:
+    """How often a hot queue is counted: ``hot``, or ``STILL_INTERVAL`` for a tripped queue
+    whose counts have shown the same ready count, with nothing forwarded to it, for
+    ``STILL_AFTER`` (``QueueDepth.still_since``). Its admission loses nothing: what a
+    count admits is the room it shows (none while nothing moves) plus the drain until the
+    next count (0); the first count that moves makes it hot again. A stopped consumer's
+    queue then costs the broker ``1 / STILL_INTERVAL`` passive declares a second, not
+    ``1 / hot``; its restart shows within ``STILL_INTERVAL`` plus one round trip."""
+    if not tripped:
+        return hot
+    since = depth.still_since()
+    if since is None or now - since < STILL_AFTER:
+        return hot
+    return max(hot, STILL_INTERVAL)
 
 
 def sampling_interval(depth: QueueDepth, policy: Policy, tripped: bool, now: float,

@@ -10,16 +10,35 @@ the telemetry and applies the topology changes; ``RelayedConnection._flush`` wri
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from floodwall.enforce.events import GateEvent
 from floodwall.wire.amqp091.hooks import ForgetChannel
 from floodwall.wire.amqp10.hooks import ReadEveryFrame
 from floodwall.wire.relaycore import ToClient, ToServer
 from floodwall.wire.topology import TopologyChange
 
-Command = ToClient | ToServer | ForgetChannel | ReadEveryFrame | TopologyChange | GateEvent
+
+@dataclass(frozen=True, slots=True)
+class SendHeld:
+    """1.0: a message the gate held for a queue (``enforce.amqp10.held``) may go now: the
+    I/O layer sends it through the proxy's own 1.0 sender to ``address`` in ``vhost``, in
+    the order these commands come, and hands the broker's outcome back
+    (``CreditFlow.held_settled(token, state, now)``)."""
+
+    token: int
+    vhost: str
+    address: str
+    message_format: int
+    payload: bytes
+
+
+Command = (ToClient | ToServer | ForgetChannel | ReadEveryFrame | TopologyChange | GateEvent
+           | SendHeld)
 """One entry of a gate's outbox."""
 
 Outbox = list[Command]
 
 
-__all__ = ["Command", "ForgetChannel", "Outbox", "ReadEveryFrame", "ToClient", "ToServer"]
+__all__ = ["Command", "ForgetChannel", "Outbox", "ReadEveryFrame", "SendHeld", "ToClient",
+           "ToServer"]

@@ -162,6 +162,7 @@ class DeliveryInput(Enum):
     DROPPED_FIRST_FRAME = "its first frame, on a link the proxy detached: dropped"
     REFUSED = "the gate refuses it (overflow: reject): settled rejected by the proxy"
     SPOOLED = "the gate sends it to the spool"
+    HELD = "the gate holds it for its queue (a per-message link under overflow: hold)"
     CAPTURE_REFUSED = "its capture cannot be spooled: the rest is dropped"
     LAST_FRAME = "its last frame, or an aborted one, was taken"
     PROXY_DETACHES = "the proxy detaches its link"
@@ -172,6 +173,7 @@ DELIVERY_PHASES: Final[dict[tuple[DeliveryPhase, DeliveryInput], DeliveryPhase]]
     (_D.IDLE, _DI.FIRST_FRAME): _D.FORWARDING,
     (_D.IDLE, _DI.DROPPED_FIRST_FRAME): _D.DROPPING,
     (_D.FORWARDING, _DI.REFUSED): _D.DROPPING,
+    (_D.FORWARDING, _DI.HELD): _D.DROPPING,
     (_D.FORWARDING, _DI.SPOOLED): _D.CAPTURING,
     (_D.CAPTURING, _DI.CAPTURE_REFUSED): _D.DROPPING,
     **{(phase, _DI.LAST_FRAME): _D.IDLE

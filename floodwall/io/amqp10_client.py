@@ -304,6 +304,8 @@ def _flag(fields: list[object], index: int) -> bool:
 class _Pending:
     sender: Amqp10Sender
     future: asyncio.Future[Confirm]
+    # Told the broker's delivery state itself (an outcome) before the future resolves.
+    on_state: Callable[[object], None] | None = None
 
 
 class Amqp10Sender:
@@ -340,8 +342,11 @@ class Amqp10Sender:
     def unsettled(self) -> int:
         return sum(1 for p in self.client._unsettled.values() if p.sender is self)
 
-    async def send(self, message: bytes, message_format: int = 0) -> asyncio.Future[Confirm]:
-        """Send one message (its encoded sections) as an unsettled delivery.
+    async def send(self, message: bytes, message_format: int = 0,
+                   on_state: Callable[[object], None] | None = None
+                   ) -> asyncio.Future[Confirm]:
+        """Send one message (its encoded sections) as an unsettled delivery (``on_state``:
+        told the broker's outcome as it sent it, before the future resolves).
 
         Waits for link credit and for the session's window, frame by frame. Raises
         AmqpClientError when the link or connection is gone before the first frame went out;
@@ -366,7 +371,7 @@ class Amqp10Sender:
                 self._next_tag += 1
                 frames = transfer_frames(self.handle, delivery_id, tag, message_format,
                                          message, client.max_frame_size)
-                client._unsettled[delivery_id] = _Pending(self, fut)
+                client._unsettled[delivery_id] = _Pending(self, fut, on_state)
                 self.credit.sent()
                 self.sent += 1
                 written = 0
@@ -614,6 +619,8 @@ class Amqp10Reading:
             if pending is None:
                 continue
             pending.sender._settled(result)
+            if pending.on_state is not None:
+                pending.on_state(state)
             if not pending.future.done():
                 pending.future.set_result(result)
         if not settled:

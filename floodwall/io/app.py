@@ -41,9 +41,11 @@ from floodwall.control.routing import Topology
 from floodwall.io.admin import AdminEndpoints, serve_admin
 from floodwall.io.fds import FD_RESERVE, FEW_CONNECTIONS, FdLimit, raise_fd_limit
 from floodwall.io.fleet import FleetService
+from floodwall.io.held_sender import HeldSender
 from floodwall.io.memory import MemoryReturn
 from floodwall.io.readiness import UpstreamProbe
 from floodwall.io.relay import RelayedConnection, RelaySettings, TlsListener
+from floodwall.io.splice import splice_available
 from floodwall.io.spool import SpoolService, SpoolServiceSettings
 from floodwall.io.supervisor import FlowSettings, FlowSupervisor
 from floodwall.io.telemetry import Telemetry, TelemetrySettings
@@ -119,6 +121,10 @@ class Proxy:
             upstream_tls=self.upstream_tls,
             relay_external=(settings.upstream_tls is not None
                             and settings.upstream_tls.relay_external),
+            splice_threshold=settings.splice_threshold if splice_available() else 0,
+            held_sender=HeldSender(self.upstreams, settings.effective_amqp_credentials,
+                                   self.upstream_tls, settings.connect_timeout)
+            if self.flow is not None else None,
         )
         self._ids = itertools.count(1)
         self._servers: list[asyncio.Server | TlsListener] = []
@@ -200,6 +206,7 @@ class Proxy:
               admin=(f"{self.settings.admin[0]}:{self.admin_port}" if self.settings.admin
                      else "off"), event_loop=event_loop,
               hold_budget=self.settings.hold_budget,
+              splice_threshold=self.relay_settings.splice_threshold or "off",
               memory_budget=self.settings.memory_budget if self.flow is not None else "off",
               memory_budget_from=self.settings.memory_budget_source,
               fd_limit=self.fd_limit.soft, max_connections=self.fd_limit.connections)
@@ -338,6 +345,8 @@ class Proxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 5)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.relay_settings.held_sender is not None:
+            await self.relay_settings.held_sender.close()
         if self.spool is not None:
             await self.spool.stop()  # logs what stays on disk for the next start
         if self.telemetry is not None:

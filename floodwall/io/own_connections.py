@@ -14,12 +14,12 @@ import zlib
 from collections.abc import Callable
 from typing import Protocol
 
-from floodwall.control.controller import FlowController, QueueKey
+from floodwall.control.controller import FlowController, PolicedQueue, QueueKey
 from floodwall.control.events import QueueTripped
 from floodwall.control.fleet_polls import fleet_count_interval
 from floodwall.control.routing import ChangeKind, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
-from floodwall.control.schedule import sampling_interval
+from floodwall.control.schedule import sampling_interval, still_interval
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
 from floodwall.io.broker_alarms import BrokerAlarms
 from floodwall.io.depth_feed import DepthFeed
@@ -217,9 +217,10 @@ class OwnConnections:
 
     async def _probe_hot(self, client: AmqpClient, key: QueueKey) -> None:
         """Count hot queue ``key`` back to back, one passive declare in flight, at most one
-        every ``hot_interval`` (in a fleet with A active members on it, every A x
-        ``hot_interval``; idle, every depth interval: ``fleet_count_interval``), until it is
-        cold again (the slow loop takes it back)."""
+        every ``hot_interval`` (held with nothing moving, every ``STILL_INTERVAL``:
+        ``still_interval``; in a fleet with A active members on it, every A x that; idle,
+        every depth interval: ``fleet_count_interval``), until it is cold again (the slow
+        loop takes it back)."""
         loop = asyncio.get_running_loop()
         # A channel of the lane's own; at most HOT_LANES of them (hot queues beyond share)
         lane = f"hot:{zlib.crc32(key[1].encode()) % HOT_LANES}"
@@ -227,10 +228,7 @@ class OwnConnections:
             started = loop.time()
             if not await self._probe_once(client, key, lane):
                 return
-            q = self.controller.queues.get(key)
-            every = fleet_count_interval(self.settings.hot_interval,
-                                         None if q is None else q.share,
-                                         self.settings.depth_interval)
+            every = self._hot_every(self.controller.queues.get(key))
             await asyncio.sleep(max(0.0, every - (loop.time() - started)))
 
     def _is_hot(self, key: QueueKey) -> bool:
@@ -243,9 +241,18 @@ class OwnConnections:
         interval = sampling_interval(q.depth, q.policy, q.tripped, self.clock(),
                                      s.depth_interval, s.hot_interval, q.share)
         hot = interval < s.depth_interval
-        self.stats.sampling_interval[key] = (
-            fleet_count_interval(interval, q.share, s.depth_interval) if hot else interval)
+        self.stats.sampling_interval[key] = self._hot_every(q) if hot else interval
         return hot
+
+    def _hot_every(self, q: PolicedQueue | None) -> float:
+        """How often hot queue ``q`` is counted: every hot interval, less often while it
+        is held and nothing moves (``still_interval``), and in a fleet every A x that
+        (``fleet_count_interval``)."""
+        s = self.settings
+        if q is None:
+            return s.hot_interval
+        every = still_interval(q.depth, q.tripped, self.clock(), s.hot_interval)
+        return fleet_count_interval(every, q.share, s.depth_interval)
 
     def on_flow_event(self, item: object) -> None:
         """A queue tripped between two slow rounds: its loop makes it hot at once."""

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from floodwall.control.controller import QueueKey
 from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.commands import SendHeld
 from floodwall.enforce.shared import ConnectionGate
+from floodwall.io.held_sender import HeldSender
+from floodwall.io.splice import LaneState, SpliceLane, splice_available
 from floodwall.io.tls import (
     ListenerTlsContext,
     TlsFailure,
@@ -27,6 +30,8 @@ from floodwall.ops.logs import event, event_limited
 from floodwall.wire.amqp091.connection import Connection as Amqp091Connection
 from floodwall.wire.amqp091.connection import close_frame
 from floodwall.wire.amqp10.connection import Connection as Amqp10Connection
+from floodwall.wire.amqp10.performatives import Outcome
+from floodwall.wire.amqp10.types import Described, ULong
 from floodwall.wire.detect import HEADER_SIZE, Detected, detect, header_reply
 from floodwall.wire.relaycore import FrameCounts, RelayCore, Side
 from floodwall.wire.topology import TopologyChange
@@ -58,6 +63,10 @@ class RelaySettings:
     on_topology: Callable[[TopologyChange], None] | None = None  # declares/binds seen
     upstream_tls: UpstreamTlsContext | None = None  # amqps to the broker
     relay_external: bool = False  # let clients log in with SASL EXTERNAL (as the proxy)
+    # 0-9-1 body bytes of one frame at least this many still to come move with splice(2),
+    # plain TCP on both sides only (``floodwall.io.splice``); 0: never
+    splice_threshold: int = 0
+    held_sender: HeldSender | None = None  # sends 1.0 messages held for their queues
 
 
 def make_core(detected: Detected, header: bytes, conn_id: int = 0,
@@ -192,6 +201,14 @@ class Paused:
     HOLD_BUDGET: Final = 4  # this connection holds more than its budget
     MEMORY_BUDGET: Final = 8  # the process' held bytes are at its memory budget
     TURN: Final = 16  # it had its READ_TURN_BYTES in this turn of the event loop
+    SPLICE: Final = 32  # a splice lane reads it (``floodwall.io.splice``)
+
+
+class UpstreamPaused:
+    """Why the broker's socket is not read now: bits, as ``Paused``."""
+
+    CLIENT_BACKPRESSURE: Final = 1  # the client's side does not take more
+    SPLICE: Final = 2  # a splice lane reads it
 
 
 NOT_PAUSED: Final = 0
@@ -227,10 +244,11 @@ class RelayedConnection(asyncio.Protocol):
     """
 
     __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
-                 "_head", "_loop", "_partial", "_paused", "_pending", "_retire_timer",
-                 "_server_spoke", "_unreachable", "_unwatch", "client", "conn_id", "core",
-                 "from_client", "from_server", "gate", "node", "peer", "protocol", "settings",
-                 "stats", "turn_bytes", "upstream")
+                 "_head", "_lanes", "_loop", "_partial", "_paused", "_pending", "_piped",
+                 "_retire_timer", "_server_spoke", "_splice", "_unreachable", "_unwatch",
+                 "_upstream_paused", "client", "conn_id", "core", "from_client", "from_server",
+                 "gate", "node", "peer", "protocol", "settings", "stats", "turn_bytes",
+                 "upstream")
 
     def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
@@ -261,6 +279,10 @@ class RelayedConnection(asyncio.Protocol):
         self.node: Endpoint | None = None  # the broker node the upstream is connected to
         self._unwatch: Callable[[], None] = _unwatched  # forgets the watch on ``node``
         self._partial = 0  # bytes of incomplete frames the core holds, as the board counts them
+        self._splice = False  # opaque runs move with splice(2) (``_enable_splice``)
+        self._lanes: dict[Side, SpliceLane] = {}  # by the side they read
+        self._piped = 0  # bytes in the lanes' pipes, as the board counts them
+        self._upstream_paused = NOT_PAUSED  # why the broker's socket is not read
         board = settings.board
         self._clock: Callable[[], float] = board.clock if board is not None else time.monotonic
 
@@ -272,14 +294,15 @@ class RelayedConnection(asyncio.Protocol):
 
     def state(self) -> dict[str, object]:
         """The connection in ``GET /state``: its id, peer, protocol, node; for AMQP 1.0
-        through the credit gate, the broker's outcomes for its deliveries by kind and its
-        sender links (``LinkView``)."""
+        through the credit gate, the broker's outcomes for its deliveries by kind, its
+        sender links (``LinkView``) and its messages held per queue (``HeldView``)."""
         doc: dict[str, object] = {"id": self.conn_id, "peer": self.peer,
                                   "protocol": self.protocol,
                                   "node": str(self.node) if self.node is not None else None}
         if isinstance(self.gate, CreditFlow):
             doc["outcomes"] = self.gate.outcomes.as_dict()
             doc["links"] = [v.as_dict() for v in self.gate.link_views()]
+            doc["held"] = [v.as_dict() for v in self.gate.held_views()]
         return doc
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -304,6 +327,8 @@ class RelayedConnection(asyncio.Protocol):
                 core_failed(self, exc, "receive_from_client")
                 return
             take_turn(self, len(data))
+            if self._splice and core.opaque_from_client:
+                start_lane(self, Side.CLIENT)
             return
         if core is None:
             self._detect(data)
@@ -397,6 +422,7 @@ class RelayedConnection(asyncio.Protocol):
         # The protocol header goes upstream as the client sent it; the core starts after it.
         transport.write(pending[:HEADER_SIZE])
         assert self.core is not None and self.client is not None
+        _enable_splice(self)
         if len(pending) > HEADER_SIZE:
             try:
                 self.core.receive_from_client(pending[HEADER_SIZE:], self._clock())
@@ -441,6 +467,20 @@ class RelayedConnection(asyncio.Protocol):
         """The spool synced: ack (1.0: settle) the spooled publishes now durable."""
         if self.gate is not None:
             from_gate(self, "spool_durable", self.gate.spool_durable, durable)
+
+    def _send_held(self, command: SendHeld) -> None:
+        """A message the gate held for its queue may go: through the proxy's own sender
+        (without one, a relay made without ``Proxy``, it is handed back ``released``)."""
+        sender = self.settings.held_sender
+        if sender is not None:
+            sender.send(command, self.held_settled)
+        else:
+            self.held_settled(command.token, Described(ULong(Outcome.RELEASED), []))
+
+    def held_settled(self, token: int, state: Described) -> None:
+        """The broker's outcome for a held message: to the client, once."""
+        if isinstance(self.gate, CreditFlow):
+            from_gate(self, "held_settled", self.gate.held_settled, token, state, self._clock())
 
     def _gate_output(self, core: RelayCore) -> None:
         """The gate made output outside a read: into the core's queues, then written."""
@@ -533,16 +573,93 @@ class RelayedConnection(asyncio.Protocol):
             if isinstance(item, TopologyChange):
                 if on_topology is not None:
                     on_topology(item)
+            elif isinstance(item, SendHeld):
+                self._send_held(item)
             elif board is not None:
                 board.report(item)
 
     def pause_writing(self) -> None:  # the client's write buffer is full
-        if self.upstream is not None:
-            self.upstream.pause_reading()
+        self._pause_upstream(UpstreamPaused.CLIENT_BACKPRESSURE)
 
     def resume_writing(self) -> None:
-        if self.upstream is not None and not self._closed:
+        self._resume_upstream(UpstreamPaused.CLIENT_BACKPRESSURE)
+
+    def _pause_upstream(self, why: int) -> None:
+        if not self._upstream_paused and self.upstream is not None:
+            self.upstream.pause_reading()
+        self._upstream_paused |= why
+
+    def _resume_upstream(self, why: int) -> None:
+        if not self._upstream_paused & why:
+            return
+        self._upstream_paused &= ~why
+        if not self._upstream_paused and self.upstream is not None and not self._closed:
             self.upstream.resume_reading()
+
+    # -- splice lanes (``floodwall.io.splice``) ----------------------------------------
+    def lane_moved(self, side: Side, n: int) -> None:
+        core = self.core
+        assert core is not None
+        if side is Side.CLIENT:
+            core.skip_from_client(n)
+        else:
+            core.skip_from_server(n)
+        self.stats.spliced_bytes[side.value] += n
+
+    def lane_piped(self, delta: int) -> None:
+        self._piped += delta
+        board = self.settings.board
+        if board is not None:
+            board.partial_bytes += delta
+
+    def lane_head(self, side: Side, data: bytes) -> None:
+        if side is Side.CLIENT:
+            self.data_received(data)
+        else:
+            self.server_data(data)
+
+    def lane_may_read(self, side: Side) -> bool:
+        if self._closed:
+            return False
+        if side is Side.CLIENT:
+            return self._paused == Paused.SPLICE
+        return self._upstream_paused == UpstreamPaused.SPLICE
+
+    def lane_idle(self, side: Side) -> None:
+        if side is Side.CLIENT:
+            self._resume_client(Paused.SPLICE)
+        else:
+            self._resume_upstream(UpstreamPaused.SPLICE)
+
+    def lane_failed(self, side: Side, reason: str, mid_frame: bool, dropped: int) -> None:
+        """Inside a frame the other peer cannot be given anything else: the connection
+        ends (unless that peer is a client already gone: ``_server_lane_to_nobody``).
+        Between frames the transport reads again and meets the end (or error) as it would
+        have."""
+        self._lanes.pop(side, None)
+        log.debug("splice_lane_ended conn=%d side=%s reason=%s mid_frame=%s", self.conn_id,
+                  side.value, reason, mid_frame)
+        if side is Side.SERVER and self._client_gone:
+            self._server_lane_to_nobody(dropped)
+        elif mid_frame:
+            self._close_both()
+        else:
+            self.lane_idle(side)
+
+    def lane_broken(self, side: Side, exc: Exception) -> None:
+        self._lanes.pop(side, None)
+        core_failed(self, exc, f"splice_{side.value}")
+
+    def _server_lane_to_nobody(self, dropped: int) -> None:
+        """The client went while the broker's bytes were spliced to it, and the upstream
+        stays for held publishes: the run's bytes in the pipe were the client's (dropped,
+        counted as moved); the rest is read as any bytes and dropped (``server_data``)."""
+        lane = self._lanes.pop(Side.SERVER, None)
+        if lane is not None:
+            dropped += lane.close()
+        if dropped and self.core is not None:
+            self.core.skip_from_server(dropped)
+        self._resume_upstream(UpstreamPaused.SPLICE)
 
     def eof_received(self) -> bool:
         return False  # close our side; connection_lost follows
@@ -553,6 +670,7 @@ class RelayedConnection(asyncio.Protocol):
             # Held publishes are still delivered: keep the upstream until they have left.
             self._client_gone = True
             self.client = None
+            self._server_lane_to_nobody(0)
             event(log, "client_gone_with_held_publishes", logging.WARNING, conn=self.conn_id,
                   peer=self.peer, held_bytes=flow.held_bytes,
                   action="keeping the broker connection until they are delivered")
@@ -571,6 +689,9 @@ class RelayedConnection(asyncio.Protocol):
             self._flush(core)
         except Exception as exc:  # the proxy's fault: this connection alone ends
             core_failed(self, exc, "receive_from_server")
+            return
+        if self._splice and core.opaque_from_server:
+            start_lane(self, Side.SERVER)
 
     def upstream_paused(self, paused: bool) -> None:
         if paused:
@@ -611,6 +732,10 @@ class RelayedConnection(asyncio.Protocol):
         self._unwatch()
         self._unwatch = _unwatched
         self._cancel_handshake_timer()
+        if self._lanes:
+            for lane in list(self._lanes.values()):
+                lane.close()
+            self._lanes.clear()
         if self._retire_timer is not None:
             self._retire_timer.cancel()
         if self._connect_task is not None:
@@ -632,6 +757,56 @@ class RelayedConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close both sockets (shutdown)."""
         self._close_both()
+
+
+def _enable_splice(conn: RelayedConnection) -> None:
+    """At the upstream's connect: opaque runs move with splice(2) when the threshold is on,
+    the protocol is 0-9-1 and neither side is TLS (its bytes are not the socket's)."""
+    threshold = conn.settings.splice_threshold
+    client, upstream = conn.client, conn.upstream
+    if (threshold <= 0 or conn.settings.upstream_tls is not None or client is None
+            or upstream is None or not isinstance(conn.core, Amqp091Connection)
+            or client.get_extra_info("sslcontext") is not None
+            or client.get_extra_info("socket") is None
+            or upstream.get_extra_info("socket") is None or not splice_available()):
+        return
+    conn.core.opaque_min = threshold
+    conn._splice = True
+
+
+def start_lane(conn: RelayedConnection, side: Side) -> None:
+    """The core opened an opaque run on ``side``: its socket stops being read by its
+    transport and a lane moves the run. Not for a client whose gate holds publishes (a
+    client gone inside a frame could not have them delivered after it); not when the lane
+    cannot be made (no pipe: said once a kind, the connection copies)."""
+    core = conn.core
+    if core is None or conn._closed:
+        return
+    n = core.opaque_from_client if side is Side.CLIENT else core.opaque_from_server
+    gate = conn.gate
+    if not n or (side is Side.CLIENT and gate is not None and gate.holding):
+        return
+    lane = conn._lanes.get(side)
+    if lane is None:
+        src, dst = ((conn.client, conn.upstream) if side is Side.CLIENT
+                    else (conn.upstream, conn.client))
+        if src is None or dst is None or conn._loop is None:
+            return
+        try:
+            lane = SpliceLane(conn._loop, conn, side, src.get_extra_info("socket").fileno(),
+                              dst.get_extra_info("socket").fileno(), dst)
+        except OSError as exc:
+            conn._splice = False
+            conn._log_limited("splice_unavailable", logging.WARNING, conn=conn.conn_id,
+                              reason=str(exc), action="this connection copies its bodies")
+            return
+        conn._lanes[side] = lane
+    if lane.state is LaneState.IDLE:
+        if side is Side.CLIENT:
+            conn._pause_client(Paused.SPLICE)
+        else:
+            conn._pause_upstream(UpstreamPaused.SPLICE)
+    lane.start(n)
 
 
 def from_gate(conn: RelayedConnection, where: str, call: Callable[..., object],

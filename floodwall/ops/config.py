@@ -342,6 +342,9 @@ class AmqpCredentials:
 #: a share of the process-wide memory budget (``--memory-budget``), so that one connection
 #: cannot take all of it.
 DEFAULT_HOLD_BUDGET = 8 * 1024 * 1024
+#: ``--splice-threshold``: 0-9-1 body bytes of one frame still to come from which the relay
+#: moves them with splice(2) instead of reading them (0: never; docs/configuration.md).
+DEFAULT_SPLICE_THRESHOLD = 0
 #: The management API's port when --management is not given (RabbitMQ's default).
 DEFAULT_MANAGEMENT_PORT = 15672
 #: Admin connections served at once (/metrics, probes, people): one more is answered 503.
@@ -398,6 +401,7 @@ class ProxySettings:
     hot_interval: float = 0.005  # ... of a hot one (held, or about to fill): at most this often
     management_interval: float = 5.0  # management API sample of each policed queue
     hold_budget: int = DEFAULT_HOLD_BUDGET  # bytes held per connection (the relay's)
+    splice_threshold: int = DEFAULT_SPLICE_THRESHOLD  # 0: bodies are always copied
     memory_budget: int = DEFAULT_MEMORY_BUDGET  # bytes held, all connections together
     memory_budget_source: str = "the fixed default"  # said in the start-up line
     alarm_interval: float = 2.0  # management API node alarms

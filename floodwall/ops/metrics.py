@@ -43,6 +43,8 @@ class RelayStats:
     closed_bytes: Counter[tuple[str, str]] = field(default_factory=Counter)
     protocol_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # protocol, side
     internal_errors: Counter[str] = field(default_factory=Counter)  # by protocol (relay.py)
+    # body bytes moved with splice(2), by the side they came from (io/splice.py)
+    spliced_bytes: Counter[str] = field(default_factory=Counter)
     upstream_connect_failures: int = 0
     upstream_tls_failures: int = 0  # of those, TLS handshakes that failed (or were refused)
     client_tls_failures: int = 0  # clients whose TLS handshake with the listener failed
@@ -116,6 +118,14 @@ class RelayCollector(Collector):
         for proto in PROTOCOLS:
             internal.add_metric([proto], s.internal_errors[proto])
         yield internal
+        spliced = CounterMetricFamily(
+            "floodwall_spliced_bytes",
+            "Body bytes moved socket to socket with splice(2), never read by the proxy (also "
+            "counted in floodwall_relayed_bytes), by the side they came from",
+            labels=["side"])
+        for side in ("client", "server"):
+            spliced.add_metric([side], s.spliced_bytes[side])
+        yield spliced
 
         yield from self._upstream()
 

@@ -105,13 +105,21 @@ class CoreOutput(Generic[S]):
         out, self.events = self.events, []
         return out
 
-    def take(self, gate: GateOutputHooks) -> None:
-        """Move the gate's output into the queues, in order; keep its events."""
+    def take(self, gate: GateOutputHooks, to_server: list[Any] | None = None,
+             to_client: list[Any] | None = None) -> None:
+        """Move the gate's output into the queues, in order; keep its events. A core that
+        holds a peer's frames back for now (inside a frame of its own it has begun to
+        send that peer) names the list they wait in instead (``to_server``,
+        ``to_client``)."""
+        if to_server is None:
+            to_server = self.to_server
+        if to_client is None:
+            to_client = self.to_client
         for command in gate.take_output():
             if isinstance(command, ToServer):
-                self.to_server.append(command.data)
+                to_server.append(command.data)
             elif isinstance(command, ToClient):
-                self.to_client.append(command.data)
+                to_client.append(command.data)
             elif not self.own(self.core_state, command):
                 self.events.append(command)
 
@@ -119,6 +127,55 @@ class CoreOutput(Generic[S]):
         """Drop the bytes queued for both peers (the core aborts)."""
         self.to_server.clear()
         self.to_client.clear()
+
+
+class OwnsOutput(Protocol):
+    """A core that owns a ``CoreOutput``: what the ``RelayCore`` accessors below read."""
+
+    @property
+    def output(self) -> CoreOutput[Any]: ...
+
+
+# The ``RelayCore`` accessors of a core that owns a ``CoreOutput``, one function each for
+# every kind of core: a core's class names them (``data_for_server = relaycore.data_for_server``).
+
+
+def data_for_server(core: OwnsOutput) -> bytes:
+    """Everything queued for the broker (b"" if nothing), and forget it."""
+    return drain(core.output.to_server)
+
+
+def data_for_client(core: OwnsOutput) -> bytes:
+    """Everything queued for the client (b"" if nothing), and forget it."""
+    return drain(core.output.to_client)
+
+
+def chunks_for_server(core: OwnsOutput) -> list[Any]:
+    """``data_for_server`` as the pieces it would join, for a vectored write."""
+    return take_all(core.output.to_server)
+
+
+def chunks_for_client(core: OwnsOutput) -> list[Any]:
+    """``data_for_client`` as the pieces it would join, for a vectored write."""
+    return take_all(core.output.to_client)
+
+
+def events(core: OwnsOutput) -> Sequence[object]:
+    """What the core and its gate made besides frames, in order (and forget it)."""
+    return core.output.take_events()
+
+
+def drain(queue: list[Any]) -> bytes:
+    """A queue's pieces joined into bytes (b"" if none), and the queue emptied."""
+    if not queue:
+        return b""
+    if len(queue) == 1:
+        chunk = queue[0]
+        queue.clear()
+        return chunk if type(chunk) is bytes else bytes(chunk)
+    data = b"".join(queue)
+    queue.clear()
+    return data
 
 
 def take_all(queue: list[Any]) -> list[Any]:
@@ -157,6 +214,22 @@ closes both sides (``floodwall.io.relay``). ``collect`` takes what the
     def pending_bytes(self) -> int:
         """Bytes of incomplete frames held back, both directions (the memory budget counts
         them)."""
+
+    @property
+    def opaque_from_client(self) -> int:
+        """How many of the client's next bytes pass untouched as the body of a frame whose
+        head has left (an opaque run; 0: none now): the I/O layer may move them itself
+        and say so with ``skip_from_client``, or feed them as any bytes."""
+
+    @property
+    def opaque_from_server(self) -> int:
+        """As ``opaque_from_client``, for the broker's next bytes."""
+
+    def skip_from_client(self, n: int) -> None:
+        """The I/O layer moved ``n`` bytes of the client's opaque run itself."""
+
+    def skip_from_server(self, n: int) -> None:
+        """The I/O layer moved ``n`` bytes of the broker's opaque run itself."""
 
     def receive_from_client(self, data: bytes, now: float) -> None: ...
 

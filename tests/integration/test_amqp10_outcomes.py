@@ -21,11 +21,11 @@ from typing import Any
 import pika
 import pytest
 from proton import Message
-from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from floodwall.dev.devbroker import BrokerEndpoint
 from tests.conftest import wait_for
+from tests.integration.proton_senders import RecordingSender
 from tests.integration.support import capped, direct_params, flow_with, log_lines
 
 pytestmark = pytest.mark.broker
@@ -34,61 +34,29 @@ COUNT = 200
 MAX_LENGTH = 50
 
 
-class OneLink(MessagingHandler):  # type: ignore[misc]
+class OneLink(RecordingSender):
     """One sender link to ``target``: ``count`` messages, each outcome counted by kind; the
     connection stays open until ``stop`` is set."""
 
     def __init__(self, port: int, target: str, count: int) -> None:
-        super().__init__(auto_settle=True)
-        self.url = f"amqp://guest:guest@127.0.0.1:{port}"
+        super().__init__(port, auto_settle=True)
         self.target, self.count = target, count
         self.sent = 0
         self.kinds: collections.Counter[str] = collections.Counter()
-        self.errors: list[str] = []
         self.done = threading.Event()
-        self.stop = threading.Event()
 
     def on_start(self, event: Any) -> None:
-        self.conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
-        event.container.create_sender(self.conn, self.target, name="outcomes")
-        event.container.schedule(0.05, self)
-
-    def on_timer_task(self, event: Any) -> None:
-        if self.stop.is_set():
-            self.conn.close()
-            return
-        event.container.schedule(0.05, self)
+        event.container.create_sender(self.connect(event), self.target, name="outcomes")
 
     def on_sendable(self, event: Any) -> None:
         while event.sender.credit > 0 and self.sent < self.count:
             event.sender.send(Message(body=b"x" * 100))
             self.sent += 1
 
-    def _outcome(self, kind: str) -> None:
+    def outcome(self, event: Any, kind: str) -> None:
         self.kinds[kind] += 1
         if sum(self.kinds.values()) >= self.count:
             self.done.set()
-
-    def on_accepted(self, event: Any) -> None:
-        self._outcome("accepted")
-
-    def on_rejected(self, event: Any) -> None:
-        self._outcome("rejected")
-
-    def on_released(self, event: Any) -> None:
-        self._outcome("released")
-
-    def on_modified(self, event: Any) -> None:
-        self._outcome("modified")
-
-    def on_link_error(self, event: Any) -> None:
-        self.errors.append(f"link: {event.link.remote_condition}")
-
-    def on_connection_error(self, event: Any) -> None:
-        self.errors.append(f"connection: {event.connection.remote_condition}")
-
-    def on_transport_error(self, event: Any) -> None:
-        self.errors.append(f"transport: {event.transport.condition}")
 
 
 def send_through(flow: Any, target: str) -> tuple[dict[str, int], dict[str, int]]:

@@ -25,11 +25,11 @@ from typing import Any
 import pika
 import pytest
 from proton import Message
-from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from floodwall.dev.devbroker import BrokerEndpoint
 from tests.conftest import wait_for
+from tests.integration.proton_senders import RecordingSender
 from tests.integration.support import DepthWatch, capped, direct_params, flow_with
 
 pytestmark = pytest.mark.broker
@@ -41,34 +41,24 @@ COUNT = 2000
 CONSUMER_PER_S = 800
 
 
-class Sender(MessagingHandler):  # type: ignore[misc]
+class Sender(RecordingSender):
     """Two links on one connection, each sending while it has credit; every outcome event
     recorded by (link, delivery tag)."""
 
     def __init__(self, port: int, links: dict[str, tuple[str | None, str, str | None]]
                  ) -> None:
-        super().__init__()
-        self.url = f"amqp://guest:guest@127.0.0.1:{port}"
+        super().__init__(port)
         # name -> (target address or None, each message's ``to``, each message's subject)
         self.links = links
         self.sent: collections.Counter[str] = collections.Counter()
         self.outcomes: collections.Counter[tuple[str, str]] = collections.Counter()
         self.kinds: collections.Counter[str] = collections.Counter()
-        self.errors: list[str] = []
         self.done = threading.Event()
-        self.stop = threading.Event()
 
     def on_start(self, event: Any) -> None:
-        self.conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
+        conn = self.connect(event)
         for name, (target, _, _) in self.links.items():
-            event.container.create_sender(self.conn, target, name=name)
-        event.container.schedule(0.05, self)
-
-    def on_timer_task(self, event: Any) -> None:
-        if self.stop.is_set():
-            self.conn.close()
-            return
-        event.container.schedule(0.05, self)
+            event.container.create_sender(conn, target, name=name)
 
     def on_sendable(self, event: Any) -> None:
         sender = event.sender
@@ -78,33 +68,12 @@ class Sender(MessagingHandler):  # type: ignore[misc]
                                 subject=subject))
             self.sent[sender.name] += 1
 
-    def _outcome(self, event: Any, kind: str) -> None:
+    def outcome(self, event: Any, kind: str) -> None:
         self.outcomes[(event.link.name, str(event.delivery.tag))] += 1
         self.kinds[kind] += 1
         distinct = collections.Counter(link for link, _ in self.outcomes)
         if all(distinct[name] >= COUNT for name in self.links):
             self.done.set()
-
-    def on_accepted(self, event: Any) -> None:
-        self._outcome(event, "accepted")
-
-    def on_rejected(self, event: Any) -> None:
-        self._outcome(event, "rejected")
-
-    def on_released(self, event: Any) -> None:
-        self._outcome(event, "released")
-
-    def on_link_error(self, event: Any) -> None:
-        self.errors.append(f"link {event.link.name}: {event.link.remote_condition}")
-
-    def on_session_error(self, event: Any) -> None:
-        self.errors.append(f"session: {event.session.remote_condition}")
-
-    def on_connection_error(self, event: Any) -> None:
-        self.errors.append(f"connection: {event.connection.remote_condition}")
-
-    def on_transport_error(self, event: Any) -> None:
-        self.errors.append(f"transport: {event.transport.condition}")
 
 
 def consume(broker: BrokerEndpoint, queue: str, per_s: float, got: dict[str, int],

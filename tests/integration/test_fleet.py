@@ -16,6 +16,7 @@ import pytest
 
 from floodwall.control.admission import HOT_INTERVAL
 from floodwall.control.fleet import MEMBER_TIMEOUT, fleet_exchange
+from floodwall.control.schedule import STILL_INTERVAL
 from floodwall.dev.devbroker import BrokerEndpoint
 from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
@@ -269,12 +270,13 @@ def test_three_sidecars_hold_one_queue_at_its_capacity_and_share_it_fairly(
         # The fill: the queue reaches its capacity, every sidecar holds the rest.
         wait_for(lambda: all(holding(p) for p in fleet), 60,
                  what="every sidecar holding its producer")
-        # Item 2: each member counts the held queue every 3 x h (the fleet about once per
-        # h together), not every h.
+        # Each member counts the held queue every 3 x its interval (the fleet about once
+        # per interval together), not every interval: 3 x h, or 3 x STILL_INTERVAL while
+        # nothing moves in it (no consumer yet: schedule.still_interval).
         for proc in fleet:
             wait_for(lambda p=proc: (queue_doc(p, queue) or {}).get("sampling_interval")
-                     == pytest.approx(3 * HOT_INTERVAL), 10,
-                     what="the fleet's count interval in force")
+                     in (pytest.approx(3 * HOT_INTERVAL), pytest.approx(3 * STILL_INTERVAL)),
+                     10, what="the fleet's count interval in force")
         counted = [depth_samples(p, queue) for p in fleet]
         counted_at = time.monotonic()
         # A slow consumer (about 500 msg/s: prefetch 20, a pause per ack) while all three

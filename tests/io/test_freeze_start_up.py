@@ -16,6 +16,12 @@ class Node:
         self.other: Node | None = None
 
 
+def tracked(nodes: list[Node]) -> bool:
+    """Whether any of ``nodes`` is in a generation the collector walks."""
+    ids = {id(n) for n in nodes}
+    return any(id(o) in ids for o in gc.get_objects())
+
+
 @pytest.fixture
 def unfrozen() -> Iterator[None]:
     gc.unfreeze()
@@ -27,7 +33,8 @@ def test_start_up_objects_are_frozen_and_later_garbage_is_still_collected(
         unfrozen: None) -> None:
     kept = [Node() for _ in range(1000)]
     frozen = freeze_start_up()
-    assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+    assert frozen >= len(kept)
+    assert not tracked(kept)  # in the permanent generation, outside every collected one
     assert gc.get_count()[0] < 100  # generation 0 emptied
     a, b = Node(), Node()
     a.other, b.other = b, a  # a cycle made after start-up: the collector's to find
@@ -35,4 +42,7 @@ def test_start_up_objects_are_frozen_and_later_garbage_is_still_collected(
     del a, b
     gc.collect()
     assert gone() is None
-    assert gc.get_freeze_count() == frozen  # nothing moved back
+    assert not tracked(kept)  # nothing moved back
+    # A frozen object that dies leaves the permanent generation (the count only falls:
+    # the interpreter's own temporaries caught by the freeze go at once); none joins it.
+    assert gc.get_freeze_count() <= frozen

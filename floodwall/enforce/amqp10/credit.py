@@ -343,6 +343,8 @@ class LinkCredit:
         if link.withheld:
             link.move(LinkInput.GRANTED)
             self._signalled(link, active=True)
+        if link.held_bytes >= link.window_bytes:
+            return link.credit.grant(0)  # its held messages fill its window
         if window is not None and link.unsettled:
             room = self._in_flight_window(link, window)
             if room < window:
@@ -407,12 +409,15 @@ class LinkCredit:
         blocking = controller.blocking(self.ctx.vhost, queues)
         if lookups:
             blocking |= lookups
+        full = link.held_bytes >= link.window_bytes  # (its held messages fill its window)
         if blocking:
             verdict = self._spooling(link, queues, blocking, lookups).verdict
             if not (link.per_message and verdict is Verdict.REJECT and not lookups) \
-                    and verdict is not Verdict.SPOOL:
+                    and verdict is not Verdict.SPOOL and (full or not link.delivery.held):
                 self._block(link, blocking, now)  # no flow: the limit the client has stands
                 return
+        if full:
+            return  # no top-up until the broker settles some (``CreditFlow.held_settled``)
         deliveries = link.deliveries
         if deliveries and link.windowed and not link.squeezed and link.window_generation \
                 == controller.generation and link.credit.has_over_half(

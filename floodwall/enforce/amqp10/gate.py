@@ -57,11 +57,17 @@ credit cannot name one queue. Each message is routed by its ``to`` / ``subject``
 link's credit is always capped by the window when anything is policed (or a policy names
 the vhost), as is any link that may come to feed a policed queue (``_may_be_policed``).
 A destination the routing model does not know withholds the link's credit until the
-broker was asked (``_lookup``: floodwall/control/lookups.py). A message to a
-tripped queue is forwarded (it was sent on credit; holding it would reorder the session's
-delivery-ids) and the link's credit is then withheld until every queue it hit drains; under
-``overflow: reject`` the message is instead settled ``rejected`` with
-``amqp:resource-limit-exceeded`` by the proxy and never reaches the broker.
+broker was asked (``_lookup``: floodwall/control/lookups.py). Each message is decided on
+its own, and the link keeps its credit for the others: under ``overflow: hold`` a message to
+a tripped queue (or to one with messages of this connection held before it) is consumed and
+held for its queue (``_hold``; ``floodwall.enforce.amqp10.held``), unsettled, and sent
+through the proxy's own 1.0 sender when the queue is admitted or drains (``SendHeld``), its
+client told the broker's outcome once (``held_settled``); under ``overflow: reject`` it is
+settled ``rejected`` with ``amqp:resource-limit-exceeded`` by the proxy and never reaches the
+broker. A link's held bytes at its window withhold its credit, as does a message that cannot
+be held per message (more than one frame, transactional, more than one queue, a lookup, the
+broker's alarm): that one is forwarded, and the link's credit withheld until every queue it
+hit drains.
 
 Spool (``overflow: spool`` with ``--spool-dir``): a link whose messages land in exactly one
 queue keeps its credit while that queue is tripped, or has spooled backlog (FIFO), and its
@@ -77,8 +83,8 @@ A client that transfers beyond every limit the proxy ever granted gets that link
 with ``amqp:link:transfer-limit-exceeded`` (the broker's end of the link is detached too, both
 replies are absorbed, later transfers on it are dropped).
 
-Deliveries the proxy consumes (rejected, spooled, sent on a link it detached) never reach the
-broker, so the two peers' numbering is translated per session: transfer-ids (the
+Deliveries the proxy consumes (rejected, spooled, held, sent on a link it detached) never reach
+the broker directly, so the two peers' numbering is translated per session: transfer-ids (the
 ``next-incoming-id`` / ``next-outgoing-id`` of flows on that session are shifted by the
 transfer frames dropped) and delivery-ids (``floodwall.wire.amqp10.credit.DeliveryIds``: forwarded
 transfers carry the broker's consecutive ids, dispositions are mapped range by range both
@@ -101,6 +107,7 @@ from floodwall.control.controller import QueueKey
 from floodwall.control.policy import Fsync
 from floodwall.enforce import events as ev
 from floodwall.enforce.amqp10.credit import LinkCredit
+from floodwall.enforce.amqp10.held import HELD_REF_BASE, HeldView
 from floodwall.enforce.amqp10.inflight import InFlightDeliveries
 from floodwall.enforce.amqp10.links import (
     _ACCEPTED,
@@ -112,10 +119,10 @@ from floodwall.enforce.amqp10.links import (
     SpoolCapture,
     _flag,
     _range,
-    _rejected,
     _renumber_disposition,
     _uint,
     encode_performative_fields,
+    rejected_outcome,
 )
 from floodwall.enforce.amqp10.outcomes import BrokerOutcomes
 from floodwall.enforce.amqp10.runs import TransferRuns
@@ -161,7 +168,10 @@ class CreditFlow:
     go to ``outbox`` (``take_output`` empties it).
 
     The I/O layer reads ``holding``, ``held_bytes``, ``over_budget`` and calls ``expire`` as
-    it does for 0-9-1's ``PublishFlow``: this gate never holds a message, so they are inert.
+    it does for 0-9-1's ``PublishFlow``: ``held_bytes`` are the messages held for their
+    queues (``HeldMessages``: the memory budget pauses the connection by them); the gate
+    delivers none of them once its client is gone (``holding`` is False), and its own
+    hold budget is checked before a message is held (``over_budget`` is False).
 
     The gate owns its context (``GateContext``: the process' parts, the connection, the
     outbox), the tables (``sessions`` and ``by_server_channel``: a connection's sessions by
@@ -175,8 +185,7 @@ class CreditFlow:
     settlements, the spool.
     """
 
-    holding: Final = False
-    held_bytes: Final = 0
+    holding: Final = False  # (held messages are dropped with their link: none to deliver)
     over_budget: Final = False
 
     # The hooks the parts answer, bound in ``__init__`` (see there).
@@ -191,9 +200,6 @@ class CreditFlow:
     on_client_disposition: Callable[[int, list[object]], bytes | None]
     on_client_flow: Callable[[int, list[object]], bytes | None]
     on_server_flow: Callable[[int, list[object], float], bytes | None]
-    expire: Callable[[float], int]
-    channel_released: Callable[[int, float], None]
-    channel_admitted: Callable[[int, float], None]
     transfer_run: Callable[[int, int], tuple[int, float] | None]
     on_transfer_run: Callable[[int, int, int, int, list[int], float], None]
     server_transfer_run: Callable[[int, int], bool]
@@ -212,7 +218,8 @@ class CreditFlow:
         self.outcomes = outcomes = BrokerOutcomes(ctx)
         self.in_flight = in_flight = InFlightDeliveries(ctx)
         self.lifecycle = lifecycle = Sessions(ctx, self.sessions, self.by_server_channel,
-                                              self.withheld, in_flight)
+                                              self.withheld, in_flight, outcomes)
+        self.held = lifecycle.held
         self.credit = credit = LinkCredit(ctx, lifecycle, self.shadow)
         self.runs = runs = TransferRuns(ctx, self.sessions, self.by_server_channel, credit,
                                         in_flight)
@@ -229,9 +236,6 @@ class CreditFlow:
         self.client_end, self.server_end = lifecycle.client_end, lifecycle.server_end
         self.on_client_disposition = lifecycle.on_client_disposition
         self.on_client_flow, self.on_server_flow = credit.on_client_flow, credit.on_server_flow
-        self.expire = credit.expire
-        self.channel_released = credit.channel_released
-        self.channel_admitted = credit.channel_admitted
         self.transfer_run, self.on_transfer_run = runs.transfer_run, runs.on_transfer_run
         self.server_transfer_run = runs.server_transfer_run
         self.on_server_transfer_run = runs.on_server_transfer_run
@@ -248,6 +252,52 @@ class CreditFlow:
     @hold_budget.setter
     def hold_budget(self, budget: int) -> None:
         self.ctx.hold_budget = budget
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of messages held for their queues (``HeldMessages``), sent or not."""
+        return self.held.bytes
+
+    def held_views(self) -> list[HeldView]:
+        """The connection's held messages per queue, as ``/state`` shows them."""
+        return self.held.views()
+
+    # -- the controller and the clock -----------------------------------------------------
+    def channel_released(self, channel: int, now: float) -> None:
+        """The controller: every queue link ``channel`` (a ``link_ref``) waited on drained,
+        or a held queue's ref (``HELD_REF_BASE`` and above) was freed: its messages go."""
+        if channel >= HELD_REF_BASE:
+            self.held.released(channel, now)
+        else:
+            self.credit.channel_released(channel, now)
+
+    def channel_admitted(self, channel: int, now: float) -> None:
+        """The controller: a held queue link or held-queue ref ``channel`` waits on has
+        tokens (``LinkCredit.channel_admitted``; held messages go while they admit them)."""
+        if channel >= HELD_REF_BASE:
+            self.held.released(channel, now)
+        else:
+            self.credit.channel_admitted(channel, now)
+
+    def expire(self, now: float) -> int:
+        """Links without credit past their deadline are detached, messages held past it are
+        settled ``rejected``; returns how many links were detached."""
+        for link in self.held.expire(now):
+            self._held_room(link, now)
+        return self.credit.expire(now)
+
+    def held_settled(self, token: int, state: Described, now: float) -> None:
+        """The broker settled held message ``token`` (``SendHeld``) with ``state`` (an
+        outcome; the I/O layer makes ``released`` of one whose outcome it lost): told to the
+        client once, for the delivery-id it sent it with."""
+        link = self.held.settled(token, state, now)
+        if link is not None:
+            self._held_room(link, now)
+
+    def _held_room(self, link: SenderLink, now: float) -> None:
+        """``link``'s held bytes fell below its window: its credit is worked out again."""
+        if not link.detaching and link.delivery.phase is IDLE:
+            self._after_transfer(link, now)
 
     @property
     def captured_bytes(self) -> int:
@@ -294,13 +344,14 @@ class CreditFlow:
                 self._drop_delivery(session, fields)
                 return self.lifecycle.transfer_limit_exceeded(session, link)
             delivery.bytes = 0
+            delivery.held = False
             queues = delivery.queues = self._route(link, payload, start, end, now)
             # The link's own state has nothing to decide (as for a run) unless it says so;
             # a shadow trip or the spool may still have.
             plain = link.may_run
             delivery.phase = _FORWARDING  # (DELIVERY_PHASES' FIRST_FRAME, inline: per transfer)
             if not plain or self.controller.trips.shadow or self.ctx.spool is not None:
-                self._first_frame(session, link, fields, queues)
+                self._first_frame(session, link, fields, queues, payload, start, end, now)
             # The broker numbers it by the drops before it (also on other links meanwhile).
             delivery.id_shift = session.ids.dropped
         in_progress = more and not aborted
@@ -328,16 +379,23 @@ class CreditFlow:
         return replacement
 
     def _first_frame(self, session: SessionGate, link: SenderLink, fields: list[object],
-                     queues: frozenset[str]) -> None:
-        """A delivery's first frame, on a link that may not run, or with a shadow queue
-        tripped or a spool: what enforcing the shadow policies would do, and whether the
-        proxy refuses or spools it (``_consume``)."""
+                     queues: frozenset[str], payload: bytes, start: int, end: int,
+                     now: float) -> None:
+        """A delivery's first frame (its payload ``payload[start:end]``, copied only when the
+        proxy holds it), on a link that may not run, or with a shadow queue tripped or a
+        spool: what enforcing the shadow policies would do, and whether the proxy refuses,
+        spools or holds it (``_consume``)."""
         if link.shadow.on or self.controller.trips.shadow:
             self.credit.shadow_transfer(link, queues)
         if link.per_message or self.ctx.spool is not None:
             blocking = self.controller.blocking(self.ctx.vhost, queues)
             if blocking:
-                self._consume(session, link, fields, blocking)
+                self._consume(session, link, fields, blocking, payload, start, end, now)
+            elif link.per_message and self.held.queues and len(queues) == 1:
+                key = self.held.behind(queues)
+                if key is not None and self._holds(link, fields, frozenset((key,)),
+                                                   _transactional(fields)):
+                    self._hold(session, link, fields, key, payload[start:end], now)  # behind
 
     def _dropped_frame(self, session: SessionGate, link: SenderLink,
                        fields: list[object]) -> bytes:
@@ -376,12 +434,13 @@ class CreditFlow:
                 self._after_transfer(link, now)
 
     def _consume(self, session: SessionGate, link: SenderLink, fields: list[object],
-                 blocking: frozenset[QueueKey]) -> None:
+                 blocking: frozenset[QueueKey], payload: bytes, start: int, end: int,
+                 now: float) -> None:
         """A delivery's first frame, to a tripped (or backlogged) queue: refuse it under
-        ``overflow: reject`` (per-message links), spool it under ``overflow: spool``, else
-        let it through (it was sent on credit; the link's credit is withheld after it)."""
-        state = fields[T.STATE] if len(fields) > T.STATE else None
-        transactional = isinstance(state, Described) and state.descriptor == TRANSACTIONAL_STATE
+        ``overflow: reject`` (per-message links), spool it under ``overflow: spool``, hold it
+        for its queue under ``hold`` (per-message links: ``_holds``), else let it through (it
+        was sent on credit; the link's credit is withheld after it)."""
+        transactional = _transactional(fields)
         decision = decide(self.ctx.vhost, link.delivery.queues, blocking, self.controller.queues,
                           self.ctx.spool, transactional=transactional, behind=link.spool_refused)
         if decision.verdict is Verdict.REJECT and link.per_message:
@@ -389,6 +448,10 @@ class CreditFlow:
             link.credit.dropped()
             self._drop_delivery(session, fields)
             self._reject(session, link, fields, blocking)
+            return
+        if decision.verdict is Verdict.HOLD and self._holds(link, fields, blocking,
+                                                            transactional):
+            self._hold(session, link, fields, next(iter(blocking)), payload[start:end], now)
             return
         if decision.not_spooled is not None:
             link.spool_refused = True  # so its credit is withheld after this one
@@ -409,6 +472,41 @@ class CreditFlow:
             _uint(fields, T.MESSAGE_FORMAT, TRANSFER) or 0)
         link.credit.dropped()
         self._drop_delivery(session, fields)
+
+    def _holds(self, link: SenderLink, fields: list[object], blocking: frozenset[QueueKey],
+               transactional: bool) -> bool:
+        """Whether a delivery held back (``Verdict.HOLD``) is held for its queue rather than
+        by its link's credit: a per-message link's whole delivery (one frame), not
+        transactional, landing in one policed queue that is all that blocks it (no alarm, no
+        lookup). Past its window of held bytes the link's credit is withheld
+        (``LinkCredit.after_transfer``); what it had credit for is still held, in order."""
+        return (link.per_message and not transactional and len(blocking) == 1
+                and len(link.delivery.queues) == 1 and not link.delivery.lookup
+                and not _flag(fields, T.MORE, TRANSFER)
+                and next(iter(blocking)) in self.controller.queues)
+
+    def _hold(self, session: SessionGate, link: SenderLink, fields: list[object],
+              key: QueueKey, part: bytes, now: float) -> None:
+        """Consume the delivery and hold it for ``key`` (``HeldMessages``), unsettled; or
+        settle it ``rejected`` when the budgets have no room for it."""
+        link.delivery.move(DeliveryInput.HELD)
+        link.delivery.held = True
+        link.credit.dropped()
+        self._drop_delivery(session, fields)
+        delivery_id = None if _flag(fields, T.SETTLED, TRANSFER) else _uint(
+            fields, T.DELIVERY_ID, TRANSFER)
+        why = self.held.refusal(len(part))
+        if why is not None:
+            self.ctx.counters.rejects += 1
+            self.outbox.append(ev.Refused(self.lifecycle.at(link), frozenset((key,)),
+                                          f"over capacity and {why}", ev.Answer.REJECTED, 0))
+            if delivery_id is not None:
+                self.lifecycle.settle(session, delivery_id, delivery_id, rejected_outcome(
+                    f"floodwall: queue '{key[1]}' is over capacity and {why}"))
+            return
+        self.held.hold(session, link, key, delivery_id,
+                       link.delivery.message_to if link.anonymous else (link.address or ""),
+                       _uint(fields, T.MESSAGE_FORMAT, TRANSFER) or 0, part, now)
 
     def _renumbered(self, shift: int, fields: list[object], payload: bytes, start: int,
                     end: int, channel: int) -> bytes | None:
@@ -530,9 +628,10 @@ class CreditFlow:
             self.lifecycle.at(link), capture.key[1], why,
             "rejected; the link's credit is withheld until the queue drains"))
         if capture.delivery_id is not None:
-            self.lifecycle.settle(session, capture.delivery_id, capture.delivery_id, _rejected(
-                f"floodwall: the message cannot be spooled for queue '{capture.key[1]}' "
-                f"({why})"))
+            self.lifecycle.settle(
+                session, capture.delivery_id, capture.delivery_id, rejected_outcome(
+                    f"floodwall: the message cannot be spooled for queue '{capture.key[1]}' "
+                    f"({why})"))
 
     def _spool(self, session: SessionGate, link: SenderLink) -> None:
         """The last frame of a delivery to spool is in: write the record."""
@@ -553,7 +652,7 @@ class CreditFlow:
                 self.lifecycle.at(link), key[1], str(exc),
                 "rejected; the link's credit is withheld until the queue drains"))
             if delivery_id is not None:
-                self.lifecycle.settle(session, delivery_id, delivery_id, _rejected(
+                self.lifecycle.settle(session, delivery_id, delivery_id, rejected_outcome(
                     f"floodwall: the spool of queue '{key[1]}' refused the message ({exc})"))
             return
         self.ctx.counters.spooled_records += 1
@@ -595,6 +694,12 @@ class CreditFlow:
         if _flag(fields, T.SETTLED, TRANSFER) or delivery_id is None:
             return
         self.lifecycle.settle(session, delivery_id, delivery_id,
-                     _rejected(f"floodwall: queue '{names}' is over capacity"))
+                     rejected_outcome(f"floodwall: queue '{names}' is over capacity"))
 
 
+
+
+def _transactional(fields: list[object]) -> bool:
+    """Whether a transfer's state is a transactional state."""
+    state = fields[T.STATE] if len(fields) > T.STATE else None
+    return isinstance(state, Described) and state.descriptor == TRANSACTIONAL_STATE

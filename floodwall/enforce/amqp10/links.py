@@ -172,6 +172,7 @@ class Delivery:
     message_to: str = ""  # an anonymous link's message: its ``to``
     id_shift: int = 0  # client - broker delivery-id
     tracked_id: int | None = None  # its broker id while counted in flight (``track``)
+    held: bool = False  # the gate holds it for its queue (``enforce.amqp10.held``)
 
     def move(self, event: DeliveryInput) -> None:
         """Take ``event`` (``enforce.states.DELIVERY_PHASES``); one its phase does not take
@@ -263,6 +264,9 @@ class SenderLink:
     window_generation: int = -1
     window_bytes: int = WINDOW_BYTES  # its window in bytes, as last worked out (``_window``)
     not_spooled_reported: bool = False
+    # Bytes of its messages the gate holds for their queues, or sends for it, until the
+    # broker settles them (``enforce.amqp10.held``): at a window, its credit is withheld.
+    held_bytes: int = 0
     shadow: ShadowHold = field(default_factory=ShadowHold)  # its would-be hold (shadow mode)
     # Every message says where it goes: fixed by the attach (read on every transfer).
     per_message: bool = field(init=False)
@@ -424,7 +428,7 @@ def _padded(fields: list[object], size: int) -> list[object]:
 _ACCEPTED: Final = Described(ULong(ACCEPTED), [])
 
 
-def _rejected(description: str) -> Described:
+def rejected_outcome(description: str) -> Described:
     """The ``rejected`` outcome the proxy settles with: amqp:resource-limit-exceeded."""
     return Described(ULong(REJECTED), [performative(
         ERROR, condition=Symbol(RESOURCE_LIMIT_EXCEEDED), description=description)])

@@ -1,10 +1,12 @@
 """The 1.0 credit gate's sessions and links: their lifecycle as both peers begin, attach, detach
-and end them; what a link's spool capture holds; the frames the proxy makes for a link
-(grants, settlements, detaches)."""
+and end them; what a link's spool capture holds, and its messages held for their queues
+(``HeldMessages``, owned here: a link that goes loses them); the frames the proxy makes for a
+link (grants, settlements, detaches)."""
 
 from __future__ import annotations
 
 from floodwall.enforce import events as ev
+from floodwall.enforce.amqp10.held import HeldMessages
 from floodwall.enforce.amqp10.inflight import InFlightDeliveries
 from floodwall.enforce.amqp10.links import (
     ANSWERS_AWAITED,
@@ -19,6 +21,7 @@ from floodwall.enforce.amqp10.links import (
     _renumber_disposition,
     grant_flow_body,
 )
+from floodwall.enforce.amqp10.outcomes import BrokerOutcomes
 from floodwall.enforce.shared import GateContext
 from floodwall.enforce.states import DeliveryInput, LinkInput
 from floodwall.wire.amqp10.addresses import (
@@ -61,13 +64,14 @@ class Sessions:
 
     def __init__(self, ctx: GateContext, sessions: dict[int, SessionGate],
                  by_server_channel: dict[int, SessionGate], withheld: dict[int, SenderLink],
-                 in_flight: InFlightDeliveries) -> None:
+                 in_flight: InFlightDeliveries, outcomes: BrokerOutcomes) -> None:
         self.ctx = ctx
         self.sessions = sessions
         self.by_server_channel = by_server_channel
         self.withheld = withheld
         self.in_flight = in_flight
         self.captured_bytes = 0  # bytes of its links' spool captures (counted as held)
+        self.held = HeldMessages(ctx, self, outcomes)  # messages held for their queues
 
     def close(self) -> None:
         """The connection is gone: none of its links is blocked any more, nothing of it is
@@ -78,6 +82,7 @@ class Sessions:
             for link in session.links.values():
                 if isinstance(link, SenderLink):
                     self.uncapture(link)
+        self.held.close()
         self.sessions.clear()
         self.by_server_channel.clear()
 
@@ -213,6 +218,7 @@ class Sessions:
     def _link_gone(self, link: Link) -> None:
         if isinstance(link, SenderLink):
             self.uncapture(link)
+            self.held.link_gone(link)
         if isinstance(link, SenderLink) and link.blocked:
             link.move(LinkInput.RELEASED)
             self.withheld.pop(link.ref, None)

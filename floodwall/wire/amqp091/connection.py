@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
 from pamqp import commands
 
+from floodwall.wire import relaycore
 from floodwall.wire.amqp091.errors import (
     AccessRefused,
+    FrameError,
     MethodSyntaxError,
     NotAllowed,
     ProtocolError,
@@ -48,8 +50,8 @@ from floodwall.wire.relaycore import (
     CoreOutput,
     Failure,
     FrameCounts,
+    GateOutputHooks,
     Side,
-    take_all,
 )
 
 INTERNAL_ERROR: Final = 541
@@ -142,8 +144,8 @@ Table = tuple[dict[int, Handler], frozenset[int]]  # one direction's handlers, a
 class _Inbound:
     """One direction of the relay: its counters, held partial frame and output queue."""
 
-    __slots__ = ("counts", "handlers", "need", "out", "parts", "parts_len", "side", "stop_at",
-                 "tail")
+    __slots__ = ("counts", "deferred", "end_due", "handlers", "need", "opaque", "opened_at",
+                 "out", "parts", "parts_len", "side", "stop_at", "tail")
 
     def __init__(self, side: Side, counts: FrameCounts, out: list[Buffer]) -> None:
         self.side = side
@@ -156,6 +158,14 @@ class _Inbound:
         self.need = 0  # the whole frame's length
         self.handlers: dict[int, Handler] = {}
         self.stop_at: frozenset[int] = frozenset()
+        # An opaque run (``FrameRelay.opaque_min``): the body frame whose head has left and
+        # whose body bytes pass untouched; ``opaque`` of them still to come, then its
+        # frame-end octet (``end_due`` until it has passed, checked). Frames the gate makes
+        # for this direction meanwhile wait in ``deferred``: they go after the frame.
+        self.opaque = 0
+        self.end_due = False
+        self.opened_at = 0  # the run's frame's stream offset (error messages)
+        self.deferred: list[Buffer] = []
 
     def read(self, table: Table) -> None:
         """Set what reads each method this direction stops at, and the set of them: both
@@ -210,6 +220,10 @@ class FrameRelay:
         self.channels: dict[int, ChannelState] = {}
 
         self._frame_limit = FRAME_MIN_SIZE  # what scan() enforces; never below FRAME_MIN_SIZE
+        # A body frame of which at least this many body bytes are still to come when a read
+        # ends inside it passes as an opaque run (0: never): the I/O layer may move them
+        # itself (``skip_from_client``), or feed them as any bytes.
+        self.opaque_min = 0
         # Frames for each peer, events for the I/O layer; the gate's ForgetChannel, carried out.
         self.output = CoreOutput(_forget_channel, self.channels)
         self._now = 0.0  # the time the current receive call was given
@@ -244,25 +258,12 @@ class FrameRelay:
             self._now = now
             self._receive(self._server_in, data)
 
-    def data_for_server(self) -> bytes:
-        """Everything queued for the broker (b"" if nothing), and forget it."""
-        return _drain(self.output.to_server)
-
-    def data_for_client(self) -> bytes:
-        """Everything queued for the client (b"" if nothing), and forget it."""
-        return _drain(self.output.to_client)
-
-    def chunks_for_server(self) -> list[Any]:
-        """``data_for_server`` as the pieces it would join, for a vectored write."""
-        return take_all(self.output.to_server)
-
-    def chunks_for_client(self) -> list[Any]:
-        """``data_for_client`` as the pieces it would join, for a vectored write."""
-        return take_all(self.output.to_client)
-
-    def events(self) -> Sequence[object]:
-        """What the core and its gate made besides frames, in order (and forget it)."""
-        return self.output.take_events()
+    # The queued output, read out of ``self.output``.
+    data_for_server = relaycore.data_for_server
+    data_for_client = relaycore.data_for_client
+    chunks_for_server = relaycore.chunks_for_server
+    chunks_for_client = relaycore.chunks_for_client
+    events = relaycore.events
 
     # --- state for the rest of the proxy ----------------------------------------------
 
@@ -270,6 +271,25 @@ class FrameRelay:
     def open_channels(self) -> set[int]:
         """Channels opened by the client whose close handshake has not completed."""
         return set(self.channels)
+
+    @property
+    def opaque_from_client(self) -> int:
+        """How many of the client's next bytes are the body of a frame whose head has left
+        for the broker: they pass untouched, whoever moves them (0: none now)."""
+        return self._client_in.opaque
+
+    @property
+    def opaque_from_server(self) -> int:
+        """As ``opaque_from_client``, for the broker's next bytes."""
+        return self._server_in.opaque
+
+    def skip_from_client(self, n: int) -> None:
+        """The I/O layer moved ``n`` bytes of the client's opaque run to the broker itself."""
+        _skip(self._client_in, n)
+
+    def skip_from_server(self, n: int) -> None:
+        """The I/O layer moved ``n`` bytes of the broker's opaque run to the client itself."""
+        _skip(self._server_in, n)
 
     @property
     def pending_from_client(self) -> int:
@@ -287,7 +307,11 @@ class FrameRelay:
         if type(data) is not bytes:  # we keep views of it: it must not change under us
             data = bytes(data)
         pos = 0
-        if inbound.parts:
+        if inbound.end_due:
+            pos = self._pass_opaque(inbound, data)
+            if pos < 0:
+                return
+        elif inbound.parts:
             pos = self._finish_parts(inbound, data)
             if pos < 0:
                 return
@@ -310,6 +334,8 @@ class FrameRelay:
         """Hold the incomplete frame at ``data[stop:]``, its header already checked: a large
         content body frame as views of the reads (``_finish_parts``), anything else copied."""
         if len(data) - stop >= HEADER_SIZE:
+            if self.opaque_min and self._open_run(inbound, data, stop):
+                return
             ftype, _, size = frame_at(data, stop)
             if ftype == FRAME_BODY and size >= VIEWED_BODY_MIN:
                 inbound.parts = [memoryview(data)[stop:]]
@@ -343,6 +369,59 @@ class FrameRelay:
         inbound.counts.frames += 1
         return missing
 
+    def _open_run(self, inbound: _Inbound, data: bytes, stop: int) -> bool:
+        """The incomplete frame at ``data[stop:]`` (its header checked) leaves now with an
+        opaque run for the rest of its body, if it is a body frame with at least
+        ``opaque_min`` body bytes to come that nobody must read: from the broker, or on a
+        channel the gate does not read frame by frame. False: held as before."""
+        left = self._run_left(inbound, data, stop)
+        if not left:
+            return False
+        inbound.opened_at = inbound.counts.bytes
+        inbound.counts.frames += 1
+        _emit(inbound, data, stop, len(data))
+        inbound.opaque = left
+        inbound.end_due = True
+        return True
+
+    def _run_left(self, inbound: _Inbound, buf: Buffer, stop: int) -> int:
+        """The opaque run the incomplete frame at ``buf[stop:]`` would have, or 0."""
+        ftype, channel, size = frame_at(buf, stop)
+        left = size + HEADER_SIZE - (len(buf) - stop)
+        if ftype != FRAME_BODY or left < self.opaque_min:
+            return 0
+        gate = self.gate if inbound is self._client_in else None
+        if gate is not None and channel in gate.slow_channels:
+            return 0
+        return left
+
+    def _pass_opaque(self, inbound: _Inbound, data: bytes) -> int:
+        """Pass what ``data`` holds of the opaque run, then check its frame-end octet;
+        returns where the frames after it start, or -1 (all used, or failed)."""
+        n = min(inbound.opaque, len(data))
+        _emit(inbound, data, 0, n)
+        inbound.opaque -= n
+        if n == len(data):
+            return -1
+        if data[n] != FRAME_END:
+            self._fail(inbound.side, FrameError(
+                f"frame end octet 0x{data[n]:02x} at offset {inbound.counts.bytes}, expected "
+                f"0x{FRAME_END:02x} (body frame at offset {inbound.opened_at})", n))
+            return -1
+        _emit(inbound, data, n, n + 1)
+        inbound.end_due = False
+        if inbound.deferred:
+            inbound.out.extend(inbound.deferred)
+            inbound.deferred.clear()
+        return n + 1
+
+    def _take(self, gate: GateOutputHooks) -> None:
+        """``self.output.take``; while a direction is inside an opaque run's frame, the
+        gate's frames for it wait (``_Inbound.deferred``) until that frame has passed."""
+        client_in, server_in = self._client_in, self._server_in
+        self.output.take(gate, client_in.deferred if client_in.end_due else None,
+                         server_in.deferred if server_in.end_due else None)
+
     def _finish_tail(self, inbound: _Inbound, data: bytes) -> int:
         """Complete the held frame from ``data`` and relay it.
 
@@ -359,7 +438,11 @@ class FrameRelay:
         missing = frame_at(tail, 0)[2] + FRAME_OVERHEAD - len(tail)
         if len(data) - used < missing:
             tail += memoryview(data)[used:]
-            self._relay(inbound, tail, 0)  # header checks now: no holding an oversize frame
+            # header checks now: no holding an oversize frame
+            if self._relay(inbound, tail, 0) == 0 and self.opaque_min \
+                    and self._run_left(inbound, tail, 0):
+                inbound.tail = bytearray()
+                self._open_run(inbound, bytes(tail), 0)
             return -1
         tail += memoryview(data)[used : used + missing]
         inbound.tail = bytearray()
@@ -450,7 +533,7 @@ class FrameRelay:
                                                                       end):
                 took = end
         if gate.outbox:
-            self.output.take(gate)
+            self._take(gate)
         if took is None:
             if self._passed:  # a run of publishes passes in place with it (runs)
                 end, self._passed = self._passed, 0
@@ -466,21 +549,24 @@ class FrameRelay:
         for inbound in (self._client_in, self._server_in):
             inbound.tail = bytearray()
             inbound.parts, inbound.parts_len = [], 0
+        # Inside an opaque run's frame a close does not fit: that peer gets the socket's
+        # close alone.
+        to_client = not self._server_in.end_due
         if side is Side.CLIENT:
-            self.output.to_client.append(
+            if to_client:
+                self.output.to_client.append(
+                    close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id))
+            return
+        if not self._client_in.end_due:
+            self.output.to_server.append(
                 close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
             )
-            return
-        self.output.to_server.append(
-            close_frame(err.reply_code, err.reply_text, err.class_id, err.method_id)
-        )
-        self.output.to_client.append(
-            close_frame(
+        if to_client:
+            self.output.to_client.append(close_frame(
                 INTERNAL_ERROR,
                 f"INTERNAL_ERROR - upstream broker sent a malformed frame: "
                 f"{err.condition} - {err.reason}",
-            )
-        )
+            ))
 
     # --- methods the core reads -------------------------------------------------------
     # Connection-class methods count only on channel 0 and channel-class ones only off
@@ -672,7 +758,7 @@ class Connection(FrameRelay):
             raise MethodSyntaxError(f"cannot decode basic.publish on channel {channel}: {exc}",
                                     offset, 60, 40) from None
         if gate.outbox:
-            self.output.take(gate)
+            self._take(gate)
             if took is None:
                 return None  # (it made output: no run after it)
         # Passed or held with its content header: a run of whole publishes may follow (runs).
@@ -761,7 +847,7 @@ class Connection(FrameRelay):
         end = offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         replaced = gate.on_broker_confirm(channel, buf, offset, end, nack)
         if gate.outbox:
-            self.output.take(gate)
+            self._take(gate)
         return end if replaced else None
 
     def _on_broker_channel_close_ok(self, channel: int, buf: Buffer, offset: int, base: int
@@ -770,7 +856,7 @@ class Connection(FrameRelay):
         assert gate is not None
         absorbed = gate.on_broker_close_ok(channel)
         if gate.outbox:
-            self.output.take(gate)
+            self._take(gate)
         if absorbed:
             return offset + frame_at(buf, offset)[2] + FRAME_OVERHEAD
         self._on_channel_close_ok(channel, buf, offset, base)
@@ -796,7 +882,7 @@ class Connection(FrameRelay):
         """Take what the gate made outside a receive call (held frames released, expiries,
         spool acknowledgements) into the outgoing data and events."""
         if self.gate is not None and self.gate.outbox:
-            self.output.take(self.gate)
+            self._take(self.gate)
 
     @property
     def pending_bytes(self) -> int:
@@ -812,8 +898,10 @@ class Connection(FrameRelay):
             inbound.parts, inbound.parts_len = [], 0
         self.output.clear()
         text = f"INTERNAL_ERROR - {reason}"
-        self.output.to_client.append(close_frame(INTERNAL_ERROR, text))
-        if self.closing is None:
+        # (not inside an opaque run's frame: the peer gets the socket's close alone)
+        if not self._server_in.end_due:
+            self.output.to_client.append(close_frame(INTERNAL_ERROR, text))
+        if self.closing is None and not self._client_in.end_due:
             self.output.to_server.append(close_frame(INTERNAL_ERROR, text))
 
 
@@ -851,13 +939,9 @@ def _emit(inbound: _Inbound, buf: Buffer, start: int, stop: int, at: int | None 
             inbound.out.insert(at, chunk)
 
 
-def _drain(out: list[Buffer]) -> bytes:
-    if not out:
-        return b""
-    if len(out) == 1:
-        chunk = out[0]
-        out.clear()
-        return chunk if type(chunk) is bytes else bytes(chunk)
-    data = b"".join(out)
-    out.clear()
-    return data
+def _skip(inbound: _Inbound, n: int) -> None:
+    """``n`` bytes of ``inbound``'s opaque run were moved without the core."""
+    if not 0 <= n <= inbound.opaque:
+        raise ValueError(f"{n} bytes skipped, the opaque run has {inbound.opaque} left")
+    inbound.opaque -= n
+    inbound.counts.bytes += n

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from enum import Enum
-from typing import Any, Final
+from typing import Final
 
+from floodwall.wire import relaycore
 from floodwall.wire.amqp10.addresses import vhost_of
 from floodwall.wire.amqp10.endpoints import Peer
 from floodwall.wire.amqp10.errors import DecodeError, FramingError, ProtocolError, SaslRefused
@@ -70,7 +70,6 @@ from floodwall.wire.relaycore import (
     Failure,
     FrameCounts,
     Side,
-    take_all,
 )
 
 RUN_MOST: Final = 1 << 31
@@ -242,20 +241,25 @@ class Connection:
             self._now = now
             self._receive(self._server, data)
 
-    def data_for_server(self) -> bytes:
-        return _drain(self.output.to_server)
+    # The queued output, read out of ``self.output``.
+    data_for_server = relaycore.data_for_server
+    data_for_client = relaycore.data_for_client
+    chunks_for_server = relaycore.chunks_for_server
+    chunks_for_client = relaycore.chunks_for_client
+    events = relaycore.events
 
-    def data_for_client(self) -> bytes:
-        return _drain(self.output.to_client)
+    # No opaque runs (yet): a transfer's payload is read as the rest of its frame.
+    opaque_from_client: Final = 0
+    opaque_from_server: Final = 0
 
-    def chunks_for_server(self) -> list[Any]:
-        return take_all(self.output.to_server)
+    def skip_from_client(self, n: int) -> None:
+        """There is no opaque run to skip."""
+        if n:
+            raise ValueError(f"{n} bytes skipped, the opaque run has 0 left")
 
-    def chunks_for_client(self) -> list[Any]:
-        return take_all(self.output.to_client)
-
-    def events(self) -> Sequence[object]:
-        return self.output.take_events()
+    def skip_from_server(self, n: int) -> None:
+        """There is no opaque run to skip."""
+        self.skip_from_client(n)
 
     @property
     def pending_bytes(self) -> int:
@@ -690,11 +694,3 @@ def _replace(stream: _Stream, buf: bytes, start: int, end: int, replacement: byt
         stream.queue.append(replacement)
     stream.counts.bytes += end - start
     stream.mark = end
-
-
-def _drain(queue: list[bytes]) -> bytes:
-    if not queue:
-        return b""
-    data = queue[0] if len(queue) == 1 else b"".join(queue)
-    queue.clear()
-    return data
