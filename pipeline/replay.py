@@ -54,6 +54,7 @@ from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
 from floodwall.control.fleet import demand_of, fleet_shares, max_min_shares
 from floodwall.control.fleet_rate import feed, room_and_target
 from floodwall.control.policy import Mode, Overflow, Policy, should_trip
+from floodwall.control.schedule import RATE_WINDOW
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
 from floodwall.enforce.ports import SpoolPort
@@ -63,6 +64,8 @@ SUBSTEPS = 10
 #: A bucket this many steps after the one before stands for them all (missed samples);
 #: further apart, the time between is a telemetry gap.
 MAX_SPAN = 2
+#: A cold queue's count interval (``--depth-interval``'s default).
+DEPTH_INTERVAL = 0.2
 #: The figures of an outcome, each with the meaning of ``summary.json``'s per-queue entry.
 FIGURES = ("trips", "tripped_seconds", "depth_max", "peak_overshoot", "held_byte_seconds",
            "spooled_bytes_max", "rejects", "deadline_expiries", "admitted_bytes")
@@ -114,6 +117,8 @@ class Bucket:
     spooled_bytes: int = 0
     # Each sidecar's offered bytes in the bucket, (sidecar, bytes) sorted by name.
     members: tuple[tuple[str, int], ...] = ()
+    # The sidecars' drain estimate (bytes/s, ``drain_bytes_per_second``; None: not known).
+    drain_estimate: float | None = None
 
 
 @dataclass(slots=True)
@@ -168,6 +173,8 @@ class Timeline:
     # Per bucket, each sidecar's part of its offered load (a fleet: more than one sidecar).
     parts: tuple[tuple[tuple[str, float], ...], ...] = ()
     drain_rate: float = 0.0  # bytes/s: the consumers' take over backlogged buckets
+    # bytes/s: the sidecars' drain estimate while their queue was held (None: never held)
+    held_estimate: float | None = None
 
 
 def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Timeline:
@@ -216,10 +223,12 @@ def timeline(vhost: str, queue: str, step: float, buckets: list[Bucket]) -> Time
     held = sum(o for o, b in zip(offered, ordered, strict=True) if b.tripped)
     gaps = (ordered[-1].index - ordered[0].index + 1 - span) if ordered else 0
     sidecars = tuple(sorted({name for b in ordered for name, _ in b.members}))
+    estimates = [b.drain_estimate for b in ordered if b.tripped and b.drain_estimate is not None]
     return Timeline(vhost, queue, step, tuple(ordered), tuple(offered), tuple(drain),
                     tuple(spans), body, any(b.spooled_bytes > 0 for b in ordered), gaps * step,
                     held / total if total else 0.0, sidecars,
-                    tuple(_parts(b) if len(sidecars) > 1 else () for b in ordered), rate / step)
+                    tuple(_parts(b) if len(sidecars) > 1 else () for b in ordered), rate / step,
+                    sum(estimates) / len(estimates) if estimates else None)
 
 
 def _parts(b: Bucket) -> tuple[tuple[str, float], ...]:
@@ -447,6 +456,8 @@ class _Replay:
         self.admitted = 0.0
         self.fleet = _Fleet(t.sidecars) if len(t.sidecars) > 1 else None
         self.parts: tuple[tuple[str, float], ...] = ()  # a fleet's, of the bucket playing
+        self.drain_estimate: float | None = None  # the recorded one, of the bucket playing
+        self.ingress = 0.0  # bytes/s offered over the RATE_WINDOW to the bucket's end
         self.load = _BucketLoad()
         self.wait: float | None = None  # the deadline of the newest step's policy
 
@@ -505,12 +516,13 @@ class _Replay:
         self._decide(policy)
         return 0.0, 0.0
 
-    def _reserve(self, policy: Policy) -> tuple[float, float]:
+    def _reserve(self, policy: Policy, drain_rate: float) -> tuple[float, float]:
         """(room, ``R0``) in bytes: what the queue has below its nearest limit, and the room
-        a fleet keeps there (``floodwall.control.fleet_rate.room_and_target``)."""
+        a fleet keeps there (``floodwall.control.fleet_rate.room_and_target``) for a drain
+        estimate of ``drain_rate`` bytes/s."""
         body = self.t.body
         counted = Depth(round(self.depth), math.ceil(self.depth / body))
-        room = room_and_target(policy, counted, body, self.t.drain_rate / body)
+        room = room_and_target(policy, counted, body, drain_rate / body)
         return (math.inf, 0.0) if room is None else (room[0] * body, room[1] * body)
 
     def _first_over_share(self, policy: Policy, room: float) -> float:
@@ -518,21 +530,40 @@ class _Replay:
         its share of ``room`` beyond the fleet's room target: each member's
         ``ShareRule.share`` of it (``fleet.fleet_shares`` on the demands the members
         announce), as ``fleet_rate.trip_share`` trips a member at a count. The shares of
-        one room are computed once for all members."""
+        one room are computed once for all members. ``R0`` is of the drain the proxy
+        estimates then: a queue its ingress (over ``schedule.RATE_WINDOW``) takes to its
+        capacity within a slow count (``floodwall.control.schedule``: hot) is counted back
+        to back (``_hot_estimate``); a cold one is counted every ``DEPTH_INTERVAL`` and its
+        estimate lags (after an idle spell it is near 0, so ``R0`` is too): the estimate
+        the sidecars recorded then."""
         assert self.fleet is not None
-        beyond = room - self._reserve(policy)[1]
+        estimate = self.drain_estimate
+        hot = policy.capacity > 0 \
+            and self.depth + self.ingress * DEPTH_INTERVAL >= policy.capacity
+        beyond = room - self._reserve(
+            policy, self._hot_estimate() if hot or estimate is None else estimate)[1]
         if beyond <= 0:
             return 0.0
         shares = fleet_shares(beyond, self.fleet.demands())
         return min((max(0.0, shares.get(name, 0.0)) / f for name, f in self.parts if f > 0),
                    default=math.inf)
 
+    def _hot_estimate(self) -> float:
+        """The drain (bytes/s) the proxy estimates for a queue it counts back to back:
+        what the sidecars estimated while their queue was held, which is what their feed
+        and ``R0`` ran on (a fleet member's estimate errs high by what it takes the
+        others to forward, and the queue is held higher than the consumers' take would
+        hold it); the consumers' take where the record never held the queue."""
+        held = self.t.held_estimate
+        return held if held is not None else self.t.drain_rate
+
     def _fleet_feed(self, policy: Policy, h: float) -> float:
         """A fleet: the bytes its members' rate buckets admit over ``h`` seconds, all shares
         together (``floodwall.control.fleet_rate``: the drain, corrected towards the room
-        target)."""
-        room, reserve = self._reserve(policy)
-        return feed(self.t.drain_rate, room, reserve) * h if math.isfinite(room) else math.inf
+        target), on the drain a held queue's counts estimate (``_hot_estimate``)."""
+        d = self._hot_estimate()
+        room, reserve = self._reserve(policy, d)
+        return feed(d, room, reserve) * h if math.isfinite(room) else math.inf
 
     def _tripped_step(self, policy: Policy, now: float, h: float, o: float, d: float,
                       spool: _Spool | None, queues: dict[Any, _Policed]) -> None:
@@ -662,8 +693,13 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
         # The depth before the first bucket: its recorded depth at its end less what came
         # in and went out during it, so the first bucket's replay ends where the record does.
         r.depth = max(0.0, (t.buckets[0].depth_bytes or 0) - t.offered[0] + t.drain[0])
+    recent: deque[tuple[float, float]] = deque()  # (bucket end, bytes offered)
     for b, o, d, n, parts in zip(t.buckets, t.offered, t.drain, t.spans, t.parts,
                                  strict=True):
+        end = (b.index + 1) * t.step
+        recent.append((end, o))
+        while recent[0][0] <= end - RATE_WINDOW:
+            recent.popleft()
         p = policy if policy is not None else (b.policy.policy() if b.policy else None)
         start = (b.index - n + 1) * t.step
         calm = (p is None or (not r.tripped and not r.held
@@ -672,9 +708,11 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
         steps = n if calm else SUBSTEPS * n
         h = t.step * n / steps
         r.parts = parts
+        r.drain_estimate = b.drain_estimate
+        r.ingress = sum(x for _, x in recent) / RATE_WINDOW
         for i in range(steps):
             r.step(p, start + i * h, h, o / steps, d / steps)
-        r.end_bucket(parts, (b.index + 1) * t.step, t.step * n)
+        r.end_bucket(parts, end, t.step * n)
         r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))
     return r.finish()
 
@@ -690,7 +728,7 @@ def _far_below(p: Policy, depth: float, body: float) -> bool:
 #: The columns of a bucket row (pipeline/whatif.py, ``series``), in ``Bucket``'s terms.
 ROW_FIELDS = ("vhost", "queue", "b", "offered", "offered_m", "fb", "fm", "held_end",
               "depth", "depth_msgs", "rejects", "expiries", "tripped", "sidecars", "pol",
-              "spool_end", "member_names", "member_offered")
+              "spool_end", "member_names", "member_offered", "drain_est")
 
 
 def keyed(row: Any) -> tuple[tuple[str, str], Any]:
@@ -708,7 +746,8 @@ def bucket_of(row: Any) -> Bucket:
                   row["fm"] or 0, row["held_end"] or 0, row["depth"], row["depth_msgs"],
                   row["rejects"] or 0, row["expiries"] or 0, bool(row["tripped"]),
                   row["sidecars"] or 0, recorded, row["spool_end"] or 0,
-                  tuple(zip(row["member_names"] or (), row["member_offered"] or (), strict=True)))
+                  tuple(zip(row["member_names"] or (), row["member_offered"] or (), strict=True)),
+                  row["drain_est"])
 
 
 def replay_group(item: tuple[tuple[str, str], Any], step: float,

@@ -76,7 +76,8 @@ def read_candidates(paths: Sequence[str]) -> list[Candidate]:
 def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
     """One row per (vhost, queue, bucket of ``step`` seconds), the fleet's sidecars summed
     (``replay.ROW_FIELDS``): offered = forwarded plus the growth of held publishes, per
-    sidecar then summed; the newest depth and policy (ts, then the sidecar's id); rejects
+    sidecar then summed; the newest depth and policy (ts, then the sidecar's id); the
+    sidecars' drain estimates (each one's newest, averaged); rejects
     and deadline expiries (their events); and each sidecar's own offered bytes
     (``member_names``, ``member_offered``, by name: a fleet's breakdown)."""
     step_ms = max(1, round(step * 1000))
@@ -91,6 +92,7 @@ def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
                max_by(spooled_bytes, {newest}) AS spool_end,
                max({newest}).ts_ms AS last_ms,
                max_by(depth, {newest}) AS depth, max_by(depth_msgs, {newest}) AS depth_msgs,
+               max_by(drain_bps, {newest}) AS drain_est,
                max(CASE WHEN tripped THEN 1 ELSE 0 END) AS tripped,
                max_by(struct(policy, capacity, resume, max_messages, resume_messages,
                              overflow, deadline, mode), {newest}) AS pol
@@ -111,6 +113,7 @@ def series(samples: DataFrame, events: DataFrame, step: float) -> DataFrame:
                sum(offered) AS offered, sum(offered_m) AS offered_m,
                sum(fb) AS fb, sum(fm) AS fm, sum(held_end) AS held_end,
                max_by(depth, {newest_q}) AS depth, max_by(depth_msgs, {newest_q}) AS depth_msgs,
+               avg(drain_est) AS drain_est,
                max(tripped) AS tripped, count(1) AS sidecars,
                max_by(pol, {newest_q}) AS pol, sum(spool_end) AS spool_end,
                array_sort(collect_list(struct(sidecar, offered))) AS members
@@ -208,7 +211,10 @@ def caveats(replays: Sequence[Mapping[str, Any]], sidecars: Sequence[Mapping[str
         out.append(f"{', '.join(fleets)}: policed by a fleet. The fleet trips when its first "
                    "member passes its share of the room (the fleet's rule) and is fed at the "
                    "fleet's rate; each sidecar is admitted its share of what the queue "
-                   "admitted, settled per bucket, but the members trip and release together.")
+                   "admitted, settled per bucket, but the members trip and release together. "
+                   "A member counting a cold queue (200 ms apart) may trip well below the "
+                   "limit by when its counts fall, which the telemetry cannot tell: a burst "
+                   "that comes near the fleet's trip point may trip it or not.")
     seen = len(sidecars)
     most = max((int(q.get("fleet_members_max") or 0) for q in queues), default=0)
     if most > seen:

@@ -173,3 +173,34 @@ def test_a_member_past_its_share_trips_its_fleet_before_the_queue_is_full() -> N
     # the burst trips it again at the next counts)
     assert fleet["trips"] >= 1 and fleet["tripped_seconds"] > 0, fleet
     assert fleet["depth_max"] < one["depth_max"], fleet
+
+
+def _ramp(estimate: float | None, seconds: int = 30) -> list[Bucket]:
+    """Two sidecars offering 40 and 10 KiB/s to consumers taking 40: the depth grows
+    10 KiB/s; the sidecars recorded a drain estimate of ``estimate`` bytes/s all along."""
+    out, depth = [], 0
+    for i in range(seconds + 20):
+        a, b = (40, 10) if i < seconds else (0, 0)
+        depth = max(0, depth + a + b - 40)
+        out.append(Bucket(i, (a + b) * KIB, a + b, (a + b) * KIB, a + b, 0, depth * KIB,
+                          depth, 0, 0, False, 2, None, 0, (("a", a * KIB), ("b", b * KIB)),
+                          estimate))
+    return out
+
+
+def test_a_cold_fleet_trips_on_the_drain_it_estimated_then() -> None:
+    """R0 (0.3 s of the drain: 12 KiB at 40 KiB/s) is of the drain the proxy estimated at
+    the trip. A queue its 50 KiB/s ingress takes to the capacity within one slow count
+    (200 ms: 10 KiB) is counted back to back, its estimate the consumers' take; before
+    that it is counted every 200 ms and its estimate is what the sidecars recorded. With
+    the recorded estimate at the consumers' take the fleet trips R0 below the capacity,
+    while still cold; with one near 0 (after an idle spell) R0 is 0 while cold, and it
+    trips only where it turns hot, 10 KiB below."""
+    policy = Policy(name="p", queue="q", capacity=64 * KIB, resume=32 * KIB, deadline=600)
+    took = replay(timeline("/", "q", 1.0, _ramp(40 * KIB)), policy).figures()
+    idle = replay(timeline("/", "q", 1.0, _ramp(0.0)), policy).figures()
+    unknown = replay(timeline("/", "q", 1.0, _ramp(None)), policy).figures()
+    assert took["trips"] == idle["trips"] == 1
+    assert took["depth_max"] <= policy.capacity - 12 * KIB < idle["depth_max"], (took, idle)
+    assert policy.capacity - 10 * KIB <= idle["depth_max"] < policy.capacity, idle
+    assert unknown == took  # no estimate recorded: the consumers' take

@@ -2,8 +2,8 @@
 policy A and under policy B; the telemetry of each run predicts the other's.
 
 The load: bursts of seeded sizes from a producer three times faster than the consumer, which
-takes a fixed rate straight from the broker; each burst overfills a small capacity, only the
-largest overfill the larger one, so A and B trip a different number of times. Targets
+takes a fixed rate straight from the broker; the small bursts overfill neither capacity, the
+middle ones the smaller, the largest both, so A and B trip a different number of times. Targets
 (docs/pipeline.md, "What if"): predicted trips within 1 of measured, time tripped within 15 %
 (or 1.5 s), depth max within 15 %. Each error is printed (docs/performance.md, "What if",
 has the last run's).
@@ -11,7 +11,11 @@ has the last run's).
 A fleet: the same load split over two sidecars of one fleet (two messages of every three
 through the first, the third through the second), each with its own producer; the fleet's
 telemetry (both sidecars' files) predicts the other run's, to the same targets, and each
-sidecar's admitted bytes while tripped are in the prediction.
+sidecar's admitted bytes while tripped are in the prediction. A fleet member whose counts are
+200 ms apart (the queue cold) trips when it forwarded its share of the room since its last
+count, so a burst can trip the fleet well below its limit by the phase of those counts
+(41 KiB under A's 64 KiB seen here), which no telemetry of another run can know: the small
+bursts peak far below that (27 KiB).
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ BODY = 1024
 PRODUCE, CONSUME = 120, 40  # messages (KiB) per second
 SEED = 40
 #: Burst sizes in messages, in a seeded order: the peaks are about 2/3 of each (the
-#: consumer takes a third meanwhile), 40, 67 and 93 KiB.
-BURSTS = (60, 100, 140, 60, 140, 100)
+#: consumer takes a third meanwhile), 27, 67 and 93 KiB.
+BURSTS = (40, 100, 140, 40, 140, 100)
 GAP = 2.5  # seconds between bursts (the consumer empties the queue)
 POLICY_A = ("64KiB", "32KiB")
 POLICY_B = ("80KiB", "56KiB")
@@ -218,9 +222,10 @@ def test_each_run_predicts_the_other(broker: BrokerEndpoint,
             assert len(entry["predicted"]["sidecars"]) == sidecars, entry["predicted"]
         results[name] = (by_run[name], entry)
     measured = {n: results[n][0] for n in runs}
-    # Policy A trips at every burst, B only at the largest: the test tells them apart. A
-    # fleet trips about R0 below the limit (fleet_rate's room target), B at every burst too,
-    # but for half as long as A.
+    # One sidecar: A trips at the middle and largest bursts, B only at the largest: the test
+    # tells them apart. A fleet trips below its limit (by R0, fleet_rate's room target, and
+    # its members' shares of the room), so B trips at the middle bursts too, but for about
+    # half as long as A.
     if sidecars == 1:
         assert measured["a"]["trips"] > measured["b"]["trips"] >= 1, measured
     else:
