@@ -49,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from floodwall.control.admission import held_room
+from floodwall.control.admission import HOT_INTERVAL, held_room
 from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
 from floodwall.control.fleet import demand_of, fleet_shares, max_min_shares
 from floodwall.control.fleet_rate import feed, room_and_target
@@ -502,7 +502,7 @@ class _Replay:
             limit = max(0.0, room)
             over_share = False
             if self.fleet is not None and self.parts:
-                first = self._first_over_share(policy, room)
+                first = self._first_over_share(policy, room, o / h)
                 if first < limit:
                     limit, over_share = first, True
             passed = min(o, limit + self.t.body)
@@ -516,6 +516,21 @@ class _Replay:
         self._decide(policy)
         return 0.0, 0.0
 
+    def calm(self, policy: Policy | None, o: float, seconds: float) -> bool:
+        """Whether a bucket offering ``o`` bytes over ``seconds`` can play in one step:
+        nothing held or spooled, not tripped, its whole load under every limit and, in a
+        fleet, no member past its share of the room with it (a fleet trips below its
+        limits)."""
+        if policy is None:
+            return True
+        if self.tripped or self.held or (self.spool is not None and self.spool.bytes > 0) \
+                or not _far_below(policy, self.depth + o, self.t.body):
+            return False
+        if self.fleet is None or not self.parts or policy.capacity <= 0 or o <= 0:
+            return True
+        room = policy.capacity - self.depth - o / seconds * MIN_MARGIN
+        return self._first_over_share(policy, room, o / seconds) >= o
+
     def _reserve(self, policy: Policy, drain_rate: float) -> tuple[float, float]:
         """(room, ``R0``) in bytes: what the queue has below its nearest limit, and the room
         a fleet keeps there (``floodwall.control.fleet_rate.room_and_target``) for a drain
@@ -525,12 +540,17 @@ class _Replay:
         room = room_and_target(policy, counted, body, drain_rate / body)
         return (math.inf, 0.0) if room is None else (room[0] * body, room[1] * body)
 
-    def _first_over_share(self, policy: Policy, room: float) -> float:
-        """A fleet: the bytes of the step's load forwarded when the first member passes
-        its share of ``room`` beyond the fleet's room target: each member's
-        ``ShareRule.share`` of it (``fleet.fleet_shares`` on the demands the members
-        announce), as ``fleet_rate.trip_share`` trips a member at a count. The shares of
-        one room are computed once for all members. ``R0`` is of the drain the proxy
+    def _first_over_share(self, policy: Policy, room: float, rate: float) -> float:
+        """A fleet: the bytes of the step's load (offered at ``rate`` bytes/s) forwarded
+        when the first member passes its share of ``room`` beyond the fleet's room target:
+        each member's ``ShareRule.share`` of it (``fleet.fleet_shares`` on the demands the
+        members announce), as ``fleet_rate.trip_share`` trips a member at a count. The
+        shares of one room are computed once for all members. A member of a hot queue has
+        also forwarded, on top of the step's load, its part of the load since the count it
+        runs on (``HOT_INTERVAL`` old at most) and within its in-flight margin
+        (``MIN_MARGIN``); a cold member's counts are ``DEPTH_INTERVAL`` apart, and what it
+        forwarded since the last depends on when they fell, which the telemetry cannot
+        tell: the step's load alone (it may trip lower). ``R0`` is of the drain the proxy
         estimates then: a queue its ingress (over ``schedule.RATE_WINDOW``) takes to its
         capacity within a slow count (``floodwall.control.schedule``: hot) is counted back
         to back (``_hot_estimate``); a cold one is counted every ``DEPTH_INTERVAL`` and its
@@ -544,9 +564,10 @@ class _Replay:
             policy, self._hot_estimate() if hot or estimate is None else estimate)[1]
         if beyond <= 0:
             return 0.0
+        since = HOT_INTERVAL + MIN_MARGIN if hot else 0.0
         shares = fleet_shares(beyond, self.fleet.demands())
-        return min((max(0.0, shares.get(name, 0.0)) / f for name, f in self.parts if f > 0),
-                   default=math.inf)
+        return min((max(0.0, shares.get(name, 0.0) - f * rate * since) / f
+                    for name, f in self.parts if f > 0), default=math.inf)
 
     def _hot_estimate(self) -> float:
         """The drain (bytes/s) the proxy estimates for a queue it counts back to back:
@@ -702,14 +723,11 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
             recent.popleft()
         p = policy if policy is not None else (b.policy.policy() if b.policy else None)
         start = (b.index - n + 1) * t.step
-        calm = (p is None or (not r.tripped and not r.held
-                              and (r.spool is None or r.spool.bytes <= 0)
-                              and _far_below(p, r.depth + o, t.body)))
-        steps = n if calm else SUBSTEPS * n
-        h = t.step * n / steps
         r.parts = parts
         r.drain_estimate = b.drain_estimate
         r.ingress = sum(x for _, x in recent) / RATE_WINDOW
+        steps = n if r.calm(p, o, t.step * n) else SUBSTEPS * n
+        h = t.step * n / steps
         for i in range(steps):
             r.step(p, start + i * h, h, o / steps, d / steps)
         r.end_bucket(parts, end, t.step * n)

@@ -204,3 +204,32 @@ def test_a_cold_fleet_trips_on_the_drain_it_estimated_then() -> None:
     assert took["depth_max"] <= policy.capacity - 12 * KIB < idle["depth_max"], (took, idle)
     assert policy.capacity - 10 * KIB <= idle["depth_max"] < policy.capacity, idle
     assert unknown == took  # no estimate recorded: the consumers' take
+
+
+def _burst(split: int) -> list[Bucket]:
+    """Two sidecars, 30 KiB in one second (24 and 6) into a queue at 30 KiB whose consumers
+    then take 10 KiB/s, in buckets of 1/``split`` s (load and depth spread evenly)."""
+    seconds = [(0, 0, 30)] * 3 + [(24, 6, 60)] + [(0, 0, max(0, 60 - 10 * k))
+                                                    for k in range(1, 10)]
+    out, prev = [], 30
+    for a, b, d in seconds:
+        for k in range(split):
+            depth = round((prev + (d - prev) * (k + 1) / split) * KIB)
+            pa, pb = round(a * KIB / split), round(b * KIB / split)
+            out.append(Bucket(len(out), pa + pb, 0, pa + pb, 0, 0, depth, 0, 0, 0, False, 2,
+                              None, 0, (("a", pa), ("b", pb))))
+        prev = d
+    return out
+
+
+def test_a_fleet_trips_inside_a_bucket_that_stays_below_its_limits() -> None:
+    """The burst takes the queue to 60 KiB, under its 64 KiB capacity, but the first
+    sidecar passes its share of the room beyond R0 part way through the second: the fleet
+    trips there, whatever the bucket size (a bucket under its limits played in one step
+    would trip at its start and count the whole second as tripped)."""
+    policy = Policy(name="p", queue="q", capacity=64 * KIB, resume=32 * KIB, deadline=600)
+    coarse = replay(timeline("/", "q", 1.0, _burst(1)), policy).figures()
+    fine = replay(timeline("/", "q", 0.25, _burst(4)), policy).figures()
+    assert coarse["trips"] == fine["trips"] == 1
+    assert coarse["depth_max"] < policy.capacity
+    assert coarse["tripped_seconds"] == pytest.approx(fine["tripped_seconds"], abs=0.1)
