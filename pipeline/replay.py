@@ -54,7 +54,7 @@ from floodwall.control.depth import MIN_MARGIN, Depth, RoomShare
 from floodwall.control.fleet import demand_of, fleet_shares, max_min_shares
 from floodwall.control.fleet_rate import feed, room_and_target
 from floodwall.control.policy import Mode, Overflow, Policy, should_trip
-from floodwall.control.schedule import RATE_WINDOW
+from floodwall.control.schedule import DEPTH_INTERVAL, RATE_WINDOW
 from floodwall.enforce.decision import Verdict, deadline_of
 from floodwall.enforce.decision import decide as verdict_of
 from floodwall.enforce.ports import SpoolPort
@@ -64,8 +64,6 @@ SUBSTEPS = 10
 #: A bucket this many steps after the one before stands for them all (missed samples);
 #: further apart, the time between is a telemetry gap.
 MAX_SPAN = 2
-#: A cold queue's count interval (``--depth-interval``'s default).
-DEPTH_INTERVAL = 0.2
 #: The figures of an outcome, each with the meaning of ``summary.json``'s per-queue entry.
 FIGURES = ("trips", "tripped_seconds", "depth_max", "peak_overshoot", "held_byte_seconds",
            "spooled_bytes_max", "rejects", "deadline_expiries", "admitted_bytes")

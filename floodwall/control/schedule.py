@@ -28,6 +28,8 @@ from floodwall.control.policy import Policy
 
 #: Seconds over which the ingress (and, while held, admitted) rate is measured.
 RATE_WINDOW = 1.0
+#: How often a cold queue is counted (``slow``; ``--depth-interval``'s default).
+DEPTH_INTERVAL = 0.2
 #: A held queue whose counts have not moved for this long, nothing forwarded to it (its
 #: consumers stopped), is counted every ``STILL_INTERVAL`` instead of every hot interval.
 STILL_AFTER = 0.2

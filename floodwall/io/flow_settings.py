@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from floodwall.control.admission import HOT_INTERVAL
+from floodwall.control.schedule import DEPTH_INTERVAL
 from floodwall.io.tls import ManagementTlsContext, UpstreamTlsContext
 from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import AmqpCredentials, ManagementCredentials, ProxySettings
@@ -20,8 +22,8 @@ class FlowSettings:
     management_credentials: ManagementCredentials
     upstreams: Upstreams  # the broker's nodes, for the own connections
     amqp_credentials: AmqpCredentials
-    depth_interval: float = 0.2
-    hot_interval: float = 0.005  # a hot queue's counts: at most one per this (schedule.py)
+    depth_interval: float = DEPTH_INTERVAL
+    hot_interval: float = HOT_INTERVAL  # a hot queue's counts: at most one per this (schedule.py)
     management_interval: float = 5.0
     alarm_interval: float = 2.0
     topology_interval: float = 30.0

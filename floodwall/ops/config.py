@@ -10,7 +10,9 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from floodwall.control.admission import HOT_INTERVAL
 from floodwall.control.memory import DEFAULT_MEMORY_BUDGET
+from floodwall.control.schedule import DEPTH_INTERVAL
 from floodwall.spool.manager import DEFAULT_MAX_MESSAGE, DEFAULT_MIN_FREE, DEFAULT_TOTAL_MAX
 
 
@@ -397,8 +399,8 @@ class ProxySettings:
     event_loop: str = "auto"  # auto | uvloop | asyncio
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # SIGTERM: longest wait for connections
     # Flow control (used when ``policies`` is set).
-    depth_interval: float = 0.2  # passive queue.declare of each policed queue
-    hot_interval: float = 0.005  # ... of a hot one (held, or about to fill): at most this often
+    depth_interval: float = DEPTH_INTERVAL  # passive queue.declare of each policed queue
+    hot_interval: float = HOT_INTERVAL  # ... of a hot one: at most one count per this
     management_interval: float = 5.0  # management API sample of each policed queue
     hold_budget: int = DEFAULT_HOLD_BUDGET  # bytes held per connection (the relay's)
     splice_threshold: int = DEFAULT_SPLICE_THRESHOLD  # 0: bodies are always copied
