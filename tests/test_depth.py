@@ -342,3 +342,30 @@ def test_ready_messages_without_ready_bytes_are_not_a_mean_of_zero() -> None:
     q.sampled_ready_count(3.0, 800, 0.001)
     est = q.estimate()
     assert est is not None and est.bytes >= 800 * 1024
+
+
+def test_prometheus_bytes_behind_their_counts_are_not_believed_below_the_ledgers_mean() -> None:
+    """A Prometheus page's counts and bytes are two metric families a queue writes apart;
+    while a cluster member hangs, a RabbitMQ 3.10 quorum queue writes its counts and not its
+    bytes (52 KiB throughout while its ready messages went 51, 148, 0). Such a figure's bytes
+    count no lower than its messages times the ledger's mean, and the passive declare's count
+    takes that mean, not 52 KiB / 148; the management API's own figures are believed as
+    they are."""
+    from floodwall.control.depth import DepthSource
+
+    def sample(at: float, ready: int, ready_bytes: int, source: DepthSource
+               ) -> ManagementSample:
+        return ManagementSample(at, ready, 0, ready_bytes, ready_bytes, 0, source=source)
+
+    q = QueueDepth()
+    for i in range(400):
+        q.forwarded(1.0 + i * 0.01, 1024)
+    q.sampled_management(sample(10.0, 148, 52_224, DepthSource.PROMETHEUS))
+    assert q.average_body_bytes() == 1024
+    assert q.estimate() == Depth(148 * 1024, 148)
+    q.sampled_ready_count(11.0, 232, rtt=0.001)
+    assert q.estimate() == Depth(232 * 1024, 232)
+    q.sampled_management(sample(12.0, 51, 52_224, DepthSource.PROMETHEUS))  # true bytes
+    assert q.estimate() == Depth(52_224, 51)
+    q.sampled_management(sample(13.0, 148, 52_224, DepthSource.MANAGEMENT))
+    assert q.estimate() == Depth(52_224, 148)

@@ -136,10 +136,13 @@ class ManagementSample:
 def ready_depth(m: ManagementSample, body_bytes: int) -> Depth:
     """The ready part of a management sample (what a capacity counts: ``Depth``); its
     bytes are the ready messages times ``body_bytes`` when the sample has no ready bytes
-    for them (no byte figures, or a fresh queue's byte statistics not collected yet)."""
+    for them (no byte figures, or a fresh queue's byte statistics not collected yet), and
+    at least that in a Prometheus sample (``QueueDepth.average_body_bytes``)."""
     known = m.bytes_known and (m.message_bytes_ready > 0 or m.messages_ready == 0)
-    return Depth(m.message_bytes_ready if known else m.messages_ready * body_bytes,
-                 m.messages_ready)
+    ready_bytes = m.message_bytes_ready if known else m.messages_ready * body_bytes
+    if m.source is DepthSource.PROMETHEUS:
+        ready_bytes = max(ready_bytes, m.messages_ready * body_bytes)
+    return Depth(ready_bytes, m.messages_ready)
 
 
 @dataclass
@@ -427,13 +430,19 @@ class QueueDepth:
         counts and byte statistics are collected apart: a fresh queue can show the one
         before the other; see ``sample_from_queue_doc``) are not a mean of 0: a mean of 0
         made every count read as an empty queue in bytes, and a fleet member released on
-        it (docs/performance.md, "Fleet")."""
+        it (docs/performance.md, "Fleet"). A Prometheus sample's mean is believed no lower
+        than the ledger's: its counts and its bytes are two metric families written apart,
+        and a quorum queue's bytes family stops while a cluster node hangs (RabbitMQ 3.10:
+        its statistics tick waits on the hung member after writing the counts), which is
+        when the management API stalls and these samples are the depth's figures
+        (docs/operations.md, "A hung node")."""
         m = self.management
+        ledger = (-(-self.forwarded_bytes_total // self.forwarded_messages_total)
+                  if self.forwarded_messages_total else 0)
         if m is not None and m.messages_ready > 0 and m.bytes_known and m.message_bytes_ready:
-            return -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
-        if self.forwarded_messages_total:
-            return -(-self.forwarded_bytes_total // self.forwarded_messages_total)
-        return 0
+            mean = -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
+            return max(mean, ledger) if m.source is DepthSource.PROMETHEUS else mean
+        return ledger
 
     # -- reconciliation ------------------------------------------------------------------
     def _rebase(self) -> None:
