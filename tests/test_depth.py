@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from floodwall.control.depth import IN_FLIGHT_MARGIN, Depth, ManagementSample, QueueDepth
+from floodwall.control.depth import (
+    IN_FLIGHT_MARGIN,
+    Depth,
+    DepthSource,
+    ManagementSample,
+    QueueDepth,
+)
 
 
 def _mgmt(at: float, ready: int, unacked: int = 0, body: int = 100) -> ManagementSample:
@@ -351,7 +357,6 @@ def test_prometheus_bytes_behind_their_counts_are_not_believed_below_the_ledgers
     count no lower than its messages times the ledger's mean, and the passive declare's count
     takes that mean, not 52 KiB / 148; the management API's own figures are believed as
     they are."""
-    from floodwall.control.depth import DepthSource
 
     def sample(at: float, ready: int, ready_bytes: int, source: DepthSource
                ) -> ManagementSample:

@@ -435,14 +435,20 @@ class QueueDepth:
         and a quorum queue's bytes family stops while a cluster node hangs (RabbitMQ 3.10:
         its statistics tick waits on the hung member after writing the counts), which is
         when the management API stalls and these samples are the depth's figures
-        (docs/operations.md, "A hung node")."""
+        (docs/operations.md, "Depth sources: the management API not answering")."""
         m = self.management
-        ledger = (-(-self.forwarded_bytes_total // self.forwarded_messages_total)
-                  if self.forwarded_messages_total else 0)
         if m is not None and m.messages_ready > 0 and m.bytes_known and m.message_bytes_ready:
             mean = -(-m.message_bytes_ready // m.messages_ready)  # ceiling: err high
-            return max(mean, ledger) if m.source is DepthSource.PROMETHEUS else mean
-        return ledger
+            if m.source is not DepthSource.PROMETHEUS:
+                return mean
+            return max(mean, self._ledger_mean())
+        return self._ledger_mean()
+
+    def _ledger_mean(self) -> int:
+        """Mean body size of what the proxy forwarded (ceiling); 0 before any."""
+        if not self.forwarded_messages_total:
+            return 0
+        return -(-self.forwarded_bytes_total // self.forwarded_messages_total)
 
     # -- reconciliation ------------------------------------------------------------------
     def _rebase(self) -> None:
