@@ -179,9 +179,10 @@ demo: deps
 
 test: deps lint
 	# pytest's exit code 5 (no tests collected) is a failure like any other non-zero code;
-	# -rs: every skipped test's reason is printed in the summary, not only counted;
+	# -rfEs: every failure's and error's first line, every skipped test's reason, in the
+	# summary at the end (what a CI log keeps when it keeps only the tail);
 	# --durations: the 30 slowest steps, where the suite's time goes.
-	$(PY) -m pytest -q -rs --durations=30 -p no:cacheprovider; rc=$$?; \
+	$(PY) -m pytest -q -rfEs --durations=30 -p no:cacheprovider; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; exit $$rc
 
 # --- parts ---------------------------------------------------------------------------

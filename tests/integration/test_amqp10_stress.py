@@ -133,8 +133,14 @@ class ProtonStress(_Proton):
         self._pump(self._spec(event.sender.name))
 
     def on_link_flow(self, event: Any) -> None:
-        name = event.link.name
-        if name in self.starved_since and event.link.credit > 0:
+        self._credit_seen(event.link)
+
+    def _credit_seen(self, link: Any) -> None:
+        """A starved link has credit again: when it first shows, in the flow's event or in a
+        pump that came first (a timer's pump can spend the flow's credit before proton
+        dispatches the flow's own event, which then sees none)."""
+        name = link.name
+        if name in self.starved_since and link.credit > 0:
             self.credit_back.append((name, self.starved_since.pop(name), time.time()))
 
     def _spec(self, name: str) -> dict[str, Any]:
@@ -149,6 +155,7 @@ class ProtonStress(_Proton):
             if link.credit <= 0:
                 self.starved_since.setdefault(name, time.time())
                 return
+            self._credit_seen(link)
             seq = self.sent[name]
             msg = Message(body=body(name, seq, spec["size"]))
             if spec["subjects"]:
@@ -365,9 +372,9 @@ def test_fast_senders_through_many_trips(broker: BrokerEndpoint, start_floodwall
     fewest = least_trips(sum(size[name] for name, _ in want["cap"]))
     assert trips >= fewest and len(released) >= fewest, (trips, len(released), fewest)
     assert waits, "no proton link ever waited for a release"
-    # The proxy sends the flow in the release's own call; what the client adds on a loaded
-    # 2-core machine (its GIL, three Python threads) reached 0.68 s once: the typical stall
-    # is held to one probe, the worst to a few.
+    # The proxy sends the flow in the release's own call; the client sees it tens of ms
+    # later on a quiet machine, what it adds on a loaded 2-core one (its GIL, three Python
+    # threads) is more: the typical stall is held to one probe, the worst to a few.
     all_waits = sorted(waits + rhea_waits)
     assert all_waits[len(all_waits) // 2] <= DEPTH_INTERVAL, all_waits
     assert all_waits[-1] <= 5 * DEPTH_INTERVAL, all_waits[-5:]
