@@ -416,12 +416,12 @@ class SpoolReplayer:
     _connecting: dict[tuple[str, str], asyncio.Lock]
     _replayers: dict[QueueKey, asyncio.Task[None]]
     _durable: asyncio.Event
-    _stopping: bool
+    _stopping: asyncio.Event  # stop(): replayers end, their waits cut short
     _spooling: set[QueueKey]
 
     def hold_reason(self, key: QueueKey) -> str | None:
         """Why ``key`` must not be replayed into now; None: go."""
-        if self._stopping:
+        if self._stopping.is_set():
             return "stopping"
         if not self._warm:
             if self._ready is None or not self._ready():
@@ -528,14 +528,20 @@ class SpoolReplayer:
 
     # -- replay ------------------------------------------------------------------------
     async def _replay_supervisor(self) -> None:
-        while not self._stopping:
+        while not self._stopping.is_set():
             for key in list(self.manager.backlogged()):
                 if key not in self._replayers:
                     task = asyncio.get_running_loop().create_task(
                         self._replay_queue(key), name=f"spool-replay-{key[1]}")
                     self._replayers[key] = task
                     task.add_done_callback(functools.partial(self._replayer_done, key))
-            await asyncio.sleep(self.settings.check_interval)
+            await self._pause(self.settings.check_interval)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` between replay attempts, or until ``stop()``: a replayer backing
+        off from a missing queue does not hold the proxy's shutdown for its backoff."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     def _replayer_done(self, key: QueueKey, task: asyncio.Task[None]) -> None:
         if self._replayers.get(key) is task:
@@ -551,7 +557,7 @@ class SpoolReplayer:
         backoff = s.retry_min
         announced: str | None = None
         try:
-            while not self._stopping:
+            while not self._stopping.is_set():
                 spool = self.manager.spools.get(key)
                 if spool is None or spool.empty:
                     self._spooling.discard(key)
@@ -561,7 +567,7 @@ class SpoolReplayer:
                 why = self.hold_reason(key)
                 if why is not None:
                     replay.state = f"waiting: {why}"
-                    await asyncio.sleep(s.check_interval)
+                    await self._pause(s.check_interval)
                     continue
                 try:
                     client = await self._client(vhost)
@@ -573,7 +579,7 @@ class SpoolReplayer:
                         announced = reason
                         event(log, "spool_replay_upstream_failed", logging.WARNING,
                               vhost=vhost, queue=queue, reason=reason, retry_in=backoff)
-                    await asyncio.sleep(backoff)
+                    await self._pause(backoff)
                     backoff = min(backoff * 2, s.retry_max)
                     continue
                 announced = None
@@ -589,7 +595,7 @@ class SpoolReplayer:
                               queue=queue, records=spool.pending_records,
                               action="kept on disk; re-create the queue, or "
                                      "`floodwall spool purge` them")
-                    await asyncio.sleep(backoff)
+                    await self._pause(backoff)
                     backoff = min(backoff * 2, s.retry_max)
                 else:
                     backoff = s.retry_min
@@ -681,7 +687,7 @@ class SpoolService(SpoolReplayer):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake_commit: asyncio.Event | None = None
         self._durable = asyncio.Event()
-        self._stopping = False
+        self._stopping = asyncio.Event()
         self._started = False
         self._sync_error_logged: dict[QueueKey, str] = {}
         self._spooling: set[QueueKey] = set()  # queues whose spool filled since it was empty
@@ -748,7 +754,7 @@ class SpoolService(SpoolReplayer):
     async def stop(self) -> tuple[int, int]:
         """Stop replaying (what is in flight is awaited briefly), make every record
         durable, close; logs and returns the (records, bytes) left on disk."""
-        self._stopping = True
+        self._stopping.set()
         self.manager.accepting = False
         replayers = list(self._replayers.values())
         if replayers:

@@ -32,12 +32,12 @@ def readyz(proc: Any) -> tuple[int, dict[str, Any]]:
 
 
 @pytest.mark.timeout(120)
-def test_readyz_follows_a_frozen_broker(alive: LocalBroker, start_floodwall: Any) -> None:
-    ep = alive.endpoint
+def test_readyz_follows_a_frozen_broker(spare: LocalBroker, start_floodwall: Any) -> None:
+    ep = spare.endpoint
     proc = start_floodwall(upstream=f"{ep.host}:{ep.amqp_port}")
     assert readyz(proc)[0] == 200
     time.sleep(0.5)  # the freeze may come at any point of the probe's interval
-    alive.freeze()
+    spare.freeze()
     frozen_at = time.monotonic()
     try:
         _, doc = wait_for(lambda: (s := readyz(proc))[0] == 503 and s, UNREADY_WITHIN,
@@ -47,7 +47,7 @@ def test_readyz_follows_a_frozen_broker(alive: LocalBroker, start_floodwall: Any
         time.sleep(3)  # stays unready while it is frozen
         assert readyz(proc)[0] == 503
     finally:
-        alive.thaw()
+        spare.thaw()
     thawed_at = time.monotonic()
     wait_for(lambda: readyz(proc)[0] == 200, READY_WITHIN, interval=0.05,
              what="/readyz 200 after the thaw")
@@ -64,13 +64,13 @@ def test_readyz_follows_a_frozen_broker(alive: LocalBroker, start_floodwall: Any
 
 @pytest.mark.timeout(120)
 def test_a_publish_in_flight_to_a_frozen_broker_ends_by_the_clients_heartbeat(
-        alive: LocalBroker, start_floodwall: Any) -> None:
+        spare: LocalBroker, start_floodwall: Any) -> None:
     """A publish the broker has not answered stays unanswered through floodwall: the proxy
     neither confirms it nor times it out (the broker may still take it when it wakes, so a
     timeout would turn a delay into a duplicate), and it does not hide the hang either: the
     broker's heartbeats stop reaching the client, whose own heartbeat check ends the
     connection as it would without the proxy (pika: the negotiated timeout + 5 s)."""
-    ep = alive.endpoint
+    ep = spare.endpoint
     proc = start_floodwall(upstream=f"{ep.host}:{ep.amqp_port}")
     conn = pika.BlockingConnection(pika.ConnectionParameters(
         "127.0.0.1", proc.port, heartbeat=2, connection_attempts=1, socket_timeout=10,
@@ -79,14 +79,14 @@ def test_a_publish_in_flight_to_a_frozen_broker_ends_by_the_clients_heartbeat(
     queue = ch.queue_declare("", exclusive=True).method.queue
     ch.confirm_delivery()
     ch.basic_publish("", queue, b"before")  # confirmed
-    alive.freeze()
+    spare.freeze()
     frozen_at = time.monotonic()
     try:
         with pytest.raises(pika.exceptions.AMQPError):
             ch.basic_publish("", queue, b"during")  # waits for a confirm that cannot come
         ended_after = time.monotonic() - frozen_at
     finally:
-        alive.thaw()
+        spare.thaw()
     # pika checks every timeout + 5 s: the connection ends within two checks of the freeze
     assert ended_after <= 2 * (2 + 5) + 2, ended_after
     assert not conn.is_open

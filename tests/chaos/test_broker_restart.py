@@ -144,8 +144,8 @@ def await_fresh_depth(flow: FlowProxy, ep: BrokerEndpoint, queue: str) -> None:
 
 @pytest.mark.timeout(300)
 def test_restart_while_the_spool_replays_stays_within_capacity(
-        alive: LocalBroker, start_floodwall: Any, tmp_path: Path) -> None:
-    ep = alive.endpoint
+        spare: LocalBroker, start_floodwall: Any, tmp_path: Path) -> None:
+    ep = spare.endpoint
     q = unique("restart-spool")
     with pika.BlockingConnection(direct_params(ep)) as conn:
         ch = conn.channel()
@@ -162,8 +162,8 @@ def test_restart_while_the_spool_replays_stays_within_capacity(
             ch.basic_publish("", q, body(i), PERSISTENT)
     assert (flow.proc.state()["spool"]["bytes"]) > 0  # type: ignore[index]
 
-    alive.kill()
-    alive.start()
+    spare.kill()
+    spare.start()
     restarted_at = time.monotonic()
     await_fresh_depth(flow, ep, q)
     print(f"depth known again {time.monotonic() - restarted_at:.1f}s after the restart")
@@ -238,13 +238,13 @@ class HeldProducers:
 
 @pytest.mark.timeout(300)
 def test_kill_while_publishes_are_held_and_a_link_is_withheld(
-        alive: LocalBroker, start_floodwall: Any, tmp_path: Path) -> None:
+        spare: LocalBroker, start_floodwall: Any, tmp_path: Path) -> None:
     """kill -9 with a 0-9-1 publish held and a 1.0 link without credit: both clients' broker
     connections die with the broker, so they are told (their connection fails) and nothing
     they were confirmed is lost; /readyz is 503 while the broker is down and 200 within
     ``RECOVERY_WITHIN`` of its restart; the queue's depth is unknown until a fresh ready
     count, which finds it still over capacity, so nothing is released into it."""
-    ep = alive.endpoint
+    ep = spare.endpoint
     q = unique("restart-held")
     policies = policy_file(
         tmp_path / "p.yaml",
@@ -271,13 +271,13 @@ def test_kill_while_publishes_are_held_and_a_link_is_withheld(
              what="the 0-9-1 channel held and the 1.0 link withheld")
     before = ready_count(ep, q)
 
-    alive.kill()
+    spare.kill()
     killed_at = time.monotonic()
     wait_for(lambda: http_status(flow.proc.admin_url + "/readyz")[0] == 503, 10,
              what="/readyz 503 with the broker dead")
     producers.join(30)
     assert len(producers.errors) == 2, producers.errors  # both told: their connection failed
-    alive.start()
+    spare.start()
     restarted_at = time.monotonic()
     wait_for(lambda: http_status(flow.proc.admin_url + "/readyz")[0] == 200, RECOVERY_WITHIN,
              what="/readyz 200 after the restart")

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -32,11 +29,8 @@ from pamqp.heartbeat import Heartbeat
 
 from floodwall.dev.devbroker import (
     BrokerEndpoint,
-    BrokerError,
-    BrokerRelease,
     LocalBroker,
     free_port,
-    server_script,
 )
 from tests.conftest import wait_for
 from tests.integration.support import (
@@ -441,23 +435,7 @@ def test_relay_goes_on_when_the_management_api_fails(
 
 
 # -- 10. a broker alarm, end to end ----------------------------------------------------------
-@pytest.fixture(scope="module")
-def alarm_node(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
-    """A node of our own: its memory alarm must not block the shared broker's publishers."""
-    try:
-        server_script()
-    except BrokerError as exc:
-        pytest.skip(f"needs Debian's rabbitmq-server: {exc}")
-    workdir = Path(tempfile.mkdtemp(prefix="floodwall-it-alarm-"))
-    node = LocalBroker(workdir, release=broker_release)
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
+# On the spare broker: an alarm must not block the session broker's other publishers.
 #: rabbitmqctl arguments that raise and clear each resource alarm (the node keeps working:
 #: a memory watermark nothing stays under, a free-disk limit no disk has).
 ALARMS = {
@@ -470,9 +448,9 @@ ALARMS = {
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("alarm", ["memory", "disk"])
 def test_broker_alarm_holds_publishes_at_the_proxy_and_consumers_go_on(
-        alarm_node: LocalBroker, start_floodwall: Any, tmp_path: Path, alarm: str) -> None:
+        spare: LocalBroker, start_floodwall: Any, tmp_path: Path, alarm: str) -> None:
     raise_alarm, clear_alarm = ALARMS[alarm]
-    ep = alarm_node.endpoint
+    ep = spare.endpoint
     q, source = unique("alarm"), unique("alarm-src")
     declare_direct(ep, q, source)
     fill_direct(ep, source, 300)
@@ -494,7 +472,7 @@ def test_broker_alarm_holds_publishes_at_the_proxy_and_consumers_go_on(
             consumed.append(seq_of(body))
             ch.basic_ack(method.delivery_tag)
 
-        alarm_node.ctl(*raise_alarm)
+        spare.ctl(*raise_alarm)
         try:
             deadline = time.monotonic() + 30
             while flow.metric("floodwall_broker_alarm") != 1:
@@ -513,7 +491,7 @@ def test_broker_alarm_holds_publishes_at_the_proxy_and_consumers_go_on(
             assert record is not None and record.get("state") != "blocked", record
             assert ready_count(ep, q) == 0
         finally:
-            alarm_node.ctl(*clear_alarm)
+            spare.ctl(*clear_alarm)
         deadline = time.monotonic() + 30
         while flow.held()["messages"]:
             assert time.monotonic() < deadline, "held publishes not released"
@@ -529,7 +507,7 @@ def test_broker_alarm_holds_publishes_at_the_proxy_and_consumers_go_on(
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("alarm", ["memory", "disk"])
 def test_broker_alarm_holds_amqp10_sends_at_the_proxy_and_receivers_go_on(
-        alarm_node: LocalBroker, start_floodwall: Any, tmp_path: Path, alarm: str) -> None:
+        spare: LocalBroker, start_floodwall: Any, tmp_path: Path, alarm: str) -> None:
     """The same for AMQP 1.0: a sender through floodwall during the alarm has nothing of its
     reach the broker (floodwall holds the link, on 4.x before the broker's own closed session
     window would), while a receiver through floodwall on the same broker goes on; once the
@@ -538,7 +516,7 @@ def test_broker_alarm_holds_amqp10_sends_at_the_proxy_and_receivers_go_on(
     from proton.utils import BlockingConnection
 
     raise_alarm, clear_alarm = ALARMS[alarm]
-    ep = alarm_node.endpoint
+    ep = spare.endpoint
     q, source = unique("alarm10"), unique("alarm10-src")
     declare_direct(ep, q, source)
     fill_direct(ep, source, 50)
@@ -566,7 +544,7 @@ def test_broker_alarm_holds_amqp10_sends_at_the_proxy_and_receivers_go_on(
         except BaseException as exc:
             failure.append(exc)
 
-    alarm_node.ctl(*raise_alarm)
+    spare.ctl(*raise_alarm)
     sender = threading.Thread(target=send, daemon=True)
     try:
         wait_for(lambda: flow.metric("floodwall_broker_alarm") == 1, 30,
@@ -582,7 +560,7 @@ def test_broker_alarm_holds_amqp10_sends_at_the_proxy_and_receivers_go_on(
         assert len(got) == 50
         assert ready_count(ep, q) == 0 and not sent, "a send reached the broker in the alarm"
     finally:
-        alarm_node.ctl(*clear_alarm)
+        spare.ctl(*clear_alarm)
     sender.join(90)
     assert not failure, failure
     assert sent == list(range(10))

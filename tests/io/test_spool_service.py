@@ -457,6 +457,29 @@ policies:
     run(body)
 
 
+def test_stop_does_not_wait_out_a_replayers_backoff(tmp_path: Path) -> None:
+    """A replayer backing off (here from an upstream that refuses it; as well from a queue
+    that is gone) ends at once on ``stop()``: the proxy's shutdown does not wait out its
+    backoff, up to ``retry_max``."""
+    key = ("/", "q")
+    fill(tmp_path, key, [record(i, "", "q") for i in range(3)])
+    backoff = SpoolServiceSettings(tmp_path, Upstreams([("127.0.0.1", 1)]), AmqpCredentials(),
+                                   SpoolLimits(min_free_bytes=0), check_interval=0.01,
+                                   retry_min=30.0, retry_max=30.0)
+    svc = SpoolService(backoff, board_for(FlowController(Topology())), ready=lambda: True)
+
+    async def body() -> None:
+        await svc.start()
+        await eventually(lambda: key in svc.replays and "upstream" in svc.replays[key].state,
+                         5, "a backoff")
+        t0 = time.monotonic()
+        left = await svc.stop()
+        assert time.monotonic() - t0 < 2.0
+        assert left[0] == 3
+
+    run(body)
+
+
 def test_start_recovers_and_logs_torn_tails_and_takes_the_lock(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     key = ("vh", "q/with slash")
