@@ -172,18 +172,27 @@ deps: $(RABBIT) $(HAPROXY) $(VENV)/.installed clients-deps $(STAMPS)/promtool \
 	$(RABBITMQ4_SERVER) $(ENGINE_DEPS) $(HELM)
 
 # --- the two commands ----------------------------------------------------------------
+# TEST_WORKERS: processes for the standalone tests (default: one per core).
+TEST_WORKERS ?= $(shell nproc)
 # BROKER=4.0: the demo on RabbitMQ 4.0 (the root above) instead of the host's 3.10.
 BROKER ?= 3.10
 demo: deps
 	$(PY) -m floodwall.dev.demo --broker $(BROKER)
 
 test: deps lint
-	# pytest's exit code 5 (no tests collected) is a failure like any other non-zero code;
-	# -rfEs: every failure's and error's first line, every skipped test's reason, in the
-	# summary at the end (what a CI log keeps when it keeps only the tail);
-	# --durations: the 30 slowest steps, where the suite's time goes.
-	$(PY) -m pytest -q -rfEs --durations=30 -p no:cacheprovider; rc=$$?; \
-	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; exit $$rc
+	# Two parts, both run, each must pass: the standalone tests (no broker, image or Spark:
+	# CPU-bound, spread over the cores by pytest-xdist), then the tests with services, one
+	# at a time. pytest's exit code 5 (no tests collected) is a failure like any other;
+	# -rfEs: every failure's and error's first line, every skipped test's reason, in each
+	# part's summary (what a CI log keeps when it keeps only the tail);
+	# --durations: the slowest steps, where the suite's time goes.
+	$(PY) -m pytest -q -rfEs --durations=10 -p no:cacheprovider --part standalone \
+	    -n $(TEST_WORKERS); one=$$?; \
+	$(PY) -m pytest -q -rfEs --durations=30 -p no:cacheprovider --part services; two=$$?; \
+	  for rc in $$one $$two; do \
+	    if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; done; \
+	  echo "make test: the standalone part exited $$one, the services part $$two"; \
+	  if [ $$one -ne 0 ]; then exit $$one; fi; exit $$two
 
 # --- parts ---------------------------------------------------------------------------
 unit: $(VENV)/.installed

@@ -34,10 +34,40 @@ RELEASES_ENV = "FLOODWALL_TEST_BROKERS"
 RELEASES = RELEASE_NAMES
 
 
+#: Where the tests that start a broker, a container image or a Spark cluster live besides
+#: the broker-facing ones (those that take ``broker_release``): they share what they start,
+#: so they run in one process, one at a time.
+SERVICE_DIRS = ("cluster", "deploy", "integration", "pipeline")
+PARTS = ("standalone", "services")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--broker", action="append", choices=RELEASES, default=None,
                      help="run the broker-facing tests against this RabbitMQ only "
                           f"(repeatable; default: ${RELEASES_ENV} or both)")
+    parser.addoption("--part", choices=PARTS, default=None,
+                     help="standalone: only the tests that start no broker, image or Spark "
+                          "(each needs nothing but its own process: pytest-xdist's -n may "
+                          "spread them); services: only the others; default: all")
+
+
+def uses_services(item: pytest.Item) -> bool:
+    """Whether ``item`` starts (or shares) a broker, a container image or a Spark cluster."""
+    if "broker_release" in getattr(item, "fixturenames", ()):
+        return True
+    parts = item.path.relative_to(item.config.rootpath).parts
+    return len(parts) > 2 and parts[0] == "tests" and parts[1] in SERVICE_DIRS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.getoption("--part")
+    if part is None:
+        return
+    wanted = part == "services"
+    keep = [item for item in items if uses_services(item) == wanted]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if uses_services(i) != wanted])
+        items[:] = keep
 
 
 def _releases(config: pytest.Config) -> list[str]:
@@ -169,8 +199,7 @@ def broker(broker_release: BrokerRelease) -> Iterator[BrokerEndpoint]:
     try:
         yield node.endpoint
     finally:
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        node.remove()
 
 
 @pytest.fixture(scope="session")
@@ -184,9 +213,7 @@ def spare_broker(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     try:
         yield node
     finally:
-        with contextlib.suppress(Exception):
-            node.thaw()
-        node.stop()
+        node.remove()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -137,7 +137,10 @@ class LocalCluster:
             node.stop()
 
     def remove(self) -> None:
-        self.stop()
+        """kill -9 every node and delete the cluster's directory (``LocalBroker.remove``)."""
+        for node in self.nodes:
+            node.remove()
+        self.frozen.clear()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

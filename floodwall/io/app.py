@@ -317,9 +317,11 @@ class Proxy:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drain_cut.wait(), min(0.05, left))
-        if spool_drain is not None:
-            if self._drain_cut.is_set():
-                spool_drain.cancel()
+        if spool_drain is not None:  # the spool's part ends at its deadline, or the cut
+            cut = loop.create_task(self._drain_cut.wait(), name="drain-cut")
+            await asyncio.wait({spool_drain, cut}, return_when=asyncio.FIRST_COMPLETED)
+            cut.cancel()
+            spool_drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await spool_drain
 

@@ -169,6 +169,42 @@ def test_second_sigterm_ends_the_drain_at_once(
     assert "connections_left=1" in last_line(proc)
 
 
+def test_second_sigterm_ends_the_spools_drain_at_once(
+        broker: BrokerEndpoint, tmp_path: Path, proxies: list[ProxyProcess]) -> None:
+    """The spool's part of the drain (replay until empty or the deadline) ends with the
+    drain on a second signal too: records for a queue that is gone cannot be replayed, and
+    the proxy exits at once, keeping them on disk."""
+    from pamqp import header
+    from pamqp.commands import Basic
+
+    from floodwall.spool.manager import SpoolLimits, SpoolManager
+    from floodwall.spool.records import SpoolRecord
+
+    queue = unique("drain-spool-gone")  # never declared
+    spool = tmp_path / "spool"
+    manager = SpoolManager(spool, SpoolLimits(min_free_bytes=0))
+    for i in range(5):
+        body = numbered(i)
+        props = bytes(header.ContentHeader(0, len(body), Basic.Properties()).marshal())
+        manager.append(("/", queue), SpoolRecord(0, time.time(), "", queue, props, body),
+                       1 << 30)
+    manager.sync()
+    manager.close()
+    flow = _flow_proxy(proxies, broker, tmp_path,
+                       policy_file(tmp_path / "p.yaml", capped("spooled", queue,
+                                                                overflow="spool")),
+                       "--spool-dir", str(spool), "--drain-timeout", "60s")
+    wait_for(lambda: log_lines(flow.proc.logfile, "spool_queue_unroutable"), 15,
+             what="the spool's replay refused")
+    flow.proc.signal(signal.SIGTERM)
+    wait_for(lambda: log_lines(flow.proc.logfile, "spool_draining"), 5, what="draining")
+    t0 = time.monotonic()
+    flow.proc.signal(signal.SIGTERM)
+    rc, _ = wait_exit(flow.proc, 15)
+    assert rc == 0 and time.monotonic() - t0 < 5, flow.proc.log_tail()
+    assert "records_left=5" in " ".join(log_lines(flow.proc.logfile, "spool_stopped"))
+
+
 def _flow_proxy(proxies: list[ProxyProcess], broker: BrokerEndpoint, tmp_path: Path,
                 policies: Path, *args: str) -> FlowProxy:
     proc = start(proxies, broker, tmp_path, "--policies", str(policies), "--management",

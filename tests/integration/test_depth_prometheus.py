@@ -8,7 +8,6 @@ counted them a tenth of what they are)."""
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -50,9 +49,7 @@ def stats_off() -> Iterator[LocalBroker]:
     try:
         yield node
     finally:
-        node.stop()
-        release.forget(workdir)
-        shutil.rmtree(workdir, ignore_errors=True)
+        node.remove()
 
 
 def test_depth_from_prometheus_when_statistics_are_off(stats_off: LocalBroker,

@@ -12,7 +12,6 @@ milliseconds on a direct connection; the bound is capacity + 256 KiB.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 import threading
 import time
@@ -613,8 +612,7 @@ def plain_node(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     try:
         yield node
     finally:
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        node.remove()
 
 
 @pytest.mark.timeout(120)

@@ -12,7 +12,6 @@ never transient and shared.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -55,8 +54,7 @@ def strict_node(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     try:
         yield node
     finally:
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        node.remove()
 
 
 class Declares(threading.Thread):

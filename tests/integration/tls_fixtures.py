@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import shutil
 import ssl
 import tempfile
 import urllib.parse
@@ -99,8 +98,7 @@ def _tls_node(pki: Pki, require_client_cert: bool, release: BrokerRelease
     try:
         yield node
     finally:
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        node.remove()
 
 
 @pytest.fixture(scope="session")

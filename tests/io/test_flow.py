@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import signal
 import tempfile
 import time
@@ -335,8 +334,7 @@ def private_node(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     try:
         yield node
     finally:
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        node.remove()
 
 
 @pytest.mark.broker
