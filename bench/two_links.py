@@ -339,20 +339,26 @@ def delete_queue(broker: BrokerEndpoint, queue: str) -> None:
         conn.channel().queue_delete(queue)
 
 
-def free_rate(times: list[float]) -> float:
-    tail = sorted(times)[1000:]
-    return (len(tail) - 1) / (tail[-1] - tail[0]) if len(tail) > 1 else float("nan")
+def free_run(accepted: list[float]) -> tuple[float, float, int] | None:
+    """The free link's run: its 1,000th and last acceptance, and the acceptances between."""
+    tail = sorted(accepted)[1000:]
+    return (tail[0], tail[-1], len(tail)) if len(tail) > 1 and tail[-1] > tail[0] else None
+
+
+def free_rate(accepted: list[float]) -> float:
+    run = free_run(accepted)
+    return float("nan") if run is None else (run[2] - 1) / (run[1] - run[0])
 
 
 def beside_rate(sent: list[float], free: list[float]) -> float:
-    """The capped link's sends a second over the free link's run (its 1,000th to its last
-    acceptance, as ``free_rate``): one proton thread sends both links, so this is what the
-    capped link took of it while the free link's rate was measured. (Its sends, not its
-    acceptances: a message the proxy holds is accepted only when its queue admits it.)"""
-    tail = sorted(free)[1000:]
-    if len(tail) < 2 or tail[-1] <= tail[0]:
+    """The capped link's sends a second over the free link's run (``free_run``): one proton
+    thread sends both links, so this is what the capped link took of it while the free
+    link's rate was measured. (Its sends, not its acceptances: a message the proxy holds is
+    accepted only when its queue admits it.)"""
+    run = free_run(free)
+    if run is None:
         return float("nan")
-    lo, hi = tail[0], tail[-1]
+    lo, hi, _ = run
     return sum(1 for t in sent if lo <= t <= hi) / (hi - lo)
 
 

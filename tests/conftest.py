@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -207,27 +206,23 @@ def spare_broker(broker_release: BrokerRelease) -> Iterator[LocalBroker]:
     """A RabbitMQ of the tests' own beside the session broker, one per release, for the
     tests that freeze it, kill -9 it and start it again, or raise its resource alarms (the
     session broker's other users would stall): use it through ``spare``."""
-    workdir = Path(tempfile.mkdtemp(prefix="floodwall-spare-"))
-    node = LocalBroker(workdir / "rabbit", release=broker_release)
+    node = LocalBroker(Path(tempfile.mkdtemp(prefix="floodwall-spare-")), release=broker_release)
     node.start()
     try:
         yield node
     finally:
         node.remove()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture
 def spare(spare_broker: LocalBroker) -> Iterator[LocalBroker]:
     """The spare broker, running (started again if an earlier test left it dead), and
-    thawed and running again after the test, whatever it did."""
+    thawed after the test, whatever it did."""
     if spare_broker.process is None:
         spare_broker.start()
     yield spare_broker
     with contextlib.suppress(Exception):
         spare_broker.thaw()
-    if spare_broker.process is None:
-        spare_broker.start()
 
 
 @pytest.fixture(scope="session")

@@ -21,9 +21,13 @@ from pathlib import Path
 
 import pika
 import pytest
+from pamqp import header
+from pamqp.commands import Basic
 
 from floodwall.dev.devbroker import BrokerEndpoint
 from floodwall.dev.devproxy import ProxyProcess
+from floodwall.spool.manager import SpoolLimits, SpoolManager
+from floodwall.spool.records import SpoolRecord
 from tests.conftest import wait_for
 from tests.integration.support import (
     FlowProxy,
@@ -174,12 +178,6 @@ def test_second_sigterm_ends_the_spools_drain_at_once(
     """The spool's part of the drain (replay until empty or the deadline) ends with the
     drain on a second signal too: records for a queue that is gone cannot be replayed, and
     the proxy exits at once, keeping them on disk."""
-    from pamqp import header
-    from pamqp.commands import Basic
-
-    from floodwall.spool.manager import SpoolLimits, SpoolManager
-    from floodwall.spool.records import SpoolRecord
-
     queue = unique("drain-spool-gone")  # never declared
     spool = tmp_path / "spool"
     manager = SpoolManager(spool, SpoolLimits(min_free_bytes=0))
