@@ -154,7 +154,7 @@ def _spawn(name: str, args: list[str], directory: Path, log: Path) -> Daemon:
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(spark_class), *args], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, cwd=directory,
-                                env=_env(directory), start_new_session=True)
+                                env=_env(directory), process_group=0)
     return Daemon(name, proc, log)
 
 

@@ -37,7 +37,9 @@ RELEASES = RELEASE_NAMES
 #: the broker-facing ones (those that take ``broker_release``): they share what they start,
 #: so they run in one process, one at a time.
 SERVICE_DIRS = ("cluster", "deploy", "integration", "pipeline")
-PARTS = ("standalone", "services")
+#: services-timed and services-tolerant split the services part by the ``load_tolerant``
+#: marker: ``make test`` runs the tolerant ones beside the others at a low priority.
+PARTS = ("standalone", "services", "services-timed", "services-tolerant")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,7 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--part", choices=PARTS, default=None,
                      help="standalone: only the tests that start no broker, image or Spark "
                           "(each needs nothing but its own process: pytest-xdist's -n may "
-                          "spread them); services: only the others; default: all")
+                          "spread them); services: only the others; services-timed / "
+                          "services-tolerant: those of them without / with the "
+                          "load_tolerant marker; default: all")
 
 
 def uses_services(item: pytest.Item) -> bool:
@@ -58,14 +62,28 @@ def uses_services(item: pytest.Item) -> bool:
     return len(parts) > 2 and parts[0] == "tests" and parts[1] in SERVICE_DIRS
 
 
+def part_of(item: pytest.Item) -> str:
+    """The narrowest part ``item`` is in: standalone, services-timed or services-tolerant."""
+    if not uses_services(item):
+        return "standalone"
+    marker = item.get_closest_marker("load_tolerant")  # a test's own marker before its module's
+    if marker is not None and marker.args[:1] != (False,):
+        return "services-tolerant"
+    return "services-timed"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     part = config.getoption("--part")
     if part is None:
         return
-    wanted = part == "services"
-    keep = [item for item in items if uses_services(item) == wanted]
+
+    def wanted(item: pytest.Item) -> bool:
+        narrow = part_of(item)
+        return narrow == part or (part == "services" and narrow != "standalone")
+
+    keep = [item for item in items if wanted(item)]
     if len(keep) < len(items):
-        config.hook.pytest_deselected(items=[i for i in items if uses_services(i) != wanted])
+        config.hook.pytest_deselected(items=[i for i in items if not wanted(i)])
         items[:] = keep
 
 

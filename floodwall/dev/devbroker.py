@@ -60,13 +60,35 @@ class BrokerError(RuntimeError):
     """The broker could not be started or did not become ready."""
 
 
+#: ``K/N``: this process takes only ports ``P`` with ``P // 2 % N == K`` (by halves: Linux
+#: hands out odd ports to ``bind(0)`` while even ones are left for ``connect``). Processes that
+#: start brokers side by side (``make test``'s two services streams) each take their own
+#: stripe, so a port one has chosen for a broker still booting is never the other's choice.
+PORT_STRIPE_ENV = "FLOODWALL_PORT_STRIPE"
+
+
+def _port_stripe() -> tuple[int, int]:
+    text = os.environ.get(PORT_STRIPE_ENV, "")
+    if not text:
+        return 0, 1
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise BrokerError(f"{PORT_STRIPE_ENV}={text!r}: expected K/N, e.g. 1/2") from None
+    if not 0 <= k < n:
+        raise BrokerError(f"{PORT_STRIPE_ENV}={text!r}: K must be in 0..N-1")
+    return k, n
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now, outside the CLI tools' range."""
+    """A TCP port nothing listens on right now, outside the CLI tools' range, in this
+    process's stripe (``PORT_STRIPE_ENV``)."""
+    k, n = _port_stripe()
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port not in _CLI_PORTS and port + 20000 not in _CLI_PORTS:
+        if port // 2 % n == k and port not in _CLI_PORTS and port + 20000 not in _CLI_PORTS:
             return port
 
 
@@ -358,7 +380,9 @@ class LocalBroker:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            # A process group of its own (the faults signal it whole), in the caller's
+            # session: the scheduler weighs it with the caller's (``nice``) priority.
+            process_group=0,
         )
         out.close()
         self._wait_ready(timeout)

@@ -284,13 +284,14 @@ class ForeignClient:
     @classmethod
     def start(cls, argv: Sequence[str], *, name: str | None = None, cwd: Path | None = None,
               env: Mapping[str, str] | None = None) -> ForeignClient:
-        """Start ``argv`` with stdout and stderr piped, in a session of its own."""
+        """Start ``argv`` with stdout and stderr piped, in a process group of its own (in
+        the caller's session, so it shares the caller's ``nice`` priority)."""
         full_env = dict(os.environ)
         full_env.update(env or {})
         process = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
-            bufsize=1, cwd=cwd, env=full_env, start_new_session=True)
+            bufsize=1, cwd=cwd, env=full_env, process_group=0)
         return cls(name or Path(argv[0]).name, argv, process)
 
     # reader threads

@@ -18,7 +18,7 @@ from floodwall.wire.amqp091.hooks import ClientInfo
 from tests.clients.harness import ForeignClient
 from tests.conftest import wait_for
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.load_tolerant]
 
 Starter = Callable[..., ForeignClient]
 
@@ -122,6 +122,7 @@ def test_node_producer_confirm_mode(broker: BrokerEndpoint, queue: str,
     assert ready_count(broker, queue) == 300
 
 
+@pytest.mark.load_tolerant(False)  # timed: the client's elapsed time is bounded
 @pytest.mark.parametrize("kind", ["java", "amqplib"])
 def test_producers_keep_to_their_rate(broker: BrokerEndpoint, queue: str, kind: str,
                                       java_producer: Starter, node_producer: Starter) -> None:
@@ -151,6 +152,7 @@ def test_rhea_sender_and_receiver(broker: BrokerEndpoint, queue: str,
     assert ready_count(broker, queue) == 0
 
 
+@pytest.mark.load_tolerant(False)  # timed: the client's elapsed time is bounded
 def test_rhea_receiver_keeps_to_its_rate(broker: BrokerEndpoint, queue: str,
                                          rhea_sender: Starter, rhea_receiver: Starter) -> None:
     address = f"/amq/queue/{queue}"

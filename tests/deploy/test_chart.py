@@ -32,6 +32,8 @@ from floodwall.cli import run as run_command
 from floodwall.control.policy import load_policies
 from tests.deploy.helm_binary import helm_path
 
+pytestmark = pytest.mark.load_tolerant
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "floodwall"
 EXAMPLES = CHART / "examples"

@@ -29,6 +29,8 @@ import pytest
 from floodwall.cli import run as run_command
 from floodwall.dev.devbroker import free_port
 
+pytestmark = pytest.mark.load_tolerant
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"

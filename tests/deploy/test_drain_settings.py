@@ -10,6 +10,8 @@ import floodwall.io.app
 from floodwall.cli import main
 from floodwall.ops.config import DEFAULT_DRAIN_TIMEOUT, ProxySettings
 
+pytestmark = pytest.mark.load_tolerant
+
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[ProxySettings]:

@@ -36,6 +36,8 @@ from tests.conftest import wait_for
 from tests.deploy.test_chart import CHART, _helm, by_kind, render
 from tests.integration.support import metric_samples, pika_params, policy_file, start_flow
 
+pytestmark = pytest.mark.load_tolerant
+
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = CHART / "monitoring"
 ALERTS = MONITORING / "alerts.yaml"

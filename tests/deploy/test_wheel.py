@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.load_tolerant
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -12,7 +12,7 @@ from floodwall.dev.devproxy import ProxyProcess
 from tests.conftest import wait_for
 from tests.integration.support import http_status, payload, pika_connection, temp_queue
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(60), pytest.mark.load_tolerant]
 
 DIRECTIONS = ("client_to_server", "server_to_client")
 

@@ -28,7 +28,7 @@ from tests.conftest import wait_for
 from tests.integration.proton_senders import RecordingSender
 from tests.integration.support import capped, direct_params, flow_with, log_lines
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.load_tolerant]
 
 COUNT = 200
 MAX_LENGTH = 50

@@ -32,7 +32,7 @@ from tests.integration.support import (
     unique,
 )
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.load_tolerant]
 
 KIB = 1024
 DOTS = (".", "..")

@@ -36,6 +36,8 @@ from tests.integration.support import (
     unique,
 )
 
+pytestmark = pytest.mark.load_tolerant
+
 KIB = 1024
 #: What RabbitMQ 4.3 refuses by default; RabbitMQ 4.0 permits each unless told otherwise.
 STRICT_4_3 = ("deprecated_features.permit.transient_nonexcl_queues = false\n"

@@ -24,7 +24,7 @@ from tests.integration.support import (
     start_flow,
 )
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.load_tolerant]
 
 LAUGHS = "version: 1\na: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n"

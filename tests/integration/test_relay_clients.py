@@ -27,7 +27,7 @@ from tests.integration.support import (
     unique,
 )
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120), pytest.mark.load_tolerant]
 
 SIZES = [0, 1, 4096, 131072 - 8, 131072, 131073, 1 << 20, *range(100, 60_000, 997)]
 

@@ -25,7 +25,7 @@ from tests.integration.support import (
     unique,
 )
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120), pytest.mark.load_tolerant]
 
 
 def _drain(channel: Any, queue: str, count: int, timeout: float = 30.0

@@ -35,7 +35,7 @@ from tests.integration.support import (
     temp_queue,
 )
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(60), pytest.mark.load_tolerant]
 
 
 # -- detection -----------------------------------------------------------------------------

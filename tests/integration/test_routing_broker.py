@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from floodwall.control.routing import Topology
 from floodwall.dev.devbroker import BrokerEndpoint
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.load_tolerant]
 
 EXAMPLES = int(os.environ.get("FLOODWALL_ROUTING_EXAMPLES", "50"))
 TYPES = ("direct", "fanout", "topic", "headers")

@@ -35,7 +35,7 @@ from tests.integration.support import (
 )
 from tests.integration.test_amqp10_flow import LinkStats, ProtonSenders
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.load_tolerant]
 
 MESSAGES = 40
 BODY = 1024  # 40 KiB in all: a 16 KiB capacity trips at the 17th

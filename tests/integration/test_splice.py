@@ -30,7 +30,7 @@ from tests.integration.support import (
 )
 from tests.integration.tls_fixtures import Pki, amqps, upstream_args
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(180), pytest.mark.load_tolerant]
 
 MIB = 1 << 20
 MESSAGES = 8

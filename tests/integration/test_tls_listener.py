@@ -27,7 +27,7 @@ from tests.conftest import wait_for
 from tests.integration.support import direct_params, log_lines, pika_connection, temp_queue
 from tests.integration.tls_fixtures import Pki
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120), pytest.mark.load_tolerant]
 
 
 def start_tls(start_floodwall: Callable[..., ProxyProcess], cert: Path, key: Path,

@@ -47,7 +47,7 @@ from tests.integration.support import (
 )
 from tests.integration.tls_fixtures import PROXY_CN, Pki, amqps, tls_pika_params, upstream_args
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120), pytest.mark.load_tolerant]
 
 
 def connections(ep: BrokerEndpoint, match: Callable[[dict[str, Any]], bool]

@@ -49,7 +49,7 @@ from tests.integration.support import (
 from tests.integration.test_spool_end_to_end import FAST, spool_state, spooled
 from tests.integration.tls_fixtures import Pki, amqps, tls_pika_params, upstream_args
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(180), pytest.mark.load_tolerant]
 
 KIB = 1024
 SIZES = [0, 1, 4096, 131072 - 8, 131073, 1 << 20, *range(100, 30_000, 1997)]
@@ -233,6 +233,7 @@ def test_proton_send_receive(tls_proxy: ProxyProcess, tls_queue: str) -> None:
 
 
 # -- flow control with depth probes and the management API over TLS ----------------------
+@pytest.mark.load_tolerant(False)  # timed: a depth bound under load
 def test_tripped_policy_holds_within_its_bound_over_tls(
         start_floodwall: Callable[..., ProxyProcess], tls_broker: BrokerEndpoint, pki: Pki,
         tls_queue: str, tmp_path: Path) -> None:
@@ -369,6 +370,7 @@ FAILURES = {
 }
 
 
+@pytest.mark.load_tolerant(False)  # timed: fails within the connect timeout
 @pytest.mark.parametrize("case", list(FAILURES))
 def test_verification_failures_fail_fast_and_say_why(
         case: str, start_floodwall: Callable[..., ProxyProcess], tls_broker: BrokerEndpoint,

@@ -29,6 +29,8 @@ from floodwall_pipeline.load import Telemetry, load
 from floodwall_pipeline.synthetic import generate
 from tests.pipeline.conftest import write_ndjson
 
+pytestmark = pytest.mark.load_tolerant
+
 DEPTH = [0, 500, 1200, 1500, 900, 500, 300, 100, 0, 0]
 INGRESS = [0, 500, 700, 300, 0, 0, 0, 0, 0, 0]
 TRIPPED = [False, False, True, True, True, False, False, False, False, False]

@@ -20,6 +20,8 @@ from floodwall_pipeline.analyze import (
 )
 from floodwall_pipeline.synthetic import generate
 
+pytestmark = pytest.mark.load_tolerant
+
 
 def _bad_lines(directory: Path) -> int:
     bad = 0

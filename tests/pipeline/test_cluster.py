@@ -27,6 +27,8 @@ import pytest
 from floodwall_pipeline.devcluster import StandaloneCluster, start
 from floodwall_pipeline.synthetic import generate
 
+pytestmark = pytest.mark.load_tolerant
+
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUTS = ("recommended-policies.yaml", "summary.json", "what-if.json")
 #: Two candidates for ``--what-if``: one tighter than the fleet's policies, one looser, by

@@ -24,6 +24,8 @@ from floodwall_pipeline.load import load
 from floodwall_pipeline.partition import lay_out
 from tests.pipeline.test_aggregate import sample
 
+pytestmark = pytest.mark.load_tolerant
+
 HOUR = 3600.0
 DAY1 = float(calendar.timegm((2026, 1, 1, 0, 0, 0)))  # 2026-01-01T00:00:00Z
 

@@ -20,6 +20,8 @@ from floodwall_pipeline.synthetic import generate
 from tests.pipeline.conftest import write_ndjson
 from tests.pipeline.test_aggregate import sample
 
+pytestmark = pytest.mark.load_tolerant
+
 
 class _Router:
     def route(self, vhost: str, exchange: str, routing_key: str,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from floodwall.cli import main
 from floodwall.control.policy import parse_policies
 from floodwall_pipeline.recommend import recommend, recommend_all, render
+
+pytestmark = pytest.mark.load_tolerant
 
 KIB = 1024
 

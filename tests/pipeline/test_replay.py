@@ -12,6 +12,8 @@ from floodwall.cli import main
 from floodwall.control.policy import Mode, Overflow, Policy
 from floodwall_pipeline.replay import FIGURES, Bucket, RecordedPolicy, replay, timeline
 
+pytestmark = pytest.mark.load_tolerant
+
 KIB = 1024
 BODY = 1024
 

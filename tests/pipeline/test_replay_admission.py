@@ -16,6 +16,8 @@ from floodwall.control.policy import Policy, parse_policies
 from floodwall_pipeline.replay import Bucket, admission_room, replay, timeline
 from tests.test_gate import Router
 
+pytestmark = pytest.mark.load_tolerant
+
 KEY = ("/", "orders.a")
 RTT = 0.001
 BODY = 1000

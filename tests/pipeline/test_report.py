@@ -32,6 +32,8 @@ from floodwall_pipeline.report import (
 )
 from floodwall_pipeline.synthetic import generate
 
+pytestmark = pytest.mark.load_tolerant
+
 
 def _queue(name: str, trips: int, mode: str | None = None, capacity: int = 65536
            ) -> dict[str, object]:
