@@ -806,16 +806,17 @@ def parse_args(argv: list[str] | None) -> tuple[Options, argparse.Namespace]:
     return opts, a
 
 
-def start_pump(upstream: str, workdir: Path, tls_args: list[str] | None = None
-               ) -> tuple[subprocess.Popen[bytes], int]:
-    """A ``bench.pump`` child relaying to ``upstream``, listening; (process, port)."""
+def start_pump(upstream: str, workdir: Path, extra_args: list[str] | None = None,
+               name: str = "pump") -> tuple[subprocess.Popen[bytes], int]:
+    """A ``bench.pump`` child relaying to ``upstream``, listening; (process, port).
+    ``extra_args``: its TLS settings, or ``--splice``; ``name``: its log's (``NAME.log``)."""
     pport = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    with open(workdir / "pump.log", "wb") as log:
+    with open(workdir / f"{name}.log", "wb") as log:
         pump = subprocess.Popen(
             [sys.executable, "-m", "bench.pump", "--listen", f"127.0.0.1:{pport}",
-             "--upstream", upstream, *(tls_args or [])], cwd=REPO, env=env,
+             "--upstream", upstream, *(extra_args or [])], cwd=REPO, env=env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     wait_port("127.0.0.1", pport, pump)
     return pump, pport

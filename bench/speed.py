@@ -8,7 +8,8 @@ Runs, one after another, each as a child process that starts its own RabbitMQ:
    nothing tripped (``new-policed``), beside direct, the byte pump (``bench.pump``) and
    Debian's HAProxy in TCP mode (one thread, like floodwall's one event loop), alternated
    round by round: the 0-9-1 and AMQP 1.0 firehose, drain and latency figures;
-2. the same at 1 MiB bodies (firehose and drain, plain floodwall, the pump and HAProxy);
+2. the same at 1 MiB bodies (firehose and drain, plain floodwall, the pump, the splice pump
+   (``bench.pump --splice``: no copy into user space) and HAProxy);
 3. ``bench.connections``: 10,000 idle connections (memory each, a new client served with
    them open) and 1,000 new connections a second (what the relay adds to the handshake);
 4. ``bench.two_senders``: the free sender beside a held one, both protocols.
@@ -88,9 +89,10 @@ def _cpu_x(scn: str, target: str, yardstick: str = "pump") -> Callable[[dict[str
                       / _med(d["versus"], scn, yardstick, "relay_cpu_us_per_msg"))
 
 
-def _x_haproxy(run: str, scn: str) -> Callable[[dict[str, Any]], float]:
+def _x_yardstick(run: str, scn: str, yardstick: str) -> Callable[[dict[str, Any]], float]:
+    """floodwall's throughput over ``yardstick``'s (pump, splice, haproxy) in the same run."""
     return lambda d: (_med(d[run], scn, "new", "msgs_per_s")
-                      / _med(d[run], scn, "haproxy", "msgs_per_s"))
+                      / _med(d[run], scn, yardstick, "msgs_per_s"))
 
 
 def _added(key: str, target: str) -> Callable[[dict[str, Any]], float]:
@@ -161,8 +163,18 @@ TARGETS = (
            haproxy=_x_direct("mib", "firehose", "haproxy")),
     Target("1 MiB messages, drain (x direct)", _x_direct("mib", "drain", "new"), 0.95, True,
            pump=_x_direct("mib", "drain", "pump"), haproxy=_x_direct("mib", "drain", "haproxy")),
-    Target("1 MiB messages, firehose (x HAProxy)", _x_haproxy("mib", "firehose"), 1.0, True),
-    Target("1 MiB messages, drain (x HAProxy)", _x_haproxy("mib", "drain"), 1.0, True),
+    Target("1 MiB messages, firehose (x HAProxy)", _x_yardstick("mib", "firehose", "haproxy"),
+           1.0, True),
+    Target("1 MiB messages, drain (x HAProxy)", _x_yardstick("mib", "drain", "haproxy"), 1.0,
+           True),
+    Target("1 MiB messages, firehose (x the pump)", _x_yardstick("mib", "firehose", "pump"),
+           1.0, True),
+    Target("1 MiB messages, drain (x the pump)", _x_yardstick("mib", "drain", "pump"), 1.0,
+           True),
+    Target("1 MiB messages, firehose (x the splice pump)",
+           _x_yardstick("mib", "firehose", "splice"), 0.95, True),
+    Target("1 MiB messages, drain (x the splice pump)", _x_yardstick("mib", "drain", "splice"),
+           0.95, True),
 )
 
 
@@ -177,8 +189,8 @@ def commands(out: Path, rounds: int, quick: bool) -> dict[str, list[str]]:
                    "new,new-policed", "--scenarios", "firehose,drain,firehose10,drain10,latency",
                    "--rounds", str(rounds), "--drain-messages", drain,
                    "--out", str(out / "versus.json")],
-        "mib": [*py, "bench.versus", "--base", str(REPO), "--pump", "--haproxy", "--targets",
-                "new",
+        "mib": [*py, "bench.versus", "--base", str(REPO), "--pump", "--splice-pump",
+                "--haproxy", "--targets", "new",
                 "--size", "1048576", "--max-length", "200", "--scenarios", "firehose,drain",
                 "--rounds", str(max(1, rounds - 2)), "--drain-messages", "2000",
                 "--out", str(out / "mib.json")],

@@ -1,7 +1,7 @@
 """Old vs new floodwall in one run: ``bench.relay``'s scenarios through two checkouts.
 
-``python -m bench.versus --base DIR [--rounds R] [--seconds N] [--pump] [--haproxy]
-[--out FILE.json]``
+``python -m bench.versus --base DIR [--rounds R] [--seconds N] [--pump] [--splice-pump]
+[--haproxy] [--out FILE.json]``
 
 One private RabbitMQ; ``floodwall run`` from ``DIR`` (another checkout, e.g. a worktree of
 main before a change: its module is ``proxy`` or ``floodwall``, found from what the checkout
@@ -11,8 +11,10 @@ with policies that police the firehose queues, nothing tripped (``bench.flow``'s
 by round as ``bench.relay`` does, so that noise on a shared machine falls on both versions
 alike. The report is each figure side by side and new / old, paired by round. ``--pump``
 adds ``bench.pump`` (the byte pump, the floor a relay is measured against) as one more
-target in the same rounds, ``--haproxy`` Debian's HAProxy in TCP mode (the yardstick a
-platform team reaches for; ``--haproxy-threads``, default 1).
+target in the same rounds, ``--splice-pump`` ``bench.pump --splice`` (``splice``: a relay
+that copies nothing into user space, socket to pipe to socket), ``--haproxy`` Debian's
+HAProxy in TCP mode (the yardstick a platform team reaches for; ``--haproxy-threads``,
+default 1).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from floodwall.dev.devproxy import ProxyProcess
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ("firehose", "drain", "firehose10", "drain10", "latency")
 TARGETS = ("direct", "old", "new", "old-policed", "new-policed")
-#: What a relay is measured against, when asked for: the byte pump and HAProxy.
-YARDSTICKS = ("pump", "haproxy")
+#: What a relay is measured against, when asked for: the byte pump, the splice pump and
+#: HAProxy.
+YARDSTICKS = ("pump", "splice", "haproxy")
 PAIRS = (("new", "old"), ("new-policed", "old-policed"))
 FIGURES = {"firehose": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
            "drain": ("msgs_per_s", "relay_cpu_us_per_msg", "relay_reads_per_msg"),
@@ -144,6 +147,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-args", default="", help="more arguments for the new `floodwall run`")
     p.add_argument("--pump", action="store_true",
                    help="the byte pump (bench.pump) as one more target, alternated with the rest")
+    p.add_argument("--splice-pump", action="store_true",
+                   help="bench.pump --splice (no user-space copy) as one more target, "
+                        "alternated with the rest")
     p.add_argument("--haproxy", action="store_true",
                    help="Debian's HAProxy in TCP mode as one more target, alternated with the rest")
     p.add_argument("--haproxy-threads", type=int, default=1,
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = LocalBroker(workdir / "rabbit", config_extra=f"prometheus.tcp.port = {free_port()}\n")
     procs: dict[str, ProxyProcess] = {}
-    pump = haproxy = None
+    pump = splice = haproxy = None
     try:
         progress(f"starting RabbitMQ in {workdir}")
         endpoint = broker.start()
@@ -186,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.pump:
             pump, pport = relay.start_pump(f"{endpoint.host}:{endpoint.amqp_port}", workdir)
             targets["pump"] = relay.Target("pump", "127.0.0.1", pport, psutil.Process(pump.pid))
+        if args.splice_pump:
+            splice, sport = relay.start_pump(f"{endpoint.host}:{endpoint.amqp_port}", workdir,
+                                             ["--splice"], name="splice")
+            targets["splice"] = relay.Target("splice", "127.0.0.1", sport,
+                                             psutil.Process(splice.pid))
         if args.haproxy:
             haproxy, hport = relay.start_haproxy(f"{endpoint.host}:{endpoint.amqp_port}",
                                                  workdir, args.haproxy_threads)
@@ -214,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in procs.values():
             proc.stop()
-        for child in (pump, haproxy):
+        for child in (pump, splice, haproxy):
             if child is not None:
                 child.terminate()
                 child.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bench import speed
@@ -58,3 +59,20 @@ def test_haproxy_beside_the_pump_and_its_own_targets() -> None:
     table = speed.report(list(rows.values()))
     assert "| HAProxy, same run |" in table.splitlines()[0]
     assert "| stated | 3.000 | - | - | stated |" in table
+
+
+def test_one_mib_against_both_pumps_in_the_same_run() -> None:
+    docs = {"mib": _versus({
+        "firehose": {"direct": {"msgs_per_s": 100.0}, "new": {"msgs_per_s": 60.0},
+                     "pump": {"msgs_per_s": 57.0}, "splice": {"msgs_per_s": 66.0}},
+        "drain": {"direct": {"msgs_per_s": 100.0}, "new": {"msgs_per_s": 52.0},
+                  "pump": {"msgs_per_s": 53.0}, "splice": {"msgs_per_s": 54.0}}})}
+    rows = {r["target"]: r for r in (t.judge(docs) for t in speed.TARGETS)}
+    firehose = rows["1 MiB messages, firehose (x the pump)"]
+    assert (round(firehose["value"], 3), firehose["met"]) == (1.053, True)  # at least 1.0x
+    spliced = rows["1 MiB messages, firehose (x the splice pump)"]
+    assert (round(spliced["value"], 3), spliced["met"]) == (0.909, False)  # at least 0.95x
+    drain = rows["1 MiB messages, drain (x the splice pump)"]
+    assert (round(drain["value"], 3), drain["met"]) == (0.963, True)
+    assert rows["1 MiB messages, drain (x the pump)"]["met"] is False
+    assert "--splice-pump" in speed.commands(Path("out"), 3, quick=True)["mib"]
