@@ -13,7 +13,9 @@ proton receiver when paced, ``bench.amqp10``'s raw receiver when as fast as it c
 - **room**: the consumer takes messages as fast as it can (it keeps up with the sender: the
   queue stays near empty); the sender's rate (accepted/s from its 1,000th to its last
   acceptance) at each capacity against its rate at the first (1 GiB: never trips), the
-  capacities in turn, their order reversed every round. Target: >= 0.95 at 256 KiB and 1 MiB.
+  capacities in turn, their order reversed every round; how long the sender waited with no
+  credit, and its deliveries not yet accepted each time it ran out (what the proxy let it
+  have in flight). Target: >= 0.95 at 256 KiB and 1 MiB.
 - **paced**: the consumer takes ``--pace`` msg/s (2,500); its rate (first to last
   delivery) at each capacity against the first, and the queue's ready count at the broker
   above capacity (a passive declare every 5 ms, 1 KiB per message). Target: >= 0.9 of the
@@ -285,6 +287,8 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
         "capacity": capacity, "accepted": len(times), "consumed": doc["got"],
         "errors": sender.errors, "trips": trips,
         "sender_rate": sender_rate(times), "stalled_s": stalls(times),
+        "credit_wait_s": round(sender.credit_wait[target], 3),
+        "unsettled_when_starved": median(sender.unsettled_when_starved[target] or [0]),
         "consumer_rate": ((doc["got"] - 1) / (doc["last"] - doc["first"])
                           if doc["first"] and doc["last"] and doc["last"] > doc["first"]
                           else None),
@@ -358,6 +362,11 @@ def report(doc: dict[str, Any]) -> None:
                   f"{', '.join(fmt(v, ',.0f') for v in rates)} msg/s), over capacity "
                   f"{fmt(s['max_over_capacity_kib'][label], '.0f')} KiB, trips "
                   f"{', '.join(fmt(r[label]['trips'], '.0f') for r in s['rounds'])}")
+            runs = [r[label] for r in s["rounds"]]
+            print("             waited for credit "
+                  f"{', '.join(fmt(r.get('credit_wait_s'), '.2f') for r in runs)} s, "
+                  "unsettled when out of credit (median) "
+                  f"{', '.join(fmt(r.get('unsettled_when_starved'), '.0f') for r in runs)}")
     s = res.get("stopped")
     if s:
         print(f"  stopped at {s['capacity'] // KIB} KiB: over capacity while stopped "

@@ -93,6 +93,12 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
         self.sent: dict[str, int] = collections.Counter()
         self.sent_at: dict[str, list[float]] = collections.defaultdict(list)
         self.accepted: dict[str, list[float]] = collections.defaultdict(list)
+        # Seconds each link waited with no credit, from the send that spent its last credit
+        # to the next credit the client saw; its deliveries not yet accepted at each such
+        # send (what the proxy's in-flight bound let it have out).
+        self.credit_wait: dict[str, float] = collections.Counter()
+        self.unsettled_when_starved: dict[str, list[int]] = collections.defaultdict(list)
+        self._starved_since: dict[str, float] = {}
         self.errors: list[str] = []
         self.done = threading.Event()
 
@@ -114,6 +120,9 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
                 self.send(sender)
 
     def on_sendable(self, event: Any) -> None:
+        since = self._starved_since.pop(event.sender.name, None)
+        if since is not None:
+            self.credit_wait[event.sender.name] += time.monotonic() - since
         self.send(event.sender)
 
     def send(self, sender: Any) -> None:
@@ -125,6 +134,10 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
             sender.send(Message(body=b"x" * KIB, address=to))
             self.sent[address] += 1
             self.sent_at[address].append(time.monotonic())
+        if self.sent[address] < self.count and address not in self._starved_since:
+            self._starved_since[address] = time.monotonic()
+            self.unsettled_when_starved[address].append(
+                self.sent[address] - len(self.accepted[address]))
 
     def on_accepted(self, event: Any) -> None:
         address = event.link.name
