@@ -420,14 +420,25 @@ class RelayedConnection(asyncio.Protocol):
             return
         pending, self._pending = bytes(self._pending), bytearray()
         # The protocol header goes upstream as the client sent it; the core starts after it.
-        transport.write(pending[:HEADER_SIZE])
+        # What the client sent behind it goes in the same write: a broker that refuses the
+        # header (RabbitMQ 4 to a 1.0 client without SASL) answers with its own and resets
+        # the socket, and a second write into that reset would end the upstream before its
+        # answer was read: the client would see its connection cut, not why.
+        header, rest = pending[:HEADER_SIZE], pending[HEADER_SIZE:]
         assert self.core is not None and self.client is not None
         _enable_splice(self)
-        if len(pending) > HEADER_SIZE:
+        if not rest:
+            transport.write(header)
+        else:
             try:
-                self.core.receive_from_client(pending[HEADER_SIZE:], self._clock())
-                self._flush(self.core)
+                self.core.receive_from_client(rest, self._clock())
             except Exception as exc:  # (raised into create_connection, it leaked both sockets)
+                transport.write(header)
+                core_failed(self, exc, "upstream_connected")
+                return
+            try:
+                self._flush(self.core, header)
+            except Exception as exc:
                 core_failed(self, exc, "upstream_connected")
                 return
         if not self._closed:
@@ -487,14 +498,17 @@ class RelayedConnection(asyncio.Protocol):
         core.collect()
         self._flush(core)
 
-    def _flush(self, core: RelayCore) -> None:
+    def _flush(self, core: RelayCore, server_first: bytes = b"") -> None:
         """Carry out what the core (and its gate) handed back: topology changes and events,
-        then the bytes for each peer; then what the controller handed back meanwhile."""
+        then the bytes for each peer (``server_first`` ahead of the server's, in the same
+        write); then what the controller handed back meanwhile."""
         events = core.events()
         if events:
             self._carry_out(events)
         # Large output goes as its pieces in one vectored write (writelines): no copy.
         to_server = core.chunks_for_server()
+        if server_first:
+            to_server.insert(0, server_first)
         if to_server and self.upstream is not None:
             _write(self.upstream, to_server)
         to_client = core.chunks_for_client()
