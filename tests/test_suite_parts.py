@@ -3,13 +3,15 @@ two of them start brokers side by side."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from floodwall.dev.devbroker import PORT_STRIPE_ENV, BrokerError, free_port
+from floodwall.dev import devbroker
+from floodwall.dev.devbroker import PORT_STRIPE_ENV, BrokerError, free_port, port_range
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A sample of the suite: a load-tolerant module with a timed test in it, one of each kind
@@ -46,7 +48,29 @@ def test_free_ports_keep_to_the_stripe(monkeypatch: pytest.MonkeyPatch, stripe: 
                                        remainder: int) -> None:
     monkeypatch.setenv(PORT_STRIPE_ENV, stripe)
     n = int(stripe.split("/")[1])
-    assert all(free_port() // 2 % n == remainder for _ in range(20))
+    assert all(free_port() % n == remainder for _ in range(20))
+
+
+def test_free_ports_are_below_the_kernels_ephemeral_ones_and_never_handed_out_twice() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(200)]
+    assert all(p in port_range() and 1024 < p < low for p in ports)
+    assert len(set(ports)) == len(ports)
+
+
+def test_a_port_something_listens_on_is_never_handed_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    first = free_port()
+    three = range(first, first + 3)
+    monkeypatch.setattr(devbroker, "port_range", lambda: three)
+    monkeypatch.setattr(devbroker, "_handed_out", set())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        got = {free_port(), free_port()}
+        assert got == {first + 1, first + 2}
+        with pytest.raises(BrokerError, match="no free port"):
+            free_port()  # the listened one is the only one left
 
 
 @pytest.mark.parametrize("stripe", ["1", "2/2", "x/2", "-1/2"])

@@ -23,6 +23,7 @@ import base64
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -60,11 +61,17 @@ class BrokerError(RuntimeError):
     """The broker could not be started or did not become ready."""
 
 
-#: ``K/N``: this process takes only ports ``P`` with ``P // 2 % N == K`` (by halves: Linux
-#: hands out odd ports to ``bind(0)`` while even ones are left for ``connect``). Processes that
-#: start brokers side by side (``make test``'s two services streams) each take their own
-#: stripe, so a port one has chosen for a broker still booting is never the other's choice.
+#: ``K/N``: this process takes only ports ``P`` with ``P % N == K``. Processes that start
+#: brokers side by side (``make test``'s two services streams) each take their own stripe, so
+#: a port one has chosen for a broker still booting is never the other's choice.
 PORT_STRIPE_ENV = "FLOODWALL_PORT_STRIPE"
+#: Ports ``free_port`` hands out: the 12,768 below the kernel's ephemeral range (32768 up by
+#: default), which ``bind(("", 0))`` and ``connect`` never take. A broker binds its ports
+#: seconds after they were chosen; from the ephemeral range, any socket of any process
+#: could take one meanwhile (a management listener refused with eaddrinuse).
+_SPAN = 12768
+_handed_out: set[int] = set()
+_rng = random.Random()  # its own: a test's random.seed() does not make it repeat
 
 
 def _port_stripe() -> tuple[int, int]:
@@ -80,16 +87,36 @@ def _port_stripe() -> tuple[int, int]:
     return k, n
 
 
+def port_range() -> range:
+    """Where ``free_port`` looks: below the kernel's ephemeral ports, above 1024."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1025, low - _SPAN), low)
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now, outside the CLI tools' range, in this
-    process's stripe (``PORT_STRIPE_ENV``)."""
+    """A TCP port nothing listens on right now, in ``port_range()`` and this process's
+    stripe (``PORT_STRIPE_ENV``), never one this process handed out before, and outside the
+    CLI tools' range."""
     k, n = _port_stripe()
-    while True:
+    ports = [p for p in port_range() if p % n == k and p not in _CLI_PORTS
+             and p + 20000 not in _CLI_PORTS]
+    fresh = [p for p in ports if p not in _handed_out]
+    if not fresh:  # (a long-lived process: the ports it was given long ago are free again)
+        _handed_out.clear()
+        fresh = ports
+    for _ in range(1000):
+        port = _rng.choice(fresh)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port // 2 % n == k and port not in _CLI_PORTS and port + 20000 not in _CLI_PORTS:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise BrokerError(f"no free port in {port_range()} (stripe {k}/{n}) after 1000 tries")
 
 
 def server_script() -> str:
