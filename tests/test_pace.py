@@ -35,8 +35,10 @@ from floodwall.control.depth import (
 from floodwall.control.events import ChannelAdmitted
 from floodwall.control.policy import Policy, PolicySet, parse_policies
 from floodwall.control.schedule import (
+    COUNTS_PER_FILL,
     STILL_AFTER,
     STILL_INTERVAL,
+    fill_time,
     ingress_rate,
     predicted_full,
     sampling_interval,
@@ -504,7 +506,38 @@ def test_a_queue_predicted_to_fill_before_the_next_slow_count_is_hot() -> None:
     # estimate 8000 + 8000 B/s x 0.2 s = 9600 < 10000: cold; x 0.3 s: hot
     assert not predicted_full(d, policy, 1.0, 0.2)
     assert predicted_full(d, policy, 1.0, 0.3)
-    assert sampling_interval(d, policy, False, 1.0, 0.3, 0.002) == 0.002
+    # hot: counted four times in the 0.25 s the ingress takes to fill the 2000 bytes left
+    assert fill_time(d, policy, 1.0) == pytest.approx(0.25)
+    assert sampling_interval(d, policy, False, 1.0, 0.3, 0.002) \
+        == pytest.approx(0.25 / COUNTS_PER_FILL)
+
+
+def test_an_untripped_queue_is_counted_as_often_as_its_ingress_fills_its_room() -> None:
+    policy = POLICIES.policies[0]  # 10000 bytes
+    d = QueueDepth()
+    assert fill_time(d, policy, 0.0) == math.inf  # depth unknown: not predicted
+    d.sampled_ready_count(0.0, 0, RTT)
+    assert fill_time(d, policy, 0.5) == math.inf  # nothing forwarded: never fills
+    assert sampling_interval(d, policy, False, 0.5, 0.2, 0.002) == 0.2
+    t = 0.0
+    intervals = []
+    while d.estimate().bytes < 10000:  # type: ignore[union-attr]
+        d.forwarded(t, 100)  # 100 bytes every ms: 100,000 B/s, no count meanwhile
+        t += 0.001
+        intervals.append(sampling_interval(d, policy, False, t, 0.2, 0.002))
+    # cold (the slow interval) until the ingress would fill the room before the next slow
+    # count; then a quarter of that time, shrinking with the room, down to the hot interval
+    assert intervals == sorted(intervals, reverse=True)
+    hot = [i for i in intervals if i < 0.2]
+    assert hot and max(hot) <= 0.2 / COUNTS_PER_FILL
+    assert len(set(hot)) > 10 and hot[-1] == 0.002
+    assert fill_time(d, policy, t) == 0.0  # at capacity
+    d.sampled_ready_count(t, 0, RTT)  # a count: the consumers took it all, the room is back
+    left = 10000 - d.estimate().bytes  # type: ignore[union-attr]
+    assert left > 5000
+    assert fill_time(d, policy, t) == pytest.approx(left / ingress_rate(d, t).bytes)
+    # tripped: hot whatever the room
+    assert sampling_interval(d, policy, True, t, 0.2, 0.002) == 0.002
 
 
 # -- ticks, the round robin, the deferred release -------------------------------------------

@@ -4,11 +4,22 @@ A queue is *hot* while it is tripped (its held publishers are admitted at each c
 ``floodwall.control.admission``), or while it is predicted to reach a limit before the next
 slow sample: ``estimate + ingress x slow_interval >= capacity`` (bytes, and messages with
 ``max_messages``), ``ingress`` being what the proxy forwarded to it over the last
-``RATE_WINDOW``. A hot queue is sampled back to back, one passive declare in flight, at most
-one every ``hot_interval``; a cold one every ``slow_interval`` (the depth interval, 200 ms).
+``RATE_WINDOW``. A hot queue is sampled back to back, one passive declare in flight: a
+tripped one every ``hot_interval``, an untripped one ``COUNTS_PER_FILL`` times in the time its
+ingress would take to fill the room its estimate leaves (``fill_time``), never more often than
+every ``hot_interval``; a cold one every ``slow_interval`` (the depth interval, 200 ms).
 
-Broker load: each hot queue costs at most ``1 / hot_interval`` passive declares a second
-(bench/pace.py measures the broker's CPU for them: docs/performance.md).
+Why an untripped queue need not be counted every ``hot_interval``: its estimate is the last
+count plus what the proxy forwarded since, so it trips exactly when that crosses a limit,
+whatever the count interval; a count only takes back out what the consumers took meanwhile.
+Counted ``COUNTS_PER_FILL`` times per fill, the estimate crosses a limit the queue does not
+reach only when that many counts in a row are late. The trip wakes the queue's counts at once
+(``floodwall.io.own_connections``), so the held publishers' first admission is within one
+``hot_interval`` of it, as before.
+
+Broker load: each tripped queue costs at most ``1 / hot_interval`` passive declares a
+second, an untripped hot one ``COUNTS_PER_FILL / fill_time`` (bench/pace.py measures the
+broker's CPU for them: docs/performance.md).
 
 The trip itself needs no prediction for the proxy's own publishes: the ledger books each one
 as it is forwarded, so the estimate crosses the capacity exactly at the publish that crosses
@@ -20,6 +31,7 @@ Pure: every entry point takes ``now``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from floodwall.control.depth import QueueDepth
@@ -35,6 +47,9 @@ DEPTH_INTERVAL = 0.2
 STILL_AFTER = 0.2
 #: ... at most this much later than hot: a consumer's restart shows within it.
 STILL_INTERVAL = 0.05
+#: An untripped queue predicted to fill is counted this many times in the time its ingress
+#: would take to fill the room its estimate leaves (``fill_time``).
+COUNTS_PER_FILL = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,32 +75,49 @@ def drain_bytes_rate(depth: QueueDepth) -> float | None:
     return None if rate is None else rate * depth.average_body_bytes()
 
 
-def predicted_full(depth: QueueDepth, policy: Policy, now: float, horizon: float,
-                   share: ShareRule | None = None) -> bool:
-    """Whether the queue reaches a limit within ``horizon`` seconds at its ingress rate
-    (an unknown depth is not predicted). In a fleet (``share``): at the fleet's ingress
-    (the others' as announced), or this sidecar's own share of the room at its own."""
+def fill_time(depth: QueueDepth, policy: Policy, now: float,
+              share: ShareRule | None = None) -> float:
+    """Seconds until the queue's estimate reaches a limit at its ingress rate (0: at or
+    past one already; ``inf``: no ingress, or the depth unknown). In a fleet (``share``):
+    at the fleet's ingress (the others' as announced), or sooner when this sidecar's own
+    share of the room runs out at its own ingress."""
     estimate = depth.estimate()
     if estimate is None:
-        return False
+        return math.inf
     ingress = ingress_rate(depth, now)
     fleet = 1.0
+    soonest = math.inf
     if share is not None:
         totals = depth.headroom(policy.capacity if policy.capacity > 0 else None,
                                 policy.max_messages, share)
-        if totals is not None and (
-                depth.forwarded_bytes_total + ingress.bytes * horizon >= totals[0]
-                or depth.forwarded_messages_total + ingress.messages * horizon >= totals[1]):
-            return True
+        if totals is not None:
+            soonest = min(_until(totals[0] - depth.forwarded_bytes_total, ingress.bytes),
+                          _until(totals[1] - depth.forwarded_messages_total,
+                                 ingress.messages))
         if ingress.bytes > 0:
             fleet = (ingress.bytes + share.others_ingress) / ingress.bytes
         elif share.others_ingress > 0 and policy.capacity > 0:
-            return estimate.bytes + share.others_ingress * horizon >= policy.capacity
-    if policy.capacity > 0 \
-            and estimate.bytes + fleet * ingress.bytes * horizon >= policy.capacity:
-        return True
-    return policy.max_messages is not None \
-        and estimate.messages + fleet * ingress.messages * horizon >= policy.max_messages
+            return min(soonest, _until(policy.capacity - estimate.bytes, share.others_ingress))
+    if policy.capacity > 0:
+        soonest = min(soonest, _until(policy.capacity - estimate.bytes, fleet * ingress.bytes))
+    if policy.max_messages is not None:
+        soonest = min(soonest, _until(policy.max_messages - estimate.messages,
+                                      fleet * ingress.messages))
+    return soonest
+
+
+def _until(room: float, rate: float) -> float:
+    """Seconds until ``room`` is used up at ``rate`` a second (0: none left)."""
+    if room <= 0:
+        return 0.0
+    return room / rate if rate > 0 else math.inf
+
+
+def predicted_full(depth: QueueDepth, policy: Policy, now: float, horizon: float,
+                   share: ShareRule | None = None) -> bool:
+    """Whether the queue reaches a limit within ``horizon`` seconds at its ingress rate
+    (``fill_time``; an unknown depth is not predicted)."""
+    return fill_time(depth, policy, now, share) <= horizon
 
 
 def still_interval(depth: QueueDepth, tripped: bool, now: float, hot: float) -> float:
@@ -106,8 +138,12 @@ def still_interval(depth: QueueDepth, tripped: bool, now: float, hot: float) -> 
 
 def sampling_interval(depth: QueueDepth, policy: Policy, tripped: bool, now: float,
                       slow: float, hot: float, share: ShareRule | None = None) -> float:
-    """The interval in force for a queue: ``hot`` while it is tripped or predicted to fill
-    before the next slow sample (``predicted_full``), else ``slow``."""
-    if tripped or predicted_full(depth, policy, now, slow, share):
+    """The interval in force for a queue: ``hot`` while it is tripped; while it is predicted
+    to fill before the next slow sample (``fill_time`` at most ``slow``), that time over
+    ``COUNTS_PER_FILL``, at least ``hot``; else ``slow``."""
+    if tripped:
         return hot
+    fill = fill_time(depth, policy, now, share)
+    if fill <= slow:
+        return min(max(hot, fill / COUNTS_PER_FILL), slow)
     return slow

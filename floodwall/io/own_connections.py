@@ -69,6 +69,7 @@ class OwnConnections:
         self._client_up: dict[str, asyncio.Event] = {}  # vhost -> set while connected
         self._vhost_kick: dict[str, asyncio.Event] = {}  # vhost -> retry connecting now
         self._probe_wake: dict[str, asyncio.Event] = {}  # vhost -> a queue tripped: hot now
+        self._hot_wake: dict[QueueKey, asyncio.Event] = {}  # a hot queue tripped: count now
 
     async def close(self) -> None:
         """Close every own connection (the owner has cancelled the tasks)."""
@@ -224,12 +225,20 @@ class OwnConnections:
         loop = asyncio.get_running_loop()
         # A channel of the lane's own; at most HOT_LANES of them (hot queues beyond share)
         lane = f"hot:{zlib.crc32(key[1].encode()) % HOT_LANES}"
-        while client.connected and self._is_hot(key):
-            started = loop.time()
-            if not await self._probe_once(client, key, lane):
-                return
-            every = self._hot_every(self.controller.queues.get(key))
-            await asyncio.sleep(max(0.0, every - (loop.time() - started)))
+        tripped = self._hot_wake.setdefault(key, asyncio.Event())
+        try:
+            while client.connected and self._is_hot(key):
+                started = loop.time()
+                tripped.clear()
+                if not await self._probe_once(client, key, lane):
+                    return
+                every = self._hot_every(self.controller.queues.get(key))
+                with contextlib.suppress(TimeoutError):  # (a trip: counted at once)
+                    await asyncio.wait_for(tripped.wait(),
+                                           max(0.0, every - (loop.time() - started)))
+        finally:
+            if self._hot_wake.get(key) is tripped:
+                del self._hot_wake[key]
 
     def _is_hot(self, key: QueueKey) -> bool:
         """Whether ``key`` is counted at the hot interval now (and note the interval in force
@@ -245,13 +254,18 @@ class OwnConnections:
         return hot
 
     def _hot_every(self, q: PolicedQueue | None) -> float:
-        """How often hot queue ``q`` is counted: every hot interval, less often while it
-        is held and nothing moves (``still_interval``), and in a fleet every A x that
-        (``fleet_count_interval``)."""
+        """How often hot queue ``q`` is counted: tripped, every hot interval, less often
+        while nothing moves (``still_interval``); untripped, as often as its ingress needs
+        (``sampling_interval``); in a fleet every A x that (``fleet_count_interval``)."""
         s = self.settings
         if q is None:
             return s.hot_interval
-        every = still_interval(q.depth, q.tripped, self.clock(), s.hot_interval)
+        now = self.clock()
+        if q.tripped:
+            every = still_interval(q.depth, True, now, s.hot_interval)
+        else:
+            every = sampling_interval(q.depth, q.policy, False, now, s.depth_interval,
+                                      s.hot_interval, q.share)
         return fleet_count_interval(every, q.share, s.depth_interval)
 
     def on_flow_event(self, item: object) -> None:
@@ -260,6 +274,9 @@ class OwnConnections:
             wake = self._probe_wake.get(item.key[0])
             if wake is not None:
                 wake.set()
+            counting = self._hot_wake.get(item.key)
+            if counting is not None:
+                counting.set()
 
     async def _probe_once(self, client: AmqpClient, key: QueueKey, lane: str = "probe") -> bool:
         """One passive declare of ``key`` fed to the controller; False when the connection
