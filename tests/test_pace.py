@@ -33,6 +33,7 @@ from floodwall.control.depth import (
     QueueDepth,
 )
 from floodwall.control.events import ChannelAdmitted
+from floodwall.control.fleet import ShareRule
 from floodwall.control.policy import Policy, PolicySet, parse_policies
 from floodwall.control.schedule import (
     COUNTS_PER_FILL,
@@ -701,3 +702,15 @@ def test_a_steady_lag_the_counts_cannot_see_stays_within_the_bound() -> None:
     assert peak * 1024 <= 256 * 1024 + 256 * 1024
     assert rate >= 0.9 * 3000
     assert idle < 0.1
+
+
+def test_in_a_fleet_an_untripped_queue_about_to_fill_is_counted_every_hot_interval() -> None:
+    policy = POLICIES.policies[0]
+    d = QueueDepth()
+    d.sampled_ready_count(0.0, 0, RTT)
+    for i in range(80):  # 8000 B/s: 2000 bytes left fill in 0.25 s
+        d.forwarded(0.1 + i * 0.01, 100)
+    share = ShareRule("me", (("me", None), ("other", None)))
+    assert fill_time(d, policy, 1.0, share) <= 0.3
+    assert sampling_interval(d, policy, False, 1.0, 0.3, 0.002) > 0.002  # alone
+    assert sampling_interval(d, policy, False, 1.0, 0.3, 0.002, share) == 0.002

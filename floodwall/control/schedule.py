@@ -7,7 +7,8 @@ slow sample: ``estimate + ingress x slow_interval >= capacity`` (bytes, and mess
 ``RATE_WINDOW``. A hot queue is sampled back to back, one passive declare in flight: a
 tripped one every ``hot_interval``, an untripped one ``COUNTS_PER_FILL`` times in the time its
 ingress would take to fill the room its estimate leaves (``fill_time``), never more often than
-every ``hot_interval``; a cold one every ``slow_interval`` (the depth interval, 200 ms).
+every ``hot_interval`` (in a fleet every ``hot_interval``: the fleet's bound counts on it);
+a cold one every ``slow_interval`` (the depth interval, 200 ms).
 
 Why an untripped queue need not be counted every ``hot_interval``: its estimate is the last
 count plus what the proxy forwarded since, so it trips exactly when that crosses a limit,
@@ -140,10 +141,13 @@ def sampling_interval(depth: QueueDepth, policy: Policy, tripped: bool, now: flo
                       slow: float, hot: float, share: ShareRule | None = None) -> float:
     """The interval in force for a queue: ``hot`` while it is tripped; while it is predicted
     to fill before the next slow sample (``fill_time`` at most ``slow``), that time over
-    ``COUNTS_PER_FILL``, at least ``hot``; else ``slow``."""
+    ``COUNTS_PER_FILL``, at least ``hot`` (in a fleet, ``share``: ``hot``, as the fleet's
+    bound has it: docs/design/fleet.md); else ``slow``."""
     if tripped:
         return hot
     fill = fill_time(depth, policy, now, share)
-    if fill <= slow:
-        return min(max(hot, fill / COUNTS_PER_FILL), slow)
-    return slow
+    if fill > slow:
+        return slow
+    if share is not None:
+        return hot
+    return min(max(hot, fill / COUNTS_PER_FILL), slow)

@@ -456,8 +456,9 @@ def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric
     """Per policed queue: sampling interval, drain rate, admitted rate, ready counts."""
     interval = GaugeMetricFamily(
         "floodwall_queue_sampling_interval_seconds",
-        "The depth sampling interval in force: --hot-interval while the queue is held or "
-        "predicted to fill before the next slow count, else --depth-interval",
+        "The depth sampling interval in force: --hot-interval while the queue is held; "
+        "while it is predicted to fill before the next slow count, a quarter of the time "
+        "its ingress would take to fill it (at least --hot-interval); else --depth-interval",
         labels=QUEUE_LABELS)
     drain = GaugeMetricFamily(
         "floodwall_queue_drain_bytes_per_second",

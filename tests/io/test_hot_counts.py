@@ -44,8 +44,10 @@ class AnsweringClient:
 def test_an_untripped_hot_queue_waits_out_its_interval_and_a_trip_is_counted_at_once(
         tmp_path: Path) -> None:
     async def body() -> None:
+        # alone (no fleet: a member that does not hear its fleet counts every hot interval)
         flow = FlowSupervisor(nowhere_settings(write_policies(tmp_path / "p.yaml", POLICY),
-                                               depth_interval=SLOW, hot_interval=HOT))
+                                               depth_interval=SLOW, hot_interval=HOT,
+                                               fleet=None))
         c = flow.controller
         flow.queue_declared(*KEY)
         now = flow.clock()
