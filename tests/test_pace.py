@@ -507,7 +507,7 @@ def test_a_queue_predicted_to_fill_before_the_next_slow_count_is_hot() -> None:
     # estimate 8000 + 8000 B/s x 0.2 s = 9600 < 10000: cold; x 0.3 s: hot
     assert not predicted_full(d, policy, 1.0, 0.2)
     assert predicted_full(d, policy, 1.0, 0.3)
-    # hot: counted four times in the 0.25 s the ingress takes to fill the 2000 bytes left
+    # hot: counted eight times in the 0.25 s the ingress takes to fill the 2000 bytes left
     assert fill_time(d, policy, 1.0) == pytest.approx(0.25)
     assert sampling_interval(d, policy, False, 1.0, 0.3, 0.002) \
         == pytest.approx(0.25 / COUNTS_PER_FILL)

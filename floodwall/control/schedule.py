@@ -50,7 +50,7 @@ STILL_AFTER = 0.2
 STILL_INTERVAL = 0.05
 #: An untripped queue predicted to fill is counted this many times in the time its ingress
 #: would take to fill the room its estimate leaves (``fill_time``).
-COUNTS_PER_FILL = 4
+COUNTS_PER_FILL = 8
 
 
 @dataclass(frozen=True, slots=True)
