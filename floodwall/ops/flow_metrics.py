@@ -457,7 +457,7 @@ def pace_metrics(c: FlowController, s: FlowStats, now: float) -> Iterator[Metric
     interval = GaugeMetricFamily(
         "floodwall_queue_sampling_interval_seconds",
         "The depth sampling interval in force: --hot-interval while the queue is held; "
-        "while it is predicted to fill before the next slow count, a quarter of the time "
+        "while it is predicted to fill before the next slow count, an eighth of the time "
         "its ingress would take to fill it (at least --hot-interval); else --depth-interval",
         labels=QUEUE_LABELS)
     drain = GaugeMetricFamily(
