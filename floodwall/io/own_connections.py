@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable
 from typing import Protocol
 
-from floodwall.control.controller import FlowController, PolicedQueue, QueueKey
+from floodwall.control.controller import FlowController, QueueKey
 from floodwall.control.events import QueueTripped
 from floodwall.control.fleet_polls import fleet_count_interval
 from floodwall.control.routing import ChangeKind, TopologyChange
@@ -203,7 +203,7 @@ class OwnConnections:
                     task = hot.get(key)
                     if task is not None and not task.done():
                         continue
-                    if self._is_hot(key):
+                    if self._count_every(key) is not None:
                         hot[key] = self._spawn(self._probe_hot(client, key),
                                                f"flow-hot-{vhost}-{key[1]}")
                     elif not await self._probe_once(client, key):
@@ -217,22 +217,22 @@ class OwnConnections:
                 task.cancel()
 
     async def _probe_hot(self, client: AmqpClient, key: QueueKey) -> None:
-        """Count hot queue ``key`` back to back, one passive declare in flight, at most one
-        every ``hot_interval`` (held with nothing moving, every ``STILL_INTERVAL``:
-        ``still_interval``; in a fleet with A active members on it, every A x that; idle,
-        every depth interval: ``fleet_count_interval``), until it is cold again (the slow
-        loop takes it back)."""
+        """Count hot queue ``key`` back to back, one passive declare in flight, as often as
+        ``_count_every`` says, until it is cold again (the slow loop takes it back); a trip
+        (``on_flow_event``) ends the wait for the next count at once."""
         loop = asyncio.get_running_loop()
         # A channel of the lane's own; at most HOT_LANES of them (hot queues beyond share)
         lane = f"hot:{zlib.crc32(key[1].encode()) % HOT_LANES}"
         tripped = self._hot_wake.setdefault(key, asyncio.Event())
         try:
-            while client.connected and self._is_hot(key):
+            while client.connected and self._count_every(key) is not None:
                 started = loop.time()
                 tripped.clear()
                 if not await self._probe_once(client, key, lane):
                     return
-                every = self._hot_every(self.controller.queues.get(key))
+                every = self._count_every(key)
+                if every is None:
+                    return
                 with contextlib.suppress(TimeoutError):  # (a trip: counted at once)
                     await asyncio.wait_for(tripped.wait(),
                                            max(0.0, every - (loop.time() - started)))
@@ -240,33 +240,28 @@ class OwnConnections:
             if self._hot_wake.get(key) is tripped:
                 del self._hot_wake[key]
 
-    def _is_hot(self, key: QueueKey) -> bool:
-        """Whether ``key`` is counted at the hot interval now (and note the interval in force
-        for the metrics and /state)."""
+    def _count_every(self, key: QueueKey) -> float | None:
+        """How often ``key`` is counted now while it is hot, None while it is cold (the
+        schedule's ``sampling_interval``); notes the interval in force for the metrics and
+        /state. Hot and tripped: every hot interval, less often while nothing moves
+        (``still_interval``); hot and untripped: as often as its ingress needs; in a fleet
+        with A active members on it, every A x that, idle every depth interval
+        (``fleet_count_interval``)."""
         q = self.controller.queues.get(key)
         if q is None:
-            return False
+            return None
         s = self.settings
-        interval = sampling_interval(q.depth, q.policy, q.tripped, self.clock(),
-                                     s.depth_interval, s.hot_interval, q.share)
-        hot = interval < s.depth_interval
-        self.stats.sampling_interval[key] = self._hot_every(q) if hot else interval
-        return hot
-
-    def _hot_every(self, q: PolicedQueue | None) -> float:
-        """How often hot queue ``q`` is counted: tripped, every hot interval, less often
-        while nothing moves (``still_interval``); untripped, as often as its ingress needs
-        (``sampling_interval``); in a fleet every A x that (``fleet_count_interval``)."""
-        s = self.settings
-        if q is None:
-            return s.hot_interval
         now = self.clock()
+        every = sampling_interval(q.depth, q.policy, q.tripped, now, s.depth_interval,
+                                  s.hot_interval, q.share)
+        if every >= s.depth_interval:
+            self.stats.sampling_interval[key] = every
+            return None
         if q.tripped:
             every = still_interval(q.depth, True, now, s.hot_interval)
-        else:
-            every = sampling_interval(q.depth, q.policy, False, now, s.depth_interval,
-                                      s.hot_interval, q.share)
-        return fleet_count_interval(every, q.share, s.depth_interval)
+        every = fleet_count_interval(every, q.share, s.depth_interval)
+        self.stats.sampling_interval[key] = every
+        return every
 
     def on_flow_event(self, item: object) -> None:
         """A queue tripped between two slow rounds: its loop makes it hot at once."""

@@ -8,6 +8,8 @@ import asyncio
 import types
 from pathlib import Path
 
+import pytest
+
 from floodwall.control.schedule import COUNTS_PER_FILL, fill_time
 from floodwall.io.supervisor import FlowSupervisor
 from tests.conftest import eventually
@@ -61,9 +63,10 @@ def test_an_untripped_hot_queue_waits_out_its_interval_and_a_trip_is_counted_at_
         task = asyncio.create_task(flow.own_connections._probe_hot(client, KEY))  # type: ignore[arg-type]
         try:
             await eventually(lambda: len(client.asked) == 1, 5, "the first count")
-            interval = flow.stats.sampling_interval[KEY]
-            assert interval > 1.0  # a quarter of the fill time, not the hot interval
-            assert interval <= fill / COUNTS_PER_FILL
+            interval = flow.stats.sampling_interval[KEY]  # the one it waits out now
+            after = fill_time(q.depth, q.policy, flow.clock())  # (the count rebased it)
+            assert interval == pytest.approx(after / COUNTS_PER_FILL, rel=0.05)
+            assert interval > 100 * HOT  # a part of the fill time, not the hot interval
             await asyncio.sleep(0.05)
             assert len(client.asked) == 1  # waiting out its interval
             c.forwarded(KEY[0], frozenset({KEY[1]}), 100_000, flow.clock())
