@@ -29,7 +29,7 @@ from floodwall.control.fleet import (
 from floodwall.control.fleet_polls import fleet_count_interval
 from floodwall.control.fleet_rate import CATCH_UP, RateShares
 from floodwall.control.policy import parse_policies
-from floodwall.control.schedule import predicted_full
+from floodwall.control.schedule import fill_time
 from floodwall.enforce.amqp10.credit import drain_part
 from tests.test_gate import Router
 
@@ -161,9 +161,9 @@ def test_the_fleets_ingress_makes_a_queue_hot_before_its_own_would() -> None:
     q = fc.queues[KEY]
     for i in range(10):  # 10 KB/s of its own over the last second
         fc.forwarded("/", NAMES, M, 0.1 * i + 0.05)
-    assert not predicted_full(q.depth, q.policy, 1.0, 0.2)
+    assert fill_time(q.depth, q.policy, 1.0) > 0.2  # not predicted to fill: cold
     busy = ShareRule("me", (("b", 5e6), ("me", 1e4)), 0, 5e6)  # b forwards 5 MB/s
-    assert predicted_full(q.depth, q.policy, 1.0, 0.2, busy)
+    assert fill_time(q.depth, q.policy, 1.0, busy) <= 0.2
 
 
 # -- N members on one queue -----------------------------------------------------------------

@@ -41,7 +41,6 @@ from floodwall.control.schedule import (
     STILL_INTERVAL,
     fill_time,
     ingress_rate,
-    predicted_full,
     sampling_interval,
     still_interval,
 )
@@ -505,8 +504,8 @@ def test_a_queue_predicted_to_fill_before_the_next_slow_count_is_hot() -> None:
         d.forwarded(0.1 + i * 0.01, 100)
     assert ingress_rate(d, 1.0).bytes == pytest.approx(8000)
     # estimate 8000 + 8000 B/s x 0.2 s = 9600 < 10000: cold; x 0.3 s: hot
-    assert not predicted_full(d, policy, 1.0, 0.2)
-    assert predicted_full(d, policy, 1.0, 0.3)
+    assert fill_time(d, policy, 1.0) > 0.2  # cold at a 0.2 s slow interval
+    assert fill_time(d, policy, 1.0) <= 0.3  # hot at 0.3 s
     # hot: counted eight times in the 0.25 s the ingress takes to fill the 2000 bytes left
     assert fill_time(d, policy, 1.0) == pytest.approx(0.25)
     assert sampling_interval(d, policy, False, 1.0, 0.3, 0.002) \

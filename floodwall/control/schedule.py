@@ -114,13 +114,6 @@ def _until(room: float, rate: float) -> float:
     return room / rate if rate > 0 else math.inf
 
 
-def predicted_full(depth: QueueDepth, policy: Policy, now: float, horizon: float,
-                   share: ShareRule | None = None) -> bool:
-    """Whether the queue reaches a limit within ``horizon`` seconds at its ingress rate
-    (``fill_time``; an unknown depth is not predicted)."""
-    return fill_time(depth, policy, now, share) <= horizon
-
-
 def still_interval(depth: QueueDepth, tripped: bool, now: float, hot: float) -> float:
     """How often a hot queue is counted: ``hot``, or ``STILL_INTERVAL`` for a tripped queue
     whose counts have shown the same ready count, with nothing forwarded to it, for
