@@ -43,6 +43,9 @@ _NOTHING: frozenset[QueueKey] = frozenset()
 ALARM_LABEL = "broker-alarm"
 #: Sets of queue names whose policed members ``FlowController.policed`` keeps.
 POLICED_CACHE_SIZE = 4096
+#: How long a 1.0 link given a window from a queue's room counts as one of the links that
+#: share it (``PolicedQueue.room_sharers``): a link sending renews it at each top-up.
+ROOM_LEASE_S = 1.0
 
 
 @dataclass
@@ -73,6 +76,21 @@ class PolicedQueue:
     quiet_messages: float = field(default=-1.0, compare=False, repr=False)
     armed_rebases: int = field(default=-1, compare=False, repr=False)
     armed_policy: Policy | None = field(default=None, compare=False, repr=False)
+    # 1.0 links of this sidecar given a window from the queue's room (``room_sharers``):
+    # (connection, link_ref) -> until when they count as sharing it.
+    room_leases: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
+                                                      repr=False)
+
+    def room_sharers(self, holder: tuple[int, int], now: float) -> int:
+        """How many of this sidecar's 1.0 links share the queue's room now, ``holder`` (a
+        connection and link_ref about to be given a window from it) among them: those given
+        one within the last ``ROOM_LEASE_S``. Its lease is renewed; the others' expire."""
+        leases = self.room_leases
+        leases[holder] = now + ROOM_LEASE_S
+        if len(leases) > 1:
+            for other in [h for h, until in leases.items() if until < now]:
+                del leases[other]
+        return len(leases)
 
     def seconds_tripped(self, now: float) -> float:
         open_interval = now - self.tripped_since if self.tripped_since is not None else 0.0

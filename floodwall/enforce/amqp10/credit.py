@@ -18,6 +18,7 @@ from floodwall.enforce.amqp10.links import (
     PACING_ROOM,
     PROTOCOL,
     RESOURCE_LIMIT_EXCEEDED,
+    ROOM_WINDOW_BYTES,
     WINDOW_BYTES,
     SenderLink,
     _flag,
@@ -28,6 +29,7 @@ from floodwall.enforce.amqp10.links import (
     message_routing,
     paced_window,
     policy_window,
+    room_window,
     window_for,
 )
 from floodwall.enforce.amqp10.sessions import Sessions
@@ -161,7 +163,7 @@ class LinkCredit:
             credit.broker_flow(LinkFlow(_uint(fields, F.DELIVERY_COUNT, FLOW),
                                         _uint(fields, F.LINK_CREDIT, FLOW) or 0,
                                         _flag(fields, F.DRAIN, FLOW)))
-            window = self._window(link)
+            window = self._window(link, now)
             link.windowed = window is not None
             if window is None and credit.offset == 0 and not link.withheld and (
                     link.per_message or not self._lookup(link.destination, self._queues(link),
@@ -242,9 +244,12 @@ class LinkCredit:
             names = self._queues(link)
         return self.controller.policed(self.ctx.vhost, names)
 
-    def _window(self, link: SenderLink, names: frozenset[str] | None = None) -> int | None:
+    def _window(self, link: SenderLink, now: float,
+                names: frozenset[str] | None = None) -> int | None:
         """The link's credit cap, or None when nothing it sends to is policed (``names``:
-        ``_queues(link)`` when the caller has just computed it)."""
+        ``_queues(link)`` when the caller has just computed it): its window
+        (``window_bytes``: its policy's, or its part of its queues' room when that is more)
+        in messages, paced to the drain near capacity."""
         policed = self._policed(link, names)
         if not policed and not self._may_be_policed(link):
             return None
@@ -253,10 +258,13 @@ class LinkCredit:
         if not size:
             size = max((queues[k].depth.average_body_bytes() for k in policed),
                        default=0) or ASSUMED_MESSAGE_BYTES
-        link.window_bytes = in_bytes = min((policy_window(queues[k].policy) for k in policed),
+        link.policy_bytes = in_bytes = min((policy_window(queues[k].policy) for k in policed),
                                            default=WINDOW_BYTES)
+        room = PACING_ROOM * window_for(size, in_bytes) * size
+        if policed:
+            in_bytes = max(in_bytes, self._room_window(link, policed, size, now))
+        link.window_bytes = in_bytes
         window = ceiling = window_for(size, in_bytes)
-        room = PACING_ROOM * ceiling * size
         for key in policed:
             q = queues[key]
             # Bytes the queue may still take before its next evaluation could trip it (the
@@ -271,6 +279,28 @@ class LinkCredit:
                 share = drain * interval * drain_part(q) / self._feeders(key[1])
             window = min(window, paced_window(ceiling, share))
         return window
+
+    def _room_window(self, link: SenderLink, policed: frozenset[QueueKey], size: int,
+                     now: float) -> int:
+        """``link``'s part of the room its queues have left (``room_window``, the least over
+        them; 0: none), in bytes. The room is the bytes and messages (at ``size``) a queue
+        may still take before an evaluation could trip it, shared by the links given a
+        window from it (``PolicedQueue.room_sharers``). Near capacity it is less than the
+        policy's window, which then stands: the overshoot past a trip stays within the
+        links' policy windows, and far from it a fast sender is not kept waiting on credit
+        by a queue with room to spare."""
+        queues = self.controller.queues
+        holder = (self.ctx.conn_id, link.ref)
+        part = ROOM_WINDOW_BYTES
+        for key in policed:
+            q = queues[key]
+            depth = q.depth
+            room = min(q.quiet_bytes - depth.forwarded_bytes_total,
+                       (q.quiet_messages - depth.forwarded_messages_total) * size)
+            part = min(part, room_window(room, q.room_sharers(holder, now)))
+            if not part:
+                break
+        return part
 
     def _feeders(self, queue: str) -> int:
         """This connection's sender links whose last message went to ``queue`` (at least 1):
@@ -343,7 +373,7 @@ class LinkCredit:
         if link.withheld:
             link.move(LinkInput.GRANTED)
             self._signalled(link, active=True)
-        if link.held_bytes >= link.window_bytes:
+        if link.held_bytes >= link.policy_bytes:
             return link.credit.grant(0)  # its held messages fill its window
         if window is not None and link.unsettled:
             room = self._in_flight_window(link, window)
@@ -409,7 +439,7 @@ class LinkCredit:
         blocking = controller.blocking(self.ctx.vhost, queues)
         if lookups:
             blocking |= lookups
-        full = link.held_bytes >= link.window_bytes  # (its held messages fill its window)
+        full = link.held_bytes >= link.policy_bytes  # (its held messages fill its window)
         if blocking:
             verdict = self._spooling(link, queues, blocking, lookups).verdict
             if not (link.per_message and verdict is Verdict.REJECT and not lookups) \
@@ -423,7 +453,7 @@ class LinkCredit:
                 == controller.generation and link.credit.has_over_half(
                     window_for(-(-link.payload_bytes // deliveries), link.window_bytes)):
             return  # over half its ceiling left: no window ``_window`` gives tops it up
-        window = self._window(link, fixed)
+        window = self._window(link, now, fixed)
         link.windowed = window is not None
         if window is None:
             return
@@ -443,7 +473,7 @@ class LinkCredit:
         if link.blocked:
             return True
         newly = self.controller.block(self.ctx.conn_id, link.ref, blocking, now,
-                                      link.window_bytes)
+                                      link.policy_bytes)
         if not newly and not self.controller.is_blocked(self.ctx.conn_id, link.ref):
             return False
         link.move(LinkInput.BLOCKED)
@@ -488,7 +518,7 @@ class LinkCredit:
         if room is None:
             return
         size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
-        window = window_for(size, link.window_bytes)
+        window = window_for(size, link.policy_bytes)
         admitted = int(min(window, room[0] // size, room[1]))  # (a room may be inf)
         if admitted <= link.credit.client_credit:
             return
@@ -516,7 +546,7 @@ class LinkCredit:
         self.withheld.pop(link.ref, None)
         link.spool_refused = False
         link.hit.clear()
-        window = self._window(link)
+        window = self._window(link, now)
         grant = self._decide(link, window, now)
         if not link.blocked:
             self.lifecycle.send_grant(link, grant)

@@ -185,7 +185,7 @@ class HeldMessages:
             return None
         message = hq.sending.pop(token)
         link = message.link
-        was_full = link.held_bytes >= link.window_bytes
+        was_full = link.held_bytes >= link.policy_bytes
         self._account(hq, link, -len(message.payload), -1)
         if not hq.waiting and not hq.sending:
             self._forget(hq)
@@ -196,7 +196,7 @@ class HeldMessages:
             self.lifecycle.settle(session, message.delivery_id, message.delivery_id, state)
             self.outcomes.settled(session.channel, state, message.delivery_id,
                                   message.delivery_id, now)
-        return link if was_full and link.held_bytes < link.window_bytes else None
+        return link if was_full and link.held_bytes < link.policy_bytes else None
 
     # -- deadlines, links that go -----------------------------------------------------------
     def expire(self, now: float) -> list[SenderLink]:
@@ -209,10 +209,10 @@ class HeldMessages:
             while hq.waiting and now - hq.waiting[0].since >= deadline:
                 message = hq.waiting.popleft()
                 link = message.link
-                was_full = link.held_bytes >= link.window_bytes
+                was_full = link.held_bytes >= link.policy_bytes
                 self._account(hq, link, -len(message.payload), -1)
                 self._expired(hq.key[1], message, deadline, now)
-                if was_full and link.held_bytes < link.window_bytes:
+                if was_full and link.held_bytes < link.policy_bytes:
                     freed.append(link)
             if not hq.waiting and not hq.sending:
                 self._forget(hq)

@@ -76,6 +76,13 @@ this many windows (see ``_in_flight_window``), near capacity."""
 IN_FLIGHT_HEADROOM_PARTS: Final = 2
 """Beyond ``IN_FLIGHT_WINDOWS`` windows, the unsettled deliveries to a queue (all links) may
 take up at most 1 / this of the queue's headroom (see ``_in_flight_window``)."""
+ROOM_WINDOW_BYTES: Final = 512 * 1024
+"""Most of a queue's room a link's window is worked out from (``room_window``): a link alone
+on a queue with that much room left may have credit for half of it."""
+ROOM_PARTS: Final = 2
+"""The links sharing a queue's room get 1 / this of it between them (``room_window``): what
+they have credit for is at most half the room when granted, so their sends reach the trip
+point only after the credit they were given runs out, not before."""
 PACING_ROOM: Final = 2
 """Windows of room below capacity under which a link's window is paced to the drain rate."""
 ASSUMED_MESSAGE_BYTES: Final = 4096
@@ -113,6 +120,16 @@ def window_for(message_bytes: int, window: int = WINDOW_BYTES) -> int:
     1; messages under ``WINDOW_BYTES / MAX_WINDOW`` (256) bytes count as 256, so a
     ``WINDOW_BYTES`` window is at most ``MAX_WINDOW`` messages."""
     return window // max(message_bytes, _SMALLEST) or 1
+
+
+def room_window(room_bytes: float, sharers: int) -> int:
+    """A link's part of a queue's room (the bytes it may still take before an evaluation
+    could trip it): ``min(room, ROOM_WINDOW_BYTES) / (ROOM_PARTS x sharers)``, ``sharers``
+    the links given a window from it (``PolicedQueue.room_sharers``); 0 when the room is not
+    known (the depth unknown: infinite or NaN) or none is left."""
+    if not room_bytes > 0 or room_bytes == math.inf:
+        return 0
+    return int(min(room_bytes, ROOM_WINDOW_BYTES) // (ROOM_PARTS * max(sharers, 1)))
 
 
 def paced_window(ceiling: int, share: float | None) -> int:
@@ -262,7 +279,12 @@ class SenderLink:
     # (``LinkCredit.after_transfer`` skips the window while the client has over half its
     # ceiling and this still holds).
     window_generation: int = -1
-    window_bytes: int = WINDOW_BYTES  # its window in bytes, as last worked out (``_window``)
+    # Its window in bytes, as last worked out (``_window``): its policy's (``policy_bytes``)
+    # or, while its queues have room, its part of the room (``room_window``) when that is more.
+    window_bytes: int = WINDOW_BYTES
+    # Its policy's window (``policy_window``): what it may hold (``held_bytes``) and be
+    # admitted while its queue is held, and what it demands of a held queue.
+    policy_bytes: int = WINDOW_BYTES
     not_spooled_reported: bool = False
     # Bytes of its messages the gate holds for their queues, or sends for it, until the
     # broker settles them (``enforce.amqp10.held``): at a window, its credit is withheld.
