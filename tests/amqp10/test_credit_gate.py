@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -9,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from floodwall.control.controller import FlowController
+from floodwall.control.controller import ROOM_LEASE_S, FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.control.policy.model import Policy
@@ -19,11 +21,14 @@ from floodwall.enforce.amqp10.links import (
     IN_FLIGHT_HEADROOM_PARTS,
     IN_FLIGHT_WINDOWS,
     MAX_WINDOW_BYTES,
+    ROOM_PARTS,
+    ROOM_WINDOW_BYTES,
     WINDOW_BYTES,
     WINDOW_PARTS,
     link_ref,
     message_routing,
     policy_window,
+    room_window,
     window_for,
 )
 from floodwall.spool.manager import SpoolManager
@@ -187,8 +192,15 @@ class Setup:
         self.to_client.clear()
         return out
 
-    def send(self, handle: int, size: int = 100, to: str | None = None) -> bytes:
-        frame = transfer(0, handle, self.next_id, message(size, to))
+    def send(self, handle: int, size: int = 100, to: str | None = None,
+             settled: bool = False) -> bytes:
+        if settled:  # (sent settled: no disposition, nothing in flight)
+            frame = amqp(TRANSFER, 0, message(size, to), handle=UInt(handle),
+                         delivery_id=UInt(self.next_id),
+                         delivery_tag=self.next_id.to_bytes(4, "big"), message_format=UInt(0),
+                         settled=True)
+        else:
+            frame = transfer(0, handle, self.next_id, message(size, to))
         self.next_id += 1
         self.client(frame)
         return frame
@@ -246,13 +258,7 @@ def _send_while_credit(s: Setup, size: int, settled: bool = False, most: int = 1
     """The client sends on the capped link whatever credit it sees; returns how many."""
     sent, limit = 0, WINDOW  # the first grant
     while sent < min(limit, most):
-        if settled:
-            s.client(amqp(TRANSFER, 0, message(size), handle=UInt(CAPPED_H),
-                          delivery_id=UInt(s.next_id), delivery_tag=s.next_id.to_bytes(4, "big"),
-                          message_format=UInt(0), settled=True))
-            s.next_id += 1
-        else:
-            s.send(CAPPED_H, size)
+        s.send(CAPPED_H, size, settled=settled)
         sent += 1
         _, to_client = s.take()
         if flows(to_client, 7):
@@ -460,6 +466,88 @@ def test_a_large_capacity_gives_a_larger_window_and_bounds_the_overshoot_by_it()
     assert flows(to_client, 7) == []
     assert 0 < q.overshoot_messages <= window
     assert q.overshoot_bytes <= window * size <= 256 << 10
+
+
+@pytest.mark.parametrize(("room", "sharers", "part"), [
+    (1 << 30, 1, ROOM_WINDOW_BYTES // ROOM_PARTS),  # room to spare: half the most
+    (300_000, 1, 150_000),  # half the room
+    (300_000, 3, 50_000),  # shared by three links
+    (0, 1, 0), (-1.0, 1, 0),  # none left; armed to evaluate every delivery
+    (math.inf, 1, 0), (math.nan, 1, 0),  # the depth not known: no room to share
+])
+def test_a_links_part_of_the_room(room: float, sharers: int, part: int) -> None:
+    assert room_window(room, sharers) == part
+
+
+def _window_bytes(s: Setup, handle: int) -> int:
+    (view,) = [v for v in s.gate.link_views() if v.handle == handle]
+    assert view.windowed and view.window_bytes is not None
+    return view.window_bytes
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_a_queue_with_room_gives_a_lone_link_half_of_it_and_the_overshoot_stays_a_policy_window(
+        chunker: Chunker) -> None:
+    """A 1 MiB queue's policy window is 64 KiB; with room to spare a lone link may have
+    credit for half the room (at most ROOM_WINDOW_BYTES / 2), so a fast sender does not
+    wait on the proxy's top-ups; the window shrinks with the room, is the policy's near
+    capacity, and what the link sends past the trip stays within the policy's window (its
+    deliveries sent settled: the broker's settlements are not what this is about)."""
+    capacity = 1 << 20
+    s = Setup(chunker=chunker, capacity=capacity)
+    s.server(broker_flow(7, 0, 1_000_000))
+    s.take()
+    s.send(CAPPED_H, 1024, settled=True)
+    _, to_client = s.take()
+    size = len(message(1024))
+    q = s.fc.queues[(VHOST, "capped")]
+    assert q.quiet_bytes - size > ROOM_WINDOW_BYTES  # (the room: over the most shared)
+    assert _window_bytes(s, CAPPED_H) == ROOM_WINDOW_BYTES // ROOM_PARTS
+    first = credit_seen(to_client, 7, 1)
+    assert first == window_for(size, ROOM_WINDOW_BYTES // ROOM_PARTS) == 254
+    assert first > 4 * window_for(size, policy_window(q.policy))  # (63 messages)
+    sent, limit, windows = 1, 1 + first, [_window_bytes(s, CAPPED_H)]
+    while (VHOST, "capped") not in s.fc.tripped:  # no count: the estimate is the ledger
+        assert sent < limit
+        s.send(CAPPED_H, 1024, settled=True)
+        sent += 1
+        _, to_client = s.take()
+        if flows(to_client, 7):
+            limit = sent + credit_seen(to_client, 7, sent)
+            windows.append(_window_bytes(s, CAPPED_H))
+        room = q.quiet_bytes - q.depth.forwarded_bytes_total
+        if not q.tripped:  # the credit it has is at most the room left (a lone link)
+            assert (limit - sent) * size <= max(room, WINDOW_BYTES)
+    assert windows[-1] == WINDOW_BYTES and windows == sorted(windows, reverse=True)
+    while sent < limit:  # the client sends all the credit it has
+        s.send(CAPPED_H, 1024, settled=True)
+        sent += 1
+    _, to_client = s.take()
+    assert flows(to_client, 7) == []
+    assert 0 < q.overshoot_messages <= window_for(size)
+    assert q.overshoot_bytes <= WINDOW_BYTES
+
+
+def test_links_given_a_window_from_one_queue_share_its_room() -> None:
+    """Two links sending to one queue each get a quarter of its room, not half; a link
+    that sent nothing for ROOM_LEASE_S no longer counts as sharing it."""
+    s = Setup(capacity=8 << 20)
+    s.server(broker_flow(7, 0, 1_000_000) + broker_flow(9, 0, 1_000_000))
+    s.take()
+    s.send(CAPPED_H, 1024)
+    s.take()
+    assert _window_bytes(s, CAPPED_H) == ROOM_WINDOW_BYTES // ROOM_PARTS
+    s.send(ANON_H, 1024, to="/amq/queue/capped")
+    s.take()
+    assert _window_bytes(s, ANON_H) == ROOM_WINDOW_BYTES // ROOM_PARTS // 2
+    q = s.fc.queues[(VHOST, "capped")]
+    assert sorted(q.room_leases) == [(1, link_ref(0, CAPPED_H)), (1, link_ref(0, ANON_H))]
+    s.clock.t += ROOM_LEASE_S + 0.1
+    for _ in range(window_for(1030, ROOM_WINDOW_BYTES // ROOM_PARTS // 2)):
+        s.send(ANON_H, 1024, to="/amq/queue/capped")  # through a top-up: alone again
+    s.take()
+    assert _window_bytes(s, ANON_H) == ROOM_WINDOW_BYTES // ROOM_PARTS
+    assert list(q.room_leases) == [(1, link_ref(0, ANON_H))]
 
 
 def test_a_multi_frame_transfer_counts_once_and_books_all_its_bytes() -> None:

@@ -4,7 +4,8 @@ The 0-9-1 gate (``floodwall.enforce.amqp091.gate``) holds publishes; AMQP 1.0 ha
 lever. For a
 client *sender* link whose target routes to a policed queue, the broker's flow frames are
 rewritten on their way to the client: the credit the client sees is the broker's grant
-capped by a small window (``window_for``, paced to the queue's drain rate near capacity:
+capped by a window (``window_for``: its policy's, or while the queue has room to spare its
+part of that room, ``room_window``; paced to the queue's drain rate near capacity:
 ``paced_window``) while the queue is under capacity, and no more once it is tripped. The proxy
 tops the client up itself as it sends (it never waits for the broker to repeat a grant it
 considers current), and sends the flow that restores credit when the ``FlowController``
@@ -18,7 +19,14 @@ counted as overshoot (``PolicedQueue.overshoot_*``). Bound, per policed queue:
 ``overshoot_messages <= sum over the links feeding it of their window``, so at most
 ``links x policy_window(policy)`` of message bytes (a window is ``WINDOW_BYTES`` of the
 link's typical message, or ``capacity / WINDOW_PARTS`` of a large queue's, at most
-``MAX_WINDOW_BYTES``).
+``MAX_WINDOW_BYTES``). A window from the room (``ROOM_WINDOW_BYTES``: a link's part is
+``min(room, 512 KiB) / (2 x links sharing it)``, the room the bytes the queue may take before
+an evaluation could trip it) does not add to that while the queue's own links are what fill
+it: together they have credit for at most half the room at each grant, so the trip comes
+only after a grant at a room under two policy windows, which is the policy's window. When
+something else fills the room meanwhile (a 0-9-1 publisher, a count above the ledger,
+another fleet member's ingress, a link not yet counted as sharing), a link keeps what it was
+given: at most ``links x max(policy_window, min(capacity, 512 KiB) / 2)`` in all.
 
 The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
 off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
