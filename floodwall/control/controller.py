@@ -12,6 +12,7 @@ appended to ``outbox`` as values (``floodwall.control.events``); the I/O layer t
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -78,18 +79,23 @@ class PolicedQueue:
     armed_policy: Policy | None = field(default=None, compare=False, repr=False)
     # 1.0 links of this sidecar given a window from the queue's room (``room_sharers``):
     # (connection, link_ref) -> until when they count as sharing it.
-    room_leases: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
-                                                      repr=False)
+    # (Oldest lease first: they all last as long, so the expired ones are at the front.)
+    room_leases: OrderedDict[tuple[int, int], float] = field(default_factory=OrderedDict,
+                                                             compare=False, repr=False)
 
     def room_sharers(self, holder: tuple[int, int], now: float) -> int:
         """How many of this sidecar's 1.0 links share the queue's room now, ``holder`` (a
         connection and link_ref about to be given a window from it) among them: those given
-        one within the last ``ROOM_LEASE_S``. Its lease is renewed; the others' expire."""
+        one within the last ``ROOM_LEASE_S``. Its lease is renewed; the others' expire (O(1)
+        a call, however many links a client attaches)."""
         leases = self.room_leases
         leases[holder] = now + ROOM_LEASE_S
-        if len(leases) > 1:
-            for other in [h for h, until in leases.items() if until < now]:
-                del leases[other]
+        leases.move_to_end(holder)
+        while leases:
+            oldest = next(iter(leases))
+            if leases[oldest] >= now:
+                break
+            del leases[oldest]
         return len(leases)
 
     def seconds_tripped(self, now: float) -> float:

@@ -549,6 +549,17 @@ def test_links_given_a_window_from_one_queue_share_its_room() -> None:
     assert list(q.room_leases) == [(1, link_ref(0, ANON_H))]
 
 
+def test_room_leases_expire_oldest_first_however_many_links() -> None:
+    """A client that attaches thousands of links leaves as many leases; they expire a
+    second later, in the order they were taken, at the next link's grant."""
+    s = Setup()
+    q = s.fc.queues[(VHOST, "capped")]
+    assert [q.room_sharers((1, ref), 0.0) for ref in range(10_000)][-1] == 10_000
+    assert q.room_sharers((1, 5), 0.5) == 10_000  # renewed: now the newest
+    assert q.room_sharers((2, 0), ROOM_LEASE_S + 0.1) == 2  # (1, 5) and itself
+    assert list(q.room_leases) == [(1, 5), (2, 0)]
+
+
 def test_a_multi_frame_transfer_counts_once_and_books_all_its_bytes() -> None:
     s = Setup()
     s.server(broker_flow(7, 0, 1000))
