@@ -52,6 +52,9 @@ _FIELDS: list[tuple[str, DataType]] = [
     # sample: the fleet (absent with --fleet off)
     ("fleet_members", LongType()), ("fleet_share_bytes", LongType()),
     ("fleet_demand_bytes_per_s", DoubleType()),
+    # sample: the AMQP 1.0 sender links whose credit the proxy caps (absent: none)
+    ("amqp10_links", LongType()), ("amqp10_window_bytes", LongType()),
+    ("amqp10_credit", LongType()), ("amqp10_admitted_credit", LongType()),
     # sidecar
     ("policed_queues", LongType()), ("tripped_queues", LongType()),
     ("blocked_channels", LongType()), ("alarm", StringType()),

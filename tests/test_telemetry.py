@@ -16,6 +16,7 @@ from floodwall.enforce.counters import GateCounters
 from floodwall.enforce.shared import Enforcement
 from floodwall.io.switchboard import Switchboard
 from floodwall.io.telemetry import Telemetry, TelemetrySettings, TelemetryWriter
+from floodwall.ops.link_figures import LinkFigures
 from floodwall.ops.telemetry import (
     SCHEMA_VERSION,
     V1_ONLY,
@@ -148,6 +149,16 @@ def test_spooled_bytes_per_queue_and_in_total() -> None:
         False, 4096, 4096)
     a, b, side = Sampler("s").snapshot(fc, counters, 0.0, 0.0)  # no spool
     assert not any("spooled_bytes" in r for r in (a, b, side))
+
+
+def test_a_queues_capped_1_0_links_are_summed_in_its_sample() -> None:
+    fc, clock = _controller()
+    _, counters = _board(fc, clock)
+    a, b, _ = Sampler("s").snapshot(fc, counters, 0.0, 0.0,
+                                    links={("/", "orders.b"): LinkFigures(2, 327680, 180, 0)})
+    assert not any(k.startswith("amqp10_") for k in a)  # none feeds it
+    assert {k: v for k, v in b.items() if k.startswith("amqp10_")} == {
+        "amqp10_links": 2, "amqp10_window_bytes": 327680, "amqp10_credit": 180}  # (0: absent)
 
 
 def test_spool_and_replay_events_keep_their_fields() -> None:

@@ -59,6 +59,7 @@ from floodwall.io.tls import (
 from floodwall.io.upstreams import Upstreams
 from floodwall.ops.config import ConfigError, ProxySettings
 from floodwall.ops.fleet_view import FleetFigures
+from floodwall.ops.link_figures import LinkCollector, LinkFigures, link_figures
 from floodwall.ops.logs import event
 from floodwall.ops.metrics import (
     AdminCollector,
@@ -92,25 +93,18 @@ class Proxy:
                 settings, self.upstreams, self.upstream_tls, self.management_tls), Topology())
         self.telemetry: Telemetry | None = None
         if settings.telemetry_dir is not None and self.flow is not None:
-            self.telemetry = make_telemetry(settings, self.flow, self._spooled)
+            self.telemetry = make_telemetry(settings, self.flow, self._spooled,
+                                            self._link_figures)
         self.spool: SpoolService | None = None
         if settings.spool_dir is not None and self.flow is not None:
             self.spool = make_spool(settings, self.flow, self.upstreams, self.upstream_tls)
             self.flow.enforcement.spool = self.spool.port  # overflow: spool spools from now
         self.admin_stats = AdminStats()
-        collectors: list[Collector] = [RelayCollector(self.stats),
-                                       AdminCollector(self.admin_stats), *standard_collectors()]
         self.memory: MemoryBudget | None = None
         if self.flow is not None:
             self.memory = self.flow.board.memory = MemoryBudget(settings.memory_budget)
             self.flow.enforcement.memory = self.memory  # spool captures are kept under it
-            collectors.append(self.flow.collector)
-            collectors.append(MemoryBudgetCollector(self.memory))
-            if self.flow.fleet is not None:
-                collectors.append(self.flow.fleet.collector)
-        if self.spool is not None:
-            collectors.append(self.spool.collector)
-        self.registry = make_registry(collectors)
+        self.registry = make_registry(self._collectors())
         self.relay_settings = RelaySettings(
             upstreams=self.upstreams,
             connect_timeout=settings.connect_timeout,
@@ -139,6 +133,24 @@ class Proxy:
         self.admin_port: int | None = None
         self.fd_limit = FdLimit(0, 0, 0)  # raised in start()
         self.probe = UpstreamProbe(settings, self.upstreams, self.upstream_tls, self.stats)
+
+    def _collectors(self) -> list[Collector]:
+        """What ``/metrics`` shows: the relay's, the admin endpoint's and the process'; with
+        policies the flow's, the 1.0 links' per queue, the memory budget's and the fleet's;
+        with a spool its."""
+        collectors: list[Collector] = [RelayCollector(self.stats),
+                                       AdminCollector(self.admin_stats), *standard_collectors()]
+        if self.flow is not None:
+            controller = self.flow.controller
+            collectors += [self.flow.collector,
+                           LinkCollector(lambda: self.stats.live, lambda: controller.queues)]
+            if self.memory is not None:
+                collectors.append(MemoryBudgetCollector(self.memory))
+            if self.flow.fleet is not None:
+                collectors.append(self.flow.fleet.collector)
+        if self.spool is not None:
+            collectors.append(self.spool.collector)
+        return collectors
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -238,6 +250,12 @@ class Proxy:
         if self.spool is None:
             return {}
         return {k: s.pending_bytes for k, s in self.spool.manager.spools.items()}
+
+    def _link_figures(self) -> Mapping[QueueKey, LinkFigures]:
+        """The 1.0 sender links feeding each policed queue, summed (for telemetry)."""
+        if self.flow is None:
+            return {}
+        return link_figures(list(self.stats.live), self.flow.controller.queues)
 
     async def _know_spooled_queues(self) -> None:
         """A queue with spooled backlog must be routed and policed before the first client
@@ -473,7 +491,9 @@ def freeze_start_up() -> int:
 
 
 def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
-                   spooled: Callable[[], Mapping[QueueKey, int]] | None = None) -> Telemetry:
+                   spooled: Callable[[], Mapping[QueueKey, int]] | None = None,
+                   links: Callable[[], Mapping[QueueKey, LinkFigures]] | None = None
+                   ) -> Telemetry:
     """``--telemetry-dir``: the controller's samples and events, to rotated NDJSON files."""
     assert settings.telemetry_dir is not None
     rotation = RotationPolicy(settings.telemetry_file_bytes, settings.telemetry_file_age,
@@ -482,7 +502,7 @@ def make_telemetry(settings: ProxySettings, flow: FlowSupervisor,
                                        rotation),
                      flow.board, depth_known=lambda: flow.stats.depth_known,
                      spooled=spooled, sampling=lambda: flow.stats.sampling_interval,
-                     fleet=fleet_figures(flow.fleet))
+                     fleet=fleet_figures(flow.fleet), links=links)
 
 
 def fleet_figures(fleet: FleetService | None) -> Callable[[], FleetFigures | None] | None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from floodwall.control.controller import QueueKey
 from floodwall.enforce.amqp091.gate import PublishFlow
 from floodwall.enforce.amqp10.gate import CreditFlow
+from floodwall.enforce.amqp10.links import LinkView
 from floodwall.enforce.commands import SendHeld
 from floodwall.enforce.shared import ConnectionGate
 from floodwall.io.held_sender import HeldSender
@@ -304,6 +305,13 @@ class RelayedConnection(asyncio.Protocol):
             doc["links"] = [v.as_dict() for v in self.gate.link_views()]
             doc["held"] = [v.as_dict() for v in self.gate.held_views()]
         return doc
+
+    def sender_links(self) -> tuple[str, list[LinkView]] | None:
+        """Its vhost and its AMQP 1.0 sender links (None: not through the 1.0 credit gate),
+        for the per-queue link figures (``floodwall.ops.link_figures``)."""
+        if not isinstance(self.gate, CreditFlow):
+            return None
+        return self.gate.ctx.vhost, self.gate.link_views()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.

@@ -27,6 +27,7 @@ from typing import IO, TYPE_CHECKING
 
 from floodwall.control.controller import FlowController, QueueKey
 from floodwall.ops.fleet_view import FleetFigures
+from floodwall.ops.link_figures import LinkFigures
 from floodwall.ops.logs import event
 from floodwall.ops.telemetry import (
     FILE_PREFIX,
@@ -172,10 +173,12 @@ class Telemetry:
                  wall: Callable[[], float] = time.time,
                  spooled: Callable[[], Mapping[QueueKey, int]] | None = None,
                  sampling: Callable[[], Mapping[QueueKey, float]] | None = None,
-                 fleet: Callable[[], FleetFigures | None] | None = None) -> None:
+                 fleet: Callable[[], FleetFigures | None] | None = None,
+                 links: Callable[[], Mapping[QueueKey, LinkFigures]] | None = None) -> None:
         self.settings = settings
         self.sampling = sampling  # each queue's depth sampling interval in force
         self.fleet = fleet
+        self.links = links  # the 1.0 sender links feeding each policed queue
         self.board = board
         self.controller: FlowController = board.controller
         self.depth_known = depth_known
@@ -229,9 +232,10 @@ class Telemetry:
         spooled = self.spooled() if self.spooled is not None else None
         sampling = self.sampling() if self.sampling is not None else None
         fleet = self.fleet() if self.fleet is not None else None
+        links = self.links() if self.links is not None else None
         records.extend(self.sampler.snapshot(self.controller, self.board.enforcement.counters,
                                              self.wall(), self.board.clock(), known, spooled,
-                                             sampling, fleet))
+                                             sampling, fleet, links))
         if self.writer.submit(records):
             self._dropping = False
             return

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from floodwall import __version__
 from floodwall.control.memory import MemoryBudget
+from floodwall.enforce.amqp10.links import LinkView
 from floodwall.ops.logs import LogLimiter
 from floodwall.wire.relaycore import FrameCounts
 
@@ -30,6 +31,9 @@ class LiveConnection(Protocol):
     @property
     def held_bytes(self) -> int:
         """Bytes of publishes the connection holds now (its hold budget's measure)."""
+
+    def sender_links(self) -> tuple[str, list[LinkView]] | None:
+        """Its vhost and its AMQP 1.0 sender links (None: not through the 1.0 credit gate)."""
 
 
 @dataclass

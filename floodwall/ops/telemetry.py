@@ -43,6 +43,7 @@ from floodwall.enforce.events import (
     WouldHave,
 )
 from floodwall.ops.fleet_view import FleetFigures
+from floodwall.ops.link_figures import LinkFigures
 from floodwall.spool.events import ReplayEnded, SpoolFilling
 
 #: The version every record carries as ``v``; docs/telemetry.md describes each version.
@@ -67,6 +68,7 @@ ZERO_WHEN_ABSENT = frozenset({
     "max_messages", "resume_messages", "ingress_bytes", "ingress_messages",
     "delivered_messages", "tripped", "trips", "blocked_publishers", "held_bytes",
     "held_messages", "spooled_bytes", "blocked_channels", "dropped_records",
+    "amqp10_links", "amqp10_window_bytes", "amqp10_credit", "amqp10_admitted_credit",
 })
 FILE_PREFIX = "telemetry"
 FILE_SUFFIX = ".ndjson"
@@ -181,12 +183,14 @@ class Sampler:
                  depth_known: Mapping[QueueKey, bool] | None = None,
                  spooled: Mapping[QueueKey, int] | None = None,
                  sampling: Mapping[QueueKey, float] | None = None,
-                 fleet: FleetFigures | None = None) -> list[Record]:
+                 fleet: FleetFigures | None = None,
+                 links: Mapping[QueueKey, LinkFigures] | None = None) -> list[Record]:
         """One ``sample`` per policed queue and one ``sidecar`` record, as of now.
         ``spooled``: bytes in each queue's spool not yet confirmed by the broker (none
         without ``--spool-dir``); ``sampling``: each queue's depth sampling interval;
-        ``fleet``: the fleet as this sidecar sees it (None: off)."""
-        spooled, sampling = spooled or {}, sampling or {}
+        ``fleet``: the fleet as this sidecar sees it (None: off); ``links``: the AMQP 1.0
+        sender links feeding each queue whose credit the proxy caps, summed."""
+        spooled, sampling, links = spooled or {}, sampling or {}, links or {}
         blocked = c.blocked_channels()
         per_queue = Counter(key for b in blocked for key in b.queues)
         all_blocked = len(blocked)
@@ -221,6 +225,7 @@ class Sampler:
                 "spooled_bytes": spooled.get(key, 0),
                 **_pace_fields(d, sampling.get(key)),
                 **_fleet_fields(fleet, key),
+                **_link_fields(links.get(key)),
             })
             if depth_known is not None and not depth_known.get(key, True):
                 rec["depth_known"] = False  # absent: true
@@ -277,6 +282,14 @@ def _pace_fields(d: QueueDepth, sampling: float | None) -> dict[str, object]:
     drain = drain_bytes_rate(d)
     return {"sampling_interval": sampling,
             "drain_bytes_per_second": None if drain is None else round(drain, 1)}
+
+
+def _link_fields(figures: LinkFigures | None) -> dict[str, object]:
+    """A queue's capped 1.0 sender links (zeros, left out of the line, without any)."""
+    if figures is None:
+        return {}
+    return {"amqp10_links": figures.links, "amqp10_window_bytes": figures.window_bytes,
+            "amqp10_credit": figures.credit, "amqp10_admitted_credit": figures.admitted_credit}
 
 
 def _fleet_fields(fleet: FleetFigures | None, key: QueueKey) -> dict[str, object]:

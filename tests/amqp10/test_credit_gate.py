@@ -658,9 +658,13 @@ def test_a_held_link_is_admitted_in_its_turn_and_its_credit_reserved_on_the_toke
     assert mine is not None and theirs is not None
     assert theirs[1] == mine[1] - admitted and theirs[0] < mine[0]
     assert s.fc.is_blocked(1, ref) and s.counters.signals.get(("amqp10", "flow_on")) is None
+    (view,) = [v for v in s.gate.link_views() if v.handle == CAPPED_H]
+    assert (view.credit, view.admitted_credit) == (admitted, admitted)  # (/state shows it)
     for _ in range(admitted):
         s.send(CAPPED_H, 20_000)
     s.take()
+    (view,) = [v for v in s.gate.link_views() if v.handle == CAPPED_H]
+    assert (view.credit, view.admitted_credit) == (0, 0)
     assert s.fc.admission_room(frozenset({key}), s.clock.t) == \
         s.fc.admission_room(frozenset({key}), s.clock.t, 1, ref)  # nothing reserved any more
     assert q.overshoot_messages == overshoot and s.fc.is_blocked(1, ref)

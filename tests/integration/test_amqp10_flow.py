@@ -368,6 +368,11 @@ def test_free_link_delivers_while_its_neighbour_is_held(
         assert flow.tripped(qcap), "the capped queue was released while B ran"
         assert held.accepted - held_before < 300, "the capped link was not held"
         state = flow.proc.state()
+        # the metrics sum the capped link on its queue: withheld, no credit left
+        assert flow.metric("floodwall_amqp10_sender_links", queue=qcap) == 1
+        assert flow.metric("floodwall_amqp10_window_bytes", queue=qcap) >= 64 * 1024
+        assert flow.metric("floodwall_amqp10_link_credit", queue=qcap) == 0
+        assert flow.metric("floodwall_amqp10_sender_links", queue=qfree) == 0  # not policed
         assert ready_count(broker, qfree) == count
         # Released: A gets credit again and sends until its queue, with no consumer, trips
         # again. How many go before that is not a fixed number: a count taken inside A's

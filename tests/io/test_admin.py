@@ -29,6 +29,9 @@ class _Conn:
         self.from_server = FrameCounts(1, 10)
         self.held_bytes = held
 
+    def sender_links(self) -> None:
+        return None
+
 
 def _endpoints(stats: RelayStats, ready: bool = True) -> AdminEndpoints:
     return AdminEndpoints(make_registry([RelayCollector(stats)]),

@@ -12,6 +12,7 @@ from floodwall.control.controller import FlowController
 from floodwall.control.depth import ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.enforce.counters import GateCounters
+from floodwall.ops.link_figures import LinkFigures
 from floodwall.ops.telemetry import EVENT_FIELDS, SCHEMA_VERSION, ZERO_WHEN_ABSENT, Sampler
 from floodwall_pipeline.files import TimeRange
 from floodwall_pipeline.load import Telemetry, _load, load, malformed, read_raw
@@ -36,7 +37,8 @@ def test_schema_knows_every_field_the_proxy_and_the_generator_write(tmp_path: Pa
     fc.queue_seen(("/", "q"), 1.0)
     fc.sampled_management(("/", "q"), ManagementSample(1.0, 0, 0, 0, 0, 0), 1.0)
     written: set[str] = set()
-    for rec in Sampler("s").snapshot(fc, GateCounters(), 1.0, 1.0):
+    for rec in Sampler("s").snapshot(fc, GateCounters(), 1.0, 1.0,
+                                     links={("/", "q"): LinkFigures(1, 65536, 30, 2)}):
         written |= rec.keys()
     written |= set(EVENT_FIELDS) | {"event"}
     assert written <= set(FIELD_NAMES), written - set(FIELD_NAMES)

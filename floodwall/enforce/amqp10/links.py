@@ -212,9 +212,10 @@ class SpoolCapture:
 @dataclass(frozen=True, slots=True)
 class LinkView:
     """One sender link as ``/state`` shows it: where it sends, whether the proxy caps its
-    credit by a window (``window_bytes``: of messages; ``window``: that in messages at the
-    link's typical size), the credit the client has now (``credit``: what the proxy admitted
-    and the client has not used), its deliveries the broker has not settled, its phase."""
+    credit by a window (``window_bytes``: of messages, the window in force; ``window``: that
+    in messages at the link's typical size), the credit the client has now (``credit``: what
+    the proxy admitted and the client has not used; ``admitted_credit``: of it, what a held
+    queue's tokens admitted), its deliveries the broker has not settled, its phase."""
 
     session: int
     handle: int
@@ -226,6 +227,7 @@ class LinkView:
     window_bytes: int | None
     window: int | None
     credit: int
+    admitted_credit: int
     broker_credit: int
     unsettled: int
     deliveries: int
@@ -352,8 +354,8 @@ class SenderLink:
             self.phase.value, windowed, self.window_bytes if windowed else None,
             window_for(self.typical_bytes or ASSUMED_MESSAGE_BYTES, self.window_bytes)
             if windowed else None,
-            credit.client_credit, credit.broker_credit, self.unsettled, self.deliveries,
-            self.payload_bytes)
+            credit.client_credit, self.admitted_credit, credit.broker_credit, self.unsettled,
+            self.deliveries, self.payload_bytes)
 
 
 @dataclass(eq=False, slots=True)
