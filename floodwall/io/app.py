@@ -311,6 +311,7 @@ class Proxy:
         event(log, "stopping", reason=why, action="draining",
               drain_timeout=self.settings.drain_timeout, connections=len(self.stats.live),
               held_messages=held_messages, held_bytes=held_bytes)
+        self._close_listeners()  # before /readyz says draining: then nothing more is accepted
         self._stopping.set()
 
     async def drain(self) -> None:
@@ -321,8 +322,7 @@ class Proxy:
         released or refused as their queues drain while the drain waits.
         """
         self._stopping.set()
-        for listener in self._listeners:
-            listener.close()
+        self._close_listeners()
         loop = asyncio.get_running_loop()
         self._drain_deadline = loop.time() + self.settings.drain_timeout
         # The spool takes no new records (publishes are held instead) and replays what it
@@ -342,6 +342,11 @@ class Proxy:
             spool_drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await spool_drain
+
+    def _close_listeners(self) -> None:
+        """Stop accepting client connections (again: nothing more happens)."""
+        for listener in self._listeners:
+            listener.close()
 
     def _held(self) -> tuple[int, int]:
         """(messages, body bytes) of publishes held right now, on every connection."""
