@@ -51,7 +51,7 @@ def test_the_capped_links_feeding_a_policed_queue_are_summed() -> None:
 
 def test_the_metrics_show_them_per_queue() -> None:
     s = _two_senders()
-    registry = make_registry([LinkCollector(lambda: [_Conn(s)], lambda: s.fc.queues)])
+    registry = make_registry([LinkCollector(lambda: link_figures([_Conn(s)], s.fc.queues))])
     text = generate_latest(registry).decode()
     assert 'floodwall_amqp10_sender_links{queue="capped",vhost="/"} 2.0' in text
     assert f'floodwall_amqp10_window_bytes{{queue="capped",vhost="/"}} {384 << 10}.0' in text

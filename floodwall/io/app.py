@@ -141,9 +141,7 @@ class Proxy:
         collectors: list[Collector] = [RelayCollector(self.stats),
                                        AdminCollector(self.admin_stats), *standard_collectors()]
         if self.flow is not None:
-            controller = self.flow.controller
-            collectors += [self.flow.collector,
-                           LinkCollector(lambda: self.stats.live, lambda: controller.queues)]
+            collectors += [self.flow.collector, LinkCollector(self._link_figures)]
             if self.memory is not None:
                 collectors.append(MemoryBudgetCollector(self.memory))
             if self.flow.fleet is not None:
@@ -252,7 +250,7 @@ class Proxy:
         return {k: s.pending_bytes for k, s in self.spool.manager.spools.items()}
 
     def _link_figures(self) -> Mapping[QueueKey, LinkFigures]:
-        """The 1.0 sender links feeding each policed queue, summed (for telemetry)."""
+        """The 1.0 sender links feeding each policed queue, summed (metrics, telemetry)."""
         if self.flow is None:
             return {}
         return link_figures(list(self.stats.live), self.flow.controller.queues)

@@ -5,7 +5,7 @@ clients hold and what a held queue's tokens admitted of it. ``/state`` shows eac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,12 +60,11 @@ def link_figures(connections: Iterable[HasSenderLinks],
 
 
 class LinkCollector(Collector):
-    """``floodwall_amqp10_*`` per policed queue, from the open connections' links."""
+    """``floodwall_amqp10_*`` per policed queue (``figures``: ``link_figures`` of the open
+    connections, as the telemetry reads them too)."""
 
-    def __init__(self, connections: Callable[[], Iterable[HasSenderLinks]],
-                 policed: Callable[[], Container[QueueKey]]) -> None:
-        self.connections = connections
-        self.policed = policed
+    def __init__(self, figures: Callable[[], Mapping[QueueKey, LinkFigures]]) -> None:
+        self.figures = figures
 
     def collect(self) -> Iterator[Metric]:
         labels = ["vhost", "queue"]
@@ -88,7 +87,7 @@ class LinkCollector(Collector):
                 "Of it, what a held queue's tokens admitted and the clients have not sent yet "
                 "(messages)", labels=labels), "admitted_credit"),
         )
-        figures = link_figures(list(self.connections()), self.policed())
+        figures = self.figures()
         for key in sorted(figures):
             for family, name in families:
                 family.add_metric(list(key), getattr(figures[key], name))
