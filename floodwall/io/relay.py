@@ -244,8 +244,9 @@ class RelayedConnection(asyncio.Protocol):
     other once what was queued for it has been written. Slots: one per connection (memory).
     """
 
-    __slots__ = ("_client_gone", "_clock", "_closed", "_connect_task", "_handshake_timer",
-                 "_head", "_lanes", "_loop", "_partial", "_paused", "_pending", "_piped",
+    __slots__ = ("_budget_told", "_client_gone", "_clock", "_closed", "_connect_task",
+                 "_handshake_timer", "_head", "_lanes", "_loop", "_partial", "_paused",
+                 "_pending", "_piped",
                  "_retire_timer", "_server_spoke", "_splice", "_unreachable", "_unwatch",
                  "_upstream_paused", "client", "conn_id", "core", "from_client", "from_server",
                  "gate", "node", "peer", "protocol", "settings", "stats", "turn_bytes",
@@ -275,6 +276,7 @@ class RelayedConnection(asyncio.Protocol):
         self.turn_bytes = 0  # client bytes relayed since its last turn (``take_turn``)
         self.gate: ConnectionGate | None = None
         self._client_gone = False
+        self._budget_told = False  # hold_budget_exceeded logged; again once it holds nothing
         self._retire_timer: asyncio.TimerHandle | None = None
         self._unreachable: UnreachableAnswer | None = None  # telling the client why not
         self.node: Endpoint | None = None  # the broker node the upstream is connected to
@@ -550,16 +552,24 @@ class RelayedConnection(asyncio.Protocol):
 
     def _check_budgets(self, flow: ConnectionGate) -> None:
         """Stop reading this connection past its hold budget, or while the process' memory
-        budget is reached and it holds publishes; read it again when it is back under."""
+        budget is reached and it holds publishes; read it again when it is back under.
+
+        ``hold_budget_exceeded`` is logged once until the connection holds nothing again: a
+        producer held at its consumers' pace is read and stopped again as every count lets
+        some of its publishes go (tens of times a second)."""
         if flow.over_budget:
-            if not self._paused & Paused.HOLD_BUDGET \
-                    and flow.held_bytes > flow.hold_budget:
+            if not self._budget_told and flow.held_bytes > flow.hold_budget:
+                self._budget_told = True
                 event(log, "hold_budget_exceeded", logging.WARNING, conn=self.conn_id,
                       peer=self.peer, held_bytes=flow.held_bytes, budget=flow.hold_budget,
-                      action="stopped reading this connection")
+                      action="stopped reading this connection until it is back under; "
+                             "logged again once it has held nothing")
             self._pause_client(Paused.HOLD_BUDGET)
-        elif self._paused & Paused.HOLD_BUDGET:
-            self._resume_client(Paused.HOLD_BUDGET)
+        else:
+            if self._paused & Paused.HOLD_BUDGET:
+                self._resume_client(Paused.HOLD_BUDGET)
+            if self._budget_told and not flow.holding:
+                self._budget_told = False
         board = self.settings.board
         if board is not None and board.memory is not None and not self._client_gone \
                 and board.memory_reached(self.conn_id, flow.held_bytes):
