@@ -304,6 +304,25 @@ def test_counts_ahead_of_their_byte_figures_are_not_read_as_empty() -> None:
     assert q.estimate() == q.estimate(settled=True) == Depth(33 * 1024, 33)
 
 
+def test_falling_for_counts_the_run_of_counts_each_below_the_one_before() -> None:
+    """A fall longer than ``FALL_AFTER`` is how long the counts have fallen; a count that
+    does not fall (the same, a rise, or an empty queue after an empty one) ends it."""
+    d = QueueDepth()
+    seen = []
+    for at, ready in ((1.0, 900), (1.008, 880), (1.016, 850), (1.024, 820), (1.032, 790),
+                      (1.04, 790), (1.048, 700), (1.056, 650), (1.064, 651), (1.072, 0),
+                      (1.08, 0)):
+        d.sampled_ready_count(at, ready, rtt=0.001)
+        seen.append(round(d.falling_for(at), 3))
+    # from the first fall (1.008): 8 ms (not past FALL_AFTER, 15 ms), 16, 24; 1.04 did not
+    # fall; ...
+    assert seen == [0.0, 0.0, 0.0, 0.016, 0.024, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    d.sampled_ready_count(1.2, 0, rtt=0.001)
+    for at, ready in ((1.3, 100), (1.31, 90), (1.33, 80), (1.36, 60)):
+        d.sampled_ready_count(at, ready, rtt=0.001)
+    assert d.falling_for(1.36) == pytest.approx(0.05)  # since the first count that fell
+
+
 def test_drain_rate_from_successive_ready_counts_and_the_ledger() -> None:
     """Messages that left the ready state between two counts: what was ready, plus what the
     ledger forwarded in between, less what is ready now; averaged, with the interval."""

@@ -66,7 +66,10 @@ trip of the recent counts (``QueueDepth.rtt_high``, halving every 0.1 s, ``RTT_H
 the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked
 for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
 flood still on its way into the queue), so the first admissions wait until the
-counts can hold it.
+counts can hold it; and, while the counts have fallen one below the other for longer than
+the least margin, how long (``QueueDepth.falling_for``: a stall, whose forwarded publishes
+taken to have landed would be admitted again at every count, or a consumer speeding up).
+``m_lo`` (``trusted_margin``) reaches back as far.
 
 Pure: every entry point takes ``now``; nothing here reads a clock.
 """
@@ -153,7 +156,7 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
     policy = q.policy
     margin = max(depth.ready_margin if rtt is None
                  else max(2 * max(rtt, depth.rtt_high), margin_floor(policy, hot_interval)),
-                 depth.lag_at(at))
+                 depth.lag_at(at), depth.falling_for(at))
     before: tuple[float, float] = depth.totals_before(at - margin)
     if rtt is not None and q.share is None:  # one sidecar: the trust budget
         before = _trusted(depth, policy, at, rtt, before)
@@ -207,7 +210,8 @@ def margin_floor(policy: Policy, hot_interval: float) -> float:
 def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:
     """``m_lo``: how long before a count asked for at ``at`` a publish is trusted to be in
     it, as far as the trust budget goes: twice this count's round trip, the lag the counts
-    show (``SETTLE`` for the counts within ``SETTLE`` of a trip) and ``TRUST_FLOOR`` at
+    show (``SETTLE`` for the counts within ``SETTLE`` of a trip), how long they have fallen
+    (``QueueDepth.falling_for``: a stall's publishes are not in them) and ``TRUST_FLOOR`` at
     least. This count's round trip, not the longest recent one (``rtt_high``, which the
     margin ``m`` keeps): ``rtt_high`` is a decaying maximum over some 200 counts a second,
     so one count delayed by the proxy's own loop or the OS (docs/performance.md, "Held producers
@@ -215,7 +219,7 @@ def trusted_margin(depth: QueueDepth, at: float, rtt: float) -> float:
     median 0.55 ms, but a 30-130 ms outlier every second or so on a 2-core
     machine) held ``m_lo`` at ``m`` and the budget never engaged; what trusting a fast
     count too much can cost is the budget ``S`` whatever ``m_lo`` is."""
-    return max(2 * rtt, depth.lag_at(at), TRUST_FLOOR)
+    return max(2 * rtt, depth.lag_at(at), depth.falling_for(at), TRUST_FLOOR)
 
 
 def trust_budget(policy: Policy) -> tuple[float, float]:

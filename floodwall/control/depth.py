@@ -73,6 +73,10 @@ HOT_MIN_MARGIN = MIN_MARGIN
 # While the counts show no lag, the enqueue-lag estimate halves every this many seconds
 # (docs/design/pace.md, "Enqueue lag").
 LAG_HALF_LIFE = 5.0
+# A run of falling counts longer than this (seconds; about three hot counts in a row) is
+# taken as a possible stall (``QueueDepth.falling_for``); shorter ones are a consumer's
+# prefetch refilling, and the least margin (20 ms) covers them anyway.
+FALL_AFTER = 0.015
 # The longest recent round trip of the counts (``rtt_high``) halves every this many seconds:
 # a round trip is seen at every count, so a slow broker keeps it up (a hot queue is counted
 # some 150-200 times a second), and one slow answer (the proxy's own loop or the OS: on the
@@ -185,6 +189,9 @@ class QueueDepth:
     # ``_assumed_until``: what was forwarded before the trip may be a flood on its way.
     _assumed_lag: float = 0.0
     _assumed_until: float = -math.inf
+    # The request time of the first of a run of counts each below the one before it (None:
+    # the newest count did not fall): ``falling_for``.
+    _falling_since: float | None = None
     # A fleet: body bytes/s the other members forward into the queue, as they announce it
     # (``FlowController.set_share``): what the counts show of theirs is neither lag nor a
     # lack of drain.
@@ -261,6 +268,11 @@ class QueueDepth:
         if rtt is not None:
             since = 0.0 if self.ready_count_at is None else requested_at - self.ready_count_at
             self.rtt_high = max(rtt, self.rtt_high * 0.5 ** (since / RTT_HALF_LIFE))
+        previous = self.ready_count
+        if previous is None or ready >= previous:
+            self._falling_since = None
+        elif self._falling_since is None:
+            self._falling_since = requested_at
         still = self._still
         if still is None or ready != self.ready_count \
                 or still[1] != self.forwarded_messages_total:
@@ -296,6 +308,23 @@ class QueueDepth:
         if requested_at < self._assumed_until:
             return max(self.enqueue_lag, self._assumed_lag)
         return self.enqueue_lag
+
+    def falling_for(self, requested_at: float) -> float:
+        """How long the counts up to the one asked for at ``requested_at`` have fallen, each
+        below the one before (from the first that fell), once that is longer than
+        ``FALL_AFTER`` (0 before, and once a count does not fall).
+
+        A fall that long is a stall or a consumer speeding up, and a count cannot tell
+        which: what was forwarded meanwhile may not have landed (the broker's reader or
+        channel stopped while its consumers went on), and taking it to be in the queue after
+        the margin, as ``lag_at`` does, admits it again at every count, so a stall's
+        overshoot would grow with its square (docs/design/pace.md, "Bounds"). The
+        admission's margins reach back to the fall's start instead: while it lasts, a count
+        admits what the queue fell by. A count that does not fall ends it (one that found
+        the queue empty too: its consumers may be waiting)."""
+        since = self._falling_since
+        falling = 0.0 if since is None else requested_at - since
+        return falling if falling > FALL_AFTER else 0.0
 
     def _watch_lag(self, before: int, before_at: float, ready: int, at: float,
                    rtt: float | None) -> None:
