@@ -67,7 +67,7 @@ the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the cou
 for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
 flood still on its way into the queue), so the first admissions wait until the
 counts can hold it; and, while the counts have fallen one below the other for longer than
-the least margin, how long (``QueueDepth.falling_for``: a stall, whose forwarded publishes
+``FALL_AFTER`` (15 ms), how long (``QueueDepth.falling_for``: a stall, whose forwarded publishes
 taken to have landed would be admitted again at every count, or a consumer speeding up).
 ``m_lo`` (``trusted_margin``) reaches back as far.
 

@@ -320,8 +320,8 @@ class QueueDepth:
         the margin, as ``lag_at`` does, admits it again at every count, so a stall's
         overshoot would grow with its square (docs/design/pace.md, "Bounds"). The
         admission's margins reach back to the fall's start instead: while it lasts, a count
-        admits what the queue fell by. A count that does not fall ends it (one that found
-        the queue empty too: its consumers may be waiting)."""
+        admits what the queue fell by. A count that does not fall ends it (so does a second
+        count that finds the queue empty: its consumers may be waiting for more)."""
         since = self._falling_since
         falling = 0.0 if since is None else requested_at - since
         return falling if falling > FALL_AFTER else 0.0
