@@ -731,8 +731,8 @@ def test_an_enqueue_stall_is_admitted_what_the_queue_fell_by() -> None:
     1,175 KiB over for 30, 50, 90 and 150 ms). While the counts fall one below the other the
     margins reach back to the fall's start (``falling_for``), a count admits what the queue
     fell by, and the queue stays near its capacity. At 256 KiB a stall longer than its
-    content lasts (~45 ms here) empties it, a count of 0 ends the fall (its consumer may be
-    waiting) and the rest compounds as before, within ``stall_bound``."""
+    content lasts (~45 ms here) empties it, a second count of 0 ends the fall (its consumer
+    may be waiting) and the rest compounds as before, within ``stall_bound``."""
     for capacity_kib in (1024, 256):
         margin = margin_floor(policies_of(capacity_kib * 1024).policies[0], HOT_INTERVAL)
         for stall in (0.03, 0.05, 0.09, 0.15):

@@ -246,11 +246,10 @@ class RelayedConnection(asyncio.Protocol):
 
     __slots__ = ("_budget_told", "_client_gone", "_clock", "_closed", "_connect_task",
                  "_handshake_timer", "_head", "_lanes", "_loop", "_partial", "_paused",
-                 "_pending", "_piped",
-                 "_retire_timer", "_server_spoke", "_splice", "_unreachable", "_unwatch",
-                 "_upstream_paused", "client", "conn_id", "core", "from_client", "from_server",
-                 "gate", "node", "peer", "protocol", "settings", "stats", "turn_bytes",
-                 "upstream")
+                 "_pending", "_piped", "_retire_timer", "_server_spoke", "_splice",
+                 "_unreachable", "_unwatch", "_upstream_paused", "client", "conn_id", "core",
+                 "from_client", "from_server", "gate", "node", "peer", "protocol", "settings",
+                 "stats", "turn_bytes", "upstream")
 
     def __init__(self, settings: RelaySettings, stats: RelayStats, conn_id: int) -> None:
         self.settings = settings
