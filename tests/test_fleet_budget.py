@@ -144,6 +144,29 @@ def test_held_a_member_admits_its_share_of_the_room_each_count_shows() -> None:
     assert q.depth.enqueue_lag < 0.1
 
 
+def test_a_fall_in_the_counts_reaches_back_for_a_sidecar_alone_not_for_a_member() -> None:
+    """While the counts fall, each below the one before, a sidecar alone takes what was
+    forwarded since the fall began to be still on its way (``QueueDepth.falling_for``: an
+    enqueue stall); a member does not: its rate share holds what it is admitted near the
+    drain through a stall, and a margin longer than the fleet's room target would let the
+    room decide instead, unevenly among members (docs/design/fleet.md)."""
+    margins = {}
+    for name, share in (("alone", None), ("member", rule("me", {"me": 1e9, "b": 1e9}))):
+        fc = member(share)
+        for _ in range(CAPACITY // M + 1):
+            fc.forwarded("/", NAMES, M, 1.0)
+        assert KEY in fc.tripped
+        at = 1.3  # past SETTLE: the trip's own margin is over
+        for i in range(10):  # a count every 8 ms, each 12 messages below the one before
+            at = 1.3 + i * 0.008
+            fc.sampled_ready_count(KEY, at, 900 - 12 * i, RTT, at + RTT)
+        a = allowance(fc.queues[KEY], at + RTT, HOT_INTERVAL)
+        assert a is not None
+        margins[name] = a.margin
+    assert margins["alone"] == pytest.approx(0.064)  # since the first count that fell
+    assert margins["member"] == pytest.approx(0.04)  # the floor for 1 MB (margin_floor)
+
+
 def test_without_the_others_ingress_their_messages_read_as_lag() -> None:
     """Read as one sidecar reads it (a rise beyond all it forwarded since the earlier count),
     but capped at SETTLE in a fleet (it may be the others' publishes, not announced yet:
@@ -348,13 +371,14 @@ def _stalled(u: Uneven, ms: int) -> bool:
 
 
 def simulate_uneven(us: list[Uneven], seconds: float, drain_per_ms: float,
-                    hold_messages: int = 2000, from_s: float = 1.0
-                    ) -> tuple[int, list[int]]:
+                    hold_messages: int = 2000, from_s: float = 1.0,
+                    stall: tuple[float, float] | None = None) -> tuple[int, list[int]]:
     """Members ``us`` on one queue drained at ``drain_per_ms``, each counting it back to back
     (one count in flight, answered ``rtt_ms`` later, the next asked 5 ms after the answer),
     admitting its held publishes only when its loop runs, its producer refilling a hold of
-    ``hold_messages`` at its own speed. Returns the queue's peak (messages) and what each
-    forwarded after ``from_s``."""
+    ``hold_messages`` at its own speed. ``stall``: (at, for) seconds in which the broker
+    enqueues nothing while the consumers go on (what is forwarded meanwhile lands when it
+    ends). Returns the queue's peak (messages) and what each forwarded after ``from_s``."""
     names = [f"m{i}" for i in range(len(us))]
     members = [member(rule(m, dict.fromkeys(names))) for m in names]
     sent, ticked, after = [0] * len(us), [0] * len(us), [0] * len(us)
@@ -362,9 +386,14 @@ def simulate_uneven(us: list[Uneven], seconds: float, drain_per_ms: float,
     held = [0.0] * len(us)
     asked: list[tuple[int, float, int] | None] = [None] * len(us)  # (answer ms, at, ready)
     next_ask = [u.offset_ms for u in us]
-    depth, drained, peak = 0, 0.0, 0
+    depth, drained, peak, landing = 0, 0.0, 0, 0
+    stall_ms = (-1, -1) if stall is None else (int(stall[0] * 1000),
+                                               int((stall[0] + stall[1]) * 1000))
     for ms in range(int(seconds * 1000)):
         now = ms / 1000
+        stalled = stall_ms[0] <= ms < stall_ms[1]
+        if not stalled:
+            depth, landing = depth + landing, 0
         if ms % TICK_MS == 0:
             rates = [(sent[i] - ticked[i]) * M / (TICK_MS / 1000) for i in range(len(us))]
             ticked = list(sent)
@@ -386,7 +415,10 @@ def simulate_uneven(us: list[Uneven], seconds: float, drain_per_ms: float,
                 fc.forwarded("/", NAMES, M, now)
                 held[i] -= 1
                 sent[i] += 1
-                depth += 1
+                if stalled:
+                    landing += 1
+                else:
+                    depth += 1
                 after[i] += ms >= from_s * 1000
             fc.take_output()
         drained += drain_per_ms
@@ -430,6 +462,20 @@ def test_without_rate_shares_the_same_members_are_not_as_even(monkeypatch: pytes
     _, got = simulate_uneven(UNEVEN, seconds=5.0, drain_per_ms=2.0)
     mean = sum(got) / len(got)
     assert min(got) < 0.8 * mean, got
+
+
+@pytest.mark.parametrize("stall_s", [0.05, 0.15])
+def test_a_fleet_through_an_enqueue_stall_stays_within_the_bound(stall_s: float) -> None:
+    """8 members held at 2 messages a ms; the broker enqueues nothing for 50 or 150 ms while
+    its consumers go on. Their rate shares hold what they are admitted near the drain, so
+    what the stall held back lands in the room the queue fell by and the room the fleet
+    keeps (``R0``): within 256 KiB of the capacity (one sidecar alone would take what it
+    forwarded meanwhile as drained and admit it again at every count, but for
+    ``QueueDepth.falling_for``: tests/test_pace.py)."""
+    us = [Uneven(rtt_ms=1 + i, offset_ms=7 * i) for i in range(8)]
+    peak, got = simulate_uneven(us, seconds=3.0, drain_per_ms=2.0, stall=(1.5, stall_s))
+    assert peak <= (CAPACITY + 256 * 1024) // M, peak
+    assert jain(got) >= 0.95, got
 
 
 @settings(max_examples=6, deadline=None, derandomize=True,

@@ -66,10 +66,13 @@ trip of the recent counts (``QueueDepth.rtt_high``, halving every 0.1 s, ``RTT_H
 the lag the counts show (``QueueDepth.enqueue_lag``), and ``SETTLE`` for the counts asked
 for within ``SETTLE`` of a trip (``QueueDepth.lag_at``: what went before the trip may be a
 flood still on its way into the queue), so the first admissions wait until the
-counts can hold it; and, while the counts have fallen one below the other for longer than
-``FALL_AFTER`` (15 ms), how long (``QueueDepth.falling_for``: a stall, whose forwarded publishes
-taken to have landed would be admitted again at every count, or a consumer speeding up).
-``m_lo`` (``trusted_margin``) reaches back as far.
+counts can hold it; and, for one sidecar, while the counts have fallen one below the other
+for longer than ``FALL_AFTER`` (15 ms), how long (``QueueDepth.falling_for``: a stall, whose
+forwarded publishes taken to have landed would be admitted again at every count, or a
+consumer speeding up). ``m_lo`` (``trusted_margin``) reaches back as far. Not in a fleet: a
+member's rate share already holds what it is admitted near the drain through a stall, and a
+margin past the fleet's room target would let each count's room decide what each member
+gets, unevenly (docs/design/fleet.md, "Fair per second").
 
 Pure: every entry point takes ``now``; nothing here reads a clock.
 """
@@ -154,11 +157,12 @@ def allowance(q: HeldQueue, now: float, hot_interval: float) -> Allowance | None
         return None
     rtt = depth.ready_rtt
     policy = q.policy
+    alone = q.share is None
     margin = max(depth.ready_margin if rtt is None
                  else max(2 * max(rtt, depth.rtt_high), margin_floor(policy, hot_interval)),
-                 depth.lag_at(at), depth.falling_for(at))
+                 depth.lag_at(at), depth.falling_for(at) if alone else 0.0)
     before: tuple[float, float] = depth.totals_before(at - margin)
-    if rtt is not None and q.share is None:  # one sidecar: the trust budget
+    if rtt is not None and alone:  # one sidecar: the trust budget
         before = _trusted(depth, policy, at, rtt, before)
     before_bytes, before_messages = before
     credit = (depth.drain_rate or 0.0) * credit_time(hot_interval, rtt)
