@@ -249,7 +249,7 @@ def _setup(runs: bool, policies: str | None = None, overflow: str = "hold",
     if runs:
         return s, record_calls(s.gate, "on_publish_run")
     s.gate.publish_run = lambda *a: None  # type: ignore[method-assign]
-    s.gate.hold_run = lambda *a: None  # type: ignore[method-assign]
+    s.gate.hold_run = lambda *a: False  # type: ignore[method-assign]
     s.gate.held.release_run = lambda *a: False  # type: ignore[method-assign]
     return s, []
 
@@ -524,11 +524,11 @@ def test_a_held_channels_burst_is_held_as_a_run_and_leaves_in_order() -> None:
         _lockstep(steps, 0, one_byte=one_byte)
 
 
-@pytest.mark.parametrize("condition", ["headers", "reject", "shadow", "budget"])
+@pytest.mark.parametrize("condition", ["headers", "reject", "shadow"])
 def test_no_held_run_where_a_publish_could_be_decided_otherwise(condition: str) -> None:
-    """A headers property (the route may differ), a reject policy (each publish is refused),
-    a shadow policy's trip (each publish is recorded) and a full hold budget
-    (docs/design/runs.md) send the held channel's publishes a publish at a time."""
+    """A headers property (the route may differ), a reject policy (each publish is refused)
+    and a shadow policy's trip (each publish is recorded) send the held channel's publishes a
+    publish at a time."""
     s, _ = _setup(runs=True, overflow="reject" if condition == "reject" else "hold",
                   policies=SHADOWED if condition == "shadow" else None)
     held_runs = record_calls(s.gate, "on_hold_run")
@@ -537,12 +537,27 @@ def test_no_held_run_where_a_publish_could_be_decided_otherwise(condition: str) 
     if condition == "shadow":
         s.sample("capped2", 5000)
         assert s.fc.trips.shadow
-    if condition == "budget":
-        s.gate.ctx.hold_budget = 50
     s.core.receive_from_client(_sent(("send", [(1, "capped", 90, 10, props)])), s.clock.t)
     assert not any(ends for *_, ends, _ in held_runs)  # (the first one's body: at most)
     if condition != "reject":
         assert len(s.gate.channels[1].held) == 10
+
+
+def test_a_full_hold_budget_does_not_end_a_held_run() -> None:
+    """Past its hold budget a connection is read no more, after the read: a publish at a
+    time holds the whole read too, so the run holds it all (the same books as one at a
+    time), and the relay's backpressure is as before."""
+    a, _ = _setup(runs=True)
+    held_runs = record_calls(a.gate, "on_hold_run")
+    b, _ = _setup(runs=False)
+    for s in (a, b):
+        s.gate.ctx.hold_budget = 50
+    for step in [("sample", "capped", 5000), ("send", [(1, "capped", 90, 30, "plain")]),
+                 ("send", [(1, "capped", 90, 30, "plain")])]:
+        _both(a, b, step)
+    assert [len(call[4]) for call in held_runs] == [29, 29]
+    assert len(a.gate.channels[1].held) == 60
+    assert a.gate.over_budget and b.gate.over_budget
 
 
 def test_held_publishes_leave_in_runs_as_far_as_they_would_one_at_a_time() -> None:

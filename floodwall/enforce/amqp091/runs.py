@@ -37,8 +37,11 @@ was: it is held (not spooled, refused or left waiting for its content) and is th
 thing the channel holds; its content header carries no ``headers``; its route needs no
 lookup and no blocking queue's policy says ``reject`` (then ``decide`` holds every publish
 behind a held one); no shadow policy has a trip and the channel has no shadow hold; the
-connection keeps no client ``connection.close`` back; and the hold budget is not passed (past
-it each publish of the read is held one at a time; docs/design/runs.md says why). Each
+connection keeps no client ``connection.close`` back. The hold budget does not end a run:
+it is the relay's backpressure after a read (it stops reading past it), and a publish at a
+time holds the whole read as well (a run that stopped at the budget sent the rest of every
+read past it a publish at a time: a producer held at its consumers' pace is past it all the
+time). Each
 publish of the run is held as its own ``HeldPublish`` (its method frame, shared, and its
 content header and body frames as one piece of bytes), with its confirm sequence number, so
 that its release, its deadline and its channel's close see what they would have seen.
@@ -119,34 +122,29 @@ class PublishRuns:
         forwarded_run(self.controller.queues, self.ctx.vhost, self._run_queues, body_bytes,
                       count, now)
 
-    def hold_run(self, channel: int, buf: Buffer, header_offset: int, now: float
-                 ) -> float | None:
+    def hold_run(self, channel: int, buf: Buffer, header_offset: int, now: float) -> bool:
         """After ``on_publish`` held the publish whose content header is at
-        ``buf[header_offset]``: at most how many body bytes of the channel's next whole
-        publishes with the same method frame ``on_hold_run`` holds at once, as they would be
-        held one at a time (module docstring); None when one of them could be decided
-        otherwise."""
+        ``buf[header_offset]``: True if ``on_hold_run`` may hold the channel's next whole
+        publishes with the same method frame at once, as they would be held one at a time
+        (module docstring); False when one of them could be decided otherwise."""
         held = self.held
         if held.connection_close is not None:
-            return None
+            return False
         ch = held.channels.get(channel)
         item = None if ch is None else ch.filling
         if ch is None or item is None or ch.publish is not PublishPhase.FILLING \
                 or item.spool_to is not None or item.received \
                 or not ch.held or ch.held[-1] is not item or ch.closing_by_proxy \
                 or ch.shadow.on:
-            return None
+            return False
         controller = self.controller
         if controller.trips.shadow or item.generation != controller.generation:
-            return None
+            return False
         if BODY_SIZE.unpack_from(buf, header_offset + HEADER_SIZE)[3] & HEADERS_FLAG:
-            return None
+            return False
         blocking = controller.blocking(self.ctx.vhost, item.queues)
-        if any(is_pseudo(k) and k != ALARM for k in blocking) \
-                or strictest_overflow(controller.queues, blocking) is Overflow.REJECT:
-            return None
-        room = self.ctx.hold_budget - held.held_bytes
-        return room if room > 0 else None
+        return not (any(is_pseudo(k) and k != ALARM for k in blocking)
+                    or strictest_overflow(controller.queues, blocking) is Overflow.REJECT)
 
     def on_hold_run(self, channel: int, buf: Buffer, body_offset: int, body_end: int,
                     ends: list[int], now: float) -> None:

@@ -794,8 +794,7 @@ class Connection(FrameRelay):
         ``header_end``): its body and the run of whole publishes that follows, held at once
         as far as the gate allows (``runs``: a held producer at its consumers' pace).
         Returns where the frames the gate took end."""
-        allowed = gate.hold_run(channel, buf, end, self._now)
-        if allowed is None:
+        if not gate.hold_run(channel, buf, end, self._now):
             return header_end
         limit = payload_limit(self._frame_limit)
         method = bytes(buf[offset:end])
@@ -805,7 +804,7 @@ class Connection(FrameRelay):
             return header_end  # its body is not all here: frame by frame, as before
         ends: list[int] = []
         stop, _, _, frames = scan_publish_run(buf, body_end, limit, channel, method, 0,
-                                              math.inf, allowed, ends)
+                                              math.inf, math.inf, ends)
         gate.on_hold_run(channel, buf, header_end, body_end, ends, self._now)
         self._held_frames = 1 + body_frames + frames  # its content header too
         return stop

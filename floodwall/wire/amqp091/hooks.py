@@ -93,17 +93,17 @@ class PublishHooks(Protocol):
         """A run of ``count`` whole publishes within what ``publish_run`` allowed, relayed
         untouched; ``body_bytes``: the body sizes their content headers give, in all."""
 
-    def hold_run(self, channel: int, buf: Buffer, header_offset: int, now: float
-                 ) -> float | None:
+    def hold_run(self, channel: int, buf: Buffer, header_offset: int, now: float) -> bool:
         """After ``on_publish`` held a publish whose content header is at
-        ``buf[header_offset]`` (its body still to come): at most how many body bytes of the
-        channel's next whole publishes with the same method frame the gate holds at once with
-        ``on_hold_run``, as it would hold them one at a time; None: read them the usual way."""
+        ``buf[header_offset]`` (its body still to come): True if the gate holds the
+        channel's next whole publishes with the same method frame at once with
+        ``on_hold_run``, as it would hold them one at a time; False: read them the usual
+        way."""
 
     def on_hold_run(self, channel: int, buf: Buffer, body_offset: int, body_end: int,
                     ends: list[int], now: float) -> None:
         """The held publish's body frames ``buf[body_offset:body_end]``, then whole publishes
-        with its method frame ending at each of ``ends`` (within what ``hold_run`` allowed):
+        with its method frame ending at each of ``ends`` (``hold_run`` allowed them):
         all held, as ``on_content`` and ``on_publish`` would have held them."""
 
     def on_content(self, channel: int, buf: Buffer, offset: int, end: int,
