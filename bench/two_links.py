@@ -18,7 +18,8 @@ message accepted as it comes) and the free queue as fast as it can. Per round an
 - the capped queue's depth at the broker over capacity: the maximum of ready x 1 KiB from a
   passive declare every 20 ms (the consumer holds at most one message unacknowledged);
 - trips, and floodwall's own overshoot count (messages forwarded to the queue while it was
-  tripped, sent on credit granted before the trip) per trip;
+  tripped, sent on credit granted before the trip) per trip, and how often floodwall
+  counted the capped queue (passive declares a second over the run);
 - the free link's rate (accepted/s from its 1,000th to its last acceptance) with the capped
   link throttled beside it, against its rate alone (the capped link idle) in the same round:
   rounds alternate alone/both and both/alone. At a consumer rate of 0 nobody consumes the
@@ -394,6 +395,8 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
                           "/amq/queue/" if form == "v1" else "/queues/", qcap)
     trips0 = metric_sum(fw, "floodwall_queue_trips_total")
     over0 = metric_sum(fw, "floodwall_queue_overshoot_messages_total")
+    counts0 = metric_sum(fw, "floodwall_queue_depth_samples_total", queue=qcap)
+    started = time.monotonic()
     consumer.start()  # its depth watcher from now on
     t_sender = thread(sender)
     # the links declare their queues: the consumer attaches once they exist (the capped
@@ -418,6 +421,8 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
     t_sender.join(10)
     trips = metric_sum(fw, "floodwall_queue_trips_total") - trips0
     over = metric_sum(fw, "floodwall_queue_overshoot_messages_total") - over0
+    counts = metric_sum(fw, "floodwall_queue_depth_samples_total", queue=qcap) - counts0
+    elapsed = time.monotonic() - started
     if both and rate == 0:  # what the throttled link left behind (after its metrics)
         delete_queue(st.endpoint, qcap)
     acc = {a.split("/")[-1].split(".")[1]: len(t) for a, t in sender.accepted.items()}
@@ -426,6 +431,7 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
             "over_capacity_kib": max(0, consumer.max_ready.value * KIB - CAPACITY) / KIB,
             "trips": trips, "overshoot_messages": over,
             "overshoot_per_trip": over / trips if trips else 0.0,
+            "capped_counts_per_s": counts / elapsed,
             "free_msgs_per_s": free_rate(sender.accepted[free_key]),
             "capped_sends_per_s": beside_rate(sender.sent_at[cap_key] if both else [],
                                               sender.accepted[free_key])}
@@ -478,6 +484,7 @@ def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
         "max_over_capacity_kib": max(r["over_capacity_kib"] for r in both),
         "trips": median([r["trips"] for r in both]),
         "overshoot_per_trip": median([r["overshoot_per_trip"] for r in both]),
+        "capped_counts_per_s": median([r.get("capped_counts_per_s", 0.0) for r in both]),
         "free_ratio_paired": median(ratios),
         "free_alone": median(list(alone.values())),
         "free_both": median([r["free_msgs_per_s"] for r in both]),
@@ -496,7 +503,9 @@ def report(doc: dict[str, Any]) -> None:
               f"consumed all: {s['all_consumed']}, errors {s['errors'] or 'none'}")
         print(f"    capped queue over capacity: max {fmt(s['max_over_capacity_kib'], '.0f')} "
               f"KiB; trips (median) {fmt(s['trips'], '.0f')}, overshoot per trip "
-              f"{fmt(s['overshoot_per_trip'], '.1f')} msgs")
+              f"{fmt(s['overshoot_per_trip'], '.1f')} msgs"
+              + (f"; counted {fmt(s['capped_counts_per_s'], '.0f')} times a second"
+                 if "capped_counts_per_s" in s else ""))
         print(f"    free link: alone {fmt(s['free_alone'], ',.0f')} msg/s, beside the throttled "
               f"link {fmt(s['free_both'], ',.0f')} msg/s, paired ratio "
               f"{fmt(s['free_ratio_paired'], '.3f')} (target >= 0.95)")
