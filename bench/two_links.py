@@ -484,7 +484,7 @@ def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
         "max_over_capacity_kib": max(r["over_capacity_kib"] for r in both),
         "trips": median([r["trips"] for r in both]),
         "overshoot_per_trip": median([r["overshoot_per_trip"] for r in both]),
-        "capped_counts_per_s": median([r.get("capped_counts_per_s", 0.0) for r in both]),
+        "capped_counts_per_s": median([r["capped_counts_per_s"] for r in both]),
         "free_ratio_paired": median(ratios),
         "free_alone": median(list(alone.values())),
         "free_both": median([r["free_msgs_per_s"] for r in both]),
