@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from proton import Message
+from proton import Endpoint, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -184,14 +184,22 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
         self.stop = threading.Event()
         self.budget = 0.0
         self.last = time.monotonic()
+        self.overrun = False
 
     def on_start(self, event: Any) -> None:
         self.conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
         self.cap = (event.container.create_receiver(self.conn, self.source + self.qcap)
                     if self.qcap else None)  # (alone: no capped queue to attach to)
         self.free = event.container.create_receiver(self.conn, self.source + self.qfree)
-        self.free.flow(500)
         event.container.schedule(0.002, self)
+
+    def on_link_opened(self, event: Any) -> None:
+        # Credit only once the broker's attach is in: proton puts delivery-count 0 on a flow
+        # sent before it, and RabbitMQ 4 starts its links at 2**32 - 5, so such a flow grants
+        # 5 more than asked (proton's credit then reads below 0, and every later flow carries
+        # a delivery-count behind the broker's: the capped link stalled for good).
+        if event.receiver is not None and event.receiver.name == self.free.name:
+            self.free.flow(500)
 
     def on_message(self, event: Any) -> None:
         free = event.receiver.name == self.free.name
@@ -200,8 +208,11 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
         event.delivery.settle()
         if free:
             self.free.flow(1)
-        else:
-            self.budget -= 1
+            return
+        self.budget -= 1
+        if self.cap.credit < 0 and not self.overrun:
+            self.overrun = True
+            self.errors.append("the broker delivered past the capped link's credit")
 
     def on_link_error(self, event: Any) -> None:
         self.errors.append(f"consumer link: {event.link.remote_condition}")
@@ -213,10 +224,9 @@ class PacedConsumer(MessagingHandler):  # type: ignore[misc]
         now = time.monotonic()
         self.budget = min(self.budget + (now - self.last) * self.rate, 8)
         self.last = now
-        # RabbitMQ 4.0 may deliver past the credit it was given (proton's credit then reads
-        # below 0): top it up to the budget from wherever it is, not only from 0.
-        if self.cap is not None and self.budget > 0 and self.cap.credit <= 0:
-            self.cap.flow(max(1, int(self.budget)) - self.cap.credit)
+        if (self.cap is not None and self.cap.state & Endpoint.REMOTE_ACTIVE
+                and self.budget >= 1 and self.cap.credit == 0):
+            self.cap.flow(int(self.budget))
         event.container.schedule(0.002, self)
 
 
