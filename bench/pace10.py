@@ -259,7 +259,7 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
     probes0 = metric_sum(fw, "floodwall_queue_depth_samples_total", queue=queue)
     beam, proxy = beam_of(st.broker), fw.process and psutil.Process(fw.process.pid)
     cpu0 = cpu_seconds(beam), cpu_seconds(proxy)
-    sender = NaiveSender(fw.port, [target], count)
+    sender = NaiveSender(fw.port, {target: count})
     try:
         if not mine.poll(30):
             raise TimeoutError("the consumer did not attach")

@@ -1,7 +1,7 @@
 """The two-link scenario: a python-qpid-proton sender at full speed, through floodwall.
 
 ``python -m bench.two_links [--rounds 3] [--rates 2500,250,0] [--count 6000]
-[--broker 3.10|4.0] [--address v1|v2|null]``
+[--free-count 30000] [--broker 3.10|4.0] [--address v1|v2|null]``
 
 ``--address``: the links' addresses. ``v1`` (the default): ``/queue/Q``, which RabbitMQ 3.10
 declares on attach (4.0 still takes it, deprecated). ``v2``: RabbitMQ 4's ``/queues/Q`` (the
@@ -10,7 +10,9 @@ message carries ``to`` ``/queues/Q`` (RabbitMQ 4); the free link stays ``/queues
 
 One proton connection, one session, two sender links written the way a new user writes them
 (``while sender.credit: sender.send(...)``): ``/queue/two.capped`` (policy 512 KiB, resume =
-capacity) and ``/queue/two.free`` (no policy), 1 KiB messages, ``--count`` each. A consumer
+capacity) and ``/queue/two.free`` (no policy), 1 KiB messages: ``--count`` on the capped link,
+``--free-count`` on the free one (its run some 2-3 s: a shorter one, 5,000 messages in 0.4 s,
+moved 0.8-1.1 between rounds with a hiccup of the broker's or the client's). A consumer
 straight at the broker drains the capped queue at ``--rates`` msg/s (credit paced, each
 message accepted as it comes) and the free queue as fast as it can. Per round and rate:
 
@@ -35,7 +37,7 @@ message accepted as it comes) and the free queue as fast as it can. Per round an
 The consumer and the depth watcher run in a process of their own (``BrokerSide``): the
 sender's process runs the sender alone, as an application's would.
 
-Targets: 6,000/6,000 accepted on both links, 6,000 consumed, at most 256 KiB over
+Targets: every message accepted on both links and consumed, at most 256 KiB over
 capacity (goal 64 KiB), no link error, free-link ratio >= 0.95.
 """
 
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import psutil
 from proton import Endpoint, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
@@ -68,7 +71,8 @@ from bench.flow import (
     until,
     write_policies,
 )
-from bench.meters import median
+from bench.meters import CpuMeter, cpu_seconds, median
+from bench.relay import beam_of
 from floodwall.dev.devbroker import RELEASE_NAMES, BrokerEndpoint
 
 KIB = 1024
@@ -79,11 +83,12 @@ NULL = "null:"
 class NaiveSender(MessagingHandler):  # type: ignore[misc]
     """Two links on one session; each sends while ``sender.credit`` says so."""
 
-    def __init__(self, port: int, addresses: list[str], count: int,
+    def __init__(self, port: int, counts: dict[str, int],
                  finish: list[str] | None = None) -> None:
         super().__init__()
         self.url = f"amqp://guest:guest@127.0.0.1:{port}"
-        self.addresses, self.count = addresses, count
+        addresses = list(counts)
+        self.addresses, self.counts = addresses, counts
         self.finish = addresses if finish is None else finish  # done when these are
         self.hold: set[str] = set()  # addresses that wait for ``go`` before sending
         self.go = threading.Event()
@@ -131,11 +136,12 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
         if address in self.hold:
             return
         to = address[len(NULL):] if address.startswith(NULL) else None
-        while sender.credit > 0 and self.sent[address] < self.count:
+        count = self.counts[address]
+        while sender.credit > 0 and self.sent[address] < count:
             sender.send(Message(body=b"x" * KIB, address=to))
             self.sent[address] += 1
             self.sent_at[address].append(time.monotonic())
-        if self.sent[address] < self.count and address not in self._starved_since:
+        if self.sent[address] < count and address not in self._starved_since:
             self._starved_since[address] = time.monotonic()
             self.unsettled_when_starved[address].append(
                 self.sent[address] - len(self.accepted[address]))
@@ -146,7 +152,7 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
             return
         self.tags.add((address, event.delivery.tag))
         self.accepted[address].append(time.monotonic())
-        if all(len(self.accepted[a]) >= self.count for a in self.finish):
+        if all(len(self.accepted[a]) >= self.counts[a] for a in self.finish):
             self.done.set()
             event.connection.close()
 
@@ -386,7 +392,7 @@ def beside_rate(sent: list[float], free: list[float]) -> float:
     return sum(1 for t in sent if lo <= t <= hi) / (hi - lo)
 
 
-def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
+def one_run(st: Stack, fw: Any, rate: float, count: int, free_count: int, both: bool,
             form: str = "v1") -> dict[str, Any]:
     kind = "stopped" if rate == 0 else "capped"  # (a policy with hysteresis, see scenario)
     qcap, qfree = f"two.{kind}.{uuid.uuid4().hex[:6]}", f"two.free.{uuid.uuid4().hex[:6]}"
@@ -395,10 +401,10 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
     free_key = prefix + qfree
     if form != "v1":  # only the v1 /queue/ form declares its queue on attach
         declare(st.endpoint, [qcap, qfree])
-    addresses = ([cap_key] if both else []) + [free_key]
+    counts = ({cap_key: count} if both else {}) | {free_key: free_count}
     # rate 0: nobody consumes the capped queue, so its link stays throttled (no credit)
     # once the queue is full; the run ends when the free link is done
-    sender = NaiveSender(fw.port, addresses, count, finish=[free_key] if rate == 0 else None)
+    sender = NaiveSender(fw.port, counts, finish=[free_key] if rate == 0 else None)
     if rate == 0:  # the free link starts once the capped one is throttled (or alone: at once)
         sender.hold.add(free_key)
     consumer = BrokerSide(st.endpoint, qcap if both else "", qfree, rate,
@@ -408,6 +414,13 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
     counts0 = metric_sum(fw, "floodwall_queue_depth_samples_total", queue=qcap)
     started = time.monotonic()
     consumer.start()  # its depth watcher from now on
+    # the cores each process used while the free link ran (its run's ends: its first
+    # send, its last acceptance), and floodwall's socket reads and writes (thousands a
+    # second), so that what a throttled neighbour costs can be placed
+    meter = CpuMeter(beam_of(st.broker))
+    fw_proc = psutil.Process(fw.process.pid) if fw.process else None
+    consumer_proc = psutil.Process(consumer.process.pid)
+    s0, c0 = meter.snapshot(fw_proc), cpu_seconds(consumer_proc)
     t_sender = thread(sender)
     # the links declare their queues: the consumer attaches once they exist (the capped
     # one also once floodwall has a depth for it)
@@ -422,9 +435,21 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
         while both and not tripped(fw, qcap) and time.monotonic() < deadline:
             time.sleep(0.01)
         sender.go.set()
-    sender.done.wait(120)
+    deadline = time.monotonic() + 120
+    while (len(sender.accepted[free_key]) < free_count and not sender.done.is_set()
+           and time.monotonic() < deadline):
+        time.sleep(0.01)
+    s1, c1 = meter.snapshot(fw_proc), cpu_seconds(consumer_proc)
+    cpu = CpuMeter.delta(s0, s1)
+    cores = {"floodwall": cpu["relay_cpu_s"], "broker": cpu["broker_cpu_s"],
+             "sender": cpu["client_cpu_s"], "consumer": c1 - c0,
+             "machine": cpu["machine_cpu_s"]}
+    cores = {k: v / cpu["wall_s"] for k, v in cores.items()}
+    cores |= {"floodwall_reads_k": cpu["relay_reads"] / cpu["wall_s"] / 1000,
+              "floodwall_writes_k": cpu["relay_writes"] / cpu["wall_s"] / 1000}
+    sender.done.wait(max(1.0, deadline - time.monotonic()))
     deadline = time.monotonic() + 60
-    want = {"cap": count if both and rate else 0, "free": count}
+    want = {"cap": count if both and rate else 0, "free": free_count}
     while any(consumer.got[k] < v for k, v in want.items()) and time.monotonic() < deadline:
         time.sleep(0.05)
     consumer_errors = consumer.finish()
@@ -442,6 +467,7 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, both: bool,
             "trips": trips, "overshoot_messages": over,
             "overshoot_per_trip": over / trips if trips else 0.0,
             "capped_counts_per_s": counts / elapsed,
+            "cores_while_free_ran": cores,
             "free_msgs_per_s": free_rate(sender.accepted[free_key]),
             "capped_sends_per_s": beside_rate(sender.sent_at[cap_key] if both else [],
                                               sender.accepted[free_key])}
@@ -462,7 +488,8 @@ async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> d
             runs = []
             for r in range(opts.rounds):
                 for both in ((False, True) if r % 2 == 0 else (True, False)):
-                    res = await asyncio.to_thread(one_run, st, fw, rate, opts.count, both,
+                    res = await asyncio.to_thread(one_run, st, fw, rate, opts.count,
+                                                  opts.free_count, both,
                                                   opts.address)
                     res["round"] = r
                     runs.append(res)
@@ -473,13 +500,13 @@ async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> d
                              f"{res['overshoot_per_trip']:.1f} msgs, free "
                              f"{res['free_msgs_per_s']:,.0f} msg/s"
                              + (f", ERRORS {res['errors']}" if res["errors"] else ""))
-            out[f"{rate:.0f}"] = summarize(runs, opts.count)
+            out[f"{rate:.0f}"] = summarize(runs, opts.count, opts.free_count)
     finally:
         st.stop_proxy(fw)
     return out
 
 
-def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], count: int, free_count: int) -> dict[str, Any]:
     both = [r for r in runs if r["both"]]
     stopped = both and both[0]["rate"] == 0  # the capped link sends only until it trips
     alone = {r["round"]: r["free_msgs_per_s"] for r in runs if not r["both"]}
@@ -487,9 +514,9 @@ def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
     return {
         "runs": runs,
         "all_accepted": all((stopped or r["accepted"].get("capped") == count)
-                            and r["accepted"].get("free") == count for r in both),
+                            and r["accepted"].get("free") == free_count for r in both),
         "all_consumed": all((stopped or r["consumed"].get("cap") == count)
-                            and r["consumed"].get("free") == count for r in both),
+                            and r["consumed"].get("free") == free_count for r in both),
         "errors": [e for r in runs for e in r["errors"]],
         "max_over_capacity_kib": max(r["over_capacity_kib"] for r in both),
         "trips": median([r["trips"] for r in both]),
@@ -499,7 +526,15 @@ def summarize(runs: list[dict[str, Any]], count: int) -> dict[str, Any]:
         "free_alone": median(list(alone.values())),
         "free_both": median([r["free_msgs_per_s"] for r in both]),
         "capped_sends_beside": median([r["capped_sends_per_s"] for r in both]),
+        "cores_alone": median_cores([r for r in runs if not r["both"]]),
+        "cores_both": median_cores(both),
     }
+
+
+def median_cores(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per process, the median over ``runs`` of the cores it used while the free link ran."""
+    keys = runs[0]["cores_while_free_ran"] if runs else {}
+    return {k: median([r["cores_while_free_ran"][k] for r in runs]) for k in keys}
 
 
 def report(doc: dict[str, Any]) -> None:
@@ -508,8 +543,9 @@ def report(doc: dict[str, Any]) -> None:
     for rate, s in doc["results"]["two_links"].items():
         if not isinstance(s, dict):
             continue
-        what = ("free link" if rate == "0" else "both links")
-        print(f"  consumer {rate} msg/s: accepted 6000/6000 {what}: {s['all_accepted']}, "
+        what = ("the free link" if rate == "0" else "both links")
+        print(f"  consumer {rate} msg/s: every message accepted on {what}: "
+              f"{s['all_accepted']}, "
               f"consumed all: {s['all_consumed']}, errors {s['errors'] or 'none'}")
         print(f"    capped queue over capacity: max {fmt(s['max_over_capacity_kib'], '.0f')} "
               f"KiB; trips (median) {fmt(s['trips'], '.0f')}, overshoot per trip "
@@ -523,6 +559,10 @@ def report(doc: dict[str, Any]) -> None:
             print(f"    the capped link's sends while the free link ran: "
                   f"{fmt(s['capped_sends_beside'], ',.0f')} msg/s (what it took of the "
                   f"client's one thread)")
+        if s.get("cores_alone"):
+            print("    cores while the free link ran, alone / beside the throttled link: "
+                  + ", ".join(f"{k} {s['cores_alone'][k]:.2f} / {s['cores_both'][k]:.2f}"
+                              for k in s["cores_alone"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -533,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
                    default=[2500.0, 250.0, 0.0],
                    help="the capped queue's consumer, msg/s; 0: stopped (the capped link "
                    "stays throttled, the run ends when the free link is done)")
-    p.add_argument("--count", type=int, default=6000)
+    p.add_argument("--count", type=int, default=6000, help="messages on the capped link")
+    p.add_argument("--free-count", type=int, default=30000,
+                   help="messages on the free link (its rate: from its 1,000th acceptance)")
     p.add_argument("--broker", choices=RELEASE_NAMES, default="3.10",
                    help="RabbitMQ 3.10 (the host's) or 4.0 (the Debian 13 root)")
     p.add_argument("--address", choices=("v1", "v2", "null"), default="v1",
