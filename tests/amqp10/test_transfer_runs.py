@@ -22,6 +22,7 @@ from floodwall.wire.amqp10.runs import scan_transfer_run
 from floodwall.wire.amqp10.types import Described, UByte, UInt, ULong, encode
 from tests.amqp10.streams import amqp, bytewise, continuation, random_chunks, whole
 from tests.amqp10.test_credit_gate import (
+    ANON_H,
     CAPPED_H,
     FREE_H,
     RECV_H,
@@ -260,10 +261,13 @@ def _scanned_as_decoded(frames: list[bytes], handle: int, first: int) -> None:
 # -- the gate: with runs and a transfer at a time -------------------------------------------
 
 def batch(s: Setup, sends: list[tuple[int, int, bool]]) -> bytes:
-    """Transfers (handle, size, settled) as one client write, numbered on from ``s.next_id``."""
+    """Transfers (handle, size, settled) as one client write, numbered on from ``s.next_id``;
+    the anonymous link's to the capped queue (held while it is tripped: the proxy takes them,
+    and the session's ids go on renumbered)."""
     out = []
     for handle, size, settled in sends:
-        out.append(amqp(TRANSFER, 0, message(size), handle=UInt(handle),
+        to = "/amq/queue/capped" if handle == ANON_H else None
+        out.append(amqp(TRANSFER, 0, message(size, to), handle=UInt(handle),
                         delivery_id=UInt(s.next_id), delivery_tag=s.next_id.to_bytes(4, "big"),
                         message_format=UInt(0), settled=settled or None))
         s.next_id = (s.next_id + 1) & 0xFFFFFFFF
@@ -279,7 +283,8 @@ def multi_frame(s: Setup, handle: int, size: int) -> bytes:
     return first + continuation(0, handle, body[half:], False)
 
 
-_SEGMENT = st.tuples(st.sampled_from([CAPPED_H, FREE_H]), st.sampled_from([10, 900, 1500, 5000]),
+_SEGMENT = st.tuples(st.sampled_from([CAPPED_H, FREE_H, ANON_H]),
+                    st.sampled_from([10, 900, 1500, 5000]),
                     st.booleans(), st.integers(1, 24))
 _STEPS = st.lists(st.one_of(
     st.tuples(st.just("send"), st.lists(_SEGMENT, min_size=1, max_size=4)),
@@ -298,7 +303,7 @@ def _left(s: Setup, handle: int) -> int:
 
 def _state(s: Setup) -> tuple[object, ...]:
     links = []
-    for handle in (CAPPED_H, FREE_H):
+    for handle in (CAPPED_H, FREE_H, ANON_H):
         link = s.gate.sessions[0].links[handle]
         assert isinstance(link, SenderLink)
         links.append((link.credit.delivery_count, link.deliveries, link.payload_bytes,
@@ -306,7 +311,8 @@ def _state(s: Setup) -> tuple[object, ...]:
     queues = [(key, q.depth.forwarded_bytes_total, q.depth.forwarded_messages_total, q.tripped,
                q.overshoot_messages, q.overshoot_bytes, q.in_flight)
               for key, q in sorted(s.fc.queues.items())]
-    return tuple(links), tuple(queues), tuple(sorted(s.gate.sessions[0].in_flight))
+    session = s.gate.sessions[0]
+    return tuple(links), tuple(queues), tuple(sorted(session.in_flight)), session.ids.dropped
 
 
 def _setup(chunker: Chunker, runs: bool) -> tuple[Setup, list[tuple[Any, ...]]]:
@@ -317,7 +323,7 @@ def _setup(chunker: Chunker, runs: bool) -> tuple[Setup, list[tuple[Any, ...]]]:
         read_runs = record_calls(s.gate, "on_transfer_run")
     else:
         s.gate.transfer_run = lambda channel, handle: None  # type: ignore[method-assign]
-    s.server(broker_flow(7, 0, 5000) + broker_flow(8, 0, 5000))
+    s.server(broker_flow(7, 0, 5000) + broker_flow(8, 0, 5000) + broker_flow(9, 0, 5000))
     return s, read_runs
 
 
@@ -330,7 +336,8 @@ def _step(s: Setup, step: tuple[Any, ...], data: bytes | None, settled: int) -> 
     elif step[0] == "sample":
         s.sample("capped", step[1])
     elif step[0] == "grant":
-        s.server(broker_flow(7, None, 5000) + broker_flow(8, None, 5000))
+        s.server(broker_flow(7, None, 5000) + broker_flow(8, None, 5000)
+                 + broker_flow(9, None, 5000))
 
 
 def _lockstep(steps: list[tuple[Any, ...]], chunker: Chunker) -> int:
@@ -343,7 +350,7 @@ def _lockstep(steps: list[tuple[Any, ...]], chunker: Chunker) -> int:
     for step in steps:
         data: bytes | None = None
         if step[0] == "send":
-            credit = {h: min(_left(a, h), _left(b, h)) for h in (CAPPED_H, FREE_H)}
+            credit = {h: min(_left(a, h), _left(b, h)) for h in (CAPPED_H, FREE_H, ANON_H)}
             sends = []
             for handle, size, is_settled, n in step[1]:
                 for i in range(n):
@@ -395,6 +402,26 @@ def test_a_burst_of_one_link_is_read_as_a_run() -> None:
     window, read after read, a run each time."""
     assert _lockstep([("send", [(FREE_H, 900, False, 30)])], whole) == 1
     assert _lockstep([("send", [(CAPPED_H, 900, False, 60)])] * 3, whole) >= 3
+
+
+def test_a_run_after_deliveries_the_proxy_took_goes_on_in_the_broker_s_numbering() -> None:
+    """Two anonymous deliveries to the tripped capped queue are held: the proxy took them,
+    and the broker's delivery-ids run two behind the client's from then on. A burst of the
+    free link after them is still read as a run, every id renumbered: the broker gets ids
+    0 to 29 for the client's 2 to 31, as the gate a transfer at a time sends them."""
+    s, runs = _setup(whole, runs=True)
+    s.take()
+    s.sample("capped", 120_000)
+    s.client(batch(s, [(ANON_H, 900, False)] * 2))
+    assert s.gate.sessions[0].ids.dropped == 2 and s.take()[0] == b""
+    s.client(batch(s, [(FREE_H, 900, False)] * 30))
+    to_server = s.take()[0]
+    assert len(runs) == 1 and runs[0][2] == 29  # the first read alone, then a run of 29
+    assert scan(to_server, handle=FREE_H, next_id=0)[:2] == (len(to_server), 30)
+    steps = [("sample", 120_000), ("send", [(ANON_H, 900, False, 2)]),
+             ("send", [(FREE_H, 900, False, 30)]), ("send", [(FREE_H, 10, True, 300)])]
+    assert _lockstep(steps, whole) == 2
+    assert _lockstep(steps, random_chunks(1, 700)) >= 2
 
 
 @pytest.mark.parametrize("runs", [True, False])

@@ -209,7 +209,7 @@ class CreditFlow:
     on_client_flow: Callable[[int, list[object]], bytes | None]
     on_server_flow: Callable[[int, list[object], float], bytes | None]
     transfer_run: Callable[[int, int], tuple[int, float] | None]
-    on_transfer_run: Callable[[int, int, int, int, list[int], float], None]
+    on_transfer_run: Callable[[int, int, int, int, list[int], float], int]
     server_transfer_run: Callable[[int, int], bool]
     on_server_transfer_run: Callable[[int, int, int], None]
     take_output: Callable[[], Outbox]

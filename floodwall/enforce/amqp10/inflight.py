@@ -46,7 +46,7 @@ class InFlightDeliveries:
             self._start_tracking()
 
     def track_run(self, session: SessionGate, link: SenderLink, ids: list[int]) -> None:
-        """``track`` for each of ``ids`` (the broker's ids: nothing was renumbered)."""
+        """``track`` for each of ``ids`` (the broker's ids)."""
         entry = self.entry(link)
         n = len(ids)
         for q in entry[1]:

@@ -11,17 +11,19 @@ link could be booked with no decision at all, reads that many (or fewer) in one 
 
 A run is allowed only while nothing it books can change a decision: the link's own state
 allows it (``SenderLink.may_run``: not blocked or detaching, between deliveries, not
-per-message, not held in shadow); no delivery of its session was consumed (no
-renumbering); none of its queues is blocking (a trip, a backlog, an alarm, a lookup) and no
-shadow queue is tripped; and the run stays within the client's credit (the
-highest limit granted: one more is a transfer-limit violation, read the usual way) and below
-the ledger totals at which the controller would evaluate any of its queues again
+per-message, not held in shadow); none of its queues is blocking (a trip, a backlog, an
+alarm, a lookup) and no shadow queue is tripped; and the run stays within the client's
+credit (the highest limit granted: one more is a transfer-limit violation, read the usual
+way) and below the ledger totals at which the controller would evaluate any of its queues again
 (``floodwall.control.controller.quiet_room``). Within those bounds ``on_transfer_run`` books
 exactly what ``on_client_transfer`` would, delivery by delivery: the credit's delivery-count,
-the link's counts, the queues' ledgers, each unsettled delivery in flight. The one difference is the
-window: it is worked out once after the run instead of after each delivery, so the client
-gets at most one top-up flow per run (a flow states the credit absolutely: the later one
-grants what the earlier ones would have, and the window bounds it as before).
+the link's counts, the queues' ledgers, each unsettled delivery in flight (by the broker's
+id: on a session some of whose deliveries the proxy consumed, the broker's ids run behind the
+client's by as many, and the core relays the run with each id renumbered, as it would each
+transfer). The one difference is the window: it is worked out once after the run instead
+of after each delivery, so the client gets at most one top-up flow per run (a flow states
+the credit absolutely: the later one grants what the earlier ones would have, and the window
+bounds it as before).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class TransferRuns:
         about the next one, or route it again (the routing model or policies changed since
         its link's last delivery was routed)."""
         session = self.sessions.get(channel)
-        if session is None or session.ids.dropped:
+        if session is None:
             return None
         link = session.links.get(handle)
         if type(link) is not SenderLink or not link.may_run:
@@ -88,12 +90,17 @@ class TransferRuns:
         return count, room_bytes
 
     def on_transfer_run(self, channel: int, handle: int, count: int, payload_bytes: int,
-                        unsettled: list[int], now: float) -> None:
+                        unsettled: list[int], now: float) -> int:
         """``count`` whole deliveries of the link, ``payload_bytes`` in all, within what
-        ``transfer_run`` allowed; ``unsettled``: the delivery-ids of those sent unsettled."""
+        ``transfer_run`` allowed; ``unsettled``: the client's delivery-ids of those sent
+        unsettled. Returns the session's renumbering: the deliveries consumed before them,
+        by which the broker's ids run behind the client's."""
         session = self.sessions[channel]
         link = session.links[handle]
         assert type(link) is SenderLink
+        shift = link.delivery.id_shift = session.ids.dropped
+        if shift and unsettled:
+            unsettled = [serial_add(i, -shift) for i in unsettled]
         link.credit.transferred(count)
         link.deliveries += count
         link.payload_bytes += payload_bytes
@@ -104,6 +111,7 @@ class TransferRuns:
         if tracked:
             self.in_flight.track_run(session, link, unsettled)
         self.credit.after_transfer(link, now, queues)
+        return shift
 
     # -- the broker's deliveries to the client ---------------------------------------------
     def server_transfer_run(self, channel: int, handle: int) -> bool:

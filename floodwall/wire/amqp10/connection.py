@@ -58,6 +58,7 @@ from floodwall.wire.amqp10.performatives import (
     peek_disposition,
 )
 from floodwall.wire.amqp10.runs import (
+    renumber_run,
     scan_settlements,
     scan_transfer_run,
     settle_state,
@@ -505,11 +506,13 @@ class Connection:
             if code == TRANSFER:
                 replacement = gate.on_client_transfer(channel, fields, buf, payload, end,
                                                       self._now)
-                if replacement is None and len(fields) > 1 \
+                if replacement != b"" and len(fields) > 1 \
                         and type(handle := fields[0]) is UInt \
-                        and type(delivery_id := fields[1]) is UInt:
+                        and type(delivery_id := fields[1]) is UInt:  # (forwarded)
                     allowed = gate.transfer_run(channel, handle)
                     if allowed is not None:
+                        if replacement is not None:  # renumbered
+                            _replace(stream, buf, start, end, replacement)
                         stream.run = (channel, handle, (delivery_id + 1) & 0xFFFFFFFF,
                                       *allowed)
                         return True
@@ -657,7 +660,9 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     if count:
         stream.counts.frames += count
         if client:
-            gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, now)
+            shift = gate.on_transfer_run(channel, handle, count, payload_bytes, unsettled, now)
+            if shift:  # the broker's delivery-ids run behind the client's on the session
+                _replace(stream, buf, pos, end, renumber_run(buf, pos, end, shift))
         else:
             gate.on_server_transfer_run(channel, handle, count)
     return end

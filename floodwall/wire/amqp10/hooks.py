@@ -66,9 +66,11 @@ class TransferHooks(Protocol):
         the usual way."""
 
     def on_transfer_run(self, channel: int, handle: int, count: int, payload_bytes: int,
-                        unsettled: list[int], now: float) -> None:
-        """A run of ``count`` whole deliveries within what ``transfer_run`` allowed, relayed
-        unchanged; ``unsettled``: the delivery-ids of those sent unsettled."""
+                        unsettled: list[int], now: float) -> int:
+        """A run of ``count`` whole deliveries within what ``transfer_run`` allowed;
+        ``unsettled``: the delivery-ids of those sent unsettled. Returns how far the broker's
+        delivery-ids run behind the client's on the session (0: the run is relayed
+        unchanged; else with each id less that, ``renumber_run``)."""
 
     def server_transfer_run(self, channel: int, handle: int) -> bool:
         """After ``on_server_transfer`` took a whole delivery of the broker's ``handle``:

@@ -5,7 +5,8 @@ the same handle, delivery-ids one after another, each a whole message (``more`` 
 the usual encoding. While the credit gate can book such a delivery without deciding anything
 about it (``TransferHooks.transfer_run``), the core reads the run with ``scan_transfer_run``
 and hands the gate the run's totals (``on_transfer_run``) instead of each transfer's fields.
-The bytes are relayed unchanged either way; what the run saves is the per-frame calls.
+The bytes are relayed unchanged either way (but for the delivery-ids of a session the proxy
+renumbered, ``renumber_run``); what the run saves is the per-frame calls.
 
 Two shortcuts keep the scan near a scan by length. A transfer is first compared with the
 previous one (its bytes before the delivery-id and after the tag) before it is parsed field
@@ -288,6 +289,39 @@ def _tail(buf: bytes, p: int, fields: int) -> int:
 # and the frames after it that are that disposition again but for first and last are read
 # with ``scan_settlements`` and booked as ranges of consecutive ids. Alike, they have one
 # state (``settle_state``): the ranges are counted as that outcome.
+
+def renumber_run(buf: bytes, pos: int, end: int, shift: int) -> bytes:
+    """The transfers ``scan_transfer_run`` read at ``buf[pos:end]``, each delivery-id less
+    ``shift`` (modulo 2^32): a session some of whose deliveries the proxy took for itself
+    goes on in the broker's numbering. Each id is written in the shortest uint encoding and
+    the performative's list and the frame are sized to it (a list8 or list32 as the encoder
+    chooses, ``encode``); every other byte is the client's."""
+    out: list[bytes] = []
+    u32 = _U32.unpack_from
+    while pos < end:
+        frame_end = pos + u32(buf, pos)[0]
+        p = pos + 11  # the list's constructor (``_shape`` checked the frame up to it)
+        if buf[p] == 0xC0:
+            count, fields_at, list_end = buf[p + 2], p + 3, p + 2 + buf[p + 1]
+        else:
+            count, fields_at, list_end = u32(buf, p + 5)[0], p + 9, p + 5 + u32(buf, p + 1)[0]
+        id_at = _past_uint(buf, fields_at)
+        c = buf[id_at]
+        old = 0 if c == 0x43 else buf[id_at + 1] if c == 0x52 else u32(buf, id_at + 1)[0]
+        new = (old - shift) & _MASK
+        id_bytes = (b"\x43" if new == 0 else bytes((0x52, new)) if new < 256
+                    else b"\x70" + new.to_bytes(4, "big"))
+        body = (id_at - fields_at) + len(id_bytes) + (list_end - _past_uint(buf, id_at))
+        if body < 255 and count <= 255:
+            head = bytes((0xC0, body + 1, count))
+        else:
+            head = b"\xd0" + (body + 4).to_bytes(4, "big") + count.to_bytes(4, "big")
+        size = 11 + len(head) + body + (frame_end - list_end)
+        out += (size.to_bytes(4, "big"), buf[pos + 4:p], head, buf[fields_at:id_at], id_bytes,
+                buf[_past_uint(buf, id_at):frame_end])
+        pos = frame_end
+    return b"".join(out)
+
 
 _SETTLE_IDS = struct.Struct(">IxI")  # first, (0x70), last
 _SETTLE_HEAD: Final = 16  # frame header, descriptor, list8 size and count, role, 0x70
