@@ -37,9 +37,11 @@ from floodwall.control.fleet import ShareRule
 from floodwall.control.policy import Policy, PolicySet, parse_policies
 from floodwall.control.schedule import (
     COUNTS_PER_FILL,
+    HELD_COUNT_PART,
     STILL_AFTER,
     STILL_INTERVAL,
     fill_time,
+    held_interval,
     ingress_rate,
     sampling_interval,
     still_interval,
@@ -496,6 +498,60 @@ def test_a_held_queue_nothing_moves_in_is_counted_less_often_until_a_count_moves
     assert still_interval(d, True, t + 0.3, hot) == hot
 
 
+def test_a_held_queue_is_counted_as_often_as_its_consumers_take_a_part_of_its_limit() -> None:
+    hot = 0.005
+    policy = policy_of("512KiB")
+    d = QueueDepth()
+    t = 0.0
+    for _ in range(40):  # 500 x 1 KiB ready, 1,000 msg/s admitted and taken
+        d.sampled_ready_count(t, 500, RTT)
+        for _ in range(100):
+            d.forwarded(t + 0.01, 1024)
+        t += 0.1
+    rate = d.drain_rate
+    assert rate == pytest.approx(1000, rel=0.01)
+    take = 512 * 1024 / (rate * d.average_body_bytes())
+    assert held_interval(d, policy, t, hot) == pytest.approx(
+        max(hot, min(STILL_INTERVAL, take * HELD_COUNT_PART)))
+    assert hot < held_interval(d, policy, t, hot) < STILL_INTERVAL
+    assert held_interval(d, policy, t, hot, alone=False) == hot  # a fleet's: its bound's hot
+    # a limit in messages that its consumers take sooner decides
+    tight = parse_policies("""
+version: 1
+policies:
+  - {name: q, match: {vhost: "/", queue: q}, capacity: 512KiB, max_messages: 500}
+""").policies[0]
+    assert held_interval(d, tight, t, hot) == pytest.approx(
+        max(hot, min(take, 500 / rate) * HELD_COUNT_PART))
+    # a queue well below its limit: its consumers outrun its admission, counted hot
+    d.sampled_ready_count(t, 300, RTT)
+    assert held_interval(d, policy, t, hot) == hot
+    # a fast consumer for the limit: hot
+    fast = policy_of("64KiB")
+    d.sampled_ready_count(t + 0.05, 60, RTT)
+    assert held_interval(d, fast, t + 0.05, hot) == hot
+
+
+def test_a_held_queue_with_a_slow_consumer_is_counted_less_and_keeps_its_pace() -> None:
+    """A 512 KiB queue held for a consumer at 250 msg/s is counted some 21 times a second,
+    not 158 (one count per hot interval and round trip), admitted at its consumer's pace
+    within its capacity; when the consumer speeds up to 18,000 msg/s the admissions follow
+    it as fast as with hot counts (the first half second: 17,400/s here, 17,500 hot)."""
+    trace: list[tuple[float, int]] = []
+    _, peak, idle = simulate_held(512, 0.002, 250.0, 6.0, trace=trace)
+    steady = [(t, a) for t, a in trace if t >= 3.0]
+    assert len(steady) / 3.0 <= 25
+    assert (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0]) >= 0.95 * 250
+    assert peak <= 512 + 64
+    assert idle < 0.01
+    trace = []
+    _, peak, _ = simulate_held(512, 0.002, 250.0, 4.0, speed_up=(3.0, 18000.0), trace=trace)
+    before = max(a for t, a in trace if t <= 3.0)
+    after = max(a for t, a in trace if t <= 3.5)
+    assert (after - before) / 0.5 >= 0.9 * 18000
+    assert peak <= 512 + 64
+
+
 def test_a_queue_predicted_to_fill_before_the_next_slow_count_is_hot() -> None:
     policy = POLICIES.policies[0]
     d = QueueDepth()
@@ -579,7 +635,9 @@ STEP = 0.0005  # simulate_held's time step (seconds)
 def simulate_held(capacity_kib: int, lag: float, consume_per_s: float, seconds: float,
                   stop_at: float | None = None, slow_every: int = 0,
                   slow_rtt: float = 0.04, hot: float = HOT_INTERVAL,
-                  stall: tuple[float, float] | None = None) -> tuple[float, int, float]:
+                  stall: tuple[float, float] | None = None,
+                  speed_up: tuple[float, float] | None = None,
+                  trace: list[tuple[float, int]] | None = None) -> tuple[float, int, float]:
     """A queue held at ``capacity_kib`` (1 KiB messages): a flood of capacity + 50 at the
     start, then held publishes admitted at each count (every 6 ms, 1 ms round trip); each
     lands ``lag`` after it is forwarded; a consumer with prefetch 200 takes up to
@@ -589,7 +647,10 @@ def simulate_held(capacity_kib: int, lag: float, consume_per_s: float, seconds: 
     per second, the most ever ready, the share of counts that found the consumer with
     nothing to take). ``hot``: the hot interval (``--hot-interval``). ``stall``: (at, for)
     nothing lands in that time (the broker's reader or channel stalled; what was due lands
-    at its end) while the consumer goes on and the counts answer."""
+    at its end) while the consumer goes on and the counts answer. ``speed_up``: (at, rate)
+    the consumer takes up to ``rate`` a second from then on. A held queue is counted as the
+    proxy counts it (``schedule.held_interval``). ``trace`` gets (time, admitted so far)
+    at each count."""
     key, names = ("/", "q"), frozenset({"q"})
     fc = FlowController(Router(), policies_of(capacity_kib * 1024))
     fc.admission.hot_interval = hot
@@ -615,6 +676,8 @@ def simulate_held(capacity_kib: int, lag: float, consume_per_s: float, seconds: 
         ready += landed
         moved = min(ready, 200 - unacked)  # the broker fills the prefetch window
         ready, unacked = ready - moved, unacked + moved
+        if speed_up is not None and t >= speed_up[0]:
+            consume_per_s = speed_up[1]
         if stop_at is None or t < stop_at:
             taken += min(unacked, consume_per_s * step)
         done = int(taken)
@@ -637,7 +700,11 @@ def simulate_held(capacity_kib: int, lag: float, consume_per_s: float, seconds: 
                 admitted += 1
             counts += 1
             idle += ready == 0 and unacked == 0
-            next_count = t + hot + RTT
+            if trace is not None:
+                trace.append((t, admitted))
+            q = fc.queues[key]
+            every = held_interval(q.depth, q.policy, t, hot) if key in fc.tripped else hot
+            next_count = t + every + RTT
     return admitted / (seconds - 0.01), peak, idle / counts
 
 

@@ -48,6 +48,11 @@ DEPTH_INTERVAL = 0.2
 STILL_AFTER = 0.2
 #: ... at most this much later than hot: a consumer's restart shows within it.
 STILL_INTERVAL = 0.05
+#: A held queue alone on its sidecar is counted at most as often as its consumers take this
+#: part of its limit (``held_interval``), at least every ``STILL_INTERVAL``.
+HELD_COUNT_PART = 1 / 32
+#: ... and only while its newest count shows it at least this full (of each limit).
+HELD_FULL = 0.75
 #: An untripped queue predicted to fill is counted this many times in the time its ingress
 #: would take to fill the room its estimate leaves (``fill_time``).
 COUNTS_PER_FILL = 8
@@ -128,6 +133,49 @@ def still_interval(depth: QueueDepth, tripped: bool, now: float, hot: float) -> 
     if since is None or now - since < STILL_AFTER:
         return hot
     return max(hot, STILL_INTERVAL)
+
+
+def held_interval(depth: QueueDepth, policy: Policy, now: float, hot: float,
+                  alone: bool = True) -> float:
+    """How often a tripped queue is counted: ``still_interval``, and for a queue alone on
+    this sidecar (not a fleet's: its bound is derived with ``hot``, docs/design/fleet.md)
+    no more often than its consumers take ``HELD_COUNT_PART`` of its limit at the drain
+    rate (the tighter of capacity and ``max_messages``), within ``[hot,
+    STILL_INTERVAL]``. The rate is the greater of the drain and what was forwarded to it over
+    the last ``RATE_WINDOW``: the drain estimate starts low after a trip and climbs over a
+    few counts, and the flood that tripped the queue keeps it hot meanwhile; and only while
+    the newest count shows the queue at least ``HELD_FULL`` of each limit: one further below
+    has consumers taking faster than it is admitted, its drain estimate behind them. Why: a count of a held queue admits what its consumers took since
+    the last one; counted every ``hot`` while they take one message in four intervals,
+    each count admits about one, and the counts (a passive declare each, and a wake of
+    every held publisher) are what a slow queue's neighbours lose on a busy machine. What
+    it costs: held publishes leave in offers up to ``STILL_INTERVAL`` apart, so the queue
+    swings by ``HELD_COUNT_PART`` of its limit below it; a consumer that speeds up shows
+    within one such interval plus a round trip; the stopped-consumer bound is unchanged
+    (each count credits at most ``min(hot + r, MAX_CREDIT_TIME)`` of the drain:
+    ``floodwall.control.admission.credit_time``)."""
+    every = still_interval(depth, True, now, hot)
+    if not alone or every >= STILL_INTERVAL:
+        return every
+    ready = depth.ready_count
+    if depth.drain_rate is None or ready is None:
+        return every
+    rate = max(depth.drain_rate, ingress_rate(depth, now).messages)
+    if rate <= 0:
+        return every
+    take = math.inf
+    body = max(1.0, depth.average_body_bytes())
+    if policy.capacity > 0:
+        if ready * body < HELD_FULL * policy.capacity:
+            return every
+        take = policy.capacity / (rate * body)
+    if policy.max_messages is not None:
+        if ready < HELD_FULL * policy.max_messages:
+            return every
+        take = min(take, policy.max_messages / rate)
+    if math.isinf(take):
+        return every
+    return min(STILL_INTERVAL, max(every, take * HELD_COUNT_PART))
 
 
 def sampling_interval(depth: QueueDepth, policy: Policy, tripped: bool, now: float,

@@ -19,7 +19,7 @@ from floodwall.control.events import QueueTripped
 from floodwall.control.fleet_polls import fleet_count_interval
 from floodwall.control.routing import ChangeKind, TopologyChange
 from floodwall.control.routing.sync import ChangeSource
-from floodwall.control.schedule import sampling_interval, still_interval
+from floodwall.control.schedule import held_interval, sampling_interval
 from floodwall.io.amqp_client import AmqpClient, AmqpClientError
 from floodwall.io.broker_alarms import BrokerAlarms
 from floodwall.io.depth_feed import DepthFeed
@@ -244,7 +244,7 @@ class OwnConnections:
         """How often ``key`` is counted now while it is hot, None while it is cold (the
         schedule's ``sampling_interval``); notes the interval in force for the metrics and
         /state. Hot and tripped: every hot interval, less often while nothing moves
-        (``still_interval``); hot and untripped: as often as its ingress needs; in a fleet
+        or its consumers are slow for its limit (``held_interval``); hot and untripped: as often as its ingress needs; in a fleet
         with A active members on it, every A x that, idle every depth interval
         (``fleet_count_interval``)."""
         q = self.controller.queues.get(key)
@@ -258,7 +258,7 @@ class OwnConnections:
             self.stats.sampling_interval[key] = every
             return None
         if q.tripped:
-            every = still_interval(q.depth, True, now, s.hot_interval)
+            every = held_interval(q.depth, q.policy, now, s.hot_interval, q.share is None)
         every = fleet_count_interval(every, q.share, s.depth_interval)
         self.stats.sampling_interval[key] = every
         return every
