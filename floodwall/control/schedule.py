@@ -139,21 +139,23 @@ def held_interval(depth: QueueDepth, policy: Policy, now: float, hot: float,
                   alone: bool = True) -> float:
     """How often a tripped queue is counted: ``still_interval``, and for a queue alone on
     this sidecar (not a fleet's: its bound is derived with ``hot``, docs/design/fleet.md)
-    no more often than its consumers take ``HELD_COUNT_PART`` of its limit at the drain
-    rate (the tighter of capacity and ``max_messages``), within ``[hot,
-    STILL_INTERVAL]``. The rate is the greater of the drain and what was forwarded to it over
-    the last ``RATE_WINDOW``: the drain estimate starts low after a trip and climbs over a
-    few counts, and the flood that tripped the queue keeps it hot meanwhile; and only while
-    the newest count shows the queue at least ``HELD_FULL`` of each limit: one further below
-    has consumers taking faster than it is admitted, its drain estimate behind them. Why: a count of a held queue admits what its consumers took since
-    the last one; counted every ``hot`` while they take one message in four intervals,
-    each count admits about one, and the counts (a passive declare each, and a wake of
-    every held publisher) are what a slow queue's neighbours lose on a busy machine. What
-    it costs: held publishes leave in offers up to ``STILL_INTERVAL`` apart, so the queue
-    swings by ``HELD_COUNT_PART`` of its limit below it; a consumer that speeds up shows
-    within one such interval plus a round trip; the stopped-consumer bound is unchanged
-    (each count credits at most ``min(hot + r, MAX_CREDIT_TIME)`` of the drain:
-    ``floodwall.control.admission.credit_time``)."""
+    no more often than its consumers take ``HELD_COUNT_PART`` of its limit (the tighter of
+    capacity and ``max_messages``), within ``[hot, STILL_INTERVAL]``.
+
+    The rate is the greater of the drain and what was forwarded to it over the last
+    ``RATE_WINDOW``: the drain estimate starts low after a trip and climbs over a few
+    counts, and the flood that tripped the queue keeps it hot meanwhile. Only while the
+    newest count shows the queue at least ``HELD_FULL`` of each limit: one further below
+    has consumers taking faster than it is admitted, its drain estimate behind them.
+
+    Why: a count of a held queue admits what its consumers took since the last one;
+    counted every ``hot`` while they take one message in four intervals, each count admits
+    about one and costs the broker a passive declare (``1 / hot`` a second for each such
+    queue). What it costs: held publishes leave in offers up to ``STILL_INTERVAL`` apart,
+    so the queue swings by ``HELD_COUNT_PART`` of its limit below it; a consumer that
+    speeds up shows within one such interval plus a round trip; the stopped-consumer bound
+    is unchanged (each count credits at most ``min(hot + r, MAX_CREDIT_TIME)`` of the
+    drain: ``floodwall.control.admission.credit_time``)."""
     every = still_interval(depth, True, now, hot)
     if not alone or every >= STILL_INTERVAL:
         return every

@@ -243,10 +243,10 @@ class OwnConnections:
     def _count_every(self, key: QueueKey) -> float | None:
         """How often ``key`` is counted now while it is hot, None while it is cold (the
         schedule's ``sampling_interval``); notes the interval in force for the metrics and
-        /state. Hot and tripped: every hot interval, less often while nothing moves
-        or its consumers are slow for its limit (``held_interval``); hot and untripped: as often as its ingress needs; in a fleet
-        with A active members on it, every A x that, idle every depth interval
-        (``fleet_count_interval``)."""
+        /state. Hot and tripped: every hot interval, less often while nothing moves or
+        its consumers are slow for its limit (``held_interval``); hot and untripped: as
+        often as its ingress needs; in a fleet with A active members on it, every A x
+        that, idle every depth interval (``fleet_count_interval``)."""
         q = self.controller.queues.get(key)
         if q is None:
             return None
