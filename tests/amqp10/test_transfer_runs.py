@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from floodwall.enforce.amqp10.gate import CreditFlow
-from floodwall.enforce.amqp10.links import ReceiverLink, SenderLink
+from floodwall.enforce.amqp10.links import ReceiverLink, SenderLink, encode_performative_fields
+from floodwall.wire.amqp10.framing import frame
 from floodwall.wire.amqp10.performatives import TRANSFER, TransferFields, decode_composite
-from floodwall.wire.amqp10.runs import scan_transfer_run
+from floodwall.wire.amqp10.runs import renumber_run, scan_transfer_run
 from floodwall.wire.amqp10.types import Described, UByte, UInt, ULong, encode
 from tests.amqp10.streams import amqp, bytewise, continuation, random_chunks, whole
 from tests.amqp10.test_credit_gate import (
@@ -143,6 +144,60 @@ def test_what_the_scanner_takes_is_what_the_decoder_reads(
     every frame of that kind in the encodings the encoder makes."""
     frames = [xfer(handle, (first + i) & 0xFFFFFFFF, payload, **f) for i, f in enumerate(extra)]
     _scanned_as_decoded(frames, handle, first)
+
+
+@settings(max_examples=300, deadline=None)
+@given(extra=st.lists(_FIELD, min_size=1, max_size=6),
+       handle=st.sampled_from([0, 1, 255, 256, 70000]),
+       first=st.sampled_from([0, 1, 200, 255, 256, 300, 0x10000, 0xFFFFFFFE]),
+       shift=st.sampled_from([1, 2, 45, 255, 256, 301, 0xFFFFFFFF]),
+       payload=st.binary(max_size=30), list32=st.booleans())
+def test_a_renumbered_run_is_what_the_encoder_makes_of_each_transfer_with_its_new_id(
+        extra: list[dict[str, Any]], handle: int, first: int, shift: int, payload: bytes,
+        list32: bool) -> None:
+    """Each transfer of a run, its delivery-id less ``shift``: the bytes the per-frame path
+    makes of it (decoded, the id replaced, encoded again), whatever the id's encoding was and
+    becomes, and from a list32 too."""
+    runnable = [{k: v for k, v in f.items() if k not in _ENDS_A_RUN or not v} for f in extra]
+    frames = [xfer(handle, (first + i) & 0xFFFFFFFF, payload, **f)
+              for i, f in enumerate(runnable)]
+    if list32:
+        frames = [_as_list32(f) for f in frames]
+    buf = b"".join(frames)
+    end, count, _, _ = scan(buf, handle=handle, next_id=first)
+    assert (end, count) == (len(buf), len(frames))
+    want = []
+    for f in frames:
+        _, fields, start = decode_composite(f, 8, len(f))
+        fields = list(fields)
+        fields[1] = UInt((int(fields[1]) - shift) & 0xFFFFFFFF)  # type: ignore[call-overload]
+        want.append(frame(encode_performative_fields(TRANSFER, fields) + f[start:], 0))
+    assert renumber_run(buf, 0, end, shift) == b"".join(want)
+
+
+_ENDS_A_RUN = ("more", "state", "resume", "aborted")  # (when set)
+
+
+@pytest.mark.parametrize("tag", range(236, 246))
+def test_a_renumbered_id_that_no_longer_fits_a_list8_makes_it_a_list32(tag: int) -> None:
+    """Fields just under a list8's 255 bytes: an id that grows from one byte to four makes
+    the list a list32, as the encoder would (and one that shrinks, a list8 again)."""
+    grow = xfer(1, 5, b"ab", delivery_tag=b"t" * tag)
+    shrink = xfer(1, 300, b"ab", delivery_tag=b"t" * tag)
+    for buf, first, shift, new in ((grow, 5, (5 - 300) & 0xFFFFFFFF, 300),
+                                   (shrink, 300, 295, 5)):
+        want = xfer(1, new, b"ab", delivery_tag=b"t" * tag)
+        assert scan(buf, handle=1, next_id=first)[:2] == (len(buf), 1)
+        assert renumber_run(buf, 0, len(buf), shift) == want
+    assert any(xfer(1, 300, b"", delivery_tag=b"t" * t)[11] == 0xD0 for t in range(236, 246))
+
+
+def _as_list32(f: bytes) -> bytes:
+    """The transfer frame ``f`` with its list8 of fields written as a list32."""
+    size, count = f[12], f[13]
+    body = (size + 3).to_bytes(4, "big") + count.to_bytes(4, "big") + f[14:13 + size]
+    rest = b"\x00\x53\x14\xd0" + body + f[13 + size:]
+    return (8 + len(rest)).to_bytes(4, "big") + f[4:8] + rest
 
 
 # Shapes that repeat, so the scanner's comparison with the previous transfer is taken, and
