@@ -92,9 +92,9 @@ def test_each_outcome_is_counted_and_the_dispositions_pass_unchanged(
 
 def test_a_run_of_settlements_is_counted_by_its_ranges() -> None:
     s = started(whole, 64)
-    calls = record_calls(s.gate, "on_server_settled")
+    calls = record_calls(s.gate, "on_server_settle_run")
     s.server(b"".join(settle(BASE + i, state=RELEASED) for i in range(64)))
-    assert [call[1:5] for call in calls] == [(True, BASE, BASE + 63, 0x26)]  # one call
+    assert [call[1:4] for call in calls] == [(BASE, BASE + 63, 0x26)]  # one call
     assert s.gate.outcomes.counts[0x26] == 64
 
 

@@ -44,7 +44,7 @@ link is topped up once half a window is free again, not per disposition. The bro
 dispositions are read by role, first, last and state code alone (``on_server_settled``,
 ``peek_disposition``; the outcome counted: ``BrokerOutcomes``) unless the session's
 delivery-ids are renumbered or the state is ``rejected`` (its error is read) or
-transactional. Deliveries sent settled get no disposition and are not counted.
+transactional; runs of them as ranges (``on_server_settle_run``, renumbered sessions too). Deliveries sent settled get no disposition and are not counted.
 
 A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
 0-9-1 publisher gets: it is detached with ``amqp:resource-limit-exceeded`` and a description
@@ -581,22 +581,39 @@ class CreditFlow:
             return True
         if session.ids.dropped or state == Outcome.REJECTED or state == TRANSACTIONAL_STATE:
             return False
+        self._settled(session, first, last, state, now)
+        return True
+
+    def on_server_settle_run(self, channel: int, first: int, last: int, state: int,
+                             now: float) -> list[tuple[int, int]] | None:
+        """A range of the broker's settlements read as a run (``server_settle_run``; its
+        state an outcome counted as it is): booked as ``on_server_settled`` books one; the
+        client's ids of it, as ranges, where the session is renumbered (None: they pass
+        unchanged)."""
+        session = self.by_server_channel.get(channel)
+        if session is None:
+            return None
+        self._settled(session, first, last, state, now)
+        return session.ids.client_ranges(first, last) if session.ids.dropped else None
+
+    def _settled(self, session: SessionGate, first: int, last: int, state: int,
+                 now: float) -> None:
+        """The broker settled ``first..last`` with ``state`` (a code ``peek_state`` read)."""
         if _FIRST_OUTCOME <= state <= _LAST_OUTCOME:  # (``BrokerOutcomes.count``, inline)
             n = 1 if first == last else ((last - first) & 0xFFFFFFFF) + 1
             self._outcome_counts[state] += n
             self._outcome_total[state] += n
         if session.in_flight:
             self._broker_settled(session, first, last, now)
-        return True
 
     def server_settle_run(self, channel: int) -> bool:
         """Whether the broker's settlements on ``channel`` that begin with the disposition
-        read now are bookkeeping only, and may be booked as ranges (``TransferHooks``): its
-        session's ids are not renumbered (``on_server_settled`` takes them as they are) and
-        none of its links is squeezed (only a squeezed link's credit is worked out again
-        when the broker settles; ``_broker_settled``)."""
+        read now are bookkeeping only, and may be booked as ranges (``TransferHooks``):
+        none of the session's links is squeezed (only a squeezed link's credit is worked out
+        again when the broker settles; ``_broker_settled``). On a renumbered session they
+        are relayed mapped to the client's ids (``on_server_settle_run``)."""
         session = self.by_server_channel.get(channel)
-        if session is None or session.ids.dropped:
+        if session is None:
             return False
         for link in session.links.values():
             if type(link) is SenderLink and link.squeezed:

@@ -61,6 +61,7 @@ from floodwall.wire.amqp10.runs import (
     renumber_run,
     scan_settlements,
     scan_transfer_run,
+    settle_frames,
     settle_state,
     settle_template,
 )
@@ -648,8 +649,17 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     if handle == SETTLEMENTS:  # (next_id: where the disposition that begins it begins;
         end, count, ranges = scan_settlements(buf, next_id, pos)  # most: its state)
         stream.counts.frames += count
+        mapped: list[tuple[int, int]] = []
+        renumbered = False
         for first, last in ranges:
-            gate.on_server_settled(channel, True, first, last, most, now)
+            theirs = gate.on_server_settle_run(channel, first, last, most, now)
+            if theirs is None:
+                mapped.append((first, last))
+            else:
+                mapped += theirs
+                renumbered = True
+        if renumbered:  # (the session renumbered: the client's ids, a frame per range)
+            _replace(stream, buf, next_id, end, settle_frames(buf, next_id, pos, mapped))
         return end
     client = stream.side is Side.CLIENT
     unsettled: list[int] = []  # the client's (the broker's are not tracked)

@@ -95,8 +95,14 @@ class TransferHooks(Protocol):
     def server_settle_run(self, channel: int) -> bool:
         """Before ``on_server_settled`` for a broker disposition of ``channel``: whether it
         and the dispositions alike that follow it in the read may be handed over as ranges
-        of consecutive ids (``scan_settlements``), as booking them one by one would do
-        nothing else (no renumbering, no link whose credit waits on settlements)."""
+        of consecutive ids (``scan_settlements``, ``on_server_settle_run``), as booking them
+        one by one would do nothing else (no link whose credit waits on settlements)."""
+
+    def on_server_settle_run(self, channel: int, first: int, last: int, state: int,
+                             now: float) -> list[tuple[int, int]] | None:
+        """A range of a run of the broker's settlements, booked; the client's ids of it as
+        ranges where they differ from the broker's (the run's dispositions are then written
+        again, one per range, ``settle_frames``); None: the run passes unchanged."""
 
     def on_server_settled(self, channel: int, receiver: bool, first: int, last: int,
                           state: int, now: float) -> bool:

@@ -282,14 +282,6 @@ def _tail(buf: bytes, p: int, fields: int) -> int:
     return p
 
 
-# -- the broker's settlements ------------------------------------------------------------------
-# A broker settles a fast sender's deliveries with a disposition each (RabbitMQ: role
-# receiver, first and last the delivery-id, settled, accepted), tens to a read. When the gate
-# says booking them is bookkeeping only (``TransferHooks.server_settle_run``), a disposition
-# and the frames after it that are that disposition again but for first and last are read
-# with ``scan_settlements`` and booked as ranges of consecutive ids. Alike, they have one
-# state (``settle_state``): the ranges are counted as that outcome.
-
 def renumber_run(buf: bytes, pos: int, end: int, shift: int) -> bytes:
     """The transfers ``scan_transfer_run`` read at ``buf[pos:end]``, each delivery-id less
     ``shift`` (modulo 2^32): a session some of whose deliveries the proxy took for itself
@@ -323,7 +315,16 @@ def renumber_run(buf: bytes, pos: int, end: int, shift: int) -> bytes:
     return b"".join(out)
 
 
+# -- the broker's settlements ------------------------------------------------------------------
+# A broker settles a fast sender's deliveries with a disposition each (RabbitMQ: role
+# receiver, first and last the delivery-id, settled, accepted), tens to a read. When the gate
+# says booking them is bookkeeping only (``TransferHooks.server_settle_run``), a disposition
+# and the frames after it that are that disposition again but for first and last are read
+# with ``scan_settlements`` and booked as ranges of consecutive ids. Alike, they have one
+# state (``settle_state``): the ranges are counted as that outcome.
+
 _SETTLE_IDS = struct.Struct(">IxI")  # first, (0x70), last
+_SETTLE_WRITE = struct.Struct(">IBI")  # first, 0x70, last
 _SETTLE_HEAD: Final = 16  # frame header, descriptor, list8 size and count, role, 0x70
 _SETTLE_TAIL: Final = 25  # where the bytes after last begin
 SETTLE_SPAN: Final = 1 << 20
@@ -351,6 +352,16 @@ def settle_state(buf: bytes, start: int, end: int) -> int | None:
 
 def _span(first: int, last: int) -> int:
     return (last - first) & _MASK
+
+
+def settle_frames(buf: bytes, start: int, end: int, ranges: list[tuple[int, int]]) -> bytes:
+    """The disposition ``buf[start:end]`` (``settle_template``) once per range of
+    ``ranges``, with its first and last: a run of the broker's settlements on a session the
+    proxy renumbered, in the client's ids (one frame per range: the client learns the same
+    outcome for the same deliveries, in fewer frames than the broker sent)."""
+    head, tail = buf[start:start + _SETTLE_HEAD], buf[start + _SETTLE_TAIL:end]
+    pack = _SETTLE_WRITE.pack
+    return b"".join(head + pack(first, 0x70, last) + tail for first, last in ranges)
 
 
 SETTLE_ALIKE: Final = 32
