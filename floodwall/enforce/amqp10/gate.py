@@ -44,7 +44,8 @@ link is topped up once half a window is free again, not per disposition. The bro
 dispositions are read by role, first, last and state code alone (``on_server_settled``,
 ``peek_disposition``; the outcome counted: ``BrokerOutcomes``) unless the session's
 delivery-ids are renumbered or the state is ``rejected`` (its error is read) or
-transactional; runs of them as ranges (``on_server_settle_run``, renumbered sessions too). Deliveries sent settled get no disposition and are not counted.
+transactional; runs of them as ranges (``on_server_settle_run``, renumbered sessions too).
+Deliveries sent settled get no disposition and are not counted.
 
 A link without credit for longer than its policy's ``deadline`` (``expire(now)``) gets what a
 0-9-1 publisher gets: it is detached with ``amqp:resource-limit-exceeded`` and a description
