@@ -87,9 +87,9 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
                  finish: list[str] | None = None) -> None:
         super().__init__()
         self.url = f"amqp://guest:guest@127.0.0.1:{port}"
-        addresses = list(counts)
-        self.addresses, self.counts = addresses, counts
-        self.finish = addresses if finish is None else finish  # done when these are
+        self.counts = counts
+        self.addresses = list(counts)
+        self.finish = self.addresses if finish is None else finish  # done when these are
         self.hold: set[str] = set()  # addresses that wait for ``go`` before sending
         self.go = threading.Event()
         # (RabbitMQ 3.10's amqp1_0 plugin can settle a delivery twice: once alone, once in
@@ -107,6 +107,8 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
         self._starved_since: dict[str, float] = {}
         self.errors: list[str] = []
         self.done = threading.Event()
+        # per address: no more acceptances will come (all accepted, or the connection failed)
+        self.ended = {a: threading.Event() for a in counts}
 
     def on_start(self, event: Any) -> None:
         conn = event.container.connect(self.url, allowed_mechs="PLAIN", reconnect=False)
@@ -152,7 +154,9 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
             return
         self.tags.add((address, event.delivery.tag))
         self.accepted[address].append(time.monotonic())
-        if all(len(self.accepted[a]) >= self.counts[a] for a in self.finish):
+        if len(self.accepted[address]) >= self.counts[address]:
+            self.ended[address].set()
+        if all(self.ended[a].is_set() for a in self.finish):
             self.done.set()
             event.connection.close()
 
@@ -161,7 +165,7 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
 
     def on_link_error(self, event: Any) -> None:
         self.errors.append(f"link: {event.link.remote_condition}")
-        self.done.set()
+        self._failed()
         event.connection.close()
 
     def on_session_error(self, event: Any) -> None:
@@ -169,11 +173,16 @@ class NaiveSender(MessagingHandler):  # type: ignore[misc]
 
     def on_connection_error(self, event: Any) -> None:
         self.errors.append(f"connection: {event.connection.remote_condition}")
-        self.done.set()
+        self._failed()
 
     def on_transport_error(self, event: Any) -> None:
         self.errors.append(f"transport: {event.transport.condition}")
+        self._failed()
+
+    def _failed(self) -> None:
         self.done.set()
+        for ended in self.ended.values():
+            ended.set()
 
 
 class PacedConsumer(MessagingHandler):  # type: ignore[misc]
@@ -436,9 +445,7 @@ def one_run(st: Stack, fw: Any, rate: float, count: int, free_count: int, both: 
             time.sleep(0.01)
         sender.go.set()
     deadline = time.monotonic() + 120
-    while (len(sender.accepted[free_key]) < free_count and not sender.done.is_set()
-           and time.monotonic() < deadline):
-        time.sleep(0.01)
+    sender.ended[free_key].wait(120)
     s1, c1 = meter.snapshot(fw_proc), cpu_seconds(consumer_proc)
     cpu = CpuMeter.delta(s0, s1)
     cores = {"floodwall": cpu["relay_cpu_s"], "broker": cpu["broker_cpu_s"],

@@ -649,17 +649,13 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
     if handle == SETTLEMENTS:  # (next_id: where the disposition that begins it begins;
         end, count, ranges = scan_settlements(buf, next_id, pos)  # most: its state)
         stream.counts.frames += count
-        mapped: list[tuple[int, int]] = []
-        renumbered = False
+        theirs: list[tuple[int, int]] = []  # the client's ids, where the session renumbers
         for first, last in ranges:
-            theirs = gate.on_server_settle_run(channel, first, last, most, now)
-            if theirs is None:
-                mapped.append((first, last))
-            else:
-                mapped += theirs
-                renumbered = True
-        if renumbered:  # (the session renumbered: the client's ids, a frame per range)
-            _replace(stream, buf, next_id, end, settle_frames(buf, next_id, pos, mapped))
+            mapped = gate.on_server_settle_run(channel, first, last, most, now)
+            if mapped is not None:
+                theirs += mapped
+        if theirs:  # (a frame per range of the client's ids)
+            _replace(stream, buf, next_id, end, settle_frames(buf, next_id, pos, theirs))
         return end
     client = stream.side is Side.CLIENT
     unsettled: list[int] = []  # the client's (the broker's are not tracked)

@@ -29,7 +29,7 @@ import functools
 import struct
 from typing import Final
 
-from floodwall.wire.amqp10.performatives import NO_STATE, TRANSFER, peek_state
+from floodwall.wire.amqp10.performatives import NO_STATE, TRANSFER, peek_state, uint_bytes
 
 _USUAL_START = struct.Struct(">IBBHBBB")  # size, doff, type, channel, 0x00 0x53 code
 _U32 = struct.Struct(">I")
@@ -298,19 +298,18 @@ def renumber_run(buf: bytes, pos: int, end: int, shift: int) -> bytes:
         else:
             count, fields_at, list_end = u32(buf, p + 5)[0], p + 9, p + 5 + u32(buf, p + 1)[0]
         id_at = _past_uint(buf, fields_at)
+        id_end = _past_uint(buf, id_at)
         c = buf[id_at]
         old = 0 if c == 0x43 else buf[id_at + 1] if c == 0x52 else u32(buf, id_at + 1)[0]
-        new = (old - shift) & _MASK
-        id_bytes = (b"\x43" if new == 0 else bytes((0x52, new)) if new < 256
-                    else b"\x70" + new.to_bytes(4, "big"))
-        body = (id_at - fields_at) + len(id_bytes) + (list_end - _past_uint(buf, id_at))
+        id_bytes = uint_bytes((old - shift) & _MASK)
+        body = (id_at - fields_at) + len(id_bytes) + (list_end - id_end)
         if body < 255 and count <= 255:
             head = bytes((0xC0, body + 1, count))
         else:
             head = b"\xd0" + (body + 4).to_bytes(4, "big") + count.to_bytes(4, "big")
         size = 11 + len(head) + body + (frame_end - list_end)
         out += (size.to_bytes(4, "big"), buf[pos + 4:p], head, buf[fields_at:id_at], id_bytes,
-                buf[_past_uint(buf, id_at):frame_end])
+                buf[id_end:frame_end])
         pos = frame_end
     return b"".join(out)
 
