@@ -607,14 +607,16 @@ class CreditFlow:
         if session.in_flight:
             self._broker_settled(session, first, last, now)
 
-    def server_settle_run(self, channel: int) -> bool:
+    def server_settle_run(self, channel: int, alone: bool) -> bool:
         """Whether the broker's settlements on ``channel`` that begin with the disposition
         read now are bookkeeping only, and may be booked as ranges (``TransferHooks``):
         none of the session's links is squeezed (only a squeezed link's credit is worked out
         again when the broker settles; ``_broker_settled``). On a renumbered session they
-        are relayed mapped to the client's ids (``on_server_settle_run``)."""
+        are relayed mapped to the client's ids (``on_server_settle_run``), a disposition
+        ``alone`` in its read too (else decoded and encoded again); elsewhere such a one is
+        cheaper read by ``on_server_settled``."""
         session = self.by_server_channel.get(channel)
-        if session is None:
+        if session is None or (alone and not session.ids.dropped):
             return False
         for link in session.links.values():
             if type(link) is SenderLink and link.squeezed:

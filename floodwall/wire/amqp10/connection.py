@@ -431,7 +431,12 @@ class Connection:
         if gate is not None and FLOW <= code <= DISPOSITION:
             if code == DISPOSITION and stream.side is Side.SERVER:
                 if _settlements_follow(stream, gate, channel, buf, start, end):
-                    return True  # (this one first in the run)
+                    if end < len(buf):
+                        return True  # (this one first in the run)
+                    _read_run(stream, gate, buf, end, self._now)  # (a run of one: now)
+                    if gate.outbox:
+                        self.output.take(gate)
+                    return False
                 # The broker settling: role, first and last do unless renumbered (decoded).
                 settled = peek_disposition(buf, body, end)
                 if settled is not None and gate.on_server_settled(channel, *settled, self._now):
@@ -677,16 +682,19 @@ def _read_run(stream: _Stream, gate: TransferHooks, buf: bytes, pos: int, now: f
 def _settlements_follow(stream: _Stream, gate: TransferHooks, channel: int, buf: bytes,
                         start: int, end: int) -> bool:
     """The broker's disposition ``buf[start:end]``: True, announcing the run of settlements
-    it begins (``stream.run``), when frames follow it in the read, it has the shape such a
-    run is read with, its state one the gate counts as it is (not ``rejected``, whose error
-    it reads) and the gate books them as ranges (``server_settle_run``)."""
-    if end < len(buf) and settle_template(buf, start, end):
-        state = settle_state(buf, start, end)
-        if state is not None and state != Outcome.REJECTED and state != TRANSACTIONAL_STATE \
-                and gate.server_settle_run(channel):
-            stream.run = (channel, SETTLEMENTS, start, state, 0.0)
-            return True
-    return False
+    it begins (``stream.run``), when it has the shape such a run is read with, its state one
+    the gate counts as it is (not ``rejected``, whose error it reads) and the gate books
+    them as ranges (``server_settle_run``; asked too when nothing follows it in the read)."""
+    alone = end == len(buf)  # (the gate asked first: most such ones are not worth a run)
+    if (alone and not gate.server_settle_run(channel, True)) \
+            or not settle_template(buf, start, end):
+        return False
+    state = settle_state(buf, start, end)
+    if state is None or state == Outcome.REJECTED or state == TRANSACTIONAL_STATE \
+            or (not alone and not gate.server_settle_run(channel, False)):
+        return False
+    stream.run = (channel, SETTLEMENTS, start, state, 0.0)
+    return True
 
 
 def _relay(stream: _Stream, buf: bytes, stop: int) -> None:

@@ -92,11 +92,13 @@ class TransferHooks(Protocol):
     def on_server_disposition(self, channel: int, fields: list[object],
                               now: float) -> bytes | None: ...
 
-    def server_settle_run(self, channel: int) -> bool:
+    def server_settle_run(self, channel: int, alone: bool) -> bool:
         """Before ``on_server_settled`` for a broker disposition of ``channel``: whether it
         and the dispositions alike that follow it in the read may be handed over as ranges
         of consecutive ids (``scan_settlements``, ``on_server_settle_run``), as booking them
-        one by one would do nothing else (no link whose credit waits on settlements)."""
+        one by one would do nothing else (no link whose credit waits on settlements).
+        ``alone``: no frame follows it in the read (a run of one: worth it only where the
+        session is renumbered, which ``on_server_settled`` cannot do)."""
 
     def on_server_settle_run(self, channel: int, first: int, last: int, state: int,
                              now: float) -> list[tuple[int, int]] | None:

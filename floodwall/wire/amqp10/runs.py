@@ -288,6 +288,26 @@ def renumber_run(buf: bytes, pos: int, end: int, shift: int) -> bytes:
     goes on in the broker's numbering. Each id is written in the shortest uint encoding and
     the performative's list and the frame are sized to it (a list8 or list32 as the encoder
     chooses, ``encode``); every other byte is the client's."""
+    u32 = _U32.unpack_from
+    # Usually each id is an uint in a list8 both before and after (past the session's first
+    # 256 deliveries): the run's bytes again, each id overwritten in place.
+    out = bytearray(buf[pos:end])
+    pack_into = _U32.pack_into
+    at = pos
+    while at < end:
+        p = at + 11
+        id_at = _past_uint(buf, p + 3)
+        new_id = (u32(buf, id_at + 1)[0] - shift) & _MASK \
+            if buf[p] == 0xC0 and buf[id_at] == 0x70 else 0
+        if new_id < 256:
+            return _resized_run(buf, pos, end, shift)
+        pack_into(out, id_at + 1 - pos, new_id)
+        at += u32(buf, at)[0]
+    return bytes(out)
+
+
+def _resized_run(buf: bytes, pos: int, end: int, shift: int) -> bytes:
+    """``renumber_run`` where some id's encoding changes size: each frame written again."""
     out: list[bytes] = []
     u32 = _U32.unpack_from
     while pos < end:
