@@ -256,6 +256,7 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
     watch = BrokerDepth(ep.host, ep.amqp_port, queue)
     watch.start()
     trips0 = metric_sum(fw, "floodwall_queue_trips_total")
+    tripped0 = metric_sum(fw, "floodwall_queue_tripped_seconds_total", queue=queue)
     probes0 = metric_sum(fw, "floodwall_queue_depth_samples_total", queue=queue)
     beam, proxy = beam_of(st.broker), fw.process and psutil.Process(fw.process.pid)
     cpu0 = cpu_seconds(beam), cpu_seconds(proxy)
@@ -274,6 +275,7 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
         doc = mine.recv()
         cpu1 = cpu_seconds(beam), cpu_seconds(proxy)
         trips = metric_sum(fw, "floodwall_queue_trips_total") - trips0
+        tripped_s = metric_sum(fw, "floodwall_queue_tripped_seconds_total", queue=queue) - tripped0
         counts = metric_sum(fw, "floodwall_queue_depth_samples_total", queue=queue) - probes0
         t_sender.join(10)
     finally:
@@ -285,7 +287,7 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
     times = sender.accepted[target]
     out: dict[str, Any] = {
         "capacity": capacity, "accepted": len(times), "consumed": doc["got"],
-        "errors": sender.errors, "trips": trips,
+        "errors": sender.errors, "trips": trips, "tripped_s": round(tripped_s, 3),
         "sender_rate": sender_rate(times), "stalled_s": stalls(times),
         "credit_wait_s": round(sender.credit_wait[target], 3),
         "unsettled_when_starved": median(sender.unsettled_when_starved[target] or [0]),
@@ -361,7 +363,9 @@ def report(doc: dict[str, Any]) -> None:
             print(f"    {label:>7}: ratio {fmt(ratio, '.3f')} (rates "
                   f"{', '.join(fmt(v, ',.0f') for v in rates)} msg/s), over capacity "
                   f"{fmt(s['max_over_capacity_kib'][label], '.0f')} KiB, trips "
-                  f"{', '.join(fmt(r[label]['trips'], '.0f') for r in s['rounds'])}")
+                  f"{', '.join(fmt(r[label]['trips'], '.0f') for r in s['rounds'])} "
+                  f"(tripped for "
+                  f"{', '.join(fmt(r[label].get('tripped_s'), '.2f') for r in s['rounds'])} s)")
             runs = [r[label] for r in s["rounds"]]
             print("             waited for credit "
                   f"{', '.join(fmt(r.get('credit_wait_s'), '.2f') for r in runs)} s, "

@@ -1,7 +1,7 @@
 """The two-link scenario: a python-qpid-proton sender at full speed, through floodwall.
 
 ``python -m bench.two_links [--rounds 3] [--rates 2500,250,0] [--count 6000]
-[--free-count 30000] [--broker 3.10|4.0] [--address v1|v2|null]``
+[--free-count 30000] [--broker 3.10|4.0] [--address v1|v2|null] [--control]``
 
 ``--address``: the links' addresses. ``v1`` (the default): ``/queue/Q``, which RabbitMQ 3.10
 declares on attach (4.0 still takes it, deprecated). ``v2``: RabbitMQ 4's ``/queues/Q`` (the
@@ -32,7 +32,10 @@ message accepted as it comes) and the free queue as fast as it can. Per round an
   sends share the client's one proton thread with the free link, so the ratio there also
   measures the client's own CPU;
 - so the capped link's sends a second over the free link's run: what it took of that thread
-  while the free link's rate was measured.
+  while the free link's rate was measured;
+- with ``--control``, a third leg each round: the free link alone again, its ratio to the
+  round's alone run what the harness moves by with nothing changed (the spread a single
+  round's ratio is read against).
 
 The consumer and the depth watcher run in a process of their own (``BrokerSide``): the
 sender's process runs the sender alone, as an application's would.
@@ -494,13 +497,15 @@ async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> d
         for rate in opts.rates:
             runs = []
             for r in range(opts.rounds):
-                for both in ((False, True) if r % 2 == 0 else (True, False)):
+                legs = ["alone", "both"] + (["control"] if opts.control else [])
+                for leg in legs if r % 2 == 0 else legs[::-1]:
+                    both = leg == "both"
                     res = await asyncio.to_thread(one_run, st, fw, rate, opts.count,
                                                   opts.free_count, both,
                                                   opts.address)
-                    res["round"] = r
+                    res["round"], res["control"] = r, leg == "control"
                     runs.append(res)
-                    progress(f"   {rate:.0f} msg/s round {r + 1} {'both ' if both else 'alone'}"
+                    progress(f"   {rate:.0f} msg/s round {r + 1} {leg:<7}"
                              f": accepted {res['accepted']}, consumed {res['consumed']}, "
                              f"over capacity {res['over_capacity_kib']:.0f} KiB, trips "
                              f"{res['trips']:.0f}, overshoot/trip "
@@ -516,8 +521,13 @@ async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> d
 def summarize(runs: list[dict[str, Any]], count: int, free_count: int) -> dict[str, Any]:
     both = [r for r in runs if r["both"]]
     stopped = both and both[0]["rate"] == 0  # the capped link sends only until it trips
-    alone = {r["round"]: r["free_msgs_per_s"] for r in runs if not r["both"]}
-    ratios = [r["free_msgs_per_s"] / alone[r["round"]] for r in both if alone.get(r["round"])]
+    alone = {r["round"]: r["free_msgs_per_s"] for r in runs
+             if not r["both"] and not r["control"]}
+
+    def paired(legs: list[dict[str, Any]]) -> list[float]:
+        return [r["free_msgs_per_s"] / alone[r["round"]] for r in legs if alone.get(r["round"])]
+    ratios = paired(both)
+    control = paired([r for r in runs if r["control"]])
     return {
         "runs": runs,
         "all_accepted": all((stopped or r["accepted"].get("capped") == count)
@@ -530,12 +540,19 @@ def summarize(runs: list[dict[str, Any]], count: int, free_count: int) -> dict[s
         "overshoot_per_trip": median([r["overshoot_per_trip"] for r in both]),
         "capped_counts_per_s": median([r["capped_counts_per_s"] for r in both]),
         "free_ratio_paired": median(ratios),
+        "free_ratios": ratios,
+        "control_ratios": control,
         "free_alone": median(list(alone.values())),
         "free_both": median([r["free_msgs_per_s"] for r in both]),
         "capped_sends_beside": median([r["capped_sends_per_s"] for r in both]),
-        "cores_alone": median_cores([r for r in runs if not r["both"]]),
+        "cores_alone": median_cores([r for r in runs if not r["both"] and not r["control"]]),
         "cores_both": median_cores(both),
     }
+
+
+def spread(ratios: list[float]) -> str:
+    """The lowest and highest of a leg's paired ratios."""
+    return f"{min(ratios):.3f}-{max(ratios):.3f}"
 
 
 def median_cores(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -561,7 +578,12 @@ def report(doc: dict[str, Any]) -> None:
                  if "capped_counts_per_s" in s else ""))
         print(f"    free link: alone {fmt(s['free_alone'], ',.0f')} msg/s, beside the throttled "
               f"link {fmt(s['free_both'], ',.0f')} msg/s, paired ratio "
-              f"{fmt(s['free_ratio_paired'], '.3f')} (target >= 0.95)")
+              f"{fmt(s['free_ratio_paired'], '.3f')} (target >= 0.95)"
+              + (f"; rounds {spread(s['free_ratios'])}" if s.get("free_ratios") else ""))
+        if s.get("control_ratios"):
+            print(f"    control, the free link alone again against alone: median "
+                  f"{median(s['control_ratios']):.3f}, rounds {spread(s['control_ratios'])} "
+                  f"(the harness's own spread)")
         if "capped_sends_beside" in s:
             print(f"    the capped link's sends while the free link ran: "
                   f"{fmt(s['capped_sends_beside'], ',.0f')} msg/s (what it took of the "
@@ -588,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", choices=("v1", "v2", "null"), default="v1",
                    help="v1 /queue/Q; v2 /queues/Q (RabbitMQ 4); null: the capped link's "
                    "target null, each message's to /queues/Q (RabbitMQ 4)")
+    p.add_argument("--control", action="store_true",
+                   help="each round also runs the free link alone a second time: its ratio "
+                   "to the first is what the harness moves by with nothing changed")
     p.add_argument("--out", type=Path, default=None)
     opts = p.parse_args(argv)
     if opts.address != "v1" and opts.broker == "3.10":
