@@ -95,5 +95,17 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(clean)) if clean else math.nan
 
 
+def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Mann-Whitney U of ``a`` against ``b`` (ties a half) and its two-sided p by the normal
+    approximation (fair from some eight values a side): whether ``a`` and ``b`` differ by
+    more than their spread explains."""
+    if not a or not b:
+        return math.nan, math.nan
+    u = sum((x > y) + 0.5 * (x == y) for x in a for y in b)
+    n1, n2 = len(a), len(b)
+    z = (u - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
+    return u, math.erfc(abs(z) / math.sqrt(2))
+
+
 def rss_bytes(proc: psutil.Process) -> int:
     return int(proc.memory_info().rss)

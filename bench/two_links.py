@@ -74,7 +74,7 @@ from bench.flow import (
     until,
     write_policies,
 )
-from bench.meters import CpuMeter, cpu_seconds, median
+from bench.meters import CpuMeter, cpu_seconds, mann_whitney, median
 from bench.relay import beam_of
 from floodwall.dev.devbroker import RELEASE_NAMES, BrokerEndpoint
 
@@ -581,9 +581,11 @@ def report(doc: dict[str, Any]) -> None:
               f"{fmt(s['free_ratio_paired'], '.3f')} (target >= 0.95)"
               + (f"; rounds {spread(s['free_ratios'])}" if s.get("free_ratios") else ""))
         if s.get("control_ratios"):
+            u, p = mann_whitney(s["free_ratios"], s["control_ratios"])
             print(f"    control, the free link alone again against alone: median "
                   f"{median(s['control_ratios']):.3f}, rounds {spread(s['control_ratios'])} "
-                  f"(the harness's own spread)")
+                  f"(the harness's own spread); beside against control: Mann-Whitney U "
+                  f"{u:.1f} of {len(s['free_ratios']) * len(s['control_ratios'])}, p {p:.2f}")
         if "capped_sends_beside" in s:
             print(f"    the capped link's sends while the free link ran: "
                   f"{fmt(s['capped_sends_beside'], ',.0f')} msg/s (what it took of the "
