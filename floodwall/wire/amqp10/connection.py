@@ -684,14 +684,12 @@ def _settlements_follow(stream: _Stream, gate: TransferHooks, channel: int, buf:
     """The broker's disposition ``buf[start:end]``: True, announcing the run of settlements
     it begins (``stream.run``), when it has the shape such a run is read with, its state one
     the gate counts as it is (not ``rejected``, whose error it reads) and the gate books
-    them as ranges (``server_settle_run``; asked too when nothing follows it in the read)."""
-    alone = end == len(buf)  # (the gate asked first: most such ones are not worth a run)
-    if (alone and not gate.server_settle_run(channel, True)) \
+    them as ranges (``server_settle_run``, told whether anything follows it in the read)."""
+    if not gate.server_settle_run(channel, end == len(buf)) \
             or not settle_template(buf, start, end):
         return False
     state = settle_state(buf, start, end)
-    if state is None or state == Outcome.REJECTED or state == TRANSACTIONAL_STATE \
-            or (not alone and not gate.server_settle_run(channel, False)):
+    if state is None or state == Outcome.REJECTED or state == TRANSACTIONAL_STATE:
         return False
     stream.run = (channel, SETTLEMENTS, start, state, 0.0)
     return True

@@ -295,10 +295,11 @@ def renumber_run(buf: bytes, pos: int, end: int, shift: int) -> bytes:
     pack_into = _U32.pack_into
     at = pos
     while at < end:
-        p = at + 11
-        id_at = _past_uint(buf, p + 3)
-        new_id = (u32(buf, id_at + 1)[0] - shift) & _MASK \
-            if buf[p] == 0xC0 and buf[id_at] == 0x70 else 0
+        p = at + 11  # the list's constructor (``_shape`` checked the frame up to it)
+        id_at = _past_uint(buf, p + 3) if buf[p] == 0xC0 else -1
+        if id_at < 0 or buf[id_at] != 0x70:
+            return _resized_run(buf, pos, end, shift)
+        new_id = (u32(buf, id_at + 1)[0] - shift) & _MASK
         if new_id < 256:
             return _resized_run(buf, pos, end, shift)
         pack_into(out, id_at + 1 - pos, new_id)
