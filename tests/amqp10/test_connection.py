@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from floodwall.wire.amqp10.connection import CONTAINER_ID, Connection
+from floodwall.wire.amqp10.connection import CONTAINER_ID, JOINED_READ_MAX, Connection
 from floodwall.wire.amqp10.framing import AMQP_HEADER, SASL_HEADER, frame
 from floodwall.wire.amqp10.performatives import (
     ATTACH,
@@ -155,6 +155,39 @@ def test_partial_frames_are_held_back_until_complete() -> None:
     conn.receive_from_client(one[9:], 0.0)
     assert conn.data_for_server() == one
     assert conn.from_client.frames == 2 + 3
+
+
+@pytest.mark.parametrize("cut", [3, 8, 700, 1020])
+def test_a_large_read_completes_the_held_frame_and_leaves_as_a_view_of_itself(cut: int) -> None:
+    """A read that completes the frame held from the read before and goes on well past it
+    (``JOINED_READ_MAX``) gives the held frame just the bytes it misses, its header first
+    when the header was cut too; the rest of the read leaves as a view of that read, not a
+    copy, and the stream arrives byte-exactly, every frame counted once."""
+    conn = opened()
+    frames = [transfer(0, 0, n, b"x" * 1000) for n in range(60)]
+    data = b"".join(frames)
+    ten = len(b"".join(frames[:10]))
+    first = ten + cut  # inside the 11th frame (its header: cut < 8)
+    conn.receive_from_client(data[:first], 0.0)
+    assert conn.data_for_server() == data[:ten]
+    rest = data[first:]
+    assert len(rest) > JOINED_READ_MAX
+    conn.receive_from_client(rest, 0.0)
+    pieces = conn.chunks_for_server()
+    assert b"".join(pieces) == data[ten:]
+    assert any(type(p) is memoryview and p.obj is rest and p.nbytes > JOINED_READ_MAX
+               for p in pieces)
+    assert conn.from_client.frames == 2 + 60 and conn.pending_bytes == 0
+
+
+def test_a_small_read_that_completes_the_held_frame_is_joined_to_it() -> None:
+    """At most ``JOINED_READ_MAX`` past the held frame: one piece, the two joined."""
+    conn = opened()
+    one, two = transfer(0, 0, 1, b"a" * 3000), transfer(0, 0, 2, b"b" * 3000)
+    conn.receive_from_client(one[:100], 0.0)
+    conn.receive_from_client(one[100:] + two, 0.0)
+    pieces = conn.chunks_for_server()
+    assert len(pieces) == 1 and pieces[0] == one + two
 
 
 def test_data_for_peers_is_empty_bytes_when_nothing_is_queued() -> None:
