@@ -19,6 +19,17 @@ EXTERNAL_REFUSED = (
 RabbitMQ's EXTERNAL takes the user from the certificate on *its* side of the socket, which
 is the proxy's; a relayed EXTERNAL login would give every client the proxy's identity."""
 
+JOINED_READ_MAX = 16 * 1024
+"""Both cores: a read that completes the frame held from the read before, with at most this
+many bytes of it beyond (0-9-1: the read itself at most this large), is joined to the held
+frame and the whole read in one pass, one piece of output: copying a small read costs less
+than a pass of its own (a consumer's reads on a quiet machine hold one or two deliveries,
+most cut inside a frame; the I/O layer would join the two pieces for its write anyway). From
+a larger read the held frame takes just the bytes it misses and is read on its own, and the
+rest of the read is read where it lies and relayed as views of it: a stream cut inside its
+frames (a sender at full speed: nearly every read) is never copied whole, and copying stays
+linear however the stream is cut."""
+
 
 class Side(Enum):
     """Which peer of a proxied connection a byte stream comes from."""

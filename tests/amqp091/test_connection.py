@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from floodwall.wire.amqp091.connection import (
-    JOINED_READ_MAX,
     ChannelState,
     ClientInfo,
     CloseReply,
@@ -22,7 +21,7 @@ from floodwall.wire.amqp091.connection import (
     close_frame,
 )
 from floodwall.wire.amqp091.framing import FRAME_MIN_SIZE, count_frames
-from floodwall.wire.relaycore import Failure, RelayCore, Side
+from floodwall.wire.relaycore import JOINED_READ_MAX, Failure, RelayCore, Side
 from tests.amqp091.wire import (
     CH,
     CLIENT_PROPERTIES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from floodwall.wire.amqp10.connection import CONTAINER_ID, JOINED_READ_MAX, Connection
+from floodwall.wire.amqp10.connection import CONTAINER_ID, Connection
 from floodwall.wire.amqp10.framing import AMQP_HEADER, SASL_HEADER, frame
 from floodwall.wire.amqp10.performatives import (
     ATTACH,
@@ -21,7 +21,7 @@ from floodwall.wire.amqp10.performatives import (
     encode_performative,
 )
 from floodwall.wire.amqp10.types import Array, Described, Symbol, UByte, UInt
-from floodwall.wire.relaycore import Failure, FrameCounts, RelayCore, Side
+from floodwall.wire.relaycore import JOINED_READ_MAX, Failure, FrameCounts, RelayCore, Side
 from tests.amqp10 import streams
 from tests.amqp10.streams import (
     EMPTY_FRAME,

@@ -47,6 +47,7 @@ from floodwall.wire.amqp091.runs import scan_publish_run
 from floodwall.wire.amqp091.topology import REPLY_KEYS, REQUEST_KEYS, TopologyWatch
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
+    JOINED_READ_MAX,
     CoreOutput,
     Failure,
     FrameCounts,
@@ -60,15 +61,6 @@ INTERNAL_ERROR: Final = 541
 VIEWED_BODY_MIN: Final = 16 * 1024
 """A content body frame at least this large that a read leaves incomplete is held as views
 of the reads, not copied (``FrameRelay._keep``)."""
-
-JOINED_READ_MAX: Final = 16 * 1024
-"""A read of at most this many bytes that completes the frame held from the previous read
-is joined to it and the whole relayed in one pass, one piece of output: copying a small read
-costs less than relaying the held frame on its own (a consumer's reads on a quiet machine
-hold one or two deliveries, most cut inside a frame; the I/O layer would join the two pieces
-for its write anyway). A larger read completes the held frame by itself
-(``_finish_tail``) and leaves in place, as a view. The join copies a held frame once more
-only when this read completes it, so copying stays linear however the stream is cut."""
 
 SHORTSTR_MAX: Final = 255
 

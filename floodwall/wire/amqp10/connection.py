@@ -68,6 +68,7 @@ from floodwall.wire.amqp10.runs import (
 from floodwall.wire.amqp10.types import UByte, UInt
 from floodwall.wire.relaycore import (
     EXTERNAL_REFUSED,
+    JOINED_READ_MAX,
     CoreOutput,
     Failure,
     FrameCounts,
@@ -100,13 +101,6 @@ class Phase(Enum):
     AMQP = "amqp"  # AMQP frames
     REFUSED = "refused"  # the server answered with another protocol header: nothing follows
 
-
-JOINED_READ_MAX: Final = 16 * 1024
-"""A read of at most this many bytes past the frame held from the previous read is joined to
-it and read in one pass (copying a small read costs less than a pass of its own). From a
-larger read the held frame takes just the bytes it misses and is read on its own; the rest
-of the read is read where it lies and relayed as views of it, so a stream cut inside its
-frames (a sender at full speed: nearly every read) is not copied whole at every read."""
 
 HOT_PERFORMATIVES: Final = (FLOW, DISPOSITION)
 """Frames passed by size alone on a plain relay: flow, transfer, disposition."""
