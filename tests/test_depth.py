@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from floodwall.control.depth import (
@@ -212,6 +214,49 @@ def test_tracked_deliveries_count_once_whatever_the_round_trip(rtt: float) -> No
     est = untracked.estimate()
     assert est is not None
     assert abs(est.messages - (30 + in_margin + 1)) <= 2  # (the ledger's 5 ms entries)
+
+
+def test_a_count_takes_up_to_its_allowance_of_the_unsettled_to_be_in_it() -> None:
+    """With an ``allowance``, that many of the deliveries unsettled when the count was asked
+    for are taken to be in it (the rest counted on top): a broker that keeps a sender's
+    whole credit unsettled does not make an empty queue look full."""
+    def counted(unsettled: int, allowance: int) -> Depth | None:
+        q = QueueDepth()
+        q.forwarded(5.0, 100, tracked=1)
+        q.sampled_ready_count(6.0, ready=0, rtt=0.001)
+        for i in range(50):
+            q.forwarded(9.0 + i * 0.01, 100, tracked=1)
+        q.count_asked(10.0, unsettled=unsettled, allowance=allowance)
+        q.sampled_ready_count(10.0, ready=0, rtt=0.001)
+        assert q.excluded == min(unsettled, allowance)
+        return q.estimate()
+
+    assert counted(40, 0) == Depth(4000, 40)  # all counted (no allowance)
+    assert counted(40, 30) == Depth(1000, 10)  # 30 taken to be in the count
+    assert counted(40, 50) == Depth(0, 0)  # all of them
+
+
+def test_what_the_count_took_in_is_counted_back_as_fewer_are_unsettled() -> None:
+    """As the broker settles, at most the deliveries unsettled now can be among those the
+    count took in without seeing them: the others are counted back (never taken back by
+    more deliveries in flight), and the headroom shrinks with them; the next count starts
+    afresh."""
+    q = QueueDepth()
+    q.forwarded(5.0, 100, tracked=1)
+    q.sampled_ready_count(6.0, ready=0, rtt=0.001)
+    for i in range(40):
+        q.forwarded(9.0 + i * 0.01, 100, tracked=1)
+    q.count_asked(10.0, unsettled=40, allowance=30)
+    q.sampled_ready_count(10.0, ready=0, rtt=0.001)
+    assert q.estimate() == Depth(1000, 10) and q.headroom(5000, None) == (4000 + 4100, math.inf)
+    assert q.count_back(35) == 0  # 35 unsettled: all 30 may still be among them
+    assert q.count_back(25) == 5 and q.estimate() == Depth(1500, 15)
+    assert q.headroom(5000, None) == (3500 + 4100, math.inf)
+    assert q.count_back(28) == 0 and q.count_back(0) == 25  # (more in flight: none back)
+    assert q.estimate() == Depth(4000, 40) == q.estimate(settled=True)
+    q.count_asked(11.0, unsettled=0, allowance=30)
+    q.sampled_ready_count(11.0, ready=40, rtt=0.001)
+    assert q.counted_back == 0 and q.estimate() == Depth(4000, 40)
 
 
 def test_untracked_publishes_inside_the_margin_still_count_beside_tracked_ones() -> None:

@@ -44,6 +44,21 @@ _NOTHING: frozenset[QueueKey] = frozenset()
 ALARM_LABEL = "broker-alarm"
 #: Sets of queue names whose policed members ``FlowController.policed`` keeps.
 POLICED_CACHE_SIZE = 4096
+#: Message bytes of a queue's 1.0 deliveries in flight (forwarded unsettled, the broker's
+#: settlement not come yet) a ready count is taken to hold already (``QueueDepth.count_asked``),
+#: and the most this sidecar's links feeding the queue may have in credit and in flight
+#: together (the 1.0 gate's in-flight bound): the estimate is short by at most what is in flight
+#: now, so the depth stays within the capacity plus this. A fleet member's part of it is its
+#: share (``PolicedQueue.allowance_bytes``). RabbitMQ 4.0 keeps a sender link's credit plus its
+#: unsettled deliveries within 256 messages: a sender of 1 KiB messages at full speed needs all
+#: of that pipeline out of the estimate (docs/performance.md, "AMQP 1.0 senders").
+IN_FLIGHT_ALLOWANCE = 256 * 1024
+#: A queue whose policy limits bytes only has an allowance of ``capacity / ALLOWANCE_PARTS``
+#: when that is more (two of its 1.0 links' windows: ``floodwall.enforce.amqp10.links.
+#: policy_window``), at most ``MAX_ALLOWANCE``; one of a smaller capacity than
+#: ``IN_FLIGHT_ALLOWANCE``, that capacity: ``in_flight_allowance``.
+ALLOWANCE_PARTS = 512
+MAX_ALLOWANCE = 2 * 1024 * 1024
 #: How long a 1.0 link given a window from a queue's room counts as one of the links that
 #: share it (``PolicedQueue.room_sharers``): a link sending renews it at each top-up.
 ROOM_LEASE_S = 1.0
@@ -83,6 +98,40 @@ class PolicedQueue:
     room_leases: OrderedDict[tuple[int, int], float] = field(default_factory=OrderedDict,
                                                              compare=False, repr=False)
 
+    def allowance_bytes(self) -> float:
+        """This sidecar's part of the queue's in-flight allowance (``in_flight_allowance``):
+        all of it alone, its share in a fleet (``ShareRule.share``: the members' parts sum
+        to at most the whole)."""
+        whole = in_flight_allowance(self.policy)
+        share = self.share
+        return whole if share is None else share.share(whole)
+
+    def allowance(self, size: int | None = None) -> int:
+        """The allowance in messages: ``allowance_bytes`` in messages of ``size`` (None: the
+        queue's mean; 0 before any is known), at most the policy's ``max_messages`` (a
+        fleet member: its share of them)."""
+        if size is None:
+            size = self.depth.average_body_bytes()
+        if not size:
+            return 0
+        messages = int(self.allowance_bytes() // size)
+        limit = self.policy.max_messages
+        if limit is not None:
+            share = self.share
+            messages = min(messages, int(limit if share is None else share.share(limit)))
+        return messages
+
+    def settled(self, n: int) -> None:
+        """``n`` of the queue's tracked 1.0 deliveries in flight are settled by the broker
+        (or will not be: aborted, their link or session gone). Those its base count was taken
+        to hold that can no longer be in flight are counted back (``QueueDepth.count_back``),
+        and the quiet totals lowered to match, as an evaluation would arm them."""
+        self.in_flight = left = self.in_flight - n
+        depth = self.depth
+        if depth.excluded and (more := depth.count_back(left)):
+            self.quiet_messages -= more
+            self.quiet_bytes -= more * depth.excluded_bytes
+
     def room_sharers(self, holder: tuple[int, int], now: float) -> int:
         """How many of this sidecar's 1.0 links share the queue's room now, ``holder`` (a
         connection and link_ref about to be given a window from it) among them: those given
@@ -114,6 +163,19 @@ class Router(Protocol):
     @property
     def generation(self) -> int:
         """Goes up on every change that can change a route."""
+
+
+def in_flight_allowance(policy: Policy) -> int:
+    """The in-flight allowance of a queue under ``policy`` (bytes): ``IN_FLIGHT_ALLOWANCE``,
+    at most its byte capacity (a queue's depth stays within twice a small capacity), or
+    ``capacity / ALLOWANCE_PARTS`` up to ``MAX_ALLOWANCE`` when that is more and the policy
+    limits bytes only. A policy with ``max_messages`` allows at most that many messages too
+    (``PolicedQueue.allowance``)."""
+    capacity = policy.capacity
+    allowance = IN_FLIGHT_ALLOWANCE if capacity <= 0 else min(IN_FLIGHT_ALLOWANCE, capacity)
+    if policy.max_messages is not None:
+        return allowance
+    return max(allowance, min(capacity // ALLOWANCE_PARTS, MAX_ALLOWANCE))
 
 
 class ChannelHolds:
@@ -519,17 +581,21 @@ class FlowController:
     # -- depth and alarms --------------------------------------------------------------
     def count_asked(self, key: QueueKey, at: float) -> None:
         """A ready count of ``key`` is asked for now (``at``): its tracked deliveries not
-        settled yet are noted with it (``QueueDepth.count_asked``)."""
+        settled yet are noted with it, up to its ``allowance`` taken to be in the count
+        (``QueueDepth.count_asked``)."""
         q = self.queues.get(key)
         if q is not None:
-            q.depth.count_asked(at, q.in_flight)
+            q.depth.count_asked(at, q.in_flight, q.allowance() if q.in_flight else 0)
 
     def sampled_ready_count(self, key: QueueKey, requested_at: float, ready: int,
                             rtt: float | None, now: float, drains: bool = True) -> None:
         """A ready count of ``key`` (``drains``: False for a stream, ``QueueDepth``)."""
         q = self.queues.get(key)
         if q is not None:
-            q.depth.sampled_ready_count(requested_at, ready, rtt, drains)
+            depth = q.depth
+            depth.sampled_ready_count(requested_at, ready, rtt, drains)
+            if depth.excluded:  # (settled since it was asked for: counted back at once)
+                depth.count_back(q.in_flight)
             self._evaluate(q, now)
             if q.tripped and key not in self._backlogged:  # its tokens, to those waiting
                 waiting = self._holds.table.waiting_on(key)

@@ -20,9 +20,14 @@ need no margin: a delivery settled before a count was asked for is in that count
 consumed already), one not settled may not be. When the count's asker noted the queue's
 unsettled deliveries (``count_asked``), the count is taken to hold everything forwarded
 before it less those unsettled and less the untracked publishes forwarded within the margin:
-exact for a queue fed by tracked deliveries alone, whatever the broker's round trip, and the
-margin's answer for one fed by untracked publishes alone. The settled estimate likewise, with
-``SETTLE`` for the untracked publishes.
+the margin's answer for a queue fed by untracked publishes alone. Up to the asker's
+``allowance`` of the unsettled deliveries are taken to be in the count all the same (a
+broker keeps a sender's whole credit unsettled at full speed: counted, they sat as a full
+queue's worth in the estimate of an empty 256 KiB one), and as the broker settles them
+those that can no longer be among the unsettled are counted back (``count_back``): the
+estimate is short by at most what is unsettled now, within the allowance, which the 1.0
+gate keeps what its links have in credit and in flight within. The settled estimate
+likewise, with ``SETTLE`` for the untracked publishes.
 
 A burst the proxy forwarded can take the broker longer to enqueue than the probe's round
 trip says (the probe is answered on the proxy's own connection while the client's channel
@@ -204,8 +209,16 @@ class QueueDepth:
     tracked_messages_total: int = 0
     _tracked: deque[tuple[float, int]] = field(default_factory=deque)
     # Counts asked for and not answered yet: asked at -> (messages forwarded, tracked
-    # deliveries forwarded, tracked deliveries not settled), as they stood then.
-    _asked: dict[float, tuple[int, int, int]] = field(default_factory=dict)
+    # deliveries forwarded, tracked deliveries not settled and not taken to be in the count,
+    # those taken to be: ``count_asked``), as they stood then.
+    _asked: dict[float, tuple[int, int, int, int]] = field(default_factory=dict)
+    # The base's count was taken to hold this many tracked deliveries the broker had not
+    # settled when it was asked for (``count_asked``'s ``allowance``), at this mean size ...
+    excluded: int = 0
+    excluded_bytes: int = 0
+    # ... of which this many are counted back, since fewer than that are unsettled now
+    # (``count_back``): the estimate adds them.
+    counted_back: int = 0
 
     # -- inputs --------------------------------------------------------------------------
     def forwarded(self, now: float, body_bytes: int, messages: int = 1,
@@ -227,13 +240,28 @@ class QueueDepth:
             else:
                 log.append((now, total))
 
-    def count_asked(self, at: float, unsettled: int) -> None:
+    def count_asked(self, at: float, unsettled: int, allowance: int = 0) -> None:
         """A ready count is asked for at ``at``, with ``unsettled`` tracked deliveries to
-        the queue not settled by the broker (the module docstring)."""
+        the queue not settled by the broker, up to ``allowance`` of which the count is taken
+        to hold (the module docstring)."""
         asked = self._asked
         if len(asked) >= 8:  # (counts that never came back)
             del asked[min(asked)]
-        asked[at] = (self.forwarded_messages_total, self.tracked_messages_total, unsettled)
+        excluded = min(unsettled, max(allowance, 0))
+        asked[at] = (self.forwarded_messages_total, self.tracked_messages_total,
+                     unsettled - excluded, excluded)
+
+    def count_back(self, unsettled: int) -> int:
+        """The queue's tracked deliveries not settled by the broker are ``unsettled`` now:
+        of those the base's count was taken to hold (``excluded``), at most that many can
+        still be on their way to the queue, so the others are counted (the estimate adds
+        them) until the next rebase. Returns how many more are counted than before."""
+        back = self.excluded - unsettled
+        more = back - self.counted_back
+        if more <= 0:
+            return 0
+        self.counted_back = back
+        return more
 
     def delivered(self, count: int = 1) -> None:
         """The broker delivered messages from this queue through the proxy (telemetry)."""
@@ -397,12 +425,17 @@ class QueueDepth:
         base = self._base
         if base is None:
             return None
+        back = self.counted_back
+        back_bytes = back * self.excluded_bytes if back else 0
         if settled:
-            return Depth(base.bytes + self.forwarded_bytes_total - self._settled_bytes_mark,
+            return Depth(base.bytes + self.forwarded_bytes_total - self._settled_bytes_mark
+                         + back_bytes,
                          base.messages + self.forwarded_messages_total
-                         - self._settled_messages_mark)
-        return Depth(base.bytes + self.forwarded_bytes_total - self._base_bytes_mark,
-                     base.messages + self.forwarded_messages_total - self._base_messages_mark)
+                         - self._settled_messages_mark + back)
+        return Depth(base.bytes + self.forwarded_bytes_total - self._base_bytes_mark
+                     + back_bytes,
+                     base.messages + self.forwarded_messages_total - self._base_messages_mark
+                     + back)
 
     def headroom(self, max_bytes: int | None, max_messages: int | None,
                  share: RoomShare | None = None) -> tuple[float, float] | None:
@@ -426,9 +459,16 @@ class QueueDepth:
             f = share.fraction(room_bytes, room_messages, self.average_body_bytes())
             room_bytes = None if room_bytes is None else shared(room_bytes, f)
             room_messages = None if room_messages is None else shared(room_messages, f)
-        return (math.inf if room_bytes is None else room_bytes + self._base_bytes_mark,
+        back = self.counted_back
+        return (math.inf if room_bytes is None
+                else room_bytes + self._base_bytes_mark - back * self.excluded_bytes,
                 math.inf if room_messages is None
-                else room_messages + self._base_messages_mark)
+                else room_messages + self._base_messages_mark - back)
+
+    @property
+    def counted_bytes_mark(self) -> int:
+        """The ledger's byte total the base holds (what ``headroom``'s totals start from)."""
+        return self._base_bytes_mark
 
     @property
     def base(self) -> Depth | None:
@@ -496,12 +536,15 @@ class QueueDepth:
             noted = None
         else:
             return
+        self.excluded = 0 if noted is None else noted[3]
+        self.excluded_bytes = self.average_body_bytes() if self.excluded else 0
+        self.counted_back = 0
         self._base_bytes_mark, self._base_messages_mark = self._counted(noted, since)
         self._settled_bytes_mark, self._settled_messages_mark = self._counted(noted, settled)
         self.rebases += 1
         self._trim(since - LEDGER_HORIZON)
 
-    def _noted(self, at: float) -> tuple[int, int, int] | None:
+    def _noted(self, at: float) -> tuple[int, int, int, int] | None:
         """What ``count_asked`` noted for the count asked for at ``at`` (None: nothing, or
         no tracked deliveries to this queue ever), forgetting it and any older."""
         asked = self._asked
@@ -510,7 +553,8 @@ class QueueDepth:
             del asked[t]
         return noted if self.tracked_messages_total else None
 
-    def _counted(self, noted: tuple[int, int, int] | None, since: float) -> tuple[int, int]:
+    def _counted(self, noted: tuple[int, int, int, int] | None,
+                 since: float) -> tuple[int, int]:
         """Ledger totals (bytes, messages) a ready count holds: those forwarded before
         ``since`` (the count's time less its margin); with what its asker ``noted``,
         everything forwarded before the count but the tracked deliveries not settled and the
@@ -518,7 +562,7 @@ class QueueDepth:
         marks = self._totals_before(since)
         if noted is None:
             return marks
-        forwarded, tracked, unsettled = noted
+        forwarded, tracked, unsettled, _ = noted
         untracked = max(0, (forwarded - marks[1]) - (tracked - self._tracked_before(since)))
         counted = max(0, forwarded - unsettled - untracked)
         # its bytes: the ledger's, interpolated within the entry that holds the last of them

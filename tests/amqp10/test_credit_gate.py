@@ -10,20 +10,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from floodwall.control.controller import ROOM_LEASE_S, FlowController
-from floodwall.control.depth import ManagementSample
+from floodwall.control.controller import (
+    ALLOWANCE_PARTS,
+    IN_FLIGHT_ALLOWANCE,
+    ROOM_LEASE_S,
+    FlowController,
+    in_flight_allowance,
+)
+from floodwall.control.depth import Depth, ManagementSample
 from floodwall.control.policy import parse_policies
 from floodwall.control.policy.model import Policy
+from floodwall.enforce.amqp10.credit import SQUEEZED_TOP_UP
 from floodwall.enforce.amqp10.gate import CreditFlow
 from floodwall.enforce.amqp10.links import (
     ASSUMED_MESSAGE_BYTES,
-    IN_FLIGHT_HEADROOM_PARTS,
-    IN_FLIGHT_WINDOWS,
     MAX_WINDOW_BYTES,
     ROOM_PARTS,
     ROOM_WINDOW_BYTES,
     WINDOW_BYTES,
     WINDOW_PARTS,
+    SenderLink,
     link_ref,
     message_routing,
     policy_window,
@@ -67,7 +73,11 @@ CAPACITY = 100_000
 SERVER_CH = 3
 CAPPED_H, FREE_H, ANON_H, RECV_H = 0, 1, 2, 3  # client handles
 SERVER_HANDLE = {CAPPED_H: 7, FREE_H: 8, ANON_H: 9, RECV_H: 10}
-WINDOW = window_for(ASSUMED_MESSAGE_BYTES)
+# The capped queue's in-flight allowance: all of a capacity this small. A lone link's credit
+# plus its unsettled deliveries stay within it, so its first grant (no size seen yet) is that
+# many messages of the assumed size.
+ALLOWANCE = in_flight_allowance(Policy("capped", capacity=CAPACITY))
+WINDOW = window_for(ASSUMED_MESSAGE_BYTES, ALLOWANCE)
 Chunker = Callable[[bytes], Iterator[bytes]]
 
 
@@ -239,67 +249,85 @@ def test_the_capped_link_gets_a_window_the_free_link_the_brokers_bytes(chunker: 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
 def test_transfers_pass_unchanged_and_credit_is_topped_up_by_the_proxy(chunker: Chunker) -> None:
+    """Far from capacity the link's window (half the room plus the allowance) is more than
+    its part of the in-flight allowance, which its credit stays within: squeezed, it is
+    topped up (by the proxy, not the broker) once 1 / SQUEEZED_TOP_UP of that part is used,
+    not per transfer. Its deliveries are sent settled: nothing is in flight, the broker's
+    settlements play no part."""
     s = Setup(chunker=chunker)
     s.server(broker_flow(7, 0, 1000))
     s.take()
-    size = ASSUMED_MESSAGE_BYTES - 100  # the window stays what it was assumed to be
-    sent = [s.send(CAPPED_H, size) for _ in range(WINDOW // 2 - 1)]
+    (view,) = [v for v in s.gate.link_views() if v.handle == CAPPED_H]
+    assert view.window is not None and view.window > WINDOW  # squeezed to its allowance
+    step = WINDOW // SQUEEZED_TOP_UP
+    size = ASSUMED_MESSAGE_BYTES - 100  # the allowance stays what it was assumed to be
+    sent = [s.send(CAPPED_H, size, settled=True) for _ in range(step - 1)]
     to_server, to_client = s.take()
     assert to_server == b"".join(sent) and to_client == b""
-    s.send(CAPPED_H, size)  # half the window used: top up
+    s.send(CAPPED_H, size, settled=True)  # an eighth of its part used: top up
     _, to_client = s.take()
-    assert credit_seen(to_client, 7, WINDOW // 2) == WINDOW
+    assert credit_seen(to_client, 7, step) == WINDOW
     q = s.fc.queues[(VHOST, "capped")]
-    assert q.depth.forwarded_messages_total == WINDOW // 2
+    assert q.depth.forwarded_messages_total == step
+
+
+def _link(s: Setup, handle: int) -> SenderLink:
+    link = s.gate.sessions[0].links[handle]
+    assert isinstance(link, SenderLink)
+    return link
 
 
 def _send_while_credit(s: Setup, size: int, settled: bool = False, most: int = 10_000) -> int:
-    """The client sends on the capped link whatever credit it sees; returns how many."""
-    sent, limit = 0, WINDOW  # the first grant
-    while sent < min(limit, most):
+    """The client sends on the capped link whatever credit it sees (the proxy's last grant,
+    then each flow it gets); returns how many."""
+    credit = _link(s, CAPPED_H).credit
+    start = credit.delivery_count  # (the client's: Setup's links start at 0)
+    sent, limit = start, start + credit.client_credit
+    while sent < min(limit, start + most):
         s.send(CAPPED_H, size, settled=settled)
         sent += 1
         _, to_client = s.take()
         if flows(to_client, 7):
             limit = sent + credit_seen(to_client, 7, sent)
-    return sent
+    return sent - start
 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
-def test_unsettled_deliveries_count_against_the_window_until_the_broker_settles(
+def test_unsettled_deliveries_count_against_the_in_flight_allowance_until_the_broker_settles(
         chunker: Chunker) -> None:
     """What the broker has not settled may still be on its way to the queue (RabbitMQ's
     internal flow control holds hundreds of messages out of a ready count's sight): a
-    windowed link's credit plus its deliveries the broker has not settled stay within
-    IN_FLIGHT_WINDOWS windows, far from capacity too; the broker's disposition makes room."""
+    windowed link's credit plus its deliveries the broker has not settled stay within its
+    part of the queue's in-flight allowance, though its window (half the room plus the
+    allowance) is more; the broker's disposition makes room."""
     s = Setup(chunker=chunker)
     s.server(broker_flow(7, 0, 10_000))
     s.take()
-    window = window_for(100 + 6)  # (256 messages of 106 bytes)
+    part = window_for(len(message(100)), ALLOWANCE)  # (390 messages of 105 bytes)
     sent = _send_while_credit(s, 100)
-    assert sent == IN_FLIGHT_WINDOWS * window
-    assert not s.fc.tripped  # no trip: 54 KB, below 100 KB
-    link = s.gate.sessions[0].links[CAPPED_H]
-    assert link.unsettled == sent  # type: ignore[union-attr]
+    assert sent == part
+    assert not s.fc.tripped  # no trip: 41 KB, below 100 KB
+    link = _link(s, CAPPED_H)
+    assert link.unsettled == sent and link.squeezed
     (view,) = [v for v in s.gate.link_views() if v.handle == CAPPED_H]
-    assert (view.phase, view.windowed, view.window, view.queues) == ("open", True, window,
-                                                                      ("capped",))
+    assert (view.phase, view.windowed, view.queues) == ("open", True, ("capped",))
+    assert view.window is not None and view.window > part  # (squeezed: its window is more)
     assert view.unsettled == sent and view.deliveries == sent
-    assert view.credit == link.credit.client_credit  # type: ignore[union-attr]
-    # the broker settles the first half window (RabbitMQ repeats ranges: once more)
-    settle = amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(0), last=UInt(window // 2 - 1),
+    assert view.credit == link.credit.client_credit == 0
+    # the broker settles the first half (RabbitMQ repeats ranges: once more)
+    settle = amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(0), last=UInt(part // 2 - 1),
                   settled=True, state=Described(ULong(0x24), []))
     s.server(settle + settle)
     to_server, to_client = s.take()
     assert to_server == b""
-    assert credit_seen(to_client, 7, sent) == window // 2
-    assert link.unsettled == sent - window // 2  # type: ignore[union-attr]
-    # settled the rest: a whole window again
-    s.server(amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(window // 2),
+    assert credit_seen(to_client, 7, sent) == part // 2
+    assert link.unsettled == sent - part // 2
+    # settled the rest: the whole allowance again
+    s.server(amqp(DISPOSITION, SERVER_CH, role=True, first=UInt(part // 2),
                   last=UInt(sent - 1), settled=True, state=Described(ULong(0x24), [])))
     _, to_client = s.take()
-    assert credit_seen(to_client, 7, sent) == window
-    assert link.unsettled == 0 and not s.gate.sessions[0].in_flight  # type: ignore[union-attr]
+    assert credit_seen(to_client, 7, sent) == part
+    assert link.unsettled == 0 and not s.gate.sessions[0].in_flight
 
 
 GATE_CHUNKERS = [*CHUNKERS, pytest.param(random_chunks(12, 40), id="random")]
@@ -315,8 +343,8 @@ def test_the_brokers_dispositions_are_read_among_its_other_frames(chunker: Chunk
     s.server(broker_flow(7, 0, 10_000))
     s.take()
     sent = _send_while_credit(s, 100)
-    link = s.gate.sessions[0].links[CAPPED_H]
-    assert link.unsettled == sent  # type: ignore[union-attr]
+    link = _link(s, CAPPED_H)
+    assert link.unsettled == sent
     lookalike = disposition(SERVER_CH, True, 0, sent - 1)  # would settle all of them
     recv = SERVER_HANDLE[RECV_H]
     stream = (transfer(SERVER_CH, recv, 0, data_section(lookalike) + lookalike)
@@ -327,7 +355,7 @@ def test_the_brokers_dispositions_are_read_among_its_other_frames(chunker: Chunk
               + disposition(SERVER_CH, True, 10, 10) + disposition(SERVER_CH, True, 10, 10))
     s.server(stream)
     to_server, to_client = s.take()
-    assert link.unsettled == sent - 11  # type: ignore[union-attr]
+    assert link.unsettled == sent - 11
     assert sorted(s.gate.sessions[0].in_flight) == list(range(11, sent))
     assert to_server == b""
     # what the proxy wrote of its own (a flow for the capped link) comes after the broker's
@@ -339,38 +367,122 @@ def test_the_brokers_dispositions_are_read_among_its_other_frames(chunker: Chunk
         frames.append(to_client[pos:pos + size])
         pos += size
     granted = [f for f in frames if flows(f, 7)]
-    assert len(granted) == 1 and credit_seen(granted[0], 7, sent) > 0
+    # (the link had sent its whole allowance: the 10 settled before the broker's flow are
+    # the credit it has again)
+    assert len(granted) == 1 and credit_seen(granted[0], 7, sent) == 10
     assert b"".join(f for f in frames if f not in granted) \
         == stream.replace(broker_flow(7, sent, 10_000), b"")
 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
-def test_far_from_capacity_the_unsettled_take_a_share_of_the_headroom(chunker: Chunker
-                                                                      ) -> None:
-    """A queue with room for far more than two windows in flight lets a fast link keep the
-    broker's pipe full: its unsettled deliveries (counted on the queue, all links) go beyond
-    IN_FLIGHT_WINDOWS windows up to 1 / IN_FLIGHT_HEADROOM_PARTS of the headroom, then the
-    link is squeezed; settling or closing returns the queue's count to 0."""
-    capacity = 1_000_000
+def test_credit_plus_unsettled_stay_within_the_links_part_of_the_in_flight_allowance(
+        chunker: Chunker) -> None:
+    """However much room its queue has, a link's credit plus its deliveries the broker has
+    not settled stay within its part of the queue's in-flight allowance (256 KiB for a queue
+    this large: ``IN_FLIGHT_ALLOWANCE``), though its window is more; the broker settling
+    some gives back credit for as many. They are counted on the queue until the broker
+    settles them or the link goes."""
+    capacity = 10_000_000
     s = Setup(chunker=chunker, capacity=capacity)
     s.server(broker_flow(7, 0, 100_000))
     s.take()
-    window, size = window_for(100 + 6), 106
-    sent = _send_while_credit(s, 100)
     q = s.fc.queues[(VHOST, "capped")]
-    assert sent > 4 * IN_FLIGHT_WINDOWS * window
+    assert in_flight_allowance(q.policy) == q.allowance_bytes() == IN_FLIGHT_ALLOWANCE
+    part = window_for(len(message(100)), IN_FLIGHT_ALLOWANCE)  # (1,024: 256 bytes each)
+    sent = _send_while_credit(s, 100)
+    assert sent == part
+    assert _link(s, CAPPED_H).credit.client_credit == 0
+    assert window_for(len(message(100)), _window_bytes(s, CAPPED_H)) > part  # (squeezed)
     assert q.in_flight == sent and not s.fc.tripped
     assert q.depth.tracked_messages_total == q.depth.forwarded_messages_total == sent
-    # stopped at the share (a top-up is at most a window past where it was last allowed)
-    assert sent * IN_FLIGHT_HEADROOM_PARTS * size <= capacity + 2 * window * size
-    assert (sent + 2 * window) * IN_FLIGHT_HEADROOM_PARTS * size > capacity - sent * size
-    s.server(disposition(SERVER_CH, True, 0, sent - 1))
-    s.take()
-    assert q.in_flight == 0
-    _send_while_credit(s, 100, most=10)
-    assert q.in_flight == 10
+    s.server(disposition(SERVER_CH, True, 0, part // 2 - 1))
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, sent) == part // 2
+    assert q.in_flight == sent - part // 2
+    assert _send_while_credit(s, 100) == part // 2
+    assert q.in_flight == part
     s.gate.close()
     assert q.in_flight == 0
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_the_allowance(
+        chunker: Chunker) -> None:
+    """The worst broker: its ready counts show none of the deliveries it has not settled
+    (each count is taken to hold them, up to the allowance: ``count_asked``), and it settles
+    the older half of them only after each count, so the estimate is short by all it has in
+    flight. Settling nothing, it gets no more than the link's part of the allowance (a count
+    gives no credit back); settling, it lets the queue go past the capacity untripped, by
+    no more than that. Once it settles them all they are counted back into the estimate:
+    the next delivery trips the queue, and what the client still had credit for keeps the
+    queue within capacity + allowance."""
+    s = Setup(chunker=chunker)
+    key = (VHOST, "capped")
+    q = s.fc.queues[key]
+    allowance = in_flight_allowance(q.policy)
+    s.server(broker_flow(7, 0, 1_000_000))
+    s.take()
+    settled = 0
+
+    def counted() -> Depth:
+        """A ready count asked for now, answered with what the broker settled (0 at first)."""
+        s.clock.t += 0.01
+        asked = s.clock.t
+        s.fc.count_asked(key, asked)
+        s.clock.t += 0.001
+        s.fc.sampled_ready_count(key, asked, settled, 0.001, s.clock.t)
+        s.board.settle()
+        estimate = q.depth.estimate()
+        assert estimate is not None
+        return estimate
+
+    sent = _send_while_credit(s, 100)
+    assert counted() == Depth(0, 0) and q.in_flight == sent  # all of it hidden ...
+    assert _send_while_credit(s, 100) == 0  # ... and no more credit for it
+    for _ in range(10):
+        assert counted().messages == settled == sent - q.in_flight
+        assert not s.fc.tripped
+        assert q.depth.forwarded_bytes_total <= CAPACITY + allowance
+        if q.depth.forwarded_bytes_total > CAPACITY:
+            break
+        half = q.in_flight // 2
+        s.server(disposition(SERVER_CH, True, settled, settled + half - 1))
+        s.take()
+        settled += half
+        sent += _send_while_credit(s, 100)
+    assert q.depth.forwarded_bytes_total > CAPACITY and not s.fc.tripped  # (hidden: in flight)
+    s.server(disposition(SERVER_CH, True, settled, sent - 1))
+    s.take()
+    estimate = q.depth.estimate()
+    assert estimate is not None and estimate.messages == sent  # counted back: all of them
+    more = _send_while_credit(s, 100)
+    assert key in s.fc.tripped and q.overshoot_messages == more - 1  # (the first trips it)
+    assert CAPACITY < q.depth.forwarded_bytes_total <= CAPACITY + allowance
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_a_squeezed_link_is_topped_up_once_an_eighth_of_its_part_is_free(chunker: Chunker
+                                                                         ) -> None:
+    """A link whose credit its unsettled deliveries cut is not sent a flow per disposition:
+    settlements that free less than 1 / SQUEEZED_TOP_UP of its part of the allowance give
+    the client nothing; the one that frees that much tops it up to its part."""
+    s = Setup(chunker=chunker)
+    s.server(broker_flow(7, 0, 10_000))
+    s.take()
+    sent = _send_while_credit(s, 100)
+    part = window_for(len(message(100)), ALLOWANCE)
+    step = part // SQUEEZED_TOP_UP  # (48)
+    link = _link(s, CAPPED_H)
+    assert sent == part and link.squeezed and link.credit.client_credit == 0
+    s.server(disposition(SERVER_CH, True, 0, step - 3) + disposition(SERVER_CH, True, step - 2,
+                                                                     step - 2))
+    to_server, to_client = s.take()
+    assert flows(to_client, 7) == [] and to_server == b""
+    assert link.unsettled == sent - (step - 1)
+    s.server(disposition(SERVER_CH, True, step - 1, step - 1))
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, sent) == step
+    assert link.unsettled + link.credit.client_credit == part
 
 
 def test_an_ended_session_leaves_nothing_counted_in_flight() -> None:
@@ -385,13 +497,14 @@ def test_an_ended_session_leaves_nothing_counted_in_flight() -> None:
 
 
 def test_deliveries_sent_settled_are_not_counted_in_flight() -> None:
-    """A delivery sent settled gets no disposition: it never holds the window."""
+    """A delivery sent settled gets no disposition: it never holds the link's allowance."""
     s = Setup()
     s.server(broker_flow(7, 0, 10_000))
     s.take()
-    window = window_for(100 + 6)
-    sent = _send_while_credit(s, 100, settled=True, most=3 * window)  # (81 KB < 100 KB)
-    assert sent == 3 * window > IN_FLIGHT_WINDOWS * window
+    part = window_for(len(message(100)), ALLOWANCE)
+    sent = _send_while_credit(s, 100, settled=True, most=2 * part)  # (82 KB < 100 KB)
+    assert sent == 2 * part and not s.fc.tripped
+    assert _link(s, CAPPED_H).credit.client_credit > 0
     depth = s.fc.queues[(VHOST, "capped")].depth  # (their counts keep the margin)
     assert depth.forwarded_messages_total == sent and depth.tracked_messages_total == 0
 
@@ -411,10 +524,11 @@ def test_a_detached_link_leaves_nothing_in_flight() -> None:
 def test_the_window_follows_the_message_size() -> None:
     s = Setup()
     s.server(broker_flow(7, 0, 1000))
-    s.take()
-    s.send(CAPPED_H, 100)  # small messages: a bigger window (64 KiB of them)
     _, to_client = s.take()
-    assert credit_seen(to_client, 7, 1) == window_for(100 + 6) == 256
+    assert credit_seen(to_client, 7, 0) == WINDOW  # (the assumed size: 24 messages)
+    s.send(CAPPED_H, 100)  # small messages: more of them (its allowance of them, less one)
+    _, to_client = s.take()
+    assert credit_seen(to_client, 7, 1) == window_for(len(message(100)), ALLOWANCE) - 1 == 389
     assert window_for(64 * 1024 * 4) == 1 and window_for(1024) == 64
 
 
@@ -435,9 +549,11 @@ def test_the_window_is_a_part_of_a_large_capacity(capacity: int, max_messages: i
     assert window_for(window + 1, window) == 1
 
 
-def test_a_large_capacity_gives_a_larger_window_and_bounds_the_overshoot_by_it() -> None:
+def test_a_large_capacity_gives_a_larger_allowance_and_bounds_the_overshoot_by_it() -> None:
     """A queue of 256 MiB gives its links a window of 256 KiB of their messages (1 / 1024
-    of the capacity), not 64 KiB; what a link sends past a trip stays within that window."""
+    of the capacity) and an in-flight allowance of 512 KiB (1 / 512), not 256 KiB: a lone
+    link far from capacity may have that much in credit and in flight. What it sends past a
+    trip stays within it, though the broker settles each delivery at once."""
     capacity = 256 << 20
     s = Setup(capacity=capacity)
     s.server(broker_flow(7, 0, 100_000))
@@ -445,13 +561,18 @@ def test_a_large_capacity_gives_a_larger_window_and_bounds_the_overshoot_by_it()
     s.send(CAPPED_H, 1024)
     _, to_client = s.take()
     size = len(message(1024))
-    window = window_for(size, 256 << 10)
-    assert window == 254 > window_for(size)  # 64 KiB would be 63 messages
-    assert credit_seen(to_client, 7, 1) == window
+    policy = s.fc.queues[(VHOST, "capped")].policy
+    assert policy_window(policy) == 256 << 10
+    allowance = in_flight_allowance(policy)
+    assert allowance == capacity // ALLOWANCE_PARTS == 512 << 10
+    window = window_for(size, allowance)
+    assert window == 508 > window_for(size, IN_FLIGHT_ALLOWANCE) == 254
+    assert credit_seen(to_client, 7, 1) == window - 1  # (one unsettled)
     s.sample("capped", capacity - 20 * size)  # 20 messages of room
-    sent, limit = 1, 1 + window
+    sent, limit = 1, 1 + credit_seen(to_client, 7, 1)
     while (VHOST, "capped") not in s.fc.tripped:
         assert sent < limit
+        s.server(disposition(SERVER_CH, True, sent - 1, sent - 1))  # (the last one: settled)
         s.send(CAPPED_H, 1024)
         sent += 1
         _, to_client = s.take()
@@ -464,7 +585,7 @@ def test_a_large_capacity_gives_a_larger_window_and_bounds_the_overshoot_by_it()
     _, to_client = s.take()
     assert flows(to_client, 7) == []
     assert 0 < q.overshoot_messages <= window
-    assert q.overshoot_bytes <= window * size <= 256 << 10
+    assert q.overshoot_bytes <= window * size <= allowance
 
 
 @pytest.mark.parametrize(("room", "sharers", "part"), [
@@ -485,13 +606,14 @@ def _window_bytes(s: Setup, handle: int) -> int:
 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
-def test_a_queue_with_room_gives_a_lone_link_half_of_it_and_the_overshoot_stays_a_policy_window(
+def test_a_queue_with_room_gives_a_lone_link_its_allowance_and_the_overshoot_stays_within_it(
         chunker: Chunker) -> None:
-    """A 1 MiB queue's policy window is 64 KiB; with room to spare a lone link may have
-    credit for half the room (at most ROOM_WINDOW_BYTES / 2), so a fast sender does not
-    wait on the proxy's top-ups; the window shrinks with the room, is the policy's near
-    capacity, and what the link sends past the trip stays within the policy's window (its
-    deliveries sent settled: the broker's settlements are not what this is about)."""
+    """A 1 MiB queue's policy window is 64 KiB, its in-flight allowance 256 KiB; with room
+    to spare a lone link's window is half the room plus the allowance (at most
+    ROOM_WINDOW_BYTES), and its credit its allowance, so a fast sender does not wait on the
+    proxy's top-ups; the window shrinks with the room, the credit never goes past the
+    allowance, and what the link sends past the trip stays within it (its deliveries sent
+    settled: the broker's settlements are not what this is about)."""
     capacity = 1 << 20
     s = Setup(chunker=chunker, capacity=capacity)
     s.server(broker_flow(7, 0, 1_000_000))
@@ -500,10 +622,14 @@ def test_a_queue_with_room_gives_a_lone_link_half_of_it_and_the_overshoot_stays_
     _, to_client = s.take()
     size = len(message(1024))
     q = s.fc.queues[(VHOST, "capped")]
+    allowance = in_flight_allowance(q.policy)
+    assert allowance == IN_FLIGHT_ALLOWANCE  # (256 KiB: capacity / 512 is less)
     assert q.quiet_bytes - size > ROOM_WINDOW_BYTES  # (the room: over the most shared)
-    assert _window_bytes(s, CAPPED_H) == ROOM_WINDOW_BYTES // ROOM_PARTS
+    assert _window_bytes(s, CAPPED_H) == ROOM_WINDOW_BYTES // ROOM_PARTS + allowance \
+        == ROOM_WINDOW_BYTES
     first = credit_seen(to_client, 7, 1)
-    assert first == window_for(size, ROOM_WINDOW_BYTES // ROOM_PARTS) == 254
+    part = window_for(size, allowance)
+    assert first == part == 254
     assert first > 4 * window_for(size, policy_window(q.policy))  # (63 messages)
     sent, limit, windows = 1, 1 + first, [_window_bytes(s, CAPPED_H)]
     while (VHOST, "capped") not in s.fc.tripped:  # no count: the estimate is the ledger
@@ -514,39 +640,46 @@ def test_a_queue_with_room_gives_a_lone_link_half_of_it_and_the_overshoot_stays_
         if flows(to_client, 7):
             limit = sent + credit_seen(to_client, 7, sent)
             windows.append(_window_bytes(s, CAPPED_H))
-        room = q.quiet_bytes - q.depth.forwarded_bytes_total
-        if not q.tripped:  # the credit it has is at most the room left (a lone link)
-            assert (limit - sent) * size <= max(room, WINDOW_BYTES)
-    assert windows[-1] == WINDOW_BYTES and windows == sorted(windows, reverse=True)
+        assert limit - sent <= part  # nothing in flight: its credit is at most its allowance
+    assert windows == sorted(windows, reverse=True) and len(windows) > 2
+    assert allowance < windows[-1] < windows[0]  # (room left at each: half of it on top)
     while sent < limit:  # the client sends all the credit it has
         s.send(CAPPED_H, 1024, settled=True)
         sent += 1
     _, to_client = s.take()
     assert flows(to_client, 7) == []
-    assert 0 < q.overshoot_messages <= window_for(size)
-    assert q.overshoot_bytes <= WINDOW_BYTES
+    assert 0 < q.overshoot_messages <= part
+    assert q.overshoot_bytes <= allowance
 
 
-def test_links_given_a_window_from_one_queue_share_its_room() -> None:
-    """Two links sending to one queue each get a quarter of its room, not half; a link
-    that sent nothing for ROOM_LEASE_S no longer counts as sharing it."""
+def test_links_given_a_window_from_one_queue_share_its_room_and_its_allowance() -> None:
+    """Two links sending to one queue each get a quarter of its room and half its in-flight
+    allowance, not half and all of them: the second one's window is half the first's, and
+    its credit plus its unsettled deliveries stay within half the allowance; a link that
+    sent nothing for ROOM_LEASE_S no longer counts as sharing them."""
     s = Setup(capacity=8 << 20)
     s.server(broker_flow(7, 0, 1_000_000) + broker_flow(9, 0, 1_000_000))
     s.take()
+    q = s.fc.queues[(VHOST, "capped")]
+    allowance = in_flight_allowance(q.policy)  # (256 KiB)
+    half_room = ROOM_WINDOW_BYTES // ROOM_PARTS  # (the room is over ROOM_WINDOW_BYTES)
     s.send(CAPPED_H, 1024)
     s.take()
-    assert _window_bytes(s, CAPPED_H) == ROOM_WINDOW_BYTES // ROOM_PARTS
+    assert _window_bytes(s, CAPPED_H) == half_room + allowance == ROOM_WINDOW_BYTES
     s.send(ANON_H, 1024, to="/amq/queue/capped")
     s.take()
-    assert _window_bytes(s, ANON_H) == ROOM_WINDOW_BYTES // ROOM_PARTS // 2
-    q = s.fc.queues[(VHOST, "capped")]
+    assert _window_bytes(s, ANON_H) == half_room // 2 + allowance // 2
     assert sorted(q.room_leases) == [(1, link_ref(0, CAPPED_H)), (1, link_ref(0, ANON_H))]
+    anon = _link(s, ANON_H)
+    assert anon.credit.client_credit + anon.unsettled \
+        == window_for(anon.typical_bytes, allowance // 2)
     s.clock.t += ROOM_LEASE_S + 0.1
-    for _ in range(window_for(1030, ROOM_WINDOW_BYTES // ROOM_PARTS // 2)):
+    for _ in range(window_for(anon.typical_bytes, allowance // 2) // 2):
         s.send(ANON_H, 1024, to="/amq/queue/capped")  # through a top-up: alone again
     s.take()
-    assert _window_bytes(s, ANON_H) == ROOM_WINDOW_BYTES // ROOM_PARTS
+    assert _window_bytes(s, ANON_H) == half_room + allowance
     assert list(q.room_leases) == [(1, link_ref(0, ANON_H))]
+    assert anon.credit.client_credit + anon.unsettled == window_for(anon.typical_bytes, allowance)
 
 
 def test_room_leases_expire_oldest_first_however_many_links() -> None:
@@ -574,10 +707,11 @@ def test_a_multi_frame_transfer_counts_once_and_books_all_its_bytes() -> None:
     q = s.fc.queues[(VHOST, "capped")]
     assert q.depth.forwarded_messages_total == 1
     assert q.depth.forwarded_bytes_total == len(big)
-    link = s.gate.sessions[0].links[CAPPED_H]
-    # one delivery counted; the window follows the size seen: 64 KiB of 1.5 KB messages
-    assert link.credit.delivery_count == 1  # type: ignore[union-attr]
-    assert link.credit.client_credit == window_for(len(big))  # type: ignore[union-attr]
+    link = _link(s, CAPPED_H)
+    # one delivery counted, and in flight; the credit follows the size seen: the allowance
+    # of 1.5 KB messages, less the one unsettled
+    assert link.credit.delivery_count == 1 and link.unsettled == 1
+    assert link.credit.client_credit == window_for(len(big), ALLOWANCE) - 1
 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
@@ -613,12 +747,17 @@ def test_a_trip_withholds_credit_and_the_release_restores_it(chunker: Chunker) -
     s.server(broker_flow(7, n, 1000))
     _, to_client = s.take()
     assert credit_seen(to_client, 7, n) == 0
-    # release: the proxy sends the flow itself
+    # nor when the broker settles what it got (its allowance free again)
+    s.server(disposition(SERVER_CH, True, 0, s.next_id - 1))
+    _, to_client = s.take()
+    assert flows(to_client, 7) == [] and _link(s, CAPPED_H).unsettled == 0
+    # release: the proxy sends the flow itself, the link's part of the allowance
     s.sample("capped", 500)
     assert (VHOST, "capped") not in s.fc.tripped
     _, to_client = s.take()
     assert s.notified == 1
-    assert credit_seen(to_client, 7, n) > 0
+    assert credit_seen(to_client, 7, n) == window_for(_link(s, CAPPED_H).typical_bytes,
+                                                      ALLOWANCE)
     assert s.fc.blocked_channels() == []
     assert s.counters.signals == {("amqp10", "flow_off"): 1, ("amqp10", "flow_on"): 1}
 
@@ -771,9 +910,11 @@ def test_delivery_counts_wrap_around() -> None:
     _, to_client = s.take()
     last = flows(to_client, 7)[-1]
     limit = serial_add(num(last[5]), num(last[6]))
-    assert 0 < serial_add(limit, -serial_add(start, 40)) <= window_for(10)
-    link = s.gate.sessions[0].links[CAPPED_H]
-    assert link.credit.delivery_count == serial_add(start, 40)  # type: ignore[union-attr]
+    # none settled: the limit is the link's part of the allowance from where it started
+    assert serial_add(limit, -start) == window_for(len(message(10)), ALLOWANCE)
+    assert serial_add(limit, -serial_add(start, 40)) > 0
+    link = _link(s, CAPPED_H)
+    assert link.credit.delivery_count == serial_add(start, 40)
 
 
 def test_anonymous_multi_frame_delivery_to_a_tripped_queue_is_forwarded_then_held_by_credit(
@@ -783,7 +924,9 @@ def test_anonymous_multi_frame_delivery_to_a_tripped_queue_is_forwarded_then_hel
     s = Setup()
     s.server(broker_flow(9, 0, 1000))
     _, to_client = s.take()
-    assert credit_seen(to_client, 9, 0) == WINDOW  # per-message links are always capped
+    # per-message links are always capped: by the policy window while they feed no policed
+    # queue (no allowance of one counts on them)
+    assert credit_seen(to_client, 9, 0) == window_for(ASSUMED_MESSAGE_BYTES, WINDOW_BYTES)
     s.send(ANON_H, 100, to="/amq/queue/free")
     s.take()
     s.sample("capped", 500_000)

@@ -1,16 +1,16 @@
 """The AMQP 1.0 credit gate and lookups, driven by bytes: a link whose target the model does
 not know gets no credit until the broker was asked; a link that may come to feed a policed
 queue is capped by the window; one that becomes policed gets none until its queue's first
-figure, then the window."""
+figure, then its part of the queue's in-flight allowance."""
 
 from __future__ import annotations
 
-from floodwall.control.controller import FlowController
+from floodwall.control.controller import FlowController, in_flight_allowance
 from floodwall.control.lookups import Lookup, LookupKind, LookupResult
 from floodwall.control.policy import parse_policies
 from floodwall.control.routing import Topology
 from floodwall.enforce.amqp10.gate import CreditFlow
-from floodwall.enforce.amqp10.links import ASSUMED_MESSAGE_BYTES, window_for
+from floodwall.enforce.amqp10.links import ASSUMED_MESSAGE_BYTES, SenderLink, window_for
 from floodwall.wire.amqp10.connection import Connection
 from floodwall.wire.amqp10.framing import AMQP_HEADER
 from tests.amqp10.streams import begin, open_, transfer
@@ -23,7 +23,8 @@ policies:
   - {name: orders, match: {vhost: "/", queue: "orders.*"}, capacity: 100000, resume: 50000}
 """
 SERVER_CH = 3
-WINDOW = window_for(ASSUMED_MESSAGE_BYTES)
+WINDOW = window_for(ASSUMED_MESSAGE_BYTES)  # the policy's window, at the assumed size
+BODY = len(message(100))  # the payload of ``Link.send``'s messages
 
 
 class Link:
@@ -57,6 +58,15 @@ class Link:
         self.core.receive_from_client(transfer(0, 0, self.next_id, message(size)), self.now[0])
         self.next_id += 1
 
+    def sender(self) -> SenderLink:
+        link = self.gate.sessions[0].links[0]
+        assert isinstance(link, SenderLink)
+        return link
+
+    def allowance(self, queue: str) -> int:
+        """The in-flight allowance of ``queue`` (bytes): the link's part of it, alone."""
+        return in_flight_allowance(self.fc.queues[("/", queue)].policy)
+
 
 def test_a_link_to_an_unknown_queue_gets_credit_once_the_lookup_is_answered() -> None:
     link = Link("/amq/queue/orders.new")
@@ -70,7 +80,10 @@ def test_a_link_to_an_unknown_queue_gets_credit_once_the_lookup_is_answered() ->
     link.fc.lookup_answered(lookup, LookupResult.FOUND, link.now[0])
     link.board.settle()
     _, to_client = link.take()
-    assert credit_seen(to_client, 7, 0) == WINDOW  # policed: the proxy's window
+    # policed, its queue empty: the link alone may have its queue's whole in-flight allowance
+    # in credit (no message seen yet: at the assumed size)
+    assert credit_seen(to_client, 7, 0) == window_for(ASSUMED_MESSAGE_BYTES,
+                                                      link.allowance("orders.new"))
 
 
 def test_a_link_to_an_absent_queue_a_policy_matches_is_capped_all_the_same() -> None:
@@ -97,8 +110,8 @@ def test_a_link_to_an_exchange_that_becomes_policed_waits_for_the_first_figure()
     assert credit_seen(to_client, 7, 0) == WINDOW  # capped: a binding may come any moment
     link.send()
     _, to_client = link.take()
-    limit = credit_seen(to_client, 7, 0)  # topped up to a window of its 106-byte messages
-    assert limit == 1 + window_for(100 + 6)
+    limit = credit_seen(to_client, 7, 0)  # topped up to a window of its 105-byte messages
+    assert limit == 1 + window_for(BODY)
     # Made elsewhere: the queue and its binding (an event), and its first figure.
     link.topology.bind_queue("/", "orders.late", "amq.direct", "orders.late")
     link.fc.queue_seen(("/", "orders.late"), link.now[0])
@@ -110,7 +123,10 @@ def test_a_link_to_an_exchange_that_becomes_policed_waits_for_the_first_figure()
     link.fc.sampled_ready_count(("/", "orders.late"), link.now[0], 0, None, link.now[0])
     link.board.settle()
     _, to_client = link.take()
-    assert credit_seen(to_client, 7, 2) == window_for(100 + 6)
+    # policed now: its part of the queue's in-flight allowance, less its 2 deliveries the
+    # broker has not settled (credit plus unsettled within the allowance)
+    assert link.sender().unsettled == 2
+    assert credit_seen(to_client, 7, 2) == window_for(BODY, link.allowance("orders.late")) - 2
     assert link.fc.queues[("/", "orders.late")].depth.forwarded_messages_total == 1
 
 

@@ -16,8 +16,11 @@ What must hold, at every step:
 - every transfer the client sends reaches the broker exactly once, in order, and never past
   the broker's own limit;
 - a flow answering the broker's echo tells it the delivery-count it has counted itself;
-- while the capped queue stays tripped, the limit the client has never grows, and it is at
-  most one window past what it had sent when the trip came: the overshoot bound;
+- the capped link's credit plus its deliveries the broker has not settled stay within its part
+  of the queue's in-flight allowance (the link alone: all of it, in messages of the size its
+  last grant was worked out at), so at a trip too;
+- while the capped queue stays tripped, the limit the client has never grows, and what reaches
+  the queue after the trip is at most the credit the client had then: the overshoot bound;
 - once the queue is released and the broker has credit to give, the client has credit.
 """
 
@@ -30,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from floodwall.control.controller import in_flight_allowance
 from floodwall.enforce.amqp10.links import ASSUMED_MESSAGE_BYTES, SenderLink, window_for
 from floodwall.wire.amqp10.credit import MASK, serial_add, serial_diff
 from floodwall.wire.amqp10.performatives import DETACH, DISPOSITION, FLOW, TRANSFER
@@ -237,8 +241,13 @@ def run(actions: list[tuple[object, ...]], proton: bool, size: int, chunker: Chu
     w = World(Setup(chunker=chunker), proton, size)
     w.s.take()
     w.deliver_from_broker(10)
-    # the window at the last grant: assumed first, then from the messages seen
-    window = max(window_for(size), window_for(ASSUMED_MESSAGE_BYTES))
+    q = w.s.fc.queues[(VHOST, "capped")]
+    allowance = in_flight_allowance(q.policy)
+    # The link's part of the allowance at its last grant that raised its limit: at the assumed
+    # size before the proxy has seen one of its messages, then at theirs (a limit granted at
+    # the assumed size is never taken back: it bounds until the link has used it up).
+    part = window_for(ASSUMED_MESSAGE_BYTES, allowance)
+    credit_at_trip = overshoot_at_trip = 0
     for action in actions:
         kind = action[0]
         was_tripped = w.tripped
@@ -262,12 +271,22 @@ def run(actions: list[tuple[object, ...]], proton: bool, size: int, chunker: Chu
         else:
             w.s.sample("capped", 0)
         w._collect()
-        credit = w.gate_link.credit
+        link = w.gate_link
+        credit = link.credit
         if credit.granted is not None:
-            # at most one window outstanding at any time (and so when a trip comes)
-            assert serial_diff(credit.granted, credit.delivery_count) <= window
+            if granted_before is None or serial_diff(credit.granted, granted_before) > 0:
+                part = window_for(link.typical_bytes or ASSUMED_MESSAGE_BYTES, allowance)
+            # credit plus unsettled within the link's part of the allowance at any time (a
+            # transfer moves one from its credit to its unsettled deliveries, a settlement
+            # frees one: only a grant adds, and a grant keeps the sum within the part)
+            outstanding = serial_diff(credit.granted, credit.delivery_count)
+            assert outstanding + link.unsettled <= part, (outstanding, link.unsettled, part)
+            if w.tripped and not was_tripped:  # the trip: what may still reach the queue
+                credit_at_trip, overshoot_at_trip = outstanding, q.overshoot_messages
         if was_tripped and w.tripped and kind != "release":
             assert credit.granted == granted_before, "credit grew while tripped"
+        if w.tripped:
+            assert q.overshoot_messages - overshoot_at_trip <= credit_at_trip
     # the end: everything delivered, the queue drained (a sample after the last transfer)
     # and released, the broker gives credit
     w.settle()
@@ -301,15 +320,18 @@ def test_interleavings_byte_at_a_time(actions: list[tuple[object, ...]], proton:
 
 @pytest.mark.parametrize("proton", [True, False], ids=["proton", "spec"])
 def test_a_trip_crossing_a_full_window_in_flight(proton: bool) -> None:
-    """A window in flight at a trip, step by step: the client has a window in flight when the queue
-    trips; the proxy sends no flow that lowers its limit, forwards the window (overshoot) and
-    the client stops at its limit by itself, proton included."""
+    """A full window in flight at a trip, step by step: the client has all its credit in flight
+    when the queue trips; the proxy sends no flow that lowers its limit, forwards it
+    (overshoot) and the client stops at its limit by itself, proton included."""
     w = World(Setup(), proton, 100)
     w.s.take()
     w.deliver_from_broker(10)
     w.deliver_to_client(10)
     window = w.client[CAPPED_H].credit()
-    assert window == window_for(ASSUMED_MESSAGE_BYTES)  # no message seen yet
+    # the link alone, far from capacity: its queue's whole in-flight allowance, at the assumed
+    # size (no message seen yet)
+    policy = w.s.fc.queues[(VHOST, "capped")].policy
+    assert window == window_for(ASSUMED_MESSAGE_BYTES, in_flight_allowance(policy))
     for _ in range(window + 5):
         w.send(CAPPED_H)
     assert len(w.to_proxy) == window  # it stopped at its limit

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from floodwall.enforce.amqp10.links import link_ref
+from floodwall.control.controller import in_flight_allowance
+from floodwall.enforce.amqp10.links import ASSUMED_MESSAGE_BYTES, SenderLink, link_ref, window_for
 from floodwall.spool.log import QueueSpool
 from floodwall.spool.manager import SpoolManager
 from floodwall.spool.records import SpoolRecord
@@ -40,14 +41,21 @@ def spooling(tmp_path: Path, chunker: Chunker = whole, fsync: str = "group",
              max_bytes: str = "64MiB") -> Setup:
     """A gated connection with a spool; the capped queue is tripped, both links have the
     broker's credit."""
+    return spooling_granted(tmp_path, chunker, fsync, max_bytes)[0]
+
+
+def spooling_granted(tmp_path: Path, chunker: Chunker = whole, fsync: str = "group",
+                     max_bytes: str = "64MiB") -> tuple[Setup, int]:
+    """``spooling``, and the credit the capped link's client was granted before the trip."""
     manager = SpoolManager(tmp_path / "spool")
     s = Setup(overflow="spool", spool=manager, chunker=chunker,
               policy_extra=f"    spool: {{max_bytes: {max_bytes}, fsync: {fsync}}}\n")
     s.server(broker_flow(7, 0, 1000) + broker_flow(8, 0, 1000))
-    s.take()
+    _, to_client = s.take()
+    granted = credit_seen(to_client, 7, 0)
     s.sample("capped", 500_000)
     assert s.fc.queues[CAPPED].tripped
-    return s
+    return s, granted
 
 
 def records(s: Setup) -> list[SpoolRecord]:
@@ -75,12 +83,23 @@ def dispositions(data: bytes) -> list[tuple[int, int, int, object]]:
 @pytest.mark.parametrize("chunker", CHUNKERS)
 def test_a_tripped_queues_link_keeps_credit_and_its_messages_are_spooled(
         tmp_path: Path, chunker: Chunker) -> None:
-    s = spooling(tmp_path, chunker)
+    s, granted = spooling_granted(tmp_path, chunker)
+    # its first grant: its part of the queue's in-flight allowance, at the assumed size
+    assert granted == window_for(ASSUMED_MESSAGE_BYTES,
+                                 in_flight_allowance(s.fc.queues[CAPPED].policy))
     sent = [s.send(CAPPED_H, 100 + i) for i in range(5)]
     to_server, to_client = s.take()
     assert to_server == b""  # nothing reached the broker
-    assert credit_seen(to_client, 7, 5) > 0  # and the client was never told to stop
+    link = s.gate.sessions[0].links[CAPPED_H]
+    assert isinstance(link, SenderLink)
+    assert link.unsettled == 0  # nothing in flight: none counts against its allowance
+    # and the client was never told to stop: each flow leaves it credit, and the limit it was
+    # told last (the first grant's, or a top-up's) leaves it credit after the 5 it sent,
+    # what the proxy counts it has left
     assert all(num(f[6]) > 0 for f in flows(to_client, 7))
+    left = credit_seen(to_client, 7, 5) if flows(to_client, 7) else granted - 5
+    assert left > 0
+    assert link.credit.client_credit == left
     assert not s.fc.blocked_channels()
     got = records(s)
     assert [r.amqp10 for r in got] == [True] * 5

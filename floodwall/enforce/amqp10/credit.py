@@ -5,6 +5,7 @@ on release; links without credit past their deadline detached."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from floodwall.control.controller import PolicedQueue, QueueKey
 from floodwall.enforce import events as ev
@@ -13,8 +14,6 @@ from floodwall.enforce.amqp10.links import (
     _NO_KEYS,
     ASSUMED_MESSAGE_BYTES,
     IDLE,
-    IN_FLIGHT_HEADROOM_PARTS,
-    IN_FLIGHT_WINDOWS,
     PACING_ROOM,
     PROTOCOL,
     RESOURCE_LIMIT_EXCEEDED,
@@ -54,6 +53,10 @@ from floodwall.wire.amqp10.performatives import (
     FlowFields as F,
 )
 from floodwall.wire.amqp10.types import UInt
+
+SQUEEZED_TOP_UP = 8
+"""A link held to its part of the in-flight allowance is topped up once the room it has grown
+by 1 / this of that part (``LinkCredit.after_transfer``)."""
 
 
 class LinkCredit:
@@ -248,16 +251,14 @@ class LinkCredit:
                 names: frozenset[str] | None = None) -> int | None:
         """The link's credit cap, or None when nothing it sends to is policed (``names``:
         ``_queues(link)`` when the caller has just computed it): its window
-        (``window_bytes``: its policy's, or its part of its queues' room when that is more)
-        in messages, paced to the drain near capacity."""
+        (``window_bytes``: its policy's, or its part of its queues' room and in-flight
+        allowance when that is more: ``_room_window``) in messages, paced to the drain while
+        the last count shows a queue near capacity."""
         policed = self._policed(link, names)
         if not policed and not self._may_be_policed(link):
             return None
         queues = self.controller.queues
-        size = link.typical_bytes
-        if not size:
-            size = max((queues[k].depth.average_body_bytes() for k in policed),
-                       default=0) or ASSUMED_MESSAGE_BYTES
+        size = self._message_bytes(link, policed)
         link.policy_bytes = in_bytes = min((policy_window(queues[k].policy) for k in policed),
                                            default=WINDOW_BYTES)
         room = PACING_ROOM * window_for(size, in_bytes) * size
@@ -267,9 +268,10 @@ class LinkCredit:
         window = ceiling = window_for(size, in_bytes)
         for key in policed:
             q = queues[key]
-            # Bytes the queue may still take before its next evaluation could trip it (the
-            # armed headroom less the ledger; -1 - total when unarmed: pace).
-            if q.quiet_bytes - q.depth.forwarded_bytes_total > room:
+            # Bytes the queue may take by its last count (the armed headroom less what the
+            # count holds, not less what was forwarded since: a fast consumer has taken most
+            # of that; -1 - total when unarmed: pace).
+            if q.quiet_bytes - q.depth.counted_bytes_mark > room:
                 continue
             depth = q.depth
             drain = depth.drain_rate
@@ -280,15 +282,26 @@ class LinkCredit:
             window = min(window, paced_window(ceiling, share))
         return window
 
+    def _message_bytes(self, link: SenderLink, policed: Iterable[QueueKey]) -> int:
+        """The message size a link's credit is counted in: its typical one, else the
+        largest mean of its policed queues, else ``ASSUMED_MESSAGE_BYTES``."""
+        size = link.typical_bytes
+        if not size:
+            queues = self.controller.queues
+            size = max((queues[k].depth.average_body_bytes() for k in policed),
+                       default=0) or ASSUMED_MESSAGE_BYTES
+        return size
+
     def _room_window(self, link: SenderLink, policed: frozenset[QueueKey], size: int,
                      now: float) -> int:
-        """``link``'s part of the room its queues have left (``room_window``, the least over
-        them; 0: none), in bytes. The room is the bytes and messages (at ``size``) a queue
-        may still take before an evaluation could trip it, shared by the links given a
-        window from it (``PolicedQueue.room_sharers``). Near capacity it is less than the
-        policy's window, which then stands: the overshoot past a trip stays within the
-        links' policy windows, and far from it a fast sender is not kept waiting on credit
-        by a queue with room to spare."""
+        """``link``'s part of the room its queues have left and of their in-flight
+        allowance (``room_window`` plus ``PolicedQueue.allowance_bytes``, both shared by the
+        links given a window from the queue: ``PolicedQueue.room_sharers``; the least over
+        the queues; 0: no room, or it is not known), in bytes. The room is the bytes and
+        messages (at ``size``) a queue may still take before an evaluation could trip it.
+        What the link may have in flight is its part of the allowance
+        (``_in_flight_window``): far from capacity that is its credit, so a fast sender keeps
+        the broker's pipeline full; past the capacity the policy's window stands."""
         queues = self.controller.queues
         holder = (self.ctx.conn_id, link.ref)
         part = ROOM_WINDOW_BYTES
@@ -297,7 +310,9 @@ class LinkCredit:
             depth = q.depth
             room = min(q.quiet_bytes - depth.forwarded_bytes_total,
                        (q.quiet_messages - depth.forwarded_messages_total) * size)
-            part = min(part, room_window(room, q.room_sharers(holder, now)))
+            sharers = q.room_sharers(holder, now)
+            extra = q.allowance_bytes() / sharers if 0 < room < math.inf else 0
+            part = min(part, int(room_window(room, sharers) + extra))
             if not part:
                 break
         return part
@@ -375,46 +390,47 @@ class LinkCredit:
             self._signalled(link, active=True)
         if link.held_bytes >= link.policy_bytes:
             return link.credit.grant(0)  # its held messages fill its window
-        if window is not None and link.unsettled:
+        if window is not None:
             room = self._in_flight_window(link, window)
+            link.squeezed = room < window
             if room < window:
-                link.squeezed = True
                 window = room
         return link.credit.grant(window)
 
     def _in_flight_window(self, link: SenderLink, window: int) -> int:
         """The credit a windowed link may have: its window, less what it has unsettled at the
-        broker beyond ``IN_FLIGHT_WINDOWS - 1`` windows, unless its queues have room for
-        more (``_in_flight_room``). Near capacity, credit plus unsettled deliveries stay
-        within ``IN_FLIGHT_WINDOWS x window``, so a broker slow to enqueue cannot have more
-        than that of the link's messages out of the proxy's sight."""
-        room = IN_FLIGHT_WINDOWS * window - link.unsettled
-        if room >= window or self._in_flight_room(link, window):
+        broker beyond its part of its queues' in-flight allowance (``in_flight_part``), at
+        least 1 with nothing unsettled. Credit plus unsettled deliveries then stay within the
+        allowance, which the counts take to hold what the broker has not settled
+        (``floodwall.control.depth``): the depth stays within the capacity plus it."""
+        part = self.in_flight_part(link)
+        if part is None:
             return window
-        return max(room, 0)
+        room = part - link.unsettled
+        if room >= window:
+            return window
+        return max(room, 0 if link.unsettled else 1)
 
-    def _in_flight_room(self, link: SenderLink, window: int) -> bool:
-        """Whether each queue ``link``'s deliveries are counted on could take another window
-        in flight within ``1 / IN_FLIGHT_HEADROOM_PARTS`` of its headroom (the bytes and
-        messages it may still take before an evaluation could trip it).
-
-        What the broker holds unseen is then at most that share of the headroom the
-        estimate shows; the estimate is short by at most that much, so (with 2 parts) the
-        unseen deliveries never exceed the true headroom: far from capacity a fast link
-        keeps the broker's pipe full, near it the ``IN_FLIGHT_WINDOWS`` bound holds."""
+    def in_flight_part(self, link: SenderLink) -> int | None:
+        """``link``'s part of the in-flight allowance of the queues its deliveries count on
+        (``PolicedQueue.allowance_bytes``, shared by the links given a window from the
+        queue's room: ``room_leases``), in messages at its size as a window counts them
+        (``window_for``; under ``max_messages``, at most its part of the queue's allowance in
+        messages), the least over them; None when none is policed."""
         queues = link.in_flight_queues
         if not queues:
-            return False
-        size = link.typical_bytes or ASSUMED_MESSAGE_BYTES
+            queues = tuple(self.controller.queues[k] for k in self._policed(link))
+            if not queues:
+                return None
+        size = self._message_bytes(link, (q.key for q in queues))
+        least: int | None = None
         for q in queues:
-            wanted = (q.in_flight + window) * IN_FLIGHT_HEADROOM_PARTS
-            depth = q.depth
-            room_bytes = q.quiet_bytes - depth.forwarded_bytes_total
-            room_messages = q.quiet_messages - depth.forwarded_messages_total
-            if not (wanted * size <= room_bytes and wanted <= room_messages
-                    and min(room_bytes, room_messages) < math.inf):  # (inf: depth unknown)
-                return False
-        return True
+            n = max(1, len(q.room_leases))
+            part = window_for(size, int(q.allowance_bytes() / n))
+            if q.policy.max_messages is not None:  # (and at most its part of those)
+                part = min(part, q.allowance(size) // n)
+            least = part if least is None else min(least, part)
+        return least
 
     def after_transfer(self, link: SenderLink, now: float,
                         routed: frozenset[str] | None = None) -> None:
@@ -456,17 +472,22 @@ class LinkCredit:
         window = self._window(link, now, fixed)
         link.windowed = window is not None
         if window is None:
+            link.squeezed = False
             return
         link.window_generation = controller.generation
-        if link.unsettled:
-            room = self._in_flight_window(link, window)
-            if room < window:
-                link.squeezed = True
-                if room * 2 < window:  # (the broker's next settlements make more room)
-                    return
-                window = room
-        if link.credit.wants_top_up(window):
-            self.lifecycle.send_grant(link, link.credit.grant(window))
+        room = self._in_flight_window(link, window)
+        credit = link.credit
+        link.squeezed = room < window
+        if room < window:
+            # Squeezed: topped up as the broker's settlements free an eighth of its part of
+            # the allowance (about one of RabbitMQ's dispositions), so what the link has in
+            # flight stays near its part rather than swinging down to half of it.
+            if room - credit.client_credit >= max(1, (room + link.unsettled) // SQUEEZED_TOP_UP) \
+                    and credit.broker_credit > credit.client_credit:
+                self.lifecycle.send_grant(link, credit.grant(room))
+            return
+        if credit.wants_top_up(window):
+            self.lifecycle.send_grant(link, credit.grant(window))
 
     def _block(self, link: SenderLink, blocking: frozenset[QueueKey], now: float) -> bool:
         """Block the link on ``blocking``; False when they all released meanwhile."""

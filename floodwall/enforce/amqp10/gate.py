@@ -31,15 +31,14 @@ given: at most ``links x max(policy_window, min(capacity, 512 KiB) / 2)`` in all
 The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
 off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
 hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
-against its window until the broker settles them (``InFlightDeliveries``): credit
-plus unsettled stay within ``IN_FLIGHT_WINDOWS`` windows, which bounds what a broker slow to
-enqueue hides from the estimate to ``links x IN_FLIGHT_WINDOWS x`` the window in bytes. Far from
-capacity that bound would starve a fast link of the broker's pipe (every round trip a few
-messages: half the rate, twice the relay CPU per message), so beyond it the unsettled
-deliveries to a queue, all links together (``PolicedQueue.in_flight``), may take up to
-``1 / IN_FLIGHT_HEADROOM_PARTS`` of the queue's headroom (``LinkCredit._in_flight_room``): the
-estimate is then short by at most that share of the headroom it shows, which (2 parts) never
-exceeds the true headroom, and near capacity the windows' bound is what is left. A squeezed
+against its window until the broker settles them (``InFlightDeliveries``). The counts take up
+to the queue's in-flight allowance of them to be in the queue already (``IN_FLIGHT_ALLOWANCE``,
+256 KiB: RabbitMQ's whole pipeline for a sender at full speed, out of the estimate), counting
+back those that can no longer be unsettled as the broker settles them
+(``PolicedQueue.settled``), so the estimate is short by at most what is unsettled now; a link's
+credit plus its unsettled deliveries stay within its part of that allowance
+(``LinkCredit._in_flight_window``), so the depth stays within the capacity plus the allowance
+whatever the broker hides. A squeezed
 link is topped up once half a window is free again, not per disposition. The broker's
 dispositions are read by role, first, last and state code alone (``on_server_settled``,
 ``peek_disposition``; the outcome counted: ``BrokerOutcomes``) unless the session's
@@ -439,8 +438,7 @@ class CreditFlow:
         have room again."""
         for link in self.in_flight.settled(session, first, last):
             if not link.detaching and link.delivery.phase is IDLE:
-                link.squeezed = False
-                self._after_transfer(link, now)
+                self._after_transfer(link, now)  # (works out whether it is still squeezed)
 
     def _consume(self, session: SessionGate, link: SenderLink, fields: list[object],
                  blocking: frozenset[QueueKey], payload: bytes, start: int, end: int,

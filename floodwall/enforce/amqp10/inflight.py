@@ -1,7 +1,8 @@
 """The 1.0 credit gate's deliveries in flight: a windowed link's forwarded unsettled deliveries,
 counted on the link and on its policed queues (``PolicedQueue.in_flight``) until the broker
-settles them, so that what the broker may hold unseen counts against the link's window
-(``credit.LinkCredit._in_flight_window``)."""
+settles them, so that what the broker may hold unseen counts against the link's part of the
+queue's in-flight allowance (``credit.LinkCredit._in_flight_window``), and each settlement is
+counted back into the queue's depth (``PolicedQueue.settled``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class InFlightDeliveries:
         """Count a forwarded unsettled delivery of a windowed link until the broker settles
         it: what the broker has not settled may not be in its queue yet (RabbitMQ's internal
         flow control can hold hundreds of messages between the socket and the queue, and a
-        ready count does not see them), so it counts against the link's window."""
+        ready count does not see them), so it counts against the link's in-flight allowance."""
         delivery_id = _uint(fields, T.DELIVERY_ID, TRANSFER)
         if delivery_id is None:
             return
@@ -69,7 +70,7 @@ class InFlightDeliveries:
             del session.in_flight[tracked]  # type: ignore[arg-type]
             link.unsettled -= 1
             for q in entry[1]:
-                q.in_flight -= 1
+                q.settled(1)
         link.delivery.tracked_id = None
 
     def entry(self, link: SenderLink) -> InFlight:
@@ -120,7 +121,7 @@ class InFlightDeliveries:
         links: dict[int, SenderLink] = {}
         for (link, counted), n in runs:
             for q in counted:
-                q.in_flight -= n
+                q.settled(n)
             link.unsettled -= n
             tracked = link.delivery.tracked_id
             if tracked is not None and 0 <= serial_diff(tracked, first) < span \
@@ -137,7 +138,7 @@ class InFlightDeliveries:
             return
         for broker_id in [i for i, (lk, _) in session.in_flight.items() if lk is link]:
             for q in session.in_flight.pop(broker_id)[1]:
-                q.in_flight -= 1
+                q.settled(1)
         link.unsettled = 0
 
     @staticmethod
@@ -145,5 +146,5 @@ class InFlightDeliveries:
         """The session is gone: its deliveries no longer count in flight on their queues."""
         for _, counted in session.in_flight.values():
             for q in counted:
-                q.in_flight -= 1
+                q.settled(1)
         session.in_flight.clear()

@@ -70,15 +70,9 @@ MAX_WINDOW_BYTES: Final = 1024 * 1024
 """The largest window ``policy_window`` gives (a capacity of 1 GiB and more)."""
 MIN_WINDOW: Final = 2
 """Least credit a paced link gets while its queue is not tripped (the floor of pacing)."""
-IN_FLIGHT_WINDOWS: Final = 2
-"""A windowed link's credit plus its deliveries the broker has not settled yet stay within
-this many windows (see ``_in_flight_window``), near capacity."""
-IN_FLIGHT_HEADROOM_PARTS: Final = 2
-"""Beyond ``IN_FLIGHT_WINDOWS`` windows, the unsettled deliveries to a queue (all links) may
-take up at most 1 / this of the queue's headroom (see ``_in_flight_window``)."""
 ROOM_WINDOW_BYTES: Final = 512 * 1024
-"""Most of a queue's room a link's window is worked out from (``room_window``): a link alone
-on a queue with that much room left may have credit for half of it."""
+"""The largest window a queue's room and in-flight allowance give a link
+(``LinkCredit._room_window``: half the room plus the allowance, shared)."""
 ROOM_PARTS: Final = 2
 """The links sharing a queue's room get 1 / this of it between them (``room_window``): what
 they have credit for is at most half the room when granted, so their sends reach the trip
