@@ -377,17 +377,19 @@ def test_the_brokers_dispositions_are_read_among_its_other_frames(chunker: Chunk
 @pytest.mark.parametrize("chunker", CHUNKERS)
 def test_credit_plus_unsettled_stay_within_the_links_part_of_the_in_flight_allowance(
         chunker: Chunker) -> None:
-    """However much room its queue has, a link's credit plus its deliveries the broker has
-    not settled stay within its part of the queue's in-flight allowance (256 KiB for a queue
-    this large: ``IN_FLIGHT_ALLOWANCE``), though its window is more; the broker settling
-    some gives back credit for as many. They are counted on the queue until the broker
-    settles them or the link goes."""
-    capacity = 10_000_000
+    """With no more room than ROOM_PARTS allowances (a queue of that capacity: further from
+    capacity the part is half the room), a link's credit plus its deliveries the broker has
+    not settled stay within its part of the queue's in-flight allowance (256 KiB:
+    ``IN_FLIGHT_ALLOWANCE``), though its window is more; the broker settling some gives
+    back credit for as many. They are counted on the queue until the broker settles them or
+    the link goes."""
+    capacity = ROOM_PARTS * IN_FLIGHT_ALLOWANCE
     s = Setup(chunker=chunker, capacity=capacity)
     s.server(broker_flow(7, 0, 100_000))
     s.take()
     q = s.fc.queues[(VHOST, "capped")]
     assert in_flight_allowance(q.policy) == q.allowance_bytes() == IN_FLIGHT_ALLOWANCE
+    assert q.quiet_bytes - q.depth.forwarded_bytes_total == capacity  # (the room: no more)
     part = window_for(len(message(100)), IN_FLIGHT_ALLOWANCE)  # (1,024: 256 bytes each)
     sent = _send_while_credit(s, 100)
     assert sent == part
@@ -403,6 +405,61 @@ def test_credit_plus_unsettled_stay_within_the_links_part_of_the_in_flight_allow
     assert q.in_flight == part
     s.gate.close()
     assert q.in_flight == 0
+
+
+@pytest.mark.parametrize("chunker", CHUNKERS)
+def test_far_from_capacity_credit_plus_unsettled_go_past_the_allowance_up_to_half_the_room(
+        chunker: Chunker) -> None:
+    """Far from capacity (the room the estimate shows more than ROOM_PARTS allowances) a
+    link's credit plus its deliveries the broker has not settled go past its part of the
+    in-flight allowance, up to its part of half that room: each grant gives it its window
+    (its credit's cap) on top of what it has unsettled while that stays within half the room
+    then; never settled, it stops at the last grant that did. Once a count shows the queue
+    near capacity (no more room than ROOM_PARTS allowances) it is back within the
+    allowance."""
+    capacity = 10_000_000
+    s = Setup(chunker=chunker, capacity=capacity)
+    s.server(broker_flow(7, 0, 100_000))
+    s.take()
+    q = s.fc.queues[(VHOST, "capped")]
+    allowance = in_flight_allowance(q.policy)
+    assert allowance == IN_FLIGHT_ALLOWANCE and q.quiet_bytes == capacity
+    size = len(message(100))  # (105 bytes: a window counts them as 256)
+    part = window_for(size, allowance)  # (1,024)
+    window = window_for(size, ROOM_WINDOW_BYTES)  # (2,048: the room is over it)
+
+    def room() -> float:  # (no max_messages: the bytes the estimate leaves)
+        return q.quiet_bytes - q.depth.forwarded_bytes_total
+
+    link = _link(s, CAPPED_H)
+    sent, limit, grants = 0, link.credit.client_credit, []
+    while sent < limit:  # never settled
+        s.send(CAPPED_H, 100)
+        sent += 1
+        _, to_client = s.take()
+        if flows(to_client, 7):
+            limit = sent + credit_seen(to_client, 7, sent)
+            assert room() > ROOM_PARTS * allowance
+            assert window_for(size, _window_bytes(s, CAPPED_H)) == window
+            assert limit == min(sent + window, window_for(size, int(room() / ROOM_PARTS)))
+            grants.append(sent)
+    # topped up at each half window used (``wants_top_up``): the 15th grant, at 14,337 sent,
+    # is the last within half the room; at the next, 15,361 sent, half the room is 16,381
+    # messages, less than the link may send already
+    assert grants == [1 + k * (window // 2) for k in range(15)]
+    assert sent == limit == grants[-1] + window == 16_385 > part
+    assert window_for(size, int((capacity - (sent - window // 2) * size) / ROOM_PARTS)) \
+        == 16_381 < sent
+    assert link.unsettled == q.in_flight == sent and link.credit.client_credit == 0
+    assert not s.fc.tripped
+    s.sample("capped", capacity - ROOM_PARTS * allowance)  # a count: near capacity
+    assert room() == ROOM_PARTS * allowance and not s.fc.tripped
+    s.server(disposition(SERVER_CH, True, 0, sent - 1))  # settled, all of them
+    _, to_client = s.take()
+    assert link.unsettled == 0
+    assert credit_seen(to_client, 7, sent) == part < window_for(size, _window_bytes(s, CAPPED_H))
+    assert _send_while_credit(s, 100) == part  # never settled: its allowance, no more
+    assert link.unsettled == part and link.credit.client_credit == 0
 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
@@ -552,19 +609,25 @@ def test_the_window_is_a_part_of_a_large_capacity(capacity: int, max_messages: i
 def test_a_large_capacity_gives_a_larger_allowance_and_bounds_the_overshoot_by_it() -> None:
     """A queue of 256 MiB gives its links a window of 256 KiB of their messages (1 / 1024
     of the capacity) and an in-flight allowance of 512 KiB (1 / 512), not 256 KiB: a lone
-    link far from capacity may have that much in credit and in flight. What it sends past a
-    trip stays within it, though the broker settles each delivery at once."""
+    link with no more room than ROOM_PARTS allowances left (further from capacity its part
+    is half the room) may have that much in credit and in flight. What it sends past a trip
+    stays within it, though the broker settles each delivery at once."""
     capacity = 256 << 20
     s = Setup(capacity=capacity)
+    q = s.fc.queues[(VHOST, "capped")]
+    policy = q.policy
+    allowance = in_flight_allowance(policy)
+    assert allowance == capacity // ALLOWANCE_PARTS == 512 << 10
     s.server(broker_flow(7, 0, 100_000))
     s.take()
+    # a count leaving ROOM_PARTS allowances of room (after the first grant, made at the
+    # assumed size: the count's 100-byte mean would make it 2,048 messages)
+    s.sample("capped", capacity - ROOM_PARTS * allowance)
     s.send(CAPPED_H, 1024)
     _, to_client = s.take()
     size = len(message(1024))
-    policy = s.fc.queues[(VHOST, "capped")].policy
+    assert q.quiet_bytes - q.depth.forwarded_bytes_total == ROOM_PARTS * allowance - size
     assert policy_window(policy) == 256 << 10
-    allowance = in_flight_allowance(policy)
-    assert allowance == capacity // ALLOWANCE_PARTS == 512 << 10
     window = window_for(size, allowance)
     assert window == 508 > window_for(size, IN_FLIGHT_ALLOWANCE) == 254
     assert credit_seen(to_client, 7, 1) == window - 1  # (one unsettled)
@@ -578,7 +641,6 @@ def test_a_large_capacity_gives_a_larger_allowance_and_bounds_the_overshoot_by_i
         _, to_client = s.take()
         if flows(to_client, 7):
             limit = sent + credit_seen(to_client, 7, sent)
-    q = s.fc.queues[(VHOST, "capped")]
     while sent < limit:  # the client sends all the credit it has
         s.send(CAPPED_H, 1024)
         sent += 1
@@ -608,13 +670,14 @@ def _window_bytes(s: Setup, handle: int) -> int:
 @pytest.mark.parametrize("chunker", CHUNKERS)
 def test_a_queue_with_room_gives_a_lone_link_its_allowance_and_the_overshoot_stays_within_it(
         chunker: Chunker) -> None:
-    """A 1 MiB queue's policy window is 64 KiB, its in-flight allowance 256 KiB; with room
-    to spare a lone link's window is half the room plus the allowance (at most
-    ROOM_WINDOW_BYTES), and its credit its allowance, so a fast sender does not wait on the
-    proxy's top-ups; the window shrinks with the room, the credit never goes past the
-    allowance, and what the link sends past the trip stays within it (its deliveries sent
-    settled: the broker's settlements are not what this is about)."""
-    capacity = 1 << 20
+    """A 512 KiB queue's policy window is 64 KiB, its in-flight allowance 256 KiB (half the
+    capacity: the room is never more than ROOM_PARTS allowances, past which the link's part
+    is half the room); a lone link's window is half the room plus the allowance, and its
+    credit its allowance, so a fast sender does not wait on the proxy's top-ups; the window
+    shrinks with the room, the credit never goes past the allowance, and what the link
+    sends past the trip stays within it (its deliveries sent settled: the broker's
+    settlements are not what this is about)."""
+    capacity = ROOM_PARTS * IN_FLIGHT_ALLOWANCE
     s = Setup(chunker=chunker, capacity=capacity)
     s.server(broker_flow(7, 0, 1_000_000))
     s.take()
@@ -624,9 +687,10 @@ def test_a_queue_with_room_gives_a_lone_link_its_allowance_and_the_overshoot_sta
     q = s.fc.queues[(VHOST, "capped")]
     allowance = in_flight_allowance(q.policy)
     assert allowance == IN_FLIGHT_ALLOWANCE  # (256 KiB: capacity / 512 is less)
-    assert q.quiet_bytes - size > ROOM_WINDOW_BYTES  # (the room: over the most shared)
-    assert _window_bytes(s, CAPPED_H) == ROOM_WINDOW_BYTES // ROOM_PARTS + allowance \
-        == ROOM_WINDOW_BYTES
+    room = q.quiet_bytes - q.depth.forwarded_bytes_total
+    assert room == capacity - size  # (no count: the estimate is the ledger)
+    assert _window_bytes(s, CAPPED_H) == room_window(room, 1) + allowance \
+        == (capacity - size) // ROOM_PARTS + allowance
     first = credit_seen(to_client, 7, 1)
     part = window_for(size, allowance)
     assert first == part == 254
@@ -650,25 +714,33 @@ def test_a_queue_with_room_gives_a_lone_link_its_allowance_and_the_overshoot_sta
     assert flows(to_client, 7) == []
     assert 0 < q.overshoot_messages <= part
     assert q.overshoot_bytes <= allowance
+    assert capacity < q.depth.forwarded_bytes_total <= capacity + allowance
 
 
 def test_links_given_a_window_from_one_queue_share_its_room_and_its_allowance() -> None:
     """Two links sending to one queue each get a quarter of its room and half its in-flight
-    allowance, not half and all of them: the second one's window is half the first's, and
-    its credit plus its unsettled deliveries stay within half the allowance; a link that
-    sent nothing for ROOM_LEASE_S no longer counts as sharing them."""
-    s = Setup(capacity=8 << 20)
+    allowance, not half and all of them: the second one's window is its quarter of the room
+    plus half the allowance, and its credit plus its unsettled deliveries stay within half
+    the allowance (the queue's room no more than ROOM_PARTS allowances: further from
+    capacity they share half the room instead); a link that sent nothing for ROOM_LEASE_S
+    no longer counts as sharing them."""
+    s = Setup(capacity=ROOM_PARTS * IN_FLIGHT_ALLOWANCE)
     s.server(broker_flow(7, 0, 1_000_000) + broker_flow(9, 0, 1_000_000))
     s.take()
     q = s.fc.queues[(VHOST, "capped")]
     allowance = in_flight_allowance(q.policy)  # (256 KiB)
-    half_room = ROOM_WINDOW_BYTES // ROOM_PARTS  # (the room is over ROOM_WINDOW_BYTES)
+    assert q.quiet_bytes == ROOM_PARTS * allowance  # (the room, before anything is sent)
+
+    def room() -> float:
+        return q.quiet_bytes - q.depth.forwarded_bytes_total
+
     s.send(CAPPED_H, 1024)
     s.take()
-    assert _window_bytes(s, CAPPED_H) == half_room + allowance == ROOM_WINDOW_BYTES
+    assert _window_bytes(s, CAPPED_H) == room_window(room(), 1) + allowance
     s.send(ANON_H, 1024, to="/amq/queue/capped")
     s.take()
-    assert _window_bytes(s, ANON_H) == half_room // 2 + allowance // 2
+    assert _window_bytes(s, ANON_H) == room_window(room(), 2) + allowance // 2 \
+        == int(room()) // (2 * ROOM_PARTS) + allowance // 2
     assert sorted(q.room_leases) == [(1, link_ref(0, CAPPED_H)), (1, link_ref(0, ANON_H))]
     anon = _link(s, ANON_H)
     assert anon.credit.client_credit + anon.unsettled \
@@ -677,7 +749,7 @@ def test_links_given_a_window_from_one_queue_share_its_room_and_its_allowance() 
     for _ in range(window_for(anon.typical_bytes, allowance // 2) // 2):
         s.send(ANON_H, 1024, to="/amq/queue/capped")  # through a top-up: alone again
     s.take()
-    assert _window_bytes(s, ANON_H) == half_room + allowance
+    assert _window_bytes(s, ANON_H) == room_window(room(), 1) + allowance
     assert list(q.room_leases) == [(1, link_ref(0, ANON_H))]
     assert anon.credit.client_credit + anon.unsettled == window_for(anon.typical_bytes, allowance)
 

@@ -17,6 +17,7 @@ from floodwall.enforce.amqp10.links import (
     PACING_ROOM,
     PROTOCOL,
     RESOURCE_LIMIT_EXCEEDED,
+    ROOM_PARTS,
     ROOM_WINDOW_BYTES,
     WINDOW_BYTES,
     SenderLink,
@@ -416,7 +417,10 @@ class LinkCredit:
         (``PolicedQueue.allowance_bytes``, shared by the links given a window from the
         queue's room: ``room_leases``), in messages at its size as a window counts them
         (``window_for``; under ``max_messages``, at most its part of the queue's allowance in
-        messages), the least over them; None when none is policed."""
+        messages), the least over them; None when none is policed. Far from capacity (the
+        room the estimate leaves more than ``ROOM_PARTS`` allowances) its part of half that
+        room instead: deliveries unsettled beyond the allowance are counted in the estimate,
+        and what is in flight within half the room cannot reach the capacity."""
         queues = link.in_flight_queues
         if not queues:
             queues = tuple(self.controller.queues[k] for k in self._policed(link))
@@ -426,9 +430,16 @@ class LinkCredit:
         least: int | None = None
         for q in queues:
             n = max(1, len(q.room_leases))
-            part = window_for(size, int(q.allowance_bytes() / n))
-            if q.policy.max_messages is not None:  # (and at most its part of those)
-                part = min(part, q.allowance(size) // n)
+            allowance = q.allowance_bytes()
+            depth = q.depth
+            room = min(q.quiet_bytes - depth.forwarded_bytes_total,
+                       (q.quiet_messages - depth.forwarded_messages_total) * size)
+            if allowance * ROOM_PARTS < room < math.inf:  # far from capacity: half the room
+                part = window_for(size, int(room / (ROOM_PARTS * n)))
+            else:
+                part = window_for(size, int(allowance / n))
+                if q.policy.max_messages is not None:  # (and at most its part of those)
+                    part = min(part, q.allowance(size) // n)
             least = part if least is None else min(least, part)
         return least
 
