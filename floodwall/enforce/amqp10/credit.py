@@ -296,9 +296,10 @@ class LinkCredit:
     def _room_window(self, link: SenderLink, policed: frozenset[QueueKey], size: int,
                      now: float) -> int:
         """``link``'s part of the room its queues have left and of their in-flight
-        allowance (``room_window`` plus ``PolicedQueue.allowance_bytes``, both shared by the
-        links given a window from the queue: ``PolicedQueue.room_sharers``; the least over
-        the queues; 0: no room, or it is not known), in bytes. The room is the bytes and
+        allowance (``room_window`` plus ``PolicedQueue.allowance_bytes``, at most the room the
+        last count left, both shared by the links given a window from the queue:
+        ``PolicedQueue.room_sharers``; the least over the queues; 0: no room, or it is not
+        known), in bytes. The room is the bytes and
         messages (at ``size``) a queue may still take before an evaluation could trip it.
         What the link may have in flight is its part of the allowance
         (``_in_flight_window``): far from capacity that is its credit, so a fast sender keeps
@@ -312,7 +313,8 @@ class LinkCredit:
             room = min(q.quiet_bytes - depth.forwarded_bytes_total,
                        (q.quiet_messages - depth.forwarded_messages_total) * size)
             sharers = q.room_sharers(holder, now)
-            extra = q.allowance_bytes() / sharers if 0 < room < math.inf else 0
+            counted = q.quiet_bytes - depth.counted_bytes_mark  # (the room by the last count)
+            extra = min(counted, q.allowance_bytes()) / sharers if 0 < room < math.inf else 0
             part = min(part, int(room_window(room, sharers) + extra))
             if not part:
                 break
