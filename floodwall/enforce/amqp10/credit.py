@@ -299,9 +299,9 @@ class LinkCredit:
         allowance (``room_window`` plus ``PolicedQueue.allowance_bytes``, at most the room the
         last count left, both shared by the links given a window from the queue:
         ``PolicedQueue.room_sharers``; the least over the queues; 0: no room, or it is not
-        known), in bytes. The room is the bytes and
-        messages (at ``size``) a queue may still take before an evaluation could trip it.
-        What the link may have in flight is its part of the allowance
+        known), in bytes. The room is the bytes and messages (at ``size``) a queue may still
+        take before an evaluation could trip it. What the link may have in flight is its part
+        of the allowance
         (``_in_flight_window``): far from capacity that is its credit, so a fast sender keeps
         the broker's pipeline full; past the capacity the policy's window stands."""
         queues = self.controller.queues

@@ -13,33 +13,28 @@ releases the link. Transfers are never held.
 
 A trip never lowers the limit the client already has (``SenderCredit.grant``: a lower limit
 crossing transfers in flight reads as negative credit, which proton-c wraps to about 2^32):
-the proxy stops topping up, and what the client still had credit for, at most one window,
-is forwarded (the broker's credit allows it: the window is below the broker's grant) and
-counted as overshoot (``PolicedQueue.overshoot_*``). Bound, per policed queue:
-``overshoot_messages <= sum over the links feeding it of their window``, so at most
-``links x policy_window(policy)`` of message bytes (a window is ``WINDOW_BYTES`` of the
-link's typical message, or ``capacity / WINDOW_PARTS`` of a large queue's, at most
-``MAX_WINDOW_BYTES``). A window from the room (``ROOM_WINDOW_BYTES``: a link's part is
-``min(room, 512 KiB) / (2 x links sharing it)``, the room the bytes the queue may take before
-an evaluation could trip it) does not add to that while the queue's own links are what fill
-it: together they have credit for at most half the room at each grant, so the trip comes
-only after a grant at a room under two policy windows, which is the policy's window. When
-something else fills the room meanwhile (a 0-9-1 publisher, a count above the ledger,
-another fleet member's ingress, a link not yet counted as sharing), a link keeps what it was
-given: at most ``links x max(policy_window, min(capacity, 512 KiB) / 2)`` in all.
+the proxy stops topping up, and what the client still had credit for is forwarded (the
+broker's credit allows it: the proxy's grant is below the broker's) and counted as overshoot
+(``PolicedQueue.overshoot_*``). A link's window (``LinkCredit._window``) is its policy's
+(``WINDOW_BYTES`` of its typical message, or ``capacity / WINDOW_PARTS`` of a large queue's, at
+most ``MAX_WINDOW_BYTES``), or, when more, its part of half the queue's room plus its part of
+the queue's in-flight allowance (up to the room the last count leaves; at most
+``ROOM_WINDOW_BYTES``); paced to the drain while the last count shows the queue within two
+policy windows of capacity. What bounds the overshoot is the in-flight allowance (below).
 
 The depth estimate (a ready count plus the ledger) cannot see messages the broker has taken
 off the socket but not yet put in the queue; RabbitMQ's internal flow control can hold
-hundreds of them when it is busy. A windowed link's unsettled deliveries therefore count
-against its window until the broker settles them (``InFlightDeliveries``). The counts take up
+hundreds of them when it is busy. A windowed link's unsettled deliveries are therefore counted
+until the broker settles them (``InFlightDeliveries``). The counts take up
 to the queue's in-flight allowance of them to be in the queue already (``IN_FLIGHT_ALLOWANCE``,
 256 KiB: RabbitMQ's whole pipeline for a sender at full speed, out of the estimate), counting
 back those that can no longer be unsettled as the broker settles them
 (``PolicedQueue.settled``), so the estimate is short by at most what is unsettled now; a link's
 credit plus its unsettled deliveries stay within its part of that allowance
 (``LinkCredit._in_flight_window``), so the depth stays within the capacity plus the allowance
-whatever the broker hides. A squeezed
-link is topped up once half a window is free again, not per disposition. The broker's
+whatever the broker hides (docs/design/amqp10-credit.md, "The in-flight allowance"). A link
+held to its part (squeezed) is topped up once an eighth of that part is free again, not per
+disposition. The broker's
 dispositions are read by role, first, last and state code alone (``on_server_settled``,
 ``peek_disposition``; the outcome counted: ``BrokerOutcomes``) unless the session's
 delivery-ids are renumbered or the state is ``rejected`` (its error is read) or
