@@ -98,6 +98,19 @@ class PolicedQueue:
     room_leases: OrderedDict[tuple[int, int], float] = field(default_factory=OrderedDict,
                                                              compare=False, repr=False)
 
+    def room(self, size: int) -> float:
+        """The bytes the queue may still take before an evaluation could trip it: the armed
+        totals less the ledger's (``quiet_*``), its messages taken at ``size`` bytes each
+        (inf: the depth not known; below 0 when unarmed)."""
+        depth = self.depth
+        return min(self.quiet_bytes - depth.forwarded_bytes_total,
+                   (self.quiet_messages - depth.forwarded_messages_total) * size)
+
+    def counted_room(self) -> float:
+        """The bytes the queue may take by its last count alone: ``room`` without what was
+        forwarded since that count (which a fast consumer has mostly taken)."""
+        return self.quiet_bytes - self.depth.counted_bytes_mark
+
     def allowance_bytes(self) -> float:
         """This sidecar's part of the queue's in-flight allowance (``in_flight_allowance``):
         all of it alone, its share in a fleet (``ShareRule.share``: the members' parts sum

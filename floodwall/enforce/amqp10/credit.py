@@ -269,10 +269,7 @@ class LinkCredit:
         window = ceiling = window_for(size, in_bytes)
         for key in policed:
             q = queues[key]
-            # Bytes the queue may take by its last count (the armed headroom less what the
-            # count holds, not less what was forwarded since: a fast consumer has taken most
-            # of that; -1 - total when unarmed: pace).
-            if q.quiet_bytes - q.depth.counted_bytes_mark > room:
+            if q.counted_room() > room:  # (below 0 when unarmed: pace)
                 continue
             depth = q.depth
             drain = depth.drain_rate
@@ -309,12 +306,11 @@ class LinkCredit:
         part = ROOM_WINDOW_BYTES
         for key in policed:
             q = queues[key]
-            depth = q.depth
-            room = min(q.quiet_bytes - depth.forwarded_bytes_total,
-                       (q.quiet_messages - depth.forwarded_messages_total) * size)
+            room = q.room(size)
             sharers = q.room_sharers(holder, now)
-            counted = q.quiet_bytes - depth.counted_bytes_mark  # (the room by the last count)
-            extra = min(counted, q.allowance_bytes()) / sharers if 0 < room < math.inf else 0
+            extra = 0.0
+            if 0 < room < math.inf:
+                extra = max(0.0, min(q.counted_room(), q.allowance_bytes())) / sharers
             part = min(part, int(room_window(room, sharers) + extra))
             if not part:
                 break
@@ -433,9 +429,7 @@ class LinkCredit:
         for q in queues:
             n = max(1, len(q.room_leases))
             allowance = q.allowance_bytes()
-            depth = q.depth
-            room = min(q.quiet_bytes - depth.forwarded_bytes_total,
-                       (q.quiet_messages - depth.forwarded_messages_total) * size)
+            room = q.room(size)
             if allowance * ROOM_PARTS < room < math.inf:  # far from capacity: half the room
                 part = window_for(size, int(room / (ROOM_PARTS * n)))
             else:
