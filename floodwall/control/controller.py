@@ -108,8 +108,16 @@ class PolicedQueue:
 
     def counted_room(self) -> float:
         """The bytes the queue may take by its last count alone: ``room`` without what was
-        forwarded since that count (which a fast consumer has mostly taken)."""
-        return self.quiet_bytes - self.depth.counted_bytes_mark
+        forwarded since that count (which a fast consumer has mostly taken); when that count
+        found the queue empty, without the deliveries counted back since either
+        (``QueueDepth.count_back``: in flight when it was asked for, they may have reached
+        the queue after it, and consumers that keep up have taken them too)."""
+        depth = self.depth
+        room = self.quiet_bytes - depth.counted_bytes_mark
+        base = depth.counted_base
+        if base is not None and not base.messages:
+            room += depth.counted_back * depth.excluded_bytes
+        return room
 
     def allowance_bytes(self) -> float:
         """This sidecar's part of the queue's in-flight allowance (``in_flight_allowance``):

@@ -517,6 +517,44 @@ def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_
     assert CAPACITY < q.depth.forwarded_bytes_total <= CAPACITY + allowance
 
 
+def test_deliveries_counted_back_leave_the_counted_room_only_when_the_count_found_none(
+        ) -> None:
+    """The room a queue's last count leaves (``counted_room``, what a link's window takes
+    its part of the allowance up to) is not cut by deliveries counted back after a count that
+    found the queue empty: consumers that keep up took them; after a count that found
+    messages it is, as the estimate is."""
+    s = Setup(chunker=whole)
+    key = (VHOST, "capped")
+    q = s.fc.queues[key]
+    s.server(broker_flow(7, 0, 1_000_000))
+    s.take()
+
+    def count_and_settle(ready: int) -> int:
+        """A count asked for with the link's deliveries in flight, answered ``ready``; then
+        the broker settles them all (they are counted back). How many there were."""
+        sent = _send_while_credit(s, 100, most=50)
+        s.clock.t += 0.01
+        asked = s.clock.t
+        s.fc.count_asked(key, asked)
+        s.clock.t += 0.001
+        s.fc.sampled_ready_count(key, asked, ready, 0.001, s.clock.t)
+        s.board.settle()
+        assert q.in_flight == sent
+        s.server(disposition(SERVER_CH, True, q.depth.tracked_messages_total - sent,
+                             q.depth.tracked_messages_total - 1))
+        s.take()
+        assert q.in_flight == 0 and q.depth.counted_back == sent
+        return sent
+
+    sent = count_and_settle(0)
+    estimate = q.depth.estimate()
+    assert estimate is not None and estimate.messages == sent  # (in the estimate ...)
+    assert q.counted_room() == CAPACITY  # (... not in the room the count left)
+    sent = count_and_settle(3)
+    size = q.depth.excluded_bytes
+    assert q.counted_room() == CAPACITY - (3 + sent) * size
+
+
 @pytest.mark.parametrize("chunker", CHUNKERS)
 def test_a_squeezed_link_is_topped_up_once_an_eighth_of_its_part_is_free(chunker: Chunker
                                                                          ) -> None:
