@@ -628,6 +628,28 @@ def test_publishers_using_every_token_keep_their_queue_held_below_resume() -> No
     assert KEY not in fc.tripped and not fc.is_blocked(1, 1)
 
 
+@pytest.mark.parametrize("link", [True, False], ids=["1.0 link", "0-9-1 channel"])
+def test_an_empty_queue_only_1_0_links_wait_on_is_released_whatever_they_send(
+        link: bool) -> None:
+    """A held queue whose waiting publishers send more than its tokens stays held at its
+    resume level; when a count finds it empty and only 1.0 links wait on it (they are offered
+    no tokens: what they send is credit granted before the trip, and a release gives each a
+    window), it is released; a 0-9-1 channel's backlog keeps it held (its release would let
+    all of it go at once)."""
+    fc, t = held_queue()
+    assert fc.block(1, 1, frozenset({KEY}), t, wants=4000 if link else 0)
+    depth = fc.queues[KEY].depth
+    for i, ready in enumerate((8, 4)):
+        count(fc, t + 0.2 * i, ready)
+        assert KEY in fc.tripped  # above resume; then at it, busy: held
+        for _ in range(6):  # more than any tick offers
+            depth.forwarded(t + 0.2 * i + 0.01, 1000)
+        assert fc.admission.busy(KEY, depth)
+    count(fc, t + 0.4, 0)
+    assert (KEY in fc.tripped) is not link  # empty: released for the link alone
+    assert fc.is_blocked(1, 1) is not link
+
+
 # -- the whole loop, simulated: a held queue, its consumer, the counts ------------------------
 STEP = 0.0005  # simulate_held's time step (seconds)
 

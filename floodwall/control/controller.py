@@ -679,12 +679,17 @@ class FlowController:
             self._apply(q, should_trip(q.policy, None, None, q.tripped), now)
         else:
             self._apply(q, should_trip(q.policy, est.bytes, est.messages, q.tripped)
-                        or (not q.tripped and _over_share(q)), now)
+                        or (not q.tripped and _over_share(q)), now, est.messages <= 0)
         _arm(q)
 
-    def _apply(self, q: PolicedQueue, tripped: bool, now: float) -> None:
-        # Held publishers that use every token they are offered keep their queue held.
-        if tripped != q.tripped and (tripped or not self.admission.busy(q.key, q.depth)):
+    def _apply(self, q: PolicedQueue, tripped: bool, now: float, empty: bool = False) -> None:
+        # Held publishers that use every token they are offered keep their queue held; not
+        # an ``empty`` one (its settled estimate) that only 1.0 links wait on: they are offered
+        # no tokens (``held_by_others``), what they send while it is held is credit granted
+        # before the trip, and its consumers wait for more.
+        if tripped != q.tripped and (tripped or not (
+                self.admission.busy(q.key, q.depth)
+                and (not empty or self.held_by_others(frozenset((q.key,)))))):
             self._set_tripped(q, tripped, "depth", now)
 
     def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str, now: float) -> None:
