@@ -15,6 +15,7 @@ from floodwall.control.controller import (
     IN_FLIGHT_ALLOWANCE,
     ROOM_LEASE_S,
     FlowController,
+    QueueKey,
     in_flight_allowance,
 )
 from floodwall.control.depth import Depth, ManagementSample
@@ -462,6 +463,16 @@ def test_far_from_capacity_credit_plus_unsettled_go_past_the_allowance_up_to_hal
     assert link.unsettled == part and link.credit.client_credit == 0
 
 
+def _count(s: Setup, key: QueueKey, ready: int) -> None:
+    """A ready count of ``key`` asked for 10 ms on and answered ``ready`` 1 ms later."""
+    s.clock.t += 0.01
+    asked = s.clock.t
+    s.fc.count_asked(key, asked)
+    s.clock.t += 0.001
+    s.fc.sampled_ready_count(key, asked, ready, 0.001, s.clock.t)
+    s.board.settle()
+
+
 @pytest.mark.parametrize("chunker", CHUNKERS)
 def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_the_allowance(
         chunker: Chunker) -> None:
@@ -483,12 +494,7 @@ def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_
 
     def counted() -> Depth:
         """A ready count asked for now, answered with what the broker settled (0 at first)."""
-        s.clock.t += 0.01
-        asked = s.clock.t
-        s.fc.count_asked(key, asked)
-        s.clock.t += 0.001
-        s.fc.sampled_ready_count(key, asked, settled, 0.001, s.clock.t)
-        s.board.settle()
+        _count(s, key, settled)
         estimate = q.depth.estimate()
         assert estimate is not None
         return estimate
@@ -533,12 +539,7 @@ def test_deliveries_counted_back_leave_the_counted_room_only_when_the_count_foun
         """A count asked for with the link's deliveries in flight, answered ``ready``; then
         the broker settles them all (they are counted back). How many there were."""
         sent = _send_while_credit(s, 100, most=50)
-        s.clock.t += 0.01
-        asked = s.clock.t
-        s.fc.count_asked(key, asked)
-        s.clock.t += 0.001
-        s.fc.sampled_ready_count(key, asked, ready, 0.001, s.clock.t)
-        s.board.settle()
+        _count(s, key, ready)
         assert q.in_flight == sent
         s.server(disposition(SERVER_CH, True, q.depth.tracked_messages_total - sent,
                              q.depth.tracked_messages_total - 1))

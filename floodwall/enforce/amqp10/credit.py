@@ -260,6 +260,8 @@ class LinkCredit:
             return None
         queues = self.controller.queues
         size = self._message_bytes(link, policed)
+        link.window_queues = counted = tuple(queues[k] for k in policed)
+        link.window_rebases = _rebases(counted)
         link.policy_bytes = in_bytes = min((policy_window(queues[k].policy) for k in policed),
                                            default=WINDOW_BYTES)
         room = PACING_ROOM * window_for(size, in_bytes) * size
@@ -396,6 +398,13 @@ class LinkCredit:
                 window = room
         return link.credit.grant(window)
 
+    def _unsqueezed(self, link: SenderLink, ceiling: int) -> bool:
+        """Whether no window up to ``ceiling`` can squeeze ``link`` now: its part of the
+        in-flight allowance less what it has unsettled is at least that (a link squeezed by
+        this very transfer is topped up as one: ``SQUEEZED_TOP_UP``)."""
+        part = self.in_flight_part(link)
+        return part is None or part - link.unsettled >= ceiling
+
     def _in_flight_window(self, link: SenderLink, window: int) -> int:
         """The credit a windowed link may have: its window, less what it has unsettled at the
         broker beyond its part of its queues' in-flight allowance (``in_flight_part``), at
@@ -473,9 +482,10 @@ class LinkCredit:
             return  # no top-up until the broker settles some (``CreditFlow.held_settled``)
         deliveries = link.deliveries
         if deliveries and link.windowed and not link.squeezed and link.window_generation \
-                == controller.generation and link.credit.has_over_half(
-                    window_for(-(-link.payload_bytes // deliveries), link.window_bytes)):
-            return  # over half its ceiling left: no window ``_window`` gives tops it up
+                == controller.generation and _rebases(link.window_queues) == link.window_rebases:
+            ceiling = window_for(-(-link.payload_bytes // deliveries), link.window_bytes)
+            if link.credit.has_over_half(ceiling) and self._unsqueezed(link, ceiling):
+                return  # over half its ceiling left: no window ``_window`` gives tops it up
         window = self._window(link, now, fixed)
         link.windowed = window is not None
         if window is None:
@@ -593,3 +603,10 @@ def drain_part(q: PolicedQueue) -> float:
     if drain <= 0:
         return 1.0
     return min(1.0, rule.rate_share(drain) / drain)
+
+
+def _rebases(queues: tuple[PolicedQueue, ...]) -> int:
+    """How many times ``queues`` took a new count (or management figure) as their base."""
+    if len(queues) == 1:
+        return queues[0].depth.rebases
+    return sum(q.depth.rebases for q in queues)

@@ -275,6 +275,10 @@ class SenderLink:
     # (``LinkCredit.after_transfer`` skips the window while the client has over half its
     # ceiling and this still holds).
     window_generation: int = -1
+    # ... and its queues then, with their rebases summed (a count since may have given them
+    # room, and the window more: ``LinkCredit.after_transfer`` works it out again).
+    window_queues: tuple[PolicedQueue, ...] = ()
+    window_rebases: int = -1
     # Its window in bytes, as last worked out (``_window``): its policy's (``policy_bytes``)
     # or, while its queues have room, its part of the room (``room_window``) when that is more.
     window_bytes: int = WINDOW_BYTES
