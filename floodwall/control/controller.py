@@ -683,14 +683,18 @@ class FlowController:
         _arm(q)
 
     def _apply(self, q: PolicedQueue, tripped: bool, now: float, empty: bool = False) -> None:
-        # Held publishers that use every token they are offered keep their queue held; not
-        # an ``empty`` one (its settled estimate) that only 1.0 links wait on: they are offered
-        # no tokens (``held_by_others``), what they send while it is held is credit granted
-        # before the trip, and its consumers wait for more.
-        if tripped != q.tripped and (tripped or not (
-                self.admission.busy(q.key, q.depth)
-                and (not empty or self.held_by_others(frozenset((q.key,)))))):
+        if tripped != q.tripped and (tripped or not self._stays_held(q, empty)):
             self._set_tripped(q, tripped, "depth", now)
+
+    def _stays_held(self, q: PolicedQueue, empty: bool) -> bool:
+        """Whether held queue ``q``, which its depth would release, stays held: its held
+        publishers used every token they were offered (``Admission.busy``), unless it is
+        ``empty`` (its settled estimate) and only 1.0 links wait on it: they are offered no
+        tokens (``held_by_others``), what they send while it is held is credit granted before
+        the trip, and its consumers wait for more."""
+        if not self.admission.busy(q.key, q.depth):
+            return False
+        return not empty or self.held_by_others(frozenset((q.key,)))
 
     def _set_tripped(self, q: PolicedQueue, tripped: bool, why: str, now: float) -> None:
         est = q.depth.estimate() or Depth(-1, -1)

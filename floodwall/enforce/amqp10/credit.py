@@ -260,8 +260,8 @@ class LinkCredit:
             return None
         queues = self.controller.queues
         size = self._message_bytes(link, policed)
-        link.window_queues = counted = tuple(queues[k] for k in policed)
-        link.window_rebases = _rebases(counted)
+        link.window_queues = window_queues = tuple(queues[k] for k in policed)
+        link.window_rebases = _rebases(window_queues)
         link.policy_bytes = in_bytes = min((policy_window(queues[k].policy) for k in policed),
                                            default=WINDOW_BYTES)
         room = PACING_ROOM * window_for(size, in_bytes) * size
