@@ -38,8 +38,10 @@ publishes wait in each sidecar's own queue, served by the shares, not oldest fir
 the fleet: the queue's held byte-seconds, waits and deadline expiries are its sidecars'
 sums (``_Fleet.outcome``).
 
-The replay steps through each bucket in ``SUBSTEPS`` parts (offered load and drain spread
-evenly) while anything can happen in it, in one step while the queue is calm.
+The replay steps through each bucket in ``SUBSTEPS`` parts while anything can happen in it,
+in one step while the queue is calm: the drain spread evenly, the offered load too unless
+the bucket offered less than the one before it, when it comes at the rate before until it
+runs out (``_spread``: a burst that ends inside a bucket).
 """
 
 from __future__ import annotations
@@ -713,6 +715,7 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
         # in and went out during it, so the first bucket's replay ends where the record does.
         r.depth = max(0.0, (t.buckets[0].depth_bytes or 0) - t.offered[0] + t.drain[0])
     recent: deque[tuple[float, float]] = deque()  # (bucket end, bytes offered)
+    before = 0.0  # the bytes/s offered over the bucket before
     for b, o, d, n, parts in zip(t.buckets, t.offered, t.drain, t.spans, t.parts,
                                  strict=True):
         end = (b.index + 1) * t.step
@@ -726,11 +729,30 @@ def replay(t: Timeline, policy: Policy | None = None) -> Outcome:
         r.ingress = sum(x for _, x in recent) / RATE_WINDOW
         steps = n if r.calm(p, o, t.step * n) else SUBSTEPS * n
         h = t.step * n / steps
-        for i in range(steps):
-            r.step(p, start + i * h, h, o / steps, d / steps)
+        for i, load in enumerate(_spread(o, before * h, steps)):
+            r.step(p, start + i * h, h, load, d / steps)
+        before = o / (t.step * n)
         r.end_bucket(parts, end, t.step * n)
         r.out.depth.append(((b.index + 1) * step_ms, round(r.depth)))
     return r.finish()
+
+
+def _spread(o: float, step_before: float, steps: int) -> list[float]:
+    """A bucket's offered bytes ``o`` over its ``steps`` steps: evenly, or, when it
+    offered less than the bucket before it did in as long (``step_before`` bytes a step),
+    at the rate before until ``o`` runs out: a burst that ends inside a bucket ends at
+    its own rate, not spread thin over the bucket (which would hold its peak and what a
+    fleet member forwards between two counts below what they were)."""
+    even = o / steps
+    if step_before <= even:
+        return [even] * steps
+    loads = []
+    left = o
+    for _ in range(steps):
+        take = min(left, step_before)
+        loads.append(take)
+        left -= take
+    return loads
 
 
 def _far_below(p: Policy, depth: float, body: float) -> bool:

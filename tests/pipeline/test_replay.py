@@ -124,3 +124,21 @@ def test_the_replay_starts_where_the_first_bucket_started() -> None:
     o = replay(t)
     assert [round(d / KIB) for _, d in o.depth] == depths
     assert o.depth_max == 76 * KIB
+
+
+def test_a_burst_that_ends_inside_a_bucket_ends_at_its_own_rate() -> None:
+    # 100 KiB/s for a second, then 50 KiB in the next (the burst's last half second), the
+    # consumers taking 40 KiB/s throughout: the queue peaks at 90 KiB halfway through the
+    # second bucket, not at the 70 KiB its end shows. Spread evenly over that bucket, the
+    # burst would never reach an 80 KiB capacity.
+    offered = [0, 100, 50, 0, 0, 0]
+    depths = [0, 60, 70, 30, 0, 0]
+    t = timeline("/", "q", 1.0, _buckets(offered, depths))
+    assert list(t.drain[1:4]) == [40 * KIB] * 3
+    o = replay(t, _policy(capacity=80 * KIB, resume=40 * KIB, deadline=600)).figures()
+    assert o["trips"] == 1
+    assert o["depth_max"] >= 80 * KIB
+    # and a bucket that offers more than the one before is spread evenly: the same load
+    # rising instead of falling stays under the capacity
+    rising = timeline("/", "q", 1.0, _buckets([0, 50, 100, 0, 0], [0, 10, 70, 30, 0]))
+    assert replay(rising, _policy(capacity=80 * KIB, resume=40 * KIB)).trips == 0
