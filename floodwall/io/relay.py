@@ -218,8 +218,23 @@ NOT_PAUSED: Final = 0
 #: producer's 8 MiB (a hold budget) went through in one turn, and nothing else ran for it:
 #: on a starved machine, 2-5 s without timers (the fleet's announcements: members fell
 #: silent to each other; the depth probes). Past it the connection stops reading until the
-#: loop's next turn (``take_turn``): a pause and a resume per 256 KiB.
+#: loop's next turn (``take_turn``): a pause and a resume per 256 KiB, and per read when a
+#: read is larger (up to ``READ_SIZE``: a turn is never smaller than one read).
 READ_TURN_BYTES = 256 * 1024
+#: The most one read of a socket takes. libuv reads into the buffer a protocol hands it
+#: (``get_buffer``: the relay's sides are ``asyncio.BufferedProtocol``\ s) and a read is
+#: copied out of it into bytes at once, as uvloop's own buffer is for ``data_received``, so
+#: one buffer serves every connection of the process. uvloop's is 256,000 bytes: a sender
+#: of 1 MiB messages took four reads a message, each a pass through the core and a write,
+#: and the relay spent 0.2 ms of CPU a message more than a byte pump; reads of 1 MiB took
+#: 6-15 % of it off (docs/performance.md, "Large messages").
+READ_SIZE = 1024 * 1024
+_READ_VIEW = memoryview(bytearray(READ_SIZE))
+#: The most a read takes before the connection relays (its upstream connected): what a client
+#: sends before then waits in the proxy (``_pending``), a read of it at most, so a client
+#: that sends first and waits costs no more than this.
+EARLY_READ_SIZE = 64 * 1024
+_EARLY_READ_VIEW = _READ_VIEW[:EARLY_READ_SIZE]
 
 
 def take_turn(conn: RelayedConnection, n: int) -> None:
@@ -236,7 +251,7 @@ def _next_turn(conn: RelayedConnection) -> None:
     conn._resume_client(Paused.TURN)
 
 
-class RelayedConnection(asyncio.Protocol):
+class RelayedConnection(asyncio.BufferedProtocol):
     """A client's socket: detects the protocol, opens the upstream, relays through the core.
 
     Reading stops on one side while the other side's write buffer is over its high-water
@@ -322,6 +337,12 @@ class RelayedConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.settings.write_high_water)
         self._loop = loop = asyncio.get_running_loop()
         self._handshake_timer = loop.call_later(self.settings.handshake_timeout, self._no_header)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_VIEW if self.upstream is not None else _EARLY_READ_VIEW
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(_READ_VIEW[:nbytes].tobytes())
 
     def data_received(self, data: bytes) -> None:
         if self._unreachable is not None:
@@ -1008,7 +1029,7 @@ def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
         transport.write(b"".join(chunks))
 
 
-class UpstreamSide(asyncio.Protocol):
+class UpstreamSide(asyncio.BufferedProtocol):
     """The proxy's socket to the broker for one client connection."""
 
     __slots__ = ("owner",)
@@ -1019,8 +1040,11 @@ class UpstreamSide(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.owner.upstream_connected(cast(asyncio.Transport, transport))
 
-    def data_received(self, data: bytes) -> None:
-        self.owner.server_data(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_VIEW
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.owner.server_data(_READ_VIEW[:nbytes].tobytes())
 
     def pause_writing(self) -> None:
         self.owner.upstream_paused(True)

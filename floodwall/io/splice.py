@@ -43,7 +43,7 @@ SPLICE_MORE: Final = getattr(os, "SPLICE_F_MORE", 4)
 HEAD_READ: Final = 1024
 #: A lane's pipe (F_SETPIPE_SZ): one read's worth, the relay's write high-water mark.
 PIPE_SIZE: Final = 256 * 1024
-#: Bytes a lane moves in one wake-up at most (as ``floodwall.io.relay.READ_TURN_BYTES``).
+#: Bytes a lane moves in one wake-up at most (its pipe's worth).
 TURN_BYTES: Final = 256 * 1024
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _F_GETPIPE_SZ: Final = getattr(fcntl, "F_GETPIPE_SZ", 1032)
