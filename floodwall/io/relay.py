@@ -227,7 +227,8 @@ READ_TURN_BYTES = 256 * 1024
 #: one buffer serves every connection of the process. uvloop's is 256,000 bytes: a sender
 #: of 1 MiB messages took four reads a message, each a pass through the core and a write,
 #: and the relay spent 0.2 ms of CPU a message more than a byte pump; reads of 1 MiB took
-#: 6-15 % of it off (docs/performance.md, "Large messages").
+#: 5-16 % of it off (docs/performance.md, "Large messages"). A client's reads are smaller
+#: before its upstream is there and when a gate may hold them (below).
 READ_SIZE = 1024 * 1024
 _READ_VIEW = memoryview(bytearray(READ_SIZE))
 #: The most a read takes before the connection relays (its upstream connected): what a client
@@ -235,6 +236,12 @@ _READ_VIEW = memoryview(bytearray(READ_SIZE))
 #: that sends first and waits costs no more than this.
 EARLY_READ_SIZE = 64 * 1024
 _EARLY_READ_VIEW = _READ_VIEW[:EARLY_READ_SIZE]
+#: The most a read of a client with a gate takes (policies loaded: the gate may hold what it
+#: reads). The hold and memory budgets are checked after each read, so a read is what a
+#: connection can go over them by (docs/operations.md, "Memory budget"): a 1 MiB read would
+#: make that four times as much.
+GATED_READ_SIZE = 256 * 1024
+_GATED_READ_VIEW = _READ_VIEW[:GATED_READ_SIZE]
 
 
 def take_turn(conn: RelayedConnection, n: int) -> None:
@@ -339,7 +346,9 @@ class RelayedConnection(asyncio.BufferedProtocol):
         self._handshake_timer = loop.call_later(self.settings.handshake_timeout, self._no_header)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ_VIEW if self.upstream is not None else _EARLY_READ_VIEW
+        if self.upstream is None:
+            return _EARLY_READ_VIEW
+        return _READ_VIEW if self.gate is None else _GATED_READ_VIEW
 
     def buffer_updated(self, nbytes: int) -> None:
         self.data_received(_READ_VIEW[:nbytes].tobytes())

@@ -1,16 +1,18 @@
 """How the relay reads its sockets (``floodwall.io.relay``): libuv reads into the one buffer
-of ``READ_SIZE`` both protocols hand it (``get_buffer``; ``EARLY_READ_SIZE`` of it before a
-client's upstream is there), and each read reaches the core as bytes of its own, copied out
-at once, so the next read into the same buffer, on this connection or another, changes
-nothing the core keeps."""
+of ``READ_SIZE`` both protocols hand it (``get_buffer``; of a client, ``EARLY_READ_SIZE`` of
+it before its upstream is there and ``GATED_READ_SIZE`` when a gate may hold what it reads),
+and each read reaches the core as bytes of its own, copied out at once, so the next read into
+the same buffer, on this connection or another, changes nothing the core keeps."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import cast
 
+from floodwall.enforce.shared import ConnectionGate
 from floodwall.io.relay import (
     EARLY_READ_SIZE,
+    GATED_READ_SIZE,
     READ_SIZE,
     RelayedConnection,
     RelaySettings,
@@ -50,6 +52,12 @@ def test_each_read_reaches_the_core_as_bytes_of_its_own() -> None:
     assert len(client.get_buffer(-1)) == EARLY_READ_SIZE < READ_SIZE
     client.upstream = other.upstream = cast(asyncio.Transport, object())
     assert len(client.get_buffer(-1)) == READ_SIZE
+    # with policies its gate may hold what it reads: the budgets count a read of this
+    gated = Recording()
+    gated.upstream = client.upstream
+    gated.gate = cast(ConnectionGate, object())
+    assert len(gated.get_buffer(-1)) == GATED_READ_SIZE < READ_SIZE
+    assert len(UpstreamSide(gated).get_buffer(-1)) == READ_SIZE  # the broker's side: whole
     assert client.get_buffer(-1).obj is upstream.get_buffer(-1).obj  # one buffer for all
     _read(client, b"\x01" * 1000)
     _read(other, b"\x02" * 10)  # another connection's read, into the same buffer
