@@ -250,7 +250,9 @@ def take_turn(conn: RelayedConnection, n: int) -> None:
     conn.turn_bytes += n
     if conn.turn_bytes >= READ_TURN_BYTES and not conn._paused & Paused.TURN:
         conn._pause_client(Paused.TURN)
-        asyncio.get_running_loop().call_soon(_next_turn, conn)
+        loop = conn._loop
+        assert loop is not None  # set as the client connected
+        loop.call_soon(_next_turn, conn)
 
 
 def _next_turn(conn: RelayedConnection) -> None:

@@ -39,6 +39,7 @@ def _conn() -> tuple[RelayedConnection, Transport]:
     conn = RelayedConnection(RelaySettings(Upstreams([("127.0.0.1", 5672)])), RelayStats(), 1)
     t = Transport()
     conn.client = cast(asyncio.Transport, t)
+    conn._loop = asyncio.get_running_loop()  # as connection_made sets it
     return conn, t
 
 
