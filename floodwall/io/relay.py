@@ -18,6 +18,7 @@ from floodwall.enforce.amqp10.links import LinkView
 from floodwall.enforce.commands import SendHeld
 from floodwall.enforce.shared import ConnectionGate
 from floodwall.io.held_sender import HeldSender
+from floodwall.io.read_buffers import ReadBuffers
 from floodwall.io.splice import LaneState, SpliceLane, splice_available
 from floodwall.io.tls import (
     ListenerTlsContext,
@@ -222,26 +223,24 @@ NOT_PAUSED: Final = 0
 #: read is larger (up to ``READ_SIZE``: a turn is never smaller than one read).
 READ_TURN_BYTES = 256 * 1024
 #: The most one read of a socket takes. libuv reads into the buffer a protocol hands it
-#: (``get_buffer``: the relay's sides are ``asyncio.BufferedProtocol``\ s) and a read is
-#: copied out of it into bytes at once, as uvloop's own buffer is for ``data_received``, so
-#: one buffer serves every connection of the process. uvloop's is 256,000 bytes: a sender
+#: (``get_buffer``: the relay's sides are ``asyncio.BufferedProtocol``\ s): the process'
+#: ``READ_BUFFERS`` (``floodwall.io.read_buffers``: a small read copied out of it, a large
+#: one lent to a core that takes views). uvloop's own reads are 256,000 bytes: a sender
 #: of 1 MiB messages took four reads a message, each a pass through the core and a write,
 #: and the relay spent 0.2 ms of CPU a message more than a byte pump; reads of 1 MiB took
 #: 5-16 % of it off (docs/performance.md, "Large messages"). A client's reads are smaller
 #: before its upstream is there and when a gate may hold them (below).
 READ_SIZE = 1024 * 1024
-_READ_VIEW = memoryview(bytearray(READ_SIZE))
+READ_BUFFERS = ReadBuffers(READ_SIZE)
 #: The most a read takes before the connection relays (its upstream connected): what a client
 #: sends before then waits in the proxy (``_pending``), a read of it at most, so a client
 #: that sends first and waits costs no more than this.
 EARLY_READ_SIZE = 64 * 1024
-_EARLY_READ_VIEW = _READ_VIEW[:EARLY_READ_SIZE]
 #: The most a read of a client with a gate takes (policies loaded: the gate may hold what it
 #: reads). The hold and memory budgets are checked after each read, so a read is what a
 #: connection can go over them by (docs/operations.md, "Memory budget"): a 1 MiB read would
 #: make that four times as much.
 GATED_READ_SIZE = 256 * 1024
-_GATED_READ_VIEW = _READ_VIEW[:GATED_READ_SIZE]
 
 
 def take_turn(conn: RelayedConnection, n: int) -> None:
@@ -269,7 +268,7 @@ class RelayedConnection(asyncio.BufferedProtocol):
     """
 
     __slots__ = ("_budget_told", "_client_gone", "_clock", "_closed", "_connect_task",
-                 "_handshake_timer", "_head", "_lanes", "_loop", "_partial", "_paused",
+                 "_handshake_timer", "_head", "_lanes", "_lend", "_loop", "_partial", "_paused",
                  "_pending", "_piped", "_retire_timer", "_server_spoke", "_splice",
                  "_unreachable", "_unwatch", "_upstream_paused", "client", "conn_id", "core",
                  "from_client", "from_server", "gate", "node", "peer", "protocol", "settings",
@@ -298,6 +297,9 @@ class RelayedConnection(asyncio.BufferedProtocol):
         self._paused = NOT_PAUSED  # why the client's socket is not read
         self.turn_bytes = 0  # client bytes relayed since its last turn (``take_turn``)
         self.gate: ConnectionGate | None = None
+        # Large reads of either side are lent to the core, not copied (``READ_BUFFERS``):
+        # a core that takes views, without a gate (which could hold what it reads)
+        self._lend = False
         self._client_gone = False
         self._budget_told = False  # hold_budget_exceeded logged; again once it holds nothing
         self._retire_timer: asyncio.TimerHandle | None = None
@@ -349,13 +351,16 @@ class RelayedConnection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.upstream is None:
-            return _EARLY_READ_VIEW
-        return _READ_VIEW if self.gate is None else _GATED_READ_VIEW
+            return READ_BUFFERS.view(EARLY_READ_SIZE)
+        return READ_BUFFERS.view(READ_SIZE if self.gate is None else GATED_READ_SIZE)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(_READ_VIEW[:nbytes].tobytes())
+        data = READ_BUFFERS.take(nbytes, self._lend)
+        if type(data) is memoryview:
+            self.stats.lent_read_bytes["client"] += nbytes
+        self.data_received(data)
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._unreachable is not None:
             self._answer(data)
             return
@@ -376,7 +381,7 @@ class RelayedConnection(asyncio.BufferedProtocol):
         else:
             self._pending += data
 
-    def _detect(self, data: bytes) -> None:
+    def _detect(self, data: bytes | memoryview) -> None:
         self._head += data
         found = detect(self._head)
         if found is Detected.NEED_DATA:
@@ -397,6 +402,7 @@ class RelayedConnection(asyncio.BufferedProtocol):
         self.protocol = found.value
         self.core, self.gate = make_core(found, header, self.conn_id, self.settings)
         core = self.core
+        self._lend = core.takes_views and self.gate is None
         self.from_client, self.from_server = core.from_client, core.from_server
         if self.gate is not None and self.settings.board is not None:
             self.settings.board.attach(self)
@@ -429,10 +435,10 @@ class RelayedConnection(asyncio.BufferedProtocol):
         self._answer(pending)
         self._resume_client(Paused.CONNECTING)
 
-    def _answer(self, data: bytes) -> None:
+    def _answer(self, data: bytes | memoryview) -> None:
         answer = self._unreachable
         assert answer is not None
-        out = answer.receive(data)
+        out = answer.receive(bytes(data))
         if out and self.client is not None:
             self.client.write(out)
         if answer.done:
@@ -741,7 +747,7 @@ class RelayedConnection(asyncio.BufferedProtocol):
         self._close_both()
 
     # -- upstream side (called by UpstreamSide) ----------------------------------------
-    def server_data(self, data: bytes) -> None:
+    def server_data(self, data: bytes | memoryview) -> None:
         self._server_spoke = True
         core = self.core
         assert core is not None
@@ -1052,10 +1058,14 @@ class UpstreamSide(asyncio.BufferedProtocol):
         self.owner.upstream_connected(cast(asyncio.Transport, transport))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ_VIEW
+        return READ_BUFFERS.view(READ_SIZE)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.owner.server_data(_READ_VIEW[:nbytes].tobytes())
+        owner = self.owner
+        data = READ_BUFFERS.take(nbytes, owner._lend)
+        if type(data) is memoryview:
+            owner.stats.lent_read_bytes["server"] += nbytes
+        owner.server_data(data)
 
     def pause_writing(self) -> None:
         self.owner.upstream_paused(True)

@@ -49,6 +49,9 @@ class RelayStats:
     internal_errors: Counter[str] = field(default_factory=Counter)  # by protocol (relay.py)
     # body bytes moved with splice(2), by the side they came from (io/splice.py)
     spliced_bytes: Counter[str] = field(default_factory=Counter)
+    # bytes of large reads the core was given as views of the read buffer, not copies, by
+    # the side they came from (io/read_buffers.py)
+    lent_read_bytes: Counter[str] = field(default_factory=Counter)
     upstream_connect_failures: int = 0
     upstream_tls_failures: int = 0  # of those, TLS handshakes that failed (or were refused)
     client_tls_failures: int = 0  # clients whose TLS handshake with the listener failed
@@ -130,6 +133,14 @@ class RelayCollector(Collector):
         for side in ("client", "server"):
             spliced.add_metric([side], s.spliced_bytes[side])
         yield spliced
+        lent = CounterMetricFamily(
+            "floodwall_lent_read_bytes",
+            "Bytes of large reads the protocol core was handed as views of the read buffer, "
+            "not copied (also counted in floodwall_relayed_bytes), by the side they came from",
+            labels=["side"])
+        for side in ("client", "server"):
+            lent.add_metric([side], s.lent_read_bytes[side])
+        yield lent
 
         yield from self._upstream()
 

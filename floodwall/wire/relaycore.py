@@ -222,6 +222,12 @@ closes both sides (``floodwall.io.relay``). ``collect`` takes what the
     from_server: FrameCounts
 
     @property
+    def takes_views(self) -> bool:
+        """The core may be given its reads as read-only ``memoryview``\\ s whose bytes the
+        caller never changes while any view of them lives (no copy into ``bytes``); False:
+        bytes only (anything else is copied)."""
+
+    @property
     def pending_bytes(self) -> int:
         """Bytes of incomplete frames held back, both directions (the memory budget counts
         them)."""
@@ -242,9 +248,9 @@ closes both sides (``floodwall.io.relay``). ``collect`` takes what the
     def skip_from_server(self, n: int) -> None:
         """The I/O layer moved ``n`` bytes of the broker's opaque run itself."""
 
-    def receive_from_client(self, data: bytes, now: float) -> None: ...
+    def receive_from_client(self, data: bytes | memoryview, now: float) -> None: ...
 
-    def receive_from_server(self, data: bytes, now: float) -> None: ...
+    def receive_from_server(self, data: bytes | memoryview, now: float) -> None: ...
 
     def data_for_server(self) -> bytes: ...
 

@@ -262,6 +262,35 @@ def test_any_chunking_relays_the_same_bytes(chunking: str) -> None:
         assert core.pending_from_client == core.pending_from_server == 0
 
 
+@pytest.mark.parametrize("chunking", ["whole", "bytes", "seed-1", "seed-2"])
+def test_reads_given_as_read_only_views_relay_the_same_bytes_without_a_copy(chunking: str) -> None:
+    """The I/O layer lends large reads as read-only views of its buffers (``takes_views``):
+    the same bytes leave, and a read of complete frames leaves as a view of that buffer."""
+    talk = conversation()
+    data = b"".join(talk.client)
+    if chunking == "whole":
+        chunks = [data]
+    elif chunking == "bytes":
+        chunks = [data[i : i + 1] for i in range(len(data))]
+    else:
+        rng = random.Random(chunking)
+        chunks = chunked(data, rng, rng.choice([10, 3000, 70000]))
+    core = Connection()
+    assert core.takes_views
+    core.receive_from_server(b"".join(server_handshake()), 0.0)
+    core.data_for_client()
+    out = []
+    for chunk in chunks:
+        buffer = bytearray(chunk)
+        core.receive_from_client(memoryview(buffer).toreadonly(), 0.0)
+        pieces = core.chunks_for_server()
+        if chunking == "whole":
+            assert any(type(p) is memoryview and p.obj is buffer for p in pieces)
+        out.extend(bytes(p) for p in pieces)
+    assert b"".join(out) == data
+    assert core.failure is None and core.pending_from_client == 0
+
+
 @pytest.mark.parametrize("cut", [1, 6, 7, 8, 500, 1031])
 def test_a_trailing_partial_frame_is_held_until_complete(cut: int) -> None:
     core = tuned()

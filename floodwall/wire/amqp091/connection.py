@@ -238,13 +238,17 @@ class FrameRelay:
         raise NotImplementedError
     # --- RelayCore -------------------------------------------------------------------
 
-    def receive_from_client(self, data: bytes, now: float) -> None:
+    #: Reads may come as read-only views (``RelayCore.takes_views``): the core reads them
+    #: with ``struct`` and slices, and copies what it decodes.
+    takes_views: Final = True
+
+    def receive_from_client(self, data: bytes | memoryview, now: float) -> None:
         """Take bytes read from the client; complete frames are queued for the server."""
         if self.failure is None and data:
             self._now = now
             self._receive(self._client_in, data)
 
-    def receive_from_server(self, data: bytes, now: float) -> None:
+    def receive_from_server(self, data: bytes | memoryview, now: float) -> None:
         """Take bytes read from the broker; complete frames are queued for the client."""
         if self.failure is None and data:
             self._now = now
@@ -295,9 +299,9 @@ class FrameRelay:
 
     # --- relay ------------------------------------------------------------------------
 
-    def _receive(self, inbound: _Inbound, data: bytes) -> None:
-        if type(data) is not bytes:  # we keep views of it: it must not change under us
-            data = bytes(data)
+    def _receive(self, inbound: _Inbound, data: bytes | memoryview) -> None:
+        if type(data) is not bytes and not (type(data) is memoryview and data.readonly):
+            data = bytes(data)  # we keep views of it: it must not change under us
         pos = 0
         if inbound.end_due:
             pos = self._pass_opaque(inbound, data)
@@ -322,7 +326,7 @@ class FrameRelay:
         if 0 <= stop < len(data):
             self._keep(inbound, data, stop)
 
-    def _keep(self, inbound: _Inbound, data: bytes, stop: int) -> None:
+    def _keep(self, inbound: _Inbound, data: Buffer, stop: int) -> None:
         """Hold the incomplete frame at ``data[stop:]``, its header already checked: a large
         content body frame as views of the reads (``_finish_parts``), anything else copied."""
         if len(data) - stop >= HEADER_SIZE:
@@ -336,7 +340,7 @@ class FrameRelay:
                 return
         inbound.tail = bytearray(memoryview(data)[stop:])
 
-    def _finish_parts(self, inbound: _Inbound, data: bytes) -> int:
+    def _finish_parts(self, inbound: _Inbound, data: Buffer) -> int:
         """Complete the held body frame from ``data``; as ``_finish_tail``.
 
         Whole and well-ended, on a channel the gate does not read frame by frame, it leaves
@@ -361,7 +365,7 @@ class FrameRelay:
         inbound.counts.frames += 1
         return missing
 
-    def _open_run(self, inbound: _Inbound, data: bytes, stop: int) -> bool:
+    def _open_run(self, inbound: _Inbound, data: Buffer, stop: int) -> bool:
         """The incomplete frame at ``data[stop:]`` (its header checked) leaves now with an
         opaque run for the rest of its body, if it is a body frame with at least
         ``opaque_min`` body bytes to come that nobody must read: from the broker, or on a
@@ -387,7 +391,7 @@ class FrameRelay:
             return 0
         return left
 
-    def _pass_opaque(self, inbound: _Inbound, data: bytes) -> int:
+    def _pass_opaque(self, inbound: _Inbound, data: Buffer) -> int:
         """Pass what ``data`` holds of the opaque run, then check its frame-end octet;
         returns where the frames after it start, or -1 (all used, or failed)."""
         n = min(inbound.opaque, len(data))
@@ -414,7 +418,7 @@ class FrameRelay:
         self.output.take(gate, client_in.deferred if client_in.end_due else None,
                          server_in.deferred if server_in.end_due else None)
 
-    def _finish_tail(self, inbound: _Inbound, data: bytes) -> int:
+    def _finish_tail(self, inbound: _Inbound, data: Buffer) -> int:
         """Complete the held frame from ``data`` and relay it.
 
         Returns how much of ``data`` it used, or -1 if the frame is still incomplete (all

@@ -234,12 +234,12 @@ class Connection:
 
     # -- the RelayCore interface ------------------------------------------------------------
 
-    def receive_from_client(self, data: bytes, now: float) -> None:
+    def receive_from_client(self, data: bytes | memoryview, now: float) -> None:
         if self.failure is None and data:
             self._now = now
             self._receive(self._client, data)
 
-    def receive_from_server(self, data: bytes, now: float) -> None:
+    def receive_from_server(self, data: bytes | memoryview, now: float) -> None:
         if self.failure is None and data:
             self._now = now
             self._receive(self._server, data)
@@ -250,6 +250,10 @@ class Connection:
     chunks_for_server = relaycore.chunks_for_server
     chunks_for_client = relaycore.chunks_for_client
     events = relaycore.events
+
+    #: Reads are copied into bytes unless they are (``RelayCore.takes_views``): the type
+    #: decoders take bytes.
+    takes_views: Final = False
 
     # No opaque runs (yet): a transfer's payload is read as the rest of its frame.
     opaque_from_client: Final = 0
@@ -289,7 +293,7 @@ class Connection:
 
     # -- relaying ---------------------------------------------------------------------------------
 
-    def _receive(self, stream: _Stream, data: bytes) -> None:
+    def _receive(self, stream: _Stream, data: bytes | memoryview) -> None:
         """Read ``data`` after what ``stream`` holds (``JOINED_READ_MAX``)."""
         if type(data) is not bytes:  # views of it are relayed: it must not change under us
             data = bytes(data)
