@@ -125,22 +125,14 @@ class RelayCollector(Collector):
         for proto in PROTOCOLS:
             internal.add_metric([proto], s.internal_errors[proto])
         yield internal
-        spliced = CounterMetricFamily(
+        yield _by_side(
             "floodwall_spliced_bytes",
             "Body bytes moved socket to socket with splice(2), never read by the proxy (also "
-            "counted in floodwall_relayed_bytes), by the side they came from",
-            labels=["side"])
-        for side in ("client", "server"):
-            spliced.add_metric([side], s.spliced_bytes[side])
-        yield spliced
-        lent = CounterMetricFamily(
+            "counted in floodwall_relayed_bytes)", s.spliced_bytes)
+        yield _by_side(
             "floodwall_lent_read_bytes",
             "Bytes of large reads the protocol core was handed as views of the read buffer, "
-            "not copied (also counted in floodwall_relayed_bytes), by the side they came from",
-            labels=["side"])
-        for side in ("client", "server"):
-            lent.add_metric([side], s.lent_read_bytes[side])
-        yield lent
+            "not copied (also counted in floodwall_relayed_bytes)", s.lent_read_bytes)
 
         yield from self._upstream()
 
@@ -225,6 +217,14 @@ def _by_direction(name: str, doc: str, values: Counter[tuple[str, str]]) -> Coun
     for proto in PROTOCOLS:
         for direction in ("client_to_server", "server_to_client"):
             family.add_metric([proto, direction], values[(proto, direction)])
+    return family
+
+
+def _by_side(name: str, doc: str, values: Counter[str]) -> CounterMetricFamily:
+    """A counter by the side the bytes came from: the client's or the broker's."""
+    family = CounterMetricFamily(name, f"{doc}, by the side they came from", labels=["side"])
+    for side in ("client", "server"):
+        family.add_metric([side], values[side])
     return family
 
 
