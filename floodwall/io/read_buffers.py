@@ -40,7 +40,7 @@ class ReadBuffers:
     """The buffer the next read of any connection goes into (the event loop reads one socket
     at a time, so the process needs one), and the buffers lent out."""
 
-    __slots__ = ("_current", "_free", "_lent", "_view", "copied", "lent", "size")
+    __slots__ = ("_current", "_free", "_lent", "_view", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -48,8 +48,6 @@ class ReadBuffers:
         self._view = memoryview(self._current)
         self._lent: list[bytearray] = []  # lent out, or waiting to be found returned
         self._free: list[bytearray] = []  # returned: the next reads' buffers
-        self.lent = 0  # reads lent (for the tests and the benchmarks)
-        self.copied = 0  # reads copied out
 
     def view(self, limit: int) -> memoryview:
         """Where the next read goes, at most ``limit`` bytes of it."""
@@ -60,9 +58,7 @@ class ReadBuffers:
         again while any view of it lives (``lend``, and at least ``LEND_MIN``), else a
         copy."""
         if lend and n >= LEND_MIN and COUNTS_VIEWS and self._rotate():
-            self.lent += 1
             return memoryview(self._lent[-1])[:n].toreadonly()
-        self.copied += 1
         return self._view[:n].tobytes()
 
     def _rotate(self) -> bool:
