@@ -38,8 +38,10 @@ from floodwall.control.policy import Policy, PolicySet, parse_policies
 from floodwall.control.schedule import (
     COUNTS_PER_FILL,
     HELD_COUNT_PART,
+    RISE_WINDOW,
     STILL_AFTER,
     STILL_INTERVAL,
+    fill_rate,
     fill_time,
     held_interval,
     ingress_rate,
@@ -568,6 +570,31 @@ def test_a_queue_predicted_to_fill_before_the_next_slow_count_is_hot() -> None:
         == pytest.approx(0.25 / COUNTS_PER_FILL)
 
 
+def test_a_sender_that_starts_at_full_speed_is_predicted_at_its_rate_within_a_tenth_of_a_second(
+) -> None:
+    policy = POLICIES.policies[0]  # 10000 bytes
+    d = QueueDepth()
+    d.sampled_ready_count(0.0, 0, RTT)
+    d.forwarded(0.5, 100)  # a trickle, then nothing for seconds
+    t = 5.0
+    while t < 5.0 + RISE_WINDOW:  # then 50 bytes every ms: 50,000 B/s
+        d.forwarded(t, 50)
+        t += 0.001
+    d.sampled_ready_count(t, 0, RTT)  # the consumers keep up: counted empty
+    # over the last second the sender shows at a tenth of its rate: cold at a 0.2 s slow
+    # interval, and an estimate that crosses the capacity between two slow counts
+    assert ingress_rate(d, t).bytes == pytest.approx(5000, rel=0.05)
+    assert fill_rate(d, t).bytes == pytest.approx(50000, rel=0.05)
+    left = 10000 - d.estimate().bytes  # type: ignore[union-attr]
+    assert fill_time(d, policy, t) == pytest.approx(left / fill_rate(d, t).bytes)
+    assert sampling_interval(d, policy, False, t, 0.2, 0.002) \
+        == pytest.approx(left / fill_rate(d, t).bytes / COUNTS_PER_FILL)
+    assert left / ingress_rate(d, t).bytes > 0.2  # (cold on the second's rate alone)
+    # it stops: the prediction falls back to the second's rate, not below it
+    assert fill_rate(d, t + RISE_WINDOW).bytes == pytest.approx(
+        ingress_rate(d, t + RISE_WINDOW).bytes)
+
+
 def test_an_untripped_queue_is_counted_as_often_as_its_ingress_fills_its_room() -> None:
     policy = POLICIES.policies[0]  # 10000 bytes
     d = QueueDepth()
@@ -591,7 +618,7 @@ def test_an_untripped_queue_is_counted_as_often_as_its_ingress_fills_its_room() 
     d.sampled_ready_count(t, 0, RTT)  # a count: the consumers took it all, the room is back
     left = 10000 - d.estimate().bytes  # type: ignore[union-attr]
     assert left > 5000
-    assert fill_time(d, policy, t) == pytest.approx(left / ingress_rate(d, t).bytes)
+    assert fill_time(d, policy, t) == pytest.approx(left / fill_rate(d, t).bytes)
     # tripped: hot whatever the room
     assert sampling_interval(d, policy, True, t, 0.2, 0.002) == 0.002
 

@@ -3,8 +3,10 @@
 A queue is *hot* while it is tripped (its held publishers are admitted at each count:
 ``floodwall.control.admission``), or while it is predicted to reach a limit before the next
 slow sample: ``estimate + ingress x slow_interval >= capacity`` (bytes, and messages with
-``max_messages``), ``ingress`` being what the proxy forwarded to it over the last
-``RATE_WINDOW``. A hot queue is sampled back to back, one passive declare in flight: a
+``max_messages``), ``ingress`` being what the proxy forwarded to it per second over the last
+``RATE_WINDOW``, or over the last ``RISE_WINDOW`` when that is more (``fill_rate``: a sender
+that starts at full speed is predicted at its rate within a tenth of a second, not a
+second). A hot queue is sampled back to back, one passive declare in flight: a
 tripped one every ``hot_interval``, an untripped one ``COUNTS_PER_FILL`` times in the time its
 ingress would take to fill the room its estimate leaves (``fill_time``), never more often than
 every ``hot_interval`` (in a fleet every ``hot_interval``: the fleet's bound counts on it);
@@ -41,6 +43,10 @@ from floodwall.control.policy import Policy
 
 #: Seconds over which the ingress (and, while held, admitted) rate is measured.
 RATE_WINDOW = 1.0
+#: ... and, for the prediction of a fill (``fill_time``), over this too, the higher of the
+#: two: a sender that starts at full speed shows at its rate within this, where over
+#: ``RATE_WINDOW`` alone it shows at a tenth of it for the first tenth of a second.
+RISE_WINDOW = 0.1
 #: How often a cold queue is counted (``slow``; ``--depth-interval``'s default).
 DEPTH_INTERVAL = 0.2
 #: A held queue whose counts have not moved for this long, nothing forwarded to it (its
@@ -74,6 +80,14 @@ def ingress_rate(depth: QueueDepth, now: float, window: float = RATE_WINDOW) -> 
                 (depth.forwarded_messages_total - before_messages) / window)
 
 
+def fill_rate(depth: QueueDepth, now: float) -> Rate:
+    """The ingress a fill is predicted at: the higher of the rates over ``RATE_WINDOW`` and
+    over ``RISE_WINDOW`` (a rise counts at once, a fall only as the long window forgets)."""
+    steady = ingress_rate(depth, now)
+    rising = ingress_rate(depth, now, RISE_WINDOW)
+    return Rate(max(steady.bytes, rising.bytes), max(steady.messages, rising.messages))
+
+
 def drain_bytes_rate(depth: QueueDepth) -> float | None:
     """The drain rate in body bytes per second (messages x mean body size), None before
     two ready counts."""
@@ -83,14 +97,14 @@ def drain_bytes_rate(depth: QueueDepth) -> float | None:
 
 def fill_time(depth: QueueDepth, policy: Policy, now: float,
               share: ShareRule | None = None) -> float:
-    """Seconds until the queue's estimate reaches a limit at its ingress rate (0: at or
-    past one already; ``inf``: no ingress, or the depth unknown). In a fleet (``share``):
+    """Seconds until the queue's estimate reaches a limit at its ingress (``fill_rate``; 0:
+    at or past one already; ``inf``: no ingress, or the depth unknown). In a fleet (``share``):
     at the fleet's ingress (the others' as announced), or sooner when this sidecar's own
     share of the room runs out at its own ingress."""
     estimate = depth.estimate()
     if estimate is None:
         return math.inf
-    ingress = ingress_rate(depth, now)
+    ingress = fill_rate(depth, now)
     fleet = 1.0
     soonest = math.inf
     if share is not None:

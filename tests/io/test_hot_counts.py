@@ -12,6 +12,7 @@ import pytest
 
 from floodwall.control.schedule import (
     COUNTS_PER_FILL,
+    RATE_WINDOW,
     STILL_INTERVAL,
     fill_time,
     held_interval,
@@ -57,10 +58,11 @@ def test_an_untripped_hot_queue_waits_out_its_interval_and_a_trip_is_counted_at_
                                                fleet=None))
         c = flow.controller
         flow.queue_declared(*KEY)
-        now = flow.clock()
-        c.sampled_ready_count(KEY, now, 0, 0.001, now)
-        for _ in range(100):  # 10,000 bytes in: 10,000 B/s over the rate window
-            c.forwarded(KEY[0], frozenset({KEY[1]}), 100, flow.clock())
+        start = flow.clock() - RATE_WINDOW
+        c.sampled_ready_count(KEY, start, 0, 0.001, start)
+        for i in range(100):  # 10,000 bytes in, spread over half the rate window, none lately:
+            at = start + 0.1 + i * 0.005  # 10,000 B/s over it, whatever a rise would show
+            c.forwarded(KEY[0], frozenset({KEY[1]}), 100, at)
         q = c.queues[KEY]
         fill = fill_time(q.depth, q.policy, flow.clock())
         assert 5.0 < fill < SLOW  # predicted to fill before the next slow count: hot
