@@ -36,6 +36,7 @@ from bench.flow import (
     policed,
     policy_entry,
     run_main,
+    until,
     write_policies,
 )
 from bench.meters import cpu_seconds
@@ -62,8 +63,8 @@ async def declare(st: Stack, count: int) -> None:
         await client.close()
 
 
-def one_window(st: Stack, label: str, queues: int, fleet: bool,
-               opts: argparse.Namespace) -> dict[str, Any]:
+async def one_window(st: Stack, label: str, queues: int, fleet: bool,
+                     opts: argparse.Namespace) -> dict[str, Any]:
     """Start the set-up's proxy, wait until it polices its queues and settles, read its CPU
     and the broker's over ``opts.seconds``, stop it."""
     extra: tuple[str, ...] = ("--fleet", f"idle-{uuid.uuid4().hex[:6]}" if fleet else "off")
@@ -72,19 +73,16 @@ def one_window(st: Stack, label: str, queues: int, fleet: bool,
         # One policy per queue, by its exact name: the set-up polices those and no others
         policies = write_policies(st.workdir / f"idle-{queues}.yaml", *(
             policy_entry(f"q{i}", f"{PREFIX}{i}", "64MiB", "48MiB") for i in range(queues)))
-    fw = st.floodwall(f"idle-{label.replace(' ', '-').replace(',', '')}", policies,
+    fw = st.floodwall(f"idle-{queues}-{'fleet' if fleet else 'alone'}", policies,
                       extra if queues else ())
     try:
-        deadline = time.monotonic() + 60
-        while not all(policed(fw, f"{PREFIX}{i}") for i in range(queues)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{label}: queues not policed in 60 s")
-            time.sleep(0.1)
-        time.sleep(opts.settle)
+        await until(lambda: all(policed(fw, f"{PREFIX}{i}") for i in range(queues)), 60,
+                    f"{label}: its queues policed")
+        await asyncio.sleep(opts.settle)  # (unmeasured: start-up work done)
         assert fw.process is not None
         proxy, beam = psutil.Process(fw.process.pid), beam_of(st.broker)
         cpu0, t0 = (cpu_seconds(proxy), cpu_seconds(beam)), time.monotonic()
-        time.sleep(opts.seconds)
+        await asyncio.sleep(opts.seconds)  # (the measured window)
         cpu1, t1 = (cpu_seconds(proxy), cpu_seconds(beam)), time.monotonic()
     finally:
         st.stop_proxy(fw)
@@ -99,7 +97,7 @@ async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> d
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in plan}
     for r in range(opts.rounds):
         for label, queues, fleet in (plan if r % 2 == 0 else plan[::-1]):
-            res = await asyncio.to_thread(one_window, st, label, queues, fleet, opts)
+            res = await one_window(st, label, queues, fleet, opts)
             progress(f"round {r + 1}/{opts.rounds} {label}: {res}")
             runs[label].append(res)
     return {"runs": runs, "median": {
