@@ -247,7 +247,7 @@ class Twins:
         a, b = self.fast.gate, self.slow.gate
         for ga, gb in ((a, b),):
             sa, sb = ga.sessions[0], gb.sessions[0]
-            assert sa.in_flight.keys() == sb.in_flight.keys()
+            assert list(sa.in_flight) == list(sb.in_flight)
             la, lb = sa.links[CAPPED_H], sb.links[CAPPED_H]
             assert (la.unsettled, la.squeezed, la.delivery.tracked_id, la.credit) == (  # type: ignore[union-attr]
                 lb.unsettled, lb.squeezed, lb.delivery.tracked_id, lb.credit)  # type: ignore[union-attr]

@@ -1,17 +1,16 @@
 """The 1.0 credit gate's deliveries in flight: a windowed link's forwarded unsettled deliveries,
 counted on the link and on its policed queues (``PolicedQueue.in_flight``) until the broker
-settles them, so that what the broker may hold unseen counts against the link's part of the
-queue's in-flight allowance (``credit.LinkCredit._in_flight_window``), and each settlement is
-counted back into the queue's depth (``PolicedQueue.settled``)."""
+settles them (``SessionGate.in_flight``: ranges of the broker's delivery-ids), so that what the
+broker may hold unseen counts against the link's part of the queue's in-flight allowance
+(``credit.LinkCredit._in_flight_window``), and each settlement is counted back into the
+queue's depth (``PolicedQueue.settled``)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from floodwall.enforce.amqp10.links import InFlight, SenderLink, SessionGate, _uint
 from floodwall.enforce.commands import ReadEveryFrame
 from floodwall.enforce.shared import GateContext
-from floodwall.wire.amqp10.credit import MODULUS, serial_add, serial_diff
+from floodwall.wire.amqp10.credit import MASK, serial_add, serial_diff
 from floodwall.wire.amqp10.performatives import TRANSFER
 from floodwall.wire.amqp10.performatives import TransferFields as T
 
@@ -40,20 +39,31 @@ class InFlightDeliveries:
         entry = self.entry(link)
         for q in entry[1]:
             q.in_flight += 1
-        session.in_flight[broker_id] = entry
+        session.in_flight.add(broker_id, broker_id, entry)
         link.delivery.tracked_id = broker_id
         link.unsettled += 1
         if not self.tracking:
             self._start_tracking()
 
     def track_run(self, session: SessionGate, link: SenderLink, ids: list[int]) -> None:
-        """``track`` for each of ``ids`` (the broker's ids)."""
+        """``track`` for each of ``ids`` (the broker's ids, in order): one range when they
+        are consecutive, as a run sent unsettled is."""
         entry = self.entry(link)
         n = len(ids)
         for q in entry[1]:
             q.in_flight += n
-        session.in_flight.update(dict.fromkeys(ids, entry))
-        link.delivery.tracked_id = ids[-1]
+        in_flight = session.in_flight
+        first = last = ids[0]
+        if (ids[-1] - first) & MASK == n - 1:
+            last = ids[-1]
+        else:  # (some of the run were sent settled)
+            for broker_id in ids[1:]:
+                if broker_id != (last + 1) & MASK:
+                    in_flight.add(first, last, entry)
+                    first = broker_id
+                last = broker_id
+        in_flight.add(first, last, entry)
+        link.delivery.tracked_id = last
         link.unsettled += n
         if not self.tracking:
             self._start_tracking()
@@ -66,8 +76,8 @@ class InFlightDeliveries:
         """The link's current delivery will not be settled by the broker (it was aborted)."""
         tracked = link.delivery.tracked_id
         entry = session.in_flight.get(tracked) if tracked is not None else None
-        if entry is not None and entry[0] is link:
-            del session.in_flight[tracked]  # type: ignore[arg-type]
+        if tracked is not None and entry is not None and entry[0] is link:
+            session.in_flight.cut(tracked, tracked)
             link.unsettled -= 1
             for q in entry[1]:
                 q.settled(1)
@@ -93,39 +103,17 @@ class InFlightDeliveries:
         """The broker settled deliveries ``first``..``last`` (its ids): they count no more.
         Returns the squeezed links among theirs (``SenderLink.squeezed``), whose windows have
         room again."""
-        in_flight = session.in_flight
-        span = serial_diff(last, first) + 1
-        ids: Iterable[int]
-        if span > 2 * len(in_flight):
-            ids = [i for i in in_flight if 0 <= serial_diff(i, first) < span]
-        elif first + span <= MODULUS:
-            ids = range(first, first + span)
-        else:
-            ids = [serial_add(first, i) for i in range(span)]
-        pop = in_flight.pop
-        runs: list[tuple[InFlight, int]] = []  # consecutive ids of one link share an entry
-        entry: InFlight | None = None
-        n = 0
-        for broker_id in ids:
-            found = pop(broker_id, None)
-            if found is None:
-                continue
-            if found is not entry:
-                if entry is not None:
-                    runs.append((entry, n))
-                entry, n = found, 0
-            n += 1
-        if entry is None:
+        cut = session.in_flight.cut(first, last)
+        if not cut:
             return []
-        runs.append((entry, n))
+        span = serial_diff(last, first)
         links: dict[int, SenderLink] = {}
-        for (link, counted), n in runs:
+        for (link, counted), n in cut:
             for q in counted:
                 q.settled(n)
             link.unsettled -= n
             tracked = link.delivery.tracked_id
-            if tracked is not None and 0 <= serial_diff(tracked, first) < span \
-                    and tracked not in in_flight:
+            if tracked is not None and 0 <= serial_diff(tracked, first) <= span:
                 link.delivery.tracked_id = None
             if link.squeezed:  # (else its own transfers top it up, as they do)
                 links[id(link)] = link
@@ -136,15 +124,14 @@ class InFlightDeliveries:
         """The link is forgotten: its unsettled deliveries count no more."""
         if not link.unsettled:
             return
-        for broker_id in [i for i, (lk, _) in session.in_flight.items() if lk is link]:
-            for q in session.in_flight.pop(broker_id)[1]:
-                q.settled(1)
+        for (_, counted), n in session.in_flight.take_link(link):
+            for q in counted:
+                q.settled(n)
         link.unsettled = 0
 
     @staticmethod
     def forget_session(session: SessionGate) -> None:
         """The session is gone: its deliveries no longer count in flight on their queues."""
-        for _, counted in session.in_flight.values():
+        for (_, counted), n in session.in_flight.take_all():
             for q in counted:
-                q.settled(1)
-        session.in_flight.clear()
+                q.settled(n)

@@ -4,11 +4,12 @@ or rewrites (grants, dispositions, renumbered transfers)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from floodwall.control.controller import PolicedQueue, QueueKey
 from floodwall.control.policy.model import Policy
@@ -29,8 +30,10 @@ from floodwall.wire.amqp10.addresses import (
     Destination,
 )
 from floodwall.wire.amqp10.credit import (
+    MASK,
     DeliveryIds,
     SenderCredit,
+    serial_diff,
 )
 from floodwall.wire.amqp10.errors import DecodeError
 from floodwall.wire.amqp10.framing import frame
@@ -372,6 +375,116 @@ InFlight = tuple[SenderLink, tuple[PolicedQueue, ...]]
 """An unsettled delivery counted in flight: its link, the queues it is counted on."""
 
 
+class InFlightRanges:
+    """A session's windowed deliveries the broker has not settled yet, as ranges of the
+    broker's delivery-ids ``[first, last, entry]`` (``InFlight``: the link, the queues it is
+    counted on), in the order they were forwarded. A session's broker ids are consecutive, so a
+    sender's run of deliveries is one range however long, and a settlement cuts ranges: booking
+    and settling cost per range, not per delivery. Iterating gives each delivery-id."""
+
+    __slots__ = ("ranges",)
+
+    def __init__(self) -> None:
+        self.ranges: list[list[Any]] = []  # [first, last, entry]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def __len__(self) -> int:
+        return sum(((last - first) & MASK) + 1 for first, last, _ in self.ranges)
+
+    def __iter__(self) -> Iterator[int]:
+        for first, last, _ in self.ranges:
+            for i in range(((last - first) & MASK) + 1):
+                yield (first + i) & MASK
+
+    def __contains__(self, broker_id: object) -> bool:
+        return isinstance(broker_id, int) and self.get(broker_id) is not None
+
+    def get(self, broker_id: int) -> InFlight | None:
+        """The entry ``broker_id`` is counted with (None: not in flight). Looked for from the
+        newest range: the one asked about is the link's current delivery."""
+        for first, last, entry in reversed(self.ranges):
+            if serial_diff(broker_id, first) >= 0 and serial_diff(last, broker_id) >= 0:
+                return entry  # type: ignore[no-any-return]
+        return None
+
+    def add(self, first: int, last: int, entry: InFlight) -> None:
+        """Deliveries ``first..last`` are forwarded, counted with ``entry``: the newest range
+        grows when they follow it with the same entry."""
+        ranges = self.ranges
+        if ranges:
+            newest = ranges[-1]
+            if (newest[1] + 1) & MASK == first and newest[2] is entry:
+                newest[1] = last
+                return
+            if serial_diff(first, newest[1]) <= 0:  # (not after the newest: kept in order)
+                base = ranges[0][0]
+                at = bisect.bisect_left(ranges, serial_diff(first, base),
+                                        key=lambda r: serial_diff(r[0], base))
+                ranges.insert(at, [first, last, entry])
+                return
+        ranges.append([first, last, entry])
+
+    def cut(self, first: int, last: int) -> list[tuple[InFlight, int]]:
+        """Take ``first..last`` out (the broker settled them): how many of them each range cut
+        held, with its entry."""
+        ranges = self.ranges
+        if not ranges:
+            return []
+        base = ranges[0][0]
+        lo = serial_diff(first, base)
+        hi = lo + serial_diff(last, first)
+        if hi < 0 or hi < lo:
+            return []
+        i = 0 if lo <= 0 else bisect.bisect_left(ranges, lo,
+                                                 key=lambda r: serial_diff(r[1], base))
+        cut: list[tuple[InFlight, int]] = []
+        whole_from = whole_to = -1  # ranges[whole_from:whole_to] are cut whole
+        n = len(ranges)
+        while i < n:
+            r = ranges[i]
+            r_lo = serial_diff(r[0], base)
+            if r_lo > hi:
+                break
+            r_hi = serial_diff(r[1], base)
+            if lo <= r_lo:
+                if r_hi <= hi:
+                    cut.append((r[2], r_hi - r_lo + 1))
+                    if whole_from < 0:
+                        whole_from = i
+                    whole_to = i + 1
+                else:  # its first part
+                    cut.append((r[2], hi - r_lo + 1))
+                    r[0] = (base + hi + 1) & MASK
+                    break
+            elif r_hi <= hi:  # its last part
+                cut.append((r[2], r_hi - lo + 1))
+                r[1] = (base + lo - 1) & MASK
+            else:  # its middle: two ranges left
+                cut.append((r[2], hi - lo + 1))
+                ranges.insert(i + 1, [(base + hi + 1) & MASK, r[1], r[2]])
+                r[1] = (base + lo - 1) & MASK
+                break
+            i += 1
+        if whole_from >= 0:
+            del ranges[whole_from:whole_to]
+        return cut
+
+    def take_link(self, link: SenderLink) -> list[tuple[InFlight, int]]:
+        """Take out every range of ``link``: how many each held, with its entry."""
+        taken = [(r[2], ((r[1] - r[0]) & MASK) + 1) for r in self.ranges if r[2][0] is link]
+        if taken:
+            self.ranges = [r for r in self.ranges if r[2][0] is not link]
+        return taken
+
+    def take_all(self) -> list[tuple[InFlight, int]]:
+        """Take out every range: how many each held, with its entry."""
+        taken = [(r[2], ((r[1] - r[0]) & MASK) + 1) for r in self.ranges]
+        self.ranges = []
+        return taken
+
+
 @dataclass(eq=False, slots=True)
 class SessionGate:
     """One session: its links by either peer's handle, and the broker's last session fields."""
@@ -394,7 +507,7 @@ class SessionGate:
     spool_acks: deque[tuple[QueueKey, int, int]] = field(default_factory=deque)
     # Windowed links' deliveries the broker has not settled yet, by the broker's delivery-id:
     # the link and the queues it is counted on.
-    in_flight: dict[int, InFlight] = field(default_factory=dict)
+    in_flight: InFlightRanges = field(default_factory=InFlightRanges)
 
 
 K = TypeVar("K")
