@@ -1,7 +1,8 @@
 """AMQP 1.0 senders at full speed while their queue has room, paced when it has none.
 
 ``python -m bench.pace10 [--rounds 2] [--count 20000] [--broker 3.10|4.0]
-[--scenarios room,paced,stopped] [--capacities 1GiB,1MiB,256KiB]``
+[--scenarios room,paced,stopped] [--capacities 1GiB,1MiB,256KiB]
+[--in-flight-allowance SIZE]``
 
 One private RabbitMQ and one ``floodwall run`` with one policy per capacity (resume =
 capacity). The sender is a python-qpid-proton link written the way a new user writes it
@@ -308,8 +309,11 @@ def one_run(st: Stack, fw: Any, queue: str, capacity: int, count: int, rate: flo
 async def scenario(st: Stack, opts: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     labels = opts.capacities
     names = {label: f"pace10.{label}" for label in labels}
+    allowance = ({"in_flight_allowance": opts.in_flight_allowance}
+                 if opts.in_flight_allowance else {})
     policies = write_policies(st.workdir / "pace10.yaml", *(
-        policy_entry(f"p{label}", f"{names[label]}.*", label, label) for label in labels))
+        policy_entry(f"p{label}", f"{names[label]}.*", label, label, **allowance)
+        for label in labels))
     fw = st.floodwall("floodwall-pace10", policies, ("--fleet", "off", *opts.proxy_args))
     out: dict[str, Any] = {}
     try:
@@ -392,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", type=lambda s: s.split(","),
                    default=["room", "paced", "stopped"])
     p.add_argument("--broker", choices=RELEASE_NAMES, default="3.10")
+    p.add_argument("--in-flight-allowance", metavar="SIZE", default=None,
+                   help="every policy's in_flight_allowance (default: auto)")
     p.add_argument("--out", type=Path, default=None)
     opts, opts.proxy_args = p.parse_known_args(argv)  # the rest: ``floodwall run`` options
     return run_main("pace10", argv, {"pace10": scenario}, opts, ["pace10"], report)

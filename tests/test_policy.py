@@ -358,6 +358,25 @@ def test_policies_inherit_from_their_vhost_defaults() -> None:
     assert rx.spool == SpoolSettings(group_commit_ms=3)  # other fields built-in
 
 
+def test_the_in_flight_allowance_is_auto_unless_given_and_inherited_from_the_defaults() -> None:
+    text = doc("defaults:\n  - vhost: /\n    in_flight_allowance: 1MiB\n"
+               "policies:\n  - {name: a, match: {queue: a}, capacity: 256KiB}\n"
+               "  - {name: b, match: {queue: b}, capacity: 256KiB, in_flight_allowance: auto}\n"
+               "  - {name: c, match: {vhost: v, queue: c}, capacity: 1MiB,"
+               " in_flight_allowance: 64KiB}\n")
+    ps = parse_policies(text)
+    a, b, c = (ps.match(v, q) for v, q in (("/", "a"), ("/", "b"), ("v", "c")))
+    assert a is not None and a.in_flight_allowance == 2**20
+    assert b is not None and b.in_flight_allowance is None
+    assert c is not None and c.in_flight_allowance == 64 * 1024
+    assert BUILTIN_DEFAULTS.in_flight_allowance is None
+    shown = render_policies(ps)
+    assert "in_flight_allowance: 1MiB" in shown and "in_flight_allowance: auto" in shown
+    assert schema_errors(text) == []
+    with pytest.raises(ValueError, match="in_flight_allowance must be > 0"):
+        Policy(name="x", queue="x", capacity=1, in_flight_allowance=0)
+
+
 def test_vhost_defaults_police_unmatched_queues() -> None:
     ps = parse_policies(MATCHING)
     d = ps.for_queue("/", "unmatched")
@@ -485,6 +504,10 @@ BAD = [
      "deadline: must be more than 0"),
     (doc("policies:\n  - name: a\n    match: {queue: a}\n    deadline: 1d\n"), 5,
      "unknown unit 'd'"),
+    (doc("policies:\n  - name: a\n    match: {queue: a}\n    in_flight_allowance: 0\n"), 5,
+     "in_flight_allowance: must be more than 0 (or auto)"),
+    (doc("policies:\n  - name: a\n    match: {queue: a}\n    in_flight_allowance: lots\n"),
+     5, "in_flight_allowance: expected auto or a size"),
     (doc("policies:\n  - name: a\n    match: {queue: a}\n    spool: {fsync: sometimes}\n"), 5,
      "spool.fsync: expected one of always, group, never"),
     (doc("policies:\n  - name: a\n    match: {queue: a}\n    spool:\n      max_bytes: 0\n"), 6,

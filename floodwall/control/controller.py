@@ -187,11 +187,14 @@ class Router(Protocol):
 
 
 def in_flight_allowance(policy: Policy) -> int:
-    """The in-flight allowance of a queue under ``policy`` (bytes): ``IN_FLIGHT_ALLOWANCE``,
-    at most its byte capacity (a queue's depth stays within twice a small capacity), or
-    ``capacity / ALLOWANCE_PARTS`` up to ``MAX_ALLOWANCE`` when that is more and the policy
-    limits bytes only. A policy with ``max_messages`` allows at most that many messages too
-    (``PolicedQueue.allowance``)."""
+    """The in-flight allowance of a queue under ``policy`` (bytes): the policy's own
+    (``in_flight_allowance``, the operator's trade of the bound for a sender's speed), else
+    ``IN_FLIGHT_ALLOWANCE``, at most its byte capacity (a queue's depth stays within twice a
+    small capacity), or ``capacity / ALLOWANCE_PARTS`` up to ``MAX_ALLOWANCE`` when that is
+    more and the policy limits bytes only. A policy with ``max_messages`` allows at most that
+    many messages too (``PolicedQueue.allowance``)."""
+    if policy.in_flight_allowance is not None:
+        return policy.in_flight_allowance
     capacity = policy.capacity
     allowance = IN_FLIGHT_ALLOWANCE if capacity <= 0 else min(IN_FLIGHT_ALLOWANCE, capacity)
     if policy.max_messages is not None:

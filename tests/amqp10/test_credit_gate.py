@@ -376,22 +376,25 @@ def test_the_brokers_dispositions_are_read_among_its_other_frames(chunker: Chunk
 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
+@pytest.mark.parametrize("given", [None, 64 * 1024, 128 * 1024])
 def test_credit_plus_unsettled_stay_within_the_links_part_of_the_in_flight_allowance(
-        chunker: Chunker) -> None:
+        chunker: Chunker, given: int | None) -> None:
     """With no more room than ROOM_PARTS allowances (a queue of that capacity: further from
     capacity the part is half the room), a link's credit plus its deliveries the broker has
     not settled stay within its part of the queue's in-flight allowance (256 KiB:
-    ``IN_FLIGHT_ALLOWANCE``), though its window is more; the broker settling some gives
-    back credit for as many. They are counted on the queue until the broker settles them or
-    the link goes."""
-    capacity = ROOM_PARTS * IN_FLIGHT_ALLOWANCE
-    s = Setup(chunker=chunker, capacity=capacity)
+    ``IN_FLIGHT_ALLOWANCE``, or the policy's ``in_flight_allowance``), though its window is
+    more; the broker settling some gives back credit for as many. They are counted on the
+    queue until the broker settles them or the link goes."""
+    allowance = IN_FLIGHT_ALLOWANCE if given is None else given
+    capacity = ROOM_PARTS * allowance
+    s = Setup(chunker=chunker, capacity=capacity,
+              policy_extra="" if given is None else f"    in_flight_allowance: {given}")
     s.server(broker_flow(7, 0, 100_000))
     s.take()
     q = s.fc.queues[(VHOST, "capped")]
-    assert in_flight_allowance(q.policy) == q.allowance_bytes() == IN_FLIGHT_ALLOWANCE
+    assert in_flight_allowance(q.policy) == q.allowance_bytes() == allowance
     assert q.quiet_bytes - q.depth.forwarded_bytes_total == capacity  # (the room: no more)
-    part = window_for(len(message(100)), IN_FLIGHT_ALLOWANCE)  # (1,024: 256 bytes each)
+    part = window_for(len(message(100)), allowance)  # (1,024 at 256 KiB: 256 bytes each)
     sent = _send_while_credit(s, 100)
     assert sent == part
     assert _link(s, CAPPED_H).credit.client_credit == 0
@@ -474,8 +477,9 @@ def _count(s: Setup, key: QueueKey, ready: int) -> None:
 
 
 @pytest.mark.parametrize("chunker", CHUNKERS)
+@pytest.mark.parametrize("given", [None, 40_000, 300_000])
 def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_the_allowance(
-        chunker: Chunker) -> None:
+        chunker: Chunker, given: int | None) -> None:
     """The worst broker: its ready counts show none of the deliveries it has not settled
     (each count is taken to hold them, up to the allowance: ``count_asked``), and it settles
     the older half of them only after each count, so the estimate is short by all it has in
@@ -483,11 +487,14 @@ def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_
     gives no credit back); settling, it lets the queue go past the capacity untripped, by
     no more than that. Once it settles them all they are counted back into the estimate:
     the next delivery trips the queue, and what the client still had credit for keeps the
-    queue within capacity + allowance."""
-    s = Setup(chunker=chunker)
+    queue within capacity + allowance (the policy's ``in_flight_allowance`` where it gives
+    one, more than the capacity too)."""
+    s = Setup(chunker=chunker,
+              policy_extra="" if given is None else f"    in_flight_allowance: {given}")
     key = (VHOST, "capped")
     q = s.fc.queues[key]
     allowance = in_flight_allowance(q.policy)
+    assert allowance == (ALLOWANCE if given is None else given)
     s.server(broker_flow(7, 0, 1_000_000))
     s.take()
     settled = 0
@@ -501,7 +508,11 @@ def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_
 
     sent = _send_while_credit(s, 100)
     assert counted() == Depth(0, 0) and q.in_flight == sent  # all of it hidden ...
-    assert _send_while_credit(s, 100) == 0  # ... and no more credit for it
+    more = _send_while_credit(s, 100)  # ... and no more credit for it than the allowance
+    assert (more > 0) == (allowance > CAPACITY)  # (past the room the capacity gave at first)
+    sent += more
+    assert q.in_flight == sent and sent * len(message(100)) <= allowance
+    assert counted() == Depth(0, 0) and _send_while_credit(s, 100) == 0
     for _ in range(10):
         assert counted().messages == settled == sent - q.in_flight
         assert not s.fc.tripped
@@ -518,8 +529,9 @@ def test_a_broker_hiding_what_it_has_not_settled_overfills_the_queue_by_at_most_
     s.take()
     estimate = q.depth.estimate()
     assert estimate is not None and estimate.messages == sent  # counted back: all of them
+    before = q.overshoot_messages
     more = _send_while_credit(s, 100)
-    assert key in s.fc.tripped and q.overshoot_messages == more - 1  # (the first trips it)
+    assert key in s.fc.tripped and q.overshoot_messages - before == more - 1  # (the first trips)
     assert CAPACITY < q.depth.forwarded_bytes_total <= CAPACITY + allowance
 
 

@@ -290,7 +290,7 @@ def dictionaries() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
             "enforce", "auto", "never", "group", "always", "MiB", "KiB", "GiB", "ms", "!!int",
             "!!bool", "!!timestamp", "!!float", "!!str", "!!binary", "!!set", "!!omap",
             "!!null", "!!seq", "!!map", "&a", "*a", "<<:", "---", "...", ".inf", ".nan", "0x",
-            "0o", "1e9", "~")
+            "0o", "1e9", "~", "in_flight_allowance:")
     yield "policy", [(f"t{i}", k.encode()) for i, k in enumerate(keys)]
     yield "spool", [("seg", b".seg"), ("cursor", b"cursor"), ("magic", b"FWR1"),
                     ("zeros", b"00000000000000000001"), ("dot", b"."), ("dotdot", b"..")]

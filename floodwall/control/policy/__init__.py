@@ -10,18 +10,19 @@ the answers.
 Defaults, for every field a policy or a ``defaults`` entry leaves out (a policy first takes
 the ``defaults`` entry of its vhost, then these):
 
-=================  ===========================================================
-capacity           0 (no byte limit)
-resume             = capacity of the same entry
-max_messages       none (no count limit; ``0`` in the file means the same)
-resume_messages    = max_messages of the same entry
-overflow           hold (``spool`` acts as ``hold`` unless run with ``--spool-dir``)
-deadline           30s
-signal             auto
-on_unknown_depth   keep
-mode               enforce (``shadow``: computed, logged, counted; nothing held)
-spool              max_bytes 1GiB, fsync group, group_commit_ms 10
-=================  ===========================================================
+===================  ===========================================================
+capacity             0 (no byte limit)
+resume               = capacity of the same entry
+max_messages         none (no count limit; ``0`` in the file means the same)
+resume_messages      = max_messages of the same entry
+overflow             hold (``spool`` acts as ``hold`` unless run with ``--spool-dir``)
+deadline             30s
+signal               auto
+on_unknown_depth     keep
+mode                 enforce (``shadow``: computed, logged, counted; nothing held)
+in_flight_allowance  auto (AMQP 1.0: ``floodwall.control.controller.in_flight_allowance``)
+spool                max_bytes 1GiB, fsync group, group_commit_ms 10
+===================  ===========================================================
 
 ``capacity``/``resume`` are inherited as a pair, and so are ``max_messages``/
 ``resume_messages``: an entry that sets a limit but not its resume level resumes at its own

@@ -42,7 +42,8 @@ from floodwall.control.policy.units import (
 # --- the loader -----------------------------------------------------------------------
 
 _LIMIT_KEYS: Final = ("capacity", "resume", "max_messages", "resume_messages", "overflow",
-                      "deadline", "signal", "on_unknown_depth", "spool", "mode")
+                      "deadline", "signal", "on_unknown_depth", "spool", "mode",
+                      "in_flight_allowance")
 _TOP_KEYS: Final = ("version", "defaults", "policies")
 _POLICY_KEYS: Final = ("name", "match", *_LIMIT_KEYS)
 _DEFAULTS_KEYS: Final = ("vhost", *_LIMIT_KEYS)
@@ -201,6 +202,18 @@ class _Reader:
         except ValueError as exc:
             raise self.fail(node, f"{where}: {exc}") from None
 
+    def allowance(self, node: yaml.Node, where: str) -> int | None:
+        """``auto`` (None) or a size of more than 0 bytes."""
+        if isinstance(node, yaml.ScalarNode) and self.scalar(node) == "auto":
+            return None
+        try:
+            value = parse_bytes(self._value(node))
+        except ValueError as exc:
+            raise self.fail(node, f"{where}: expected auto or a size: {exc}") from None
+        if value <= 0:
+            raise self.fail(node, f"{where}: must be more than 0 (or auto)")
+        return value
+
     def duration(self, node: yaml.Node, where: str) -> float:
         try:
             seconds = parse_duration(self._value(node))
@@ -264,6 +277,8 @@ def _resolve(reader: _Reader, entry: dict[str, _Entry], where: str, base: Policy
     values["mode"] = read("mode", lambda n: reader.choice(n, f"{where}.mode", Mode), base.mode)
     values["spool"] = read("spool", lambda n: _spool_settings(
         reader, n, where, base.spool), base.spool)
+    values["in_flight_allowance"] = read("in_flight_allowance", lambda n: reader.allowance(
+        n, f"{where}.in_flight_allowance"), base.in_flight_allowance)
     if len(reader.problems) > before or any(
             v is None for k, v in values.items() if k in ("capacity", "resume")):
         return None

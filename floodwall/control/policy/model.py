@@ -228,6 +228,7 @@ class Policy:
     on_unknown_depth: UnknownDepth = UnknownDepth.KEEP
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     mode: Mode = Mode.ENFORCE
+    in_flight_allowance: int | None = None  # bytes; None: auto (``in_flight_allowance``)
     line: int | None = field(default=None, compare=False)
     column: int | None = field(default=None, compare=False)
     _pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
@@ -254,6 +255,9 @@ class Policy:
                              f"max_messages ({self.max_messages})")
         if not self.deadline > 0:
             raise ValueError(f"deadline must be > 0, got {self.deadline}")
+        if self.in_flight_allowance is not None and self.in_flight_allowance < 1:
+            raise ValueError(f"in_flight_allowance must be > 0 or None (auto), got "
+                             f"{self.in_flight_allowance}")
         if self.queue is not None and self.queue_regex is not None:
             raise ValueError("give queue (a glob) or queue_regex, not both")
         if self.queue is not None:

@@ -57,6 +57,11 @@ def _limit_lines(p: Policy) -> list[tuple[str, str]]:
     lines.append((f"on_unknown_depth: {p.on_unknown_depth.value}", ""))
     lines.append((f"mode: {p.mode.value}",
                   "watched only: nothing is held, rejected or spooled" if not p.enforced else ""))
+    if p.in_flight_allowance is None:
+        lines.append(("in_flight_allowance: auto", ""))
+    else:
+        lines.append((f"in_flight_allowance: {format_bytes(p.in_flight_allowance)}",
+                      "AMQP 1.0 senders: the depth may reach capacity plus this"))
     sp = p.spool
     lines.append((f"spool: {{max_bytes: {format_bytes(sp.max_bytes)}, fsync: {sp.fsync.value}, "
                   f"group_commit_ms: {sp.group_commit_ms}}}", ""))
@@ -120,6 +125,7 @@ def policy_document(p: Policy) -> dict[str, object]:
         "max_messages": p.max_messages, "resume_messages": p.resume_messages,
         "overflow": p.overflow.value, "deadline": p.deadline, "signal": p.signal.value,
         "on_unknown_depth": p.on_unknown_depth.value, "mode": p.mode.value,
+        "in_flight_allowance": p.in_flight_allowance,
         "spool": {"max_bytes": p.spool.max_bytes, "fsync": p.spool.fsync.value,
                   "group_commit_ms": p.spool.group_commit_ms},
         "line": p.line,
