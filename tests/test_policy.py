@@ -507,7 +507,7 @@ BAD = [
     (doc("policies:\n  - name: a\n    match: {queue: a}\n    in_flight_allowance: 0\n"), 5,
      "in_flight_allowance: must be more than 0 (or auto)"),
     (doc("policies:\n  - name: a\n    match: {queue: a}\n    in_flight_allowance: lots\n"),
-     5, "in_flight_allowance: expected auto or a size"),
+     5, "in_flight_allowance: expected a value more than 0 (or auto)"),
     (doc("policies:\n  - name: a\n    match: {queue: a}\n    spool: {fsync: sometimes}\n"), 5,
      "spool.fsync: expected one of always, group, never"),
     (doc("policies:\n  - name: a\n    match: {queue: a}\n    spool:\n      max_bytes: 0\n"), 6,

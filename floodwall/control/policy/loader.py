@@ -54,6 +54,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
 _Entry = tuple[yaml.Node, yaml.Node]  # (key node, value node)
 _E = TypeVar("_E", bound=enum.Enum)
 _T = TypeVar("_T")
+_N = TypeVar("_N", int, float)
 
 
 def _peek_name(item: yaml.Node) -> str:
@@ -206,22 +207,23 @@ class _Reader:
         """``auto`` (None) or a size of more than 0 bytes."""
         if isinstance(node, yaml.ScalarNode) and self.scalar(node) == "auto":
             return None
-        try:
-            value = parse_bytes(self._value(node))
-        except ValueError as exc:
-            raise self.fail(node, f"{where}: expected auto or a size: {exc}") from None
-        if value <= 0:
-            raise self.fail(node, f"{where}: must be more than 0 (or auto)")
-        return value
+        return self._more_than_zero(parse_bytes, node, where, " (or auto)")
 
     def duration(self, node: yaml.Node, where: str) -> float:
+        return self._more_than_zero(parse_duration, node, where)
+
+    def _more_than_zero(self, parse: Callable[[object], _N], node: yaml.Node, where: str,
+                        besides: str = "") -> _N:
+        """``parse`` of the node's value, which must be more than 0 (``besides``: what else
+        the field takes, said in the errors)."""
         try:
-            seconds = parse_duration(self._value(node))
+            value = parse(self._value(node))
         except ValueError as exc:
-            raise self.fail(node, f"{where}: {exc}") from None
-        if seconds <= 0:
-            raise self.fail(node, f"{where}: must be more than 0")
-        return seconds
+            said = f"expected a value more than 0{besides}: " if besides else ""
+            raise self.fail(node, f"{where}: {said}{exc}") from None
+        if value <= 0:
+            raise self.fail(node, f"{where}: must be more than 0{besides}")
+        return value
 
     def count(self, node: yaml.Node, where: str, minimum: int) -> int:
         """A whole number (also as Helm writes a large one: ``1e+06``)."""
