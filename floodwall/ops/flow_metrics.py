@@ -526,6 +526,8 @@ def flow_state(controller: FlowController, counters: GateCounters, stats: FlowSt
             "resume": p.resume,
             "max_messages": p.max_messages,
             "resume_messages": p.resume_messages,
+            # what this sidecar's 1.0 senders may have unsettled past the count (its share)
+            "in_flight_allowance": q.allowance_bytes(),
             "depth": _depth_state(q, stats.depth_known.get(key, True)),
             "tripped": q.tripped,
             "tripped_seconds": round(q.seconds_tripped(now), 3),

@@ -537,6 +537,7 @@ def test_collector_output_and_state_shape() -> None:
         "vhost": "/", "queue": "orders.eu", "policy": "orders", "mode": "enforce",
         "capacity": 1024**2,
         "resume": 512 * 1024, "max_messages": None, "resume_messages": None,
+        "in_flight_allowance": 256 * 1024,
         "depth": {"estimate": {"bytes": 1536 * 1024, "messages": 3},
                   "broker": {"bytes": 1536 * 1024, "messages": 3},
                   "ready_count": None, "known": True, "source": "management"},
