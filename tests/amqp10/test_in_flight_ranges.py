@@ -80,3 +80,14 @@ def test_a_run_of_one_link_is_one_range_and_a_settlement_cuts_it() -> None:
     assert ranges.ranges == [[MASK - 9, MASK - 5, entry], [3, 9, entry]]
     assert ranges.cut(MASK - 20, 20) == [(entry, 5), (entry, 7)]
     assert not ranges
+
+
+def test_a_range_booked_out_of_order_is_kept_in_order() -> None:
+    a: Any = (object(), ())
+    b: Any = (object(), ())
+    ranges = InFlightRanges()
+    ranges.add(10, 12, a)
+    ranges.add(5, 6, b)  # (not after the newest)
+    assert list(ranges) == [5, 6, 10, 11, 12]
+    assert ranges.cut(6, 10) == [(b, 1), (a, 1)]
+    assert list(ranges) == [5, 11, 12] and ranges.get(5) is b and ranges.get(12) is a
