@@ -31,7 +31,7 @@ def _entries() -> list[Any]:
 
 @settings(max_examples=300, deadline=None)
 @given(start=st.sampled_from([0, 7, MASK - 100, MASK - 3]), ops=_OPS)
-def test_ranges_answer_as_a_map_of_each_delivery_id(start: int, ops: list[tuple]) -> None:
+def test_ranges_answer_as_a_map_of_each_delivery_id(start: int, ops: list[tuple[Any, ...]]) -> None:
     entries = _entries()
     ranges = InFlightRanges()
     model: dict[int, Any] = {}
