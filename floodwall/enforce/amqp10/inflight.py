@@ -52,18 +52,12 @@ class InFlightDeliveries:
         n = len(ids)
         for q in entry[1]:
             q.in_flight += n
-        in_flight = session.in_flight
-        first = last = ids[0]
-        if (ids[-1] - first) & MASK == n - 1:
-            last = ids[-1]
-        else:  # (some of the run were sent settled)
-            for broker_id in ids[1:]:
-                if broker_id != (last + 1) & MASK:
-                    in_flight.add(first, last, entry)
-                    first = broker_id
-                last = broker_id
-        in_flight.add(first, last, entry)
-        link.delivery.tracked_id = last
+        if (ids[-1] - ids[0]) & MASK == n - 1:
+            session.in_flight.add(ids[0], ids[-1], entry)
+        else:  # (some of the run were sent settled; ``add`` joins the consecutive ones)
+            for broker_id in ids:
+                session.in_flight.add(broker_id, broker_id, entry)
+        link.delivery.tracked_id = ids[-1]
         link.unsettled += n
         if not self.tracking:
             self._start_tracking()
@@ -75,12 +69,13 @@ class InFlightDeliveries:
     def untrack(self, session: SessionGate, link: SenderLink) -> None:
         """The link's current delivery will not be settled by the broker (it was aborted)."""
         tracked = link.delivery.tracked_id
-        entry = session.in_flight.get(tracked) if tracked is not None else None
-        if tracked is not None and entry is not None and entry[0] is link:
-            session.in_flight.cut(tracked, tracked)
-            link.unsettled -= 1
-            for q in entry[1]:
-                q.settled(1)
+        if tracked is not None:
+            entry = session.in_flight.get(tracked)
+            if entry is not None and entry[0] is link:
+                session.in_flight.cut(tracked, tracked)
+                link.unsettled -= 1
+                for q in entry[1]:
+                    q.settled(1)
         link.delivery.tracked_id = None
 
     def entry(self, link: SenderLink) -> InFlight:
